@@ -1,0 +1,10 @@
+#include "bindings.hpp"
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() =
+      "stockade._core: the compiled engine. Use the typed API of the `stockade` package; this "
+      "module is its implementation and may change between releases.";
+  stockade::bindings::register_errors(m);
+  stockade::bindings::register_types(m);
+  stockade::bindings::register_engine(m);
+}

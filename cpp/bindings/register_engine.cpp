@@ -1,0 +1,234 @@
+// stockade._core.Engine: the engine facade, one method per call of the public API. The
+// GIL is released around every call that may block (locks, backoff, contention), so
+// Python threads run the engine in parallel. Arguments arrive already type-checked and
+// converted by the Python layer (stockade.engine); values are checked here, in C++.
+#include <pybind11/stl.h>
+
+#include <tuple>
+
+#include "bindings.hpp"
+#include "stockade/engine.hpp"
+#include "stockade/errors.hpp"
+
+namespace stockade::bindings {
+namespace {
+
+using OptInt = std::optional<std::int64_t>;
+using OptStr = std::optional<std::string>;
+using Release = py::call_guard<py::gil_scoped_release>;
+
+CallOptions call_options(const OptStr& strategy, bool nowait, OptInt lock_timeout_ms,
+                         OptInt expected_version) {
+  CallOptions call;
+  if (strategy) call.strategy = parse_strategy(*strategy);
+  call.nowait = nowait;
+  call.lock_timeout_ms = lock_timeout_ms;
+  call.expected_version = expected_version;
+  return call;
+}
+
+py::dict counters_dict(const StrategyCountersSnapshot& s) {
+  py::dict d;
+  d["requests"] = s.requests;
+  d["granted"] = s.granted;
+  d["refused"] = s.refused;
+  d["failed"] = s.failed;
+  d["conflicts"] = s.conflicts;
+  d["retries"] = s.retries;
+  d["version_conflicts"] = s.version_conflicts;
+  d["lock_waits"] = s.lock_waits;
+  d["lock_wait_us"] = s.lock_wait_us;
+  d["lock_not_available"] = s.lock_not_available;
+  d["lock_timeouts"] = s.lock_timeouts;
+  return d;
+}
+
+py::dict stats_dict(const StoreStats& s) {
+  py::dict strategies;
+  for (std::size_t i = 0; i < strategy_count; ++i) {
+    strategies[strategy_name(static_cast<Strategy>(i))] = counters_dict(s.strategies[i]);
+  }
+  py::list skus;
+  for (const SkuStats& k : s.hottest_skus) {
+    py::dict d;
+    d["sku"] = k.key.sku;
+    d["location"] = k.key.location;
+    d["requests"] = k.requests;
+    d["refused"] = k.refused;
+    d["conflicts"] = k.conflicts;
+    d["lock_waits"] = k.lock_waits;
+    skus.append(d);
+  }
+  py::dict out;
+  out["backend"] = s.backend;
+  out["strategies"] = strategies;
+  out["hottest_skus"] = skus;
+  out["sku_count"] = s.sku_count;
+  out["reservation_count"] = s.reservation_count;
+  out["held_count"] = s.held_count;
+  return out;
+}
+
+// A test-only lock held from Python; see Store::hold_lock.
+class LockHandle {
+ public:
+  explicit LockHandle(std::unique_ptr<LockHold> hold) : hold_(std::move(hold)) {}
+  void release() { hold_.reset(); }
+  bool held() const { return hold_ != nullptr; }
+
+ private:
+  std::unique_ptr<LockHold> hold_;
+};
+
+std::unique_ptr<Engine> make_memory(const std::string& strategy, int retries_max,
+                                    std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
+                                    std::shared_ptr<Clock> clock) {
+  EngineOptions options;
+  options.default_strategy = parse_strategy(strategy);
+  options.retries_max = retries_max;
+  options.lock_timeout_ms = lock_timeout_ms;
+  options.default_ttl_us = default_ttl_us;
+  return Engine::memory(options, std::move(clock));
+}
+
+void register_stock_calls(py::class_<Engine>& c) {
+  c.def(
+       "restock",
+       [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
+          OptInt expected_version) { return e.restock({sku, location}, qty, expected_version); },
+       py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("expected_version"), Release())
+      .def(
+          "set_on_hand",
+          [](Engine& e, const std::string& sku, const std::string& location, Quantity on_hand,
+             OptInt expected_version) {
+            return e.set_on_hand({sku, location}, on_hand, expected_version);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("on_hand"), py::arg("expected_version"),
+          Release())
+      .def(
+          "stock",
+          [](Engine& e, const std::string& sku, const std::string& location) {
+            return e.stock({sku, location});
+          },
+          py::arg("sku"), py::arg("location"), Release())
+      .def(
+          "sell",
+          [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
+             const OptStr& strategy, bool nowait, OptInt lock_timeout_ms,
+             OptInt expected_version) {
+            return e.sell({sku, location}, qty,
+                          call_options(strategy, nowait, lock_timeout_ms, expected_version));
+          },
+          py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("strategy"),
+          py::arg("nowait"), py::arg("lock_timeout_ms"), py::arg("expected_version"), Release());
+}
+
+void register_reservation_calls(py::class_<Engine>& c) {
+  c.def(
+       "reserve",
+       [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
+          OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
+          OptInt lock_timeout_ms, OptInt expected_version) {
+         return e.reserve({sku, location}, qty, ttl_us, std::move(idempotency_key),
+                          call_options(strategy, nowait, lock_timeout_ms, expected_version));
+       },
+       py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("ttl_us"),
+       py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
+       py::arg("lock_timeout_ms"), py::arg("expected_version"), Release())
+      .def(
+          "reserve_order",
+          [](Engine& e, const std::vector<std::tuple<std::string, std::string, Quantity>>& lines,
+             OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
+             OptInt lock_timeout_ms) {
+            std::vector<OrderLine> order;
+            order.reserve(lines.size());
+            for (const auto& [sku, location, qty] : lines) order.push_back({{sku, location}, qty});
+            return e.reserve_order(order, ttl_us, std::move(idempotency_key),
+                                   call_options(strategy, nowait, lock_timeout_ms, {}));
+          },
+          py::arg("lines"), py::arg("ttl_us"), py::arg("idempotency_key"), py::arg("strategy"),
+          py::arg("nowait"), py::arg("lock_timeout_ms"), Release())
+      .def(
+          "confirm",
+          [](Engine& e, const Uuid& id, OptInt expected_version) {
+            return e.confirm(id, expected_version);
+          },
+          py::arg("id"), py::arg("expected_version"), Release())
+      .def(
+          "release",
+          [](Engine& e, const Uuid& id, OptInt expected_version) {
+            return e.release(id, expected_version);
+          },
+          py::arg("id"), py::arg("expected_version"), Release())
+      .def(
+          "extend",
+          [](Engine& e, const Uuid& id, std::int64_t ttl_us, OptInt expected_version) {
+            return e.extend(id, ttl_us, expected_version);
+          },
+          py::arg("id"), py::arg("ttl_us"), py::arg("expected_version"), Release())
+      .def(
+          "get_reservation", [](Engine& e, const Uuid& id) { return e.get_reservation(id); },
+          py::arg("id"), Release())
+      .def(
+          "expire_due", [](Engine& e, std::size_t limit) { return e.expire_due(limit); },
+          py::arg("limit"), Release());
+}
+
+void register_test_calls(py::class_<Engine>& c) {
+  c.def(
+       "naive_reserve_unsafe",
+       [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
+          std::int64_t ttl_us, std::int64_t window_us) {
+         const SkuKey key{sku, location};
+         validate_sku_key(key);
+         validate_qty(qty);
+         validate_ttl_us(ttl_us);
+         return e.store().naive_reserve_unsafe(key, qty, ttl_us, window_us);
+       },
+       py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("ttl_us"),
+       py::arg("window_us"), Release(),
+       "TEST CANARY: a deliberately broken read-modify-write that oversells under load.")
+      .def(
+          "hold_lock",
+          [](Engine& e, const std::string& sku, const std::string& location,
+             const std::string& kind, std::int64_t timeout_ms) {
+            const SkuKey key{sku, location};
+            validate_sku_key(key);
+            return LockHandle(e.store().hold_lock(key, parse_strategy(kind), timeout_ms));
+          },
+          py::arg("sku"), py::arg("location"), py::arg("kind"), py::arg("timeout_ms"), Release(),
+          "TEST FACILITY: holds the lock `kind` takes on a row, as another session would.");
+}
+
+}  // namespace
+
+void register_engine(py::module_& m) {
+  py::class_<LockHandle>(m, "LockHandle", "A lock held for a test; release() lets it go.")
+      .def("release", &LockHandle::release, Release())
+      .def_property_readonly("held", &LockHandle::held);
+
+  py::class_<Engine> c(m, "Engine", "The engine facade over one store.");
+  c.def_static("memory", &make_memory, py::arg("strategy"), py::arg("retries_max"),
+               py::arg("lock_timeout_ms"), py::arg("default_ttl_us"), py::arg("clock"),
+               "An engine over an in-process memory store.")
+      .def_property_readonly("backend", [](Engine& e) { return e.store().backend_name(); })
+      .def_property_readonly(
+          "default_strategy",
+          [](const Engine& e) { return strategy_name(e.options().default_strategy); })
+      .def(
+          "stats",
+          [](const Engine& e, std::size_t sku_limit) {
+            StoreStats s;
+            {
+              py::gil_scoped_release release;
+              s = e.stats(sku_limit);
+            }
+            return stats_dict(s);
+          },
+          py::arg("sku_limit"));
+  register_stock_calls(c);
+  register_reservation_calls(c);
+  register_test_calls(c);
+}
+
+}  // namespace stockade::bindings

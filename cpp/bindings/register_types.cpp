@@ -1,0 +1,73 @@
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "bindings.hpp"
+#include "stockade/clock.hpp"
+#include "stockade/errors.hpp"
+#include "stockade/hash.hpp"
+
+namespace stockade::bindings {
+
+py::bytes to_bytes(const Uuid& id) {
+  return py::bytes(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
+}
+
+Uuid uuid_from(const py::bytes& raw) {
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(raw.ptr(), &data, &size) != 0) throw py::error_already_set();
+  return Uuid::from_bytes(std::string_view(data, static_cast<std::size_t>(size)));
+}
+
+void register_types(py::module_& m) {
+  py::class_<StockLevel>(m, "StockLevel", "A stock row as committed: raw fields, times in us.")
+      .def_property_readonly("sku", [](const StockLevel& s) { return s.key.sku; })
+      .def_property_readonly("location", [](const StockLevel& s) { return s.key.location; })
+      .def_readonly("on_hand", &StockLevel::on_hand)
+      .def_readonly("reserved", &StockLevel::reserved)
+      .def_property_readonly("available", &StockLevel::available)
+      .def_readonly("version", &StockLevel::version)
+      .def_readonly("updated_at_us", &StockLevel::updated_at_us);
+
+  py::class_<Reservation>(m, "Reservation", "A reservation as committed: raw fields, times in us.")
+      .def_property_readonly("id", [](const Reservation& r) { return to_bytes(r.id); })
+      .def_property_readonly("sku", [](const Reservation& r) { return r.key.sku; })
+      .def_property_readonly("location", [](const Reservation& r) { return r.key.location; })
+      .def_readonly("qty", &Reservation::qty)
+      .def_property_readonly("state",
+                             [](const Reservation& r) { return reservation_state_name(r.state); })
+      .def_readonly("version", &Reservation::version)
+      .def_readonly("expires_at_us", &Reservation::expires_at_us)
+      .def_readonly("created_at_us", &Reservation::created_at_us)
+      .def_readonly("updated_at_us", &Reservation::updated_at_us)
+      .def_readonly("idempotency_key", &Reservation::idempotency_key);
+
+  py::class_<Clock, std::shared_ptr<Clock>>(m, "Clock", "Where a memory store reads the time.");
+  py::class_<ManualClock, Clock, std::shared_ptr<ManualClock>>(
+      m, "ManualClock", "A clock that moves only when told to (microseconds since the epoch).")
+      .def(py::init<TimestampUs>(), py::arg("start_us"))
+      .def("now_us", &ManualClock::now_us)
+      .def("set_us", &ManualClock::set_us, py::arg("value_us"))
+      .def("advance_us", &ManualClock::advance_us, py::arg("delta_us"));
+
+  m.def(
+      "make_uuid_v7",
+      [](std::int64_t unix_ms, std::uint16_t shard_key) {
+        return to_bytes(make_uuid_v7(unix_ms, shard_key));
+      },
+      py::arg("unix_ms"), py::arg("shard_key"), "Makes a UUIDv7 (16 bytes) carrying shard_key.");
+  m.def(
+      "uuid_shard_key", [](const py::bytes& raw) { return uuid_from(raw).shard_key(); },
+      py::arg("id"), "The 16-bit shard key carried inside a stockade UUIDv7.");
+  m.def("shard_key_of", &shard_key_of, py::arg("sku"), py::arg("location"),
+        "The 16-bit shard key of a stock row.");
+  m.def(
+      "stable_hash64",
+      [](const std::string& sku, const std::string& location) {
+        return stable_hash64({sku, location});
+      },
+      py::arg("sku"), py::arg("location"), "The stable 64-bit hash of (sku, location).");
+}
+
+}  // namespace stockade::bindings

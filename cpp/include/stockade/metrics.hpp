@@ -1,0 +1,79 @@
+// Counters per strategy, shared by the engine (outcomes) and the stores (mechanism:
+// compare-and-set conflicts, retries, lock waits). Relaxed atomics on separate cache
+// lines: they are written on every request from every thread, and read only by stats().
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "stockade/types.hpp"
+
+namespace stockade {
+
+struct StrategyCountersSnapshot {
+  std::uint64_t requests = 0;           // reserve, reserve_order and sell calls
+  std::uint64_t granted = 0;            // calls that committed
+  std::uint64_t refused = 0;            // OutOfStock
+  std::uint64_t failed = 0;             // any other error
+  std::uint64_t conflicts = 0;          // compare-and-set attempts that lost a race
+  std::uint64_t retries = 0;            // optimistic retries after a version conflict
+  std::uint64_t version_conflicts = 0;  // VersionConflict raised to the caller
+  std::uint64_t lock_waits = 0;         // lock acquisitions that had to wait
+  std::uint64_t lock_wait_us = 0;       // total time spent waiting for locks
+  std::uint64_t lock_not_available = 0;
+  std::uint64_t lock_timeouts = 0;
+};
+
+struct alignas(64) StrategyCounters {
+  std::atomic<std::uint64_t> requests{0};
+  std::atomic<std::uint64_t> granted{0};
+  std::atomic<std::uint64_t> refused{0};
+  std::atomic<std::uint64_t> failed{0};
+  std::atomic<std::uint64_t> conflicts{0};
+  std::atomic<std::uint64_t> retries{0};
+  std::atomic<std::uint64_t> version_conflicts{0};
+  std::atomic<std::uint64_t> lock_waits{0};
+  std::atomic<std::uint64_t> lock_wait_us{0};
+  std::atomic<std::uint64_t> lock_not_available{0};
+  std::atomic<std::uint64_t> lock_timeouts{0};
+
+  StrategyCountersSnapshot snapshot() const;
+};
+
+inline void bump(std::atomic<std::uint64_t>& counter, std::uint64_t by = 1) {
+  counter.fetch_add(by, std::memory_order_relaxed);
+}
+
+class Metrics {
+ public:
+  StrategyCounters& of(Strategy strategy) { return counters_[static_cast<std::size_t>(strategy)]; }
+  const StrategyCounters& of(Strategy strategy) const {
+    return counters_[static_cast<std::size_t>(strategy)];
+  }
+
+ private:
+  std::array<StrategyCounters, strategy_count> counters_;
+};
+
+// Per-SKU figures: how hot a row is and how often writers collide on it.
+struct SkuStats {
+  SkuKey key;
+  std::uint64_t requests = 0;
+  std::uint64_t refused = 0;
+  std::uint64_t conflicts = 0;
+  std::uint64_t lock_waits = 0;
+};
+
+struct StoreStats {
+  std::string backend;
+  std::array<StrategyCountersSnapshot, strategy_count> strategies{};
+  std::vector<SkuStats> hottest_skus;  // by requests, most first
+  std::uint64_t sku_count = 0;
+  std::uint64_t reservation_count = 0;
+  std::uint64_t held_count = 0;
+};
+
+}  // namespace stockade

@@ -1,0 +1,98 @@
+// The domain vocabulary: SKU keys, quantities, strategies, reservation states and the
+// value objects returned to callers, with the limits every input is checked against.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "stockade/clock.hpp"
+#include "stockade/uuid.hpp"
+
+namespace stockade {
+
+using Quantity = std::int64_t;
+using Version = std::int64_t;  // PostgreSQL bigint; starts at 1 and grows on every change
+
+// Limits on input. Each is checked by validate_* below before anything is changed.
+inline constexpr std::size_t sku_bytes_max = 256;
+inline constexpr std::size_t location_bytes_max = 256;
+inline constexpr std::size_t idempotency_key_bytes_max = 256;
+inline constexpr std::size_t order_lines_max = 1000;
+inline constexpr std::size_t expire_batch_max = 100000;
+inline constexpr std::int64_t ttl_us_max = 366LL * 24 * 3600 * 1000 * 1000;
+inline constexpr std::int64_t lock_timeout_ms_max = 10LL * 60 * 1000;
+inline constexpr int retries_max_limit = 100;
+inline constexpr const char* default_location = "default";
+
+enum class Strategy : std::uint8_t {
+  atomic,       // one conditional update: no read-modify-write window at all
+  pessimistic,  // row lock (SELECT ... FOR UPDATE) held across read and write
+  advisory,     // a named lock on a key that is not a row
+  optimistic,   // version compare-and-set with bounded, jittered retries
+  batched,      // the hot-row layer: many requests, one transaction
+  automatic,    // per-SKU choice from measured contention ("auto" in Python)
+};
+inline constexpr std::size_t strategy_count = 6;
+
+const char* strategy_name(Strategy strategy) noexcept;
+// Accepts the names strategy_name() gives; throws InvalidArgument for anything else.
+Strategy parse_strategy(std::string_view name);
+
+enum class ReservationState : std::uint8_t { held, confirmed, released, expired };
+
+const char* reservation_state_name(ReservationState state) noexcept;
+
+struct SkuKey {
+  std::string sku;
+  std::string location = default_location;
+
+  friend bool operator==(const SkuKey& a, const SkuKey& b) {
+    return a.sku == b.sku && a.location == b.location;
+  }
+  friend bool operator!=(const SkuKey& a, const SkuKey& b) { return !(a == b); }
+  // Sorted lock order everywhere: (sku, location), bytewise.
+  friend bool operator<(const SkuKey& a, const SkuKey& b) {
+    return a.sku != b.sku ? a.sku < b.sku : a.location < b.location;
+  }
+};
+
+struct SkuKeyHash {
+  std::size_t operator()(const SkuKey& key) const noexcept;
+};
+
+struct StockLevel {
+  SkuKey key;
+  Quantity on_hand = 0;
+  Quantity reserved = 0;
+  Version version = 0;
+  TimestampUs updated_at_us = 0;
+
+  Quantity available() const { return on_hand - reserved; }
+};
+
+struct Reservation {
+  Uuid id;
+  SkuKey key;
+  Quantity qty = 0;
+  ReservationState state = ReservationState::held;
+  Version version = 0;
+  TimestampUs expires_at_us = 0;
+  TimestampUs created_at_us = 0;
+  TimestampUs updated_at_us = 0;
+  std::optional<std::string> idempotency_key;
+};
+
+// Input checks. Each throws Error(invalid_argument) naming the field and the rule broken.
+void validate_sku_key(const SkuKey& key);
+void validate_qty(Quantity qty, const char* field = "qty");
+void validate_ttl_us(std::int64_t ttl_us);
+void validate_idempotency_key(const std::string& key);
+void validate_expected_version(const std::optional<Version>& expected);
+
+// a + b, or InvalidArgument naming `what` if it would leave the int64 range.
+Quantity checked_add(Quantity a, Quantity b, const char* what);
+
+}  // namespace stockade

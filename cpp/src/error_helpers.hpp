@@ -1,0 +1,63 @@
+// Builders for the errors every store raises, so that messages and context fields read
+// the same whichever backend raised them.
+#pragma once
+
+#include <string>
+
+#include "stockade/errors.hpp"
+#include "stockade/types.hpp"
+
+namespace stockade::detail {
+
+inline ErrorContext context_of(const SkuKey& key) {
+  ErrorContext context;
+  context.sku = key.sku;
+  context.location = key.location;
+  return context;
+}
+
+inline std::string describe(const SkuKey& key) {
+  return "sku '" + key.sku + "' at location '" + key.location + "'";
+}
+
+[[noreturn]] inline void throw_stock_not_found(const SkuKey& key) {
+  throw Error(ErrorCode::not_found, "no stock row for " + describe(key), context_of(key));
+}
+
+[[noreturn]] inline void throw_out_of_stock(const SkuKey& key, Quantity available, Quantity qty) {
+  throw Error(ErrorCode::out_of_stock,
+              "out of stock: " + describe(key) + " has " + std::to_string(available) +
+                  " available, " + std::to_string(qty) + " requested",
+              context_of(key));
+}
+
+[[noreturn]] inline void throw_stock_version_conflict(const SkuKey& key, Version expected,
+                                                      Version actual) {
+  ErrorContext context = context_of(key);
+  context.expected_version = expected;
+  context.actual_version = actual;
+  throw Error(ErrorCode::version_conflict,
+              "version conflict on " + describe(key) + ": expected version " +
+                  std::to_string(expected) + ", found " + std::to_string(actual),
+              std::move(context));
+}
+
+inline void check_expected(const SkuKey& key, const std::optional<Version>& expected,
+                           Version actual) {
+  if (expected && *expected != actual) throw_stock_version_conflict(key, *expected, actual);
+}
+
+inline ErrorContext context_of(const Reservation& reservation) {
+  ErrorContext context = context_of(reservation.key);
+  context.reservation_id = reservation.id;
+  context.state = reservation_state_name(reservation.state);
+  return context;
+}
+
+[[noreturn]] inline void throw_reservation_not_found(const Uuid& id) {
+  ErrorContext context;
+  context.reservation_id = id;
+  throw Error(ErrorCode::not_found, "no reservation " + id.to_string(), std::move(context));
+}
+
+}  // namespace stockade::detail

@@ -1,0 +1,173 @@
+// MemoryStore internals.
+//
+// What it guarantees: the semantics of DESIGN.md sections 2 and 4 without durability.
+// Committed stock rows never break 0 <= reserved <= on_hand, whatever the strategy, the
+// number of threads, or the mix of strategies on one row: every write to a row goes
+// through its RowCell latch, and every strategy decides on the values it then commits
+// (compare-and-set, or a decision made under the latch). Reservations change state under
+// their shard's mutex, together with the stock delta they imply, so a hold is confirmed,
+// released or expired at most once.
+//
+// How the strategies map to memory:
+//   atomic       a compare-and-set over the row (RowCell::try_latch on the read's seq).
+//   pessimistic  the row's own mutex, held across read and write (FOR UPDATE); honours
+//                nowait and lock_timeout.
+//   advisory     a mutex from a fixed table of named-lock stripes, keyed by a stable hash
+//                of (sku, location); same wait rules as pessimistic.
+//   optimistic   read (with version), decide, then write only if the version is
+//                unchanged; bounded retries with full-jitter backoff, then VersionConflict.
+//
+// What it does not do: persist anything, or expire holds by itself (expire_due does, and
+// confirm/release/extend expire a lapsed hold lazily). Rows are never removed, so a
+// StockRow pointer stays valid for the store's life.
+#pragma once
+
+#include <array>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "row_cell.hpp"
+#include "stockade/clock.hpp"
+#include "stockade/store.hpp"
+
+namespace stockade::detail {
+
+struct alignas(64) SkuCounters {
+  std::atomic<std::uint64_t> requests{0};
+  std::atomic<std::uint64_t> refused{0};
+  std::atomic<std::uint64_t> conflicts{0};
+  std::atomic<std::uint64_t> lock_waits{0};
+};
+
+struct StockRow {
+  StockRow(SkuKey k, const RowValues& initial) : key(std::move(k)), cell(initial) {}
+  const SkuKey key;
+  RowCell cell;
+  std::timed_mutex row_lock;  // pessimistic: the FOR UPDATE lock
+  SkuCounters counters;
+};
+
+struct ReservationRecord {
+  Reservation value;
+  StockRow* row = nullptr;
+};
+
+// Decides the next row values from the current ones, or throws to refuse. A non-owning
+// reference to a callable (no allocation on the write path); it must not outlive the
+// call it is passed to.
+class Decide {
+ public:
+  template <class F>
+  Decide(const F& fn)  // NOLINT: implicit by design, like std::function_ref
+      : target_(&fn), call_([](const void* f, const RowValues& v) {
+          return (*static_cast<const F*>(f))(v);
+        }) {}
+  RowValues operator()(const RowValues& current) const { return call_(target_, current); }
+
+ private:
+  const void* target_;
+  RowValues (*call_)(const void*, const RowValues&);
+};
+
+class MemoryStore final : public Store {
+ public:
+  explicit MemoryStore(std::shared_ptr<Clock> clock);
+
+  const char* backend_name() const noexcept override { return "memory"; }
+
+  StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected) override;
+  StockLevel set_on_hand(const SkuKey& key, Quantity on_hand,
+                         std::optional<Version> expected) override;
+  StockLevel stock(const SkuKey& key) override;
+  StockLevel sell(const SellRequest& request) override;
+
+  Reservation reserve(const ReserveRequest& request) override;
+  std::vector<Reservation> reserve_order(const OrderRequest& request) override;
+  Reservation confirm(const Uuid& id, std::optional<Version> expected) override;
+  Reservation release(const Uuid& id, std::optional<Version> expected) override;
+  Reservation extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) override;
+  Reservation get_reservation(const Uuid& id) override;
+  std::size_t expire_due(std::size_t limit) override;
+
+  StoreStats stats(std::size_t sku_limit) const override;
+
+  Reservation naive_reserve_unsafe(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
+                                   std::int64_t window_us) override;
+  std::unique_ptr<LockHold> hold_lock(const SkuKey& key, Strategy kind,
+                                      std::int64_t timeout_ms) override;
+
+ private:
+  static constexpr std::size_t stock_shards = 64;
+  static constexpr std::size_t reservation_shards = 64;
+  static constexpr std::size_t advisory_stripes = 4096;
+  static constexpr std::uint32_t cas_attempts_max = 1u << 20;
+  static constexpr std::int64_t backoff_base_us = 20;
+  static constexpr std::int64_t backoff_cap_us = 5000;
+  static_assert((advisory_stripes & (advisory_stripes - 1)) == 0, "stripes: a power of two");
+
+  struct StockShard {
+    mutable std::shared_mutex mutex;
+    std::unordered_map<SkuKey, std::unique_ptr<StockRow>, SkuKeyHash> rows;
+  };
+  struct ReservationShard {
+    mutable std::mutex mutex;
+    std::unordered_map<Uuid, ReservationRecord, UuidHash> records;
+    std::set<std::pair<TimestampUs, Uuid>> held_by_expiry;
+  };
+  struct IdempotencyEntry {
+    std::string fingerprint;
+    std::vector<Uuid> ids;
+    bool pending = true;
+  };
+  enum class Transition { confirm, release, extend };
+
+  // Stock rows (stock.cpp).
+  StockRow* find_row(const SkuKey& key) const;
+  StockRow& require_row(const SkuKey& key) const;
+  // Inserts a row with `initial` unless one exists; returns it and whether it was new.
+  std::pair<StockRow*, bool> insert_row(const SkuKey& key, const RowValues& initial);
+  RowValues apply(StockRow& row, const WriteOptions& options, const Decide& decide);
+  RowValues compare_and_set(StockRow& row, const Decide& decide, StrategyCounters* counters);
+  RowValues optimistic(StockRow& row, const WriteOptions& options, const Decide& decide);
+  void apply_order(const std::vector<StockRow*>& rows, const std::vector<Quantity>& qtys,
+                   const WriteOptions& options, TimestampUs now);
+  bool try_apply_latched(const std::vector<StockRow*>& rows, const std::vector<Quantity>& qtys,
+                         TimestampUs now, const std::vector<RowSnapshot>* read_versions);
+  std::vector<std::unique_lock<std::timed_mutex>> lock_for(const std::vector<StockRow*>& rows,
+                                                           const WriteOptions& options);
+  std::timed_mutex& advisory_lock_of(const SkuKey& key);
+  StockLevel level_of(const StockRow& row, const RowValues& values) const;
+
+  // Reservations (reservations.cpp).
+  Reservation new_reservation(const StockRow& row, Quantity qty, std::int64_t ttl_us,
+                              TimestampUs now, const std::optional<std::string>& key) const;
+  void insert_reservation(const Reservation& reservation, StockRow* row);
+  ReservationShard& shard_of(const Uuid& id) const;
+  Reservation transition(const Uuid& id, Transition kind, std::int64_t ttl_us,
+                         std::optional<Version> expected);
+  void expire_locked(ReservationShard& shard, ReservationRecord& record, TimestampUs now);
+  void release_stock(StockRow& row, Quantity qty, bool sold, TimestampUs now);
+  Reservation reserve_now(StockRow& row, const ReserveRequest& request);
+  std::vector<Reservation> order_now(const OrderRequest& request);
+  std::vector<Reservation> with_idempotency(const std::string& key, const std::string& fingerprint,
+                                            const WriteOptions& options,
+                                            const std::function<std::vector<Reservation>()>& run);
+  std::vector<Reservation> fetch_all(const std::vector<Uuid>& ids);
+
+  std::shared_ptr<Clock> clock_;
+  std::unique_ptr<std::array<StockShard, stock_shards>> stock_;
+  std::unique_ptr<std::array<ReservationShard, reservation_shards>> reservations_;
+  std::unique_ptr<std::array<std::timed_mutex, advisory_stripes>> advisory_;
+  std::mutex idempotency_mutex_;
+  std::condition_variable idempotency_done_;
+  std::unordered_map<std::string, IdempotencyEntry> idempotency_;
+  std::atomic<std::size_t> expire_cursor_{0};
+};
+
+}  // namespace stockade::detail

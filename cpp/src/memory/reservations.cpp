@@ -1,0 +1,307 @@
+// MemoryStore: reservations, their lifecycle, expiry and idempotency keys.
+#include <algorithm>
+#include <chrono>
+
+#include "../error_helpers.hpp"
+#include "../fingerprint.hpp"
+#include "memory_store_impl.hpp"
+#include "stockade/hash.hpp"
+
+namespace stockade::detail {
+namespace {
+
+[[noreturn]] void throw_not_holdable(const Reservation& r) {
+  if (r.state == ReservationState::expired) {
+    throw Error(ErrorCode::reservation_expired,
+                "reservation " + r.id.to_string() + " has expired", context_of(r));
+  }
+  throw Error(ErrorCode::invalid_state,
+              "reservation " + r.id.to_string() + " is " + reservation_state_name(r.state) +
+                  ", not held",
+              context_of(r));
+}
+
+}  // namespace
+
+Reservation MemoryStore::new_reservation(const StockRow& row, Quantity qty, std::int64_t ttl_us,
+                                         TimestampUs now,
+                                         const std::optional<std::string>& key) const {
+  Reservation r;
+  r.id = make_uuid_v7(now / 1000, shard_key_of(row.key.sku, row.key.location));
+  r.key = row.key;
+  r.qty = qty;
+  r.state = ReservationState::held;
+  r.version = 1;
+  r.expires_at_us = now + ttl_us;
+  r.created_at_us = now;
+  r.updated_at_us = now;
+  r.idempotency_key = key;
+  return r;
+}
+
+MemoryStore::ReservationShard& MemoryStore::shard_of(const Uuid& id) const {
+  return (*reservations_)[UuidHash{}(id) % reservation_shards];
+}
+
+void MemoryStore::insert_reservation(const Reservation& reservation, StockRow* row) {
+  ReservationShard& shard = shard_of(reservation.id);
+  std::lock_guard<std::mutex> lock(shard.mutex);
+  shard.records.emplace(reservation.id, ReservationRecord{reservation, row});
+  shard.held_by_expiry.emplace(reservation.expires_at_us, reservation.id);
+}
+
+void MemoryStore::release_stock(StockRow& row, Quantity qty, bool sold, TimestampUs now) {
+  const auto decide = [&](const RowValues& v) {
+    return RowValues{sold ? v.on_hand - qty : v.on_hand, v.reserved - qty, v.version + 1, now};
+  };
+  compare_and_set(row, decide, nullptr);
+}
+
+Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& request) {
+  const TimestampUs now = clock_->now_us();
+  // Made before the write, so that nothing can fail between the commit and the ack.
+  Reservation reservation =
+      new_reservation(row, request.qty, request.ttl_us, now, request.idempotency_key);
+  const auto decide = [&](const RowValues& v) {
+    check_expected(row.key, request.options.expected_version, v.version);
+    if (v.on_hand - v.reserved < request.qty) {
+      bump(row.counters.refused);
+      throw_out_of_stock(row.key, v.on_hand - v.reserved, request.qty);
+    }
+    return RowValues{v.on_hand, v.reserved + request.qty, v.version + 1, now};
+  };
+  apply(row, request.options, decide);
+  insert_reservation(reservation, &row);
+  return reservation;
+}
+
+Reservation MemoryStore::reserve(const ReserveRequest& request) {
+  StockRow& row = require_row(request.key);
+  if (!request.idempotency_key) return reserve_now(row, request);
+  return with_idempotency(*request.idempotency_key, fingerprint(request), request.options,
+                          [&] { return std::vector<Reservation>{reserve_now(row, request)}; })
+      .front();
+}
+
+std::vector<Reservation> MemoryStore::order_now(const OrderRequest& request) {
+  // Lock order is sorted (sku, location); results come back in the caller's line order.
+  std::vector<std::size_t> order(request.lines.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return request.lines[a].key < request.lines[b].key;
+  });
+  std::vector<StockRow*> rows;
+  std::vector<Quantity> qtys;
+  for (std::size_t i : order) {
+    rows.push_back(&require_row(request.lines[i].key));
+    qtys.push_back(request.lines[i].qty);
+  }
+  const TimestampUs now = clock_->now_us();
+  std::vector<Reservation> made(request.lines.size());
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    made[order[k]] = new_reservation(*rows[k], qtys[k], request.ttl_us, now, request.idempotency_key);
+  }
+  apply_order(rows, qtys, request.options, now);
+  for (std::size_t k = 0; k < order.size(); ++k) insert_reservation(made[order[k]], rows[k]);
+  return made;
+}
+
+std::vector<Reservation> MemoryStore::reserve_order(const OrderRequest& request) {
+  for (const auto& line : request.lines) require_row(line.key);  // NotFound before any write
+  if (!request.idempotency_key) return order_now(request);
+  return with_idempotency(*request.idempotency_key, fingerprint(request), request.options,
+                          [&] { return order_now(request); });
+}
+
+std::vector<Reservation> MemoryStore::fetch_all(const std::vector<Uuid>& ids) {
+  std::vector<Reservation> out;
+  out.reserve(ids.size());
+  for (const Uuid& id : ids) out.push_back(get_reservation(id));
+  return out;
+}
+
+// The first request with a key runs; a concurrent duplicate waits for it (at most
+// lock_timeout) and then replays its result; a later duplicate replays at once. A key whose
+// first request failed is free again, so a retry after OutOfStock runs afresh.
+std::vector<Reservation> MemoryStore::with_idempotency(
+    const std::string& key, const std::string& fingerprint, const WriteOptions& options,
+    const std::function<std::vector<Reservation>()>& run) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options.lock_timeout_ms);
+  {
+    std::unique_lock<std::mutex> lock(idempotency_mutex_);
+    for (;;) {
+      auto it = idempotency_.find(key);
+      if (it == idempotency_.end()) {
+        idempotency_.emplace(key, IdempotencyEntry{fingerprint, {}, true});
+        break;
+      }
+      if (it->second.fingerprint != fingerprint) {
+        ErrorContext context;
+        throw Error(ErrorCode::idempotency_conflict,
+                    "idempotency key '" + key + "' was used for a different request",
+                    std::move(context));
+      }
+      if (!it->second.pending) {
+        const std::vector<Uuid> ids = it->second.ids;
+        lock.unlock();
+        return fetch_all(ids);
+      }
+      if (idempotency_done_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        throw Error(ErrorCode::lock_timeout,
+                    "a request with idempotency key '" + key + "' is still in flight");
+      }
+    }
+  }
+  std::vector<Reservation> result;
+  try {
+    result = run();
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(idempotency_mutex_);
+    idempotency_.erase(key);
+    idempotency_done_.notify_all();
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(idempotency_mutex_);
+  IdempotencyEntry& entry = idempotency_.at(key);
+  for (const auto& r : result) entry.ids.push_back(r.id);
+  entry.pending = false;
+  idempotency_done_.notify_all();
+  return result;
+}
+
+void MemoryStore::expire_locked(ReservationShard& shard, ReservationRecord& record,
+                                TimestampUs now) {
+  Reservation& r = record.value;
+  release_stock(*record.row, r.qty, /*sold=*/false, now);
+  shard.held_by_expiry.erase({r.expires_at_us, r.id});
+  r.state = ReservationState::expired;
+  r.version += 1;
+  r.updated_at_us = now;
+}
+
+Reservation MemoryStore::transition(const Uuid& id, Transition kind, std::int64_t ttl_us,
+                                    std::optional<Version> expected) {
+  ReservationShard& shard = shard_of(id);
+  std::lock_guard<std::mutex> lock(shard.mutex);
+  auto it = shard.records.find(id);
+  if (it == shard.records.end()) throw_reservation_not_found(id);
+  ReservationRecord& record = it->second;
+  Reservation& r = record.value;
+  if (expected && *expected != r.version) {
+    ErrorContext context = context_of(r);
+    context.expected_version = *expected;
+    context.actual_version = r.version;
+    throw Error(ErrorCode::version_conflict,
+                "version conflict on reservation " + id.to_string() + ": expected version " +
+                    std::to_string(*expected) + ", found " + std::to_string(r.version),
+                std::move(context));
+  }
+  if (r.state != ReservationState::held) throw_not_holdable(r);
+  const TimestampUs now = clock_->now_us();
+  if (now >= r.expires_at_us) {
+    expire_locked(shard, record, now);  // lazily, as the sweeper would have
+    throw_not_holdable(r);
+  }
+  switch (kind) {
+    case Transition::confirm:
+      release_stock(*record.row, r.qty, /*sold=*/true, now);
+      shard.held_by_expiry.erase({r.expires_at_us, r.id});
+      r.state = ReservationState::confirmed;
+      break;
+    case Transition::release:
+      release_stock(*record.row, r.qty, /*sold=*/false, now);
+      shard.held_by_expiry.erase({r.expires_at_us, r.id});
+      r.state = ReservationState::released;
+      break;
+    case Transition::extend:
+      shard.held_by_expiry.erase({r.expires_at_us, r.id});
+      r.expires_at_us = now + ttl_us;
+      shard.held_by_expiry.emplace(r.expires_at_us, r.id);
+      break;
+  }
+  r.version += 1;
+  r.updated_at_us = now;
+  return r;
+}
+
+Reservation MemoryStore::confirm(const Uuid& id, std::optional<Version> expected) {
+  return transition(id, Transition::confirm, 0, expected);
+}
+
+Reservation MemoryStore::release(const Uuid& id, std::optional<Version> expected) {
+  return transition(id, Transition::release, 0, expected);
+}
+
+Reservation MemoryStore::extend(const Uuid& id, std::int64_t ttl_us,
+                                std::optional<Version> expected) {
+  return transition(id, Transition::extend, ttl_us, expected);
+}
+
+Reservation MemoryStore::get_reservation(const Uuid& id) {
+  ReservationShard& shard = shard_of(id);
+  std::lock_guard<std::mutex> lock(shard.mutex);
+  auto it = shard.records.find(id);
+  if (it == shard.records.end()) throw_reservation_not_found(id);
+  return it->second.value;
+}
+
+std::size_t MemoryStore::expire_due(std::size_t limit) {
+  const TimestampUs now = clock_->now_us();
+  std::size_t expired = 0;
+  // Start at a rotating shard so that small limits do not always favour shard 0.
+  const std::size_t first = expire_cursor_.fetch_add(1, std::memory_order_relaxed);
+  for (std::size_t n = 0; n < reservation_shards && expired < limit; ++n) {
+    ReservationShard& shard = (*reservations_)[(first + n) % reservation_shards];
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    while (expired < limit && !shard.held_by_expiry.empty() &&
+           shard.held_by_expiry.begin()->first <= now) {
+      const Uuid id = shard.held_by_expiry.begin()->second;
+      expire_locked(shard, shard.records.at(id), now);
+      ++expired;
+    }
+  }
+  return expired;
+}
+
+StoreStats MemoryStore::stats(std::size_t sku_limit) const {
+  StoreStats out;
+  out.backend = backend_name();
+  for (std::size_t i = 0; i < strategy_count; ++i) {
+    out.strategies[i] = metrics().of(static_cast<Strategy>(i)).snapshot();
+  }
+  std::vector<SkuStats> skus;
+  for (const StockShard& shard : *stock_) {
+    std::shared_lock<std::shared_mutex> lock(shard.mutex);
+    out.sku_count += shard.rows.size();
+    for (const auto& [key, row] : shard.rows) {
+      auto read = [](const std::atomic<std::uint64_t>& c) { return c.load(std::memory_order_relaxed); };
+      skus.push_back(SkuStats{key, read(row->counters.requests), read(row->counters.refused),
+                              read(row->counters.conflicts), read(row->counters.lock_waits)});
+    }
+  }
+  const std::size_t keep = std::min(sku_limit, skus.size());
+  std::partial_sort(skus.begin(), skus.begin() + static_cast<std::ptrdiff_t>(keep), skus.end(),
+                    [](const SkuStats& a, const SkuStats& b) {
+                      return a.requests != b.requests ? a.requests > b.requests : a.key < b.key;
+                    });
+  skus.resize(keep);
+  out.hottest_skus = std::move(skus);
+  for (const ReservationShard& shard : *reservations_) {
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    out.reservation_count += shard.records.size();
+    out.held_count += shard.held_by_expiry.size();
+  }
+  return out;
+}
+
+}  // namespace stockade::detail
+
+namespace stockade {
+
+std::shared_ptr<Store> make_memory_store(std::shared_ptr<Clock> clock) {
+  if (!clock) clock = system_clock();
+  return std::make_shared<detail::MemoryStore>(std::move(clock));
+}
+
+}  // namespace stockade

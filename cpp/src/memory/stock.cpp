@@ -1,0 +1,345 @@
+// MemoryStore: stock rows and the four per-request strategies.
+#include <algorithm>
+#include <chrono>
+
+#include "../error_helpers.hpp"
+#include "memory_store_impl.hpp"
+#include "stockade/hash.hpp"
+
+namespace stockade::detail {
+namespace {
+
+std::size_t shard_index(const SkuKey& key, std::size_t shards) {
+  return SkuKeyHash{}(key) % shards;
+}
+
+// Pessimistic and advisory locks wait like PostgreSQL's: NOWAIT fails at once
+// (LockNotAvailable), otherwise wait at most lock_timeout (LockTimeout). Waits are counted.
+std::unique_lock<std::timed_mutex> acquire(std::timed_mutex& mutex, const SkuKey& key,
+                                           const WriteOptions& options,
+                                           StrategyCounters* counters, SkuCounters* sku) {
+  std::unique_lock<std::timed_mutex> lock(mutex, std::try_to_lock);
+  if (lock.owns_lock()) return lock;
+  if (options.nowait) {
+    throw Error(ErrorCode::lock_not_available,
+                "lock not available (NOWAIT) for " + describe(key), context_of(key));
+  }
+  if (counters != nullptr) bump(counters->lock_waits);
+  if (sku != nullptr) bump(sku->lock_waits);
+  const auto start = std::chrono::steady_clock::now();
+  const bool got = lock.try_lock_for(std::chrono::milliseconds(options.lock_timeout_ms));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  if (counters != nullptr) {
+    bump(counters->lock_wait_us,
+         static_cast<std::uint64_t>(
+             std::chrono::duration_cast<std::chrono::microseconds>(waited).count()));
+  }
+  if (!got) {
+    throw Error(ErrorCode::lock_timeout,
+                "lock_timeout of " + std::to_string(options.lock_timeout_ms) +
+                    " ms passed waiting for " + describe(key),
+                context_of(key));
+  }
+  return lock;
+}
+
+class HeldLock final : public LockHold {
+ public:
+  explicit HeldLock(std::unique_lock<std::timed_mutex> lock) : lock_(std::move(lock)) {}
+
+ private:
+  std::unique_lock<std::timed_mutex> lock_;
+};
+
+}  // namespace
+
+void throw_invariant_violation(const RowValues& next, const SkuKey& key) {
+  throw Error(ErrorCode::invariant_violation,
+              "refused a write that breaks 0 <= reserved <= on_hand on " + describe(key) +
+                  ": on_hand " + std::to_string(next.on_hand) + ", reserved " +
+                  std::to_string(next.reserved),
+              context_of(key));
+}
+
+MemoryStore::MemoryStore(std::shared_ptr<Clock> clock)
+    : clock_(std::move(clock)),
+      stock_(std::make_unique<std::array<StockShard, stock_shards>>()),
+      reservations_(std::make_unique<std::array<ReservationShard, reservation_shards>>()),
+      advisory_(std::make_unique<std::array<std::timed_mutex, advisory_stripes>>()) {}
+
+StockRow* MemoryStore::find_row(const SkuKey& key) const {
+  const StockShard& shard = (*stock_)[shard_index(key, stock_shards)];
+  std::shared_lock<std::shared_mutex> lock(shard.mutex);
+  auto it = shard.rows.find(key);
+  return it == shard.rows.end() ? nullptr : it->second.get();
+}
+
+StockRow& MemoryStore::require_row(const SkuKey& key) const {
+  StockRow* row = find_row(key);
+  if (row == nullptr) throw_stock_not_found(key);
+  return *row;
+}
+
+std::pair<StockRow*, bool> MemoryStore::insert_row(const SkuKey& key, const RowValues& initial) {
+  StockShard& shard = (*stock_)[shard_index(key, stock_shards)];
+  std::unique_lock<std::shared_mutex> lock(shard.mutex);
+  auto [it, inserted] = shard.rows.try_emplace(key, nullptr);
+  if (inserted) it->second = std::make_unique<StockRow>(key, initial);
+  return {it->second.get(), inserted};
+}
+
+StockLevel MemoryStore::level_of(const StockRow& row, const RowValues& values) const {
+  return StockLevel{row.key, values.on_hand, values.reserved, values.version,
+                    values.updated_at_us};
+}
+
+RowValues MemoryStore::compare_and_set(StockRow& row, const Decide& decide,
+                                       StrategyCounters* counters) {
+  SpinWait wait;
+  for (std::uint32_t attempt = 0; attempt < cas_attempts_max; ++attempt) {
+    const RowSnapshot seen = row.cell.read();
+    const RowValues next = decide(seen.values);  // throws to refuse, on a consistent read
+    if (row.cell.try_latch(seen.seq)) {
+      RowLatch latch(row.cell, seen.values);
+      latch.publish(next, row.key);
+      return next;
+    }
+    if (counters != nullptr) bump(counters->conflicts);
+    bump(row.counters.conflicts);
+    wait.once();
+  }
+  throw Error(ErrorCode::overloaded,
+              "gave up after " + std::to_string(cas_attempts_max) +
+                  " lost compare-and-set races on " + describe(row.key),
+              context_of(row.key));
+}
+
+RowValues MemoryStore::optimistic(StockRow& row, const WriteOptions& options,
+                                  const Decide& decide) {
+  StrategyCounters& counters = metrics().of(Strategy::optimistic);
+  for (int attempt = 0;; ++attempt) {
+    const RowSnapshot seen = row.cell.read();
+    const RowValues next = decide(seen.values);
+    // UPDATE ... SET ... WHERE version = :read_version
+    RowLatch latch(row.cell, row.cell.latch());
+    if (latch.values().version == seen.values.version) {
+      latch.publish(next, row.key);
+      return next;
+    }
+    bump(counters.conflicts);
+    bump(row.counters.conflicts);
+    if (attempt >= options.retries_max) {
+      throw Error(ErrorCode::version_conflict,
+                  "optimistic write to " + describe(row.key) + " lost the race " +
+                      std::to_string(attempt + 1) + " times (retries_max " +
+                      std::to_string(options.retries_max) + ")",
+                  context_of(row.key));
+    }
+    bump(counters.retries);
+    latch = RowLatch();  // release before sleeping
+    sleep_full_jitter(attempt, backoff_base_us, backoff_cap_us);
+  }
+}
+
+std::timed_mutex& MemoryStore::advisory_lock_of(const SkuKey& key) {
+  const std::uint64_t lock_key = stable_hash64({"stockade", key.sku, key.location});
+  return (*advisory_)[lock_key & (advisory_stripes - 1)];
+}
+
+RowValues MemoryStore::apply(StockRow& row, const WriteOptions& options, const Decide& decide) {
+  StrategyCounters& counters = metrics().of(options.strategy);
+  bump(row.counters.requests);
+  switch (options.strategy) {
+    case Strategy::atomic:
+      return compare_and_set(row, decide, &counters);
+    case Strategy::pessimistic: {
+      auto lock = acquire(row.row_lock, row.key, options, &counters, &row.counters);
+      return compare_and_set(row, decide, &counters);
+    }
+    case Strategy::advisory: {
+      auto lock = acquire(advisory_lock_of(row.key), row.key, options, &counters, &row.counters);
+      return compare_and_set(row, decide, &counters);
+    }
+    case Strategy::optimistic:
+      return optimistic(row, options, decide);
+    case Strategy::batched:
+    case Strategy::automatic:
+      break;
+  }
+  throw Error(ErrorCode::not_supported,
+              std::string("the memory store has no per-request path for strategy '") +
+                  strategy_name(options.strategy) + "'");
+}
+
+StockLevel MemoryStore::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected) {
+  const TimestampUs now = clock_->now_us();
+  StockRow* row = find_row(key);
+  if (row == nullptr) {
+    if (expected) throw_stock_not_found(key);
+    auto [created, inserted] = insert_row(key, RowValues{qty, 0, 1, now});
+    if (inserted) return level_of(*created, created->cell.read().values);
+    row = created;  // another thread created it first: add to theirs
+  }
+  const auto decide = [&](const RowValues& v) {
+    check_expected(key, expected, v.version);
+    return RowValues{checked_add(v.on_hand, qty, "restock"), v.reserved, v.version + 1, now};
+  };
+  return level_of(*row, compare_and_set(*row, decide, nullptr));
+}
+
+StockLevel MemoryStore::set_on_hand(const SkuKey& key, Quantity on_hand,
+                                    std::optional<Version> expected) {
+  const TimestampUs now = clock_->now_us();
+  StockRow* row = find_row(key);
+  if (row == nullptr) {
+    if (expected) throw_stock_not_found(key);
+    auto [created, inserted] = insert_row(key, RowValues{on_hand, 0, 1, now});
+    if (inserted) return level_of(*created, created->cell.read().values);
+    row = created;
+  }
+  const auto decide = [&](const RowValues& v) {
+    check_expected(key, expected, v.version);
+    if (on_hand < v.reserved) {
+      ErrorContext context = context_of(key);
+      throw Error(ErrorCode::invalid_state,
+                  "on_hand " + std::to_string(on_hand) + " would fall below the " +
+                      std::to_string(v.reserved) + " units reserved on " + describe(key) +
+                      "; confirm or release holds first",
+                  std::move(context));
+    }
+    return RowValues{on_hand, v.reserved, v.version + 1, now};
+  };
+  return level_of(*row, compare_and_set(*row, decide, nullptr));
+}
+
+StockLevel MemoryStore::stock(const SkuKey& key) {
+  const StockRow& row = require_row(key);
+  return level_of(row, row.cell.read().values);
+}
+
+StockLevel MemoryStore::sell(const SellRequest& request) {
+  StockRow& row = require_row(request.key);
+  const TimestampUs now = clock_->now_us();
+  const auto decide = [&](const RowValues& v) {
+    check_expected(row.key, request.options.expected_version, v.version);
+    if (v.on_hand - v.reserved < request.qty) {
+      bump(row.counters.refused);
+      throw_out_of_stock(row.key, v.on_hand - v.reserved, request.qty);
+    }
+    return RowValues{v.on_hand - request.qty, v.reserved, v.version + 1, now};
+  };
+  return level_of(row, apply(row, request.options, decide));
+}
+
+std::vector<std::unique_lock<std::timed_mutex>> MemoryStore::lock_for(
+    const std::vector<StockRow*>& rows, const WriteOptions& options) {
+  std::vector<std::unique_lock<std::timed_mutex>> locks;
+  StrategyCounters& counters = metrics().of(options.strategy);
+  if (options.strategy == Strategy::pessimistic) {
+    for (StockRow* row : rows) {  // rows are sorted by key: no deadlock
+      locks.push_back(acquire(row->row_lock, row->key, options, &counters, &row->counters));
+    }
+  } else if (options.strategy == Strategy::advisory) {
+    // Distinct keys can share a stripe: take each stripe once, in address order.
+    std::vector<std::pair<std::timed_mutex*, StockRow*>> stripes;
+    for (StockRow* row : rows) stripes.emplace_back(&advisory_lock_of(row->key), row);
+    std::sort(stripes.begin(), stripes.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (std::size_t i = 0; i < stripes.size(); ++i) {
+      if (i > 0 && stripes[i].first == stripes[i - 1].first) continue;
+      StockRow* row = stripes[i].second;
+      locks.push_back(acquire(*stripes[i].first, row->key, options, &counters, &row->counters));
+    }
+  }
+  return locks;
+}
+
+bool MemoryStore::try_apply_latched(const std::vector<StockRow*>& rows,
+                                    const std::vector<Quantity>& qtys, TimestampUs now,
+                                    const std::vector<RowSnapshot>* read_versions) {
+  std::vector<RowLatch> latches;
+  latches.reserve(rows.size());
+  for (StockRow* row : rows) latches.emplace_back(row->cell, row->cell.latch());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const RowValues& v = latches[i].values();
+    if (read_versions != nullptr && (*read_versions)[i].values.version != v.version) {
+      bump(rows[i]->counters.conflicts);
+      return false;  // optimistic: someone wrote since our read; latches release unchanged
+    }
+    if (v.on_hand - v.reserved < qtys[i]) {
+      bump(rows[i]->counters.refused);
+      throw_out_of_stock(rows[i]->key, v.on_hand - v.reserved, qtys[i]);
+    }
+  }
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const RowValues& v = latches[i].values();
+    latches[i].publish(RowValues{v.on_hand, v.reserved + qtys[i], v.version + 1, now},
+                       rows[i]->key);
+  }
+  return true;
+}
+
+void MemoryStore::apply_order(const std::vector<StockRow*>& rows,
+                              const std::vector<Quantity>& qtys, const WriteOptions& options,
+                              TimestampUs now) {
+  for (StockRow* row : rows) bump(row->counters.requests);
+  auto locks = lock_for(rows, options);
+  if (options.strategy != Strategy::optimistic) {
+    try_apply_latched(rows, qtys, now, nullptr);
+    return;
+  }
+  StrategyCounters& counters = metrics().of(Strategy::optimistic);
+  for (int attempt = 0;; ++attempt) {
+    std::vector<RowSnapshot> seen;
+    seen.reserve(rows.size());
+    for (StockRow* row : rows) seen.push_back(row->cell.read());
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const RowValues& v = seen[i].values;
+      if (v.on_hand - v.reserved < qtys[i]) {
+        throw_out_of_stock(rows[i]->key, v.on_hand - v.reserved, qtys[i]);
+      }
+    }
+    if (try_apply_latched(rows, qtys, now, &seen)) return;
+    bump(counters.conflicts);
+    if (attempt >= options.retries_max) {
+      throw Error(ErrorCode::version_conflict,
+                  "optimistic order lost the race " + std::to_string(attempt + 1) +
+                      " times (retries_max " + std::to_string(options.retries_max) + ")");
+    }
+    bump(counters.retries);
+    sleep_full_jitter(attempt, backoff_base_us, backoff_cap_us);
+  }
+}
+
+Reservation MemoryStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
+                                              std::int64_t window_us) {
+  StockRow& row = require_row(key);
+  const RowValues read = row.cell.read().values;  // SELECT on_hand, reserved ...
+  if (read.on_hand - read.reserved < qty) throw_out_of_stock(key, read.on_hand - read.reserved, qty);
+  if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
+  const TimestampUs now = clock_->now_us();
+  // UPDATE stock SET reserved = :value_computed_from_the_stale_read  (the lost update)
+  RowLatch latch(row.cell, row.cell.latch());
+  const RowValues current = latch.values();
+  latch.publish(RowValues{current.on_hand, read.reserved + qty, current.version + 1, now}, key);
+  Reservation reservation = new_reservation(row, qty, ttl_us, now, std::nullopt);
+  insert_reservation(reservation, &row);
+  return reservation;
+}
+
+std::unique_ptr<LockHold> MemoryStore::hold_lock(const SkuKey& key, Strategy kind,
+                                                 std::int64_t timeout_ms) {
+  StockRow& row = require_row(key);
+  WriteOptions options;
+  options.lock_timeout_ms = timeout_ms;
+  if (kind == Strategy::pessimistic) {
+    return std::make_unique<HeldLock>(acquire(row.row_lock, key, options, nullptr, nullptr));
+  }
+  if (kind == Strategy::advisory) {
+    return std::make_unique<HeldLock>(acquire(advisory_lock_of(key), key, options, nullptr, nullptr));
+  }
+  throw_invalid_argument(std::string("hold_lock takes 'pessimistic' or 'advisory', not '") +
+                         strategy_name(kind) + "'");
+}
+
+}  // namespace stockade::detail

@@ -1,0 +1,132 @@
+#include "stockade/types.hpp"
+
+#include <limits>
+#include <string>
+
+#include "stockade/errors.hpp"
+#include "stockade/hash.hpp"
+
+namespace stockade {
+namespace {
+
+constexpr const char* strategy_names[strategy_count] = {
+    "atomic", "pessimistic", "advisory", "optimistic", "batched", "auto",
+};
+
+// Length of the UTF-8 sequence starting at `lead`, or 0 if `lead` cannot start one.
+std::size_t utf8_sequence_length(unsigned char lead) {
+  if (lead < 0x80) return 1;
+  if (lead >= 0xC2 && lead <= 0xDF) return 2;
+  if (lead >= 0xE0 && lead <= 0xEF) return 3;
+  if (lead >= 0xF0 && lead <= 0xF4) return 4;
+  return 0;
+}
+
+bool is_valid_utf8(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const std::size_t n = utf8_sequence_length(lead);
+    if (n == 0 || i + n > text.size()) return false;
+    for (std::size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) return false;
+    }
+    if (n == 3) {
+      const auto second = static_cast<unsigned char>(text[i + 1]);
+      if (lead == 0xE0 && second < 0xA0) return false;  // overlong
+      if (lead == 0xED && second >= 0xA0) return false;  // UTF-16 surrogate
+    }
+    if (n == 4) {
+      const auto second = static_cast<unsigned char>(text[i + 1]);
+      if (lead == 0xF0 && second < 0x90) return false;  // overlong
+      if (lead == 0xF4 && second >= 0x90) return false;  // past U+10FFFF
+    }
+    i += n;
+  }
+  return true;
+}
+
+// Text that becomes a PostgreSQL `text` value: non-empty, bounded, valid UTF-8, no NUL.
+void validate_text(std::string_view value, const char* field, std::size_t bytes_max) {
+  const std::string name(field);
+  if (value.empty()) throw_invalid_argument(name + " must not be empty");
+  if (value.size() > bytes_max) {
+    throw_invalid_argument(name + " is " + std::to_string(value.size()) +
+                           " bytes long; the limit is " + std::to_string(bytes_max));
+  }
+  if (value.find('\0') != std::string_view::npos) {
+    throw_invalid_argument(name + " must not contain NUL bytes");
+  }
+  if (!is_valid_utf8(value)) throw_invalid_argument(name + " must be valid UTF-8");
+}
+
+}  // namespace
+
+const char* strategy_name(Strategy strategy) noexcept {
+  return strategy_names[static_cast<std::size_t>(strategy)];
+}
+
+Strategy parse_strategy(std::string_view name) {
+  for (std::size_t i = 0; i < strategy_count; ++i) {
+    if (name == strategy_names[i]) return static_cast<Strategy>(i);
+  }
+  throw_invalid_argument("unknown strategy '" + std::string(name) +
+                         "'; expected one of atomic, pessimistic, advisory, optimistic, "
+                         "batched, auto");
+}
+
+const char* reservation_state_name(ReservationState state) noexcept {
+  switch (state) {
+    case ReservationState::held: return "held";
+    case ReservationState::confirmed: return "confirmed";
+    case ReservationState::released: return "released";
+    case ReservationState::expired: return "expired";
+  }
+  return "unknown";
+}
+
+std::size_t SkuKeyHash::operator()(const SkuKey& key) const noexcept {
+  return static_cast<std::size_t>(stable_hash64({key.sku, key.location}));
+}
+
+void validate_sku_key(const SkuKey& key) {
+  validate_text(key.sku, "sku", sku_bytes_max);
+  validate_text(key.location, "location", location_bytes_max);
+}
+
+void validate_qty(Quantity qty, const char* field) {
+  if (qty <= 0) {
+    throw_invalid_argument(std::string(field) + " must be positive, got " + std::to_string(qty));
+  }
+}
+
+void validate_ttl_us(std::int64_t ttl_us) {
+  if (ttl_us <= 0) {
+    throw_invalid_argument("ttl must be positive, got " + std::to_string(ttl_us) + " us");
+  }
+  if (ttl_us > ttl_us_max) {
+    throw_invalid_argument("ttl is " + std::to_string(ttl_us) + " us; the limit is " +
+                           std::to_string(ttl_us_max) + " us (366 days)");
+  }
+}
+
+void validate_idempotency_key(const std::string& key) {
+  validate_text(key, "idempotency_key", idempotency_key_bytes_max);
+}
+
+void validate_expected_version(const std::optional<Version>& expected) {
+  if (expected && *expected < 0) {
+    throw_invalid_argument("expected_version must not be negative, got " +
+                           std::to_string(*expected));
+  }
+}
+
+Quantity checked_add(Quantity a, Quantity b, const char* what) {
+  Quantity out = 0;
+  if (__builtin_add_overflow(a, b, &out)) {
+    throw_invalid_argument(std::string(what) + " would overflow a 64-bit quantity");
+  }
+  return out;
+}
+
+}  // namespace stockade

@@ -1,0 +1,72 @@
+"""stockade: inventory reservations that never oversell.
+
+Every classic answer to the lost update, named and measured: conditional atomic updates,
+pessimistic row locks, advisory locks and optimistic versions, over a C++17 core.
+
+    >>> import stockade
+    >>> eng = stockade.Engine.memory()
+    >>> eng.restock("sku-1", 100).available
+    100
+"""
+
+from __future__ import annotations
+
+try:
+    from . import _core  # noqa: F401
+except ImportError as exc:  # pragma: no cover - only without a built extension
+    raise ImportError(
+        "stockade's compiled core (stockade._core) is missing or does not load: "
+        f"{exc}. Build and install it from the source tree with `make demo` (or "
+        "`pip install .`), which compiles the C++ engine with CMake."
+    ) from exc
+
+from .claim import ClaimAdvice, claim_test
+from .engine import Engine, ManualClock
+from .errors import (
+    IdempotencyConflict,
+    InDoubt,
+    InvalidArgument,
+    InvalidState,
+    InvalidType,
+    InvariantViolation,
+    LockNotAvailable,
+    LockTimeout,
+    NotFound,
+    NotSupported,
+    OutOfStock,
+    Overloaded,
+    ReservationExpired,
+    StockadeError,
+    VersionConflict,
+)
+from .values import Reservation, ReservationState, StockLevel, Strategy, version_from_etag
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClaimAdvice",
+    "Engine",
+    "IdempotencyConflict",
+    "InDoubt",
+    "InvalidArgument",
+    "InvalidState",
+    "InvalidType",
+    "InvariantViolation",
+    "LockNotAvailable",
+    "LockTimeout",
+    "ManualClock",
+    "NotFound",
+    "NotSupported",
+    "OutOfStock",
+    "Overloaded",
+    "Reservation",
+    "ReservationExpired",
+    "ReservationState",
+    "StockLevel",
+    "StockadeError",
+    "Strategy",
+    "VersionConflict",
+    "claim_test",
+    "version_from_etag",
+    "__version__",
+]

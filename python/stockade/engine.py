@@ -1,0 +1,339 @@
+"""The public Engine: a typed, keyword-friendly facade over ``stockade._core.Engine``.
+
+Python checks types and converts units (``timedelta`` to microseconds, ``uuid.UUID`` to
+bytes); the C++ core checks values and does the work with the GIL released, so Python
+threads run it in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union
+
+from . import _core
+from .errors import InvalidArgument, InvalidType, NotSupported
+from .values import (
+    Reservation,
+    ReservationId,
+    StockLevel,
+    Strategy,
+    TtlLike,
+    check_bool,
+    check_int,
+    check_optional_int,
+    check_optional_str,
+    check_str,
+    duration_ms,
+    duration_us,
+    optional_duration_us,
+    reservation_id_bytes,
+    strategy_name,
+)
+
+__all__ = ["Engine", "ManualClock"]
+
+T = TypeVar("T")
+OrderKey = Union[str, Tuple[str, str]]
+DEFAULT_LOCATION = "default"
+
+
+class ManualClock:
+    """A clock for the memory store that moves only when told to.
+
+    Pass it to :meth:`Engine.memory` to test TTLs and expiry without sleeping.
+    """
+
+    def __init__(self, start: Optional[datetime] = None) -> None:
+        start = start or datetime.now(timezone.utc)
+        self._core = _core.ManualClock(self._us(start))
+
+    @staticmethod
+    def _us(when: datetime) -> int:
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise InvalidType("the clock needs a timezone-aware datetime")
+        delta = when - datetime(1970, 1, 1, tzinfo=timezone.utc)
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+    def now(self) -> datetime:
+        """The clock's current time (UTC)."""
+        us = self._core.now_us()
+        return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)
+
+    def set(self, when: datetime) -> None:
+        """Sets the clock to ``when``."""
+        self._core.set_us(self._us(when))
+
+    def advance(self, delta: TtlLike) -> datetime:
+        """Moves the clock by ``delta`` (timedelta or seconds); returns the new time."""
+        self._core.advance_us(duration_us("delta", delta))
+        return self.now()
+
+
+def _order_lines(items: object, location: str) -> List[Tuple[str, str, int]]:
+    if not isinstance(items, Mapping):
+        raise InvalidType(f"items must be a mapping of sku to qty, not {type(items).__name__}")
+    lines: List[Tuple[str, str, int]] = []
+    for key, qty in items.items():
+        if isinstance(key, tuple) and len(key) == 2:
+            sku, loc = check_str("sku", key[0]), check_str("location", key[1])
+        else:
+            sku, loc = check_str("sku", key), location
+        lines.append((sku, loc, check_int("qty", qty)))
+    return lines
+
+
+class Engine:
+    """Reserves and sells stock without ever overselling.
+
+    Make one with :meth:`Engine.memory` (embedded) or :meth:`Engine.postgres`. Every call
+    takes ``location="default"``; calls that decide availability also take ``strategy=``
+    (a :class:`Strategy` or its name), ``nowait=`` and ``lock_timeout=``.
+    """
+
+    def __init__(self, core: _core.Engine, *, async_workers: int = 8) -> None:
+        if not isinstance(core, _core.Engine):
+            raise InvalidType("use Engine.memory() or Engine.postgres() to make an engine")
+        self._core = core
+        self._async_workers = check_int("async_workers", async_workers)
+        if not 1 <= self._async_workers <= 1024:
+            raise InvalidArgument("async_workers must be between 1 and 1024")
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._executor_lock = threading.Lock()
+
+    # --- construction ---
+
+    @classmethod
+    def memory(
+        cls,
+        *,
+        strategy: Union[Strategy, str] = Strategy.ATOMIC,
+        clock: Optional[ManualClock] = None,
+        retries_max: int = 5,
+        lock_timeout: TtlLike = timedelta(seconds=10),
+        default_ttl: TtlLike = timedelta(minutes=15),
+        async_workers: int = 8,
+    ) -> Engine:
+        """An engine over the embedded in-process store: real semantics, no durability."""
+        if clock is not None and not isinstance(clock, ManualClock):
+            raise InvalidType(f"clock must be a ManualClock, not {type(clock).__name__}")
+        core = _core.Engine.memory(
+            strategy=strategy_name(strategy) or Strategy.ATOMIC.value,
+            retries_max=check_int("retries_max", retries_max),
+            lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
+            default_ttl_us=duration_us("default_ttl", default_ttl),
+            clock=clock._core if clock is not None else None,
+        )
+        return cls(core, async_workers=async_workers)
+
+    @classmethod
+    def postgres(
+        cls,
+        dsn: str,
+        *,
+        pool_size: int = 8,
+        strategy: Union[Strategy, str] = Strategy.AUTO,
+        schema: str = "stockade",
+    ) -> Engine:
+        """An engine over PostgreSQL. Not built yet in this release."""
+        check_str("dsn", dsn)
+        check_int("pool_size", pool_size)
+        strategy_name(strategy)
+        check_str("schema", schema)
+        raise NotSupported(
+            "the PostgreSQL store is not built yet in this release; use Engine.memory()"
+        )
+
+    # --- properties and lifecycle ---
+
+    @property
+    def backend(self) -> str:
+        """``"memory"`` or ``"postgres"``."""
+        return self._core.backend
+
+    @property
+    def strategy(self) -> Strategy:
+        """The default strategy of this engine."""
+        return Strategy(self._core.default_strategy)
+
+    def migrate(self) -> List[str]:
+        """Creates or upgrades the schema; returns the migrations applied. The memory store
+        has no schema, so there it applies nothing."""
+        return []
+
+    def close(self) -> None:
+        """Stops the async worker pool. The engine stays usable for synchronous calls."""
+        with self._executor_lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<stockade.Engine backend={self.backend} strategy={self.strategy.value}>"
+
+    # --- stock ---
+
+    def restock(
+        self, sku: str, qty: int, *, location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+    ) -> StockLevel:
+        """Adds ``qty`` units to on_hand, creating the row if it does not exist."""
+        return StockLevel._from_core(self._core.restock(
+            sku=check_str("sku", sku), location=check_str("location", location),
+            qty=check_int("qty", qty),
+            expected_version=check_optional_int("expected_version", expected_version),
+        ))
+
+    def set_on_hand(
+        self, sku: str, on_hand: int, *, location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+    ) -> StockLevel:
+        """Sets on_hand (a stock count); never below what is reserved (``InvalidState``)."""
+        return StockLevel._from_core(self._core.set_on_hand(
+            sku=check_str("sku", sku), location=check_str("location", location),
+            on_hand=check_int("on_hand", on_hand),
+            expected_version=check_optional_int("expected_version", expected_version),
+        ))
+
+    def stock(self, sku: str, *, location: str = DEFAULT_LOCATION) -> StockLevel:
+        """The committed stock row (``NotFound`` if there is none)."""
+        return StockLevel._from_core(self._core.stock(
+            sku=check_str("sku", sku), location=check_str("location", location)))
+
+    def sell(
+        self, sku: str, qty: int, *, location: str = DEFAULT_LOCATION,
+        strategy: Union[Strategy, str, None] = None, expected_version: Optional[int] = None,
+        nowait: bool = False, lock_timeout: Optional[TtlLike] = None,
+    ) -> StockLevel:
+        """Sells ``qty`` units at once (no hold): on_hand falls if enough is available."""
+        return StockLevel._from_core(self._core.sell(
+            sku=check_str("sku", sku), location=check_str("location", location),
+            qty=check_int("qty", qty), strategy=strategy_name(strategy),
+            nowait=check_bool("nowait", nowait),
+            lock_timeout_ms=None if lock_timeout is None else duration_ms("lock_timeout", lock_timeout),
+            expected_version=check_optional_int("expected_version", expected_version),
+        ))
+
+    # --- reservations ---
+
+    def reserve(
+        self, sku: str, qty: int, *, ttl: Optional[TtlLike] = None,
+        idempotency_key: Optional[str] = None, location: str = DEFAULT_LOCATION,
+        strategy: Union[Strategy, str, None] = None, expected_version: Optional[int] = None,
+        nowait: bool = False, lock_timeout: Optional[TtlLike] = None,
+    ) -> Reservation:
+        """Holds ``qty`` units for ``ttl`` (default: the engine's ``default_ttl``).
+
+        Raises ``OutOfStock`` if fewer are available. With an ``idempotency_key``, the same
+        request returns the same reservation; a different one raises ``IdempotencyConflict``.
+        """
+        return Reservation._from_core(self._core.reserve(
+            sku=check_str("sku", sku), location=check_str("location", location),
+            qty=check_int("qty", qty), ttl_us=optional_duration_us("ttl", ttl),
+            idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+            strategy=strategy_name(strategy), nowait=check_bool("nowait", nowait),
+            lock_timeout_ms=None if lock_timeout is None else duration_ms("lock_timeout", lock_timeout),
+            expected_version=check_optional_int("expected_version", expected_version),
+        ))
+
+    def reserve_order(
+        self, items: Mapping[OrderKey, int], *, ttl: Optional[TtlLike] = None,
+        idempotency_key: Optional[str] = None, location: str = DEFAULT_LOCATION,
+        strategy: Union[Strategy, str, None] = None, nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
+    ) -> List[Reservation]:
+        """Holds every line or none: ``{sku: qty}`` (or ``{(sku, location): qty}``).
+
+        Rows are locked in sorted (sku, location) order, so concurrent orders cannot
+        deadlock. Returns one reservation per line, in the order of ``items``.
+        """
+        lines = _order_lines(items, check_str("location", location))
+        made = self._core.reserve_order(
+            lines=lines, ttl_us=optional_duration_us("ttl", ttl),
+            idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+            strategy=strategy_name(strategy), nowait=check_bool("nowait", nowait),
+            lock_timeout_ms=None if lock_timeout is None else duration_ms("lock_timeout", lock_timeout),
+        )
+        return [Reservation._from_core(r) for r in made]
+
+    def confirm(self, id: ReservationId, *, expected_version: Optional[int] = None) -> Reservation:
+        """held -> confirmed: the units leave on_hand. ``ReservationExpired`` past expiry."""
+        return Reservation._from_core(self._core.confirm(
+            id=reservation_id_bytes(id),
+            expected_version=check_optional_int("expected_version", expected_version)))
+
+    def release(self, id: ReservationId, *, expected_version: Optional[int] = None) -> Reservation:
+        """held -> released: the units become available again."""
+        return Reservation._from_core(self._core.release(
+            id=reservation_id_bytes(id),
+            expected_version=check_optional_int("expected_version", expected_version)))
+
+    def extend(
+        self, id: ReservationId, *, ttl: TtlLike, expected_version: Optional[int] = None,
+    ) -> Reservation:
+        """Moves a live hold's expiry to now + ``ttl``."""
+        return Reservation._from_core(self._core.extend(
+            id=reservation_id_bytes(id), ttl_us=duration_us("ttl", ttl),
+            expected_version=check_optional_int("expected_version", expected_version)))
+
+    def reservation(self, id: ReservationId) -> Reservation:
+        """The reservation as committed (``NotFound`` if there is none)."""
+        return Reservation._from_core(self._core.get_reservation(id=reservation_id_bytes(id)))
+
+    get_reservation = reservation
+
+    def expire_due(self, *, limit: int = 1000) -> int:
+        """Expires up to ``limit`` holds past their expiry; returns how many."""
+        limit = check_int("limit", limit)
+        if limit <= 0:
+            raise InvalidArgument(f"limit must be positive, got {limit}")
+        return self._core.expire_due(limit=limit)
+
+    def stats(self, *, sku_limit: int = 20) -> Dict[str, Any]:
+        """Counters per strategy, and the ``sku_limit`` hottest SKUs by requests."""
+        sku_limit = check_int("sku_limit", sku_limit)
+        if sku_limit < 0:
+            raise InvalidArgument("sku_limit must not be negative")
+        return self._core.stats(sku_limit=sku_limit)
+
+    # --- asyncio ---
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool(), functools.partial(fn, *args, **kwargs))
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._executor_lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self._async_workers, thread_name_prefix="stockade-async")
+            return self._executor
+
+    async def reserve_async(self, sku: str, qty: int, **kwargs: Any) -> Reservation:
+        """:meth:`reserve` as an awaitable (runs on a bounded worker pool)."""
+        return await self._run(self.reserve, sku, qty, **kwargs)
+
+    async def reserve_order_async(self, items: Mapping[OrderKey, int], **kwargs: Any) -> List[Reservation]:
+        """:meth:`reserve_order` as an awaitable."""
+        return await self._run(self.reserve_order, items, **kwargs)
+
+    async def sell_async(self, sku: str, qty: int, **kwargs: Any) -> StockLevel:
+        """:meth:`sell` as an awaitable."""
+        return await self._run(self.sell, sku, qty, **kwargs)
+
+    async def confirm_async(self, id: ReservationId, **kwargs: Any) -> Reservation:
+        """:meth:`confirm` as an awaitable."""
+        return await self._run(self.confirm, id, **kwargs)
+
+    async def release_async(self, id: ReservationId, **kwargs: Any) -> Reservation:
+        """:meth:`release` as an awaitable."""
+        return await self._run(self.release, id, **kwargs)

@@ -1,0 +1,103 @@
+"""Helpers for tests and load scenarios that drive an engine.
+
+``race`` starts many threads at once against one engine. ``naive_reserve`` is a
+deliberately broken read-modify-write (the lost update) kept as a canary: a race that
+cannot make it oversell cannot prove that the real strategies do not. ``hold_lock`` holds
+a row or advisory lock as another session would, to observe ``nowait`` and
+``lock_timeout``.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable, Generic, Iterator, List, Optional, TypeVar, Union
+
+from .engine import DEFAULT_LOCATION, Engine
+from .values import (
+    Reservation,
+    Strategy,
+    TtlLike,
+    check_int,
+    check_str,
+    duration_ms,
+    duration_us,
+    strategy_name,
+)
+
+__all__ = ["RaceResult", "race", "naive_reserve", "hold_lock"]
+
+T = TypeVar("T")
+
+
+@dataclass
+class RaceResult(Generic[T]):
+    """What each racer returned or raised, in racer order."""
+
+    results: List[Optional[T]] = field(default_factory=list)
+    errors: List[Optional[BaseException]] = field(default_factory=list)
+
+    def succeeded(self) -> List[T]:
+        return [r for r, e in zip(self.results, self.errors) if e is None and r is not None]
+
+    def failed_with(self, kind: type) -> int:
+        return sum(1 for e in self.errors if isinstance(e, kind))
+
+
+def race(racers: int, fn: Callable[[int], T], *, timeout: float = 120.0) -> RaceResult[T]:
+    """Runs ``fn(i)`` for i in range(racers) on as many threads, released together by a
+    barrier so that they really collide. Bounded: raises TimeoutError past ``timeout``."""
+    racers = check_int("racers", racers)
+    if not 1 <= racers <= 4096:
+        raise ValueError("racers must be between 1 and 4096")
+    out: RaceResult[T] = RaceResult([None] * racers, [None] * racers)
+    barrier = threading.Barrier(racers)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout)
+            out.results[i] = fn(i)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller
+            out.errors[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(racers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        if t.is_alive():
+            raise TimeoutError(f"a racer did not finish within {timeout} s")
+    return out
+
+
+def naive_reserve(
+    engine: Engine, sku: str, qty: int, *, location: str = DEFAULT_LOCATION,
+    ttl: TtlLike = timedelta(minutes=15), window: TtlLike = timedelta(microseconds=200),
+) -> Reservation:
+    """UNSAFE, for tests only: read the row, wait ``window``, write back a value computed
+    from the stale read. Loses updates and oversells under concurrency, by design."""
+    return Reservation._from_core(engine._core.naive_reserve_unsafe(
+        sku=check_str("sku", sku), location=check_str("location", location),
+        qty=check_int("qty", qty), ttl_us=duration_us("ttl", ttl),
+        window_us=duration_us("window", window),
+    ))
+
+
+@contextmanager
+def hold_lock(
+    engine: Engine, sku: str, *, kind: Union[Strategy, str] = Strategy.PESSIMISTIC,
+    location: str = DEFAULT_LOCATION, timeout: TtlLike = timedelta(seconds=10),
+) -> Iterator[None]:
+    """Holds the lock that ``kind`` (pessimistic or advisory) takes on a row, as another
+    session would, for the body of the ``with`` block. Enter and exit on one thread."""
+    handle = engine._core.hold_lock(
+        sku=check_str("sku", sku), location=check_str("location", location),
+        kind=strategy_name(kind) or Strategy.PESSIMISTIC.value,
+        timeout_ms=duration_ms("timeout", timeout),
+    )
+    try:
+        yield
+    finally:
+        handle.release()

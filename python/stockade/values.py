@@ -1,0 +1,215 @@
+"""Value objects and enums of the public API, and the conversions to and from the core."""
+
+from __future__ import annotations
+
+import enum
+import math
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Optional, Union
+
+from . import _core
+from .errors import InvalidArgument, InvalidType
+
+__all__ = [
+    "Strategy",
+    "ReservationState",
+    "StockLevel",
+    "Reservation",
+    "version_from_etag",
+]
+
+INT64_MAX = 2**63 - 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+TtlLike = Union[timedelta, int, float]
+ReservationId = Union[uuid.UUID, str]
+
+
+class Strategy(str, enum.Enum):
+    """How a write protects itself from the lost update (DESIGN.md section 1).
+
+    Every ``strategy=`` parameter accepts a member or its string name.
+    """
+
+    ATOMIC = "atomic"
+    PESSIMISTIC = "pessimistic"
+    ADVISORY = "advisory"
+    OPTIMISTIC = "optimistic"
+    BATCHED = "batched"
+    AUTO = "auto"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ReservationState(str, enum.Enum):
+    """The lifecycle of a hold: held, then confirmed, released or expired."""
+
+    HELD = "held"
+    CONFIRMED = "confirmed"
+    RELEASED = "released"
+    EXPIRED = "expired"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _etag(version: int) -> str:
+    return f'"{version}"'
+
+
+def version_from_etag(etag: str) -> int:
+    """The version inside an ETag made by stockade (for HTTP ``If-Match``)."""
+    if not isinstance(etag, str):
+        raise InvalidType(f"etag must be a str, not {type(etag).__name__}")
+    text = etag[2:] if etag.startswith("W/") else etag
+    if len(text) < 3 or text[0] != '"' or text[-1] != '"' or not text[1:-1].isdigit():
+        raise InvalidArgument(f"not a stockade etag: {etag!r}")
+    return int(text[1:-1])
+
+
+def _datetime(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+@dataclass(frozen=True)
+class StockLevel:
+    """A stock row as committed."""
+
+    sku: str
+    location: str
+    on_hand: int
+    reserved: int
+    available: int
+    version: int
+    updated_at: datetime
+
+    @property
+    def etag(self) -> str:
+        """Strong ETag of this version of the row."""
+        return _etag(self.version)
+
+    @classmethod
+    def _from_core(cls, s: _core.StockLevel) -> StockLevel:
+        return cls(
+            s.sku, s.location, s.on_hand, s.reserved, s.available, s.version,
+            _datetime(s.updated_at_us),
+        )
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A reservation (a hold on stock) as committed."""
+
+    id: uuid.UUID
+    sku: str
+    location: str
+    qty: int
+    state: ReservationState
+    version: int
+    expires_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    idempotency_key: Optional[str]
+
+    @property
+    def etag(self) -> str:
+        """Strong ETag of this version of the reservation."""
+        return _etag(self.version)
+
+    @classmethod
+    def _from_core(cls, r: _core.Reservation) -> Reservation:
+        return cls(
+            uuid.UUID(bytes=r.id), r.sku, r.location, r.qty, ReservationState(r.state),
+            r.version, _datetime(r.expires_at_us), _datetime(r.created_at_us),
+            _datetime(r.updated_at_us), r.idempotency_key,
+        )
+
+
+# --- argument checks and conversions, shared by the engine and the test helpers ---
+
+
+def check_str(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidType(f"{name} must be a str, not {type(value).__name__}")
+    return value
+
+
+def check_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidType(f"{name} must be an int, not {type(value).__name__}")
+    if not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise InvalidArgument(f"{name} {value} does not fit in a 64-bit integer")
+    return value
+
+
+def check_optional_int(name: str, value: object) -> Optional[int]:
+    return None if value is None else check_int(name, value)
+
+
+def check_optional_str(name: str, value: object) -> Optional[str]:
+    return None if value is None else check_str(name, value)
+
+
+def check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidType(f"{name} must be a bool, not {type(value).__name__}")
+    return value
+
+
+def duration_us(name: str, value: object) -> int:
+    """A timedelta, or a number of seconds, as whole microseconds (range checked in C++)."""
+    if isinstance(value, timedelta):
+        us = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidType(f"{name} must be a timedelta or seconds, not {type(value).__name__}")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgument(f"{name} must be finite, got {value}")
+    else:
+        if abs(value) > INT64_MAX / 1_000_000:
+            raise InvalidArgument(f"{name} of {value} seconds is out of range")
+        us = round(value * 1_000_000)
+    if not -INT64_MAX - 1 <= us <= INT64_MAX:
+        raise InvalidArgument(f"{name} is out of range")
+    return us
+
+
+def optional_duration_us(name: str, value: object) -> Optional[int]:
+    return None if value is None else duration_us(name, value)
+
+
+def duration_ms(name: str, value: object) -> int:
+    """A timedelta or seconds as whole milliseconds, rounded up so a wait is never shorter."""
+    us = duration_us(name, value)
+    return -((-us) // 1000)
+
+
+def strategy_name(value: object) -> Optional[str]:
+    if value is None:
+        return None
+    if isinstance(value, Strategy):
+        return value.value
+    if isinstance(value, str):
+        try:
+            return Strategy(value).value
+        except ValueError:
+            names = ", ".join(s.value for s in Strategy)
+            raise InvalidArgument(
+                f"unknown strategy {value!r}; expected one of {names}"
+            ) from None
+    raise InvalidType(f"strategy must be a Strategy or str, not {type(value).__name__}")
+
+
+def reservation_id_bytes(value: object) -> bytes:
+    if isinstance(value, uuid.UUID):
+        return value.bytes
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value).bytes
+        except ValueError:
+            raise InvalidArgument(f"not a reservation id: {value!r}") from None
+    if isinstance(value, Reservation):
+        return value.id.bytes
+    raise InvalidType(f"reservation id must be a uuid.UUID or str, not {type(value).__name__}")
