@@ -1,0 +1,296 @@
+// Races: many threads on one row, for every strategy, and the canary that proves the
+// harness can see an oversell.
+//
+// Goal: no strategy ever grants more than exists, and none grants less (every unit is
+// sold when buyers outnumber it). Method: threads released together by a latch hammer
+// one row until they see OutOfStock, then the grants are counted against the stock row
+// and the reservation table. The same harness run with the naive read-modify-write must
+// oversell, or the harness proves nothing.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "memory/row_cell.hpp"
+#include "stockade/engine.hpp"
+#include "test_support.hpp"
+
+namespace stockade {
+namespace {
+
+constexpr int threads_count = 16;
+constexpr int attempts_max = 100000;  // per thread: bounds the loop if something is wrong
+
+// Starts `n` threads running fn(i) at the same moment and waits for all of them.
+template <class Fn>
+void run_together(int n, Fn fn) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      ready.fetch_add(1);
+      while (!go.load()) std::this_thread::yield();
+      fn(i);
+    });
+  }
+  while (ready.load() < n) std::this_thread::yield();
+  go.store(true);
+  for (auto& t : threads) t.join();
+}
+
+struct Tally {
+  std::atomic<std::int64_t> granted{0};
+  std::atomic<std::int64_t> refused{0};
+  std::atomic<std::int64_t> retried{0};
+};
+
+// Each buyer takes one unit at a time until the row says OutOfStock.
+template <class Reserve>
+void buy_until_sold_out(Tally& tally, Reserve reserve) {
+  for (int attempt = 0; attempt < attempts_max; ++attempt) {
+    try {
+      reserve();
+      tally.granted.fetch_add(1);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::out_of_stock) {
+        tally.refused.fetch_add(1);
+        return;
+      }
+      if (e.code() != ErrorCode::version_conflict) throw;
+      tally.retried.fetch_add(1);  // optimistic gave up after retries_max: buyer tries again
+    }
+  }
+  ADD_FAILURE() << "a buyer never saw the row sell out";
+}
+
+class EveryStrategy : public ::testing::TestWithParam<Strategy> {
+ protected:
+  std::unique_ptr<Engine> engine = Engine::memory();
+  const SkuKey sku{"hot", "default"};
+};
+
+std::string strategy_param_name(const ::testing::TestParamInfo<Strategy>& info) {
+  return strategy_name(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Memory, EveryStrategy,
+                         ::testing::Values(Strategy::atomic, Strategy::pessimistic,
+                                           Strategy::advisory, Strategy::optimistic),
+                         strategy_param_name);
+
+TEST_P(EveryStrategy, grants_exactly_the_units_there_are_to_racing_threads) {
+  constexpr Quantity units = 2000;
+  engine->restock(sku, units);
+  CallOptions call;
+  call.strategy = GetParam();
+  Tally tally;
+  run_together(threads_count, [&](int) {
+    buy_until_sold_out(tally, [&] { engine->reserve(sku, 1, {}, {}, call); });
+  });
+  EXPECT_EQ(tally.granted.load(), units);
+  EXPECT_EQ(tally.refused.load(), threads_count);
+  const StockLevel level = engine->stock(sku);
+  EXPECT_EQ(level.reserved, units);
+  EXPECT_EQ(level.available(), 0);
+  EXPECT_EQ(engine->stats().reservation_count, static_cast<std::uint64_t>(units));
+}
+
+TEST_P(EveryStrategy, sells_exactly_the_units_there_are_to_racing_threads) {
+  constexpr Quantity units = 2000;
+  engine->restock(sku, units);
+  CallOptions call;
+  call.strategy = GetParam();
+  Tally tally;
+  run_together(threads_count, [&](int) {
+    buy_until_sold_out(tally, [&] { engine->sell(sku, 1, call); });
+  });
+  EXPECT_EQ(tally.granted.load(), units);
+  EXPECT_EQ(engine->stock(sku).on_hand, 0);
+}
+
+TEST_P(EveryStrategy, reservations_confirmed_and_released_concurrently_balance_the_ledger) {
+  constexpr Quantity units = 1000;
+  engine->restock(sku, units);
+  CallOptions call;
+  call.strategy = GetParam();
+  std::atomic<std::int64_t> confirmed{0};
+  run_together(threads_count, [&](int i) {
+    for (int k = 0; k < 200; ++k) {
+      try {
+        const Reservation r = engine->reserve(sku, 2, {}, {}, call);
+        if ((i + k) % 3 == 0) {
+          engine->release(r.id);
+        } else {
+          engine->confirm(r.id);
+          confirmed.fetch_add(2);
+        }
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::out_of_stock && e.code() != ErrorCode::version_conflict) throw;
+      }
+    }
+  });
+  const StockLevel level = engine->stock(sku);
+  EXPECT_EQ(level.reserved, 0);
+  EXPECT_EQ(level.on_hand, units - confirmed.load());
+  EXPECT_GE(level.on_hand, 0);
+}
+
+TEST_P(EveryStrategy, orders_in_opposite_line_order_do_not_deadlock) {
+  // Goal: sorted lock order. Method: two groups of threads reserve the same two SKUs,
+  // naming them in opposite orders, many times; the test finishing is the assertion,
+  // with the stock ledger exact at the end.
+  const SkuKey a{"a", "default"}, b{"b", "default"};
+  engine->restock(a, 100000);
+  engine->restock(b, 100000);
+  CallOptions call;
+  call.strategy = GetParam();
+  std::atomic<std::int64_t> orders{0};
+  run_together(8, [&](int i) {
+    const std::vector<OrderLine> ab{{a, 1}, {b, 1}}, ba{{b, 1}, {a, 1}};
+    for (int k = 0; k < 500; ++k) {
+      try {
+        engine->reserve_order(i % 2 == 0 ? ab : ba, {}, {}, call);
+        orders.fetch_add(1);
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::version_conflict) throw;
+      }
+    }
+  });
+  EXPECT_GT(orders.load(), 0);
+  EXPECT_EQ(engine->stock(a).reserved, orders.load());
+  EXPECT_EQ(engine->stock(b).reserved, orders.load());
+}
+
+TEST(Races, mixed_strategies_on_one_row_never_oversell) {
+  auto engine = Engine::memory();
+  const SkuKey sku{"hot", "default"};
+  constexpr Quantity units = 3000;
+  engine->restock(sku, units);
+  const Strategy strategies[] = {Strategy::atomic, Strategy::pessimistic, Strategy::advisory,
+                                 Strategy::optimistic};
+  Tally tally;
+  run_together(threads_count, [&](int i) {
+    CallOptions call;
+    call.strategy = strategies[i % 4];
+    buy_until_sold_out(tally, [&] { engine->reserve(sku, 1, {}, {}, call); });
+  });
+  EXPECT_EQ(tally.granted.load(), units);
+  EXPECT_EQ(engine->stock(sku).reserved, units);
+}
+
+TEST(Races, naive_read_modify_write_canary_oversells_under_the_same_race) {
+  auto engine = Engine::memory();
+  const SkuKey sku{"hot", "default"};
+  constexpr Quantity units = 100;
+  engine->restock(sku, units);
+  Tally tally;
+  run_together(threads_count, [&](int) {
+    buy_until_sold_out(tally, [&] {
+      engine->store().naive_reserve_unsafe(sku, 1, 60'000'000, /*window_us=*/200);
+    });
+  });
+  // The lost update: more grants than units, while the row itself looks fine.
+  EXPECT_GT(tally.granted.load(), units);
+  EXPECT_LE(engine->stock(sku).reserved, units);
+  EXPECT_GT(static_cast<std::int64_t>(engine->stats().reservation_count), units);
+}
+
+TEST(Locks, nowait_and_lock_timeout_fail_fast_while_another_session_holds_the_lock) {
+  auto engine = Engine::memory();
+  const SkuKey sku{"locked", "default"};
+  engine->restock(sku, 10);
+  for (Strategy kind : {Strategy::pessimistic, Strategy::advisory}) {
+    const Quantity reserved_before = engine->stock(sku).reserved;
+    auto hold = engine->store().hold_lock(sku, kind, 1000);
+    CallOptions nowait;
+    nowait.strategy = kind;
+    nowait.nowait = true;
+    CallOptions timeout;
+    timeout.strategy = kind;
+    timeout.lock_timeout_ms = 30;
+    // Another thread, as another session would: std::timed_mutex is not recursive.
+    std::thread([&] {
+      EXPECT_STOCKADE_ERROR(engine->reserve(sku, 1, {}, {}, nowait), ErrorCode::lock_not_available);
+      const auto start = std::chrono::steady_clock::now();
+      EXPECT_STOCKADE_ERROR(engine->reserve(sku, 1, {}, {}, timeout), ErrorCode::lock_timeout);
+      EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(30));
+    }).join();
+    EXPECT_EQ(engine->stock(sku).reserved, reserved_before);
+    hold.reset();
+    EXPECT_EQ(engine->reserve(sku, 1, {}, {}, nowait).qty, 1);
+    EXPECT_EQ(engine->stock(sku).reserved, reserved_before + 1);
+  }
+  const StoreStats all = engine->stats();
+  const auto& stats = all.strategies[static_cast<std::size_t>(Strategy::pessimistic)];
+  EXPECT_EQ(stats.lock_not_available, 1u);
+  EXPECT_EQ(stats.lock_timeouts, 1u);
+  EXPECT_EQ(stats.lock_waits, 1u);
+}
+
+TEST(Locks, atomic_writers_are_not_blocked_by_a_row_lock_holder_but_stay_correct) {
+  // The memory store's atomic path is a compare-and-set, not a lock: a long-held row lock
+  // does not stall it, and pessimistic writers queued behind the lock see its writes.
+  auto engine = Engine::memory();
+  const SkuKey sku{"row", "default"};
+  engine->restock(sku, 2);
+  auto hold = engine->store().hold_lock(sku, Strategy::pessimistic, 1000);
+  EXPECT_EQ(engine->reserve(sku, 2).qty, 2);
+  hold.reset();
+  CallOptions pessimistic;
+  pessimistic.strategy = Strategy::pessimistic;
+  EXPECT_STOCKADE_ERROR(engine->reserve(sku, 1, {}, {}, pessimistic), ErrorCode::out_of_stock);
+}
+
+TEST(RowCell, readers_never_see_a_torn_row) {
+  // Goal: the seqlock gives consistent snapshots. Method: a writer keeps publishing rows
+  // whose on_hand always equals reserved and whose version equals both; readers check
+  // every snapshot they take.
+  detail::RowCell cell(detail::RowValues{0, 0, 0, 0});
+  const SkuKey key{"torn", "default"};
+  std::atomic<bool> stop{false};
+  std::atomic<std::int64_t> torn{0}, reads{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 3; ++r) {
+    readers.emplace_back([&] {
+      while (!stop.load()) {
+        const detail::RowValues s = cell.read().values;
+        if (s.on_hand != s.reserved || s.reserved != s.version) torn.fetch_add(1);
+        reads.fetch_add(1);
+      }
+    });
+  }
+  std::thread writer([&] {
+    while (reads.load() == 0) std::this_thread::yield();  // overlap with the readers
+    for (std::int64_t v = 1; v <= 200000; ++v) {
+      detail::RowLatch latch(cell, cell.latch());
+      latch.publish(detail::RowValues{v, v, v, v}, key);
+    }
+    stop.store(true);
+  });
+  writer.join();
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(torn.load(), 0);
+  EXPECT_GT(reads.load(), 1000);
+}
+
+TEST(RowCell, publish_refuses_to_break_the_row_invariant_and_leaves_the_row_unchanged) {
+  detail::RowCell cell(detail::RowValues{5, 2, 7, 0});
+  const SkuKey key{"check", "default"};
+  {
+    detail::RowLatch latch(cell, cell.latch());
+    EXPECT_STOCKADE_ERROR(latch.publish(detail::RowValues{5, 6, 8, 0}, key),
+                          ErrorCode::invariant_violation);
+    EXPECT_STOCKADE_ERROR(latch.publish(detail::RowValues{5, -1, 8, 0}, key),
+                          ErrorCode::invariant_violation);
+  }
+  const auto snap = cell.read();
+  EXPECT_EQ(snap.values.reserved, 2);
+  EXPECT_EQ(snap.values.version, 7);
+  EXPECT_EQ(snap.seq % 2, 0u) << "the latch was released";
+}
+
+}  // namespace
+}  // namespace stockade

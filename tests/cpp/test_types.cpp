@@ -1,0 +1,100 @@
+// Domain types: input validation, UUIDv7 ids, stable hashes, strategy names.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "stockade/hash.hpp"
+#include "stockade/types.hpp"
+#include "stockade/uuid.hpp"
+#include "test_support.hpp"
+
+namespace stockade {
+namespace {
+
+constexpr ErrorCode invalid = ErrorCode::invalid_argument;
+
+TEST(Validation, rejects_empty_long_nul_and_non_utf8_skus) {
+  EXPECT_STOCKADE_ERROR(validate_sku_key({"", "default"}), invalid);
+  EXPECT_STOCKADE_ERROR(validate_sku_key({std::string(sku_bytes_max + 1, 'a'), "default"}),
+                        invalid);
+  EXPECT_STOCKADE_ERROR(validate_sku_key({std::string("a\0b", 3), "default"}), invalid);
+  EXPECT_STOCKADE_ERROR(validate_sku_key({"\xff\xfe", "default"}), invalid);
+  EXPECT_STOCKADE_ERROR(validate_sku_key({"\xed\xa0\x80", "default"}), invalid);  // surrogate
+  EXPECT_STOCKADE_ERROR(validate_sku_key({"\xc0\xaf", "default"}), invalid);      // overlong
+  EXPECT_STOCKADE_ERROR(validate_sku_key({"sku", ""}), invalid);
+}
+
+TEST(Validation, accepts_skus_up_to_the_byte_limit_in_any_script) {
+  EXPECT_NO_THROW(validate_sku_key({std::string(sku_bytes_max, 'a'), "default"}));
+  EXPECT_NO_THROW(validate_sku_key({"\xe9\x9e\x8b-42 \xf0\x9f\x91\x9f", "lager-\xc3\xb6st"}));
+}
+
+TEST(Validation, rejects_non_positive_quantities_and_ttls) {
+  EXPECT_STOCKADE_ERROR(validate_qty(0), invalid);
+  EXPECT_STOCKADE_ERROR(validate_qty(-5), invalid);
+  EXPECT_NO_THROW(validate_qty(std::numeric_limits<Quantity>::max()));
+  EXPECT_STOCKADE_ERROR(validate_ttl_us(0), invalid);
+  EXPECT_STOCKADE_ERROR(validate_ttl_us(-1), invalid);
+  EXPECT_STOCKADE_ERROR(validate_ttl_us(ttl_us_max + 1), invalid);
+  EXPECT_NO_THROW(validate_ttl_us(ttl_us_max));
+}
+
+TEST(Validation, checked_add_refuses_overflow) {
+  const Quantity max = std::numeric_limits<Quantity>::max();
+  EXPECT_EQ(checked_add(max - 1, 1, "x"), max);
+  EXPECT_STOCKADE_ERROR(checked_add(max, 1, "x"), invalid);
+}
+
+TEST(Strategies, parse_round_trips_every_name_and_rejects_others) {
+  for (std::size_t i = 0; i < strategy_count; ++i) {
+    const auto s = static_cast<Strategy>(i);
+    EXPECT_EQ(parse_strategy(strategy_name(s)), s);
+  }
+  EXPECT_EQ(parse_strategy("auto"), Strategy::automatic);
+  EXPECT_STOCKADE_ERROR(parse_strategy("Atomic"), invalid);
+  EXPECT_STOCKADE_ERROR(parse_strategy(""), invalid);
+}
+
+TEST(Uuid, v7_carries_version_variant_time_and_shard_key) {
+  const std::int64_t ms = 1'790'000'000'123;
+  for (std::uint16_t key : {std::uint16_t{0}, std::uint16_t{1}, std::uint16_t{0xBEEF},
+                            std::uint16_t{0xFFFF}}) {
+    const Uuid id = make_uuid_v7(ms, key);
+    EXPECT_EQ(id.version(), 7);
+    EXPECT_EQ(id.bytes[8] & 0xC0, 0x80) << "RFC 9562 variant bits";
+    EXPECT_EQ(id.unix_ms(), ms);
+    EXPECT_EQ(id.shard_key(), key);
+  }
+}
+
+TEST(Uuid, ids_are_unique_and_sort_by_time) {
+  std::set<Uuid> seen;
+  for (int i = 0; i < 10000; ++i) ASSERT_TRUE(seen.insert(make_uuid_v7(1000 + i / 10, 7)).second);
+  EXPECT_LT(make_uuid_v7(1000, 7), make_uuid_v7(1001, 7));
+  // Random bits differ between two ids of the same millisecond and shard.
+  EXPECT_NE(make_uuid_v7(5, 5), make_uuid_v7(5, 5));
+}
+
+TEST(Uuid, text_form_round_trips_and_bad_text_is_rejected) {
+  const Uuid id = make_uuid_v7(1'700'000'000'000, 42);
+  const std::string text = id.to_string();
+  EXPECT_EQ(text.size(), 36u);
+  EXPECT_EQ(Uuid::parse(text), id);
+  EXPECT_STOCKADE_ERROR(Uuid::parse("not-a-uuid"), invalid);
+  EXPECT_STOCKADE_ERROR(Uuid::parse("0189a0b2-7c1e-7abc-8def-0123456789zz"), invalid);
+  EXPECT_STOCKADE_ERROR(Uuid::from_bytes("short"), invalid);
+}
+
+TEST(StableHash, is_stable_across_builds_and_separates_parts) {
+  // Pinned values: these keys are stored and shared between engines, so they must never
+  // change. If this fails, the hash changed: that is a data migration, not a refactor.
+  EXPECT_EQ(stable_hash64({}), 0xc3817c016ba4ff30ULL);
+  EXPECT_EQ(stable_hash64({"sku-1", "default"}), 0xbc2c8937efd70be4ULL);
+  EXPECT_NE(stable_hash64({"ab", "c"}), stable_hash64({"a", "bc"}));
+  EXPECT_EQ(shard_key_of("sku-1", "default"),
+            static_cast<std::uint16_t>(stable_hash64({"sku-1", "default"}) >> 48));
+}
+
+}  // namespace
+}  // namespace stockade
