@@ -20,6 +20,7 @@ except ImportError as exc:  # pragma: no cover - only without a built extension
         "`pip install .`), which compiles the C++ engine with CMake."
     ) from exc
 
+from . import testing
 from .claim import ClaimAdvice, claim_test
 from .engine import Engine, ManualClock
 from .errors import (
@@ -67,6 +68,7 @@ __all__ = [
     "Strategy",
     "VersionConflict",
     "claim_test",
+    "testing",
     "version_from_etag",
     "__version__",
 ]

@@ -134,6 +134,11 @@ class Reservation:
 def check_str(name: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidType(f"{name} must be a str, not {type(value).__name__}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument(f"{name} must be valid Unicode (no lone surrogates)") from None
     return value
 
 

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "row_cell.hpp"
+#include "timed_lock.hpp"
 #include "stockade/clock.hpp"
 #include "stockade/store.hpp"
 
@@ -49,7 +50,7 @@ struct StockRow {
   StockRow(SkuKey k, const RowValues& initial) : key(std::move(k)), cell(initial) {}
   const SkuKey key;
   RowCell cell;
-  std::timed_mutex row_lock;  // pessimistic: the FOR UPDATE lock
+  TimedLock row_lock;  // pessimistic: the FOR UPDATE lock
   SkuCounters counters;
 };
 
@@ -139,9 +140,9 @@ class MemoryStore final : public Store {
                    const WriteOptions& options, TimestampUs now);
   bool try_apply_latched(const std::vector<StockRow*>& rows, const std::vector<Quantity>& qtys,
                          TimestampUs now, const std::vector<RowSnapshot>* read_versions);
-  std::vector<std::unique_lock<std::timed_mutex>> lock_for(const std::vector<StockRow*>& rows,
+  std::vector<std::unique_lock<TimedLock>> lock_for(const std::vector<StockRow*>& rows,
                                                            const WriteOptions& options);
-  std::timed_mutex& advisory_lock_of(const SkuKey& key);
+  TimedLock& advisory_lock_of(const SkuKey& key);
   StockLevel level_of(const StockRow& row, const RowValues& values) const;
 
   // Reservations (reservations.cpp).
@@ -163,7 +164,7 @@ class MemoryStore final : public Store {
   std::shared_ptr<Clock> clock_;
   std::unique_ptr<std::array<StockShard, stock_shards>> stock_;
   std::unique_ptr<std::array<ReservationShard, reservation_shards>> reservations_;
-  std::unique_ptr<std::array<std::timed_mutex, advisory_stripes>> advisory_;
+  std::unique_ptr<std::array<TimedLock, advisory_stripes>> advisory_;
   std::mutex idempotency_mutex_;
   std::condition_variable idempotency_done_;
   std::unordered_map<std::string, IdempotencyEntry> idempotency_;

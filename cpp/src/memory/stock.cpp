@@ -15,10 +15,10 @@ std::size_t shard_index(const SkuKey& key, std::size_t shards) {
 
 // Pessimistic and advisory locks wait like PostgreSQL's: NOWAIT fails at once
 // (LockNotAvailable), otherwise wait at most lock_timeout (LockTimeout). Waits are counted.
-std::unique_lock<std::timed_mutex> acquire(std::timed_mutex& mutex, const SkuKey& key,
+std::unique_lock<TimedLock> acquire(TimedLock& mutex, const SkuKey& key,
                                            const WriteOptions& options,
                                            StrategyCounters* counters, SkuCounters* sku) {
-  std::unique_lock<std::timed_mutex> lock(mutex, std::try_to_lock);
+  std::unique_lock<TimedLock> lock(mutex, std::try_to_lock);
   if (lock.owns_lock()) return lock;
   if (options.nowait) {
     throw Error(ErrorCode::lock_not_available,
@@ -45,10 +45,10 @@ std::unique_lock<std::timed_mutex> acquire(std::timed_mutex& mutex, const SkuKey
 
 class HeldLock final : public LockHold {
  public:
-  explicit HeldLock(std::unique_lock<std::timed_mutex> lock) : lock_(std::move(lock)) {}
+  explicit HeldLock(std::unique_lock<TimedLock> lock) : lock_(std::move(lock)) {}
 
  private:
-  std::unique_lock<std::timed_mutex> lock_;
+  std::unique_lock<TimedLock> lock_;
 };
 
 }  // namespace
@@ -65,7 +65,7 @@ MemoryStore::MemoryStore(std::shared_ptr<Clock> clock)
     : clock_(std::move(clock)),
       stock_(std::make_unique<std::array<StockShard, stock_shards>>()),
       reservations_(std::make_unique<std::array<ReservationShard, reservation_shards>>()),
-      advisory_(std::make_unique<std::array<std::timed_mutex, advisory_stripes>>()) {}
+      advisory_(std::make_unique<std::array<TimedLock, advisory_stripes>>()) {}
 
 StockRow* MemoryStore::find_row(const SkuKey& key) const {
   const StockShard& shard = (*stock_)[shard_index(key, stock_shards)];
@@ -141,7 +141,7 @@ RowValues MemoryStore::optimistic(StockRow& row, const WriteOptions& options,
   }
 }
 
-std::timed_mutex& MemoryStore::advisory_lock_of(const SkuKey& key) {
+TimedLock& MemoryStore::advisory_lock_of(const SkuKey& key) {
   const std::uint64_t lock_key = stable_hash64({"stockade", key.sku, key.location});
   return (*advisory_)[lock_key & (advisory_stripes - 1)];
 }
@@ -231,9 +231,9 @@ StockLevel MemoryStore::sell(const SellRequest& request) {
   return level_of(row, apply(row, request.options, decide));
 }
 
-std::vector<std::unique_lock<std::timed_mutex>> MemoryStore::lock_for(
+std::vector<std::unique_lock<TimedLock>> MemoryStore::lock_for(
     const std::vector<StockRow*>& rows, const WriteOptions& options) {
-  std::vector<std::unique_lock<std::timed_mutex>> locks;
+  std::vector<std::unique_lock<TimedLock>> locks;
   StrategyCounters& counters = metrics().of(options.strategy);
   if (options.strategy == Strategy::pessimistic) {
     for (StockRow* row : rows) {  // rows are sorted by key: no deadlock
@@ -241,7 +241,7 @@ std::vector<std::unique_lock<std::timed_mutex>> MemoryStore::lock_for(
     }
   } else if (options.strategy == Strategy::advisory) {
     // Distinct keys can share a stripe: take each stripe once, in address order.
-    std::vector<std::pair<std::timed_mutex*, StockRow*>> stripes;
+    std::vector<std::pair<TimedLock*, StockRow*>> stripes;
     for (StockRow* row : rows) stripes.emplace_back(&advisory_lock_of(row->key), row);
     std::sort(stripes.begin(), stripes.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });

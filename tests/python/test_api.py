@@ -1,0 +1,280 @@
+"""The public API of DESIGN.md section 5 on the memory store: every call, its value
+objects, and its errors."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta, timezone
+
+import pytest
+
+import stockade
+from stockade import ReservationState, Strategy
+
+from support import START
+
+
+def test_restock_returns_the_stock_level(engine: stockade.Engine) -> None:
+    lvl = engine.restock("sku-1", 100)
+    assert (lvl.sku, lvl.location, lvl.on_hand, lvl.reserved, lvl.available) == (
+        "sku-1", "default", 100, 0, 100)
+    assert lvl.version == 1
+    assert lvl.etag == '"1"'
+    assert lvl.updated_at == START
+    assert engine.stock("sku-1") == lvl
+
+
+def test_reserve_holds_units_with_a_ttl_from_the_store_clock(engine: stockade.Engine) -> None:
+    engine.restock("sku-1", 100)
+    r = engine.reserve("sku-1", 2, ttl=timedelta(minutes=10), idempotency_key="order-77")
+    assert isinstance(r.id, uuid.UUID) and r.id.version == 7
+    assert r.state is ReservationState.HELD and r.state == "held"
+    assert (r.sku, r.location, r.qty, r.version) == ("sku-1", "default", 2, 1)
+    assert r.expires_at == START + timedelta(minutes=10)
+    assert r.expires_at.tzinfo is timezone.utc
+    assert r.created_at == START and r.idempotency_key == "order-77"
+    assert r.etag == '"1"'
+    lvl = engine.stock("sku-1")
+    assert (lvl.reserved, lvl.available) == (2, 98)
+
+
+def test_ttl_may_be_given_in_seconds(engine: stockade.Engine) -> None:
+    engine.restock("s", 5)
+    assert engine.reserve("s", 1, ttl=90).expires_at == START + timedelta(seconds=90)
+    assert engine.reserve("s", 1, ttl=0.5).expires_at == START + timedelta(milliseconds=500)
+
+
+def test_confirm_release_and_extend_follow_the_lifecycle(
+    engine: stockade.Engine, clock: stockade.ManualClock
+) -> None:
+    engine.restock("sku-1", 10)
+    a = engine.reserve("sku-1", 3)
+    b = engine.reserve("sku-1", 2)
+    confirmed = engine.confirm(a.id, expected_version=a.version)
+    assert confirmed.state is ReservationState.CONFIRMED and confirmed.version == 2
+    assert engine.release(b.id).state is ReservationState.RELEASED
+    lvl = engine.stock("sku-1")
+    assert (lvl.on_hand, lvl.reserved, lvl.available) == (7, 0, 7)
+
+    c = engine.reserve("sku-1", 1, ttl=timedelta(minutes=1))
+    clock.advance(timedelta(seconds=50))
+    extended = engine.extend(c.id, ttl=timedelta(minutes=5))
+    assert extended.expires_at == clock.now() + timedelta(minutes=5)
+    assert engine.reservation(str(c.id)) == extended
+
+
+def test_confirm_after_expiry_raises_reservation_expired(
+    engine: stockade.Engine, clock: stockade.ManualClock
+) -> None:
+    engine.restock("sku-1", 10)
+    r = engine.reserve("sku-1", 4, ttl=timedelta(seconds=30))
+    clock.advance(timedelta(seconds=30))
+    with pytest.raises(stockade.ReservationExpired) as info:
+        engine.confirm(r.id)
+    assert info.value.reservation_id == r.id
+    assert engine.reservation(r.id).state is ReservationState.EXPIRED
+    assert engine.stock("sku-1").available == 10
+
+
+def test_expire_due_returns_the_number_expired(
+    engine: stockade.Engine, clock: stockade.ManualClock
+) -> None:
+    engine.restock("sku-1", 10)
+    for _ in range(3):
+        engine.reserve("sku-1", 1, ttl=60)
+    keep = engine.reserve("sku-1", 1, ttl=3600)
+    assert engine.expire_due() == 0
+    clock.advance(61)
+    assert engine.expire_due(limit=2) == 2
+    assert engine.expire_due(limit=1000) == 1
+    assert engine.stock("sku-1").reserved == 1
+    assert engine.reservation(keep.id).state is ReservationState.HELD
+
+
+def test_version_conflict_carries_expected_and_actual(engine: stockade.Engine) -> None:
+    lvl = engine.restock("sku-1", 10)
+    engine.restock("sku-1", 1)
+    with pytest.raises(stockade.VersionConflict) as info:
+        engine.set_on_hand("sku-1", 50, expected_version=lvl.version)
+    assert (info.value.expected_version, info.value.actual_version) == (1, 2)
+    assert info.value.sku == "sku-1" and info.value.location == "default"
+    assert engine.stock("sku-1").on_hand == 11
+    fresh = engine.stock("sku-1")
+    assert engine.set_on_hand("sku-1", 50, expected_version=fresh.version).on_hand == 50
+
+
+def test_etag_round_trips_to_expected_version(engine: stockade.Engine) -> None:
+    r = (engine.restock("s", 3), engine.reserve("s", 1))[1]
+    assert stockade.version_from_etag(r.etag) == r.version
+    assert stockade.version_from_etag('W/"12"') == 12
+    with pytest.raises(stockade.InvalidArgument):
+        stockade.version_from_etag("12")
+
+
+def test_out_of_stock_names_the_sku(engine: stockade.Engine) -> None:
+    engine.restock("sku-1", 1, location="lisbon")
+    with pytest.raises(stockade.OutOfStock) as info:
+        engine.reserve("sku-1", 2, location="lisbon")
+    assert (info.value.sku, info.value.location, info.value.code) == (
+        "sku-1", "lisbon", "out_of_stock")
+    assert isinstance(info.value, stockade.StockadeError)
+
+
+def test_unknown_rows_and_reservations_raise_not_found(engine: stockade.Engine) -> None:
+    with pytest.raises(stockade.NotFound):
+        engine.stock("nope")
+    with pytest.raises(stockade.NotFound):
+        engine.reserve("nope", 1)
+    with pytest.raises(stockade.NotFound):
+        engine.confirm(uuid.uuid4())
+
+
+def test_final_states_raise_invalid_state_with_the_state(engine: stockade.Engine) -> None:
+    engine.restock("s", 2)
+    r = engine.reserve("s", 1)
+    engine.release(r.id)
+    with pytest.raises(stockade.InvalidState) as info:
+        engine.confirm(r.id)
+    assert info.value.state == "released"
+
+
+def test_sell_is_a_direct_conditional_decrement(engine: stockade.Engine) -> None:
+    engine.restock("s", 3)
+    engine.reserve("s", 2)
+    assert engine.sell("s", 1).on_hand == 2
+    with pytest.raises(stockade.OutOfStock):
+        engine.sell("s", 1)
+
+
+def test_reserve_order_is_all_or_nothing_in_caller_order(engine: stockade.Engine) -> None:
+    engine.restock("sku-1", 5)
+    engine.restock("sku-2", 2)
+    engine.restock("sku-2", 9, location="lisbon")
+    with pytest.raises(stockade.OutOfStock):
+        engine.reserve_order({"sku-1": 1, "sku-2": 3})
+    assert engine.stock("sku-1").reserved == 0
+    made = engine.reserve_order({"sku-2": 2, "sku-1": 1, ("sku-2", "lisbon"): 4})
+    assert [(r.sku, r.location, r.qty) for r in made] == [
+        ("sku-2", "default", 2), ("sku-1", "default", 1), ("sku-2", "lisbon", 4)]
+
+
+def test_idempotency_key_replays_and_conflicts(engine: stockade.Engine) -> None:
+    engine.restock("s", 10)
+    first = engine.reserve("s", 2, idempotency_key="k", ttl=60)
+    engine.confirm(first.id)
+    again = engine.reserve("s", 2, idempotency_key="k", ttl=60)
+    assert again.id == first.id and again.state is ReservationState.CONFIRMED
+    with pytest.raises(stockade.IdempotencyConflict):
+        engine.reserve("s", 3, idempotency_key="k", ttl=60)
+    assert engine.stock("s").on_hand == 8
+
+
+def test_concurrent_duplicates_of_one_key_end_as_one_reservation(engine: stockade.Engine) -> None:
+    engine.restock("s", 1000)
+    out = stockade.testing.race(64, lambda i: engine.reserve("s", 5, idempotency_key="dup", ttl=60))
+    ids = {r.id for r in out.succeeded()}
+    assert len(ids) == 1 and len(out.succeeded()) == 64
+    assert engine.stock("s").reserved == 5
+
+
+@pytest.mark.parametrize("name", ["atomic", "pessimistic", "advisory", "optimistic"])
+def test_strategy_accepts_names_and_members(engine: stockade.Engine, name: str) -> None:
+    engine.restock("s", 2)
+    engine.reserve("s", 1, strategy=name)
+    engine.reserve("s", 1, strategy=Strategy(name))
+    assert engine.stats()["strategies"][name]["granted"] == 2
+
+
+@pytest.mark.parametrize("name", ["batched", "auto"])
+def test_unbuilt_strategies_raise_not_supported(engine: stockade.Engine, name: str) -> None:
+    engine.restock("s", 2)
+    with pytest.raises(stockade.NotSupported, match="not built yet"):
+        engine.reserve("s", 1, strategy=name)
+    with pytest.raises(NotImplementedError):
+        stockade.Engine.memory(strategy=name).reserve("s", 1)
+    assert engine.stock("s").reserved == 0
+
+
+def test_postgres_backend_is_reported_as_not_built() -> None:
+    with pytest.raises(stockade.NotSupported, match="PostgreSQL store is not built"):
+        stockade.Engine.postgres("postgresql://localhost/x")
+
+
+@pytest.mark.parametrize("kind", ["pessimistic", "advisory"])
+def test_nowait_and_lock_timeout_while_the_lock_is_held(
+    engine: stockade.Engine, kind: str
+) -> None:
+    engine.restock("s", 5)
+    with stockade.testing.hold_lock(engine, "s", kind=kind):
+        # Another thread, as another session would be.
+        out = stockade.testing.race(1, lambda i: engine.reserve("s", 1, strategy=kind, nowait=True))
+        assert isinstance(out.errors[0], stockade.LockNotAvailable)
+        out = stockade.testing.race(
+            1, lambda i: engine.reserve("s", 1, strategy=kind, lock_timeout=0.02))
+        assert isinstance(out.errors[0], stockade.LockTimeout)
+    assert engine.reserve("s", 1, strategy=kind, nowait=True).qty == 1
+    counters = engine.stats()["strategies"][kind]
+    assert (counters["lock_not_available"], counters["lock_timeouts"]) == (1, 1)
+
+
+def test_stats_report_strategies_and_hottest_skus(engine: stockade.Engine) -> None:
+    engine.restock("hot", 1)
+    engine.restock("cold", 1)
+    engine.reserve("hot", 1)
+    with pytest.raises(stockade.OutOfStock):
+        engine.reserve("hot", 1)
+    stats = engine.stats(sku_limit=1)
+    assert stats["backend"] == "memory"
+    assert stats["strategies"]["atomic"]["requests"] == 2
+    assert stats["hottest_skus"] == [
+        {"sku": "hot", "location": "default", "requests": 2, "refused": 1, "conflicts": 0,
+         "lock_waits": 0}]
+    assert (stats["sku_count"], stats["reservation_count"], stats["held_count"]) == (2, 1, 1)
+
+
+def test_reservation_ids_carry_the_shard_key_of_their_row(engine: stockade.Engine) -> None:
+    from stockade import _core
+
+    engine.restock("sku-1", 3, location="lisbon")
+    r = engine.reserve("sku-1", 1, location="lisbon")
+    assert _core.uuid_shard_key(r.id.bytes) == _core.shard_key_of("sku-1", "lisbon")
+
+
+def test_migrate_on_memory_applies_nothing(engine: stockade.Engine) -> None:
+    assert engine.migrate() == []
+    assert engine.backend == "memory" and engine.strategy is Strategy.ATOMIC
+
+
+async def _reserve_many(engine: stockade.Engine, n: int) -> list[stockade.Reservation]:
+    import asyncio
+
+    results = await asyncio.gather(
+        *(engine.reserve_async("s", 1) for _ in range(n)), return_exceptions=True)
+    return [r for r in results if isinstance(r, stockade.Reservation)]
+
+
+def test_reserve_async_grants_exactly_what_exists(engine: stockade.Engine) -> None:
+    import asyncio
+
+    engine.restock("s", 50)
+    granted = asyncio.run(_reserve_many(engine, 200))
+    assert len(granted) == 50
+    assert engine.stock("s").available == 0
+
+
+def test_claim_test_follows_the_three_questions() -> None:
+    unsafe = stockade.claim_test(fits_in_transaction=True, conflict_rate=0.3, retry="unsafe")
+    assert unsafe.strategy is Strategy.PESSIMISTIC and len(unsafe.reasons) == 3
+    assert stockade.claim_test(
+        fits_in_transaction=False, conflict_rate=0.3).strategy is Strategy.OPTIMISTIC
+    assert stockade.claim_test(
+        fits_in_transaction=True, conflict_rate=0.01).strategy is Strategy.OPTIMISTIC
+    assert stockade.claim_test(
+        fits_in_transaction=True, conflict_rate=0.9).strategy is Strategy.BATCHED
+    assert stockade.claim_test(
+        fits_in_transaction=True, conflict_rate=0.9, single_statement=True
+    ).strategy is Strategy.ATOMIC
+    with pytest.raises(stockade.InvalidArgument):
+        stockade.claim_test(fits_in_transaction=True, conflict_rate=1.5)
+    with pytest.raises(stockade.InvalidArgument):
+        stockade.claim_test(fits_in_transaction=True, conflict_rate=0.1, retry="maybe")

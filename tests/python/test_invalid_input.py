@@ -1,0 +1,125 @@
+"""Bad input gets a typed error and changes nothing.
+
+Goal: every malformed argument raises InvalidArgument (a ValueError) or, for the wrong
+Python type, InvalidType (also a TypeError), and leaves the stock row, its version and
+the reservation table exactly as they were. Method: snapshot, call, compare.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any, Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import stockade
+
+INT64_MAX = 2**63 - 1
+
+
+def snapshot(engine: stockade.Engine) -> tuple[Any, ...]:
+    stats = engine.stats()
+    return (engine.stock("sku-1"), stats["reservation_count"], stats["sku_count"])
+
+
+@pytest.fixture
+def stocked(engine: stockade.Engine) -> stockade.Engine:
+    engine.restock("sku-1", 10)
+    engine.reserve("sku-1", 1)
+    return engine
+
+
+BAD_VALUES: list[tuple[str, Callable[[stockade.Engine], object]]] = [
+    ("qty zero", lambda e: e.reserve("sku-1", 0)),
+    ("qty negative", lambda e: e.reserve("sku-1", -3)),
+    ("qty past int64", lambda e: e.reserve("sku-1", INT64_MAX + 1)),
+    ("restock past int64 in total", lambda e: e.restock("sku-1", INT64_MAX)),
+    ("empty sku", lambda e: e.reserve("", 1)),
+    ("sku over 256 bytes", lambda e: e.reserve("x" * 257, 1)),
+    ("sku over 256 bytes in UTF-8", lambda e: e.reserve("é" * 129, 1)),
+    ("NUL in sku", lambda e: e.reserve("sku-1\x00", 1)),
+    ("NUL in location", lambda e: e.reserve("sku-1", 1, location="a\x00b")),
+    ("empty location", lambda e: e.reserve("sku-1", 1, location="")),
+    ("lone surrogate in sku", lambda e: e.reserve("sku-\ud800", 1)),
+    ("negative ttl", lambda e: e.reserve("sku-1", 1, ttl=timedelta(seconds=-1))),
+    ("zero ttl", lambda e: e.reserve("sku-1", 1, ttl=0)),
+    ("ttl over a year", lambda e: e.reserve("sku-1", 1, ttl=timedelta(days=400))),
+    ("nan ttl", lambda e: e.reserve("sku-1", 1, ttl=float("nan"))),
+    ("huge ttl", lambda e: e.reserve("sku-1", 1, ttl=timedelta(days=999_999_999))),
+    ("empty idempotency key", lambda e: e.reserve("sku-1", 1, idempotency_key="")),
+    ("unknown strategy", lambda e: e.reserve("sku-1", 1, strategy="yolo")),
+    ("nowait with atomic", lambda e: e.reserve("sku-1", 1, strategy="atomic", nowait=True)),
+    ("zero lock_timeout", lambda e: e.reserve("sku-1", 1, lock_timeout=0)),
+    ("negative expected_version", lambda e: e.reserve("sku-1", 1, expected_version=-1)),
+    ("set_on_hand negative", lambda e: e.set_on_hand("sku-1", -1)),
+    ("sell zero", lambda e: e.sell("sku-1", 0)),
+    ("empty order", lambda e: e.reserve_order({})),
+    ("order with zero qty", lambda e: e.reserve_order({"sku-1": 0})),
+    ("order naming a row twice", lambda e: e.reserve_order({"sku-1": 1, ("sku-1", "default"): 1})),
+    ("malformed reservation id", lambda e: e.confirm("not-a-uuid")),
+    ("expire_due limit zero", lambda e: e.expire_due(limit=0)),
+    ("extend with negative ttl", lambda e: e.extend(uuid.uuid4(), ttl=-5)),
+]
+
+BAD_TYPES: list[tuple[str, Callable[[stockade.Engine], object]]] = [
+    ("qty as str", lambda e: e.reserve("sku-1", "1")),  # type: ignore[arg-type]
+    ("qty as float", lambda e: e.reserve("sku-1", 1.0)),  # type: ignore[arg-type]
+    ("qty as bool", lambda e: e.reserve("sku-1", True)),
+    ("qty as None", lambda e: e.reserve("sku-1", None)),  # type: ignore[arg-type]
+    ("sku as int", lambda e: e.reserve(42, 1)),  # type: ignore[arg-type]
+    ("sku as bytes", lambda e: e.reserve(b"sku-1", 1)),  # type: ignore[arg-type]
+    ("location as None", lambda e: e.reserve("sku-1", 1, location=None)),  # type: ignore[arg-type]
+    ("ttl as str", lambda e: e.reserve("sku-1", 1, ttl="10m")),  # type: ignore[arg-type]
+    ("strategy as int", lambda e: e.reserve("sku-1", 1, strategy=3)),  # type: ignore[arg-type]
+    ("nowait as int", lambda e: e.reserve("sku-1", 1, strategy="pessimistic", nowait=1)),  # type: ignore[arg-type]
+    ("idempotency key as int", lambda e: e.reserve("sku-1", 1, idempotency_key=7)),  # type: ignore[arg-type]
+    ("expected_version as str", lambda e: e.sell("sku-1", 1, expected_version="2")),  # type: ignore[arg-type]
+    ("reservation id as int", lambda e: e.confirm(12345)),  # type: ignore[arg-type]
+    ("order as list", lambda e: e.reserve_order([("sku-1", 1)])),  # type: ignore[arg-type]
+    ("restock qty as float", lambda e: e.restock("sku-1", 2.5)),  # type: ignore[arg-type]
+]
+
+
+@pytest.mark.parametrize("call", [c for _, c in BAD_VALUES], ids=[n for n, _ in BAD_VALUES])
+def test_bad_values_raise_invalid_argument_and_change_nothing(
+    stocked: stockade.Engine, call: Callable[[stockade.Engine], object]
+) -> None:
+    before = snapshot(stocked)
+    with pytest.raises(stockade.InvalidArgument) as info:
+        call(stocked)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, stockade.StockadeError)
+    assert str(info.value)
+    assert snapshot(stocked) == before
+
+
+@pytest.mark.parametrize("call", [c for _, c in BAD_TYPES], ids=[n for n, _ in BAD_TYPES])
+def test_wrong_python_types_raise_invalid_type_and_change_nothing(
+    stocked: stockade.Engine, call: Callable[[stockade.Engine], object]
+) -> None:
+    before = snapshot(stocked)
+    with pytest.raises(stockade.InvalidType) as info:
+        call(stocked)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, stockade.InvalidArgument)
+    assert snapshot(stocked) == before
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sku=st.one_of(st.text(max_size=300), st.binary(max_size=10), st.integers(), st.none()),
+    qty=st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.floats(), st.text(max_size=3)),
+)
+def test_any_input_either_succeeds_or_raises_a_stockade_error(sku: Any, qty: Any) -> None:
+    # Goal: no input crashes the core or escapes the error taxonomy, and a refused call
+    # changes nothing. Method: arbitrary sku/qty values against a fresh engine.
+    engine = stockade.Engine.memory()
+    engine.restock("sku-1", 10)
+    before = snapshot(engine)
+    try:
+        engine.reserve(sku, qty)
+    except stockade.StockadeError:
+        assert snapshot(engine) == before
+    else:
+        assert isinstance(qty, int) and 0 < qty <= 10 and sku == "sku-1"

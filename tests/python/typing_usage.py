@@ -1,0 +1,55 @@
+"""A user's program, type-checked with mypy --strict by test_typing.py (never run).
+
+It exercises the public API the way DESIGN.md section 5 shows it, so that the stubs and
+annotations are checked against real use, and that misuse is reported.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import List, Optional
+
+import stockade
+from stockade import Reservation, ReservationState, StockLevel, Strategy
+
+
+def tour(eng: stockade.Engine) -> None:
+    eng.migrate()
+    lvl: StockLevel = eng.restock("sku-1", 100)
+    available: int = lvl.available
+    etag: str = lvl.etag
+    r: Reservation = eng.reserve(
+        "sku-1", 2, ttl=timedelta(minutes=10), idempotency_key="order-77")
+    rid: uuid.UUID = r.id
+    state: ReservationState = r.state
+    expires: datetime = r.expires_at
+    key: Optional[str] = r.idempotency_key
+    eng.confirm(r.id, expected_version=r.version)
+    eng.release(str(rid))
+    eng.extend(r.id, ttl=timedelta(minutes=5))
+    order: List[Reservation] = eng.reserve_order({"sku-1": 1, ("sku-2", "lisbon"): 3})
+    eng.sell("sku-1", 1, strategy=Strategy.PESSIMISTIC, nowait=True)
+    eng.sell("sku-1", 1, strategy="optimistic")
+    expired: int = eng.expire_due(limit=1000)
+    eng.set_on_hand("sku-1", 50, expected_version=lvl.version, location="default")
+    stats = eng.stats()
+    advice = stockade.claim_test(fits_in_transaction=True, conflict_rate=0.3, retry="unsafe")
+    chosen: Strategy = advice.strategy
+    print(available, etag, state, expires, key, order, expired, stats, chosen)
+
+
+async def tour_async(eng: stockade.Engine) -> Reservation:
+    return await eng.reserve_async("sku-1", 1)
+
+
+def main() -> None:
+    clock = stockade.ManualClock()
+    clock.advance(timedelta(seconds=5))
+    with stockade.Engine.memory(clock=clock, strategy="atomic") as eng:
+        tour(eng)
+    try:
+        stockade.Engine.postgres("postgresql://localhost/db", pool_size=8, strategy="auto")
+    except stockade.NotSupported as exc:
+        code: str = exc.code
+        print(code)
