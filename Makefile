@@ -1,0 +1,56 @@
+# stockade: the two commands of the README, and their parts.
+#   make demo   set up what is missing, build, and run the flash-sale demo
+#   make test   set up what is missing, build, and run every test (ctest, TSan, pytest)
+
+PYTHON ?= python3
+VENV   ?= .venv
+BUILD  ?= build
+PY     := $(VENV)/bin/python
+CMAKE  := $(VENV)/bin/cmake
+CTEST  := $(VENV)/bin/ctest
+JOBS   ?= 2
+CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DSTOCKADE_BUILD_TESTS=ON -DSTOCKADE_WERROR=ON
+
+.PHONY: demo test system-deps install test-cpp test-tsan test-python format clean
+
+demo: install
+	$(VENV)/bin/stockade demo
+
+test: install test-cpp test-tsan test-python
+
+system-deps:
+	@bash tools/install-system-deps.sh
+
+# The virtual environment with the build and test tools; remade when pyproject changes.
+$(VENV)/.tools-stamp: pyproject.toml | system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja \
+		"pytest>=7.4" "hypothesis>=6.80" "mypy>=1.8"
+	touch $@
+
+# Builds the extension (incrementally, in build/<wheel tag>) and installs the package.
+install: system-deps $(VENV)/.tools-stamp
+	$(PY) -m pip install -q --no-build-isolation .
+
+test-cpp: system-deps $(VENV)/.tools-stamp
+	$(CMAKE) -S . -B $(BUILD)/cpp $(CMAKE_FLAGS)
+	$(CMAKE) --build $(BUILD)/cpp -j $(JOBS)
+	$(CTEST) --test-dir $(BUILD)/cpp --output-on-failure -j $(JOBS)
+
+# The same GoogleTest suite under ThreadSanitizer: the races must be data-race free.
+test-tsan: system-deps $(VENV)/.tools-stamp
+	$(CMAKE) -S . -B $(BUILD)/tsan $(CMAKE_FLAGS) -DSTOCKADE_SANITIZE=thread
+	$(CMAKE) --build $(BUILD)/tsan -j $(JOBS)
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+		$(CTEST) --test-dir $(BUILD)/tsan --output-on-failure -j $(JOBS)
+
+test-python: install
+	$(PY) -m pytest
+
+format:
+	clang-format -i cpp/include/stockade/*.hpp cpp/src/*.[ch]pp cpp/src/memory/*.[ch]pp \
+		cpp/bindings/*.[ch]pp tests/cpp/*.[ch]pp
+
+clean:
+	rm -rf $(BUILD) $(VENV)

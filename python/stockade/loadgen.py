@@ -1,0 +1,121 @@
+"""Flash-sale load: many buyers, few units, one hot SKU.
+
+``flash_sale`` drives an engine with ``clients`` threads that share ``buyers`` purchase
+attempts, one unit each, and reports what happened: granted, refused, failed, oversold,
+throughput and latency. It is the core of ``stockade demo`` and of load scenarios in
+pytest. The strategy ``"naive-unsafe"`` runs the deliberately broken read-modify-write
+canary instead of a real strategy, to show what an oversell looks like.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from .engine import Engine
+from .errors import OutOfStock, StockadeError, VersionConflict
+from .testing import naive_reserve
+
+__all__ = ["FlashSaleReport", "flash_sale", "NAIVE"]
+
+NAIVE = "naive-unsafe"
+RETRIES_MAX = 5  # a buyer retries an optimistic VersionConflict at most this often
+
+
+@dataclass
+class FlashSaleReport:
+    strategy: str
+    buyers: int
+    units: int
+    granted: int = 0
+    refused: int = 0
+    failed: int = 0
+    retried: int = 0
+    elapsed_s: float = 0.0
+    reserved_after: int = 0
+    latencies_us: List[float] = field(default_factory=list, repr=False)
+
+    @property
+    def oversold(self) -> int:
+        """Grants beyond the units that existed: must be 0 for every real strategy."""
+        return max(0, self.granted - self.units)
+
+    @property
+    def throughput(self) -> float:
+        """Requests answered per second (granted or refused)."""
+        return (self.granted + self.refused + self.failed) / self.elapsed_s if self.elapsed_s else 0.0
+
+    def percentile_us(self, q: float) -> float:
+        if not self.latencies_us:
+            return 0.0
+        ordered = sorted(self.latencies_us)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def flash_sale(
+    engine: Engine,
+    *,
+    buyers: int,
+    units: int,
+    strategy: str = "atomic",
+    clients: int = 32,
+    sku: Optional[str] = None,
+) -> FlashSaleReport:
+    """Restocks a fresh SKU with ``units`` and lets ``buyers`` race for them."""
+    if not (1 <= clients <= 1024 and buyers >= 1 and units >= 1):
+        raise ValueError("need 1 <= clients <= 1024, buyers >= 1 and units >= 1")
+    sku = sku or f"flash-{strategy}-{time.monotonic_ns()}"
+    engine.restock(sku, units)
+    report = FlashSaleReport(strategy, buyers, units)
+    lock = threading.Lock()
+    next_buyer = iter(range(buyers))
+    barrier = threading.Barrier(clients + 1)
+
+    def buy_once() -> str:
+        for _ in range(RETRIES_MAX + 1):
+            try:
+                if strategy == NAIVE:
+                    naive_reserve(engine, sku, 1)
+                else:
+                    engine.reserve(sku, 1, strategy=strategy)
+                return "granted"
+            except OutOfStock:
+                return "refused"
+            except VersionConflict:
+                with lock:
+                    report.retried += 1
+        return "failed"
+
+    def client() -> None:
+        local: List[float] = []
+        counts = {"granted": 0, "refused": 0, "failed": 0}
+        barrier.wait()
+        while True:
+            with lock:
+                if next(next_buyer, None) is None:
+                    break
+            start = time.perf_counter()
+            try:
+                outcome = buy_once()
+            except StockadeError:
+                outcome = "failed"
+            local.append((time.perf_counter() - start) * 1e6)
+            counts[outcome] += 1
+        with lock:
+            report.latencies_us.extend(local)
+            report.granted += counts["granted"]
+            report.refused += counts["refused"]
+            report.failed += counts["failed"]
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    report.elapsed_s = time.perf_counter() - start
+    report.reserved_after = engine.stock(sku).reserved
+    return report

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages stockade builds against, if any is missing.
+# Works on Debian 12 and 13, as root or through sudo. Idempotent and quiet when all is there.
+set -euo pipefail
+
+packages=(g++ make libboost-dev libgtest-dev)
+# A Python without ensurepip (Debian's own python3) needs python3-venv for `make`'s venv.
+python3 -c "import ensurepip" 2>/dev/null || packages+=(python3-venv)
+
+missing=()
+for pkg in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "installing Debian packages: ${missing[*]}"
+sudo=()
+[[ $(id -u) -eq 0 ]] || sudo=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
