@@ -278,3 +278,32 @@ def test_claim_test_follows_the_three_questions() -> None:
         stockade.claim_test(fits_in_transaction=True, conflict_rate=1.5)
     with pytest.raises(stockade.InvalidArgument):
         stockade.claim_test(fits_in_transaction=True, conflict_rate=0.1, retry="maybe")
+
+
+def test_blocking_calls_release_the_gil(engine: stockade.Engine) -> None:
+    # Goal: a call blocked in C++ lets other Python threads run. Method: one thread waits
+    # 300 ms for a held row lock inside the core while this thread counts; if the GIL
+    # were held, the count would stall for the whole wait.
+    import threading
+    import time
+
+    engine.restock("s", 1)
+    done = threading.Event()
+    ticks = 0
+    with stockade.testing.hold_lock(engine, "s"):
+        def blocked() -> None:
+            try:
+                engine.reserve("s", 1, strategy="pessimistic", lock_timeout=0.3)
+            except stockade.LockTimeout:
+                pass
+            done.set()
+
+        t = threading.Thread(target=blocked)
+        t.start()
+        time.sleep(0.05)  # let it reach the lock wait
+        deadline = time.monotonic() + 0.2
+        while time.monotonic() < deadline and not done.is_set():
+            ticks += 1
+        assert not done.is_set(), "the reserve returned before its lock_timeout"
+    t.join()
+    assert ticks > 1000

@@ -1,0 +1,181 @@
+"""The memory store against a model: random operation sequences, one reference.
+
+Goal: the engine follows the lifecycle of DESIGN.md (held -> confirmed | released |
+expired, expiry from the store clock, versions growing on every change, refusals
+changing nothing) in any order of calls, not only in the orders the example tests
+chose. Method: a Hypothesis state machine applies the same operations to the engine and
+to a few lines of plain Python bookkeeping, and compares them after every step.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Dict, Optional
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import stockade
+from support import START
+
+SKUS = ["a", "b"]
+STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic"]
+
+
+@dataclass
+class Hold:
+    sku: str
+    qty: int
+    state: str
+    version: int
+    expires_us: int
+
+
+class EngineModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = stockade.ManualClock(START)
+        self.engine = stockade.Engine.memory(clock=self.clock)
+        self.now_us = 0
+        self.on_hand: Dict[str, int] = {}
+        self.reserved: Dict[str, int] = {}
+        self.version: Dict[str, int] = {}
+        self.holds: Dict[uuid.UUID, Hold] = {}
+
+    # --- helpers ---
+
+    def _expire_lazily(self, hold: Hold) -> None:
+        self.reserved[hold.sku] -= hold.qty
+        self.version[hold.sku] += 1
+        hold.state = "expired"
+        hold.version += 1
+
+    def _pick(self, index: int) -> Optional[uuid.UUID]:
+        ids = sorted(self.holds)
+        return ids[index % len(ids)] if ids else None
+
+    # --- rules ---
+
+    @rule(sku=st.sampled_from(SKUS), qty=st.integers(1, 20))
+    def restock(self, sku: str, qty: int) -> None:
+        lvl = self.engine.restock(sku, qty)
+        self.on_hand[sku] = self.on_hand.get(sku, 0) + qty
+        self.reserved.setdefault(sku, 0)
+        self.version[sku] = self.version.get(sku, 0) + 1
+        assert lvl.version == self.version[sku]
+
+    @rule(sku=st.sampled_from(SKUS), qty=st.integers(1, 8), ttl_s=st.integers(1, 120),
+          strategy=st.sampled_from(STRATEGIES))
+    def reserve(self, sku: str, qty: int, ttl_s: int, strategy: str) -> None:
+        if sku not in self.on_hand:
+            try:
+                self.engine.reserve(sku, qty, ttl=ttl_s, strategy=strategy)
+            except stockade.NotFound:
+                return
+            raise AssertionError("reserve on a missing row succeeded")
+        available = self.on_hand[sku] - self.reserved[sku]
+        try:
+            r = self.engine.reserve(sku, qty, ttl=ttl_s, strategy=strategy)
+        except stockade.OutOfStock:
+            assert qty > available
+            return
+        assert qty <= available
+        self.reserved[sku] += qty
+        self.version[sku] += 1
+        self.holds[r.id] = Hold(sku, qty, "held", 1, self.now_us + ttl_s * 1_000_000)
+
+    @rule(sku=st.sampled_from(SKUS), qty=st.integers(1, 8))
+    def sell(self, sku: str, qty: int) -> None:
+        if sku not in self.on_hand:
+            return
+        available = self.on_hand[sku] - self.reserved[sku]
+        try:
+            self.engine.sell(sku, qty)
+        except stockade.OutOfStock:
+            assert qty > available
+            return
+        self.on_hand[sku] -= qty
+        self.version[sku] += 1
+
+    @precondition(lambda self: bool(self.holds))
+    @rule(index=st.integers(0, 1000), action=st.sampled_from(["confirm", "release", "extend"]))
+    def transition(self, index: int, action: str) -> None:
+        rid = self._pick(index)
+        assert rid is not None
+        hold = self.holds[rid]
+        call = {
+            "confirm": lambda: self.engine.confirm(rid),
+            "release": lambda: self.engine.release(rid),
+            "extend": lambda: self.engine.extend(rid, ttl=timedelta(seconds=30)),
+        }[action]
+        if hold.state != "held":
+            expected = stockade.ReservationExpired if hold.state == "expired" else stockade.InvalidState
+            try:
+                call()
+            except expected:
+                return
+            raise AssertionError(f"{action} of a {hold.state} hold succeeded")
+        if self.now_us >= hold.expires_us:
+            try:
+                call()
+            except stockade.ReservationExpired:
+                self._expire_lazily(hold)
+                return
+            raise AssertionError(f"{action} of a lapsed hold succeeded")
+        r = call()
+        hold.version += 1
+        assert r.version == hold.version
+        if action == "extend":
+            hold.expires_us = self.now_us + 30_000_000
+            return
+        self.reserved[hold.sku] -= hold.qty
+        self.version[hold.sku] += 1
+        if action == "confirm":
+            self.on_hand[hold.sku] -= hold.qty
+        hold.state = "confirmed" if action == "confirm" else "released"
+
+    @rule(seconds=st.integers(1, 90))
+    def advance(self, seconds: int) -> None:
+        self.clock.advance(seconds)
+        self.now_us += seconds * 1_000_000
+
+    @rule(limit=st.integers(1, 5))
+    def expire_due(self, limit: int) -> None:
+        due = [h for h in self.holds.values() if h.state == "held" and h.expires_us <= self.now_us]
+        n = self.engine.expire_due(limit=limit)
+        assert n == min(limit, len(due))
+        if n == len(due):
+            for hold in due:
+                self._expire_lazily(hold)
+        else:  # which ones is the store's choice: read them back
+            for rid, hold in self.holds.items():
+                if hold in due and self.engine.reservation(rid).state == "expired":
+                    self._expire_lazily(hold)
+
+    # --- invariants ---
+
+    @invariant()
+    def stock_rows_match(self) -> None:
+        for sku, on_hand in self.on_hand.items():
+            lvl = self.engine.stock(sku)
+            assert (lvl.on_hand, lvl.reserved, lvl.version) == (
+                on_hand, self.reserved[sku], self.version[sku])
+            assert 0 <= lvl.reserved <= lvl.on_hand
+
+    @invariant()
+    def holds_match(self) -> None:
+        for rid, hold in self.holds.items():
+            r = self.engine.reservation(rid)
+            assert (r.state.value, r.version, r.qty) == (hold.state, hold.version, hold.qty)
+        held_qty = {s: 0 for s in self.on_hand}
+        for hold in self.holds.values():
+            if hold.state == "held":
+                held_qty[hold.sku] += hold.qty
+        assert held_qty == self.reserved
+
+
+TestEngineModel = EngineModel.TestCase
+TestEngineModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
