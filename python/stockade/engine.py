@@ -12,7 +12,20 @@ import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Concatenate,
+    Coroutine,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    ParamSpec,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 from . import _core
 from .errors import InvalidArgument, InvalidType, NotSupported
@@ -37,6 +50,7 @@ from .values import (
 __all__ = ["Engine", "ManualClock"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 OrderKey = Union[str, Tuple[str, str]]
 DEFAULT_LOCATION = "default"
 
@@ -84,6 +98,21 @@ def _order_lines(items: object, location: str) -> List[Tuple[str, str, int]]:
             sku, loc = check_str("sku", key), location
         lines.append((sku, loc, check_int("qty", qty)))
     return lines
+
+
+def _awaitable(
+    call: Callable[Concatenate[Engine, P], T],
+) -> Callable[Concatenate[Engine, P], Coroutine[Any, Any, T]]:
+    """Makes the awaitable twin of a blocking Engine method: same parameters, run on the
+    engine's bounded worker pool so the event loop never blocks."""
+
+    async def run(self: Engine, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._run(call, self, *args, **kwargs)
+
+    run.__name__ = f"{call.__name__}_async"
+    run.__qualname__ = f"Engine.{run.__name__}"
+    run.__doc__ = f":meth:`Engine.{call.__name__}` as an awaitable (on a bounded worker pool)."
+    return run
 
 
 class Engine:
@@ -318,22 +347,9 @@ class Engine:
                     max_workers=self._async_workers, thread_name_prefix="stockade-async")
             return self._executor
 
-    async def reserve_async(self, sku: str, qty: int, **kwargs: Any) -> Reservation:
-        """:meth:`reserve` as an awaitable (runs on a bounded worker pool)."""
-        return await self._run(self.reserve, sku, qty, **kwargs)
-
-    async def reserve_order_async(self, items: Mapping[OrderKey, int], **kwargs: Any) -> List[Reservation]:
-        """:meth:`reserve_order` as an awaitable."""
-        return await self._run(self.reserve_order, items, **kwargs)
-
-    async def sell_async(self, sku: str, qty: int, **kwargs: Any) -> StockLevel:
-        """:meth:`sell` as an awaitable."""
-        return await self._run(self.sell, sku, qty, **kwargs)
-
-    async def confirm_async(self, id: ReservationId, **kwargs: Any) -> Reservation:
-        """:meth:`confirm` as an awaitable."""
-        return await self._run(self.confirm, id, **kwargs)
-
-    async def release_async(self, id: ReservationId, **kwargs: Any) -> Reservation:
-        """:meth:`release` as an awaitable."""
-        return await self._run(self.release, id, **kwargs)
+    reserve_async = _awaitable(reserve)
+    reserve_order_async = _awaitable(reserve_order)
+    sell_async = _awaitable(sell)
+    confirm_async = _awaitable(confirm)
+    release_async = _awaitable(release)
+    extend_async = _awaitable(extend)

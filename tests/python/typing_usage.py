@@ -40,7 +40,9 @@ def tour(eng: stockade.Engine) -> None:
 
 
 async def tour_async(eng: stockade.Engine) -> Reservation:
-    return await eng.reserve_async("sku-1", 1)
+    lvl: StockLevel = await eng.sell_async("sku-1", 1, strategy="atomic")
+    print(lvl)
+    return await eng.reserve_async("sku-1", 1, ttl=timedelta(seconds=30), location="default")
 
 
 def main() -> None:
