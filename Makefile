@@ -11,7 +11,7 @@ CTEST  := $(VENV)/bin/ctest
 JOBS   ?= 2
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DSTOCKADE_BUILD_TESTS=ON -DSTOCKADE_WERROR=ON
 
-.PHONY: demo test system-deps install test-cpp test-tsan test-python format clean
+.PHONY: demo test bench system-deps install test-cpp test-tsan test-python format clean
 
 demo: install
 	$(VENV)/bin/stockade demo
@@ -48,9 +48,16 @@ test-tsan: system-deps $(VENV)/.tools-stamp
 test-python: install
 	$(PY) -m pytest
 
+# The memory store's strategies side by side, driven from C++ (a benchmark, not a test).
+bench: system-deps $(VENV)/.tools-stamp
+	$(CMAKE) -S . -B $(BUILD)/bench -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) \
+		-DCMAKE_BUILD_TYPE=Release -DSTOCKADE_BUILD_BENCHMARKS=ON
+	$(CMAKE) --build $(BUILD)/bench -j $(JOBS)
+	$(BUILD)/bench/benchmarks/cpp/stockade_bench_memory $(BENCH_ARGS)
+
 format:
 	clang-format -i cpp/include/stockade/*.hpp cpp/src/*.[ch]pp cpp/src/memory/*.[ch]pp \
-		cpp/bindings/*.[ch]pp tests/cpp/*.[ch]pp
+		cpp/bindings/*.[ch]pp tests/cpp/*.[ch]pp benchmarks/cpp/*.cpp
 
 clean:
 	rm -rf $(BUILD) $(VENV)

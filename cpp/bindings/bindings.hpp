@@ -29,8 +29,7 @@ struct type_caster<stockade::Uuid> {
 
   bool load(handle src, bool) {
     if (!PyBytes_Check(src.ptr()) || PyBytes_GET_SIZE(src.ptr()) != 16) return false;
-    value = stockade::Uuid::from_bytes(
-        std::string_view(PyBytes_AS_STRING(src.ptr()), 16));
+    value = stockade::Uuid::from_bytes(std::string_view(PyBytes_AS_STRING(src.ptr()), 16));
     return true;
   }
   static handle cast(const stockade::Uuid& id, return_value_policy, handle) {

@@ -95,7 +95,9 @@ void register_stock_calls(py::class_<Engine>& c) {
   c.def(
        "restock",
        [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
-          OptInt expected_version) { return e.restock({sku, location}, qty, expected_version); },
+          OptInt expected_version) {
+         return e.restock({sku, location}, qty, expected_version);
+       },
        py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("expected_version"), Release())
       .def(
           "set_on_hand",
@@ -114,8 +116,7 @@ void register_stock_calls(py::class_<Engine>& c) {
       .def(
           "sell",
           [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
-             const OptStr& strategy, bool nowait, OptInt lock_timeout_ms,
-             OptInt expected_version) {
+             const OptStr& strategy, bool nowait, OptInt lock_timeout_ms, OptInt expected_version) {
             return e.sell({sku, location}, qty,
                           call_options(strategy, nowait, lock_timeout_ms, expected_version));
           },
@@ -185,9 +186,8 @@ void register_test_calls(py::class_<Engine>& c) {
          validate_ttl_us(ttl_us);
          return e.store().naive_reserve_unsafe(key, qty, ttl_us, window_us);
        },
-       py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("ttl_us"),
-       py::arg("window_us"), Release(),
-       "TEST CANARY: a deliberately broken read-modify-write that oversells under load.")
+       py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("ttl_us"), py::arg("window_us"),
+       Release(), "TEST CANARY: a deliberately broken read-modify-write that oversells under load.")
       .def(
           "hold_lock",
           [](Engine& e, const std::string& sku, const std::string& location,

@@ -19,9 +19,9 @@ void raise_python(const Error& e) {
   py::object from_core = py::module_::import("stockade.errors").attr("_from_core");
   const ErrorContext& c = e.context();
   py::object rid = c.reservation_id ? py::object(to_bytes(*c.reservation_id)) : py::none();
-  py::object exc = from_core(error_code_name(e.code()), e.what(), c.sku, c.location, rid,
-                             c.sqlstate, optional_version(c.expected_version),
-                             optional_version(c.actual_version), c.state);
+  py::object exc =
+      from_core(error_code_name(e.code()), e.what(), c.sku, c.location, rid, c.sqlstate,
+                optional_version(c.expected_version), optional_version(c.actual_version), c.state);
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
 }
 

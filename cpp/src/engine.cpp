@@ -8,13 +8,15 @@
 namespace stockade {
 namespace {
 
-bool waits_for_locks(Strategy s) { return s == Strategy::pessimistic || s == Strategy::advisory; }
+bool waits_for_locks(Strategy s) {
+  return s == Strategy::pessimistic || s == Strategy::advisory;
+}
 
 void validate_lock_timeout_ms(std::int64_t ms) {
   if (ms <= 0 || ms > lock_timeout_ms_max) {
     throw_invalid_argument("lock_timeout must be between 1 ms and " +
-                           std::to_string(lock_timeout_ms_max) + " ms, got " +
-                           std::to_string(ms) + " ms");
+                           std::to_string(lock_timeout_ms_max) + " ms, got " + std::to_string(ms) +
+                           " ms");
   }
 }
 
@@ -75,11 +77,24 @@ Result Engine::counted(Strategy strategy, Fn&& fn) {
     return result;
   } catch (const Error& e) {
     switch (e.code()) {
-      case ErrorCode::out_of_stock: bump(c.refused); break;
-      case ErrorCode::version_conflict: bump(c.version_conflicts); bump(c.failed); break;
-      case ErrorCode::lock_not_available: bump(c.lock_not_available); bump(c.failed); break;
-      case ErrorCode::lock_timeout: bump(c.lock_timeouts); bump(c.failed); break;
-      default: bump(c.failed); break;
+      case ErrorCode::out_of_stock:
+        bump(c.refused);
+        break;
+      case ErrorCode::version_conflict:
+        bump(c.version_conflicts);
+        bump(c.failed);
+        break;
+      case ErrorCode::lock_not_available:
+        bump(c.lock_not_available);
+        bump(c.failed);
+        break;
+      case ErrorCode::lock_timeout:
+        bump(c.lock_timeouts);
+        bump(c.failed);
+        break;
+      default:
+        bump(c.failed);
+        break;
     }
     throw;
   }
@@ -122,8 +137,7 @@ Reservation Engine::reserve(const SkuKey& key, Quantity qty, std::optional<std::
   if (idempotency_key) validate_idempotency_key(*idempotency_key);
   ReserveRequest request{key, qty, ttl_us.value_or(options_.default_ttl_us),
                          std::move(idempotency_key), resolve(call)};
-  return counted<Reservation>(request.options.strategy,
-                              [&] { return store_->reserve(request); });
+  return counted<Reservation>(request.options.strategy, [&] { return store_->reserve(request); });
 }
 
 std::vector<Reservation> Engine::reserve_order(const std::vector<OrderLine>& lines,
@@ -149,8 +163,8 @@ std::vector<Reservation> Engine::reserve_order(const std::vector<OrderLine>& lin
   if (call.expected_version) {
     throw_invalid_argument("reserve_order does not take expected_version");
   }
-  OrderRequest request{lines, ttl_us.value_or(options_.default_ttl_us),
-                       std::move(idempotency_key), resolve(call)};
+  OrderRequest request{lines, ttl_us.value_or(options_.default_ttl_us), std::move(idempotency_key),
+                       resolve(call)};
   return counted<std::vector<Reservation>>(request.options.strategy,
                                            [&] { return store_->reserve_order(request); });
 }
@@ -171,7 +185,9 @@ Reservation Engine::extend(const Uuid& id, std::int64_t ttl_us, std::optional<Ve
   return store_->extend(id, ttl_us, expected);
 }
 
-Reservation Engine::get_reservation(const Uuid& id) { return store_->get_reservation(id); }
+Reservation Engine::get_reservation(const Uuid& id) {
+  return store_->get_reservation(id);
+}
 
 std::size_t Engine::expire_due(std::size_t limit) {
   if (limit == 0 || limit > expire_batch_max) {
@@ -181,6 +197,8 @@ std::size_t Engine::expire_due(std::size_t limit) {
   return store_->expire_due(limit);
 }
 
-StoreStats Engine::stats(std::size_t sku_limit) const { return store_->stats(sku_limit); }
+StoreStats Engine::stats(std::size_t sku_limit) const {
+  return store_->stats(sku_limit);
+}
 
 }  // namespace stockade

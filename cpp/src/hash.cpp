@@ -6,7 +6,9 @@ namespace {
 constexpr std::uint64_t fnv_offset = 0xcbf29ce484222325ULL;
 constexpr std::uint64_t fnv_prime = 0x100000001b3ULL;
 
-std::uint64_t fnv_mix(std::uint64_t h, unsigned char byte) { return (h ^ byte) * fnv_prime; }
+std::uint64_t fnv_mix(std::uint64_t h, unsigned char byte) {
+  return (h ^ byte) * fnv_prime;
+}
 
 std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;

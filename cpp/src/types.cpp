@@ -33,12 +33,12 @@ bool is_valid_utf8(std::string_view text) {
     }
     if (n == 3) {
       const auto second = static_cast<unsigned char>(text[i + 1]);
-      if (lead == 0xE0 && second < 0xA0) return false;  // overlong
+      if (lead == 0xE0 && second < 0xA0) return false;   // overlong
       if (lead == 0xED && second >= 0xA0) return false;  // UTF-16 surrogate
     }
     if (n == 4) {
       const auto second = static_cast<unsigned char>(text[i + 1]);
-      if (lead == 0xF0 && second < 0x90) return false;  // overlong
+      if (lead == 0xF0 && second < 0x90) return false;   // overlong
       if (lead == 0xF4 && second >= 0x90) return false;  // past U+10FFFF
     }
     i += n;
@@ -77,10 +77,14 @@ Strategy parse_strategy(std::string_view name) {
 
 const char* reservation_state_name(ReservationState state) noexcept {
   switch (state) {
-    case ReservationState::held: return "held";
-    case ReservationState::confirmed: return "confirmed";
-    case ReservationState::released: return "released";
-    case ReservationState::expired: return "expired";
+    case ReservationState::held:
+      return "held";
+    case ReservationState::confirmed:
+      return "confirmed";
+    case ReservationState::released:
+      return "released";
+    case ReservationState::expired:
+      return "expired";
   }
   return "unknown";
 }

@@ -79,8 +79,7 @@ TEST_F(MemoryEngine, set_on_hand_checks_version_and_never_drops_below_reserved) 
   engine->reserve(sku, 4);
   const StockLevel before = engine->stock(sku);
   EXPECT_STOCKADE_ERROR(engine->set_on_hand(sku, 3), ErrorCode::invalid_state);
-  EXPECT_STOCKADE_ERROR(engine->set_on_hand(sku, 20, created.version),
-                        ErrorCode::version_conflict);
+  EXPECT_STOCKADE_ERROR(engine->set_on_hand(sku, 20, created.version), ErrorCode::version_conflict);
   EXPECT_STOCKADE_ERROR(engine->set_on_hand(sku, -1), ErrorCode::invalid_argument);
   expect_unchanged(before);
   const StockLevel after = engine->set_on_hand(sku, 4, before.version);
@@ -135,7 +134,8 @@ TEST_F(MemoryEngine, bad_input_raises_invalid_argument_and_changes_nothing) {
   CallOptions nowait_atomic;
   nowait_atomic.nowait = true;
   nowait_atomic.strategy = Strategy::atomic;
-  EXPECT_STOCKADE_ERROR(engine->reserve(sku, 1, {}, {}, nowait_atomic), ErrorCode::invalid_argument);
+  EXPECT_STOCKADE_ERROR(engine->reserve(sku, 1, {}, {}, nowait_atomic),
+                        ErrorCode::invalid_argument);
   CallOptions bad_timeout;
   bad_timeout.lock_timeout_ms = 0;
   EXPECT_STOCKADE_ERROR(engine->reserve(sku, 1, {}, {}, bad_timeout), ErrorCode::invalid_argument);

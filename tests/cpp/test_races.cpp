@@ -104,9 +104,8 @@ TEST_P(EveryStrategy, sells_exactly_the_units_there_are_to_racing_threads) {
   CallOptions call;
   call.strategy = GetParam();
   Tally tally;
-  run_together(threads_count, [&](int) {
-    buy_until_sold_out(tally, [&] { engine->sell(sku, 1, call); });
-  });
+  run_together(threads_count,
+               [&](int) { buy_until_sold_out(tally, [&] { engine->sell(sku, 1, call); }); });
   EXPECT_EQ(tally.granted.load(), units);
   EXPECT_EQ(engine->stock(sku).on_hand, 0);
 }

@@ -58,8 +58,8 @@ TEST(Strategies, parse_round_trips_every_name_and_rejects_others) {
 
 TEST(Uuid, v7_carries_version_variant_time_and_shard_key) {
   const std::int64_t ms = 1'790'000'000'123;
-  for (std::uint16_t key : {std::uint16_t{0}, std::uint16_t{1}, std::uint16_t{0xBEEF},
-                            std::uint16_t{0xFFFF}}) {
+  for (std::uint16_t key :
+       {std::uint16_t{0}, std::uint16_t{1}, std::uint16_t{0xBEEF}, std::uint16_t{0xFFFF}}) {
     const Uuid id = make_uuid_v7(ms, key);
     EXPECT_EQ(id.version(), 7);
     EXPECT_EQ(id.bytes[8] & 0xC0, 0x80) << "RFC 9562 variant bits";

@@ -22,9 +22,9 @@ namespace stockade {
 // or batched by the time a store sees it.
 struct WriteOptions {
   Strategy strategy = Strategy::atomic;
-  bool nowait = false;             // pessimistic/advisory: fail at once if the lock is held
+  bool nowait = false;  // pessimistic/advisory: fail at once if the lock is held
   std::int64_t lock_timeout_ms = 10000;
-  int retries_max = 5;             // optimistic: attempts after the first
+  int retries_max = 5;                      // optimistic: attempts after the first
   std::optional<Version> expected_version;  // of the stock row
 };
 

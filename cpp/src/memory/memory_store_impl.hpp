@@ -33,9 +33,9 @@
 #include <vector>
 
 #include "row_cell.hpp"
-#include "timed_lock.hpp"
 #include "stockade/clock.hpp"
 #include "stockade/store.hpp"
+#include "timed_lock.hpp"
 
 namespace stockade::detail {
 
@@ -66,9 +66,8 @@ class Decide {
  public:
   template <class F>
   Decide(const F& fn)  // NOLINT: implicit by design, like std::function_ref
-      : target_(&fn), call_([](const void* f, const RowValues& v) {
-          return (*static_cast<const F*>(f))(v);
-        }) {}
+      : target_(&fn),
+        call_([](const void* f, const RowValues& v) { return (*static_cast<const F*>(f))(v); }) {}
   RowValues operator()(const RowValues& current) const { return call_(target_, current); }
 
  private:
@@ -141,7 +140,7 @@ class MemoryStore final : public Store {
   bool try_apply_latched(const std::vector<StockRow*>& rows, const std::vector<Quantity>& qtys,
                          TimestampUs now, const std::vector<RowSnapshot>* read_versions);
   std::vector<std::unique_lock<TimedLock>> lock_for(const std::vector<StockRow*>& rows,
-                                                           const WriteOptions& options);
+                                                    const WriteOptions& options);
   TimedLock& advisory_lock_of(const SkuKey& key);
   StockLevel level_of(const StockRow& row, const RowValues& values) const;
 

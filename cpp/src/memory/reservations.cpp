@@ -12,13 +12,13 @@ namespace {
 
 [[noreturn]] void throw_not_holdable(const Reservation& r) {
   if (r.state == ReservationState::expired) {
-    throw Error(ErrorCode::reservation_expired,
-                "reservation " + r.id.to_string() + " has expired", context_of(r));
+    throw Error(ErrorCode::reservation_expired, "reservation " + r.id.to_string() + " has expired",
+                context_of(r));
   }
-  throw Error(ErrorCode::invalid_state,
-              "reservation " + r.id.to_string() + " is " + reservation_state_name(r.state) +
-                  ", not held",
-              context_of(r));
+  throw Error(
+      ErrorCode::invalid_state,
+      "reservation " + r.id.to_string() + " is " + reservation_state_name(r.state) + ", not held",
+      context_of(r));
 }
 
 }  // namespace
@@ -99,7 +99,8 @@ std::vector<Reservation> MemoryStore::order_now(const OrderRequest& request) {
   const TimestampUs now = clock_->now_us();
   std::vector<Reservation> made(request.lines.size());
   for (std::size_t k = 0; k < order.size(); ++k) {
-    made[order[k]] = new_reservation(*rows[k], qtys[k], request.ttl_us, now, request.idempotency_key);
+    made[order[k]] =
+        new_reservation(*rows[k], qtys[k], request.ttl_us, now, request.idempotency_key);
   }
   apply_order(rows, qtys, request.options, now);
   for (std::size_t k = 0; k < order.size(); ++k) insert_reservation(made[order[k]], rows[k]);
@@ -275,7 +276,9 @@ StoreStats MemoryStore::stats(std::size_t sku_limit) const {
     std::shared_lock<std::shared_mutex> lock(shard.mutex);
     out.sku_count += shard.rows.size();
     for (const auto& [key, row] : shard.rows) {
-      auto read = [](const std::atomic<std::uint64_t>& c) { return c.load(std::memory_order_relaxed); };
+      auto read = [](const std::atomic<std::uint64_t>& c) {
+        return c.load(std::memory_order_relaxed);
+      };
       skus.push_back(SkuStats{key, read(row->counters.requests), read(row->counters.refused),
                               read(row->counters.conflicts), read(row->counters.lock_waits)});
     }

@@ -96,10 +96,9 @@ class alignas(64) RowCell {
 
  private:
   RowValues load_fields() const {
-    return RowValues{on_hand_.load(std::memory_order_relaxed),
-                     reserved_.load(std::memory_order_relaxed),
-                     version_.load(std::memory_order_relaxed),
-                     updated_at_us_.load(std::memory_order_relaxed)};
+    return RowValues{
+        on_hand_.load(std::memory_order_relaxed), reserved_.load(std::memory_order_relaxed),
+        version_.load(std::memory_order_relaxed), updated_at_us_.load(std::memory_order_relaxed)};
   }
   void store_fields(const RowValues& v) {
     on_hand_.store(v.on_hand, std::memory_order_relaxed);

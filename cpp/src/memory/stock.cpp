@@ -16,13 +16,13 @@ std::size_t shard_index(const SkuKey& key, std::size_t shards) {
 // Pessimistic and advisory locks wait like PostgreSQL's: NOWAIT fails at once
 // (LockNotAvailable), otherwise wait at most lock_timeout (LockTimeout). Waits are counted.
 std::unique_lock<TimedLock> acquire(TimedLock& mutex, const SkuKey& key,
-                                           const WriteOptions& options,
-                                           StrategyCounters* counters, SkuCounters* sku) {
+                                    const WriteOptions& options, StrategyCounters* counters,
+                                    SkuCounters* sku) {
   std::unique_lock<TimedLock> lock(mutex, std::try_to_lock);
   if (lock.owns_lock()) return lock;
   if (options.nowait) {
-    throw Error(ErrorCode::lock_not_available,
-                "lock not available (NOWAIT) for " + describe(key), context_of(key));
+    throw Error(ErrorCode::lock_not_available, "lock not available (NOWAIT) for " + describe(key),
+                context_of(key));
   }
   if (counters != nullptr) bump(counters->lock_waits);
   if (sku != nullptr) bump(sku->lock_waits);
@@ -89,8 +89,7 @@ std::pair<StockRow*, bool> MemoryStore::insert_row(const SkuKey& key, const RowV
 }
 
 StockLevel MemoryStore::level_of(const StockRow& row, const RowValues& values) const {
-  return StockLevel{row.key, values.on_hand, values.reserved, values.version,
-                    values.updated_at_us};
+  return StockLevel{row.key, values.on_hand, values.reserved, values.version, values.updated_at_us};
 }
 
 RowValues MemoryStore::compare_and_set(StockRow& row, const Decide& decide,
@@ -231,8 +230,8 @@ StockLevel MemoryStore::sell(const SellRequest& request) {
   return level_of(row, apply(row, request.options, decide));
 }
 
-std::vector<std::unique_lock<TimedLock>> MemoryStore::lock_for(
-    const std::vector<StockRow*>& rows, const WriteOptions& options) {
+std::vector<std::unique_lock<TimedLock>> MemoryStore::lock_for(const std::vector<StockRow*>& rows,
+                                                               const WriteOptions& options) {
   std::vector<std::unique_lock<TimedLock>> locks;
   StrategyCounters& counters = metrics().of(options.strategy);
   if (options.strategy == Strategy::pessimistic) {
@@ -279,9 +278,8 @@ bool MemoryStore::try_apply_latched(const std::vector<StockRow*>& rows,
   return true;
 }
 
-void MemoryStore::apply_order(const std::vector<StockRow*>& rows,
-                              const std::vector<Quantity>& qtys, const WriteOptions& options,
-                              TimestampUs now) {
+void MemoryStore::apply_order(const std::vector<StockRow*>& rows, const std::vector<Quantity>& qtys,
+                              const WriteOptions& options, TimestampUs now) {
   for (StockRow* row : rows) bump(row->counters.requests);
   auto locks = lock_for(rows, options);
   if (options.strategy != Strategy::optimistic) {
@@ -315,7 +313,8 @@ Reservation MemoryStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty, s
                                               std::int64_t window_us) {
   StockRow& row = require_row(key);
   const RowValues read = row.cell.read().values;  // SELECT on_hand, reserved ...
-  if (read.on_hand - read.reserved < qty) throw_out_of_stock(key, read.on_hand - read.reserved, qty);
+  if (read.on_hand - read.reserved < qty)
+    throw_out_of_stock(key, read.on_hand - read.reserved, qty);
   if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
   const TimestampUs now = clock_->now_us();
   // UPDATE stock SET reserved = :value_computed_from_the_stale_read  (the lost update)
@@ -336,7 +335,8 @@ std::unique_ptr<LockHold> MemoryStore::hold_lock(const SkuKey& key, Strategy kin
     return std::make_unique<HeldLock>(acquire(row.row_lock, key, options, nullptr, nullptr));
   }
   if (kind == Strategy::advisory) {
-    return std::make_unique<HeldLock>(acquire(advisory_lock_of(key), key, options, nullptr, nullptr));
+    return std::make_unique<HeldLock>(
+        acquire(advisory_lock_of(key), key, options, nullptr, nullptr));
   }
   throw_invalid_argument(std::string("hold_lock takes 'pessimistic' or 'advisory', not '") +
                          strategy_name(kind) + "'");
