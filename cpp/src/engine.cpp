@@ -20,9 +20,20 @@ void validate_lock_timeout_ms(std::int64_t ms) {
   }
 }
 
+// batched and auto need the hot-row batching layer, which is not built yet.
+void refuse_unbuilt(Strategy s) {
+  if (s == Strategy::batched || s == Strategy::automatic) {
+    throw Error(ErrorCode::not_supported,
+                std::string("strategy '") + strategy_name(s) +
+                    "' is not built yet: the hot-row batching layer has not landed; use "
+                    "atomic, pessimistic, advisory or optimistic");
+  }
+}
+
 }  // namespace
 
 void validate_engine_options(const EngineOptions& options) {
+  refuse_unbuilt(options.default_strategy);
   if (options.retries_max < 0 || options.retries_max > retries_max_limit) {
     throw_invalid_argument("retries_max must be between 0 and " +
                            std::to_string(retries_max_limit));
@@ -44,12 +55,7 @@ std::unique_ptr<Engine> Engine::memory(EngineOptions options, std::shared_ptr<Cl
 WriteOptions Engine::resolve(const CallOptions& call) const {
   WriteOptions out;
   out.strategy = call.strategy.value_or(options_.default_strategy);
-  if (out.strategy == Strategy::batched || out.strategy == Strategy::automatic) {
-    throw Error(ErrorCode::not_supported,
-                std::string("strategy '") + strategy_name(out.strategy) +
-                    "' is not built yet: the hot-row batching layer has not landed; use "
-                    "atomic, pessimistic, advisory or optimistic");
-  }
+  refuse_unbuilt(out.strategy);
   if (call.nowait && !waits_for_locks(out.strategy)) {
     throw_invalid_argument(std::string("nowait applies to the pessimistic and advisory "
                                        "strategies, not '") +

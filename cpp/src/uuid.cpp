@@ -123,10 +123,14 @@ Uuid Uuid::from_bytes(std::string_view raw) {
 }
 
 std::size_t UuidHash::operator()(const Uuid& id) const noexcept {
-  // The tail of a UUIDv7 is random, so its last 8 bytes are a good hash as they are.
-  std::uint64_t tail;
-  std::memcpy(&tail, id.bytes.data() + 8, sizeof(tail));
-  return static_cast<std::size_t>(tail);
+  // Bytes 8..15 hold the shard key of the id's row as well as random bits, so they are
+  // mixed (splitmix64's finalizer) before use: otherwise every id of one hot SKU would
+  // share its low bits and land in one bucket or shard.
+  std::uint64_t x;
+  std::memcpy(&x, id.bytes.data() + 8, sizeof(x));
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return static_cast<std::size_t>(x ^ (x >> 31));
 }
 
 }  // namespace stockade

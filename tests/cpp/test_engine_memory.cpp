@@ -151,6 +151,9 @@ TEST_F(MemoryEngine, batched_and_auto_are_refused_until_built) {
     EXPECT_STOCKADE_ERROR(engine->reserve(sku, 1, {}, {}, call), ErrorCode::not_supported);
   }
   EXPECT_EQ(engine->stock(sku).reserved, 0);
+  EngineOptions batched_default;
+  batched_default.default_strategy = Strategy::batched;
+  EXPECT_STOCKADE_ERROR(Engine::memory(batched_default), ErrorCode::not_supported);
 }
 
 TEST_F(MemoryEngine, confirm_sells_the_held_units) {

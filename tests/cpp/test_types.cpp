@@ -76,6 +76,13 @@ TEST(Uuid, ids_are_unique_and_sort_by_time) {
   EXPECT_NE(make_uuid_v7(5, 5), make_uuid_v7(5, 5));
 }
 
+TEST(Uuid, hash_spreads_ids_of_one_row_across_shards) {
+  // All ids of a hot SKU carry the same shard key; their hash must still spread them.
+  std::set<std::size_t> shards;
+  for (int i = 0; i < 1000; ++i) shards.insert(UuidHash{}(make_uuid_v7(1000, 0xABCD)) % 64);
+  EXPECT_EQ(shards.size(), 64u);
+}
+
 TEST(Uuid, text_form_round_trips_and_bad_text_is_rejected) {
   const Uuid id = make_uuid_v7(1'700'000'000'000, 42);
   const std::string text = id.to_string();

@@ -9,6 +9,8 @@ as a client would, a bounded number of times.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import pytest
 
 import stockade
@@ -19,16 +21,22 @@ UNITS = 100
 ATTEMPTS_MAX = 50
 
 
-def buy(engine: stockade.Engine, strategy: str) -> bool:
+def until_decided(call: Callable[[], object]) -> bool:
+    """True if the call was granted, False if refused (OutOfStock); retries a lost
+    optimistic race (VersionConflict), as a client would, at most ATTEMPTS_MAX times."""
     for _ in range(ATTEMPTS_MAX):
         try:
-            engine.reserve("hot", 1, strategy=strategy)
+            call()
             return True
         except stockade.OutOfStock:
             return False
         except stockade.VersionConflict:
             continue
-    raise AssertionError("a buyer lost the optimistic race ATTEMPTS_MAX times")
+    raise AssertionError("lost the optimistic race ATTEMPTS_MAX times")
+
+
+def buy(engine: stockade.Engine, strategy: str) -> bool:
+    return until_decided(lambda: engine.reserve("hot", 1, strategy=strategy))
 
 
 def test_race_of_256_threads_grants_exactly_100_units(
@@ -81,15 +89,7 @@ def test_sell_race_of_256_threads_sells_exactly_100_units(
     engine.restock("hot", UNITS)
 
     def sell(i: int) -> bool:
-        for _ in range(ATTEMPTS_MAX):
-            try:
-                engine.sell("hot", 1, strategy=strategy)
-                return True
-            except stockade.OutOfStock:
-                return False
-            except stockade.VersionConflict:
-                continue
-        raise AssertionError("a seller lost the optimistic race ATTEMPTS_MAX times")
+        return until_decided(lambda: engine.sell("hot", 1, strategy=strategy))
 
     out = race(BUYERS, sell)
     assert out.errors == [None] * BUYERS

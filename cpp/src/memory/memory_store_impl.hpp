@@ -132,6 +132,9 @@ class MemoryStore final : public Store {
   StockRow& require_row(const SkuKey& key) const;
   // Inserts a row with `initial` unless one exists; returns it and whether it was new.
   std::pair<StockRow*, bool> insert_row(const SkuKey& key, const RowValues& initial);
+  // Inserts the row with `initial`, or applies `decide` to the row that exists.
+  StockLevel upsert(const SkuKey& key, std::optional<Version> expected, const RowValues& initial,
+                    const Decide& decide);
   RowValues apply(StockRow& row, const WriteOptions& options, const Decide& decide);
   RowValues compare_and_set(StockRow& row, const Decide& decide, StrategyCounters* counters);
   RowValues optimistic(StockRow& row, const WriteOptions& options, const Decide& decide);

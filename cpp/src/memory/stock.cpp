@@ -170,45 +170,42 @@ RowValues MemoryStore::apply(StockRow& row, const WriteOptions& options, const D
                   strategy_name(options.strategy) + "'");
 }
 
-StockLevel MemoryStore::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected) {
-  const TimestampUs now = clock_->now_us();
+StockLevel MemoryStore::upsert(const SkuKey& key, std::optional<Version> expected,
+                               const RowValues& initial, const Decide& decide) {
   StockRow* row = find_row(key);
   if (row == nullptr) {
-    if (expected) throw_stock_not_found(key);
-    auto [created, inserted] = insert_row(key, RowValues{qty, 0, 1, now});
-    if (inserted) return level_of(*created, created->cell.read().values);
-    row = created;  // another thread created it first: add to theirs
+    if (expected) throw_stock_not_found(key);  // a version was expected: the row must exist
+    auto [created, inserted] = insert_row(key, initial);
+    if (inserted) return level_of(*created, initial);
+    row = created;  // another thread created it first: update theirs
   }
+  return level_of(*row, compare_and_set(*row, decide, nullptr));
+}
+
+StockLevel MemoryStore::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected) {
+  const TimestampUs now = clock_->now_us();
   const auto decide = [&](const RowValues& v) {
     check_expected(key, expected, v.version);
     return RowValues{checked_add(v.on_hand, qty, "restock"), v.reserved, v.version + 1, now};
   };
-  return level_of(*row, compare_and_set(*row, decide, nullptr));
+  return upsert(key, expected, RowValues{qty, 0, 1, now}, decide);
 }
 
 StockLevel MemoryStore::set_on_hand(const SkuKey& key, Quantity on_hand,
                                     std::optional<Version> expected) {
   const TimestampUs now = clock_->now_us();
-  StockRow* row = find_row(key);
-  if (row == nullptr) {
-    if (expected) throw_stock_not_found(key);
-    auto [created, inserted] = insert_row(key, RowValues{on_hand, 0, 1, now});
-    if (inserted) return level_of(*created, created->cell.read().values);
-    row = created;
-  }
   const auto decide = [&](const RowValues& v) {
     check_expected(key, expected, v.version);
     if (on_hand < v.reserved) {
-      ErrorContext context = context_of(key);
       throw Error(ErrorCode::invalid_state,
                   "on_hand " + std::to_string(on_hand) + " would fall below the " +
                       std::to_string(v.reserved) + " units reserved on " + describe(key) +
                       "; confirm or release holds first",
-                  std::move(context));
+                  context_of(key));
     }
     return RowValues{on_hand, v.reserved, v.version + 1, now};
   };
-  return level_of(*row, compare_and_set(*row, decide, nullptr));
+  return upsert(key, expected, RowValues{on_hand, 0, 1, now}, decide);
 }
 
 StockLevel MemoryStore::stock(const SkuKey& key) {
