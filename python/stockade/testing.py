@@ -10,6 +10,7 @@ a row or advisory lock as another session would, to observe ``nowait`` and
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -65,10 +66,11 @@ def race(racers: int, fn: Callable[[int], T], *, timeout: float = 120.0) -> Race
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(racers)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + timeout
     for t in threads:
-        t.join(timeout)
+        t.join(max(0.0, deadline - time.monotonic()))
         if t.is_alive():
-            raise TimeoutError(f"a racer did not finish within {timeout} s")
+            raise TimeoutError(f"the racers did not all finish within {timeout} s")
     return out
 
 

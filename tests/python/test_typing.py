@@ -25,7 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 STUB = REPO / "python" / "stockade" / "_core.pyi"
 
-pytest.importorskip("mypy")
 
 
 def run_mypy(*args: str) -> subprocess.CompletedProcess[str]:
