@@ -163,6 +163,69 @@ TEST_P(EveryStrategy, orders_in_opposite_line_order_do_not_deadlock) {
   EXPECT_EQ(engine->stock(b).reserved, orders.load());
 }
 
+TEST_P(EveryStrategy, racing_orders_are_all_or_nothing) {
+  // Goal: an order never holds one line without the other. Method: orders of one unit of
+  // `a` (plenty) and one of `b` (50) race until `b` runs out; `a` must end with exactly
+  // as many held as `b`.
+  const SkuKey a{"a", "default"}, b{"b", "default"};
+  engine->restock(a, 10000);
+  engine->restock(b, 50);
+  CallOptions call;
+  call.strategy = GetParam();
+  Tally tally;
+  run_together(threads_count, [&](int i) {
+    const std::vector<OrderLine> order = i % 2 == 0 ? std::vector<OrderLine>{{a, 1}, {b, 1}}
+                                                    : std::vector<OrderLine>{{b, 1}, {a, 1}};
+    buy_until_sold_out(tally, [&] { engine->reserve_order(order, {}, {}, call); });
+  });
+  EXPECT_EQ(tally.granted.load(), 50);
+  EXPECT_EQ(engine->stock(a).reserved, 50);
+  EXPECT_EQ(engine->stock(b).reserved, 50);
+}
+
+TEST(Races, confirm_racing_the_sweeper_settles_each_hold_exactly_once) {
+  // Goal: a hold is confirmed or expired, never both, and stock follows. Method: half the
+  // holds lapse; confirmers and sweepers then race over all of them; every live hold ends
+  // confirmed, every lapsed one expired, and on_hand falls by exactly the confirmed units.
+  auto clock = std::make_shared<ManualClock>(1'000'000'000'000);
+  auto engine = Engine::memory({}, clock);
+  const SkuKey sku{"lapse", "default"};
+  constexpr int holds = 2000;
+  engine->restock(sku, holds);
+  std::vector<Uuid> ids;
+  for (int i = 0; i < holds; ++i) {
+    ids.push_back(engine->reserve(sku, 1, i % 2 == 0 ? 1'000'000 : 10'000'000).id);
+  }
+  clock->advance_us(1'000'000);  // the even holds have lapsed, the odd ones are live
+  std::atomic<int> confirmed{0}, expired_on_confirm{0};
+  std::atomic<std::size_t> swept{0};
+  run_together(8, [&](int t) {
+    if (t % 2 == 0) {
+      while (engine->expire_due(37) > 0) swept.fetch_add(1);
+      return;
+    }
+    for (int i = t / 2; i < holds; i += 4) {  // confirmers t = 1, 3, 5, 7 split the holds
+      try {
+        engine->confirm(ids[static_cast<std::size_t>(i)]);
+        confirmed.fetch_add(1);
+      } catch (const Error& e) {
+        ASSERT_EQ(e.code(), ErrorCode::reservation_expired) << e.what();
+        expired_on_confirm.fetch_add(1);
+      }
+    }
+  });
+  engine->expire_due(expire_batch_max);
+  EXPECT_EQ(confirmed.load(), holds / 2);
+  EXPECT_EQ(expired_on_confirm.load(), holds / 2);
+  for (int i = 0; i < holds; ++i) {
+    const ReservationState state = engine->get_reservation(ids[static_cast<std::size_t>(i)]).state;
+    EXPECT_EQ(state, i % 2 == 0 ? ReservationState::expired : ReservationState::confirmed) << i;
+  }
+  const StockLevel level = engine->stock(sku);
+  EXPECT_EQ(level.reserved, 0);
+  EXPECT_EQ(level.on_hand, holds / 2);
+}
+
 TEST(Races, mixed_strategies_on_one_row_never_oversell) {
   auto engine = Engine::memory();
   const SkuKey sku{"hot", "default"};
