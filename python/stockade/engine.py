@@ -42,6 +42,7 @@ from .values import (
     check_str,
     duration_ms,
     duration_us,
+    optional_duration_ms,
     optional_duration_us,
     reservation_id_bytes,
     strategy_name,
@@ -248,7 +249,7 @@ class Engine:
             sku=check_str("sku", sku), location=check_str("location", location),
             qty=check_int("qty", qty), strategy=strategy_name(strategy),
             nowait=check_bool("nowait", nowait),
-            lock_timeout_ms=None if lock_timeout is None else duration_ms("lock_timeout", lock_timeout),
+            lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
             expected_version=check_optional_int("expected_version", expected_version),
         ))
 
@@ -270,7 +271,7 @@ class Engine:
             qty=check_int("qty", qty), ttl_us=optional_duration_us("ttl", ttl),
             idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             strategy=strategy_name(strategy), nowait=check_bool("nowait", nowait),
-            lock_timeout_ms=None if lock_timeout is None else duration_ms("lock_timeout", lock_timeout),
+            lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
             expected_version=check_optional_int("expected_version", expected_version),
         ))
 
@@ -290,7 +291,7 @@ class Engine:
             lines=lines, ttl_us=optional_duration_us("ttl", ttl),
             idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             strategy=strategy_name(strategy), nowait=check_bool("nowait", nowait),
-            lock_timeout_ms=None if lock_timeout is None else duration_ms("lock_timeout", lock_timeout),
+            lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
         )
         return [Reservation._from_core(r) for r in made]
 

@@ -191,6 +191,10 @@ def duration_ms(name: str, value: object) -> int:
     return -((-us) // 1000)
 
 
+def optional_duration_ms(name: str, value: object) -> Optional[int]:
+    return None if value is None else duration_ms(name, value)
+
+
 def strategy_name(value: object) -> Optional[str]:
     if value is None:
         return None

@@ -34,6 +34,7 @@
 
 #include "row_cell.hpp"
 #include "stockade/clock.hpp"
+#include "stockade/hash.hpp"
 #include "stockade/store.hpp"
 #include "timed_lock.hpp"
 
@@ -47,8 +48,10 @@ struct alignas(64) SkuCounters {
 };
 
 struct StockRow {
-  StockRow(SkuKey k, const RowValues& initial) : key(std::move(k)), cell(initial) {}
+  StockRow(SkuKey k, const RowValues& initial)
+      : key(std::move(k)), shard_key(shard_key_of(key.sku, key.location)), cell(initial) {}
   const SkuKey key;
+  const std::uint16_t shard_key;  // carried by the ids of this row's reservations
   RowCell cell;
   TimedLock row_lock;  // pessimistic: the FOR UPDATE lock
   SkuCounters counters;
@@ -74,6 +77,10 @@ class Decide {
   const void* target_;
   RowValues (*call_)(const void*, const RowValues&);
 };
+
+// The reservation rule itself: hold `qty` more units of `row` if that many are available,
+// else refuse with OutOfStock. Every reserve path, single or order, decides through it.
+RowValues hold_units(StockRow& row, const RowValues& current, Quantity qty, TimestampUs now);
 
 class MemoryStore final : public Store {
  public:

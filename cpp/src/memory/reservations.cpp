@@ -5,7 +5,6 @@
 #include "../error_helpers.hpp"
 #include "../fingerprint.hpp"
 #include "memory_store_impl.hpp"
-#include "stockade/hash.hpp"
 
 namespace stockade::detail {
 namespace {
@@ -27,7 +26,7 @@ Reservation MemoryStore::new_reservation(const StockRow& row, Quantity qty, std:
                                          TimestampUs now,
                                          const std::optional<std::string>& key) const {
   Reservation r;
-  r.id = make_uuid_v7(now / 1000, shard_key_of(row.key.sku, row.key.location));
+  r.id = make_uuid_v7(now / 1000, row.shard_key);
   r.key = row.key;
   r.qty = qty;
   r.state = ReservationState::held;
@@ -59,16 +58,13 @@ void MemoryStore::release_stock(StockRow& row, Quantity qty, bool sold, Timestam
 
 Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& request) {
   const TimestampUs now = clock_->now_us();
-  // Made before the write, so that nothing can fail between the commit and the ack.
+  // Made before the write, so that only the record's insertion (which fails only when
+  // memory is exhausted) stands between the commit and the acknowledgement.
   Reservation reservation =
       new_reservation(row, request.qty, request.ttl_us, now, request.idempotency_key);
   const auto decide = [&](const RowValues& v) {
     check_expected(row.key, request.options.expected_version, v.version);
-    if (v.on_hand - v.reserved < request.qty) {
-      bump(row.counters.refused);
-      throw_out_of_stock(row.key, v.on_hand - v.reserved, request.qty);
-    }
-    return RowValues{v.on_hand, v.reserved + request.qty, v.version + 1, now};
+    return hold_units(row, v, request.qty, now);
   };
   apply(row, request.options, decide);
   insert_reservation(reservation, &row);

@@ -61,6 +61,15 @@ void throw_invariant_violation(const RowValues& next, const SkuKey& key) {
               context_of(key));
 }
 
+RowValues hold_units(StockRow& row, const RowValues& current, Quantity qty, TimestampUs now) {
+  const Quantity available = current.on_hand - current.reserved;
+  if (available < qty) {
+    bump(row.counters.refused);
+    throw_out_of_stock(row.key, available, qty);
+  }
+  return RowValues{current.on_hand, current.reserved + qty, current.version + 1, now};
+}
+
 MemoryStore::MemoryStore(std::shared_ptr<Clock> clock)
     : clock_(std::move(clock)),
       stock_(std::make_unique<std::array<StockShard, stock_shards>>()),
@@ -256,22 +265,17 @@ bool MemoryStore::try_apply_latched(const std::vector<StockRow*>& rows,
   std::vector<RowLatch> latches;
   latches.reserve(rows.size());
   for (StockRow* row : rows) latches.emplace_back(row->cell, row->cell.latch());
+  std::vector<RowValues> next;
+  next.reserve(rows.size());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const RowValues& v = latches[i].values();
     if (read_versions != nullptr && (*read_versions)[i].values.version != v.version) {
       bump(rows[i]->counters.conflicts);
       return false;  // optimistic: someone wrote since our read; latches release unchanged
     }
-    if (v.on_hand - v.reserved < qtys[i]) {
-      bump(rows[i]->counters.refused);
-      throw_out_of_stock(rows[i]->key, v.on_hand - v.reserved, qtys[i]);
-    }
+    next.push_back(hold_units(*rows[i], v, qtys[i], now));  // throws: every latch released
   }
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const RowValues& v = latches[i].values();
-    latches[i].publish(RowValues{v.on_hand, v.reserved + qtys[i], v.version + 1, now},
-                       rows[i]->key);
-  }
+  for (std::size_t i = 0; i < rows.size(); ++i) latches[i].publish(next[i], rows[i]->key);
   return true;
 }
 
@@ -288,12 +292,9 @@ void MemoryStore::apply_order(const std::vector<StockRow*>& rows, const std::vec
     std::vector<RowSnapshot> seen;
     seen.reserve(rows.size());
     for (StockRow* row : rows) seen.push_back(row->cell.read());
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const RowValues& v = seen[i].values;
-      if (v.on_hand - v.reserved < qtys[i]) {
-        throw_out_of_stock(rows[i]->key, v.on_hand - v.reserved, qtys[i]);
-      }
-    }
+    // Refuse on the read, as the optimistic SELECT would, before taking any latch.
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      hold_units(*rows[i], seen[i].values, qtys[i], now);
     if (try_apply_latched(rows, qtys, now, &seen)) return;
     bump(counters.conflicts);
     if (attempt >= options.retries_max) {
