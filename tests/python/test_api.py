@@ -4,7 +4,7 @@ objects, and its errors."""
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -307,3 +307,35 @@ def test_blocking_calls_release_the_gil(engine: stockade.Engine) -> None:
         assert not done.is_set(), "the reserve returned before its lock_timeout"
     t.join()
     assert ticks > 1000
+
+
+def test_every_awaitable_twin_does_what_its_blocking_call_does(
+    engine: stockade.Engine, clock: stockade.ManualClock
+) -> None:
+    import asyncio
+
+    engine.restock("a", 10)
+    engine.restock("b", 10)
+
+    async def lifecycle() -> None:
+        r = await engine.reserve_async("a", 2, ttl=60)
+        order = await engine.reserve_order_async({"a": 1, "b": 3})
+        extended = await engine.extend_async(r.id, ttl=120)
+        assert extended.expires_at == clock.now() + timedelta(seconds=120)
+        assert (await engine.confirm_async(r.id, expected_version=extended.version)).state == "confirmed"
+        assert (await engine.release_async(order[1].id)).state == "released"
+        assert (await engine.sell_async("b", 7)).on_hand == 3
+
+    asyncio.run(lifecycle())
+    assert (engine.stock("a").on_hand, engine.stock("a").reserved) == (8, 1)
+    assert (engine.stock("b").on_hand, engine.stock("b").reserved) == (3, 0)
+    assert engine.reserve_async.__name__ == "reserve_async"
+
+
+def test_manual_clock_moves_only_when_told(clock: stockade.ManualClock) -> None:
+    assert clock.now() == START
+    assert clock.advance(timedelta(minutes=2)) == START + timedelta(minutes=2)
+    clock.set(START + timedelta(days=1))
+    assert clock.now() == START + timedelta(days=1)
+    with pytest.raises(stockade.InvalidType):
+        stockade.ManualClock(datetime(2027, 1, 1))  # naive datetimes are refused
