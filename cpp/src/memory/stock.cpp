@@ -310,15 +310,14 @@ void MemoryStore::apply_order(const std::vector<StockRow*>& rows, const std::vec
 Reservation MemoryStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
                                               std::int64_t window_us) {
   StockRow& row = require_row(key);
-  const RowValues read = row.cell.read().values;  // SELECT on_hand, reserved ...
-  if (read.on_hand - read.reserved < qty)
-    throw_out_of_stock(key, read.on_hand - read.reserved, qty);
+  // SELECT on_hand, reserved ...; the application decides by the reservation rule.
+  const RowValues stale = hold_units(row, row.cell.read().values, qty, clock_->now_us());
   if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
   const TimestampUs now = clock_->now_us();
   // UPDATE stock SET reserved = :value_computed_from_the_stale_read  (the lost update)
   RowLatch latch(row.cell, row.cell.latch());
   const RowValues current = latch.values();
-  latch.publish(RowValues{current.on_hand, read.reserved + qty, current.version + 1, now}, key);
+  latch.publish(RowValues{current.on_hand, stale.reserved, current.version + 1, now}, key);
   Reservation reservation = new_reservation(row, qty, ttl_us, now, std::nullopt);
   insert_reservation(reservation, &row);
   return reservation;
