@@ -57,7 +57,7 @@ bench: system-deps $(VENV)/.tools-stamp
 
 format:
 	clang-format -i cpp/include/stockade/*.hpp cpp/src/*.[ch]pp cpp/src/memory/*.[ch]pp \
-		cpp/bindings/*.[ch]pp tests/cpp/*.[ch]pp benchmarks/cpp/*.cpp
+		cpp/src/postgres/*.[ch]pp cpp/bindings/*.[ch]pp tests/cpp/*.[ch]pp benchmarks/cpp/*.cpp
 
 clean:
 	rm -rf $(BUILD) $(VENV)

@@ -3,7 +3,9 @@
 # Works on Debian 12 and 13, as root or through sudo. Idempotent and quiet when all is there.
 set -euo pipefail
 
-packages=(g++ make libboost-dev libgtest-dev)
+# postgresql brings initdb/pg_ctl (the test suite and the demo start their own server) and
+# the postgres system user they drop to when run as root; psql comes with it.
+packages=(g++ make pkg-config libboost-dev libgtest-dev libpqxx-dev postgresql)
 # A Python without ensurepip (Debian's own python3) needs python3-venv for `make`'s venv.
 python3 -c "import ensurepip" 2>/dev/null || packages+=(python3-venv)
 

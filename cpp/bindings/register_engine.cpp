@@ -91,6 +91,28 @@ std::unique_ptr<Engine> make_memory(const std::string& strategy, int retries_max
   return Engine::memory(options, std::move(clock));
 }
 
+std::unique_ptr<Engine> make_postgres(const std::string& dsn, const std::string& schema,
+                                      std::size_t pool_size, std::int64_t pool_timeout_ms,
+                                      bool sweeper, std::int64_t sweep_interval_ms,
+                                      std::size_t sweep_batch, const std::string& strategy,
+                                      int retries_max, std::int64_t lock_timeout_ms,
+                                      std::int64_t default_ttl_us) {
+  PostgresOptions postgres;
+  postgres.dsn = dsn;
+  postgres.schema = schema;
+  postgres.pool_size = pool_size;
+  postgres.pool_timeout_ms = pool_timeout_ms;
+  postgres.sweeper = sweeper;
+  postgres.sweep_interval_ms = sweep_interval_ms;
+  postgres.sweep_batch = sweep_batch;
+  EngineOptions options;
+  options.default_strategy = parse_strategy(strategy);
+  options.retries_max = retries_max;
+  options.lock_timeout_ms = lock_timeout_ms;
+  options.default_ttl_us = default_ttl_us;
+  return Engine::postgres(std::move(postgres), options);
+}
+
 void register_stock_calls(py::class_<Engine>& c) {
   c.def(
        "restock",
@@ -211,6 +233,13 @@ void register_engine(py::module_& m) {
   c.def_static("memory", &make_memory, py::arg("strategy"), py::arg("retries_max"),
                py::arg("lock_timeout_ms"), py::arg("default_ttl_us"), py::arg("clock"),
                "An engine over an in-process memory store.")
+      .def_static("postgres", &make_postgres, py::arg("dsn"), py::arg("schema"),
+                  py::arg("pool_size"), py::arg("pool_timeout_ms"), py::arg("sweeper"),
+                  py::arg("sweep_interval_ms"), py::arg("sweep_batch"), py::arg("strategy"),
+                  py::arg("retries_max"), py::arg("lock_timeout_ms"), py::arg("default_ttl_us"),
+                  Release(), "An engine over PostgreSQL (connects at once).")
+      .def("migrate", &Engine::migrate, Release())
+      .def("close", &Engine::close, Release())
       .def_property_readonly("backend", [](Engine& e) { return e.store().backend_name(); })
       .def_property_readonly(
           "default_strategy",

@@ -52,6 +52,19 @@ std::unique_ptr<Engine> Engine::memory(EngineOptions options, std::shared_ptr<Cl
   return std::make_unique<Engine>(make_memory_store(std::move(clock)), options);
 }
 
+std::unique_ptr<Engine> Engine::postgres(PostgresOptions postgres, EngineOptions options) {
+  validate_engine_options(options);  // before connecting
+  return std::make_unique<Engine>(make_postgres_store(std::move(postgres)), options);
+}
+
+std::vector<std::string> Engine::migrate() {
+  return store_->migrate();
+}
+
+void Engine::close() {
+  store_->close();
+}
+
 WriteOptions Engine::resolve(const CallOptions& call) const {
   WriteOptions out;
   out.strategy = call.strategy.value_or(options_.default_strategy);

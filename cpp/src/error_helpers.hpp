@@ -60,4 +60,28 @@ inline ErrorContext context_of(const Reservation& reservation) {
   throw Error(ErrorCode::not_found, "no reservation " + id.to_string(), std::move(context));
 }
 
+// A transition found the reservation no longer held: expired holds raise
+// ReservationExpired, every other state InvalidState.
+inline Error not_holdable(const Reservation& r) {
+  if (r.state == ReservationState::expired) {
+    return Error(ErrorCode::reservation_expired, "reservation " + r.id.to_string() + " has expired",
+                 context_of(r));
+  }
+  return Error(
+      ErrorCode::invalid_state,
+      "reservation " + r.id.to_string() + " is " + reservation_state_name(r.state) + ", not held",
+      context_of(r));
+}
+
+inline void check_expected(const Reservation& r, const std::optional<Version>& expected) {
+  if (!expected || *expected == r.version) return;
+  ErrorContext context = context_of(r);
+  context.expected_version = *expected;
+  context.actual_version = r.version;
+  throw Error(ErrorCode::version_conflict,
+              "version conflict on reservation " + r.id.to_string() + ": expected version " +
+                  std::to_string(*expected) + ", found " + std::to_string(r.version),
+              std::move(context));
+}
+
 }  // namespace stockade::detail

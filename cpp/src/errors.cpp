@@ -30,6 +30,10 @@ const char* error_code_name(ErrorCode code) noexcept {
       return "not_supported";
     case ErrorCode::invariant_violation:
       return "invariant_violation";
+    case ErrorCode::unavailable:
+      return "unavailable";
+    case ErrorCode::database_error:
+      return "database_error";
   }
   return "unknown";
 }

@@ -28,7 +28,7 @@ from typing import (
 )
 
 from . import _core
-from .errors import InvalidArgument, InvalidType, NotSupported
+from .errors import InvalidArgument, InvalidType
 from .values import (
     Reservation,
     ReservationId,
@@ -86,6 +86,13 @@ class ManualClock:
         """Moves the clock by ``delta`` (timedelta or seconds); returns the new time."""
         self._core.advance_us(duration_us("delta", delta))
         return self.now()
+
+
+def _positive(name: str, value: object) -> int:
+    number = check_int(name, value)
+    if number <= 0:
+        raise InvalidArgument(f"{name} must be positive, got {number}")
+    return number
 
 
 def _order_lines(items: object, location: str) -> List[Tuple[str, str, int]]:
@@ -165,17 +172,40 @@ class Engine:
         dsn: str,
         *,
         pool_size: int = 8,
-        strategy: Union[Strategy, str] = Strategy.AUTO,
+        strategy: Union[Strategy, str] = Strategy.ATOMIC,
         schema: str = "stockade",
+        retries_max: int = 5,
+        lock_timeout: TtlLike = timedelta(seconds=10),
+        default_ttl: TtlLike = timedelta(minutes=15),
+        pool_timeout: TtlLike = timedelta(seconds=5),
+        sweeper: bool = False,
+        sweep_interval: TtlLike = timedelta(seconds=1),
+        sweep_batch: int = 1000,
+        async_workers: int = 8,
     ) -> Engine:
-        """An engine over PostgreSQL. Not built yet in this release."""
-        check_str("dsn", dsn)
-        check_int("pool_size", pool_size)
-        strategy_name(strategy)
-        check_str("schema", schema)
-        raise NotSupported(
-            "the PostgreSQL store is not built yet in this release; use Engine.memory()"
+        """An engine over PostgreSQL: the durable store.
+
+        ``dsn`` is a libpq connection string or URI. The engine connects at once
+        (``Unavailable`` if it cannot) and keeps at most ``pool_size`` connections; a call
+        that waits longer than ``pool_timeout`` for one raises ``Overloaded``. Call
+        :meth:`migrate` once to create the schema. With ``sweeper=True`` a background
+        thread expires due holds every ``sweep_interval``, ``sweep_batch`` per transaction;
+        of all engines on one database, one sweeps at a time.
+        """
+        core = _core.Engine.postgres(
+            dsn=check_str("dsn", dsn),
+            schema=check_str("schema", schema),
+            pool_size=_positive("pool_size", pool_size),
+            pool_timeout_ms=duration_ms("pool_timeout", pool_timeout),
+            sweeper=check_bool("sweeper", sweeper),
+            sweep_interval_ms=duration_ms("sweep_interval", sweep_interval),
+            sweep_batch=_positive("sweep_batch", sweep_batch),
+            strategy=strategy_name(strategy) or Strategy.ATOMIC.value,
+            retries_max=check_int("retries_max", retries_max),
+            lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
+            default_ttl_us=duration_us("default_ttl", default_ttl),
         )
+        return cls(core, async_workers=async_workers)
 
     # --- properties and lifecycle ---
 
@@ -190,16 +220,22 @@ class Engine:
         return Strategy(self._core.default_strategy)
 
     def migrate(self) -> List[str]:
-        """Creates or upgrades the schema; returns the migrations applied. The memory store
-        has no schema, so there it applies nothing."""
-        return []
+        """Creates or upgrades the schema; returns the names of the migrations applied.
+
+        Idempotent, and safe when several processes run it at once. The memory store has
+        no schema, so there it applies nothing."""
+        return self._core.migrate()
 
     def close(self) -> None:
-        """Stops the async worker pool. The engine stays usable for synchronous calls."""
+        """Stops the async worker pool, the sweeper and the database connections.
+
+        On PostgreSQL, calls after close raise ``InvalidState``; the memory store stays
+        usable for synchronous calls. Closing twice is harmless."""
         with self._executor_lock:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True)
+        self._core.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -31,6 +31,8 @@ __all__ = [
     "InvalidType",
     "NotSupported",
     "InvariantViolation",
+    "Unavailable",
+    "DatabaseError",
 ]
 
 
@@ -148,6 +150,19 @@ class InvariantViolation(StockadeError):
     code = "invariant_violation"
 
 
+class Unavailable(StockadeError, ConnectionError):
+    """The database could not be reached, or the connection broke before COMMIT was sent;
+    nothing was changed. Safe to retry."""
+
+    code = "unavailable"
+
+
+class DatabaseError(StockadeError):
+    """Any other error the database raised; ``sqlstate`` says which."""
+
+    code = "database_error"
+
+
 _BY_CODE: dict[str, type[StockadeError]] = {
     cls.code: cls
     for cls in (
@@ -164,6 +179,8 @@ _BY_CODE: dict[str, type[StockadeError]] = {
         InvalidArgument,
         NotSupported,
         InvariantViolation,
+        Unavailable,
+        DatabaseError,
     )
 }
 

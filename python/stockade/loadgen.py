@@ -2,7 +2,7 @@
 
 ``flash_sale`` drives an engine with ``clients`` threads that share ``buyers`` purchase
 attempts, one unit each, and reports what happened: granted, refused, failed, oversold,
-throughput and latency. It is the core of ``stockade demo`` and of load scenarios in
+throughput, latency, retries and lock waits. It is the core of ``stockade demo`` and of load scenarios in
 pytest. The strategy ``"naive-unsafe"`` runs the deliberately broken read-modify-write
 canary instead of a real strategy, to show what an oversell looks like.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from .engine import Engine
 from .errors import OutOfStock, StockadeError, VersionConflict
@@ -32,7 +32,8 @@ class FlashSaleReport:
     granted: int = 0
     refused: int = 0
     failed: int = 0
-    retried: int = 0
+    retried: int = 0  # optimistic retries, by the engine and by buyers after VersionConflict
+    lock_waits: int = 0  # lock acquisitions that found the lock taken (engine counters)
     elapsed_s: float = 0.0
     reserved_after: int = 0
     latencies_us: List[float] = field(default_factory=list, repr=False)
@@ -69,6 +70,7 @@ def flash_sale(
     sku = sku or f"flash-{strategy}-{time.monotonic_ns()}"
     engine.restock(sku, units)
     report = FlashSaleReport(strategy, buyers, units)
+    before = _counters(engine, strategy)
     lock = threading.Lock()
     next_buyer = iter(range(buyers))
     barrier = threading.Barrier(clients + 1)
@@ -118,4 +120,13 @@ def flash_sale(
         t.join()
     report.elapsed_s = time.perf_counter() - start
     report.reserved_after = engine.stock(sku).reserved
+    after = _counters(engine, strategy)
+    report.retried += after["retries"] - before["retries"]
+    report.lock_waits = after["lock_waits"] - before["lock_waits"]
     return report
+
+
+def _counters(engine: Engine, strategy: str) -> Dict[str, int]:
+    """The engine's counters of one strategy (zeros for the canary, which has none)."""
+    counters: Dict[str, int] = engine.stats(sku_limit=0)["strategies"].get(strategy, {})
+    return {"retries": counters.get("retries", 0), "lock_waits": counters.get("lock_waits", 0)}

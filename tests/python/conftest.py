@@ -1,14 +1,23 @@
-"""Shared fixtures: engines over each backend (the memory store for now), a manual clock,
-and the list of per-request strategies every race and API test runs over."""
+"""Shared fixtures: an engine over each backend, a manual clock for the memory store, and
+the list of per-request strategies every race and API test runs over.
+
+`engine` is parametrized over both stores: each API test runs once on the memory store
+and once on a fresh, migrated database of the throwaway PostgreSQL server that the
+stockade pytest plugin (stockade.pytest_plugin) starts once per session. Tests that move
+time with a ManualClock use `memory_engine`; their PostgreSQL twins wait for the database
+clock instead (test_postgres.py).
+"""
 
 from __future__ import annotations
 
+import time
+from datetime import datetime, timezone
 from typing import Iterator
 
 import pytest
 
 import stockade
-from support import PER_REQUEST_STRATEGIES, START
+from support import BACKENDS, PER_REQUEST_STRATEGIES, START, Now, Wait
 
 
 @pytest.fixture
@@ -17,11 +26,54 @@ def clock() -> stockade.ManualClock:
 
 
 @pytest.fixture
-def engine(clock: stockade.ManualClock) -> Iterator[stockade.Engine]:
+def memory_engine(clock: stockade.ManualClock) -> Iterator[stockade.Engine]:
     with stockade.Engine.memory(clock=clock) as eng:
         yield eng
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def engine(backend: str, request: pytest.FixtureRequest) -> Iterator[stockade.Engine]:
+    if backend == "memory":
+        yield request.getfixturevalue("memory_engine")
+    else:
+        yield request.getfixturevalue("stockade_engine")
+
+
+@pytest.fixture
+def store_now(backend: str, clock: stockade.ManualClock) -> Now:
+    """The current time of the `engine`'s store: the manual clock, or the host clock for
+    PostgreSQL (same host, so close to the database clock)."""
+    if backend == "memory":
+        return clock.now
+    return lambda: datetime.now(timezone.utc)
+
+
+@pytest.fixture
+def wait(backend: str, clock: stockade.ManualClock) -> Wait:
+    """Lets `seconds` of store time pass: moves the manual clock, or sleeps."""
+    if backend != "memory":
+        return time.sleep
+
+    def advance(seconds: float) -> None:
+        clock.advance(seconds)
+
+    return advance
 
 
 @pytest.fixture(params=PER_REQUEST_STRATEGIES)
 def strategy(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks every test that runs on PostgreSQL `postgres` (select with -m postgres)."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_postgres = callspec is not None and callspec.params.get("backend") == "postgres"
+        if on_postgres or "stockade_postgres" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)

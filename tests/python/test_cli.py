@@ -13,20 +13,42 @@ from stockade.loadgen import NAIVE, flash_sale
 import stockade
 
 
-def test_demo_reports_every_strategy_with_no_oversell(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--buyers", "600", "--units", "50", "--clients", "8"]) == 0
-    out = capsys.readouterr().out
+def demo_rows(out: str) -> dict[str, list[str]]:
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
     for name in ["atomic", "pessimistic", "advisory", "optimistic", NAIVE]:
         assert name in rows, out
+    return rows
+
+
+def test_demo_reports_every_strategy_with_no_oversell(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["demo", "--backend", "memory", "--buyers", "600", "--units", "50", "--clients", "8"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = demo_rows(out)
     for name in ["atomic", "pessimistic", "advisory", "optimistic"]:
         granted, refused, failed, oversold = rows[name][1:5]
         assert (granted, refused, failed, oversold) == ("50", "550", "0", "0"), out
 
 
-def test_demo_on_an_unbuilt_backend_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--backend", "postgres"]) == 2
-    assert "not built yet" in capsys.readouterr().err
+def test_demo_on_postgres_reports_every_strategy_with_no_oversell(
+    capsys: pytest.CaptureFixture[str], stockade_database: str
+) -> None:
+    argv = ["demo", "--dsn", stockade_database, "--buyers", "200", "--units", "20",
+            "--clients", "8"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "PostgreSQL" in out
+    rows = demo_rows(out)
+    for name in ["atomic", "pessimistic", "advisory"]:
+        assert rows[name][1:5] == ["20", "180", "0", "0"], out
+    # An optimistic buyer may give up after its retries (failed), but never oversells.
+    assert rows["optimistic"][1] == "20" and rows["optimistic"][4] == "0", out
+
+
+def test_demo_on_an_unreachable_server_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["demo", "--dsn", "host=127.0.0.1 port=1 connect_timeout=2 user=nobody"]
+    assert main(argv) == 2
+    assert "cannot connect to PostgreSQL" in capsys.readouterr().err
 
 
 def test_python_dash_m_stockade_runs_the_cli() -> None:

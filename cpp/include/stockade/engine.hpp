@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "stockade/postgres_store.hpp"
 #include "stockade/store.hpp"
 
 namespace stockade {
@@ -35,6 +36,13 @@ class Engine {
   // An engine over an in-process MemoryStore; clock defaults to the system clock.
   static std::unique_ptr<Engine> memory(EngineOptions options = {},
                                         std::shared_ptr<Clock> clock = nullptr);
+  // An engine over PostgreSQL; connects at once (Unavailable if it cannot).
+  static std::unique_ptr<Engine> postgres(PostgresOptions postgres, EngineOptions options = {});
+
+  // Creates or upgrades the store's schema; returns the migrations applied.
+  std::vector<std::string> migrate();
+  // Releases the store's connections and background work.
+  void close();
 
   StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected_version = {});
   StockLevel set_on_hand(const SkuKey& key, Quantity on_hand,

@@ -29,6 +29,8 @@ enum class ErrorCode : std::uint8_t {
   invalid_argument,
   not_supported,
   invariant_violation,
+  unavailable,     // the database cannot be reached; nothing was changed
+  database_error,  // any other database error; context().sqlstate says which
 };
 
 // The stable name of a code ("out_of_stock", ...), shared with the Python layer.

@@ -58,6 +58,14 @@ class Metrics {
   std::array<StrategyCounters, strategy_count> counters_;
 };
 
+// Live per-SKU counters, kept by each store next to its rows.
+struct alignas(64) SkuCounters {
+  std::atomic<std::uint64_t> requests{0};
+  std::atomic<std::uint64_t> refused{0};
+  std::atomic<std::uint64_t> conflicts{0};
+  std::atomic<std::uint64_t> lock_waits{0};
+};
+
 // Per-SKU figures: how hot a row is and how often writers collide on it.
 struct SkuStats {
   SkuKey key;
@@ -75,5 +83,11 @@ struct StoreStats {
   std::uint64_t reservation_count = 0;
   std::uint64_t held_count = 0;
 };
+
+// The parts of StoreStats every store fills the same way.
+StoreStats stats_of(const char* backend, const Metrics& metrics);
+SkuStats sku_stats(const SkuKey& key, const SkuCounters& counters);
+// Keeps the `limit` SKUs with the most requests, most first (ties by key).
+void keep_hottest(std::vector<SkuStats>& skus, std::size_t limit);
 
 }  // namespace stockade

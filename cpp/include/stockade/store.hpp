@@ -85,6 +85,14 @@ class Store {
   virtual std::size_t expire_due(std::size_t limit) = 0;
 
   virtual StoreStats stats(std::size_t sku_limit) const = 0;
+
+  // Creates or upgrades the backend's schema; returns the names of the migrations it
+  // applied. A store without a schema applies nothing.
+  virtual std::vector<std::string> migrate() { return {}; }
+
+  // Releases connections and stops background work. Calls after close() raise
+  // InvalidState on stores that hold such resources; closing twice is harmless.
+  virtual void close() {}
   Metrics& metrics() { return metrics_; }
   const Metrics& metrics() const { return metrics_; }
 

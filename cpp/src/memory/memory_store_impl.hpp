@@ -40,13 +40,6 @@
 
 namespace stockade::detail {
 
-struct alignas(64) SkuCounters {
-  std::atomic<std::uint64_t> requests{0};
-  std::atomic<std::uint64_t> refused{0};
-  std::atomic<std::uint64_t> conflicts{0};
-  std::atomic<std::uint64_t> lock_waits{0};
-};
-
 struct StockRow {
   StockRow(SkuKey k, const RowValues& initial)
       : key(std::move(k)), shard_key(shard_key_of(key.sku, key.location)), cell(initial) {}

@@ -7,20 +7,6 @@
 #include "memory_store_impl.hpp"
 
 namespace stockade::detail {
-namespace {
-
-[[noreturn]] void throw_not_holdable(const Reservation& r) {
-  if (r.state == ReservationState::expired) {
-    throw Error(ErrorCode::reservation_expired, "reservation " + r.id.to_string() + " has expired",
-                context_of(r));
-  }
-  throw Error(
-      ErrorCode::invalid_state,
-      "reservation " + r.id.to_string() + " is " + reservation_state_name(r.state) + ", not held",
-      context_of(r));
-}
-
-}  // namespace
 
 Reservation MemoryStore::new_reservation(const StockRow& row, Quantity qty, std::int64_t ttl_us,
                                          TimestampUs now,
@@ -185,20 +171,12 @@ Reservation MemoryStore::transition(const Uuid& id, Transition kind, std::int64_
   if (it == shard.records.end()) throw_reservation_not_found(id);
   ReservationRecord& record = it->second;
   Reservation& r = record.value;
-  if (expected && *expected != r.version) {
-    ErrorContext context = context_of(r);
-    context.expected_version = *expected;
-    context.actual_version = r.version;
-    throw Error(ErrorCode::version_conflict,
-                "version conflict on reservation " + id.to_string() + ": expected version " +
-                    std::to_string(*expected) + ", found " + std::to_string(r.version),
-                std::move(context));
-  }
-  if (r.state != ReservationState::held) throw_not_holdable(r);
+  check_expected(r, expected);
+  if (r.state != ReservationState::held) throw not_holdable(r);
   const TimestampUs now = clock_->now_us();
   if (now >= r.expires_at_us) {
     expire_locked(shard, record, now);  // lazily, as the sweeper would have
-    throw_not_holdable(r);
+    throw not_holdable(r);
   }
   switch (kind) {
     case Transition::confirm:
@@ -262,29 +240,14 @@ std::size_t MemoryStore::expire_due(std::size_t limit) {
 }
 
 StoreStats MemoryStore::stats(std::size_t sku_limit) const {
-  StoreStats out;
-  out.backend = backend_name();
-  for (std::size_t i = 0; i < strategy_count; ++i) {
-    out.strategies[i] = metrics().of(static_cast<Strategy>(i)).snapshot();
-  }
+  StoreStats out = stats_of(backend_name(), metrics());
   std::vector<SkuStats> skus;
   for (const StockShard& shard : *stock_) {
     std::shared_lock<std::shared_mutex> lock(shard.mutex);
     out.sku_count += shard.rows.size();
-    for (const auto& [key, row] : shard.rows) {
-      auto read = [](const std::atomic<std::uint64_t>& c) {
-        return c.load(std::memory_order_relaxed);
-      };
-      skus.push_back(SkuStats{key, read(row->counters.requests), read(row->counters.refused),
-                              read(row->counters.conflicts), read(row->counters.lock_waits)});
-    }
+    for (const auto& [key, row] : shard.rows) skus.push_back(sku_stats(key, row->counters));
   }
-  const std::size_t keep = std::min(sku_limit, skus.size());
-  std::partial_sort(skus.begin(), skus.begin() + static_cast<std::ptrdiff_t>(keep), skus.end(),
-                    [](const SkuStats& a, const SkuStats& b) {
-                      return a.requests != b.requests ? a.requests > b.requests : a.key < b.key;
-                    });
-  skus.resize(keep);
+  keep_hottest(skus, sku_limit);
   out.hottest_skus = std::move(skus);
   for (const ReservationShard& shard : *reservations_) {
     std::lock_guard<std::mutex> lock(shard.mutex);

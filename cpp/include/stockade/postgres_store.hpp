@@ -1,0 +1,37 @@
+// PostgresStore: the durable store, over libpqxx (6.4 and 7.x).
+//
+// A bounded pool of connections with prepared statements; every strategy of DESIGN.md
+// section 1 in SQL; reservations with TTLs from the database clock; idempotency keys in
+// their own table; a commit whose outcome is unknown raises InDoubt. The schema lives in
+// sql/ (compiled into the library) and is applied by Store::migrate().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "stockade/store.hpp"
+
+namespace stockade {
+
+struct PostgresOptions {
+  std::string dsn;                      // a libpq connection string or URI
+  std::string schema = "stockade";      // [a-z_][a-z0-9_]*, at most 63 bytes
+  std::size_t pool_size = 8;            // connections, opened on demand
+  std::int64_t pool_timeout_ms = 5000;  // waiting longer for a connection raises Overloaded
+  bool sweeper = false;                 // run a background sweeper (one per database is elected)
+  std::int64_t sweep_interval_ms = 1000;
+  std::size_t sweep_batch = 1000;  // holds expired per transaction
+};
+
+inline constexpr std::size_t pool_size_max = 1024;
+
+// Checks the options; throws InvalidArgument.
+void validate_postgres_options(const PostgresOptions& options);
+
+// Opens one connection at once, so that a bad DSN or an unreachable server fails here
+// (Unavailable), not on the first request.
+std::shared_ptr<Store> make_postgres_store(PostgresOptions options);
+
+}  // namespace stockade

@@ -1,0 +1,300 @@
+#include "connection.hpp"
+
+#include <chrono>
+#include <utility>
+
+namespace stockade::detail::pg {
+namespace {
+
+// Timestamps travel as microseconds since the epoch (UTC), the unit of TimestampUs.
+std::string epoch_us(const std::string& column) {
+  return "(extract(epoch FROM " + column + ") * 1000000)::bigint";
+}
+
+std::string stock_columns() {
+  return "on_hand, reserved, version, " + epoch_us("updated_at");
+}
+
+std::string reservation_columns() {
+  return "id::text, sku, location, qty, state, version, " + epoch_us("expires_at") + ", " +
+         epoch_us("created_at") + ", " + epoch_us("updated_at") +
+         ", idempotency_key, expires_at <= now()";
+}
+
+std::string ttl_from_now(int param) {
+  return "now() + $" + std::to_string(param) + "::bigint * interval '1 microsecond'";
+}
+
+}  // namespace
+
+Statements::Statements(const std::string& schema) {
+  const std::string stock = schema + ".stock";
+  const std::string reservation = schema + ".reservation";
+  const std::string key = " WHERE sku = $1 AND location = $2";
+  const std::string stock_get = "SELECT " + stock_columns() + " FROM " + stock + key;
+  const std::string returning_stock = " RETURNING " + stock_columns();
+  auto set = [&](Stmt s, std::string sql) { sql_[static_cast<std::size_t>(s)] = std::move(sql); };
+
+  set(Stmt::stock_get, stock_get);
+  set(Stmt::stock_lock, stock_get + " FOR UPDATE");
+  set(Stmt::stock_lock_nowait, stock_get + " FOR UPDATE NOWAIT");
+  set(Stmt::stock_lock_skip, stock_get + " FOR UPDATE SKIP LOCKED");
+  set(Stmt::stock_insert, "INSERT INTO " + stock +
+                              " (sku, location, on_hand, reserved, version, updated_at)"
+                              " VALUES ($1, $2, $3, 0, 1, now())"
+                              " ON CONFLICT (sku, location) DO NOTHING" +
+                              returning_stock);
+  set(Stmt::stock_set_on_hand, "UPDATE " + stock +
+                                   " SET on_hand = $3, version = version + 1, updated_at = now()" +
+                                   key + returning_stock);
+  // The one conditional write: moves on_hand and reserved by deltas only while at least
+  // $5 units stay available and (if $6 >= 0) the version is $6. Every strategy but
+  // optimistic writes through it, so even a mix of strategies on one row cannot lose an
+  // update or oversell.
+  set(Stmt::stock_delta, "UPDATE " + stock +
+                             " SET on_hand = on_hand - $3, reserved = reserved + $4,"
+                             " version = version + 1, updated_at = now()" +
+                             key + " AND on_hand - reserved >= $5 AND ($6 < 0 OR version = $6)" +
+                             returning_stock);
+  // Optimistic: absolute values computed from a read, written only if the version is
+  // still the one read.
+  set(Stmt::stock_cas, "UPDATE " + stock +
+                           " SET on_hand = $3, reserved = $4, version = version + 1,"
+                           " updated_at = now()" +
+                           key + " AND version = $5" + returning_stock);
+  // The naive canary's lost update: an absolute value from a stale read, unconditionally.
+  set(Stmt::stock_overwrite_reserved,
+      "UPDATE " + stock + " SET reserved = $3, version = version + 1, updated_at = now()" + key);
+  // atomic reserve in one statement: the conditional UPDATE and the reservation row.
+  set(Stmt::hold_atomic,
+      "WITH held AS (UPDATE " + stock +
+          " SET reserved = reserved + $3, version = version + 1, updated_at = now()" + key +
+          " AND on_hand - reserved >= $3 AND ($4 < 0 OR version = $4) RETURNING sku, location)"
+          " INSERT INTO " +
+          reservation +
+          " (id, sku, location, qty, state, version, expires_at, idempotency_key, created_at,"
+          " updated_at) SELECT $5::uuid, sku, location, $3, 'held', 1, " +
+          ttl_from_now(6) + ", NULLIF($7, ''), now(), now() FROM held RETURNING " +
+          epoch_us("expires_at") + ", " + epoch_us("created_at"));
+  set(Stmt::reservation_insert,
+      "INSERT INTO " + reservation +
+          " (id, sku, location, qty, state, version, expires_at, idempotency_key, created_at,"
+          " updated_at) VALUES ($1::uuid, $2, $3, $4, 'held', 1, " +
+          ttl_from_now(5) + ", NULLIF($6, ''), now(), now()) RETURNING " + epoch_us("expires_at") +
+          ", " + epoch_us("created_at"));
+  const std::string reservation_get =
+      "SELECT " + reservation_columns() + " FROM " + reservation + " WHERE id = $1::uuid";
+  set(Stmt::reservation_get, reservation_get);
+  set(Stmt::reservation_lock, reservation_get + " FOR UPDATE");
+  set(Stmt::reservation_set,
+      "UPDATE " + reservation +
+          " SET state = $2, version = version + 1, updated_at = now(), expires_at = CASE WHEN"
+          " $3::bigint > 0 THEN " +
+          ttl_from_now(3) + " ELSE expires_at END WHERE id = $1::uuid RETURNING " +
+          reservation_columns());
+  set(Stmt::reservation_get_many,
+      "SELECT " + reservation_columns() + " FROM " + reservation + " WHERE id = ANY($1::uuid[])");
+  // The sweeper's pick: due holds in expiry order, skipping rows a transition has locked,
+  // expired in place; the units to return come back per row, sorted for lock order.
+  set(Stmt::expire_pick,
+      "WITH due AS (SELECT id FROM " + reservation +
+          " WHERE state = 'held' AND expires_at <= now() ORDER BY expires_at LIMIT $1"
+          " FOR UPDATE SKIP LOCKED),"
+          " done AS (UPDATE " +
+          reservation +
+          " r SET state = 'expired', version = r.version + 1, updated_at = now() FROM due"
+          " WHERE r.id = due.id RETURNING r.sku, r.location, r.qty)"
+          " SELECT sku, location, sum(qty)::bigint, count(*) FROM done GROUP BY sku, location"
+          " ORDER BY sku COLLATE \"C\", location COLLATE \"C\"");
+  set(Stmt::idempotency_claim, "INSERT INTO " + schema +
+                                   ".idempotency (key, request_fingerprint, reservation_ids,"
+                                   " created_at) VALUES ($1, $2, $3::uuid[], now())"
+                                   " ON CONFLICT (key) DO NOTHING RETURNING 1");
+  set(Stmt::idempotency_get,
+      "SELECT request_fingerprint, array_to_string(reservation_ids, ',')"
+      " FROM " +
+          schema + ".idempotency WHERE key = $1");
+  set(Stmt::advisory_lock, "SELECT pg_advisory_xact_lock($1::bigint)");
+  set(Stmt::advisory_try_lock, "SELECT pg_try_advisory_xact_lock($1::bigint)");
+}
+
+const char* Statements::name(Stmt s) {
+  static const std::array<const char*, stmt_count> names = {
+      "stockade_stock_get",
+      "stockade_stock_lock",
+      "stockade_stock_lock_nowait",
+      "stockade_stock_lock_skip",
+      "stockade_stock_insert",
+      "stockade_stock_set_on_hand",
+      "stockade_stock_delta",
+      "stockade_stock_cas",
+      "stockade_stock_overwrite_reserved",
+      "stockade_hold_atomic",
+      "stockade_reservation_insert",
+      "stockade_reservation_get",
+      "stockade_reservation_lock",
+      "stockade_reservation_set",
+      "stockade_reservation_get_many",
+      "stockade_expire_pick",
+      "stockade_idempotency_claim",
+      "stockade_idempotency_get",
+      "stockade_advisory_lock",
+      "stockade_advisory_try_lock",
+  };
+  return names[static_cast<std::size_t>(s)];
+}
+
+std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
+  try {
+    return std::make_unique<pqxx::connection>(dsn);
+  } catch (const pqxx::broken_connection& e) {
+    throw Error(ErrorCode::unavailable, std::string("cannot connect to PostgreSQL: ") + e.what());
+  } catch (const pqxx::sql_error& e) {  // e.g. 53300 too many connections, 3D000 no database
+    ErrorContext context;
+    context.sqlstate = e.sqlstate();
+    throw Error(ErrorCode::unavailable, std::string("cannot connect to PostgreSQL: ") + e.what(),
+                std::move(context));
+  } catch (const pqxx::failure& e) {  // libpqxx 7 reports a bad connection string this way
+    throw Error(ErrorCode::unavailable, std::string("cannot connect to PostgreSQL: ") + e.what());
+  }
+}
+
+Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements> statements)
+    : conn_(connect(dsn)), statements_(std::move(statements)) {}
+
+bool Connection::is_open() const {
+  return conn_ && conn_->is_open();
+}
+
+void Connection::set_lock_timeout(std::int64_t ms) {
+  if (ms == lock_timeout_ms_) return;
+  pqxx::nontransaction session(*conn_);
+  session.exec("SET lock_timeout = " + std::to_string(ms));
+  lock_timeout_ms_ = ms;
+}
+
+void Connection::prepare(Stmt s) {
+  bool& done = prepared_[static_cast<std::size_t>(s)];
+  if (done) return;
+  conn_->prepare(Statements::name(s), statements_->sql(s));
+  done = true;
+}
+
+Pool::Pool(std::string dsn, std::shared_ptr<const Statements> statements, std::size_t size,
+           std::int64_t timeout_ms)
+    : dsn_(std::move(dsn)),
+      statements_(std::move(statements)),
+      size_(size),
+      timeout_ms_(timeout_ms) {}
+
+Pool::~Pool() {
+  close();
+}
+
+Pool::Lease::~Lease() {
+  if (conn_) pool_->give_back(std::move(conn_), discard_);
+}
+
+Pool::Lease Pool::acquire() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  for (;;) {
+    if (closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
+    if (!idle_.empty()) {
+      std::unique_ptr<Connection> conn = std::move(idle_.back());
+      idle_.pop_back();
+      return Lease(this, std::move(conn));
+    }
+    if (open_ < size_) break;
+    if (returned_.wait_until(lock, deadline) == std::cv_status::timeout && idle_.empty() &&
+        open_ >= size_) {
+      throw Error(ErrorCode::overloaded, "no database connection came free within " +
+                                             std::to_string(timeout_ms_) + " ms (pool_size " +
+                                             std::to_string(size_) + ")");
+    }
+  }
+  ++open_;
+  lock.unlock();
+  try {
+    return Lease(this, std::make_unique<Connection>(dsn_, statements_));
+  } catch (...) {
+    lock.lock();
+    --open_;
+    returned_.notify_one();
+    throw;
+  }
+}
+
+void Pool::give_back(std::unique_ptr<Connection> conn, bool discard) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (discard || closed_ || !conn->is_open()) {
+    --open_;
+    lock.unlock();
+    conn.reset();  // closes the connection outside the lock
+    lock.lock();
+  } else {
+    idle_.push_back(std::move(conn));
+  }
+  returned_.notify_one();
+}
+
+void Pool::close() {
+  std::vector<std::unique_ptr<Connection>> idle;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_ = true;
+    idle.swap(idle_);
+    open_ -= idle.size();
+  }
+  returned_.notify_all();
+}
+
+Error translate(const pqxx::sql_error& e, const Failure& failure) {
+  const std::string state = e.sqlstate();
+  ErrorContext context = failure.context;
+  context.sqlstate = state;
+  const std::string what = e.what();
+  auto error = [&](ErrorCode code, const std::string& message) {
+    return Error(code, message, context);
+  };
+  if (state == "55P03") {
+    if (what.find("lock timeout") != std::string::npos) {
+      const std::string ms = failure.options != nullptr
+                                 ? std::to_string(failure.options->lock_timeout_ms) + " ms"
+                                 : std::string("the lock_timeout");
+      return error(ErrorCode::lock_timeout, "lock_timeout of " + ms + " passed: " + what);
+    }
+    return error(ErrorCode::lock_not_available, "lock not available (NOWAIT): " + what);
+  }
+  if (state == "57014") {
+    return error(ErrorCode::overloaded,
+                 "the server canceled the statement (statement_timeout or a cancel request); "
+                 "nothing was changed: " +
+                     what);
+  }
+  if (state == "23505") {
+    return error(ErrorCode::idempotency_conflict, "a unique key is already taken: " + what);
+  }
+  if (state == "23514") {
+    return error(ErrorCode::invariant_violation,
+                 "the database refused a write that breaks a CHECK constraint (a bug in the "
+                 "engine; please report it): " +
+                     what);
+  }
+  if (state == "22003") {
+    return error(ErrorCode::invalid_argument, "a quantity would overflow a 64-bit value: " + what);
+  }
+  if (state == "42P01" || state == "3F000") {
+    return error(ErrorCode::invalid_state, "the schema '" + failure.schema +
+                                               "' is missing or not migrated; call migrate() "
+                                               "first: " +
+                                               what);
+  }
+  if (state.rfind("08", 0) == 0 || state == "53300" || state == "57P01" || state == "57P02" ||
+      state == "57P03") {
+    return error(ErrorCode::unavailable, "the database is unavailable: " + what);
+  }
+  return error(ErrorCode::database_error, "database error " + state + ": " + what);
+}
+
+}  // namespace stockade::detail::pg

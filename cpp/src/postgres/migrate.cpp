@@ -1,0 +1,94 @@
+// PostgresStore::migrate: applies the compiled-in sql/ files that the database lacks.
+#include <cstdio>
+#include <map>
+
+#include "postgres_store_impl.hpp"
+#include "stockade/hash.hpp"
+
+namespace stockade::detail::pg {
+namespace {
+
+std::string checksum(const std::string& sql) {
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016llx",
+                static_cast<unsigned long long>(stable_hash64({"migration", sql})));
+  return out;
+}
+
+std::string with_schema(std::string sql, const std::string& schema) {
+  const std::string token = "{{schema}}";
+  for (std::size_t at = sql.find(token); at != std::string::npos; at = sql.find(token, at)) {
+    sql.replace(at, token.size(), schema);
+    at += schema.size();
+  }
+  return sql;
+}
+
+int version_of(const std::string& name) {
+  int version = 0;
+  for (char c : name) {
+    if (c < '0' || c > '9') break;
+    version = version * 10 + (c - '0');
+  }
+  return version;
+}
+
+}  // namespace
+
+// Two processes migrating at once serialize on a session advisory lock; each file runs in
+// a transaction with the row that records it, so a failed file leaves nothing behind.
+std::vector<std::string> PostgresStore::migrate() {
+  const std::string& s = options_.schema;
+  const std::string lock_key =
+      std::to_string(static_cast<std::int64_t>(stable_hash64({"stockade-migrate", s})));
+  std::unique_ptr<pqxx::connection> conn = connect(options_.dsn);
+  std::vector<std::string> applied;
+  // One transaction object at a time per connection: each statement outside a file's
+  // transaction runs in a short-lived nontransaction (autocommit).
+  auto autocommit = [&](const std::string& sql) {
+    pqxx::nontransaction session(*conn);
+    return session.exec(sql);
+  };
+  try {
+    autocommit("SELECT pg_advisory_lock(" + lock_key + ")");
+    autocommit("CREATE SCHEMA IF NOT EXISTS " + s);
+    autocommit("CREATE TABLE IF NOT EXISTS " + s +
+               ".schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+               " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())");
+    std::map<int, std::pair<std::string, std::string>> done;
+    for (const auto& row :
+         autocommit("SELECT version, name, checksum FROM " + s + ".schema_migrations")) {
+      done[row[0].as<int>()] = {row[1].as<std::string>(), row[2].as<std::string>()};
+    }
+    for (const Migration& m : migrations()) {
+      const std::string name = m.name;
+      const int version = version_of(name);
+      const std::string sum = checksum(m.sql);
+      auto it = done.find(version);
+      if (it != done.end()) {
+        if (it->second.second != sum) {
+          throw Error(ErrorCode::invalid_state,
+                      "migration " + name + " differs from the one applied to schema '" + s +
+                          "' as " + it->second.first + "; released migrations must never change");
+        }
+        continue;
+      }
+      pqxx::work work(*conn);
+      work.exec(with_schema(m.sql, s));
+      work.exec("INSERT INTO " + s + ".schema_migrations (version, name, checksum) VALUES (" +
+                std::to_string(version) + ", " + work.quote(name) + ", " + work.quote(sum) + ")");
+      work.commit();
+      applied.push_back(name);
+    }
+    autocommit("SELECT pg_advisory_unlock(" + lock_key + ")");
+  } catch (const pqxx::sql_error& e) {
+    throw translate(e, Failure{nullptr, ErrorContext{}, s});
+  } catch (const pqxx::broken_connection& e) {
+    throw Error(ErrorCode::unavailable,
+                std::string("the connection broke while migrating: ") + e.what());
+  }
+  // A failure above closes the connection, which releases the session lock with it.
+  return applied;
+}
+
+}  // namespace stockade::detail::pg

@@ -1,0 +1,261 @@
+// PostgresStore internals, shared by its translation units (stock.cpp: rows and the
+// per-request strategies; reservations.cpp: lifecycle, expiry, idempotency; migrate.cpp;
+// sweeper.cpp).
+//
+// Every call runs as one transaction through run(), which leases a connection, sets its
+// lock_timeout, commits, retries serialization failures and deadlocks within bounds,
+// retries once on a connection that broke before COMMIT, and turns a connection lost
+// during COMMIT into InDoubt.
+//
+// Lock order, the rule that keeps engines from deadlocking: stock rows are locked in sorted
+// (sku, location) byte order (COLLATE "C" in SQL, std::string's order in C++); a
+// transition locks its reservation row first and then one stock row; the sweeper skips
+// locked reservations and then locks stock rows in sorted order. Idempotency keys are
+// claimed before any stock row is locked.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+
+#include "../backoff.hpp"
+#include "../error_helpers.hpp"
+#include "connection.hpp"
+#include "stockade/postgres_store.hpp"
+
+namespace stockade::detail::pg {
+
+// One transaction on one connection.
+struct Tx {
+  pqxx::work& work;
+  Connection& conn;
+
+  template <class... Args>
+  pqxx::result exec(Stmt s, Args&&... args) {
+    return conn.exec(work, s, std::forward<Args>(args)...);
+  }
+};
+
+// Thrown inside a transaction to commit what it did and then raise `error` (a lapsed hold
+// is expired on the way to ReservationExpired).
+struct CommitThenRaise {
+  Error error;
+};
+
+// An optimistic write lost its compare-and-set; the attempt's transaction rolls back.
+struct OptimisticRace {};
+
+class PostgresStore final : public Store {
+ public:
+  explicit PostgresStore(PostgresOptions options);
+  ~PostgresStore() override;
+
+  const char* backend_name() const noexcept override { return "postgres"; }
+
+  StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected) override;
+  StockLevel set_on_hand(const SkuKey& key, Quantity on_hand,
+                         std::optional<Version> expected) override;
+  StockLevel stock(const SkuKey& key) override;
+  StockLevel sell(const SellRequest& request) override;
+
+  Reservation reserve(const ReserveRequest& request) override;
+  std::vector<Reservation> reserve_order(const OrderRequest& request) override;
+  Reservation confirm(const Uuid& id, std::optional<Version> expected) override;
+  Reservation release(const Uuid& id, std::optional<Version> expected) override;
+  Reservation extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) override;
+  Reservation get_reservation(const Uuid& id) override;
+  std::size_t expire_due(std::size_t limit) override;
+
+  StoreStats stats(std::size_t sku_limit) const override;
+  std::vector<std::string> migrate() override;
+  void close() override;
+
+  Reservation naive_reserve_unsafe(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
+                                   std::int64_t window_us) override;
+  std::unique_ptr<LockHold> hold_lock(const SkuKey& key, Strategy kind,
+                                      std::int64_t timeout_ms) override;
+
+ private:
+  enum class Transition { confirm, release, extend };
+  using Level = std::optional<StockLevel>;
+
+  // Runs fn(Tx&) as one transaction; see the file comment.
+  template <class Fn>
+  auto run(const WriteOptions* options, const ErrorContext& context, Fn&& fn)
+      -> std::invoke_result_t<Fn&, Tx&>;
+  // Retries attempt() after OptimisticRace, at most options.retries_max times.
+  template <class Fn>
+  auto optimistic_retry(const SkuKey* key, const WriteOptions& options, Fn&& attempt)
+      -> std::invoke_result_t<Fn&>;
+
+  // Stock rows inside a transaction.
+  Level read_row(Tx& tx, Stmt s, const SkuKey& key);
+  // Reads the row under the lock the strategy takes (none for atomic and optimistic).
+  StockLevel lock_row(Tx& tx, const SkuKey& key, const WriteOptions& options);
+  void lock_advisory(Tx& tx, const SkuKey& key, const WriteOptions& options);
+  // Writes on_hand -= sold, reserved += held for a row the strategy has read (and, except
+  // for optimistic, locked). Optimistic throws OptimisticRace when the version moved.
+  StockLevel write_row(Tx& tx, const StockLevel& read, Quantity sold, Quantity held,
+                       const WriteOptions& options);
+  // After a conditional write matched no row: NotFound, VersionConflict or OutOfStock.
+  [[noreturn]] void refuse(Tx& tx, const SkuKey& key, Quantity qty,
+                           const std::optional<Version>& expected);
+  StockLevel upsert(const SkuKey& key, Quantity value, bool add, std::optional<Version> expected);
+
+  // Reservations inside a transaction.
+  Reservation insert_reservation(Tx& tx, const Uuid& id, const SkuKey& key, Quantity qty,
+                                 std::int64_t ttl_us, const std::optional<std::string>& key_name);
+  std::vector<Reservation> hold(Tx& tx, const std::vector<OrderLine>& sorted_lines,
+                                const std::vector<Uuid>& ids, std::int64_t ttl_us,
+                                const std::optional<std::string>& idempotency_key,
+                                const WriteOptions& options);
+  std::vector<Reservation> with_idempotency(Tx& tx, const std::string& key,
+                                            const std::string& fingerprint,
+                                            const std::vector<Uuid>& ids,
+                                            const std::function<std::vector<Reservation>()>& run);
+  std::vector<Reservation> fetch(Tx& tx, const std::vector<Uuid>& ids);
+  Reservation transition(const Uuid& id, Transition kind, std::int64_t ttl_us,
+                         std::optional<Version> expected);
+  void move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantity released);
+
+  std::int64_t advisory_key(const SkuKey& key) const;
+  SkuCounters& counters_of(const SkuKey& key);
+  void sweep_loop();
+
+  static constexpr std::int64_t default_lock_timeout_ms = 10000;
+
+  const PostgresOptions options_;
+  const std::shared_ptr<const Statements> statements_;
+  mutable Pool pool_;
+
+  mutable std::mutex sku_mutex_;
+  std::unordered_map<SkuKey, std::unique_ptr<SkuCounters>, SkuKeyHash> sku_counters_;
+
+  std::mutex sweeper_mutex_;
+  std::condition_variable sweeper_wake_;
+  bool stopping_ = false;
+  std::thread sweeper_;
+};
+
+// Reads a reservation from the columns of reservation_columns(); lapsed_out, if given,
+// receives whether expires_at <= now().
+Reservation read_reservation(const pqxx::row& row, bool* lapsed_out = nullptr);
+ReservationState parse_state(const std::string& name);
+std::string uuid_array(const std::vector<Uuid>& ids);
+bool valid_schema_name(const std::string& schema);
+
+// The migrations compiled in from sql/ (generated at build time), in file-name order.
+struct Migration {
+  const char* name;
+  const char* sql;
+};
+const std::vector<Migration>& migrations();
+
+inline Error in_doubt(const ErrorContext& context, const std::string& cause) {
+  return Error(ErrorCode::in_doubt,
+               "the connection was lost during COMMIT; the outcome is unknown. Retry with the "
+               "same idempotency key to learn it: " +
+                   cause,
+               context);
+}
+
+// Bounds on transparent retries inside run().
+inline constexpr int serialization_retries_max = 4;  // 40001 / 40P01
+inline constexpr std::int64_t retry_backoff_base_us = 500;
+inline constexpr std::int64_t retry_backoff_cap_us = 50'000;
+
+template <class Fn>
+auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context, Fn&& fn)
+    -> std::invoke_result_t<Fn&, Tx&> {
+  using Result = std::invoke_result_t<Fn&, Tx&>;
+  const Failure failure{options, context, options_.schema};
+  bool reconnected = false;
+  for (int attempt = 0;; ++attempt) {
+    Pool::Lease lease = pool_.acquire();
+    bool committing = false;
+    try {
+      lease->set_lock_timeout(options != nullptr ? options->lock_timeout_ms
+                                                 : default_lock_timeout_ms);
+      pqxx::work work(lease->raw());
+      Tx tx{work, *lease};
+      std::optional<Result> result;
+      std::optional<Error> deferred;
+      try {
+        result.emplace(fn(tx));
+      } catch (CommitThenRaise& raise) {
+        deferred.emplace(std::move(raise.error));
+      }
+      committing = true;
+      work.commit();
+      if (deferred) throw Error(*deferred);
+      return std::move(*result);
+    } catch (const pqxx::in_doubt_error& e) {
+      lease.discard();
+      throw in_doubt(context, e.what());
+    } catch (const pqxx::broken_connection& e) {
+      lease.discard();
+      if (committing) throw in_doubt(context, e.what());
+      // Nothing was committed: the server rolls back a transaction whose client is gone.
+      if (!reconnected) {
+        reconnected = true;
+        continue;
+      }
+      ErrorContext c = context;
+      throw Error(
+          ErrorCode::unavailable,
+          std::string("the database connection broke twice; nothing was changed: ") + e.what(),
+          std::move(c));
+    } catch (const pqxx::sql_error& e) {
+      const std::string state = e.sqlstate();
+      if ((state == "40001" || state == "40P01") && attempt < serialization_retries_max) {
+        if (options != nullptr) bump(metrics().of(options->strategy).retries);
+        sleep_full_jitter(attempt, retry_backoff_base_us, retry_backoff_cap_us);
+        continue;
+      }
+      if (state == "40001" || state == "40P01") {
+        ErrorContext c = context;
+        c.sqlstate = state;
+        throw Error(ErrorCode::overloaded,
+                    "gave up after " + std::to_string(attempt + 1) +
+                        (state == "40P01" ? " deadlocks" : " serialization failures") + ": " +
+                        e.what(),
+                    std::move(c));
+      }
+      if (committing) lease.discard();
+      throw translate(e, failure);
+    }
+  }
+}
+
+template <class Fn>
+auto PostgresStore::optimistic_retry(const SkuKey* key, const WriteOptions& options, Fn&& attempt)
+    -> std::invoke_result_t<Fn&> {
+  StrategyCounters& counters = metrics().of(Strategy::optimistic);
+  for (int n = 0;; ++n) {
+    try {
+      return attempt();
+    } catch (const OptimisticRace&) {
+      bump(counters.conflicts);
+      if (key != nullptr) bump(counters_of(*key).conflicts);
+      if (n >= options.retries_max) {
+        ErrorContext context;
+        if (key != nullptr) context = context_of(*key);
+        throw Error(ErrorCode::version_conflict,
+                    "optimistic write" +
+                        (key != nullptr ? " to " + describe(*key) : std::string()) +
+                        " lost the race " + std::to_string(n + 1) + " times (retries_max " +
+                        std::to_string(options.retries_max) + ")",
+                    std::move(context));
+      }
+      bump(counters.retries);
+      sleep_full_jitter(n, retry_backoff_base_us, retry_backoff_cap_us);
+    }
+  }
+}
+
+}  // namespace stockade::detail::pg

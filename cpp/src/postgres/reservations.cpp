@@ -1,0 +1,224 @@
+// PostgresStore: reservations, their lifecycle, expiry, idempotency keys and the sweeper.
+#include <chrono>
+
+#include "postgres_store_impl.hpp"
+#include "stockade/hash.hpp"
+
+namespace stockade::detail::pg {
+
+ReservationState parse_state(const std::string& name) {
+  if (name == "held") return ReservationState::held;
+  if (name == "confirmed") return ReservationState::confirmed;
+  if (name == "released") return ReservationState::released;
+  if (name == "expired") return ReservationState::expired;
+  throw Error(ErrorCode::invariant_violation,
+              "unknown reservation state '" + name + "' in the database");
+}
+
+Reservation read_reservation(const pqxx::row& row, bool* lapsed_out) {
+  Reservation r;
+  r.id = Uuid::parse(row[0].c_str());
+  r.key = SkuKey{row[1].as<std::string>(), row[2].as<std::string>()};
+  r.qty = row[3].as<std::int64_t>();
+  r.state = parse_state(row[4].as<std::string>());
+  r.version = row[5].as<std::int64_t>();
+  r.expires_at_us = row[6].as<std::int64_t>();
+  r.created_at_us = row[7].as<std::int64_t>();
+  r.updated_at_us = row[8].as<std::int64_t>();
+  if (!row[9].is_null()) r.idempotency_key = row[9].as<std::string>();
+  if (lapsed_out != nullptr) *lapsed_out = row[10].as<bool>();
+  return r;
+}
+
+std::string uuid_array(const std::vector<Uuid>& ids) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) out += ',';
+    out += ids[i].to_string();
+  }
+  return out + "}";
+}
+
+Reservation PostgresStore::insert_reservation(Tx& tx, const Uuid& id, const SkuKey& key,
+                                              Quantity qty, std::int64_t ttl_us,
+                                              const std::optional<std::string>& key_name) {
+  const pqxx::result rows = tx.exec(Stmt::reservation_insert, id.to_string(), key.sku, key.location,
+                                    qty, ttl_us, key_name.value_or(std::string()));
+  Reservation r;
+  r.id = id;
+  r.key = key;
+  r.qty = qty;
+  r.state = ReservationState::held;
+  r.version = 1;
+  r.expires_at_us = rows[0][0].as<std::int64_t>();
+  r.created_at_us = r.updated_at_us = rows[0][1].as<std::int64_t>();
+  r.idempotency_key = key_name;
+  return r;
+}
+
+std::vector<Reservation> PostgresStore::fetch(Tx& tx, const std::vector<Uuid>& ids) {
+  const pqxx::result rows = tx.exec(Stmt::reservation_get_many, uuid_array(ids));
+  std::unordered_map<Uuid, Reservation, UuidHash> by_id;
+  for (const auto& row : rows) {
+    Reservation r = read_reservation(row);
+    by_id.emplace(r.id, std::move(r));
+  }
+  std::vector<Reservation> out;
+  out.reserve(ids.size());
+  for (const Uuid& id : ids) {
+    auto it = by_id.find(id);
+    if (it == by_id.end()) throw_reservation_not_found(id);
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+// The key is claimed by inserting its row, before any stock row is locked. A concurrent
+// duplicate's INSERT waits for the first transaction (at most lock_timeout): if that one
+// commits, the duplicate replays its reservations; if it rolls back (OutOfStock, a lost
+// connection), the duplicate claims the key and runs afresh.
+std::vector<Reservation> PostgresStore::with_idempotency(
+    Tx& tx, const std::string& key, const std::string& fingerprint, const std::vector<Uuid>& ids,
+    const std::function<std::vector<Reservation>()>& body) {
+  for (;;) {
+    if (!tx.exec(Stmt::idempotency_claim, key, fingerprint, uuid_array(ids)).empty()) {
+      return body();
+    }
+    const pqxx::result found = tx.exec(Stmt::idempotency_get, key);
+    if (found.empty()) continue;  // the holder rolled back between our two statements
+    if (found[0][0].as<std::string>() != fingerprint) {
+      throw Error(ErrorCode::idempotency_conflict,
+                  "idempotency key '" + key + "' was used for a different request");
+    }
+    std::vector<Uuid> stored;
+    const std::string list = found[0][1].as<std::string>();
+    for (std::size_t start = 0; start < list.size();) {
+      std::size_t end = list.find(',', start);
+      if (end == std::string::npos) end = list.size();
+      stored.push_back(Uuid::parse(std::string_view(list).substr(start, end - start)));
+      start = end + 1;
+    }
+    return fetch(tx, stored);
+  }
+}
+
+void PostgresStore::move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantity released) {
+  // on_hand -= sold, reserved -= released; the guard (available >= 0) cannot fail here.
+  const pqxx::result rows = tx.exec(Stmt::stock_delta, key.sku, key.location, sold, -released,
+                                    Quantity{0}, std::int64_t{-1});
+  if (rows.empty()) {
+    throw Error(ErrorCode::invariant_violation,
+                "the stock row of a reservation is missing: " + describe(key), context_of(key));
+  }
+}
+
+Reservation PostgresStore::transition(const Uuid& id, Transition kind, std::int64_t ttl_us,
+                                      std::optional<Version> expected) {
+  ErrorContext context;
+  context.reservation_id = id;
+  return run(nullptr, context, [&](Tx& tx) {
+    const pqxx::result rows = tx.exec(Stmt::reservation_lock, id.to_string());
+    if (rows.empty()) throw_reservation_not_found(id);
+    bool lapsed = false;
+    Reservation r = read_reservation(rows[0], &lapsed);
+    check_expected(r, expected);
+    if (r.state != ReservationState::held) throw not_holdable(r);
+    if (lapsed) {  // expire it lazily, as the sweeper would have, and say so
+      move_stock(tx, r.key, 0, r.qty);
+      r = read_reservation(tx.exec(Stmt::reservation_set, id.to_string(), std::string("expired"),
+                                   std::int64_t{0})[0]);
+      throw CommitThenRaise{not_holdable(r)};
+    }
+    std::string next;
+    switch (kind) {
+      case Transition::confirm:
+        move_stock(tx, r.key, r.qty, r.qty);
+        next = "confirmed";
+        break;
+      case Transition::release:
+        move_stock(tx, r.key, 0, r.qty);
+        next = "released";
+        break;
+      case Transition::extend:
+        next = "held";
+        break;
+    }
+    return read_reservation(tx.exec(Stmt::reservation_set, id.to_string(), next,
+                                    kind == Transition::extend ? ttl_us : std::int64_t{0})[0]);
+  });
+}
+
+Reservation PostgresStore::confirm(const Uuid& id, std::optional<Version> expected) {
+  return transition(id, Transition::confirm, 0, expected);
+}
+
+Reservation PostgresStore::release(const Uuid& id, std::optional<Version> expected) {
+  return transition(id, Transition::release, 0, expected);
+}
+
+Reservation PostgresStore::extend(const Uuid& id, std::int64_t ttl_us,
+                                  std::optional<Version> expected) {
+  return transition(id, Transition::extend, ttl_us, expected);
+}
+
+Reservation PostgresStore::get_reservation(const Uuid& id) {
+  ErrorContext context;
+  context.reservation_id = id;
+  return run(nullptr, context, [&](Tx& tx) {
+    const pqxx::result rows = tx.exec(Stmt::reservation_get, id.to_string());
+    if (rows.empty()) throw_reservation_not_found(id);
+    return read_reservation(rows[0]);
+  });
+}
+
+std::size_t PostgresStore::expire_due(std::size_t limit) {
+  return run(nullptr, ErrorContext{}, [&](Tx& tx) {
+    const pqxx::result groups = tx.exec(Stmt::expire_pick, static_cast<std::int64_t>(limit));
+    std::size_t expired = 0;
+    for (const auto& group : groups) {  // sorted by (sku, location): stock lock order
+      const SkuKey key{group[0].as<std::string>(), group[1].as<std::string>()};
+      move_stock(tx, key, 0, group[2].as<std::int64_t>());
+      expired += group[3].as<std::size_t>();
+    }
+    return expired;
+  });
+}
+
+// One sweeper per database: the instance holding the session advisory lock sweeps, the
+// others retry the election every interval. Errors never stop the loop.
+void PostgresStore::sweep_loop() {
+  const std::int64_t election_key =
+      static_cast<std::int64_t>(stable_hash64({options_.schema, "stockade-sweeper"}));
+  std::unique_ptr<pqxx::connection> leader;
+  bool elected = false;
+  std::unique_lock<std::mutex> lock(sweeper_mutex_);
+  while (!stopping_) {
+    lock.unlock();
+    try {
+      if (!leader || !leader->is_open()) {
+        leader = connect(options_.dsn);
+        elected = false;
+      }
+      if (!elected) {
+        pqxx::nontransaction session(*leader);
+        elected =
+            session.exec("SELECT pg_try_advisory_lock(" + std::to_string(election_key) + ")")[0][0]
+                .as<bool>();
+      }
+      if (elected) {
+        while (expire_due(options_.sweep_batch) == options_.sweep_batch) {
+          std::lock_guard<std::mutex> check(sweeper_mutex_);
+          if (stopping_) break;
+        }
+      }
+    } catch (const std::exception&) {
+      leader.reset();  // reconnect and stand for election again next round
+      elected = false;
+    }
+    lock.lock();
+    sweeper_wake_.wait_for(lock, std::chrono::milliseconds(options_.sweep_interval_ms),
+                           [this] { return stopping_; });
+  }
+}
+
+}  // namespace stockade::detail::pg

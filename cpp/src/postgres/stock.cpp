@@ -1,0 +1,448 @@
+// PostgresStore: stock rows, the per-request strategies, and the store's plumbing.
+#include <algorithm>
+#include <chrono>
+#include <regex>
+
+#include "../fingerprint.hpp"
+#include "postgres_store_impl.hpp"
+#include "stockade/hash.hpp"
+
+namespace stockade::detail::pg {
+namespace {
+
+StockLevel level_from(const SkuKey& key, const pqxx::row& row) {
+  return StockLevel{key, row[0].as<std::int64_t>(), row[1].as<std::int64_t>(),
+                    row[2].as<std::int64_t>(), row[3].as<std::int64_t>()};
+}
+
+std::int64_t elapsed_us(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               since)
+      .count();
+}
+
+}  // namespace
+
+bool valid_schema_name(const std::string& schema) {
+  static const std::regex pattern("[a-z_][a-z0-9_]{0,62}");
+  return std::regex_match(schema, pattern);
+}
+
+PostgresStore::PostgresStore(PostgresOptions options)
+    : options_(std::move(options)),
+      statements_(std::make_shared<Statements>(options_.schema)),
+      pool_(options_.dsn, statements_, options_.pool_size, options_.pool_timeout_ms) {
+  { Pool::Lease first = pool_.acquire(); }  // fail fast on a bad DSN or a server that is down
+  if (options_.sweeper) sweeper_ = std::thread([this] { sweep_loop(); });
+}
+
+PostgresStore::~PostgresStore() {
+  close();
+}
+
+void PostgresStore::close() {
+  {
+    std::lock_guard<std::mutex> lock(sweeper_mutex_);
+    stopping_ = true;
+  }
+  sweeper_wake_.notify_all();
+  if (sweeper_.joinable()) sweeper_.join();
+  pool_.close();
+}
+
+SkuCounters& PostgresStore::counters_of(const SkuKey& key) {
+  std::lock_guard<std::mutex> lock(sku_mutex_);
+  auto& slot = sku_counters_[key];
+  if (!slot) slot = std::make_unique<SkuCounters>();
+  return *slot;
+}
+
+std::int64_t PostgresStore::advisory_key(const SkuKey& key) const {
+  return static_cast<std::int64_t>(stable_hash64({options_.schema, key.sku, key.location}));
+}
+
+PostgresStore::Level PostgresStore::read_row(Tx& tx, Stmt s, const SkuKey& key) {
+  const pqxx::result rows = tx.exec(s, key.sku, key.location);
+  if (rows.empty()) return std::nullopt;
+  return level_from(key, rows[0]);
+}
+
+void PostgresStore::lock_advisory(Tx& tx, const SkuKey& key, const WriteOptions& options) {
+  const std::int64_t lock_key = advisory_key(key);
+  if (tx.exec(Stmt::advisory_try_lock, lock_key)[0][0].as<bool>()) return;
+  if (options.nowait) {
+    throw Error(ErrorCode::lock_not_available,
+                "advisory lock not available (NOWAIT) for " + describe(key), context_of(key));
+  }
+  StrategyCounters& counters = metrics().of(options.strategy);
+  bump(counters.lock_waits);
+  bump(counters_of(key).lock_waits);
+  const auto start = std::chrono::steady_clock::now();
+  tx.exec(Stmt::advisory_lock, lock_key);  // bounded by lock_timeout
+  bump(counters.lock_wait_us, static_cast<std::uint64_t>(elapsed_us(start)));
+}
+
+StockLevel PostgresStore::lock_row(Tx& tx, const SkuKey& key, const WriteOptions& options) {
+  Level row;
+  switch (options.strategy) {
+    case Strategy::pessimistic:
+      if (options.nowait) {
+        row = read_row(tx, Stmt::stock_lock_nowait, key);
+        break;
+      }
+      // SKIP LOCKED first, to see (and count) whether the lock is taken; then wait for it.
+      row = read_row(tx, Stmt::stock_lock_skip, key);
+      if (!row) {
+        const auto start = std::chrono::steady_clock::now();
+        row = read_row(tx, Stmt::stock_lock, key);
+        if (row) {
+          StrategyCounters& counters = metrics().of(options.strategy);
+          bump(counters.lock_waits);
+          bump(counters_of(key).lock_waits);
+          bump(counters.lock_wait_us, static_cast<std::uint64_t>(elapsed_us(start)));
+        }
+      }
+      break;
+    case Strategy::advisory:
+      lock_advisory(tx, key, options);
+      row = read_row(tx, Stmt::stock_get, key);
+      break;
+    default:
+      row = read_row(tx, Stmt::stock_get, key);
+      break;
+  }
+  if (!row) throw_stock_not_found(key);
+  return *row;
+}
+
+StockLevel PostgresStore::write_row(Tx& tx, const StockLevel& read, Quantity sold, Quantity held,
+                                    const WriteOptions& options) {
+  const SkuKey& key = read.key;
+  if (options.strategy == Strategy::optimistic) {
+    // UPDATE ... SET <values computed from the read> WHERE version = :read_version
+    const pqxx::result rows = tx.exec(Stmt::stock_cas, key.sku, key.location, read.on_hand - sold,
+                                      read.reserved + held, read.version);
+    if (rows.empty()) throw OptimisticRace{};
+    return level_from(key, rows[0]);
+  }
+  // Under the row lock (pessimistic) the guard always holds; under an advisory lock it
+  // protects the row from writers that do not take that lock (another strategy).
+  const Quantity qty = sold + held;
+  const pqxx::result rows = tx.exec(Stmt::stock_delta, key.sku, key.location, sold, held, qty,
+                                    options.expected_version.value_or(-1));
+  if (rows.empty()) refuse(tx, key, qty, options.expected_version);
+  return level_from(key, rows[0]);
+}
+
+void PostgresStore::refuse(Tx& tx, const SkuKey& key, Quantity qty,
+                           const std::optional<Version>& expected) {
+  const Level row = read_row(tx, Stmt::stock_get, key);
+  if (!row) throw_stock_not_found(key);
+  check_expected(key, expected, row->version);
+  bump(counters_of(key).refused);
+  throw_out_of_stock(key, row->available(), qty);
+}
+
+StockLevel PostgresStore::upsert(const SkuKey& key, Quantity value, bool add,
+                                 std::optional<Version> expected) {
+  return run(nullptr, context_of(key), [&](Tx& tx) {
+    for (;;) {
+      const Level row = read_row(tx, Stmt::stock_lock, key);
+      if (!row) {
+        if (expected) throw_stock_not_found(key);  // a version was expected: the row must exist
+        const pqxx::result made = tx.exec(Stmt::stock_insert, key.sku, key.location, value);
+        if (!made.empty()) return level_from(key, made[0]);
+        continue;  // created by someone else since our read: update theirs
+      }
+      check_expected(key, expected, row->version);
+      Quantity on_hand = value;
+      if (add) {
+        on_hand = checked_add(row->on_hand, value, "restock");
+      } else if (value < row->reserved) {
+        throw Error(ErrorCode::invalid_state,
+                    "on_hand " + std::to_string(value) + " would fall below the " +
+                        std::to_string(row->reserved) + " units reserved on " + describe(key) +
+                        "; confirm or release holds first",
+                    context_of(key));
+      }
+      return level_from(key, tx.exec(Stmt::stock_set_on_hand, key.sku, key.location, on_hand)[0]);
+    }
+  });
+}
+
+StockLevel PostgresStore::restock(const SkuKey& key, Quantity qty,
+                                  std::optional<Version> expected) {
+  return upsert(key, qty, /*add=*/true, expected);
+}
+
+StockLevel PostgresStore::set_on_hand(const SkuKey& key, Quantity on_hand,
+                                      std::optional<Version> expected) {
+  return upsert(key, on_hand, /*add=*/false, expected);
+}
+
+StockLevel PostgresStore::stock(const SkuKey& key) {
+  return run(nullptr, context_of(key), [&](Tx& tx) {
+    const Level row = read_row(tx, Stmt::stock_get, key);
+    if (!row) throw_stock_not_found(key);
+    return *row;
+  });
+}
+
+StockLevel PostgresStore::sell(const SellRequest& request) {
+  const WriteOptions& options = request.options;
+  const SkuKey& key = request.key;
+  bump(counters_of(key).requests);
+  auto attempt = [&] {
+    return run(&options, context_of(key), [&](Tx& tx) {
+      if (options.strategy == Strategy::atomic) {
+        const pqxx::result rows =
+            tx.exec(Stmt::stock_delta, key.sku, key.location, request.qty, Quantity{0}, request.qty,
+                    options.expected_version.value_or(-1));
+        if (rows.empty()) refuse(tx, key, request.qty, options.expected_version);
+        return level_from(key, rows[0]);
+      }
+      const StockLevel read = lock_row(tx, key, options);
+      check_expected(key, options.expected_version, read.version);
+      if (read.available() < request.qty) {
+        bump(counters_of(key).refused);
+        throw_out_of_stock(key, read.available(), request.qty);
+      }
+      return write_row(tx, read, request.qty, 0, options);
+    });
+  };
+  if (options.strategy == Strategy::optimistic) return optimistic_retry(&key, options, attempt);
+  return attempt();
+}
+
+std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine>& lines,
+                                             const std::vector<Uuid>& ids, std::int64_t ttl_us,
+                                             const std::optional<std::string>& idempotency_key,
+                                             const WriteOptions& options) {
+  std::vector<Reservation> made;
+  made.reserve(lines.size());
+  const std::string key_name = idempotency_key.value_or(std::string());
+  if (options.strategy == Strategy::atomic && lines.size() == 1) {
+    // One statement: the conditional UPDATE and the reservation row together.
+    const OrderLine& line = lines.front();
+    const pqxx::result rows =
+        tx.exec(Stmt::hold_atomic, line.key.sku, line.key.location, line.qty,
+                options.expected_version.value_or(-1), ids.front().to_string(), ttl_us, key_name);
+    if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version);
+    Reservation r;
+    r.id = ids.front();
+    r.key = line.key;
+    r.qty = line.qty;
+    r.state = ReservationState::held;
+    r.version = 1;
+    r.expires_at_us = rows[0][0].as<std::int64_t>();
+    r.created_at_us = r.updated_at_us = rows[0][1].as<std::int64_t>();
+    r.idempotency_key = idempotency_key;
+    made.push_back(std::move(r));
+    return made;
+  }
+  if (options.strategy == Strategy::atomic) {
+    for (const OrderLine& line : lines) {  // sorted: rows are locked in key order
+      const pqxx::result rows =
+          tx.exec(Stmt::stock_delta, line.key.sku, line.key.location, Quantity{0}, line.qty,
+                  line.qty, options.expected_version.value_or(-1));
+      if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version);
+    }
+  } else {
+    // Read (and lock) every row first, in key order; decide on the reads; then write.
+    std::vector<StockLevel> reads;
+    reads.reserve(lines.size());
+    for (const OrderLine& line : lines) reads.push_back(lock_row(tx, line.key, options));
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      check_expected(lines[i].key, options.expected_version, reads[i].version);
+      if (reads[i].available() < lines[i].qty) {
+        bump(counters_of(lines[i].key).refused);
+        throw_out_of_stock(lines[i].key, reads[i].available(), lines[i].qty);
+      }
+    }
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      write_row(tx, reads[i], 0, lines[i].qty, options);
+    }
+  }
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    made.push_back(
+        insert_reservation(tx, ids[i], lines[i].key, lines[i].qty, ttl_us, idempotency_key));
+  }
+  return made;
+}
+
+Reservation PostgresStore::reserve(const ReserveRequest& request) {
+  const WriteOptions& options = request.options;
+  bump(counters_of(request.key).requests);
+  const std::vector<OrderLine> lines{{request.key, request.qty}};
+  const std::vector<Uuid> ids{make_uuid_v7(SystemClock().now_us() / 1000,
+                                           shard_key_of(request.key.sku, request.key.location))};
+  const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
+  auto attempt = [&] {
+    return run(&options, context_of(request.key), [&](Tx& tx) {
+      if (!request.idempotency_key) {
+        return hold(tx, lines, ids, request.ttl_us, std::nullopt, options);
+      }
+      return with_idempotency(tx, *request.idempotency_key, print, ids, [&] {
+        return hold(tx, lines, ids, request.ttl_us, request.idempotency_key, options);
+      });
+    });
+  };
+  if (options.strategy == Strategy::optimistic) {
+    return optimistic_retry(&request.key, options, attempt).front();
+  }
+  return attempt().front();
+}
+
+std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& request) {
+  const WriteOptions& options = request.options;
+  // Locks go in sorted (sku, location) order; results come back in the caller's order.
+  std::vector<std::size_t> order(request.lines.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return request.lines[a].key < request.lines[b].key;
+  });
+  std::vector<OrderLine> sorted;
+  std::vector<Uuid> ids;
+  const std::int64_t now_ms = SystemClock().now_us() / 1000;
+  for (std::size_t i : order) {
+    const OrderLine& line = request.lines[i];
+    bump(counters_of(line.key).requests);
+    sorted.push_back(line);
+    ids.push_back(make_uuid_v7(now_ms, shard_key_of(line.key.sku, line.key.location)));
+  }
+  const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
+  auto attempt = [&] {
+    return run(&options, ErrorContext{}, [&](Tx& tx) {
+      if (!request.idempotency_key) {
+        return hold(tx, sorted, ids, request.ttl_us, std::nullopt, options);
+      }
+      return with_idempotency(tx, *request.idempotency_key, print, ids, [&] {
+        return hold(tx, sorted, ids, request.ttl_us, request.idempotency_key, options);
+      });
+    });
+  };
+  std::vector<Reservation> made = options.strategy == Strategy::optimistic
+                                      ? optimistic_retry(nullptr, options, attempt)
+                                      : attempt();
+  if (made.size() != order.size()) return made;  // a replay returns the original order
+  std::vector<Reservation> out(made.size());
+  for (std::size_t k = 0; k < order.size(); ++k) out[order[k]] = std::move(made[k]);
+  return out;
+}
+
+Reservation PostgresStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty,
+                                                std::int64_t ttl_us, std::int64_t window_us) {
+  const Uuid id = make_uuid_v7(SystemClock().now_us() / 1000, shard_key_of(key.sku, key.location));
+  return run(nullptr, context_of(key), [&](Tx& tx) {
+    // SELECT on_hand, reserved ...; the application decides on what it read.
+    const Level read = read_row(tx, Stmt::stock_get, key);
+    if (!read) throw_stock_not_found(key);
+    if (read->available() < qty) throw_out_of_stock(key, read->available(), qty);
+    if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
+    // UPDATE stock SET reserved = :value_computed_from_the_stale_read  (the lost update)
+    tx.exec(Stmt::stock_overwrite_reserved, key.sku, key.location, read->reserved + qty);
+    return insert_reservation(tx, id, key, qty, ttl_us, std::nullopt);
+  });
+}
+
+namespace {
+
+// A lock held by its own connection and transaction, as another session would hold it.
+class HeldLock final : public LockHold {
+ public:
+  HeldLock(std::unique_ptr<pqxx::connection> conn) : conn_(std::move(conn)) {
+    work_ = std::make_unique<pqxx::work>(*conn_);
+  }
+  pqxx::work& work() { return *work_; }
+  ~HeldLock() override {
+    work_.reset();  // rolls back, releasing the lock
+    conn_.reset();
+  }
+
+ private:
+  std::unique_ptr<pqxx::connection> conn_;
+  std::unique_ptr<pqxx::work> work_;
+};
+
+}  // namespace
+
+std::unique_ptr<LockHold> PostgresStore::hold_lock(const SkuKey& key, Strategy kind,
+                                                   std::int64_t timeout_ms) {
+  if (kind != Strategy::pessimistic && kind != Strategy::advisory) {
+    throw_invalid_argument(std::string("hold_lock takes 'pessimistic' or 'advisory', not '") +
+                           strategy_name(kind) + "'");
+  }
+  auto held = std::make_unique<HeldLock>(connect(options_.dsn));
+  pqxx::work& work = held->work();
+  WriteOptions options;
+  options.lock_timeout_ms = timeout_ms;
+  try {
+    work.exec("SET LOCAL lock_timeout = " + std::to_string(timeout_ms));
+    const pqxx::result row =
+        work.exec("SELECT 1 FROM " + options_.schema + ".stock WHERE sku = " + work.quote(key.sku) +
+                  " AND location = " + work.quote(key.location) +
+                  (kind == Strategy::pessimistic ? " FOR UPDATE" : ""));
+    if (row.empty()) throw_stock_not_found(key);
+    if (kind == Strategy::advisory) {
+      work.exec("SELECT pg_advisory_xact_lock(" + std::to_string(advisory_key(key)) + ")");
+    }
+  } catch (const pqxx::sql_error& e) {
+    throw translate(e, Failure{&options, context_of(key), options_.schema});
+  }
+  return held;
+}
+
+StoreStats PostgresStore::stats(std::size_t sku_limit) const {
+  StoreStats out = stats_of(backend_name(), metrics());
+  {
+    std::lock_guard<std::mutex> lock(sku_mutex_);
+    for (const auto& [key, c] : sku_counters_) out.hottest_skus.push_back(sku_stats(key, *c));
+  }
+  keep_hottest(out.hottest_skus, sku_limit);
+  const std::string& s = options_.schema;
+  auto* self = const_cast<PostgresStore*>(this);  // run() leases from the (mutable) pool
+  const pqxx::result counts = self->run(nullptr, ErrorContext{}, [&](Tx& tx) {
+    return tx.work.exec("SELECT (SELECT count(*) FROM " + s + ".stock), (SELECT count(*) FROM " +
+                        s + ".reservation), (SELECT count(*) FROM " + s +
+                        ".reservation WHERE state = 'held')");
+  });
+  out.sku_count = counts[0][0].as<std::uint64_t>();
+  out.reservation_count = counts[0][1].as<std::uint64_t>();
+  out.held_count = counts[0][2].as<std::uint64_t>();
+  return out;
+}
+
+}  // namespace stockade::detail::pg
+
+namespace stockade {
+
+void validate_postgres_options(const PostgresOptions& options) {
+  if (options.dsn.find('\0') != std::string::npos) {
+    throw_invalid_argument("dsn must not contain NUL bytes");
+  }
+  if (!detail::pg::valid_schema_name(options.schema)) {
+    throw_invalid_argument("schema must match [a-z_][a-z0-9_]* and be at most 63 bytes, got '" +
+                           options.schema + "'");
+  }
+  if (options.pool_size == 0 || options.pool_size > pool_size_max) {
+    throw_invalid_argument("pool_size must be between 1 and " + std::to_string(pool_size_max));
+  }
+  if (options.pool_timeout_ms <= 0 || options.pool_timeout_ms > lock_timeout_ms_max) {
+    throw_invalid_argument("pool_timeout must be between 1 ms and " +
+                           std::to_string(lock_timeout_ms_max) + " ms");
+  }
+  if (options.sweep_interval_ms <= 0 || options.sweep_interval_ms > lock_timeout_ms_max) {
+    throw_invalid_argument("sweep_interval must be between 1 ms and " +
+                           std::to_string(lock_timeout_ms_max) + " ms");
+  }
+  if (options.sweep_batch == 0 || options.sweep_batch > expire_batch_max) {
+    throw_invalid_argument("sweep_batch must be between 1 and " + std::to_string(expire_batch_max));
+  }
+}
+
+std::shared_ptr<Store> make_postgres_store(PostgresOptions options) {
+  validate_postgres_options(options);
+  return std::make_shared<detail::pg::PostgresStore>(std::move(options));
+}
+
+}  // namespace stockade
