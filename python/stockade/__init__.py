@@ -24,14 +24,13 @@ from . import testing
 from .claim import ClaimAdvice, claim_test
 from .engine import Engine, ManualClock
 from .errors import (
+    DatabaseError,
     IdempotencyConflict,
     InDoubt,
     InvalidArgument,
     InvalidState,
     InvalidType,
     InvariantViolation,
-    Unavailable,
-    DatabaseError,
     LockNotAvailable,
     LockTimeout,
     NotFound,
@@ -40,6 +39,7 @@ from .errors import (
     Overloaded,
     ReservationExpired,
     StockadeError,
+    Unavailable,
     VersionConflict,
 )
 from .values import Reservation, ReservationState, StockLevel, Strategy, version_from_etag
@@ -48,6 +48,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ClaimAdvice",
+    "DatabaseError",
     "Engine",
     "IdempotencyConflict",
     "InDoubt",
@@ -55,8 +56,6 @@ __all__ = [
     "InvalidState",
     "InvalidType",
     "InvariantViolation",
-    "Unavailable",
-    "DatabaseError",
     "LockNotAvailable",
     "LockTimeout",
     "ManualClock",
@@ -70,9 +69,10 @@ __all__ = [
     "StockLevel",
     "StockadeError",
     "Strategy",
+    "Unavailable",
     "VersionConflict",
+    "__version__",
     "claim_test",
     "testing",
     "version_from_etag",
-    "__version__",
 ]

@@ -53,11 +53,13 @@ class PostgresForTests:
         """Runs one SQL statement on ``dbname`` with psql."""
         return run_sql(self.dsn(dbname), statement)
 
-    def new_database(self) -> str:
-        """Creates a database cloned from the migrated template; returns its name."""
+    def new_database(self, *, migrated: bool = True) -> str:
+        """Creates a database, cloned from the migrated template unless ``migrated`` is
+        False (then it is empty); returns its name."""
         with self._lock:
             name = f"{self._prefix}{next(self._names)}"
-        self.sql(f"CREATE DATABASE {quote_ident(name)} TEMPLATE {TEMPLATE}")
+        template = f" TEMPLATE {TEMPLATE}" if migrated else ""
+        self.sql(f"CREATE DATABASE {quote_ident(name)}{template}")
         return name
 
     def drop_database(self, name: str) -> None:

@@ -71,7 +71,12 @@ class Connection {
   template <class... Args>
   pqxx::result exec(pqxx::work& work, Stmt s, Args&&... args) {
     prepare(s);
-    return work.exec_prepared(Statements::name(s), std::forward<Args>(args)...);
+#if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
+    // libpqxx 7.10 (Debian 13) deprecates exec_prepared for exec(prepped, params).
+    return work.exec(pqxx::prepped{Statements::name(s)}, pqxx::params{std::forward<Args>(args)...});
+#else
+    return work.exec_prepared(Statements::name(s), std::forward<Args>(args)...);  // libpqxx 6.4
+#endif
   }
 
  private:

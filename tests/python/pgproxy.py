@@ -1,0 +1,156 @@
+"""A TCP proxy in front of PostgreSQL that can cut a connection around COMMIT.
+
+It relays bytes both ways and parses the client's side of the protocol (a startup message
+without a type byte, then typed messages: one type byte and a 4-byte length). When armed,
+the first simple-query message that is exactly COMMIT triggers the cut:
+
+- ``"after"``: COMMIT is forwarded, the proxy waits until the server has answered it
+  (so the transaction did commit), and then drops both sides without relaying the answer.
+- ``"before"``: both sides are dropped and COMMIT never reaches the server, which rolls
+  the transaction back.
+
+Either way the client cannot know which happened: that is an in-doubt commit. Connect with
+``sslmode=disable`` so that the stream is plain protocol.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from typing import List, Optional
+
+
+class CommitCuttingProxy:
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._armed: Optional[str] = None
+        self.cuts = 0
+        self._closed = False
+        self._sockets: List[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, mode: str) -> None:
+        """Cuts the next connection that sends COMMIT, ``"before"`` or ``"after"`` it."""
+        assert mode in ("before", "after")
+        with self._lock:
+            self._armed = mode
+
+    def dsn(self, dbname: str, user: str = "postgres") -> str:
+        return (f"host=127.0.0.1 port={self.port} user={user} dbname={dbname} "
+                "sslmode=disable gssencmode=disable")
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        with self._lock:
+            for s in self._sockets:
+                _close(s)
+
+    # --- internals ---
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            with self._lock:
+                self._sockets += [client, server]
+            link = _Link(client, server)
+            threading.Thread(target=self._client_to_server, args=(link,), daemon=True).start()
+            threading.Thread(target=self._server_to_client, args=(link,), daemon=True).start()
+
+    def _take_arm(self) -> Optional[str]:
+        with self._lock:
+            mode, self._armed = self._armed, None
+            if mode is not None:
+                self.cuts += 1
+            return mode
+
+    def _client_to_server(self, link: _Link) -> None:
+        buffer = b""
+        started = False
+        try:
+            while True:
+                data = link.client.recv(65536)
+                if not data:
+                    return
+                buffer += data
+                # Forward whole messages only, so that COMMIT can be held back.
+                while True:
+                    if not started:  # the startup message has no type byte
+                        if len(buffer) < 4:
+                            break
+                        size = struct.unpack("!I", buffer[:4])[0]
+                        if len(buffer) < size:
+                            break
+                        message, buffer = buffer[:size], buffer[size:]
+                        started = True
+                        link.server.sendall(message)
+                        continue
+                    if len(buffer) < 5:
+                        break
+                    size = struct.unpack("!I", buffer[1:5])[0]
+                    if len(buffer) < 1 + size:
+                        break
+                    message, buffer = buffer[:1 + size], buffer[1 + size:]
+                    text = message[5:].rstrip(b"\0").strip().upper()
+                    mode = self._take_arm() if message[:1] == b"Q" and text == b"COMMIT" else None
+                    if mode == "before":
+                        return
+                    if mode == "after":
+                        link.holding.set()  # the reply to COMMIT must not reach the client
+                        link.server.sendall(message)
+                        link.answered.wait(10)
+                        return
+                    link.server.sendall(message)
+        except OSError:
+            pass
+        finally:
+            link.close()
+
+    def _server_to_client(self, link: _Link) -> None:
+        try:
+            while True:
+                data = link.server.recv(65536)
+                if not data:
+                    return
+                if link.holding.is_set():  # the server answered COMMIT: it committed
+                    link.answered.set()
+                    return
+                link.client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            link.answered.set()
+            link.close()
+
+
+class _Link:
+    """One client connection and its upstream connection."""
+
+    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+        self.client = client
+        self.server = server
+        self.holding = threading.Event()
+        self.answered = threading.Event()
+
+    def close(self) -> None:
+        _close(self.client)
+        _close(self.server)
+
+
+def _close(s: socket.socket) -> None:
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    s.close()

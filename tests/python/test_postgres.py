@@ -1,0 +1,357 @@
+"""What only the PostgreSQL store has: migrations, the schema's CHECK constraints, the
+connection pool, reconnection, in-doubt commits, the sweeper, SKIP LOCKED expiry, sorted
+lock order between engines, and races between engines in separate processes.
+
+Every test runs against the throwaway server of the stockade pytest plugin, on a fresh
+database cloned from the migrated template (or an empty one where migration is tested).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import threading
+import time
+import uuid
+from typing import Iterator, List
+
+import pytest
+
+import stockade
+from stockade import ReservationState
+from stockade.pgserver import run_sql
+from stockade.pytest_plugin import PostgresForTests
+
+from pgproxy import CommitCuttingProxy
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def empty_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
+    """The DSN of a database without the stockade schema."""
+    name = stockade_postgres.new_database(migrated=False)
+    try:
+        yield stockade_postgres.dsn(name)
+    finally:
+        stockade_postgres.drop_database(name)
+
+
+def sql(dsn: str, statement: str) -> str:
+    return run_sql(dsn, statement)
+
+
+# --- migrations and schema ---
+
+
+def test_migrate_applies_each_file_once_and_records_it(empty_database: str) -> None:
+    with stockade.Engine.postgres(empty_database, pool_size=1) as eng:
+        with pytest.raises(stockade.InvalidState, match="migrate"):
+            eng.restock("s", 1)  # no schema yet: a clear error, not a crash
+        assert eng.migrate() == ["001_schema.sql"]
+        assert eng.migrate() == []
+        assert eng.restock("s", 1).on_hand == 1
+    rows = sql(empty_database, "SELECT version, name FROM stockade.schema_migrations")
+    assert rows == "1|001_schema.sql"
+
+
+def test_concurrent_migrations_apply_each_file_exactly_once(empty_database: str) -> None:
+    engines = [stockade.Engine.postgres(empty_database, pool_size=1) for _ in range(4)]
+    out = stockade.testing.race(4, lambda i: engines[i].migrate())
+    for eng in engines:
+        eng.close()
+    assert out.errors == [None] * 4
+    applied = sorted(name for names in out.results for name in names)
+    assert applied == ["001_schema.sql"]
+
+
+def test_a_changed_migration_is_refused(stockade_database: str) -> None:
+    sql(stockade_database, "UPDATE stockade.schema_migrations SET checksum = 'edited'")
+    with stockade.Engine.postgres(stockade_database, pool_size=1) as eng:
+        with pytest.raises(stockade.InvalidState, match="must never change"):
+            eng.migrate()
+
+
+def test_schema_name_is_configurable_and_checked(stockade_database: str) -> None:
+    with stockade.Engine.postgres(stockade_database, schema="shop_eu", pool_size=1) as eu:
+        assert eu.migrate() == ["001_schema.sql"]
+        eu.restock("s", 7)
+        with stockade.Engine.postgres(stockade_database, pool_size=1) as default:
+            with pytest.raises(stockade.NotFound):
+                default.stock("s")  # another schema, another inventory
+    with pytest.raises(stockade.InvalidArgument, match="schema"):
+        stockade.Engine.postgres(stockade_database, schema="Robert'); DROP TABLE x;--")
+
+
+def test_check_constraint_refuses_an_oversold_row(stockade_database: str) -> None:
+    # The last line of defense holds even for SQL that bypasses the engine.
+    with stockade.Engine.postgres(stockade_database, pool_size=1) as eng:
+        eng.restock("s", 5)
+    with pytest.raises(stockade.StockadeError, match="stock_reserved_within_on_hand"):
+        sql(stockade_database, "UPDATE stockade.stock SET reserved = 6 WHERE sku = 's'")
+
+
+def test_a_check_violation_surfaces_as_invariant_violation(stockade_engine: stockade.Engine) -> None:
+    # The naive canary writes reserved from a stale read; if on_hand falls meanwhile, the
+    # CHECK constraint refuses the write. The engine must report it as a bug-level error
+    # with its SQLSTATE, never swallow it.
+    stockade_engine.restock("s", 10)
+    out = stockade.testing.race(2, lambda i: (
+        stockade.testing.naive_reserve(stockade_engine, "s", 1, window=0.3) if i == 0
+        else (time.sleep(0.1), stockade_engine.sell("s", 10))))
+    assert isinstance(out.errors[0], stockade.InvariantViolation), out.errors
+    assert out.errors[0].sqlstate == "23514"
+    lvl = stockade_engine.stock("s")
+    assert (lvl.on_hand, lvl.reserved) == (0, 0)
+
+
+# --- connections ---
+
+
+def test_an_unreachable_server_raises_unavailable() -> None:
+    with pytest.raises(stockade.Unavailable, match="cannot connect"):
+        stockade.Engine.postgres("host=127.0.0.1 port=1 connect_timeout=2 user=x dbname=x")
+
+
+def test_a_full_pool_raises_overloaded_after_pool_timeout(stockade_database: str) -> None:
+    with stockade.Engine.postgres(stockade_database, pool_size=1, pool_timeout=0.1) as eng:
+        eng.restock("s", 5)
+        errors: List[BaseException] = []
+
+        def wait_for_the_row() -> None:
+            try:
+                eng.reserve("s", 1, strategy="pessimistic", lock_timeout=1.0)
+            except stockade.StockadeError as exc:
+                errors.append(exc)
+
+        with stockade.testing.hold_lock(eng, "s"):
+            # The pool's one connection waits for the row lock ...
+            blocked = threading.Thread(target=wait_for_the_row)
+            blocked.start()
+            time.sleep(0.2)
+            # ... so another call finds no connection within pool_timeout.
+            with pytest.raises(stockade.Overloaded, match="pool_size 1"):
+                eng.stock("s")
+            blocked.join()
+        assert [type(e) for e in errors] == [stockade.LockTimeout]
+        assert eng.stock("s").reserved == 0
+
+
+def test_a_broken_connection_is_replaced_transparently(
+    stockade_engine: stockade.Engine, stockade_database: str
+) -> None:
+    stockade_engine.restock("s", 5)
+    dbname = stockade_database.split("dbname=")[1].split()[0]
+    killed = sql(stockade_database, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                 f"WHERE datname = '{dbname}' AND pid <> pg_backend_pid()")
+    assert int(killed) >= 1
+    assert stockade_engine.reserve("s", 2).qty == 2  # reconnects; nothing was in flight
+    assert stockade_engine.stock("s").reserved == 2
+
+
+def test_calls_after_close_raise_invalid_state(stockade_database: str) -> None:
+    eng = stockade.Engine.postgres(stockade_database, pool_size=1)
+    eng.restock("s", 1)
+    eng.close()
+    eng.close()
+    with pytest.raises(stockade.InvalidState, match="closed"):
+        eng.stock("s")
+
+
+# --- in-doubt commits ---
+
+
+@pytest.fixture
+def proxy(stockade_postgres: PostgresForTests) -> Iterator[CommitCuttingProxy]:
+    dsn = stockade_postgres.dsn()
+    host = dsn.split("host=")[1].split()[0]
+    port = int(dsn.split("port=")[1].split()[0])
+    p = CommitCuttingProxy(host, port)
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize("cut", ["after", "before"])
+def test_a_commit_cut_by_the_network_is_in_doubt_and_a_retry_resolves_it(
+    proxy: CommitCuttingProxy, stockade_database: str, cut: str, strategy: str
+) -> None:
+    dbname = stockade_database.split("dbname=")[1].split()[0]
+    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=1) as eng:
+        eng.restock("s", 10)
+        proxy.arm(cut)
+        with pytest.raises(stockade.InDoubt) as info:
+            eng.reserve("s", 3, idempotency_key="order-1", strategy=strategy, ttl=60)
+        assert proxy.cuts == 1 and info.value.sku == "s"
+        # The proxy did what it says: COMMIT reached the server or it did not.
+        assert eng.stock("s").reserved == (3 if cut == "after" else 0)
+        # The retry with the same key learns the outcome: the original reservation if
+        # COMMIT went through, a new one if it did not; never two, never none.
+        r = eng.reserve("s", 3, idempotency_key="order-1", strategy=strategy, ttl=60)
+        assert r.state is ReservationState.HELD and r.qty == 3
+        lvl = eng.stock("s")
+        assert (lvl.reserved, lvl.available) == (3, 7)
+        assert eng.stats()["reservation_count"] == 1
+        assert eng.reservation(r.id) == r
+
+
+def test_an_in_doubt_confirm_can_be_read_back(
+    proxy: CommitCuttingProxy, stockade_database: str
+) -> None:
+    dbname = stockade_database.split("dbname=")[1].split()[0]
+    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=1) as eng:
+        eng.restock("s", 10)
+        r = eng.reserve("s", 4)
+        proxy.arm("after")
+        with pytest.raises(stockade.InDoubt):
+            eng.confirm(r.id)
+        assert eng.reservation(r.id).state is ReservationState.CONFIRMED
+        assert eng.stock("s").on_hand == 6
+
+
+# --- expiry ---
+
+
+def test_expire_due_skips_holds_locked_by_a_transition(
+    stockade_engine: stockade.Engine, stockade_database: str
+) -> None:
+    stockade_engine.restock("s", 10)
+    locked = stockade_engine.reserve("s", 1, ttl=0.1)
+    free = stockade_engine.reserve("s", 2, ttl=0.1)
+    time.sleep(0.15)
+    holder = subprocess.Popen(
+        ["psql", "-X", "-q", "-d", stockade_database, "-c",
+         f"BEGIN; SELECT 1 FROM stockade.reservation WHERE id = '{locked.id}' FOR UPDATE; "
+         "SELECT pg_sleep(2); COMMIT;"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)  # the other session holds the row lock now
+        start = time.monotonic()
+        assert stockade_engine.expire_due() == 1  # SKIP LOCKED: no wait for the locked row
+        assert time.monotonic() - start < 1.0
+        assert stockade_engine.reservation(free.id).state is ReservationState.EXPIRED
+        assert stockade_engine.reservation(locked.id).state is ReservationState.HELD
+    finally:
+        assert holder.wait(10) == 0
+    assert stockade_engine.expire_due() == 1
+    assert stockade_engine.stock("s").reserved == 0
+
+
+def test_expire_due_works_in_bounded_batches(stockade_engine: stockade.Engine) -> None:
+    stockade_engine.restock("a", 100)
+    stockade_engine.restock("b", 100)
+    for i in range(30):
+        stockade_engine.reserve("a" if i % 2 else "b", 1, ttl=0.05)
+    time.sleep(0.1)
+    assert [stockade_engine.expire_due(limit=12) for _ in range(4)] == [12, 12, 6, 0]
+    assert stockade_engine.stock("a").reserved == stockade_engine.stock("b").reserved == 0
+
+
+def test_the_sweeper_expires_due_holds_and_one_engine_sweeps(stockade_database: str) -> None:
+    options = dict(sweeper=True, sweep_interval=0.05, pool_size=2)
+    with stockade.Engine.postgres(stockade_database, **options) as a, \
+            stockade.Engine.postgres(stockade_database, **options) as b:
+        a.restock("s", 10)
+        held = [a.reserve("s", 1, ttl=0.1) for _ in range(3)] + [b.reserve("s", 1, ttl=0.1)]
+        deadline = time.monotonic() + 10
+        while a.stock("s").reserved and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert a.stock("s").reserved == 0
+        assert {a.reservation(r.id).state for r in held} == {ReservationState.EXPIRED}
+        leaders = sql(stockade_database, "SELECT count(*) FROM pg_locks WHERE "
+                      "locktype = 'advisory' AND granted")
+        assert leaders == "1"
+
+
+# --- lock order between engines ---
+
+
+@pytest.mark.parametrize("strategy_name", ["pessimistic", "advisory", "atomic", "optimistic"])
+def test_orders_in_opposite_orders_from_two_engines_never_deadlock(
+    stockade_database: str, strategy_name: str
+) -> None:
+    rounds = 60
+    with stockade.Engine.postgres(stockade_database, pool_size=4) as one, \
+            stockade.Engine.postgres(stockade_database, pool_size=4) as two:
+        for sku in ("a", "b", "c"):
+            one.restock(sku, 10_000)
+        orders = [{"a": 1, "b": 1, "c": 1}, {"c": 1, "b": 1, "a": 1}]
+
+        def place(i: int) -> int:
+            eng = one if i % 2 else two
+            placed = 0
+            for _ in range(rounds):
+                try:
+                    eng.reserve_order(orders[i % 2], strategy=strategy_name)
+                    placed += 1
+                except stockade.VersionConflict:
+                    assert strategy_name == "optimistic"
+            return placed
+
+        out = stockade.testing.race(8, place)
+        assert out.errors == [None] * 8
+        placed = sum(out.results)
+        assert placed > 0
+        if strategy_name != "optimistic":  # optimistic counts its own retries there
+            # A deadlock (40P01) would have been retried and counted: there were none.
+            for eng in (one, two):
+                assert eng.stats()["strategies"][strategy_name]["retries"] == 0
+        for sku in ("a", "b", "c"):
+            assert one.stock(sku).reserved == placed
+
+
+# --- races between processes ---
+
+
+def _buyer_process(dsn: str, strategy: str, threads: int, barrier: object,
+                   results: "multiprocessing.Queue[int]") -> None:
+    import stockade as sk
+
+    with sk.Engine.postgres(dsn, pool_size=8) as eng:
+        def buy(i: int) -> bool:
+            for _ in range(50):
+                try:
+                    eng.reserve("hot", 1, strategy=strategy)
+                    return True
+                except sk.OutOfStock:
+                    return False
+                except sk.VersionConflict:
+                    continue
+            raise AssertionError("lost the optimistic race 50 times")
+
+        barrier.wait()  # type: ignore[attr-defined]
+        out = sk.testing.race(threads, buy)
+        if any(e is not None for e in out.errors):
+            results.put(-1)
+            return
+        results.put(sum(1 for granted in out.results if granted))
+
+
+def test_two_engines_in_two_processes_grant_exactly_the_units(
+    stockade_engine: stockade.Engine, stockade_database: str, strategy: str
+) -> None:
+    units = 100
+    stockade_engine.restock("hot", units)
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    results: "multiprocessing.Queue[int]" = ctx.Queue()
+    procs = [ctx.Process(target=_buyer_process,
+                         args=(stockade_database, strategy, 128, barrier, results))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    granted: List[int] = [results.get(timeout=240) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert -1 not in granted
+    assert sum(granted) == units
+    lvl = stockade_engine.stock("hot")
+    assert (lvl.reserved, lvl.available) == (units, 0)
+    assert stockade_engine.stats()["reservation_count"] == units
+
+
+def test_reservation_ids_are_uuid_v7(stockade_engine: stockade.Engine) -> None:
+    stockade_engine.restock("s", 2)
+    a = stockade_engine.reserve("s", 1)
+    b = stockade_engine.reserve("s", 1)
+    assert isinstance(a.id, uuid.UUID) and a.id.version == 7
+    assert a.id.bytes[:6] <= b.id.bytes[:6]  # time-ordered
