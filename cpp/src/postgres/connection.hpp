@@ -69,7 +69,7 @@ class Connection {
 
   // Runs a prepared statement inside `work` (preparing it first on this connection).
   template <class... Args>
-  pqxx::result exec(pqxx::work& work, Stmt s, Args&&... args) {
+  pqxx::result exec(pqxx::transaction_base& work, Stmt s, Args&&... args) {
     prepare(s);
 #if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
     // libpqxx 7.10 (Debian 13) deprecates exec_prepared for exec(prepped, params).
