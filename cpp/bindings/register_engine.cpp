@@ -66,6 +66,14 @@ py::dict stats_dict(const StoreStats& s) {
   out["sku_count"] = s.sku_count;
   out["reservation_count"] = s.reservation_count;
   out["held_count"] = s.held_count;
+  py::dict sweeper;
+  sweeper["enabled"] = s.sweeper.enabled;
+  sweeper["leader"] = s.sweeper.leader;
+  sweeper["runs"] = s.sweeper.runs;
+  sweeper["expired"] = s.sweeper.expired;
+  sweeper["errors"] = s.sweeper.errors;
+  sweeper["last_error"] = s.sweeper.last_error;
+  out["sweeper"] = sweeper;
   return out;
 }
 

@@ -137,16 +137,23 @@ def test_a_full_pool_raises_overloaded_after_pool_timeout(stockade_database: str
         assert eng.stock("s").reserved == 0
 
 
-def test_a_broken_connection_is_replaced_transparently(
+def test_broken_connections_are_replaced_transparently(
     stockade_engine: stockade.Engine, stockade_database: str
 ) -> None:
-    stockade_engine.restock("s", 5)
+    # Fill the pool with idle connections: eight callers queue on a held row lock.
+    stockade_engine.restock("s", 100)
+    with stockade.testing.hold_lock(stockade_engine, "s"):
+        waiting = threading.Thread(target=lambda: stockade.testing.race(
+            8, lambda i: stockade_engine.reserve("s", 1, strategy="pessimistic")))
+        waiting.start()
+        time.sleep(0.3)
+    waiting.join()
     dbname = stockade_database.split("dbname=")[1].split()[0]
     killed = sql(stockade_database, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                  f"WHERE datname = '{dbname}' AND pid <> pg_backend_pid()")
-    assert int(killed) >= 1
+    assert int(killed) >= 8  # as a server restart would: every pooled connection is dead
     assert stockade_engine.reserve("s", 2).qty == 2  # reconnects; nothing was in flight
-    assert stockade_engine.stock("s").reserved == 2
+    assert stockade_engine.stock("s").reserved == 10
 
 
 def test_calls_after_close_raise_invalid_state(stockade_database: str) -> None:
@@ -257,9 +264,16 @@ def test_the_sweeper_expires_due_holds_and_one_engine_sweeps(stockade_database: 
             time.sleep(0.05)
         assert a.stock("s").reserved == 0
         assert {a.reservation(r.id).state for r in held} == {ReservationState.EXPIRED}
+        sweepers = [a.stats()["sweeper"], b.stats()["sweeper"]]
+        assert [s["enabled"] for s in sweepers] == [True, True]
+        assert sorted(s["leader"] for s in sweepers) == [False, True]
+        assert sum(s["expired"] for s in sweepers) == 4
+        assert [s["errors"] for s in sweepers] == [0, 0]
         leaders = sql(stockade_database, "SELECT count(*) FROM pg_locks WHERE "
                       "locktype = 'advisory' AND granted")
         assert leaders == "1"
+    with stockade.Engine.postgres(stockade_database, pool_size=1) as c:
+        assert c.stats()["sweeper"]["enabled"] is False
 
 
 # --- lock order between engines ---

@@ -75,6 +75,16 @@ struct SkuStats {
   std::uint64_t lock_waits = 0;
 };
 
+// The background sweeper of a store that has one (PostgreSQL, sweeper=true).
+struct SweeperStats {
+  bool enabled = false;
+  bool leader = false;        // this engine holds the database's sweeper election
+  std::uint64_t runs = 0;     // sweeps this engine ran as leader
+  std::uint64_t expired = 0;  // holds it expired
+  std::uint64_t errors = 0;   // failed rounds (it reconnects and stands again)
+  std::string last_error;
+};
+
 struct StoreStats {
   std::string backend;
   std::array<StrategyCountersSnapshot, strategy_count> strategies{};
@@ -82,6 +92,7 @@ struct StoreStats {
   std::uint64_t sku_count = 0;
   std::uint64_t reservation_count = 0;
   std::uint64_t held_count = 0;
+  SweeperStats sweeper;
 };
 
 // The parts of StoreStats every store fills the same way.

@@ -238,15 +238,22 @@ void Pool::give_back(std::unique_ptr<Connection> conn, bool discard) {
   returned_.notify_one();
 }
 
-void Pool::close() {
+void Pool::drop_idle() {
   std::vector<std::unique_ptr<Connection>> idle;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    closed_ = true;
     idle.swap(idle_);
     open_ -= idle.size();
   }
   returned_.notify_all();
+}  // the connections close here, outside the lock
+
+void Pool::close() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_ = true;  // leased connections close when they come back
+  }
+  drop_idle();
 }
 
 Error translate(const pqxx::sql_error& e, const Failure& failure) {

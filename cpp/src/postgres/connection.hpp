@@ -117,6 +117,9 @@ class Pool {
   };
 
   Lease acquire();
+  // Closes every idle connection: after one broke, its idle siblings are suspect too (a
+  // server restart or failover breaks them all), so the next acquire() opens a fresh one.
+  void drop_idle();
   void close();
   const std::string& dsn() const { return dsn_; }
   std::size_t size() const { return size_; }

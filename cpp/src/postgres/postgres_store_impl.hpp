@@ -138,9 +138,10 @@ class PostgresStore final : public Store {
   mutable std::mutex sku_mutex_;
   std::unordered_map<SkuKey, std::unique_ptr<SkuCounters>, SkuKeyHash> sku_counters_;
 
-  std::mutex sweeper_mutex_;
+  mutable std::mutex sweeper_mutex_;  // guards stopping_ and sweeper_stats_
   std::condition_variable sweeper_wake_;
   bool stopping_ = false;
+  SweeperStats sweeper_stats_;
   std::thread sweeper_;
 };
 
@@ -206,6 +207,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       // Nothing was committed: the server rolls back a transaction whose client is gone.
       if (!reconnected) {
         reconnected = true;
+        pool_.drop_idle();
         continue;
       }
       ErrorContext c = context;

@@ -185,7 +185,8 @@ std::size_t PostgresStore::expire_due(std::size_t limit) {
 }
 
 // One sweeper per database: the instance holding the session advisory lock sweeps, the
-// others retry the election every interval. Errors never stop the loop.
+// others retry the election every interval. Errors never stop the loop: they are counted
+// (stats().sweeper), and the sweeper reconnects and stands again.
 void PostgresStore::sweep_loop() {
   const std::int64_t election_key =
       static_cast<std::int64_t>(stable_hash64({options_.schema, "stockade-sweeper"}));
@@ -194,31 +195,41 @@ void PostgresStore::sweep_loop() {
   std::unique_lock<std::mutex> lock(sweeper_mutex_);
   while (!stopping_) {
     lock.unlock();
+    std::uint64_t expired = 0;
+    std::string error;
     try {
       if (!leader || !leader->is_open()) {
-        leader = connect(options_.dsn);
         elected = false;
+        leader = connect(options_.dsn);
       }
       if (!elected) {
         pqxx::nontransaction session(*leader);
-        elected =
-            session.exec("SELECT pg_try_advisory_lock(" + std::to_string(election_key) + ")")[0][0]
-                .as<bool>();
+        const std::string sql = "SELECT pg_try_advisory_lock(" + std::to_string(election_key) + ")";
+        elected = session.exec(sql)[0][0].as<bool>();
       }
-      if (elected) {
-        while (expire_due(options_.sweep_batch) == options_.sweep_batch) {
-          std::lock_guard<std::mutex> check(sweeper_mutex_);
-          if (stopping_) break;
-        }
+      for (bool more = elected; more;) {
+        const std::size_t n = expire_due(options_.sweep_batch);
+        expired += n;
+        std::lock_guard<std::mutex> check(sweeper_mutex_);
+        more = n == options_.sweep_batch && !stopping_;
       }
-    } catch (const std::exception&) {
-      leader.reset();  // reconnect and stand for election again next round
+    } catch (const std::exception& e) {
+      error = e.what();
+      leader.reset();  // closing the session also gives up the election
       elected = false;
     }
     lock.lock();
+    sweeper_stats_.leader = elected;
+    sweeper_stats_.runs += elected ? 1 : 0;
+    sweeper_stats_.expired += expired;
+    if (!error.empty()) {
+      ++sweeper_stats_.errors;
+      sweeper_stats_.last_error = error;
+    }
     sweeper_wake_.wait_for(lock, std::chrono::milliseconds(options_.sweep_interval_ms),
                            [this] { return stopping_; });
   }
+  sweeper_stats_.leader = false;
 }
 
 }  // namespace stockade::detail::pg

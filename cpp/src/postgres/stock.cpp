@@ -395,6 +395,11 @@ std::unique_ptr<LockHold> PostgresStore::hold_lock(const SkuKey& key, Strategy k
 StoreStats PostgresStore::stats(std::size_t sku_limit) const {
   StoreStats out = stats_of(backend_name(), metrics());
   {
+    std::lock_guard<std::mutex> lock(sweeper_mutex_);
+    out.sweeper = sweeper_stats_;
+    out.sweeper.enabled = options_.sweeper;
+  }
+  {
     std::lock_guard<std::mutex> lock(sku_mutex_);
     for (const auto& [key, c] : sku_counters_) out.hottest_skus.push_back(sku_stats(key, *c));
   }
