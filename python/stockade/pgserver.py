@@ -15,6 +15,7 @@ The server binaries are found in ``$STOCKADE_PG_BINDIR``, else the newest
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import pwd
@@ -141,12 +142,14 @@ class TemporaryPostgres:
         except BaseException:
             self._cleanup()
             raise
+        atexit.register(self.stop)  # no server outlives its process on a normal exit
         return self
 
     def stop(self) -> None:
         """Stops the server and removes its directory."""
         if self._dir is None:
             return
+        atexit.unregister(self.stop)
         try:
             self._run([str(self.bindir / "pg_ctl"), "-D", str(self._data), "-m", "fast", "-w",
                        "stop"], check=False)

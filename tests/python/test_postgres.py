@@ -165,6 +165,31 @@ def test_calls_after_close_raise_invalid_state(stockade_database: str) -> None:
         eng.stock("s")
 
 
+def test_serialization_failures_are_retried_within_bounds(
+    stockade_database: str, strategy: str
+) -> None:
+    # Under SERIALIZABLE (a server default some teams choose), concurrent writers to one
+    # row fail with 40001. The engine retries those transactions a bounded number of
+    # times, then raises Overloaded with the SQLSTATE; nothing is lost or oversold.
+    dbname = stockade_database.split("dbname=")[1].split()[0]
+    sql(stockade_database,
+        f"ALTER DATABASE {dbname} SET default_transaction_isolation = 'serializable'")
+    with stockade.Engine.postgres(stockade_database, pool_size=8) as eng:
+        eng.restock("hot", 1000)
+        out = stockade.testing.race(32, lambda i: [
+            eng.reserve("hot", 1, strategy=strategy) for _ in range(5)])
+        assert eng.stats()["strategies"][strategy]["retries"] > 0
+        for e in out.errors:
+            if isinstance(e, stockade.Overloaded):  # the retry budget ran out
+                assert e.sqlstate == "40001", e
+            else:  # optimistic may also run out of its own retries
+                assert e is None or (strategy == "optimistic" and
+                                     isinstance(e, stockade.VersionConflict)), e
+        granted = eng.stats()["strategies"][strategy]["granted"]
+        assert granted > 0
+        assert eng.stock("hot").reserved == granted == eng.stats()["reservation_count"]
+
+
 # --- in-doubt commits ---
 
 

@@ -86,6 +86,8 @@ std::vector<std::string> PostgresStore::migrate() {
   } catch (const pqxx::broken_connection& e) {
     throw Error(ErrorCode::unavailable,
                 std::string("the connection broke while migrating: ") + e.what());
+  } catch (const pqxx::failure& e) {
+    throw Error(ErrorCode::database_error, std::string("migration failed: ") + e.what());
   }
   // A failure above closes the connection, which releases the session lock with it.
   return applied;

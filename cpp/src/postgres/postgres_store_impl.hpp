@@ -90,6 +90,10 @@ class PostgresStore final : public Store {
   template <bool Autocommit = false, class Fn>
   auto run(const WriteOptions* options, const ErrorContext& context, Fn&& fn)
       -> std::invoke_result_t<Fn&, Tx&>;
+  // After a rolled-back transaction (40001, 40P01): sleeps with jitter before another
+  // attempt, or throws Overloaded once serialization_retries_max attempts failed.
+  void back_off_or_give_up(const WriteOptions* options, const ErrorContext& context,
+                           const std::string& sqlstate, int attempt, const char* cause);
   // Retries attempt() after OptimisticRace, at most options.retries_max times.
   template <class Fn>
   auto optimistic_retry(const SkuKey* key, const WriteOptions& options, Fn&& attempt)
@@ -159,6 +163,12 @@ struct Migration {
 };
 const std::vector<Migration>& migrations();
 
+// The SQLSTATE of a rolled-back transaction, whichever libpqxx reported it.
+inline std::string rollback_sqlstate(const pqxx::transaction_rollback& e) {
+  if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e)) return sql->sqlstate();
+  return dynamic_cast<const pqxx::deadlock_detected*>(&e) != nullptr ? "40P01" : "40001";
+}
+
 inline Error in_doubt(const ErrorContext& context, const std::string& cause) {
   return Error(ErrorCode::in_doubt,
                "the connection was lost during COMMIT; the outcome is unknown. Retry with the "
@@ -215,24 +225,28 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
           ErrorCode::unavailable,
           std::string("the database connection broke twice; nothing was changed: ") + e.what(),
           std::move(c));
+    } catch (const pqxx::transaction_rollback& e) {
+      // 40001 / 40P01: the server rolled the transaction back; running it again is safe.
+      // (libpqxx 6.4 does not derive these from sql_error; 7.x does.)
+      if (dynamic_cast<const pqxx::statement_completion_unknown*>(&e) != nullptr) {
+        lease.discard();
+        throw in_doubt(context, e.what());
+      }
+      back_off_or_give_up(options, context, rollback_sqlstate(e), attempt, e.what());
+      continue;
     } catch (const pqxx::sql_error& e) {
       const std::string state = e.sqlstate();
-      if ((state == "40001" || state == "40P01") && attempt < serialization_retries_max) {
-        if (options != nullptr) bump(metrics().of(options->strategy).retries);
-        sleep_full_jitter(attempt, retry_backoff_base_us, retry_backoff_cap_us);
-        continue;
-      }
       if (state == "40001" || state == "40P01") {
-        ErrorContext c = context;
-        c.sqlstate = state;
-        throw Error(ErrorCode::overloaded,
-                    "gave up after " + std::to_string(attempt + 1) +
-                        (state == "40P01" ? " deadlocks" : " serialization failures") + ": " +
-                        e.what(),
-                    std::move(c));
+        back_off_or_give_up(options, context, state, attempt, e.what());
+        continue;
       }
       if (committing) lease.discard();
       throw translate(e, failure);
+    } catch (const pqxx::failure& e) {  // any other libpqxx failure: never a bare exception
+      lease.discard();
+      ErrorContext c = context;
+      throw Error(ErrorCode::database_error, std::string("database error: ") + e.what(),
+                  std::move(c));
     }
   }
 }

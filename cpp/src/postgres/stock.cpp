@@ -50,6 +50,22 @@ void PostgresStore::close() {
   pool_.close();
 }
 
+void PostgresStore::back_off_or_give_up(const WriteOptions* options, const ErrorContext& context,
+                                        const std::string& sqlstate, int attempt,
+                                        const char* cause) {
+  if (attempt < serialization_retries_max) {
+    if (options != nullptr) bump(metrics().of(options->strategy).retries);
+    sleep_full_jitter(attempt, retry_backoff_base_us, retry_backoff_cap_us);
+    return;
+  }
+  ErrorContext c = context;
+  c.sqlstate = sqlstate;
+  throw Error(ErrorCode::overloaded,
+              "gave up after " + std::to_string(attempt + 1) +
+                  (sqlstate == "40P01" ? " deadlocks" : " serialization failures") + ": " + cause,
+              std::move(c));
+}
+
 SkuCounters& PostgresStore::counters_of(const SkuKey& key) {
   std::lock_guard<std::mutex> lock(sku_mutex_);
   auto& slot = sku_counters_[key];
@@ -388,6 +404,9 @@ std::unique_ptr<LockHold> PostgresStore::hold_lock(const SkuKey& key, Strategy k
     }
   } catch (const pqxx::sql_error& e) {
     throw translate(e, Failure{&options, context_of(key), options_.schema});
+  } catch (const pqxx::failure& e) {
+    throw Error(ErrorCode::database_error, std::string("database error: ") + e.what(),
+                context_of(key));
   }
   return held;
 }
