@@ -301,6 +301,8 @@ class Engine:
 
         Raises ``OutOfStock`` if fewer are available. With an ``idempotency_key``, the same
         request returns the same reservation; a different one raises ``IdempotencyConflict``.
+        On PostgreSQL, a connection lost during COMMIT raises ``InDoubt``: retry with the
+        same ``idempotency_key`` to get the reservation if it committed, or make it if not.
         """
         return Reservation._from_core(self._core.reserve(
             sku=check_str("sku", sku), location=check_str("location", location),
