@@ -110,7 +110,30 @@ def test_a_check_violation_surfaces_as_invariant_violation(stockade_engine: stoc
 
 def test_an_unreachable_server_raises_unavailable() -> None:
     with pytest.raises(stockade.Unavailable, match="cannot connect"):
-        stockade.Engine.postgres("host=127.0.0.1 port=1 connect_timeout=2 user=x dbname=x")
+        stockade.Engine.postgres(UNREACHABLE)
+
+
+UNREACHABLE = "host=127.0.0.1 port=1 connect_timeout=2 user=x dbname=x"
+
+
+@pytest.mark.parametrize("options", [
+    {"pool_size": 0}, {"pool_size": 100_000}, {"schema": ""}, {"schema": "Shop"},
+    {"pool_timeout": 0}, {"sweep_interval": -1}, {"sweep_batch": 0}, {"retries_max": -1},
+    {"lock_timeout": 0}, {"default_ttl": 0}, {"strategy": "yolo"},
+], ids=lambda o: next(iter(o)))
+def test_bad_options_raise_invalid_argument_before_connecting(options: dict[str, object]) -> None:
+    # The DSN is unreachable: a check made after connecting would raise Unavailable.
+    with pytest.raises(stockade.InvalidArgument):
+        stockade.Engine.postgres(UNREACHABLE, **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("options", [
+    {"pool_size": "8"}, {"pool_size": True}, {"sweeper": 1}, {"schema": b"x"}, {"dsn": None},
+], ids=lambda o: next(iter(o)))
+def test_options_of_the_wrong_type_raise_invalid_type(options: dict[str, object]) -> None:
+    kwargs = {"dsn": UNREACHABLE, **options}
+    with pytest.raises(stockade.InvalidType):
+        stockade.Engine.postgres(**kwargs)  # type: ignore[arg-type]
 
 
 def test_a_full_pool_raises_overloaded_after_pool_timeout(stockade_database: str) -> None:
