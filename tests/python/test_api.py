@@ -89,10 +89,10 @@ def test_confirm_after_expiry_raises_reservation_expired(
 def test_expire_due_returns_the_number_expired(engine: stockade.Engine, wait: Wait) -> None:
     engine.restock("sku-1", 10)
     for _ in range(3):
-        engine.reserve("sku-1", 1, ttl=0.2)
+        engine.reserve("sku-1", 1, ttl=0.5)
     keep = engine.reserve("sku-1", 1, ttl=3600)
     assert engine.expire_due() == 0
-    wait(0.25)
+    wait(0.55)
     assert engine.expire_due(limit=2) == 2
     assert engine.expire_due(limit=1000) == 1
     assert engine.stock("sku-1").reserved == 1

@@ -41,6 +41,17 @@ def sql(dsn: str, statement: str) -> str:
     return run_sql(dsn, statement)
 
 
+def wait_for_session(dsn: str, where: str) -> None:
+    """Waits until another session on the database matches `where` (pg_stat_activity):
+    tests sequence their sessions by what the server sees, not by sleeping."""
+    query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+             f"AND pid <> pg_backend_pid() AND {where}")
+    deadline = time.monotonic() + 30
+    while int(sql(dsn, query)) == 0:
+        assert time.monotonic() < deadline, f"no session with {where}"
+        time.sleep(0.02)
+
+
 # --- migrations and schema ---
 
 
@@ -91,14 +102,21 @@ def test_check_constraint_refuses_an_oversold_row(stockade_database: str) -> Non
         sql(stockade_database, "UPDATE stockade.stock SET reserved = 6 WHERE sku = 's'")
 
 
-def test_a_check_violation_surfaces_as_invariant_violation(stockade_engine: stockade.Engine) -> None:
+def test_a_check_violation_surfaces_as_invariant_violation(
+    stockade_engine: stockade.Engine, stockade_database: str
+) -> None:
     # The naive canary writes reserved from a stale read; if on_hand falls meanwhile, the
     # CHECK constraint refuses the write. The engine must report it as a bug-level error
     # with its SQLSTATE, never swallow it.
     stockade_engine.restock("s", 10)
+
+    def sell_while_the_canary_waits() -> None:
+        wait_for_session(stockade_database, "state = 'idle in transaction'")  # it has read
+        stockade_engine.sell("s", 10)
+
     out = stockade.testing.race(2, lambda i: (
-        stockade.testing.naive_reserve(stockade_engine, "s", 1, window=0.3) if i == 0
-        else (time.sleep(0.1), stockade_engine.sell("s", 10))))
+        stockade.testing.naive_reserve(stockade_engine, "s", 1, window=2.0) if i == 0
+        else sell_while_the_canary_waits()))
     assert isinstance(out.errors[0], stockade.InvariantViolation), out.errors
     assert out.errors[0].sqlstate == "23514"
     lvl = stockade_engine.stock("s")
@@ -143,7 +161,7 @@ def test_a_full_pool_raises_overloaded_after_pool_timeout(stockade_database: str
 
         def wait_for_the_row() -> None:
             try:
-                eng.reserve("s", 1, strategy="pessimistic", lock_timeout=1.0)
+                eng.reserve("s", 1, strategy="pessimistic", lock_timeout=2.0)
             except stockade.StockadeError as exc:
                 errors.append(exc)
 
@@ -151,7 +169,7 @@ def test_a_full_pool_raises_overloaded_after_pool_timeout(stockade_database: str
             # The pool's one connection waits for the row lock ...
             blocked = threading.Thread(target=wait_for_the_row)
             blocked.start()
-            time.sleep(0.2)
+            wait_for_session(stockade_database, "wait_event_type = 'Lock'")
             # ... so another call finds no connection within pool_timeout.
             with pytest.raises(stockade.Overloaded, match="pool_size 1"):
                 eng.stock("s")
@@ -276,13 +294,13 @@ def test_expire_due_skips_holds_locked_by_a_transition(
     holder = subprocess.Popen(
         ["psql", "-X", "-q", "-d", stockade_database, "-c",
          f"BEGIN; SELECT 1 FROM stockade.reservation WHERE id = '{locked.id}' FOR UPDATE; "
-         "SELECT pg_sleep(2); COMMIT;"],
+         "SELECT pg_sleep(5); COMMIT;"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(0.5)  # the other session holds the row lock now
+        wait_for_session(stockade_database, "query LIKE '%pg_sleep%' AND state = 'active'")
         start = time.monotonic()
         assert stockade_engine.expire_due() == 1  # SKIP LOCKED: no wait for the locked row
-        assert time.monotonic() - start < 1.0
+        assert time.monotonic() - start < 2.5
         assert stockade_engine.reservation(free.id).state is ReservationState.EXPIRED
         assert stockade_engine.reservation(locked.id).state is ReservationState.HELD
     finally:
