@@ -54,6 +54,7 @@ std::unique_ptr<Engine> Engine::memory(EngineOptions options, std::shared_ptr<Cl
 
 std::unique_ptr<Engine> Engine::postgres(PostgresOptions postgres, EngineOptions options) {
   validate_engine_options(options);  // before connecting
+  postgres.lock_timeout_ms = options.lock_timeout_ms;
   return std::make_unique<Engine>(make_postgres_store(std::move(postgres)), options);
 }
 

@@ -197,6 +197,19 @@ def test_broken_connections_are_replaced_transparently(
     assert stockade_engine.stock("s").reserved == 10
 
 
+def test_the_engine_lock_timeout_bounds_calls_without_lock_options(
+    stockade_database: str,
+) -> None:
+    with stockade.Engine.postgres(stockade_database, lock_timeout=0.2, pool_size=2) as eng:
+        eng.restock("s", 5)
+        r = eng.reserve("s", 1)
+        with stockade.testing.hold_lock(eng, "s"):
+            out = stockade.testing.race(2, lambda i: eng.restock("s", 1) if i == 0
+                                        else eng.confirm(r.id))
+        assert [type(e) for e in out.errors] == [stockade.LockTimeout] * 2
+        assert eng.stock("s").on_hand == 5 and eng.reservation(r.id).state == "held"
+
+
 def test_calls_after_close_raise_invalid_state(stockade_database: str) -> None:
     eng = stockade.Engine.postgres(stockade_database, pool_size=1)
     eng.restock("s", 1)

@@ -23,6 +23,9 @@ struct PostgresOptions {
   bool sweeper = false;                 // run a background sweeper (one per database is elected)
   std::int64_t sweep_interval_ms = 1000;
   std::size_t sweep_batch = 1000;  // holds expired per transaction
+  // lock_timeout of the calls that take no lock options (restock, set_on_hand, the
+  // transitions, expiry); Engine::postgres sets it to the engine's lock_timeout.
+  std::int64_t lock_timeout_ms = 10000;
 };
 
 inline constexpr std::size_t pool_size_max = 1024;

@@ -133,8 +133,6 @@ class PostgresStore final : public Store {
   SkuCounters& counters_of(const SkuKey& key);
   void sweep_loop();
 
-  static constexpr std::int64_t default_lock_timeout_ms = 10000;
-
   const PostgresOptions options_;
   const std::shared_ptr<const Statements> statements_;
   mutable Pool pool_;
@@ -194,7 +192,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
     bool committing = false;
     try {
       lease->set_lock_timeout(options != nullptr ? options->lock_timeout_ms
-                                                 : default_lock_timeout_ms);
+                                                 : options_.lock_timeout_ms);
       Transaction work(lease->raw());
       Tx tx{work, *lease};
       std::optional<Result> result;
