@@ -115,7 +115,6 @@ class TemporaryPostgres:
         """Runs initdb and starts the server; returns self."""
         if self._dir is not None:
             return self
-        self._dir = Path(tempfile.mkdtemp(prefix="stockade-pg-"))
         if os.geteuid() == 0:
             try:
                 self._owner = pwd.getpwnam("postgres")
@@ -124,8 +123,10 @@ class TemporaryPostgres:
                     "running as root, and initdb refuses root: a `postgres` system user is "
                     "needed (the Debian `postgresql` package creates it)"
                 ) from None
-            os.chown(self._dir, self._owner.pw_uid, self._owner.pw_gid)
             self._run_as = ["runuser", "-u", "postgres", "--"]
+        self._dir = Path(tempfile.mkdtemp(prefix="stockade-pg-"))
+        if self._owner is not None:
+            os.chown(self._dir, self._owner.pw_uid, self._owner.pw_gid)
         try:
             self._run([
                 str(self.bindir / "initdb"), "-D", str(self._data), "-U", self.user,

@@ -340,7 +340,12 @@ std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& reques
   std::vector<Reservation> made = options.strategy == Strategy::optimistic
                                       ? optimistic_retry(nullptr, options, attempt)
                                       : attempt();
-  if (made.size() != order.size()) return made;  // a replay returns the original order
+  // made (or replayed: the fingerprint covers every line) in sorted order, one per line
+  if (made.size() != order.size()) {
+    throw Error(ErrorCode::invariant_violation, "an order of " + std::to_string(order.size()) +
+                                                    " lines came back with " +
+                                                    std::to_string(made.size()) + " reservations");
+  }
   std::vector<Reservation> out(made.size());
   for (std::size_t k = 0; k < order.size(); ++k) out[order[k]] = std::move(made[k]);
   return out;
@@ -366,7 +371,7 @@ namespace {
 // A lock held by its own connection and transaction, as another session would hold it.
 class HeldLock final : public LockHold {
  public:
-  HeldLock(std::unique_ptr<pqxx::connection> conn) : conn_(std::move(conn)) {
+  explicit HeldLock(std::unique_ptr<pqxx::connection> conn) : conn_(std::move(conn)) {
     work_ = std::make_unique<pqxx::work>(*conn_);
   }
   pqxx::work& work() { return *work_; }
