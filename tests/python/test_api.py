@@ -166,6 +166,16 @@ def test_reserve_order_is_all_or_nothing_in_caller_order(engine: stockade.Engine
         ("sku-2", "default", 2), ("sku-1", "default", 1), ("sku-2", "lisbon", 4)]
 
 
+def test_an_order_replays_in_the_line_order_of_the_replay(engine: stockade.Engine) -> None:
+    engine.restock("a", 5)
+    engine.restock("b", 5)
+    first = engine.reserve_order({"a": 1, "b": 2}, idempotency_key="o-1")
+    again = engine.reserve_order({"b": 2, "a": 1}, idempotency_key="o-1")
+    assert [r.sku for r in again] == ["b", "a"]
+    assert {r.id for r in again} == {r.id for r in first}
+    assert engine.stock("a").reserved == 1 and engine.stock("b").reserved == 2
+
+
 def test_idempotency_key_replays_and_conflicts(engine: stockade.Engine) -> None:
     engine.restock("s", 10)
     first = engine.reserve("s", 2, idempotency_key="k", ttl=60)

@@ -92,8 +92,19 @@ std::vector<Reservation> MemoryStore::order_now(const OrderRequest& request) {
 std::vector<Reservation> MemoryStore::reserve_order(const OrderRequest& request) {
   for (const auto& line : request.lines) require_row(line.key);  // NotFound before any write
   if (!request.idempotency_key) return order_now(request);
-  return with_idempotency(*request.idempotency_key, fingerprint(request), request.options,
-                          [&] { return order_now(request); });
+  std::vector<Reservation> made =
+      with_idempotency(*request.idempotency_key, fingerprint(request), request.options,
+                       [&] { return order_now(request); });
+  // A replay returns the reservations in this call's line order, whatever the first
+  // call's order was (the fingerprint ignores line order).
+  std::vector<Reservation> out;
+  out.reserve(made.size());
+  for (const OrderLine& line : request.lines) {
+    for (const Reservation& r : made) {
+      if (r.key == line.key) out.push_back(r);
+    }
+  }
+  return out;
 }
 
 std::vector<Reservation> MemoryStore::fetch_all(const std::vector<Uuid>& ids) {
