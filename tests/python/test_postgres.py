@@ -37,6 +37,11 @@ def empty_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
         stockade_postgres.drop_database(name)
 
 
+def field(dsn: str, name: str) -> str:
+    """One key=value field of a connection string (dbname, host, port)."""
+    return dsn.split(f"{name}=")[1].split()[0]
+
+
 def sql(dsn: str, statement: str) -> str:
     return run_sql(dsn, statement)
 
@@ -189,7 +194,7 @@ def test_broken_connections_are_replaced_transparently(
         waiting.start()
         time.sleep(0.3)
     waiting.join()
-    dbname = stockade_database.split("dbname=")[1].split()[0]
+    dbname = field(stockade_database, "dbname")
     killed = sql(stockade_database, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                  f"WHERE datname = '{dbname}' AND pid <> pg_backend_pid()")
     assert int(killed) >= 8  # as a server restart would: every pooled connection is dead
@@ -225,7 +230,7 @@ def test_serialization_failures_are_retried_within_bounds(
     # Under SERIALIZABLE (a server default some teams choose), concurrent writers to one
     # row fail with 40001. The engine retries those transactions a bounded number of
     # times, then raises Overloaded with the SQLSTATE; nothing is lost or oversold.
-    dbname = stockade_database.split("dbname=")[1].split()[0]
+    dbname = field(stockade_database, "dbname")
     sql(stockade_database,
         f"ALTER DATABASE {dbname} SET default_transaction_isolation = 'serializable'")
     with stockade.Engine.postgres(stockade_database, pool_size=8) as eng:
@@ -250,9 +255,7 @@ def test_serialization_failures_are_retried_within_bounds(
 @pytest.fixture
 def proxy(stockade_postgres: PostgresForTests) -> Iterator[CommitCuttingProxy]:
     dsn = stockade_postgres.dsn()
-    host = dsn.split("host=")[1].split()[0]
-    port = int(dsn.split("port=")[1].split()[0])
-    p = CommitCuttingProxy(host, port)
+    p = CommitCuttingProxy(field(dsn, "host"), int(field(dsn, "port")))
     yield p
     p.close()
 
@@ -261,7 +264,7 @@ def proxy(stockade_postgres: PostgresForTests) -> Iterator[CommitCuttingProxy]:
 def test_a_commit_cut_by_the_network_is_in_doubt_and_a_retry_resolves_it(
     proxy: CommitCuttingProxy, stockade_database: str, cut: str, strategy: str
 ) -> None:
-    dbname = stockade_database.split("dbname=")[1].split()[0]
+    dbname = field(stockade_database, "dbname")
     with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=1) as eng:
         eng.restock("s", 10)
         proxy.arm(cut)
@@ -283,7 +286,7 @@ def test_a_commit_cut_by_the_network_is_in_doubt_and_a_retry_resolves_it(
 def test_an_in_doubt_confirm_can_be_read_back(
     proxy: CommitCuttingProxy, stockade_database: str
 ) -> None:
-    dbname = stockade_database.split("dbname=")[1].split()[0]
+    dbname = field(stockade_database, "dbname")
     with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=1) as eng:
         eng.restock("s", 10)
         r = eng.reserve("s", 4)

@@ -147,15 +147,12 @@ const char* Statements::name(Stmt s) {
 std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
   try {
     return std::make_unique<pqxx::connection>(dsn);
-  } catch (const pqxx::broken_connection& e) {
-    throw Error(ErrorCode::unavailable, std::string("cannot connect to PostgreSQL: ") + e.what());
-  } catch (const pqxx::sql_error& e) {  // e.g. 53300 too many connections, 3D000 no database
+  } catch (const pqxx::failure& e) {  // broken_connection, or an sql_error such as 53300
     ErrorContext context;
-    context.sqlstate = e.sqlstate();
+    if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e))
+      context.sqlstate = sql->sqlstate();
     throw Error(ErrorCode::unavailable, std::string("cannot connect to PostgreSQL: ") + e.what(),
                 std::move(context));
-  } catch (const pqxx::failure& e) {  // libpqxx 7 reports a bad connection string this way
-    throw Error(ErrorCode::unavailable, std::string("cannot connect to PostgreSQL: ") + e.what());
   }
 }
 

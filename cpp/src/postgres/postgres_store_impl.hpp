@@ -151,6 +151,9 @@ class PostgresStore final : public Store {
 // receives whether expires_at <= now().
 Reservation read_reservation(const pqxx::row& row, bool* lapsed_out = nullptr);
 ReservationState parse_state(const std::string& name);
+// A new hold as inserted; `times` holds its expires_at and created_at (epoch us).
+Reservation new_hold(const Uuid& id, const SkuKey& key, Quantity qty,
+                     const std::optional<std::string>& idempotency_key, const pqxx::row& times);
 std::string uuid_array(const std::vector<Uuid>& ids);
 bool valid_schema_name(const std::string& schema);
 

@@ -30,6 +30,20 @@ Reservation read_reservation(const pqxx::row& row, bool* lapsed_out) {
   return r;
 }
 
+Reservation new_hold(const Uuid& id, const SkuKey& key, Quantity qty,
+                     const std::optional<std::string>& idempotency_key, const pqxx::row& times) {
+  Reservation r;
+  r.id = id;
+  r.key = key;
+  r.qty = qty;
+  r.state = ReservationState::held;
+  r.version = 1;
+  r.expires_at_us = times[0].as<std::int64_t>();
+  r.created_at_us = r.updated_at_us = times[1].as<std::int64_t>();
+  r.idempotency_key = idempotency_key;
+  return r;
+}
+
 std::string uuid_array(const std::vector<Uuid>& ids) {
   std::string out = "{";
   for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -44,16 +58,7 @@ Reservation PostgresStore::insert_reservation(Tx& tx, const Uuid& id, const SkuK
                                               const std::optional<std::string>& key_name) {
   const pqxx::result rows = tx.exec(Stmt::reservation_insert, id.to_string(), key.sku, key.location,
                                     qty, ttl_us, key_name.value_or(std::string()));
-  Reservation r;
-  r.id = id;
-  r.key = key;
-  r.qty = qty;
-  r.state = ReservationState::held;
-  r.version = 1;
-  r.expires_at_us = rows[0][0].as<std::int64_t>();
-  r.created_at_us = r.updated_at_us = rows[0][1].as<std::int64_t>();
-  r.idempotency_key = key_name;
-  return r;
+  return new_hold(id, key, qty, key_name, rows[0]);
 }
 
 std::vector<Reservation> PostgresStore::fetch(Tx& tx, const std::vector<Uuid>& ids) {

@@ -244,16 +244,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
         tx.exec(Stmt::hold_atomic, line.key.sku, line.key.location, line.qty,
                 options.expected_version.value_or(-1), ids.front().to_string(), ttl_us, key_name);
     if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version);
-    Reservation r;
-    r.id = ids.front();
-    r.key = line.key;
-    r.qty = line.qty;
-    r.state = ReservationState::held;
-    r.version = 1;
-    r.expires_at_us = rows[0][0].as<std::int64_t>();
-    r.created_at_us = r.updated_at_us = rows[0][1].as<std::int64_t>();
-    r.idempotency_key = idempotency_key;
-    made.push_back(std::move(r));
+    made.push_back(new_hold(ids.front(), line.key, line.qty, idempotency_key, rows[0]));
     return made;
   }
   if (options.strategy == Strategy::atomic) {
