@@ -42,7 +42,7 @@ test-cpp: system-deps $(VENV)/.tools-stamp
 test-tsan: system-deps $(VENV)/.tools-stamp
 	$(CMAKE) -S . -B $(BUILD)/tsan $(CMAKE_FLAGS) -DSTOCKADE_SANITIZE=thread
 	$(CMAKE) --build $(BUILD)/tsan -j $(JOBS)
-	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(abspath tools/tsan.supp)" \
 		$(CTEST) --test-dir $(BUILD)/tsan --output-on-failure -j $(JOBS)
 
 test-python: install

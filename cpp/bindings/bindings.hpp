@@ -3,6 +3,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include "stockade/errors.hpp"
 #include "stockade/types.hpp"
 
 namespace stockade::bindings {
@@ -12,6 +13,9 @@ namespace py = pybind11;
 void register_errors(py::module_& m);
 void register_types(py::module_& m);
 void register_engine(py::module_& m);
+
+// The stockade.errors exception object for `e` (not raised).
+py::object error_object(const Error& e);
 
 // Uuid <-> Python bytes (the Python layer wraps them in uuid.UUID).
 py::bytes to_bytes(const Uuid& id);

@@ -4,9 +4,13 @@
 // converted by the Python layer (stockade.engine); values are checked here, in C++.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <tuple>
+#include <type_traits>
+#include <variant>
 
 #include "bindings.hpp"
+#include "stockade/async.hpp"
 #include "stockade/engine.hpp"
 #include "stockade/errors.hpp"
 
@@ -57,6 +61,9 @@ py::dict stats_dict(const StoreStats& s) {
     d["refused"] = k.refused;
     d["conflicts"] = k.conflicts;
     d["lock_waits"] = k.lock_waits;
+    d["mode"] = strategy_name(k.mode);
+    d["in_flight"] = k.in_flight;
+    d["peak_in_flight"] = k.peak_in_flight;
     skus.append(d);
   }
   py::dict out;
@@ -74,6 +81,19 @@ py::dict stats_dict(const StoreStats& s) {
   sweeper["errors"] = s.sweeper.errors;
   sweeper["last_error"] = s.sweeper.last_error;
   out["sweeper"] = sweeper;
+  py::dict batcher;
+  batcher["started"] = s.batcher.started;
+  batcher["shards"] = s.batcher.shards;
+  batcher["batches"] = s.batcher.batches;
+  batcher["requests"] = s.batcher.requests;
+  batcher["failed_batches"] = s.batcher.failed_batches;
+  batcher["batch_size_max"] = s.batcher.batch_size_max;
+  batcher["batch_size_mean"] =
+      s.batcher.batches == 0 ? 0.0
+                             : static_cast<double>(s.batcher.requests) /
+                                   static_cast<double>(s.batcher.batches);
+  batcher["queued"] = s.batcher.queued;
+  out["batcher"] = batcher;
   return out;
 }
 
@@ -88,15 +108,37 @@ class LockHandle {
   std::unique_ptr<LockHold> hold_;
 };
 
+// The engine-wide options both stores share, as the Python layer passes them.
+struct CommonOptions {
+  std::string strategy;
+  int retries_max;
+  std::int64_t lock_timeout_ms;
+  std::int64_t default_ttl_us;
+  std::size_t batch_max;
+  std::size_t batch_shards;
+  std::size_t async_workers;
+
+  EngineOptions engine() const {
+    EngineOptions options;
+    options.default_strategy = parse_strategy(strategy);
+    options.retries_max = retries_max;
+    options.lock_timeout_ms = lock_timeout_ms;
+    options.default_ttl_us = default_ttl_us;
+    options.batcher.batch_max = batch_max;
+    options.batcher.shards = batch_shards;
+    options.batcher.queue_capacity = std::max(options.batcher.queue_capacity, batch_max);
+    options.async_workers = async_workers;
+    return options;
+  }
+};
+
 std::unique_ptr<Engine> make_memory(const std::string& strategy, int retries_max,
                                     std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
-                                    std::shared_ptr<Clock> clock) {
-  EngineOptions options;
-  options.default_strategy = parse_strategy(strategy);
-  options.retries_max = retries_max;
-  options.lock_timeout_ms = lock_timeout_ms;
-  options.default_ttl_us = default_ttl_us;
-  return Engine::memory(options, std::move(clock));
+                                    std::shared_ptr<Clock> clock, std::size_t batch_max,
+                                    std::size_t batch_shards, std::size_t async_workers) {
+  const CommonOptions common{strategy,  retries_max,  lock_timeout_ms, default_ttl_us,
+                             batch_max, batch_shards, async_workers};
+  return Engine::memory(common.engine(), std::move(clock));
 }
 
 std::unique_ptr<Engine> make_postgres(const std::string& dsn, const std::string& schema,
@@ -104,7 +146,8 @@ std::unique_ptr<Engine> make_postgres(const std::string& dsn, const std::string&
                                       bool sweeper, std::int64_t sweep_interval_ms,
                                       std::size_t sweep_batch, const std::string& strategy,
                                       int retries_max, std::int64_t lock_timeout_ms,
-                                      std::int64_t default_ttl_us) {
+                                      std::int64_t default_ttl_us, std::size_t batch_max,
+                                      std::size_t batch_shards, std::size_t async_workers) {
   PostgresOptions postgres;
   postgres.dsn = dsn;
   postgres.schema = schema;
@@ -113,12 +156,9 @@ std::unique_ptr<Engine> make_postgres(const std::string& dsn, const std::string&
   postgres.sweeper = sweeper;
   postgres.sweep_interval_ms = sweep_interval_ms;
   postgres.sweep_batch = sweep_batch;
-  EngineOptions options;
-  options.default_strategy = parse_strategy(strategy);
-  options.retries_max = retries_max;
-  options.lock_timeout_ms = lock_timeout_ms;
-  options.default_ttl_us = default_ttl_us;
-  return Engine::postgres(std::move(postgres), options);
+  const CommonOptions common{strategy,  retries_max,  lock_timeout_ms, default_ttl_us,
+                             batch_max, batch_shards, async_workers};
+  return Engine::postgres(std::move(postgres), common.engine());
 }
 
 void register_stock_calls(py::class_<Engine>& c) {
@@ -205,6 +245,108 @@ void register_reservation_calls(py::class_<Engine>& c) {
           py::arg("limit"), Release());
 }
 
+using Sink = std::shared_ptr<AsyncChannel>;
+
+// The async twins: each queues its call and returns at once; the outcome reaches the
+// channel under `token`. The GIL is released while queueing, which may wait (bounded)
+// for room.
+void register_async_calls(py::class_<Engine>& c) {
+  c.def(
+       "submit_reserve",
+       [](Engine& e, Sink channel, std::uint64_t token, const std::string& sku,
+          const std::string& location, Quantity qty, OptInt ttl_us, OptStr idempotency_key,
+          const OptStr& strategy, bool nowait, OptInt lock_timeout_ms, OptInt expected_version) {
+         e.submit_reserve({sku, location}, qty, ttl_us, std::move(idempotency_key),
+                          call_options(strategy, nowait, lock_timeout_ms, expected_version),
+                          std::move(channel), token);
+       },
+       py::arg("channel"), py::arg("token"), py::arg("sku"), py::arg("location"), py::arg("qty"),
+       py::arg("ttl_us"), py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
+       py::arg("lock_timeout_ms"), py::arg("expected_version"), Release())
+      .def(
+          "submit_sell",
+          [](Engine& e, Sink channel, std::uint64_t token, const std::string& sku,
+             const std::string& location, Quantity qty, const OptStr& strategy, bool nowait,
+             OptInt lock_timeout_ms, OptInt expected_version) {
+            e.submit_sell({sku, location}, qty,
+                          call_options(strategy, nowait, lock_timeout_ms, expected_version),
+                          std::move(channel), token);
+          },
+          py::arg("channel"), py::arg("token"), py::arg("sku"), py::arg("location"),
+          py::arg("qty"), py::arg("strategy"), py::arg("nowait"), py::arg("lock_timeout_ms"),
+          py::arg("expected_version"), Release())
+      .def(
+          "submit_reserve_order",
+          [](Engine& e, Sink channel, std::uint64_t token,
+             const std::vector<std::tuple<std::string, std::string, Quantity>>& lines,
+             OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
+             OptInt lock_timeout_ms) {
+            std::vector<OrderLine> order;
+            order.reserve(lines.size());
+            for (const auto& [sku, location, qty] : lines) order.push_back({{sku, location}, qty});
+            e.submit_reserve_order(order, ttl_us, std::move(idempotency_key),
+                                   call_options(strategy, nowait, lock_timeout_ms, {}),
+                                   std::move(channel), token);
+          },
+          py::arg("channel"), py::arg("token"), py::arg("lines"), py::arg("ttl_us"),
+          py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
+          py::arg("lock_timeout_ms"), Release());
+  auto transition = [](Engine::Transition kind) {
+    return [kind](Engine& e, Sink channel, std::uint64_t token, const Uuid& id,
+                  OptInt expected_version) {
+      e.submit_transition(kind, id, 0, expected_version, std::move(channel), token);
+    };
+  };
+  c.def("submit_confirm", transition(Engine::Transition::confirm), py::arg("channel"),
+        py::arg("token"), py::arg("id"), py::arg("expected_version"), Release())
+      .def("submit_release", transition(Engine::Transition::release), py::arg("channel"),
+           py::arg("token"), py::arg("id"), py::arg("expected_version"), Release())
+      .def(
+          "submit_extend",
+          [](Engine& e, Sink channel, std::uint64_t token, const Uuid& id, std::int64_t ttl_us,
+             OptInt expected_version) {
+            e.submit_transition(Engine::Transition::extend, id, ttl_us, expected_version,
+                                std::move(channel), token);
+          },
+          py::arg("channel"), py::arg("token"), py::arg("id"), py::arg("ttl_us"),
+          py::arg("expected_version"), Release());
+}
+
+// A completion's value as the Python layer receives it: the bound value types, or a list
+// of reservations for an order.
+py::object completion_value(Completion& c) {
+  return std::visit(
+      [](auto& v) -> py::object {
+        using V = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<V, std::monostate>) {
+          return py::none();
+        } else {
+          return py::cast(std::move(v));
+        }
+      },
+      c.value);
+}
+
+void register_async_channel(py::module_& m) {
+  py::class_<AsyncChannel, std::shared_ptr<AsyncChannel>>(
+      m, "AsyncChannel",
+      "Completions of async calls, delivered in bulk: fd becomes readable while some wait; "
+      "drain() takes them all as (token, value, error) tuples.")
+      .def(py::init<>())
+      .def_property_readonly("fd", &AsyncChannel::fd)
+      .def("waiting", &AsyncChannel::waiting)
+      .def("drain", [](AsyncChannel& channel) {
+        std::vector<Completion> done = channel.drain();
+        py::list out(done.size());
+        for (std::size_t i = 0; i < done.size(); ++i) {
+          Completion& c = done[i];
+          py::object error = c.error ? error_object(*c.error) : py::object(py::none());
+          out[i] = py::make_tuple(c.token, completion_value(c), error);
+        }
+        return out;
+      });
+}
+
 void register_test_calls(py::class_<Engine>& c) {
   c.def(
        "naive_reserve_unsafe",
@@ -233,6 +375,7 @@ void register_test_calls(py::class_<Engine>& c) {
 }  // namespace
 
 void register_engine(py::module_& m) {
+  register_async_channel(m);
   py::class_<LockHandle>(m, "LockHandle", "A lock held for a test; release() lets it go.")
       .def("release", &LockHandle::release, Release())
       .def_property_readonly("held", &LockHandle::held);
@@ -240,11 +383,13 @@ void register_engine(py::module_& m) {
   py::class_<Engine> c(m, "Engine", "The engine facade over one store.");
   c.def_static("memory", &make_memory, py::arg("strategy"), py::arg("retries_max"),
                py::arg("lock_timeout_ms"), py::arg("default_ttl_us"), py::arg("clock"),
+               py::arg("batch_max"), py::arg("batch_shards"), py::arg("async_workers"),
                "An engine over an in-process memory store.")
       .def_static("postgres", &make_postgres, py::arg("dsn"), py::arg("schema"),
                   py::arg("pool_size"), py::arg("pool_timeout_ms"), py::arg("sweeper"),
                   py::arg("sweep_interval_ms"), py::arg("sweep_batch"), py::arg("strategy"),
                   py::arg("retries_max"), py::arg("lock_timeout_ms"), py::arg("default_ttl_us"),
+                  py::arg("batch_max"), py::arg("batch_shards"), py::arg("async_workers"),
                   Release(), "An engine over PostgreSQL (connects at once).")
       .def("migrate", &Engine::migrate, Release())
       .def("close", &Engine::close, Release())
@@ -263,8 +408,16 @@ void register_engine(py::module_& m) {
             return stats_dict(s);
           },
           py::arg("sku_limit"));
+  c.def(
+      "recommend",
+      [](const Engine& e, const std::string& sku, const std::string& location) {
+        const Advice advice = e.recommend({sku, location});
+        return std::make_pair(std::string(strategy_name(advice.strategy)), advice.reasons);
+      },
+      py::arg("sku"), py::arg("location"));
   register_stock_calls(c);
   register_reservation_calls(c);
+  register_async_calls(c);
   register_test_calls(c);
 }
 

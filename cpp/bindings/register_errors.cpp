@@ -14,18 +14,22 @@ py::object optional_version(const std::optional<std::int64_t>& v) {
 }
 
 void raise_python(const Error& e) {
+  py::object exc = error_object(e);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+}
+
+}  // namespace
+
+py::object error_object(const Error& e) {
   // Looked up on each error, not cached: errors are rare and this keeps module teardown
   // free of dangling references.
   py::object from_core = py::module_::import("stockade.errors").attr("_from_core");
   const ErrorContext& c = e.context();
   py::object rid = c.reservation_id ? py::object(to_bytes(*c.reservation_id)) : py::none();
-  py::object exc =
-      from_core(error_code_name(e.code()), e.what(), c.sku, c.location, rid, c.sqlstate,
-                optional_version(c.expected_version), optional_version(c.actual_version), c.state);
-  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  return from_core(error_code_name(e.code()), e.what(), c.sku, c.location, rid, c.sqlstate,
+                   optional_version(c.expected_version), optional_version(c.actual_version),
+                   c.state);
 }
-
-}  // namespace
 
 void register_errors(py::module_& m) {
   py::register_exception_translator([](std::exception_ptr p) {

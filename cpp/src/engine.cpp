@@ -20,32 +20,80 @@ void validate_lock_timeout_ms(std::int64_t ms) {
   }
 }
 
-// batched and auto need the hot-row batching layer, which is not built yet.
-void refuse_unbuilt(Strategy s) {
-  if (s == Strategy::batched || s == Strategy::automatic) {
-    throw Error(ErrorCode::not_supported,
-                std::string("strategy '") + strategy_name(s) +
-                    "' is not built yet: the hot-row batching layer has not landed; use "
-                    "atomic, pessimistic, advisory or optimistic");
+// Counts one outcome of a strategy-routed call (its request was counted when it began).
+void count_outcome(StrategyCounters& c, const Error* error) {
+  if (error == nullptr) {
+    bump(c.granted);
+    return;
   }
+  switch (error->code()) {
+    case ErrorCode::out_of_stock:
+      bump(c.refused);
+      return;
+    case ErrorCode::version_conflict:
+      bump(c.version_conflicts);
+      break;
+    case ErrorCode::lock_not_available:
+      bump(c.lock_not_available);
+      break;
+    case ErrorCode::lock_timeout:
+      bump(c.lock_timeouts);
+      break;
+    default:
+      break;
+  }
+  bump(c.failed);
 }
+
+// Leaves the contention tracker when a per-request call ends, however it ends.
+class InFlight {
+ public:
+  InFlight(ContentionTracker& tracker, const SkuKey& key) : tracker_(&tracker), key_(&key) {}
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  ~InFlight() {
+    if (tracker_ != nullptr) tracker_->leave(*key_);
+  }
+  // The batcher's observer leaves for it.
+  void hand_over() { tracker_ = nullptr; }
+
+ private:
+  ContentionTracker* tracker_;
+  const SkuKey* key_;
+};
 
 }  // namespace
 
 void validate_engine_options(const EngineOptions& options) {
-  refuse_unbuilt(options.default_strategy);
   if (options.retries_max < 0 || options.retries_max > retries_max_limit) {
     throw_invalid_argument("retries_max must be between 0 and " +
                            std::to_string(retries_max_limit));
   }
   validate_lock_timeout_ms(options.lock_timeout_ms);
   validate_ttl_us(options.default_ttl_us);
+  validate_batcher_options(options.batcher);
+  validate_auto_options(options.automatic);
+  if (options.async_workers < 1 || options.async_workers > async_workers_max) {
+    throw_invalid_argument("async_workers must be between 1 and " +
+                           std::to_string(async_workers_max));
+  }
+  if (options.async_queue_max < 1 || options.async_queue_max > batcher_queue_capacity_max) {
+    throw_invalid_argument("async_queue_max must be between 1 and " +
+                           std::to_string(batcher_queue_capacity_max));
+  }
 }
 
 Engine::Engine(std::shared_ptr<Store> store, EngineOptions options)
-    : store_(std::move(store)), options_(options) {
+    : store_(std::move(store)),
+      options_((validate_engine_options(options), options)),
+      tracker_(options.automatic) {
   if (!store_) throw_invalid_argument("an engine needs a store");
-  validate_engine_options(options_);
+}
+
+Engine::~Engine() {
+  // Queued requests complete before the store goes: nothing acknowledged is dropped.
+  if (batcher_) batcher_->close();
+  if (executor_) executor_->close();
 }
 
 std::unique_ptr<Engine> Engine::memory(EngineOptions options, std::shared_ptr<Clock> clock) {
@@ -63,13 +111,68 @@ std::vector<std::string> Engine::migrate() {
 }
 
 void Engine::close() {
+  {
+    std::lock_guard<std::mutex> lock(lazy_mutex_);
+    closed_ = true;
+  }
+  if (batcher_) batcher_->close();    // applies every queued request first
+  if (executor_) executor_->close();  // runs every queued call first
   store_->close();
+}
+
+HotRowBatcher& Engine::batcher() {
+  std::lock_guard<std::mutex> lock(lazy_mutex_);
+  if (!batcher_) {
+    if (closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
+    batcher_ = std::make_unique<HotRowBatcher>(
+        store_, options_.batcher,
+        [this](const BatchItem& item, std::uint8_t tag) { observe(item, tag); });
+  }
+  return *batcher_;
+}
+
+AsyncExecutor& Engine::executor() {
+  std::lock_guard<std::mutex> lock(lazy_mutex_);
+  if (!executor_) {
+    if (closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
+    executor_ = std::make_unique<AsyncExecutor>(options_.async_workers, options_.async_queue_max,
+                                                options_.batcher.enqueue_timeout_ms);
+  }
+  return *executor_;
+}
+
+// Sends one request through the batcher: blocking when `sink` is empty, else queued for
+// `sink`. The batcher's observer counts its outcome and leaves the tracker for it, also
+// when it cannot be queued.
+void Engine::through_batcher(BatchItem& item, const Route& route,
+                             std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
+  bump(store_->metrics().of(route.asked).requests);
+  const auto tag = static_cast<std::uint8_t>(route.asked);
+  HotRowBatcher* b = nullptr;
+  try {
+    b = &batcher();
+  } catch (const Error& e) {
+    item.ok = false;
+    item.error = e;
+    observe(item, tag);
+    throw;
+  }
+  if (sink) {
+    b->submit(item, route.options.lock_timeout_ms, std::move(sink), token, tag);
+  } else {
+    b->run(item, route.options.lock_timeout_ms, tag);
+  }
+}
+
+void Engine::observe(const BatchItem& item, std::uint8_t tag) {
+  tracker_.leave(item.key);
+  count_outcome(store_->metrics().of(static_cast<Strategy>(tag)),
+                item.ok ? nullptr : &*item.error);
 }
 
 WriteOptions Engine::resolve(const CallOptions& call) const {
   WriteOptions out;
   out.strategy = call.strategy.value_or(options_.default_strategy);
-  refuse_unbuilt(out.strategy);
   if (call.nowait && !waits_for_locks(out.strategy)) {
     throw_invalid_argument(std::string("nowait applies to the pessimistic and advisory "
                                        "strategies, not '") +
@@ -93,31 +196,26 @@ Result Engine::counted(Strategy strategy, Fn&& fn) {
   bump(c.requests);
   try {
     Result result = fn();
-    bump(c.granted);
+    count_outcome(c, nullptr);
     return result;
   } catch (const Error& e) {
-    switch (e.code()) {
-      case ErrorCode::out_of_stock:
-        bump(c.refused);
-        break;
-      case ErrorCode::version_conflict:
-        bump(c.version_conflicts);
-        bump(c.failed);
-        break;
-      case ErrorCode::lock_not_available:
-        bump(c.lock_not_available);
-        bump(c.failed);
-        break;
-      case ErrorCode::lock_timeout:
-        bump(c.lock_timeouts);
-        bump(c.failed);
-        break;
-      default:
-        bump(c.failed);
-        break;
-    }
+    count_outcome(c, &e);
     throw;
   }
+}
+
+// Decides where a reserve or sell on `key` runs, and enters the contention tracker (the
+// caller leaves it when the call ends).
+Route Engine::route(const SkuKey& key, const CallOptions& call) {
+  Route r;
+  r.options = resolve(call);
+  r.asked = r.options.strategy;
+  const Strategy mode = tracker_.enter(key);
+  Strategy run = r.asked == Strategy::automatic ? mode : r.asked;
+  if (run == Strategy::batched && r.options.expected_version) run = Strategy::atomic;
+  r.batched = run == Strategy::batched;
+  r.options.strategy = r.batched ? Strategy::atomic : run;
+  return r;
 }
 
 StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected) {
@@ -142,11 +240,41 @@ StockLevel Engine::stock(const SkuKey& key) {
   return store_->stock(key);
 }
 
+StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& route) {
+  if (route.batched) {
+    BatchItem item;
+    item.op = BatchOp::sell;
+    item.key = key;
+    item.qty = qty;
+    through_batcher(item, route, nullptr, 0);
+    return std::move(item.level);
+  }
+  InFlight in_flight(tracker_, key);
+  SellRequest request{key, qty, route.options};
+  return counted<StockLevel>(route.asked, [&] { return store_->sell(request); });
+}
+
 StockLevel Engine::sell(const SkuKey& key, Quantity qty, const CallOptions& call) {
   validate_sku_key(key);
   validate_qty(qty);
-  SellRequest request{key, qty, resolve(call)};
-  return counted<StockLevel>(request.options.strategy, [&] { return store_->sell(request); });
+  return sell_checked(key, qty, route(key, call));
+}
+
+Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
+                                    const std::optional<std::string>& idempotency_key,
+                                    const Route& route) {
+  if (route.batched) {
+    BatchItem item;
+    item.key = key;
+    item.qty = qty;
+    item.ttl_us = ttl_us;
+    item.idempotency_key = idempotency_key;
+    through_batcher(item, route, nullptr, 0);
+    return std::move(item.reservation);
+  }
+  InFlight in_flight(tracker_, key);
+  ReserveRequest request{key, qty, ttl_us, idempotency_key, route.options};
+  return counted<Reservation>(route.asked, [&] { return store_->reserve(request); });
 }
 
 Reservation Engine::reserve(const SkuKey& key, Quantity qty, std::optional<std::int64_t> ttl_us,
@@ -155,15 +283,14 @@ Reservation Engine::reserve(const SkuKey& key, Quantity qty, std::optional<std::
   validate_qty(qty);
   if (ttl_us) validate_ttl_us(*ttl_us);
   if (idempotency_key) validate_idempotency_key(*idempotency_key);
-  ReserveRequest request{key, qty, ttl_us.value_or(options_.default_ttl_us),
-                         std::move(idempotency_key), resolve(call)};
-  return counted<Reservation>(request.options.strategy, [&] { return store_->reserve(request); });
+  return reserve_checked(key, qty, ttl_us.value_or(options_.default_ttl_us), idempotency_key,
+                         route(key, call));
 }
 
-std::vector<Reservation> Engine::reserve_order(const std::vector<OrderLine>& lines,
-                                               std::optional<std::int64_t> ttl_us,
-                                               std::optional<std::string> idempotency_key,
-                                               const CallOptions& call) {
+OrderRequest Engine::order_request(const std::vector<OrderLine>& lines,
+                                   std::optional<std::int64_t> ttl_us,
+                                   std::optional<std::string> idempotency_key,
+                                   const CallOptions& call) const {
   if (lines.empty()) throw_invalid_argument("an order needs at least one line");
   if (lines.size() > order_lines_max) {
     throw_invalid_argument("an order has at most " + std::to_string(order_lines_max) +
@@ -183,10 +310,22 @@ std::vector<Reservation> Engine::reserve_order(const std::vector<OrderLine>& lin
   if (call.expected_version) {
     throw_invalid_argument("reserve_order does not take expected_version");
   }
-  OrderRequest request{lines, ttl_us.value_or(options_.default_ttl_us), std::move(idempotency_key),
-                       resolve(call)};
-  return counted<std::vector<Reservation>>(request.options.strategy,
-                                           [&] { return store_->reserve_order(request); });
+  return OrderRequest{lines, ttl_us.value_or(options_.default_ttl_us), std::move(idempotency_key),
+                      resolve(call)};
+}
+
+std::vector<Reservation> Engine::reserve_order(const std::vector<OrderLine>& lines,
+                                               std::optional<std::int64_t> ttl_us,
+                                               std::optional<std::string> idempotency_key,
+                                               const CallOptions& call) {
+  OrderRequest request = order_request(lines, ttl_us, std::move(idempotency_key), call);
+  // An order is all or nothing over many rows: it runs per request, as atomic when the
+  // caller asked for batched or auto.
+  const Strategy asked = request.options.strategy;
+  if (asked == Strategy::batched || asked == Strategy::automatic) {
+    request.options.strategy = Strategy::atomic;
+  }
+  return counted<std::vector<Reservation>>(asked, [&] { return store_->reserve_order(request); });
 }
 
 Reservation Engine::confirm(const Uuid& id, std::optional<Version> expected) {
@@ -218,7 +357,126 @@ std::size_t Engine::expire_due(std::size_t limit) {
 }
 
 StoreStats Engine::stats(std::size_t sku_limit) const {
-  return store_->stats(sku_limit);
+  StoreStats out = store_->stats(sku_limit);
+  for (SkuStats& sku : out.hottest_skus) {
+    const SkuHeat h = tracker_.heat(sku.key);
+    sku.mode = h.mode;
+    sku.in_flight = h.in_flight;
+    sku.peak_in_flight = h.peak_in_flight;
+  }
+  std::lock_guard<std::mutex> lock(lazy_mutex_);
+  if (batcher_) out.batcher = batcher_->stats();
+  return out;
+}
+
+Advice Engine::recommend(const SkuKey& key) const {
+  validate_sku_key(key);
+  return advise(key, tracker_.heat(key), options_.automatic);
+}
+
+// --- async ---
+
+// Runs fn() on an async worker and posts its outcome (or error) to `sink`.
+template <class Fn>
+void Engine::run_async(std::shared_ptr<CompletionSink> sink, std::uint64_t token, Fn fn) {
+  if (!sink) throw_invalid_argument("an async call needs a completion sink");
+  executor().submit([sink = std::move(sink), token, fn = std::move(fn)]() mutable {
+    std::vector<Completion> out(1);
+    out[0].token = token;
+    try {
+      out[0].value = fn();
+    } catch (const Error& e) {
+      out[0].error = e;
+    } catch (const std::exception& e) {
+      out[0].error = Error(ErrorCode::in_doubt,
+                           std::string("an async call failed unexpectedly; its outcome is "
+                                       "unknown: ") +
+                               e.what());
+    }
+    sink->post(out);
+  });
+}
+
+void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::int64_t> ttl_us,
+                            std::optional<std::string> idempotency_key, const CallOptions& call,
+                            std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
+  validate_sku_key(key);
+  validate_qty(qty);
+  if (ttl_us) validate_ttl_us(*ttl_us);
+  if (idempotency_key) validate_idempotency_key(*idempotency_key);
+  if (!sink) throw_invalid_argument("an async call needs a completion sink");
+  const std::int64_t ttl = ttl_us.value_or(options_.default_ttl_us);
+  const Route r = route(key, call);
+  if (r.batched) {
+    BatchItem item;
+    item.key = key;
+    item.qty = qty;
+    item.ttl_us = ttl;
+    item.idempotency_key = std::move(idempotency_key);
+    through_batcher(item, r, std::move(sink), token);
+    return;
+  }
+  try {  // reserve_checked leaves the tracker when the call ends
+    run_async(std::move(sink), token,
+              [this, key, qty, ttl, idempotency_key = std::move(idempotency_key), r] {
+                return reserve_checked(key, qty, ttl, idempotency_key, r);
+              });
+  } catch (...) {
+    tracker_.leave(key);
+    throw;
+  }
+}
+
+void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& call,
+                         std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
+  validate_sku_key(key);
+  validate_qty(qty);
+  if (!sink) throw_invalid_argument("an async call needs a completion sink");
+  const Route r = route(key, call);
+  if (r.batched) {
+    BatchItem item;
+    item.op = BatchOp::sell;
+    item.key = key;
+    item.qty = qty;
+    through_batcher(item, r, std::move(sink), token);
+    return;
+  }
+  try {  // sell_checked leaves the tracker when the call ends
+    run_async(std::move(sink), token, [this, key, qty, r] { return sell_checked(key, qty, r); });
+  } catch (...) {
+    tracker_.leave(key);
+    throw;
+  }
+}
+
+void Engine::submit_reserve_order(const std::vector<OrderLine>& lines,
+                                  std::optional<std::int64_t> ttl_us,
+                                  std::optional<std::string> idempotency_key,
+                                  const CallOptions& call, std::shared_ptr<CompletionSink> sink,
+                                  std::uint64_t token) {
+  order_request(lines, ttl_us, idempotency_key, call);  // bad input raises here
+  run_async(std::move(sink), token,
+            [this, lines, ttl_us, idempotency_key = std::move(idempotency_key), call] {
+              return reserve_order(lines, ttl_us, idempotency_key, call);
+            });
+}
+
+void Engine::submit_transition(Transition kind, const Uuid& id, std::int64_t ttl_us,
+                               std::optional<Version> expected_version,
+                               std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
+  validate_expected_version(expected_version);
+  if (kind == Transition::extend) validate_ttl_us(ttl_us);
+  run_async(std::move(sink), token, [this, kind, id, ttl_us, expected_version] {
+    switch (kind) {
+      case Transition::confirm:
+        return confirm(id, expected_version);
+      case Transition::release:
+        return release(id, expected_version);
+      case Transition::extend:
+        break;
+    }
+    return extend(id, ttl_us, expected_version);
+  });
 }
 
 }  // namespace stockade

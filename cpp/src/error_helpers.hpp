@@ -20,15 +20,28 @@ inline std::string describe(const SkuKey& key) {
   return "sku '" + key.sku + "' at location '" + key.location + "'";
 }
 
+inline Error stock_not_found(const SkuKey& key) {
+  return Error(ErrorCode::not_found, "no stock row for " + describe(key), context_of(key));
+}
+
 [[noreturn]] inline void throw_stock_not_found(const SkuKey& key) {
-  throw Error(ErrorCode::not_found, "no stock row for " + describe(key), context_of(key));
+  throw stock_not_found(key);
+}
+
+inline Error out_of_stock(const SkuKey& key, Quantity available, Quantity qty) {
+  return Error(ErrorCode::out_of_stock,
+               "out of stock: " + describe(key) + " has " + std::to_string(available) +
+                   " available, " + std::to_string(qty) + " requested",
+               context_of(key));
 }
 
 [[noreturn]] inline void throw_out_of_stock(const SkuKey& key, Quantity available, Quantity qty) {
-  throw Error(ErrorCode::out_of_stock,
-              "out of stock: " + describe(key) + " has " + std::to_string(available) +
-                  " available, " + std::to_string(qty) + " requested",
-              context_of(key));
+  throw out_of_stock(key, available, qty);
+}
+
+inline Error idempotency_conflict(const std::string& key) {
+  return Error(ErrorCode::idempotency_conflict,
+               "idempotency key '" + key + "' was used for a different request");
 }
 
 [[noreturn]] inline void throw_stock_version_conflict(const SkuKey& key, Version expected,

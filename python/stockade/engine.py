@@ -8,9 +8,9 @@ threads run it in parallel.
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextvars
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import weakref
 from datetime import datetime, timedelta, timezone
 from typing import (
     Any,
@@ -28,6 +28,7 @@ from typing import (
 )
 
 from . import _core
+from .claim import ClaimAdvice
 from .errors import InvalidArgument, InvalidType
 from .values import (
     Reservation,
@@ -108,19 +109,84 @@ def _order_lines(items: object, location: str) -> List[Tuple[str, str, int]]:
     return lines
 
 
+# True while an async twin runs its sync method's argument handling: the method then
+# queues its call and returns a future instead of calling the core and blocking. Set and
+# reset around one synchronous stretch of one task, so it never leaks between calls.
+_SUBMITTING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "stockade_submitting", default=False)
+
+
+class _AsyncBridge:
+    """Completions of one event loop's async calls, delivered in bulk.
+
+    The loop watches the channel's eventfd. C++ threads (batch flushers, async workers)
+    post outcomes there without the GIL; one readable event drains all that have
+    arrived, however many, and resolves their futures. No Python thread runs per call.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.channel = _core.AsyncChannel()
+        self.futures: Dict[int, Tuple[asyncio.Future[Any], Callable[[Any], Any]]] = {}
+        self.next_token = 0
+        loop.add_reader(self.channel.fd, self.drain)
+
+    def submit(
+        self, submit: Callable[..., None], convert: Callable[[Any], T], kwargs: Dict[str, Any],
+    ) -> asyncio.Future[T]:
+        token = self.next_token
+        self.next_token += 1
+        future: asyncio.Future[T] = self.loop.create_future()
+        self.futures[token] = (future, convert)
+        try:
+            submit(channel=self.channel, token=token, **kwargs)
+        except BaseException:
+            del self.futures[token]
+            raise
+        return future
+
+    def drain(self) -> None:
+        for token, value, error in self.channel.drain():
+            future, convert = self.futures.pop(token)
+            if future.done():  # cancelled by its caller; the call itself still ran
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(convert(value))
+
+    def close(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self.channel.fd)
+
+
 def _awaitable(
     call: Callable[Concatenate[Engine, P], T],
 ) -> Callable[Concatenate[Engine, P], Coroutine[Any, Any, T]]:
-    """Makes the awaitable twin of a blocking Engine method: same parameters, run on the
-    engine's bounded worker pool so the event loop never blocks."""
+    """Makes the awaitable twin of a blocking Engine method: same parameters, same checks,
+    queued in C++ (the hot-row batcher, or a small pool of C++ workers) and completed
+    through the event loop's channel."""
 
     async def run(self: Engine, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self._run(call, self, *args, **kwargs)
+        mark = _SUBMITTING.set(True)
+        try:
+            future = call(self, *args, **kwargs)
+        finally:
+            _SUBMITTING.reset(mark)
+        return await future  # type: ignore[misc, no-any-return]
 
     run.__name__ = f"{call.__name__}_async"
     run.__qualname__ = f"Engine.{run.__name__}"
-    run.__doc__ = f":meth:`Engine.{call.__name__}` as an awaitable (on a bounded worker pool)."
+    run.__doc__ = (
+        f":meth:`Engine.{call.__name__}` as an awaitable. The call is queued in C++ and its "
+        "outcome reaches the event loop in bulk. Cancelling the awaitable does not cancel "
+        "the call: it may still commit (use an idempotency key to find out)."
+    )
     return run
+
+
+def _reservations(made: List[_core.Reservation]) -> List[Reservation]:
+    return [Reservation._from_core(r) for r in made]
 
 
 class Engine:
@@ -131,15 +197,13 @@ class Engine:
     (a :class:`Strategy` or its name), ``nowait=`` and ``lock_timeout=``.
     """
 
-    def __init__(self, core: _core.Engine, *, async_workers: int = 8) -> None:
+    def __init__(self, core: _core.Engine) -> None:
         if not isinstance(core, _core.Engine):
             raise InvalidType("use Engine.memory() or Engine.postgres() to make an engine")
         self._core = core
-        self._async_workers = check_int("async_workers", async_workers)
-        if not 1 <= self._async_workers <= 1024:
-            raise InvalidArgument("async_workers must be between 1 and 1024")
-        self._executor: Optional[ThreadPoolExecutor] = None
-        self._executor_lock = threading.Lock()
+        self._bridges: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncBridge] = (
+            weakref.WeakKeyDictionary())
+        self._bridges_lock = threading.Lock()
 
     # --- construction ---
 
@@ -147,24 +211,31 @@ class Engine:
     def memory(
         cls,
         *,
-        strategy: Union[Strategy, str] = Strategy.ATOMIC,
+        strategy: Union[Strategy, str] = Strategy.AUTO,
         clock: Optional[ManualClock] = None,
         retries_max: int = 5,
         lock_timeout: TtlLike = timedelta(seconds=10),
         default_ttl: TtlLike = timedelta(minutes=15),
+        batch_max: int = 4096,
+        batch_shards: int = 4,
         async_workers: int = 8,
     ) -> Engine:
-        """An engine over the embedded in-process store: real semantics, no durability."""
+        """An engine over the embedded in-process store: real semantics, no durability.
+
+        ``batch_max`` bounds the requests one batch carries, ``batch_shards`` is the number
+        of flusher threads of the hot-row layer, and ``async_workers`` the number of C++
+        threads that run async calls which do not batch."""
         if clock is not None and not isinstance(clock, ManualClock):
             raise InvalidType(f"clock must be a ManualClock, not {type(clock).__name__}")
         core = _core.Engine.memory(
-            strategy=strategy_name(strategy) or Strategy.ATOMIC.value,
+            strategy=strategy_name(strategy) or Strategy.AUTO.value,
             retries_max=check_int("retries_max", retries_max),
             lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
             default_ttl_us=duration_us("default_ttl", default_ttl),
             clock=clock._core if clock is not None else None,
+            **_layer_options(batch_max, batch_shards, async_workers),
         )
-        return cls(core, async_workers=async_workers)
+        return cls(core)
 
     @classmethod
     def postgres(
@@ -172,7 +243,7 @@ class Engine:
         dsn: str,
         *,
         pool_size: int = 8,
-        strategy: Union[Strategy, str] = Strategy.ATOMIC,
+        strategy: Union[Strategy, str] = Strategy.AUTO,
         schema: str = "stockade",
         retries_max: int = 5,
         lock_timeout: TtlLike = timedelta(seconds=10),
@@ -181,6 +252,8 @@ class Engine:
         sweeper: bool = False,
         sweep_interval: TtlLike = timedelta(seconds=1),
         sweep_batch: int = 1000,
+        batch_max: int = 4096,
+        batch_shards: int = 4,
         async_workers: int = 8,
     ) -> Engine:
         """An engine over PostgreSQL: the durable store.
@@ -190,7 +263,9 @@ class Engine:
         that waits longer than ``pool_timeout`` for one raises ``Overloaded``. Call
         :meth:`migrate` once to create the schema. With ``sweeper=True`` a background
         thread expires due holds every ``sweep_interval``, ``sweep_batch`` per transaction;
-        of all engines on one database, one sweeps at a time.
+        of all engines on one database, one sweeps at a time. ``batch_max``,
+        ``batch_shards`` and ``async_workers`` are as for :meth:`memory`; each batch
+        flusher holds one pooled connection while it applies a batch.
         """
         core = _core.Engine.postgres(
             dsn=check_str("dsn", dsn),
@@ -200,12 +275,13 @@ class Engine:
             sweeper=check_bool("sweeper", sweeper),
             sweep_interval_ms=duration_ms("sweep_interval", sweep_interval),
             sweep_batch=_positive("sweep_batch", sweep_batch),
-            strategy=strategy_name(strategy) or Strategy.ATOMIC.value,
+            strategy=strategy_name(strategy) or Strategy.AUTO.value,
             retries_max=check_int("retries_max", retries_max),
             lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
             default_ttl_us=duration_us("default_ttl", default_ttl),
+            **_layer_options(batch_max, batch_shards, async_workers),
         )
-        return cls(core, async_workers=async_workers)
+        return cls(core)
 
     # --- properties and lifecycle ---
 
@@ -227,14 +303,12 @@ class Engine:
         return self._core.migrate()
 
     def close(self) -> None:
-        """Stops the async worker pool, the sweeper and the database connections.
+        """Completes every queued request (batched or async), then stops the batch
+        flushers, the async workers, the sweeper and the database connections.
 
-        On PostgreSQL, calls after close raise ``InvalidState``; the memory store stays
-        usable for synchronous calls. Closing twice is harmless."""
-        with self._executor_lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True)
+        Later batched and async calls raise ``InvalidState``, and on PostgreSQL every call
+        does; the memory store stays usable for synchronous per-request calls. Closing
+        twice is harmless. Completions of async calls still reach their event loops."""
         self._core.close()
 
     def __enter__(self) -> Engine:
@@ -281,13 +355,14 @@ class Engine:
         nowait: bool = False, lock_timeout: Optional[TtlLike] = None,
     ) -> StockLevel:
         """Sells ``qty`` units at once (no hold): on_hand falls if enough is available."""
-        return StockLevel._from_core(self._core.sell(
+        return self._call(
+            "sell", StockLevel._from_core,
             sku=check_str("sku", sku), location=check_str("location", location),
             qty=check_int("qty", qty), strategy=strategy_name(strategy),
             nowait=check_bool("nowait", nowait),
             lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
             expected_version=check_optional_int("expected_version", expected_version),
-        ))
+        )
 
     # --- reservations ---
 
@@ -304,14 +379,15 @@ class Engine:
         On PostgreSQL, a connection lost during COMMIT raises ``InDoubt``: retry with the
         same ``idempotency_key`` to get the reservation if it committed, or make it if not.
         """
-        return Reservation._from_core(self._core.reserve(
+        return self._call(
+            "reserve", Reservation._from_core,
             sku=check_str("sku", sku), location=check_str("location", location),
             qty=check_int("qty", qty), ttl_us=optional_duration_us("ttl", ttl),
             idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             strategy=strategy_name(strategy), nowait=check_bool("nowait", nowait),
             lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
             expected_version=check_optional_int("expected_version", expected_version),
-        ))
+        )
 
     def reserve_order(
         self, items: Mapping[OrderKey, int], *, ttl: Optional[TtlLike] = None,
@@ -325,33 +401,34 @@ class Engine:
         deadlock. Returns one reservation per line, in the order of ``items``.
         """
         lines = _order_lines(items, check_str("location", location))
-        made = self._core.reserve_order(
+        return self._call(
+            "reserve_order", _reservations,
             lines=lines, ttl_us=optional_duration_us("ttl", ttl),
             idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             strategy=strategy_name(strategy), nowait=check_bool("nowait", nowait),
             lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
         )
-        return [Reservation._from_core(r) for r in made]
 
     def confirm(self, id: ReservationId, *, expected_version: Optional[int] = None) -> Reservation:
         """held -> confirmed: the units leave on_hand. ``ReservationExpired`` past expiry."""
-        return Reservation._from_core(self._core.confirm(
-            id=reservation_id_bytes(id),
-            expected_version=check_optional_int("expected_version", expected_version)))
+        return self._call(
+            "confirm", Reservation._from_core, id=reservation_id_bytes(id),
+            expected_version=check_optional_int("expected_version", expected_version))
 
     def release(self, id: ReservationId, *, expected_version: Optional[int] = None) -> Reservation:
         """held -> released: the units become available again."""
-        return Reservation._from_core(self._core.release(
-            id=reservation_id_bytes(id),
-            expected_version=check_optional_int("expected_version", expected_version)))
+        return self._call(
+            "release", Reservation._from_core, id=reservation_id_bytes(id),
+            expected_version=check_optional_int("expected_version", expected_version))
 
     def extend(
         self, id: ReservationId, *, ttl: TtlLike, expected_version: Optional[int] = None,
     ) -> Reservation:
         """Moves a live hold's expiry to now + ``ttl``."""
-        return Reservation._from_core(self._core.extend(
-            id=reservation_id_bytes(id), ttl_us=duration_us("ttl", ttl),
-            expected_version=check_optional_int("expected_version", expected_version)))
+        return self._call(
+            "extend", Reservation._from_core, id=reservation_id_bytes(id),
+            ttl_us=duration_us("ttl", ttl),
+            expected_version=check_optional_int("expected_version", expected_version))
 
     def reservation(self, id: ReservationId) -> Reservation:
         """The reservation as committed (``NotFound`` if there is none)."""
@@ -373,18 +450,35 @@ class Engine:
             raise InvalidArgument("sku_limit must not be negative")
         return self._core.stats(sku_limit=sku_limit)
 
+    # --- advice ---
+
+    def recommend(self, sku: str, *, location: str = DEFAULT_LOCATION) -> ClaimAdvice:
+        """The strategy this SKU's measured contention points to, with the figures.
+
+        Measured in this process: how many requests for the row arrived while another
+        was in flight (the Claim Test's "odds", per row), and the peak in flight. This is
+        what ``auto`` acts on."""
+        strategy, reasons = self._core.recommend(
+            sku=check_str("sku", sku), location=check_str("location", location))
+        return ClaimAdvice(Strategy(strategy), tuple(reasons))
+
     # --- asyncio ---
 
-    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool(), functools.partial(fn, *args, **kwargs))
+    def _call(self, name: str, convert: Callable[[Any], T], **kwargs: Any) -> T:
+        """Runs core method ``name`` and converts its result; inside an async twin,
+        queues ``submit_<name>`` instead and returns the future (see _SUBMITTING)."""
+        if _SUBMITTING.get():
+            bridge = self._bridge(asyncio.get_running_loop())
+            return bridge.submit(  # type: ignore[return-value]
+                getattr(self._core, "submit_" + name), convert, kwargs)
+        return convert(getattr(self._core, name)(**kwargs))
 
-    def _pool(self) -> ThreadPoolExecutor:
-        with self._executor_lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    max_workers=self._async_workers, thread_name_prefix="stockade-async")
-            return self._executor
+    def _bridge(self, loop: asyncio.AbstractEventLoop) -> _AsyncBridge:
+        with self._bridges_lock:
+            bridge = self._bridges.get(loop)
+            if bridge is None:
+                bridge = self._bridges[loop] = _AsyncBridge(loop)
+            return bridge
 
     reserve_async = _awaitable(reserve)
     reserve_order_async = _awaitable(reserve_order)
@@ -392,3 +486,11 @@ class Engine:
     confirm_async = _awaitable(confirm)
     release_async = _awaitable(release)
     extend_async = _awaitable(extend)
+
+
+def _layer_options(batch_max: int, batch_shards: int, async_workers: int) -> Dict[str, int]:
+    return {
+        "batch_max": _positive("batch_max", batch_max),
+        "batch_shards": _positive("batch_shards", batch_shards),
+        "async_workers": _positive("async_workers", async_workers),
+    }

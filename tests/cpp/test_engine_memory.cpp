@@ -143,17 +143,43 @@ TEST_F(MemoryEngine, bad_input_raises_invalid_argument_and_changes_nothing) {
   EXPECT_EQ(engine->stats().reservation_count, 0u);
 }
 
-TEST_F(MemoryEngine, batched_and_auto_are_refused_until_built) {
+TEST_F(MemoryEngine, batched_and_auto_reserve_and_sell_like_atomic) {
   engine->restock(sku, 5);
   for (Strategy s : {Strategy::batched, Strategy::automatic}) {
     CallOptions call;
     call.strategy = s;
-    EXPECT_STOCKADE_ERROR(engine->reserve(sku, 1, {}, {}, call), ErrorCode::not_supported);
+    const Reservation r = engine->reserve(sku, 1, {}, {}, call);
+    EXPECT_EQ(r.state, ReservationState::held);
+    EXPECT_EQ(engine->get_reservation(r.id).qty, 1);
+    EXPECT_EQ(engine->sell(sku, 1, call).on_hand, 5 - (s == Strategy::batched ? 1 : 2));
   }
-  EXPECT_EQ(engine->stock(sku).reserved, 0);
-  EngineOptions batched_default;
-  batched_default.default_strategy = Strategy::batched;
-  EXPECT_STOCKADE_ERROR(Engine::memory(batched_default), ErrorCode::not_supported);
+  CallOptions batched;
+  batched.strategy = Strategy::batched;
+  EXPECT_STOCKADE_ERROR(engine->reserve(sku, 2, {}, {}, batched), ErrorCode::out_of_stock);
+  EXPECT_STOCKADE_ERROR(engine->reserve({"missing", "default"}, 1, {}, {}, batched),
+                        ErrorCode::not_found);
+  const StockLevel level = engine->stock(sku);
+  EXPECT_EQ(level.on_hand, 3);
+  EXPECT_EQ(level.reserved, 2);
+  const StoreStats stats = engine->stats();
+  const auto& b = stats.strategies[static_cast<std::size_t>(Strategy::batched)];
+  EXPECT_EQ(b.requests, 4u);
+  EXPECT_EQ(b.granted, 2u);
+  EXPECT_EQ(b.refused, 1u);
+  EXPECT_EQ(b.failed, 1u);
+  EXPECT_TRUE(stats.batcher.started);
+  EXPECT_EQ(stats.batcher.requests, 4u);
+}
+
+TEST_F(MemoryEngine, batched_with_expected_version_runs_per_request) {
+  const StockLevel level = engine->restock(sku, 5);
+  CallOptions call;
+  call.strategy = Strategy::batched;
+  call.expected_version = level.version + 1;
+  EXPECT_STOCKADE_ERROR(engine->sell(sku, 1, call), ErrorCode::version_conflict);
+  call.expected_version = level.version;
+  EXPECT_EQ(engine->sell(sku, 1, call).on_hand, 4);
+  EXPECT_FALSE(engine->stats().batcher.started);  // never went through the batcher
 }
 
 TEST_F(MemoryEngine, confirm_sells_the_held_units) {

@@ -12,7 +12,7 @@ import pytest
 import stockade
 from stockade import ReservationState, Strategy
 
-from support import START, Now, Wait
+from support import ALL_STRATEGIES, START, Now, Wait
 
 
 def close_to(when: datetime, now: datetime) -> bool:
@@ -195,7 +195,7 @@ def test_concurrent_duplicates_of_one_key_end_as_one_reservation(engine: stockad
     assert engine.stock("s").reserved == 5
 
 
-@pytest.mark.parametrize("name", ["atomic", "pessimistic", "advisory", "optimistic"])
+@pytest.mark.parametrize("name", ALL_STRATEGIES)
 def test_strategy_accepts_names_and_members(engine: stockade.Engine, name: str) -> None:
     engine.restock("s", 2)
     engine.reserve("s", 1, strategy=name)
@@ -203,14 +203,11 @@ def test_strategy_accepts_names_and_members(engine: stockade.Engine, name: str) 
     assert engine.stats()["strategies"][name]["granted"] == 2
 
 
-@pytest.mark.parametrize("name", ["batched", "auto"])
-def test_unbuilt_strategies_raise_not_supported(engine: stockade.Engine, name: str) -> None:
-    engine.restock("s", 2)
-    with pytest.raises(stockade.NotSupported, match="not built yet"):
-        engine.reserve("s", 1, strategy=name)
-    with pytest.raises(NotImplementedError):
-        stockade.Engine.memory(strategy=name).reserve("s", 1)
-    assert engine.stock("s").reserved == 0
+def test_default_strategy_is_auto(engine: stockade.Engine) -> None:
+    assert engine.strategy is Strategy.AUTO
+    engine.restock("s", 1)
+    engine.reserve("s", 1)
+    assert engine.stats()["strategies"]["auto"]["granted"] == 1
 
 
 @pytest.mark.parametrize("kind", ["pessimistic", "advisory"])
@@ -238,10 +235,11 @@ def test_stats_report_strategies_and_hottest_skus(engine: stockade.Engine, backe
         engine.reserve("hot", 1)
     stats = engine.stats(sku_limit=1)
     assert stats["backend"] == backend
-    assert stats["strategies"]["atomic"]["requests"] == 2
+    assert stats["strategies"]["auto"]["requests"] == 2
     assert stats["hottest_skus"] == [
         {"sku": "hot", "location": "default", "requests": 2, "refused": 1, "conflicts": 0,
-         "lock_waits": 0}]
+         "lock_waits": 0, "mode": "atomic", "in_flight": 0, "peak_in_flight": 1}]
+    assert stats["batcher"]["started"] is False
     assert (stats["sku_count"], stats["reservation_count"], stats["held_count"]) == (2, 1, 1)
 
 
@@ -255,7 +253,7 @@ def test_reservation_ids_carry_the_shard_key_of_their_row(engine: stockade.Engin
 
 def test_migrate_on_memory_applies_nothing(memory_engine: stockade.Engine) -> None:
     assert memory_engine.migrate() == []
-    assert memory_engine.backend == "memory" and memory_engine.strategy is Strategy.ATOMIC
+    assert memory_engine.backend == "memory" and memory_engine.strategy is Strategy.AUTO
 
 
 async def _reserve_many(engine: stockade.Engine, n: int) -> list[stockade.Reservation]:

@@ -5,20 +5,38 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "stockade/async.hpp"
+#include "stockade/batcher.hpp"
+#include "stockade/contention.hpp"
 #include "stockade/postgres_store.hpp"
 #include "stockade/store.hpp"
 
 namespace stockade {
 
 struct EngineOptions {
-  Strategy default_strategy = Strategy::atomic;
+  Strategy default_strategy = Strategy::automatic;
   int retries_max = 5;
   std::int64_t lock_timeout_ms = 10000;
   std::int64_t default_ttl_us = 15LL * 60 * 1000 * 1000;
+  BatcherOptions batcher;      // the hot-row layer, started by the first batched request
+  AutoOptions automatic;       // when `auto` switches a SKU between atomic and batched
+  std::size_t async_workers = 8;  // C++ threads for async calls that run per request
+  std::size_t async_queue_max = 65536;
+};
+
+inline constexpr std::size_t async_workers_max = 1024;
+
+// How a strategy-routed call runs: the strategy the caller asked for (counted under it),
+// whether it goes through the batcher, and the per-request options for the store.
+struct Route {
+  Strategy asked = Strategy::atomic;
+  bool batched = false;
+  WriteOptions options;
 };
 
 // Per-call overrides; empty fields take the engine's defaults.
@@ -29,9 +47,19 @@ struct CallOptions {
   std::optional<Version> expected_version;
 };
 
+// Routing: `batched` sends reserve and sell through the hot-row batcher; `auto` asks the
+// contention tracker, per SKU, whether to run them atomic or batched. A call the batcher
+// cannot express runs per request with `atomic` instead: reserve_order (many rows, all or
+// nothing) and any call with expected_version (a check against one particular version).
+//
+// Async calls (submit_*) never block the caller beyond queueing: batched ones go to the
+// batcher, the rest to a small pool of C++ workers; outcomes go to a CompletionSink.
 class Engine {
  public:
   Engine(std::shared_ptr<Store> store, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   // An engine over an in-process MemoryStore; clock defaults to the system clock.
   static std::unique_ptr<Engine> memory(EngineOptions options = {},
@@ -41,7 +69,8 @@ class Engine {
 
   // Creates or upgrades the store's schema; returns the migrations applied.
   std::vector<std::string> migrate();
-  // Releases the store's connections and background work.
+  // Drains the batcher and the async workers (every queued request completes), then
+  // releases the store's connections and background work.
   void close();
 
   StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected_version = {});
@@ -64,17 +93,57 @@ class Engine {
   Reservation get_reservation(const Uuid& id);
   std::size_t expire_due(std::size_t limit = 1000);
 
+  // Async twins. Each validates and queues, then returns; the outcome reaches `sink` as a
+  // Completion with `token`. Bad input and a full queue throw here, synchronously.
+  void submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::int64_t> ttl_us,
+                      std::optional<std::string> idempotency_key, const CallOptions& call,
+                      std::shared_ptr<CompletionSink> sink, std::uint64_t token);
+  void submit_sell(const SkuKey& key, Quantity qty, const CallOptions& call,
+                   std::shared_ptr<CompletionSink> sink, std::uint64_t token);
+  void submit_reserve_order(const std::vector<OrderLine>& lines,
+                            std::optional<std::int64_t> ttl_us,
+                            std::optional<std::string> idempotency_key, const CallOptions& call,
+                            std::shared_ptr<CompletionSink> sink, std::uint64_t token);
+  enum class Transition { confirm, release, extend };
+  void submit_transition(Transition kind, const Uuid& id, std::int64_t ttl_us,
+                         std::optional<Version> expected_version,
+                         std::shared_ptr<CompletionSink> sink, std::uint64_t token);
+
   StoreStats stats(std::size_t sku_limit = 20) const;
+  // What the measured contention on `key` recommends, with reasons.
+  Advice recommend(const SkuKey& key) const;
+  SkuHeat heat(const SkuKey& key) const { return tracker_.heat(key); }
   const EngineOptions& options() const { return options_; }
   Store& store() { return *store_; }
 
  private:
   WriteOptions resolve(const CallOptions& call) const;
+  Route route(const SkuKey& key, const CallOptions& call);
   template <class Result, class Fn>
   Result counted(Strategy strategy, Fn&& fn);
+  Reservation reserve_checked(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
+                              const std::optional<std::string>& idempotency_key,
+                              const Route& route);
+  StockLevel sell_checked(const SkuKey& key, Quantity qty, const Route& route);
+  OrderRequest order_request(const std::vector<OrderLine>& lines,
+                             std::optional<std::int64_t> ttl_us,
+                             std::optional<std::string> idempotency_key,
+                             const CallOptions& call) const;
+  HotRowBatcher& batcher();
+  AsyncExecutor& executor();
+  void through_batcher(BatchItem& item, const Route& route, std::shared_ptr<CompletionSink> sink,
+                       std::uint64_t token);
+  void observe(const BatchItem& item, std::uint8_t tag);
+  template <class Fn>
+  void run_async(std::shared_ptr<CompletionSink> sink, std::uint64_t token, Fn fn);
 
   std::shared_ptr<Store> store_;
   EngineOptions options_;
+  ContentionTracker tracker_;
+  mutable std::mutex lazy_mutex_;  // guards starting the batcher and the executor
+  std::unique_ptr<HotRowBatcher> batcher_;
+  std::unique_ptr<AsyncExecutor> executor_;
+  bool closed_ = false;
 };
 
 // Checks engine-wide options; throws InvalidArgument.

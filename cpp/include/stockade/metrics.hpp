@@ -66,13 +66,28 @@ struct alignas(64) SkuCounters {
   std::atomic<std::uint64_t> lock_waits{0};
 };
 
-// Per-SKU figures: how hot a row is and how often writers collide on it.
+// Per-SKU figures: how hot a row is and how often writers collide on it. The store fills
+// the counters; the engine adds what its contention tracker measured.
 struct SkuStats {
   SkuKey key;
   std::uint64_t requests = 0;
   std::uint64_t refused = 0;
   std::uint64_t conflicts = 0;
   std::uint64_t lock_waits = 0;
+  Strategy mode = Strategy::atomic;  // what `auto` runs this SKU as right now
+  std::uint32_t in_flight = 0;       // requests in flight in this process
+  std::uint32_t peak_in_flight = 0;  // in the tracker's last complete window
+};
+
+// The hot-row batcher's figures (all zero until a batched request starts it).
+struct BatcherStats {
+  bool started = false;
+  std::uint64_t batches = 0;         // transactions applied
+  std::uint64_t requests = 0;        // requests they carried
+  std::uint64_t failed_batches = 0;  // batches whose transaction failed as a whole
+  std::uint64_t batch_size_max = 0;  // the largest batch so far
+  std::uint64_t queued = 0;          // requests waiting or being applied right now
+  std::size_t shards = 0;
 };
 
 // The background sweeper of a store that has one (PostgreSQL, sweeper=true).
@@ -93,6 +108,7 @@ struct StoreStats {
   std::uint64_t reservation_count = 0;
   std::uint64_t held_count = 0;
   SweeperStats sweeper;
+  BatcherStats batcher;
 };
 
 // The parts of StoreStats every store fills the same way.

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "stockade/errors.hpp"
 #include "stockade/metrics.hpp"
 #include "stockade/types.hpp"
 
@@ -54,6 +55,35 @@ struct SellRequest {
   WriteOptions options;
 };
 
+// One request inside a batch (Store::apply_batch). The hot-row batcher fills the input
+// fields from a preallocated record; the store fills the outcome: a reservation (reserve),
+// a stock level (sell), or a per-request error such as OutOfStock.
+enum class BatchOp : std::uint8_t { reserve, sell };
+
+struct BatchItem {
+  // Input.
+  BatchOp op = BatchOp::reserve;
+  SkuKey key;
+  Quantity qty = 0;
+  std::int64_t ttl_us = 0;                     // reserve only
+  std::optional<std::string> idempotency_key;  // reserve only
+  // Outcome, written by the store.
+  bool ok = false;
+  Reservation reservation;
+  StockLevel level;
+  std::optional<Error> error;
+
+  void clear_outcome() {
+    ok = false;
+    error.reset();
+  }
+};
+
+// How a batch may wait for its locks.
+struct BatchOptions {
+  std::int64_t lock_timeout_ms = 10000;
+};
+
 // A lock held on behalf of a test, released when destroyed.
 class LockHold {
  public:
@@ -83,6 +113,16 @@ class Store {
                              std::optional<Version> expected_version) = 0;
   virtual Reservation get_reservation(const Uuid& id) = 0;
   virtual std::size_t expire_due(std::size_t limit) = 0;
+
+  // Applies a batch of reserve and sell requests as one transaction, deciding each in
+  // the order given (arrival order): grant while units are available, refuse the rest
+  // with OutOfStock. Stock rows are locked in sorted key order. Idempotency keys hold
+  // inside a batch: a duplicate later in the same batch gets the first one's outcome,
+  // and a key committed earlier replays its reservation. On return every item carries
+  // its outcome (ok, or a per-item error) and the batch has committed. If the batch as a
+  // whole fails it throws, and no item took effect, except that InDoubt means the commit
+  // may or may not have landed.
+  virtual void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) = 0;
 
   virtual StoreStats stats(std::size_t sku_limit) const = 0;
 

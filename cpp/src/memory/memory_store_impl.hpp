@@ -94,6 +94,7 @@ class MemoryStore final : public Store {
   Reservation extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) override;
   Reservation get_reservation(const Uuid& id) override;
   std::size_t expire_due(std::size_t limit) override;
+  void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
 
   StoreStats stats(std::size_t sku_limit) const override;
 

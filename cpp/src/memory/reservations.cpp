@@ -130,12 +130,7 @@ std::vector<Reservation> MemoryStore::with_idempotency(
         idempotency_.emplace(key, IdempotencyEntry{fingerprint, {}, true});
         break;
       }
-      if (it->second.fingerprint != fingerprint) {
-        ErrorContext context;
-        throw Error(ErrorCode::idempotency_conflict,
-                    "idempotency key '" + key + "' was used for a different request",
-                    std::move(context));
-      }
+      if (it->second.fingerprint != fingerprint) throw idempotency_conflict(key);
       if (!it->second.pending) {
         const std::vector<Uuid> ids = it->second.ids;
         lock.unlock();
@@ -278,3 +273,31 @@ std::shared_ptr<Store> make_memory_store(std::shared_ptr<Clock> clock) {
 }
 
 }  // namespace stockade
+
+namespace stockade::detail {
+
+// A memory "transaction" is one compare-and-set, so there is no commit to amortize: the
+// batch is applied request by request, in arrival order, through the atomic path. That
+// keeps the batch's semantics (arrival-order decisions, idempotency inside the batch,
+// per-request errors) identical to PostgreSQL's, which is what the memory store is for.
+void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) {
+  WriteOptions write;
+  write.strategy = Strategy::atomic;
+  write.lock_timeout_ms = options.lock_timeout_ms;
+  for (BatchItem* item : items) {
+    item->clear_outcome();
+    try {
+      if (item->op == BatchOp::reserve) {
+        item->reservation =
+            reserve(ReserveRequest{item->key, item->qty, item->ttl_us, item->idempotency_key, write});
+      } else {
+        item->level = sell(SellRequest{item->key, item->qty, write});
+      }
+      item->ok = true;
+    } catch (const Error& e) {
+      item->error = e;
+    }
+  }
+}
+
+}  // namespace stockade::detail

@@ -116,6 +116,46 @@ Statements::Statements(const std::string& schema) {
           schema + ".idempotency WHERE key = $1");
   set(Stmt::advisory_lock, "SELECT pg_advisory_xact_lock($1::bigint)");
   set(Stmt::advisory_try_lock, "SELECT pg_try_advisory_xact_lock($1::bigint)");
+  add_batch_statements(schema, set);
+}
+
+// The hot-row batcher's statements: each takes arrays (one element per request or per
+// row) and runs once per batch, whatever its size.
+template <class Set>
+void Statements::add_batch_statements(const std::string& schema, Set& set) {
+  const std::string idempotency = schema + ".idempotency";
+  // Claims new keys in sorted order (so two batches cannot deadlock on them); a key that
+  // another transaction holds is waited for, and comes back missing if it committed.
+  set(Stmt::batch_claim,
+      "INSERT INTO " + idempotency +
+          " (key, request_fingerprint, reservation_ids, created_at)"
+          " SELECT k, f, ARRAY[i::uuid], now() FROM unnest($1::text[], $2::text[], $3::text[])"
+          " AS t(k, f, i) ORDER BY k COLLATE \"C\" ON CONFLICT (key) DO NOTHING RETURNING key");
+  set(Stmt::batch_keys_get,
+      "SELECT key, request_fingerprint, array_to_string(reservation_ids, ',') FROM " +
+          idempotency + " WHERE key = ANY($1::text[])");
+  // Locks the touched rows in sorted key order, and reads the transaction's now().
+  set(Stmt::batch_lock,
+      "SELECT s.sku, s.location, s.on_hand, s.reserved, s.version, " + epoch_us("now()") +
+          " FROM " + schema + ".stock s JOIN unnest($1::text[], $2::text[]) AS k(sku, location)"
+          " ON s.sku = k.sku AND s.location = k.location"
+          " ORDER BY s.sku COLLATE \"C\", s.location COLLATE \"C\" FOR UPDATE OF s");
+  // One statement writes the summed deltas of every row and inserts every reservation.
+  set(Stmt::batch_write,
+      "WITH moved AS (UPDATE " + schema +
+          ".stock AS s SET on_hand = s.on_hand - d.sold, reserved = s.reserved + d.held,"
+          " version = s.version + d.changes, updated_at = now()"
+          " FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[])"
+          " AS d(sku, location, sold, held, changes)"
+          " WHERE s.sku = d.sku AND s.location = d.location RETURNING 1)"
+          " INSERT INTO " +
+          schema +
+          ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
+          " created_at, updated_at) SELECT i::uuid, k, l, q, 'held', 1,"
+          " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()"
+          " FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],"
+          " $11::text[]) AS r(i, k, l, q, t, ik) WHERE (SELECT count(*) FROM moved) = $12");
+  set(Stmt::batch_unclaim, "DELETE FROM " + idempotency + " WHERE key = ANY($1::text[])");
 }
 
 const char* Statements::name(Stmt s) {
@@ -140,6 +180,11 @@ const char* Statements::name(Stmt s) {
       "stockade_idempotency_get",
       "stockade_advisory_lock",
       "stockade_advisory_try_lock",
+      "stockade_batch_claim",
+      "stockade_batch_keys_get",
+      "stockade_batch_lock",
+      "stockade_batch_write",
+      "stockade_batch_unclaim",
   };
   return names[static_cast<std::size_t>(s)];
 }

@@ -41,6 +41,11 @@ enum class Stmt : std::size_t {
   idempotency_get,
   advisory_lock,
   advisory_try_lock,
+  batch_claim,
+  batch_keys_get,
+  batch_lock,
+  batch_write,
+  batch_unclaim,
   count_
 };
 
@@ -54,6 +59,9 @@ class Statements {
   static const char* name(Stmt s);
 
  private:
+  template <class Set>
+  void add_batch_statements(const std::string& schema, Set& set);
+
   std::array<std::string, stmt_count> sql_;
 };
 

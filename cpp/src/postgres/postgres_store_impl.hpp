@@ -70,6 +70,7 @@ class PostgresStore final : public Store {
   Reservation extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) override;
   Reservation get_reservation(const Uuid& id) override;
   std::size_t expire_due(std::size_t limit) override;
+  void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
 
   StoreStats stats(std::size_t sku_limit) const override;
   std::vector<std::string> migrate() override;
@@ -79,6 +80,10 @@ class PostgresStore final : public Store {
                                    std::int64_t window_us) override;
   std::unique_ptr<LockHold> hold_lock(const SkuKey& key, Strategy kind,
                                       std::int64_t timeout_ms) override;
+
+  // The reservations with these ids, in this order (NotFound if one is missing). Used by
+  // idempotent replays, per request and inside batches.
+  std::vector<Reservation> fetch(Tx& tx, const std::vector<Uuid>& ids);
 
  private:
   enum class Transition { confirm, release, extend };
@@ -124,7 +129,6 @@ class PostgresStore final : public Store {
                                             const std::string& fingerprint,
                                             const std::vector<Uuid>& ids,
                                             const std::function<std::vector<Reservation>()>& run);
-  std::vector<Reservation> fetch(Tx& tx, const std::vector<Uuid>& ids);
   Reservation transition(const Uuid& id, Transition kind, std::int64_t ttl_us,
                          std::optional<Version> expected);
   void move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantity released);

@@ -92,8 +92,7 @@ std::vector<Reservation> PostgresStore::with_idempotency(
     const pqxx::result found = tx.exec(Stmt::idempotency_get, key);
     if (found.empty()) continue;  // the holder rolled back between our two statements
     if (found[0][0].as<std::string>() != fingerprint) {
-      throw Error(ErrorCode::idempotency_conflict,
-                  "idempotency key '" + key + "' was used for a different request");
+      throw idempotency_conflict(key);
     }
     std::vector<Uuid> stored;
     const std::string list = found[0][1].as<std::string>();

@@ -1,0 +1,109 @@
+// HotRowBatcher: folds many concurrent reserve and sell requests into one transaction.
+//
+// Why: on a hot SKU every per-request strategy queues on one row lock and pays one commit
+// per request. The batcher turns that queue into group commit: requests wait in memory,
+// a flusher takes everything waiting (at most batch_max) and hands it to
+// Store::apply_batch as one transaction, then completes every request.
+//
+// What it guarantees:
+//   - Nothing is acknowledged before its batch committed. If the batch fails, every
+//     request in it fails with the batch's error (InDoubt when the commit's outcome is
+//     unknown); none completes twice, and none is dropped, including at close().
+//   - Arrival order: a shard's queue is FIFO, and a batch is decided in the order its
+//     requests were queued. One SKU always maps to one shard, so one flusher decides it.
+//   - Bounded everything: each shard owns `queue_capacity` preallocated request records;
+//     a request that finds none free waits at most `enqueue_timeout_ms`, then raises
+//     Overloaded. Batches hold at most `batch_max` requests.
+//   - No artificial delay: an idle flusher sleeps, the first request wakes it, and it
+//     flushes whatever is there, one request or thousands. Under load, requests gather
+//     while the previous batch commits: that is the whole batching policy.
+//
+// How: requests are records in a per-shard pool, indexed by uint32; the free list and the
+// ready queue are bounded boost::lockfree queues of those indices (trivially copyable, no
+// allocation after start-up). A blocked caller waits on its record's own condition
+// variable; an async caller names a CompletionSink, and the flusher posts a batch's
+// completions to it in one call.
+//
+// What it does not do: retry. A failed batch is reported; the store's transaction runner
+// has already retried what is safe to retry (serialization failures, a connection that
+// broke before COMMIT).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "stockade/async.hpp"
+#include "stockade/store.hpp"
+
+namespace stockade {
+
+struct BatcherOptions {
+  std::size_t shards = 4;               // flusher threads; a SKU maps to one by hash
+  std::size_t batch_max = 4096;         // requests per transaction
+  std::size_t queue_capacity = 8192;    // request records per shard, preallocated
+  std::int64_t enqueue_timeout_ms = 5000;  // wait for a free record, then Overloaded
+};
+
+inline constexpr std::size_t batcher_shards_max = 64;
+inline constexpr std::size_t batch_size_limit = 65536;
+inline constexpr std::size_t batcher_queue_capacity_max = 1u << 20;
+
+// Throws InvalidArgument naming the option out of range.
+void validate_batcher_options(const BatcherOptions& options);
+
+class HotRowBatcher {
+ public:
+  // Called on the flusher thread for every request once its outcome is final, before the
+  // caller sees it (the engine counts outcomes and tracks contention with it). Must not
+  // throw.
+  using Observer = std::function<void(const BatchItem& item, std::uint8_t tag)>;
+
+  HotRowBatcher(std::shared_ptr<Store> store, BatcherOptions options, Observer observer = {});
+  ~HotRowBatcher();
+  HotRowBatcher(const HotRowBatcher&) = delete;
+  HotRowBatcher& operator=(const HotRowBatcher&) = delete;
+
+  // Queues `item` (input fields only) and blocks until its batch completed; returns the
+  // outcome in `item`, or throws the request's error.
+  void run(BatchItem& item, std::int64_t lock_timeout_ms, std::uint8_t tag = 0);
+  // Queues `item` and returns at once; the outcome goes to `sink` under `token`. Throws
+  // (Overloaded, InvalidState) only if the request could not be queued.
+  void submit(const BatchItem& item, std::int64_t lock_timeout_ms,
+              std::shared_ptr<CompletionSink> sink, std::uint64_t token, std::uint8_t tag = 0);
+
+  // Stops taking requests (later ones raise InvalidState "the engine is closed"), applies
+  // every request already queued, and joins the flushers. Idempotent.
+  void close();
+
+  BatcherStats stats() const;
+  const BatcherOptions& options() const { return options_; }
+
+ private:
+  struct Slot;
+  struct Shard;
+
+  Shard& shard_for(const SkuKey& key);
+  // A free record of `shard`, waiting at most enqueue_timeout_ms (then Overloaded).
+  std::uint32_t acquire(Shard& shard);
+  void enqueue(Shard& shard, std::uint32_t index);
+  template <class Fn>
+  void queue_or_report(const BatchItem& item, std::uint8_t tag, Fn&& queue);
+  void flush_loop(Shard& shard);
+  void apply(Shard& shard, std::vector<std::uint32_t>& indices, std::vector<BatchItem*>& items,
+             std::vector<Completion>& completions);
+  void complete(Shard& shard, std::vector<std::uint32_t>& indices,
+                std::vector<Completion>& completions);
+
+  const std::shared_ptr<Store> store_;
+  const BatcherOptions options_;
+  const Observer observer_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::atomic<bool> closing_{false};
+  std::mutex close_mutex_;  // one close() joins the flushers; a concurrent one waits
+};
+
+}  // namespace stockade

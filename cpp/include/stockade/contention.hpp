@@ -1,0 +1,83 @@
+// ContentionTracker: how hot each SKU is, measured per process, and the mode the `auto`
+// strategy runs it in.
+//
+// The signal is collisions on one row: a request that arrives while another request for
+// the same (sku, location) is still in flight collides with it. On PostgreSQL such a
+// request waits for the row lock (atomic, pessimistic), a lock (advisory) or a retry
+// (optimistic); in every case it is the conflict the Claim Test's "odds" question asks
+// about, measured per row rather than per second. Each SKU keeps, over a sliding window
+// (`window_ms`), its requests, its collisions and its peak number of requests in flight.
+//
+// Modes, with hysteresis: a SKU runs `atomic` until a window's peak in-flight count
+// reaches `hot_in_flight`; then `batched`, until `cool_windows` windows in a row peak at
+// no more than `cool_in_flight` (an idle gap counts as cool windows). The gap between the
+// two thresholds and the run of cool windows keep a SKU at the edge from flapping.
+//
+// Cost: SKUs hash into a fixed table of cache-line-sized cells (`cells`, a power of two),
+// so tracking allocates nothing and takes no lock; two SKUs that share a cell share their
+// heat, which can batch a cold SKU (correct, just not needed) but never the reverse for
+// long. Each request costs two atomic increments on its cell and one clock read.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stockade/types.hpp"
+
+namespace stockade {
+
+struct AutoOptions {
+  std::uint32_t hot_in_flight = 4;   // a window peak at least this high: batched
+  std::uint32_t cool_in_flight = 1;  // window peaks at most this low ...
+  std::uint32_t cool_windows = 4;    // ... this many windows in a row: back to atomic
+  std::int64_t window_ms = 50;
+  std::size_t cells = 4096;
+};
+
+// Throws InvalidArgument naming the option out of range.
+void validate_auto_options(const AutoOptions& options);
+
+struct SkuHeat {
+  Strategy mode = Strategy::atomic;  // what `auto` runs this SKU as right now
+  std::uint32_t in_flight = 0;
+  std::uint32_t peak_in_flight = 0;  // in the last complete window
+  std::uint64_t requests = 0;        // since the tracker started
+  std::uint64_t collisions = 0;      // requests that arrived while another was in flight
+  std::uint64_t window_requests = 0;    // in the last complete window
+  std::uint64_t window_collisions = 0;  // in the last complete window
+  std::uint64_t switches = 0;        // mode changes so far
+};
+
+class ContentionTracker {
+ public:
+  explicit ContentionTracker(AutoOptions options = {});
+  ~ContentionTracker();
+
+  // A request for `key` starts; returns the mode `auto` runs it in.
+  Strategy enter(const SkuKey& key);
+  // That request finished (whatever its outcome).
+  void leave(const SkuKey& key);
+  SkuHeat heat(const SkuKey& key) const;
+  const AutoOptions& options() const { return options_; }
+
+ private:
+  struct Cell;
+  Cell& cell_of(const SkuKey& key) const;
+  void roll(Cell& cell, std::int64_t now_us, std::int64_t window_start_us);
+
+  const AutoOptions options_;
+  std::unique_ptr<Cell[]> cells_;
+};
+
+// The strategy the measured figures of one SKU point to, with one reason per finding.
+struct Advice {
+  Strategy strategy = Strategy::atomic;
+  std::vector<std::string> reasons;
+};
+
+Advice advise(const SkuKey& key, const SkuHeat& heat, const AutoOptions& options);
+
+}  // namespace stockade

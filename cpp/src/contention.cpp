@@ -1,0 +1,171 @@
+#include "stockade/contention.hpp"
+
+#include <chrono>
+#include <cstdio>
+
+#include "stockade/errors.hpp"
+
+namespace stockade {
+namespace {
+
+// The Claim Test's thresholds on conflicts per write (python/stockade/claim.py keeps the
+// same figures for the questionnaire).
+constexpr double hot_conflict_rate = 0.5;
+// A window needs this many requests before its rate stands for the SKU; below it, the
+// counts since start do.
+constexpr std::uint64_t window_requests_min = 20;
+
+std::int64_t steady_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string percent(double rate) {
+  char out[32];
+  std::snprintf(out, sizeof(out), "%.1f%%", rate * 100.0);
+  return out;
+}
+
+}  // namespace
+
+struct alignas(64) ContentionTracker::Cell {
+  std::atomic<std::uint32_t> in_flight{0};
+  std::atomic<std::uint32_t> peak{0};
+  std::atomic<std::int64_t> window_start_us{0};
+  std::atomic<std::uint64_t> requests{0};
+  std::atomic<std::uint64_t> collisions{0};
+  std::atomic<std::uint64_t> window_requests{0};
+  std::atomic<std::uint64_t> window_collisions{0};
+  // Written only by the thread that rolls a window.
+  std::atomic<std::uint8_t> mode{static_cast<std::uint8_t>(Strategy::atomic)};
+  std::atomic<std::uint32_t> cool_streak{0};
+  std::atomic<std::uint32_t> last_peak{0};
+  std::atomic<std::uint64_t> last_window_requests{0};
+  std::atomic<std::uint64_t> last_window_collisions{0};
+  std::atomic<std::uint64_t> switches{0};
+};
+
+void validate_auto_options(const AutoOptions& o) {
+  if (o.hot_in_flight < 2) throw_invalid_argument("auto: hot_in_flight must be at least 2");
+  if (o.cool_in_flight >= o.hot_in_flight) {
+    throw_invalid_argument("auto: cool_in_flight must be below hot_in_flight");
+  }
+  if (o.cool_windows < 1 || o.cool_windows > 1000) {
+    throw_invalid_argument("auto: cool_windows must be between 1 and 1000");
+  }
+  if (o.window_ms < 1 || o.window_ms > 60'000) {
+    throw_invalid_argument("auto: window_ms must be between 1 and 60000");
+  }
+  if (o.cells < 1 || o.cells > (1u << 20) || (o.cells & (o.cells - 1)) != 0) {
+    throw_invalid_argument("auto: cells must be a power of two up to 2^20");
+  }
+}
+
+ContentionTracker::ContentionTracker(AutoOptions options)
+    : options_(options), cells_((validate_auto_options(options), new Cell[options.cells])) {}
+
+ContentionTracker::~ContentionTracker() = default;
+
+ContentionTracker::Cell& ContentionTracker::cell_of(const SkuKey& key) const {
+  return cells_[SkuKeyHash{}(key) & (options_.cells - 1)];
+}
+
+Strategy ContentionTracker::enter(const SkuKey& key) {
+  Cell& c = cell_of(key);
+  const std::uint32_t before = c.in_flight.fetch_add(1, std::memory_order_relaxed);
+  c.requests.fetch_add(1, std::memory_order_relaxed);
+  c.window_requests.fetch_add(1, std::memory_order_relaxed);
+  if (before > 0) {
+    c.collisions.fetch_add(1, std::memory_order_relaxed);
+    c.window_collisions.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::uint32_t peak = c.peak.load(std::memory_order_relaxed);
+  while (before + 1 > peak && !c.peak.compare_exchange_weak(peak, before + 1)) {
+  }
+  const std::int64_t now = steady_us();
+  std::int64_t start = c.window_start_us.load(std::memory_order_relaxed);
+  if (now - start >= options_.window_ms * 1000 && c.window_start_us.compare_exchange_strong(start, now)) {
+    roll(c, now, start);
+  }
+  return static_cast<Strategy>(c.mode.load(std::memory_order_relaxed));
+}
+
+void ContentionTracker::leave(const SkuKey& key) {
+  cell_of(key).in_flight.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// Closes the window that began at `start`: its peak decides the mode. Windows that passed
+// with no request at all (an idle gap) count as cool.
+void ContentionTracker::roll(Cell& c, std::int64_t now, std::int64_t start) {
+  const std::uint32_t in_flight = c.in_flight.load(std::memory_order_relaxed);
+  const std::uint32_t peak = c.peak.exchange(in_flight);
+  c.last_peak.store(peak, std::memory_order_relaxed);
+  c.last_window_requests.store(c.window_requests.exchange(0), std::memory_order_relaxed);
+  c.last_window_collisions.store(c.window_collisions.exchange(0), std::memory_order_relaxed);
+  if (start == 0) return;  // the first request: no window behind it
+  const std::int64_t windows = (now - start) / (options_.window_ms * 1000);
+  const auto mode = static_cast<Strategy>(c.mode.load(std::memory_order_relaxed));
+  std::uint32_t streak = c.cool_streak.load(std::memory_order_relaxed);
+  streak = peak <= options_.cool_in_flight ? streak + 1 : 0;
+  if (windows > 1 && in_flight <= options_.cool_in_flight + 1) {
+    streak += static_cast<std::uint32_t>(std::min<std::int64_t>(windows - 1, options_.cool_windows));
+  }
+  if (mode == Strategy::atomic && peak >= options_.hot_in_flight) {
+    c.mode.store(static_cast<std::uint8_t>(Strategy::batched));
+    c.switches.fetch_add(1, std::memory_order_relaxed);
+    streak = 0;
+  } else if (mode == Strategy::batched && streak >= options_.cool_windows) {
+    c.mode.store(static_cast<std::uint8_t>(Strategy::atomic));
+    c.switches.fetch_add(1, std::memory_order_relaxed);
+    streak = 0;
+  }
+  c.cool_streak.store(streak, std::memory_order_relaxed);
+}
+
+SkuHeat ContentionTracker::heat(const SkuKey& key) const {
+  const Cell& c = cell_of(key);
+  SkuHeat h;
+  h.mode = static_cast<Strategy>(c.mode.load(std::memory_order_relaxed));
+  h.in_flight = c.in_flight.load(std::memory_order_relaxed);
+  h.peak_in_flight = c.last_peak.load(std::memory_order_relaxed);
+  h.requests = c.requests.load(std::memory_order_relaxed);
+  h.collisions = c.collisions.load(std::memory_order_relaxed);
+  h.window_requests = c.last_window_requests.load(std::memory_order_relaxed);
+  h.window_collisions = c.last_window_collisions.load(std::memory_order_relaxed);
+  h.switches = c.switches.load(std::memory_order_relaxed);
+  return h;
+}
+
+Advice advise(const SkuKey& key, const SkuHeat& heat, const AutoOptions& options) {
+  Advice advice;
+  const std::string zero =
+      "question zero: a reservation is one conditional UPDATE, so no lock is needed to be "
+      "correct; what remains is cost";
+  if (heat.requests == 0) {
+    advice.strategy = Strategy::atomic;
+    advice.reasons = {"no requests for sku '" + key.sku + "' measured in this process yet",
+                      zero};
+    return advice;
+  }
+  const bool recent = heat.window_requests >= window_requests_min;
+  const std::uint64_t requests = recent ? heat.window_requests : heat.requests;
+  const std::uint64_t collisions = recent ? heat.window_collisions : heat.collisions;
+  const double rate = static_cast<double>(collisions) / static_cast<double>(requests);
+  const bool hot = rate >= hot_conflict_rate || heat.peak_in_flight >= options.hot_in_flight;
+  advice.strategy = hot ? Strategy::batched : Strategy::atomic;
+  advice.reasons.push_back(zero);
+  advice.reasons.push_back("odds: " + std::to_string(collisions) + " of " +
+                           std::to_string(requests) + " requests (" + percent(rate) + ")" +
+                           (recent ? " in the last window" : " so far") +
+                           " arrived while another request for this row was in flight; peak " +
+                           std::to_string(heat.peak_in_flight) + " in flight");
+  advice.reasons.push_back(
+      hot ? "cost: the row is a queue; batching folds the queue into one transaction per batch"
+          : "cost: collisions are rare; one conditional statement per request is cheapest");
+  advice.reasons.push_back(std::string("auto runs it as ") + strategy_name(heat.mode) + " now (" +
+                           std::to_string(heat.switches) + " switches so far)");
+  return advice;
+}
+
+}  // namespace stockade

@@ -1,0 +1,322 @@
+// PostgresStore::apply_batch: many reserve and sell requests, one transaction.
+//
+// The statements run once per batch, whatever its size, with arrays for arguments:
+//   1. claim the batch's new idempotency keys (sorted), and read the keys that exist;
+//   2. lock every touched stock row, in sorted key order, and read it;
+//   3. decide each request in arrival order against the rows as read, in C++;
+//   4. write every row's summed deltas and insert every reservation, in one statement;
+//   5. free the keys of requests that were refused, so that a retry can run afresh.
+// The runner commits. The lock order is the one every other path keeps: idempotency keys
+// before stock rows, stock rows sorted. So batches from many engines, and per-request
+// calls, cannot deadlock with each other.
+//
+// A granted change moves a row's version by one, as a per-request write would: a batch
+// that grants 40 units in 40 requests moves the version by 40, and the stock level a sell
+// returns is the row as it stood right after that sale.
+#include <map>
+
+#include "../fingerprint.hpp"
+#include "postgres_store_impl.hpp"
+#include "stockade/hash.hpp"
+
+namespace stockade::detail::pg {
+namespace {
+
+// A PostgreSQL array literal: every element double-quoted, with backslashes and quotes
+// escaped, so any text but NUL (which validation already refuses) survives.
+std::string text_array(const std::vector<std::string>& values) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) out += ',';
+    out += '"';
+    for (char c : values[i]) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    out += '"';
+  }
+  return out + "}";
+}
+
+std::string int_array(const std::vector<std::int64_t>& values) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(values[i]);
+  }
+  return out + "}";
+}
+
+std::vector<Uuid> parse_ids(const std::string& list) {
+  std::vector<Uuid> ids;
+  for (std::size_t start = 0; start < list.size();) {
+    std::size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    ids.push_back(Uuid::parse(std::string_view(list).substr(start, end - start)));
+    start = end + 1;
+  }
+  return ids;
+}
+
+struct RowState {
+  Quantity on_hand = 0;
+  Quantity reserved = 0;
+  Version version = 0;
+  Quantity sold = 0;
+  Quantity held = 0;
+  std::int64_t changes = 0;
+};
+
+// A key's first request in the batch, and what the database said about the key.
+struct KeyClaim {
+  std::size_t first = 0;
+  std::string fingerprint;
+  Uuid id;
+  bool claimed = false;  // this batch inserted the key: its first request decides
+};
+
+void fail(BatchItem& item, Error error) {
+  item.ok = false;
+  item.error = std::move(error);
+}
+
+// The state of one batch while its transaction runs.
+class BatchTx {
+ public:
+  BatchTx(Tx& tx, const std::vector<BatchItem*>& items, std::int64_t now_ms)
+      : tx_(tx), items_(items), ids_(items.size()), decided_(items.size(), false) {
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      items[i]->clear_outcome();
+      ids_[i] = make_uuid_v7(now_ms, shard_key_of(items[i]->key.sku, items[i]->key.location));
+    }
+  }
+
+  void run(PostgresStore& store) {
+    claim_keys(store);
+    lock_rows();
+    decide();
+    write();
+    unclaim_refused();
+    copy_duplicates();
+  }
+
+ private:
+  bool keyed(std::size_t i) const {
+    return items_[i]->op == BatchOp::reserve && items_[i]->idempotency_key.has_value();
+  }
+
+  void claim_keys(PostgresStore& store);
+  void replay(PostgresStore& store, const std::vector<std::string>& names);
+  void lock_rows();
+  void decide();
+  void write();
+  void unclaim_refused();
+  void copy_duplicates();
+
+  Tx& tx_;
+  const std::vector<BatchItem*>& items_;
+  std::vector<Uuid> ids_;
+  std::vector<bool> decided_;
+  std::map<std::string, KeyClaim> keys_;
+  std::map<SkuKey, RowState> rows_;
+  TimestampUs now_us_ = 0;
+};
+
+void BatchTx::claim_keys(PostgresStore& store) {
+  std::vector<std::string> names, fingerprints, ids;
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    if (!keyed(i)) continue;
+    const BatchItem& item = *items_[i];
+    const std::string print = fingerprint(
+        ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, WriteOptions{}});
+    auto [it, first] = keys_.try_emplace(*item.idempotency_key);
+    if (!first) {
+      // A duplicate inside the batch: the same request takes the first one's outcome
+      // (copy_duplicates); a different one is a conflict, decided here.
+      if (it->second.fingerprint != print) fail(*items_[i], idempotency_conflict(it->first));
+      decided_[i] = true;
+      continue;
+    }
+    it->second = KeyClaim{i, print, ids_[i], false};
+    names.push_back(it->first);
+    fingerprints.push_back(print);
+    ids.push_back(ids_[i].to_string());
+  }
+  if (names.empty()) return;
+  const pqxx::result claimed =
+      tx_.exec(Stmt::batch_claim, text_array(names), text_array(fingerprints), text_array(ids));
+  for (const auto& row : claimed) keys_.at(row[0].as<std::string>()).claimed = true;
+  std::vector<std::string> taken;
+  for (const auto& [name, claim] : keys_) {
+    if (!claim.claimed) taken.push_back(name);
+  }
+  if (!taken.empty()) replay(store, taken);
+}
+
+// Keys committed before this batch: the same request replays its reservation, a different
+// one is a conflict.
+void BatchTx::replay(PostgresStore& store, const std::vector<std::string>& names) {
+  const pqxx::result found = tx_.exec(Stmt::batch_keys_get, text_array(names));
+  for (const auto& row : found) {
+    KeyClaim& claim = keys_.at(row[0].as<std::string>());
+    BatchItem& item = *items_[claim.first];
+    decided_[claim.first] = true;
+    if (row[1].as<std::string>() != claim.fingerprint) {
+      fail(item, idempotency_conflict(*item.idempotency_key));
+      continue;
+    }
+    const std::vector<Reservation> made = store.fetch(tx_, parse_ids(row[2].as<std::string>()));
+    item.reservation = made.front();
+    item.ok = true;
+  }
+  for (const std::string& name : names) {
+    const KeyClaim& claim = keys_.at(name);
+    if (!decided_[claim.first]) {
+      // Neither claimed nor found: its holder rolled back between the two statements.
+      // Rare; the request fails as a lock wait would, and its caller may retry at once.
+      fail(*items_[claim.first],
+           Error(ErrorCode::lock_timeout,
+                 "idempotency key '" + name + "' was released by a concurrent request; retry",
+                 context_of(items_[claim.first]->key)));
+      decided_[claim.first] = true;
+    }
+  }
+}
+
+void BatchTx::lock_rows() {
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    if (!decided_[i]) rows_.try_emplace(items_[i]->key);
+  }
+  if (rows_.empty()) return;
+  std::vector<std::string> skus, locations;
+  for (const auto& [key, state] : rows_) {
+    skus.push_back(key.sku);
+    locations.push_back(key.location);
+  }
+  std::map<SkuKey, RowState> found;
+  const pqxx::result rows = tx_.exec(Stmt::batch_lock, text_array(skus), text_array(locations));
+  for (const auto& row : rows) {
+    RowState state;
+    state.on_hand = row[2].as<std::int64_t>();
+    state.reserved = row[3].as<std::int64_t>();
+    state.version = row[4].as<std::int64_t>();
+    now_us_ = row[5].as<std::int64_t>();
+    found.emplace(SkuKey{row[0].as<std::string>(), row[1].as<std::string>()}, state);
+  }
+  rows_ = std::move(found);
+}
+
+void BatchTx::decide() {
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    if (decided_[i]) continue;
+    decided_[i] = true;
+    BatchItem& item = *items_[i];
+    auto it = rows_.find(item.key);
+    if (it == rows_.end()) {
+      fail(item, stock_not_found(item.key));
+      continue;
+    }
+    RowState& row = it->second;
+    const Quantity available = row.on_hand - row.reserved;
+    if (available < item.qty) {
+      fail(item, out_of_stock(item.key, available, item.qty));
+      continue;
+    }
+    ++row.changes;
+    if (item.op == BatchOp::sell) {
+      row.on_hand -= item.qty;
+      row.sold += item.qty;
+      item.level = StockLevel{item.key, row.on_hand, row.reserved, row.version + row.changes,
+                              now_us_};
+    } else {
+      row.reserved += item.qty;
+      row.held += item.qty;
+      Reservation& r = item.reservation;
+      r = Reservation{};
+      r.id = ids_[i];
+      r.key = item.key;
+      r.qty = item.qty;
+      r.version = 1;
+      r.expires_at_us = now_us_ + item.ttl_us;
+      r.created_at_us = r.updated_at_us = now_us_;
+      r.idempotency_key = item.idempotency_key;
+    }
+    item.ok = true;
+  }
+}
+
+void BatchTx::write() {
+  std::vector<std::string> skus, locations;
+  std::vector<std::int64_t> sold, held, changes;
+  for (const auto& [key, row] : rows_) {
+    if (row.changes == 0) continue;
+    skus.push_back(key.sku);
+    locations.push_back(key.location);
+    sold.push_back(row.sold);
+    held.push_back(row.held);
+    changes.push_back(row.changes);
+  }
+  if (skus.empty()) return;
+  std::vector<std::string> ids, r_skus, r_locations, r_keys;
+  std::vector<std::int64_t> qtys, ttls;
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    const BatchItem& item = *items_[i];
+    // A reservation is new if it was granted here, not replayed from an earlier key.
+    if (!item.ok || item.op != BatchOp::reserve || item.reservation.id != ids_[i]) continue;
+    ids.push_back(ids_[i].to_string());
+    r_skus.push_back(item.key.sku);
+    r_locations.push_back(item.key.location);
+    r_keys.push_back(item.idempotency_key.value_or(std::string()));
+    qtys.push_back(item.qty);
+    ttls.push_back(item.ttl_us);
+  }
+  const pqxx::result inserted =
+      tx_.exec(Stmt::batch_write, text_array(skus), text_array(locations), int_array(sold),
+               int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
+               text_array(r_locations), int_array(qtys), int_array(ttls), text_array(r_keys),
+               static_cast<std::int64_t>(skus.size()));
+  if (inserted.affected_rows() != ids.size()) {
+    // The rows are locked, so every update matches; anything else is a bug. Throwing
+    // rolls the whole batch back.
+    throw Error(ErrorCode::invariant_violation,
+                "a batch wrote " + std::to_string(inserted.affected_rows()) + " of " +
+                    std::to_string(ids.size()) + " reservations; rolled back");
+  }
+}
+
+void BatchTx::unclaim_refused() {
+  std::vector<std::string> names;
+  for (const auto& [name, claim] : keys_) {
+    if (claim.claimed && !items_[claim.first]->ok) names.push_back(name);
+  }
+  if (!names.empty()) tx_.exec(Stmt::batch_unclaim, text_array(names));
+}
+
+void BatchTx::copy_duplicates() {
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    if (!keyed(i) || items_[i]->error) continue;
+    const KeyClaim& claim = keys_.at(*items_[i]->idempotency_key);
+    if (claim.first == i) continue;
+    const BatchItem& first = *items_[claim.first];
+    items_[i]->ok = first.ok;
+    items_[i]->reservation = first.reservation;
+    items_[i]->error = first.error;
+  }
+}
+
+}  // namespace
+
+void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) {
+  if (items.empty()) return;
+  WriteOptions write;
+  write.strategy = Strategy::batched;
+  write.lock_timeout_ms = options.lock_timeout_ms;
+  const std::int64_t now_ms = SystemClock().now_us() / 1000;
+  run(&write, context_of(items.front()->key), [&](Tx& tx) {
+    BatchTx batch(tx, items, now_ms);  // a retried attempt starts from clean outcomes
+    batch.run(*this);
+    return true;
+  });
+}
+
+}  // namespace stockade::detail::pg

@@ -1,0 +1,488 @@
+// The hot-row batcher, driven through a fault-injecting store.
+//
+// Goal: whatever the store does to a batch (fail before COMMIT, fail after it, commit
+// slowly), no acknowledged request is lost, none completes twice, and each committed
+// batch decided its requests in arrival order. Method: FaultyStore wraps a real memory
+// store; a seeded generator picks each batch's fate, and the store checks every batch it
+// commits against a replay of arrival-order allocation. The fault sequence is
+// reproducible from the seed; the thread interleaving is not, which is the point of
+// running several seeds under ThreadSanitizer.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "stockade/batcher.hpp"
+#include "stockade/engine.hpp"
+#include "stockade/memory_store.hpp"
+#include "test_support.hpp"
+
+namespace stockade {
+namespace {
+
+enum class Fate { commit, fail_before_commit, fail_after_commit, slow_commit };
+
+struct FaultPlan {
+  std::uint32_t seed = 1;
+  int fail_before_percent = 0;
+  int fail_after_percent = 0;
+  int slow_percent = 0;
+  std::chrono::microseconds slow{2000};
+};
+
+// Forwards every call to a real memory store; subclasses change apply_batch.
+class DelegatingStore : public Store {
+ public:
+  DelegatingStore() : inner_(make_memory_store(nullptr)) {}
+  const char* backend_name() const noexcept override { return "delegating"; }
+  StockLevel restock(const SkuKey& k, Quantity q, std::optional<Version> v) override {
+    return inner_->restock(k, q, v);
+  }
+  StockLevel set_on_hand(const SkuKey& k, Quantity q, std::optional<Version> v) override {
+    return inner_->set_on_hand(k, q, v);
+  }
+  StockLevel stock(const SkuKey& k) override { return inner_->stock(k); }
+  StockLevel sell(const SellRequest& r) override { return inner_->sell(r); }
+  Reservation reserve(const ReserveRequest& r) override { return inner_->reserve(r); }
+  std::vector<Reservation> reserve_order(const OrderRequest& r) override {
+    return inner_->reserve_order(r);
+  }
+  Reservation confirm(const Uuid& id, std::optional<Version> v) override {
+    return inner_->confirm(id, v);
+  }
+  Reservation release(const Uuid& id, std::optional<Version> v) override {
+    return inner_->release(id, v);
+  }
+  Reservation extend(const Uuid& id, std::int64_t t, std::optional<Version> v) override {
+    return inner_->extend(id, t, v);
+  }
+  Reservation get_reservation(const Uuid& id) override { return inner_->get_reservation(id); }
+  std::size_t expire_due(std::size_t limit) override { return inner_->expire_due(limit); }
+  StoreStats stats(std::size_t n) const override { return inner_->stats(n); }
+  Reservation naive_reserve_unsafe(const SkuKey& k, Quantity q, std::int64_t t,
+                                   std::int64_t w) override {
+    return inner_->naive_reserve_unsafe(k, q, t, w);
+  }
+  std::unique_ptr<LockHold> hold_lock(const SkuKey& k, Strategy s, std::int64_t t) override {
+    return inner_->hold_lock(k, s, t);
+  }
+
+ protected:
+  std::shared_ptr<Store> inner_;
+};
+
+// A store whose apply_batch fails on a seeded schedule. Everything else is the memory
+// store's. "After commit" applies the batch and then reports InDoubt, as a connection
+// lost during COMMIT would.
+class FaultyStore final : public DelegatingStore {
+ public:
+  explicit FaultyStore(FaultPlan plan) : plan_(plan), rng_(plan.seed) {}
+
+  void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override {
+    std::lock_guard<std::mutex> lock(mutex_);  // flushers of several shards may call at once
+    const Fate fate = next_fate();
+    batch_sizes_.push_back(items.size());
+    if (fate == Fate::fail_before_commit) {
+      ++failed_before_;
+      throw Error(ErrorCode::unavailable, "injected: the connection broke before COMMIT");
+    }
+    if (fate == Fate::slow_commit) std::this_thread::sleep_for(plan_.slow);
+    std::map<SkuKey, Quantity> available;
+    for (const BatchItem* item : items) {
+      if (available.count(item->key) == 0) {
+        try {
+          available[item->key] = inner_->stock(item->key).available();
+        } catch (const Error&) {
+          available[item->key] = -1;  // no row
+        }
+      }
+    }
+    inner_->apply_batch(items, options);
+    check_arrival_order(items, available);
+    if (fate == Fate::fail_after_commit) {
+      for (const BatchItem* item : items) {
+        if (item->ok && item->op == BatchOp::reserve) committed_in_doubt_.push_back(item->reservation.id);
+      }
+      throw Error(ErrorCode::in_doubt, "injected: the connection broke during COMMIT");
+    }
+  }
+
+  std::size_t out_of_order = 0;  // batch decisions that differ from the replay
+  std::vector<Uuid> committed_in_doubt_;
+  std::vector<std::size_t> batch_sizes_;
+  std::size_t failed_before_ = 0;
+
+ private:
+  Fate next_fate() {
+    std::uniform_int_distribution<int> percent(0, 99);
+    const int roll = percent(rng_);
+    if (roll < plan_.fail_before_percent) return Fate::fail_before_commit;
+    if (roll < plan_.fail_before_percent + plan_.fail_after_percent) return Fate::fail_after_commit;
+    if (roll < plan_.fail_before_percent + plan_.fail_after_percent + plan_.slow_percent) {
+      return Fate::slow_commit;
+    }
+    return Fate::commit;
+  }
+
+  // Replays the batch: in arrival order, grant while available, refuse the rest.
+  void check_arrival_order(const std::vector<BatchItem*>& items,
+                           std::map<SkuKey, Quantity> available) {
+    for (const BatchItem* item : items) {
+      Quantity& left = available[item->key];
+      const bool grant = left >= item->qty;
+      if (grant) left -= item->qty;
+      if (grant != item->ok) ++out_of_order;
+    }
+  }
+
+  FaultPlan plan_;
+  std::mt19937 rng_;
+  std::mutex mutex_;
+};
+
+// Collects async completions, counting each token.
+class CollectingSink final : public CompletionSink {
+ public:
+  void post(std::vector<Completion>& completions) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++posts_;
+    for (Completion& c : completions) {
+      ++seen_[c.token];
+      done_.push_back(std::move(c));
+    }
+    completions.clear();
+  }
+  std::size_t size() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_.size();
+  }
+  std::vector<Completion> take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::move(done_);
+  }
+  std::map<std::uint64_t, int> seen() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return seen_;
+  }
+  std::size_t posts() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return posts_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<Completion> done_;
+  std::map<std::uint64_t, int> seen_;
+  std::size_t posts_ = 0;
+};
+
+BatchItem reserve_item(const SkuKey& key, Quantity qty) {
+  BatchItem item;
+  item.op = BatchOp::reserve;
+  item.key = key;
+  item.qty = qty;
+  item.ttl_us = 60'000'000;
+  return item;
+}
+
+struct Tally {
+  std::vector<Uuid> granted;
+  std::size_t refused = 0;
+  std::size_t in_doubt = 0;
+  std::size_t failed = 0;
+};
+
+// Many threads reserve one unit each through a batcher over a FaultyStore, then the test
+// checks the store against what the callers were told.
+void run_faulty_race(const FaultPlan& plan, std::size_t threads, std::size_t per_thread,
+                     Quantity units) {
+  auto store = std::make_shared<FaultyStore>(plan);
+  const SkuKey hot{"hot", "default"};
+  store->restock(hot, units, std::nullopt);
+  BatcherOptions options;
+  options.shards = 2;
+  options.batch_max = 64;
+  options.queue_capacity = 256;
+  HotRowBatcher batcher(store, options);
+  std::vector<Tally> tallies(threads);
+  std::vector<std::thread> workers;
+  for (std::size_t t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      for (std::size_t i = 0; i < per_thread; ++i) {
+        BatchItem item = reserve_item(hot, 1);
+        try {
+          batcher.run(item, 1000);
+          tallies[t].granted.push_back(item.reservation.id);
+        } catch (const Error& e) {
+          if (e.code() == ErrorCode::out_of_stock) {
+            ++tallies[t].refused;
+          } else if (e.code() == ErrorCode::in_doubt) {
+            ++tallies[t].in_doubt;
+          } else {
+            ++tallies[t].failed;
+          }
+        }
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  batcher.close();
+
+  std::set<Uuid> acknowledged;
+  std::size_t answered = 0, in_doubt = 0;
+  for (const Tally& t : tallies) {
+    for (const Uuid& id : t.granted) {
+      EXPECT_TRUE(acknowledged.insert(id).second) << "one reservation acknowledged twice";
+    }
+    answered += t.granted.size() + t.refused + t.in_doubt + t.failed;
+    in_doubt += t.in_doubt;
+  }
+  EXPECT_EQ(answered, threads * per_thread) << "every request completes exactly once";
+  for (const Uuid& id : acknowledged) {
+    EXPECT_EQ(store->get_reservation(id).state, ReservationState::held) << "acknowledged, lost";
+  }
+  const StockLevel level = store->stock(hot);
+  const auto committed = static_cast<Quantity>(acknowledged.size() + store->committed_in_doubt_.size());
+  EXPECT_EQ(level.reserved, committed) << "the row holds exactly what committed";
+  EXPECT_LE(level.reserved, level.on_hand);
+  EXPECT_LE(store->committed_in_doubt_.size(), in_doubt);
+  EXPECT_EQ(store->out_of_order, 0u) << "a batch decided out of arrival order";
+  EXPECT_EQ(store->stats(0).reservation_count, static_cast<std::uint64_t>(committed));
+}
+
+TEST(HotRowBatcher, loses_nothing_and_completes_once_under_seeded_faults) {
+  for (std::uint32_t seed : {1u, 7u, 42u, 2024u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    FaultPlan plan;
+    plan.seed = seed;
+    plan.fail_before_percent = 15;
+    plan.fail_after_percent = 10;
+    plan.slow_percent = 20;
+    run_faulty_race(plan, 16, 40, 300);
+  }
+}
+
+TEST(HotRowBatcher, refuses_requests_past_available_in_arrival_order) {
+  FaultPlan plan;
+  plan.slow_percent = 50;  // slow commits let large batches gather
+  run_faulty_race(plan, 24, 30, 100);
+}
+
+TEST(HotRowBatcher, gathers_requests_into_batches_while_a_commit_is_slow) {
+  FaultPlan plan;
+  plan.slow_percent = 100;
+  plan.slow = std::chrono::microseconds(5000);
+  auto store = std::make_shared<FaultyStore>(plan);
+  const SkuKey hot{"hot", "default"};
+  store->restock(hot, 1000, std::nullopt);
+  BatcherOptions options;
+  options.shards = 1;
+  HotRowBatcher batcher(store, options);
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 16; ++t) {
+    workers.emplace_back([&] {
+      for (int i = 0; i < 10; ++i) {
+        BatchItem item = reserve_item(hot, 1);
+        batcher.run(item, 1000);
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  const BatcherStats s = batcher.stats();
+  EXPECT_EQ(s.requests, 160u);
+  EXPECT_GT(s.batch_size_max, 1u) << "16 waiting callers never shared a transaction";
+  EXPECT_LT(s.batches, 160u);
+  EXPECT_EQ(store->stock(hot).reserved, 160);
+}
+
+TEST(HotRowBatcher, flushes_a_lone_request_without_waiting_for_company) {
+  auto store = std::make_shared<FaultyStore>(FaultPlan{});
+  const SkuKey key{"cold", "default"};
+  store->restock(key, 5, std::nullopt);
+  HotRowBatcher batcher(store, BatcherOptions{});
+  for (int i = 0; i < 3; ++i) {
+    BatchItem item = reserve_item(key, 1);
+    batcher.run(item, 1000);  // would hang if a batch waited to fill up
+  }
+  EXPECT_EQ(batcher.stats().batches, 3u);
+  EXPECT_EQ(batcher.stats().batch_size_max, 1u);
+}
+
+TEST(HotRowBatcher, completes_async_requests_once_each_in_bulk) {
+  FaultPlan plan;
+  plan.seed = 9;
+  plan.fail_before_percent = 20;
+  plan.fail_after_percent = 10;
+  plan.slow_percent = 30;
+  auto store = std::make_shared<FaultyStore>(plan);
+  const SkuKey hot{"hot", "default"};
+  store->restock(hot, 500, std::nullopt);
+  HotRowBatcher batcher(store, BatcherOptions{});
+  auto sink = std::make_shared<CollectingSink>();
+  constexpr std::uint64_t requests = 2000;
+  for (std::uint64_t token = 0; token < requests; ++token) {
+    batcher.submit(reserve_item(hot, 1), 1000, sink, token);
+  }
+  batcher.close();  // drains: every request completes before close returns
+  ASSERT_EQ(sink->size(), requests);
+  const auto seen = sink->seen();
+  ASSERT_EQ(seen.size(), requests);
+  for (const auto& [token, times] : seen) EXPECT_EQ(times, 1) << "token " << token;
+  EXPECT_LT(sink->posts(), requests) << "completions were posted one by one, not in bulk";
+  Quantity granted = 0;
+  for (const Completion& c : sink->take()) {
+    if (c.error) continue;
+    const auto& r = std::get<Reservation>(c.value);
+    EXPECT_EQ(store->get_reservation(r.id).qty, 1);
+    ++granted;
+  }
+  const auto committed = granted + static_cast<Quantity>(store->committed_in_doubt_.size());
+  EXPECT_EQ(store->stock(hot).reserved, committed);
+  EXPECT_EQ(store->out_of_order, 0u);
+}
+
+// A store whose batches wait until the test lets them go.
+class GatedStore final : public DelegatingStore {
+ public:
+  void open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    gate_.notify_all();
+  }
+  void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    gate_.wait(lock, [&] { return open_; });
+    lock.unlock();
+    inner_->apply_batch(items, options);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable gate_;
+  bool open_ = false;
+};
+
+TEST(HotRowBatcher, a_full_queue_raises_overloaded_after_a_bounded_wait) {
+  auto store = std::make_shared<GatedStore>();
+  const SkuKey hot{"hot", "default"};
+  store->restock(hot, 100, std::nullopt);
+  BatcherOptions options;
+  options.shards = 1;
+  options.batch_max = 4;
+  options.queue_capacity = 8;
+  options.enqueue_timeout_ms = 20;
+  HotRowBatcher batcher(store, options);
+  auto sink = std::make_shared<CollectingSink>();
+  for (std::uint64_t token = 0; token < 8; ++token) {
+    batcher.submit(reserve_item(hot, 1), 1000, sink, token);
+  }
+  EXPECT_STOCKADE_ERROR(batcher.submit(reserve_item(hot, 1), 1000, sink, 99),
+                        ErrorCode::overloaded);
+  store->open();
+  batcher.close();
+  EXPECT_EQ(sink->size(), 8u);
+  EXPECT_EQ(store->stock(hot).reserved, 8);
+}
+
+TEST(HotRowBatcher, close_drains_queued_requests_and_refuses_new_ones) {
+  auto store = std::make_shared<GatedStore>();
+  const SkuKey hot{"hot", "default"};
+  store->restock(hot, 100, std::nullopt);
+  auto batcher = std::make_unique<HotRowBatcher>(store, BatcherOptions{});
+  auto sink = std::make_shared<CollectingSink>();
+  for (std::uint64_t token = 0; token < 50; ++token) {
+    batcher->submit(reserve_item(hot, 1), 1000, sink, token);
+  }
+  std::thread closer([&] { batcher->close(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let close() begin
+  store->open();
+  closer.join();
+  EXPECT_EQ(sink->size(), 50u);
+  EXPECT_STOCKADE_ERROR(batcher->submit(reserve_item(hot, 1), 1000, sink, 50),
+                        ErrorCode::invalid_state);
+  BatchItem late = reserve_item(hot, 1);
+  EXPECT_STOCKADE_ERROR(batcher->run(late, 1000), ErrorCode::invalid_state);
+  EXPECT_EQ(store->stock(hot).reserved, 50);
+}
+
+TEST(HotRowBatcher, idempotency_keys_hold_inside_and_across_batches) {
+  auto engine = Engine::memory();
+  const SkuKey hot{"hot", "default"};
+  engine->restock(hot, 10);
+  CallOptions batched;
+  batched.strategy = Strategy::batched;
+  std::vector<Reservation> got(8);
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 8; ++t) {
+    workers.emplace_back([&, t] { got[t] = engine->reserve(hot, 2, {}, "order-1", batched); });
+  }
+  for (auto& w : workers) w.join();
+  for (const Reservation& r : got) EXPECT_EQ(r.id, got[0].id);
+  EXPECT_EQ(engine->stock(hot).reserved, 2);
+  EXPECT_STOCKADE_ERROR(engine->reserve(hot, 3, {}, "order-1", batched),
+                        ErrorCode::idempotency_conflict);
+}
+
+TEST(HotRowBatcher, rejects_options_out_of_range) {
+  auto store = std::make_shared<FaultyStore>(FaultPlan{});
+  for (auto bad : {BatcherOptions{0, 4096, 8192, 1000}, BatcherOptions{4, 0, 8192, 1000},
+                   BatcherOptions{4, 4096, 100, 1000}, BatcherOptions{4, 4096, 8192, -1}}) {
+    EXPECT_STOCKADE_ERROR(HotRowBatcher(store, bad), ErrorCode::invalid_argument);
+  }
+}
+
+TEST(ContentionTracker, switches_a_sku_to_batched_when_hot_and_back_when_cool) {
+  AutoOptions options;
+  options.window_ms = 1;
+  options.hot_in_flight = 4;
+  options.cool_in_flight = 1;
+  options.cool_windows = 3;
+  ContentionTracker tracker(options);
+  const SkuKey key{"hot", "default"};
+  EXPECT_EQ(tracker.enter(key), Strategy::atomic);
+  tracker.leave(key);
+  for (int i = 0; i < 4; ++i) tracker.enter(key);  // four in flight at once
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  EXPECT_EQ(tracker.enter(key), Strategy::batched) << "the window peaked at 5 in flight";
+  for (int i = 0; i < 5; ++i) tracker.leave(key);
+  EXPECT_EQ(tracker.heat(key).collisions, 4u);
+  // One request at a time: every window peaks at 1, and after three cool windows the SKU
+  // runs atomic again. (A long pause counts as cool windows too, so this cannot stall.)
+  Strategy mode = Strategy::batched;
+  for (int i = 0; i < 20 && mode == Strategy::batched; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    mode = tracker.enter(key);
+    tracker.leave(key);
+  }
+  EXPECT_EQ(mode, Strategy::atomic);
+  EXPECT_EQ(tracker.heat(key).switches, 2u);
+}
+
+TEST(ContentionTracker, advice_names_the_measured_collision_rate) {
+  ContentionTracker tracker;
+  const SkuKey key{"sku", "default"};
+  EXPECT_EQ(advise(key, tracker.heat(key), tracker.options()).strategy, Strategy::atomic);
+  for (int i = 0; i < 10; ++i) tracker.enter(key);
+  const Advice hot = advise(key, tracker.heat(key), tracker.options());
+  EXPECT_EQ(hot.strategy, Strategy::batched);
+  ASSERT_GE(hot.reasons.size(), 2u);
+  EXPECT_NE(hot.reasons[1].find("9 of 10 requests (90.0%)"), std::string::npos) << hot.reasons[1];
+  for (int i = 0; i < 10; ++i) tracker.leave(key);
+}
+
+TEST(ContentionTracker, rejects_options_out_of_range) {
+  AutoOptions bad;
+  bad.cool_in_flight = bad.hot_in_flight;
+  EXPECT_STOCKADE_ERROR(ContentionTracker{bad}, ErrorCode::invalid_argument);
+  AutoOptions cells;
+  cells.cells = 1000;  // not a power of two
+  EXPECT_STOCKADE_ERROR(ContentionTracker{cells}, ErrorCode::invalid_argument);
+}
+
+}  // namespace
+}  // namespace stockade
