@@ -13,6 +13,7 @@
 #include "stockade/async.hpp"
 #include "stockade/engine.hpp"
 #include "stockade/errors.hpp"
+#include "stockade/load.hpp"
 
 namespace stockade::bindings {
 namespace {
@@ -376,6 +377,39 @@ void register_test_calls(py::class_<Engine>& c) {
 
 void register_engine(py::module_& m) {
   register_async_channel(m);
+  m.def(
+      "drive_load",
+      [](Engine& engine, const std::vector<std::pair<std::string, std::string>>& skus,
+         std::size_t clients, std::size_t window, std::int64_t duration_ms, Quantity qty,
+         std::int64_t ttl_us, const OptStr& strategy) {
+        LoadSpec spec;
+        for (const auto& [sku, location] : skus) spec.keys.push_back({sku, location});
+        spec.clients = clients;
+        spec.window = window;
+        spec.duration_ms = duration_ms;
+        spec.qty = qty;
+        spec.ttl_us = ttl_us;
+        spec.call = call_options(strategy, false, {}, {});
+        LoadResult r;
+        {
+          py::gil_scoped_release release;
+          r = drive_load(engine, spec);
+        }
+        py::dict out;
+        out["requests"] = r.requests;
+        out["granted"] = r.granted;
+        out["refused"] = r.refused;
+        out["failed"] = r.failed;
+        out["seconds"] = r.seconds;
+        out["p50_us"] = r.p50_us;
+        out["p99_us"] = r.p99_us;
+        out["mean_us"] = r.mean_us;
+        return out;
+      },
+      py::arg("engine"), py::arg("skus"), py::arg("clients"), py::arg("window"),
+      py::arg("duration_ms"), py::arg("qty"), py::arg("ttl_us"), py::arg("strategy"),
+      "Drives reservations from C++ client threads (see stockade/load.hpp); returns counts "
+      "and latency percentiles.");
   py::class_<LockHandle>(m, "LockHandle", "A lock held for a test; release() lets it go.")
       .def("release", &LockHandle::release, Release())
       .def_property_readonly("held", &LockHandle::held);

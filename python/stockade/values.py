@@ -56,6 +56,10 @@ class ReservationState(str, enum.Enum):
         return self.value
 
 
+# Lookups on the conversion path of every result (an enum call costs more than a dict hit).
+_STATES = {state.value: state for state in ReservationState}
+
+
 def _etag(version: int) -> str:
     return f'"{version}"'
 
@@ -74,7 +78,7 @@ def _datetime(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StockLevel:
     """A stock row as committed."""
 
@@ -99,7 +103,7 @@ class StockLevel:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reservation:
     """A reservation (a hold on stock) as committed."""
 
@@ -121,10 +125,13 @@ class Reservation:
 
     @classmethod
     def _from_core(cls, r: _core.Reservation) -> Reservation:
+        created_us, updated_us = r.created_at_us, r.updated_at_us
+        created = _datetime(created_us)
         return cls(
-            uuid.UUID(bytes=r.id), r.sku, r.location, r.qty, ReservationState(r.state),
-            r.version, _datetime(r.expires_at_us), _datetime(r.created_at_us),
-            _datetime(r.updated_at_us), r.idempotency_key,
+            uuid.UUID(bytes=r.id), r.sku, r.location, r.qty, _STATES[r.state],
+            r.version, _datetime(r.expires_at_us), created,
+            created if updated_us == created_us else _datetime(updated_us),
+            r.idempotency_key,
         )
 
 

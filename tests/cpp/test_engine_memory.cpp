@@ -349,10 +349,11 @@ TEST_F(MemoryEngine, stats_count_outcomes_per_strategy_and_hottest_skus) {
   engine->reserve(sku, 1);
   EXPECT_STOCKADE_ERROR(engine->reserve(sku, 1), ErrorCode::out_of_stock);
   const StoreStats s = engine->stats(5);
-  const auto& atomic = s.strategies[static_cast<std::size_t>(Strategy::atomic)];
-  EXPECT_EQ(atomic.requests, 2u);
-  EXPECT_EQ(atomic.granted, 1u);
-  EXPECT_EQ(atomic.refused, 1u);
+  const auto& automatic = s.strategies[static_cast<std::size_t>(Strategy::automatic)];
+  EXPECT_EQ(automatic.requests, 2u);  // the default strategy is auto
+  EXPECT_EQ(automatic.granted, 1u);
+  EXPECT_EQ(automatic.refused, 1u);
+  EXPECT_EQ(s.hottest_skus[0].mode, Strategy::atomic);  // one request at a time: cold
   ASSERT_EQ(s.hottest_skus.size(), 1u);
   EXPECT_EQ(s.hottest_skus[0].requests, 2u);
   EXPECT_EQ(s.hottest_skus[0].refused, 1u);

@@ -20,9 +20,11 @@
 //
 // How: requests are records in a per-shard pool, indexed by uint32; the free list and the
 // ready queue are bounded boost::lockfree queues of those indices (trivially copyable, no
-// allocation after start-up). A blocked caller waits on its record's own condition
-// variable; an async caller names a CompletionSink, and the flusher posts a batch's
-// completions to it in one call.
+// allocation after start-up). Each shard has two threads: the flusher applies batches,
+// one after another; the completer delivers each applied batch's outcomes, so that waking
+// callers overlaps the next batch's transaction. A blocked caller waits on its record's
+// own condition variable; an async caller names a CompletionSink, and the completer posts
+// a batch's completions to it in one call.
 //
 // What it does not do: retry. A failed batch is reported; the store's transaction runner
 // has already retried what is safe to retry (serialization failures, a connection that
@@ -57,8 +59,8 @@ void validate_batcher_options(const BatcherOptions& options);
 
 class HotRowBatcher {
  public:
-  // Called on the flusher thread for every request once its outcome is final, before the
-  // caller sees it (the engine counts outcomes and tracks contention with it). Must not
+  // Called on the completer thread for every request once its outcome is final, before
+  // the caller sees it (the engine counts outcomes and tracks contention with it). Must not
   // throw.
   using Observer = std::function<void(const BatchItem& item, std::uint8_t tag)>;
 
@@ -93,9 +95,11 @@ class HotRowBatcher {
   template <class Fn>
   void queue_or_report(const BatchItem& item, std::uint8_t tag, Fn&& queue);
   void flush_loop(Shard& shard);
-  void apply(Shard& shard, std::vector<std::uint32_t>& indices, std::vector<BatchItem*>& items,
-             std::vector<Completion>& completions);
-  void complete(Shard& shard, std::vector<std::uint32_t>& indices,
+  void apply(Shard& shard, const std::vector<std::uint32_t>& indices,
+             std::vector<BatchItem*>& items);
+  void hand_off(Shard& shard, std::vector<std::uint32_t>& indices);
+  void complete_loop(Shard& shard);
+  void complete(Shard& shard, const std::vector<std::uint32_t>& indices,
                 std::vector<Completion>& completions);
 
   const std::shared_ptr<Store> store_;

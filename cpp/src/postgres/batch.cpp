@@ -1,18 +1,30 @@
 // PostgresStore::apply_batch: many reserve and sell requests, one transaction.
 //
-// The statements run once per batch, whatever its size, with arrays for arguments:
+// The fast path, for a batch without idempotency keys: one statement in autocommit
+// (one round trip, its own commit) locks the touched rows in sorted order and, if every
+// row has room for all of its requests, writes the summed deltas and inserts every
+// reservation; if not, it changes nothing. That is the common case under a flash sale
+// until the last units go, and it saves three of the four round trips of:
+//
+// The full path, one transaction whose statements run once per batch, whatever its size,
+// with arrays for arguments:
 //   1. claim the batch's new idempotency keys (sorted), and read the keys that exist;
 //   2. lock every touched stock row, in sorted key order, and read it;
 //   3. decide each request in arrival order against the rows as read, in C++;
 //   4. write every row's summed deltas and insert every reservation, in one statement;
 //   5. free the keys of requests that were refused, so that a retry can run afresh.
-// The runner commits. The lock order is the one every other path keeps: idempotency keys
+// The runner commits. A batch whose fast statement found no room runs the full path, as
+// a new transaction that reads the rows afresh; either way one transaction commits the
+// batch's changes. After a miss the store skips the fast path for a few batches, so a
+// sold-out SKU does not pay for it on every batch. The lock order is the one every other path keeps: idempotency keys
 // before stock rows, stock rows sorted. So batches from many engines, and per-request
 // calls, cannot deadlock with each other.
 //
 // A granted change moves a row's version by one, as a per-request write would: a batch
 // that grants 40 units in 40 requests moves the version by 40, and the stock level a sell
 // returns is the row as it stood right after that sale.
+#include <algorithm>
+#include <limits>
 #include <map>
 
 #include "../fingerprint.hpp"
@@ -80,49 +92,127 @@ void fail(BatchItem& item, Error error) {
   item.error = std::move(error);
 }
 
+}  // namespace
+
 // The state of one batch while its transaction runs.
 class BatchTx {
  public:
-  BatchTx(Tx& tx, const std::vector<BatchItem*>& items, std::int64_t now_ms)
-      : tx_(tx), items_(items), ids_(items.size()), decided_(items.size(), false) {
+  BatchTx(const std::vector<BatchItem*>& items, std::int64_t now_ms)
+      : items_(items), ids_(items.size()), decided_(items.size(), false) {
     for (std::size_t i = 0; i < items.size(); ++i) {
       items[i]->clear_outcome();
       ids_[i] = make_uuid_v7(now_ms, shard_key_of(items[i]->key.sku, items[i]->key.location));
     }
   }
 
-  void run(PostgresStore& store) {
-    claim_keys(store);
-    lock_rows();
+  // The id the fast path gave its first reserve request, if it has one.
+  std::optional<Uuid> first_reservation_id() const {
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      if (items_[i]->op == BatchOp::reserve) return ids_[i];
+    }
+    return std::nullopt;
+  }
+
+  // The fast statement landed though its answer was lost: every request was granted.
+  // Reservations are read back; a sell's resulting level is unknown, so it is in doubt.
+  void adopt_landed(PostgresStore& store, Tx& tx, const Error& in_doubt_error) {
+    std::vector<Uuid> ids;
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      if (items_[i]->op == BatchOp::reserve) ids.push_back(ids_[i]);
+    }
+    const std::vector<Reservation> made = store.fetch(tx, ids);
+    std::size_t next = 0;
+    for (BatchItem* item : items_) {
+      item->clear_outcome();
+      if (item->op == BatchOp::reserve) {
+        item->reservation = made[next++];
+        item->ok = true;
+      } else {
+        item->error = in_doubt_error;
+      }
+    }
+  }
+
+  bool keyed() const {
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      if (keyed(i)) return true;
+    }
+    return false;
+  }
+
+  // The fast path; false if some row lacked room (nothing was changed).
+  bool run_fast(Tx& tx) {
+    reset();
+    for (const BatchItem* item : items_) {
+      RowState& row = rows_[item->key];
+      row.on_hand = std::numeric_limits<Quantity>::max() / 2;  // decide as if all fit
+    }
     decide();
-    write();
-    unclaim_refused();
+    const pqxx::result moved = write(tx, Stmt::batch_fast);
+    if (moved.empty()) return false;
+    // Decide again from the rows as they stood before the write: every request fits, and
+    // each gets the row's values right after it.
+    for (const auto& row : moved) {
+      RowState& state = rows_.at(SkuKey{row[0].as<std::string>(), row[1].as<std::string>()});
+      state.on_hand = row[2].as<std::int64_t>() + state.sold;
+      state.reserved = row[3].as<std::int64_t>() - state.held;
+      state.version = row[4].as<std::int64_t>() - state.changes;
+      state.sold = state.held = state.changes = 0;
+      now_us_ = row[5].as<std::int64_t>();
+    }
+    std::fill(decided_.begin(), decided_.end(), false);
+    decide();
+    return true;
+  }
+
+  void run_full(PostgresStore& store, Tx& tx) {
+    reset();
+    claim_keys(store, tx);
+    lock_rows(tx);
+    decide();
+    const pqxx::result inserted = write(tx, Stmt::batch_write);
+    if (inserted.affected_rows() != reservations_written_) {
+      // The rows are locked, so every update matches; anything else is a bug. Throwing
+      // rolls the whole batch back.
+      throw Error(ErrorCode::invariant_violation,
+                  "a batch wrote " + std::to_string(inserted.affected_rows()) + " of " +
+                      std::to_string(reservations_written_) + " reservations; rolled back");
+    }
+    unclaim_refused(tx);
     copy_duplicates();
   }
 
  private:
+  // A retried attempt starts from clean outcomes.
+  void reset() {
+    rows_.clear();
+    keys_.clear();
+    std::fill(decided_.begin(), decided_.end(), false);
+    for (BatchItem* item : items_) item->clear_outcome();
+  }
+
   bool keyed(std::size_t i) const {
     return items_[i]->op == BatchOp::reserve && items_[i]->idempotency_key.has_value();
   }
 
-  void claim_keys(PostgresStore& store);
-  void replay(PostgresStore& store, const std::vector<std::string>& names);
-  void lock_rows();
+  void claim_keys(PostgresStore& store, Tx& tx);
+  void replay(PostgresStore& store, Tx& tx, const std::vector<std::string>& names);
+  void lock_rows(Tx& tx);
   void decide();
-  void write();
-  void unclaim_refused();
+  pqxx::result write(Tx& tx, Stmt statement);
+  void unclaim_refused(Tx& tx);
   void copy_duplicates();
 
-  Tx& tx_;
   const std::vector<BatchItem*>& items_;
   std::vector<Uuid> ids_;
   std::vector<bool> decided_;
   std::map<std::string, KeyClaim> keys_;
   std::map<SkuKey, RowState> rows_;
   TimestampUs now_us_ = 0;
+  std::size_t reservations_written_ = 0;
 };
 
-void BatchTx::claim_keys(PostgresStore& store) {
+void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
   std::vector<std::string> names, fingerprints, ids;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     if (!keyed(i)) continue;
@@ -144,19 +234,19 @@ void BatchTx::claim_keys(PostgresStore& store) {
   }
   if (names.empty()) return;
   const pqxx::result claimed =
-      tx_.exec(Stmt::batch_claim, text_array(names), text_array(fingerprints), text_array(ids));
+      tx.exec(Stmt::batch_claim, text_array(names), text_array(fingerprints), text_array(ids));
   for (const auto& row : claimed) keys_.at(row[0].as<std::string>()).claimed = true;
   std::vector<std::string> taken;
   for (const auto& [name, claim] : keys_) {
     if (!claim.claimed) taken.push_back(name);
   }
-  if (!taken.empty()) replay(store, taken);
+  if (!taken.empty()) replay(store, tx, taken);
 }
 
 // Keys committed before this batch: the same request replays its reservation, a different
 // one is a conflict.
-void BatchTx::replay(PostgresStore& store, const std::vector<std::string>& names) {
-  const pqxx::result found = tx_.exec(Stmt::batch_keys_get, text_array(names));
+void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string>& names) {
+  const pqxx::result found = tx.exec(Stmt::batch_keys_get, text_array(names));
   for (const auto& row : found) {
     KeyClaim& claim = keys_.at(row[0].as<std::string>());
     BatchItem& item = *items_[claim.first];
@@ -165,7 +255,7 @@ void BatchTx::replay(PostgresStore& store, const std::vector<std::string>& names
       fail(item, idempotency_conflict(*item.idempotency_key));
       continue;
     }
-    const std::vector<Reservation> made = store.fetch(tx_, parse_ids(row[2].as<std::string>()));
+    const std::vector<Reservation> made = store.fetch(tx, parse_ids(row[2].as<std::string>()));
     item.reservation = made.front();
     item.ok = true;
   }
@@ -183,7 +273,7 @@ void BatchTx::replay(PostgresStore& store, const std::vector<std::string>& names
   }
 }
 
-void BatchTx::lock_rows() {
+void BatchTx::lock_rows(Tx& tx) {
   for (std::size_t i = 0; i < items_.size(); ++i) {
     if (!decided_[i]) rows_.try_emplace(items_[i]->key);
   }
@@ -194,7 +284,7 @@ void BatchTx::lock_rows() {
     locations.push_back(key.location);
   }
   std::map<SkuKey, RowState> found;
-  const pqxx::result rows = tx_.exec(Stmt::batch_lock, text_array(skus), text_array(locations));
+  const pqxx::result rows = tx.exec(Stmt::batch_lock, text_array(skus), text_array(locations));
   for (const auto& row : rows) {
     RowState state;
     state.on_hand = row[2].as<std::int64_t>();
@@ -245,23 +335,23 @@ void BatchTx::decide() {
   }
 }
 
-void BatchTx::write() {
+// Writes every row's summed deltas and inserts every reservation granted here (not those
+// replayed from an earlier key), with `statement` (batch_write or batch_fast).
+pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
   std::vector<std::string> skus, locations;
   std::vector<std::int64_t> sold, held, changes;
   for (const auto& [key, row] : rows_) {
-    if (row.changes == 0) continue;
+    if (row.changes == 0 && statement == Stmt::batch_write) continue;
     skus.push_back(key.sku);
     locations.push_back(key.location);
     sold.push_back(row.sold);
     held.push_back(row.held);
     changes.push_back(row.changes);
   }
-  if (skus.empty()) return;
   std::vector<std::string> ids, r_skus, r_locations, r_keys;
   std::vector<std::int64_t> qtys, ttls;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     const BatchItem& item = *items_[i];
-    // A reservation is new if it was granted here, not replayed from an earlier key.
     if (!item.ok || item.op != BatchOp::reserve || item.reservation.id != ids_[i]) continue;
     ids.push_back(ids_[i].to_string());
     r_skus.push_back(item.key.sku);
@@ -270,26 +360,20 @@ void BatchTx::write() {
     qtys.push_back(item.qty);
     ttls.push_back(item.ttl_us);
   }
-  const pqxx::result inserted =
-      tx_.exec(Stmt::batch_write, text_array(skus), text_array(locations), int_array(sold),
-               int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
-               text_array(r_locations), int_array(qtys), int_array(ttls), text_array(r_keys),
-               static_cast<std::int64_t>(skus.size()));
-  if (inserted.affected_rows() != ids.size()) {
-    // The rows are locked, so every update matches; anything else is a bug. Throwing
-    // rolls the whole batch back.
-    throw Error(ErrorCode::invariant_violation,
-                "a batch wrote " + std::to_string(inserted.affected_rows()) + " of " +
-                    std::to_string(ids.size()) + " reservations; rolled back");
-  }
+  reservations_written_ = ids.size();
+  if (skus.empty()) return pqxx::result();
+  return tx.exec(statement, text_array(skus), text_array(locations), int_array(sold),
+                 int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
+                 text_array(r_locations), int_array(qtys), int_array(ttls), text_array(r_keys),
+                 static_cast<std::int64_t>(skus.size()));
 }
 
-void BatchTx::unclaim_refused() {
+void BatchTx::unclaim_refused(Tx& tx) {
   std::vector<std::string> names;
   for (const auto& [name, claim] : keys_) {
     if (claim.claimed && !items_[claim.first]->ok) names.push_back(name);
   }
-  if (!names.empty()) tx_.exec(Stmt::batch_unclaim, text_array(names));
+  if (!names.empty()) tx.exec(Stmt::batch_unclaim, text_array(names));
 }
 
 void BatchTx::copy_duplicates() {
@@ -304,19 +388,72 @@ void BatchTx::copy_duplicates() {
   }
 }
 
-}  // namespace
-
 void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) {
   if (items.empty()) return;
   WriteOptions write;
   write.strategy = Strategy::batched;
   write.lock_timeout_ms = options.lock_timeout_ms;
   const std::int64_t now_ms = SystemClock().now_us() / 1000;
-  run(&write, context_of(items.front()->key), [&](Tx& tx) {
-    BatchTx batch(tx, items, now_ms);  // a retried attempt starts from clean outcomes
-    batch.run(*this);
+  const ErrorContext context = context_of(items.front()->key);
+  BatchTx batch(items, now_ms);
+  const bool fast = !batch.keyed() && fast_skips_.load(std::memory_order_relaxed) == 0;
+  if (!fast && fast_skips_.load(std::memory_order_relaxed) > 0) fast_skips_.fetch_sub(1);
+  if (fast) {
+    std::optional<bool> done;
+    try {
+      done = run<RunMode::one_statement>(&write, context,
+                                         [&](Tx& tx) { return batch.run_fast(tx); });
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::in_doubt) throw;
+      done = resolve_fast(batch, e, context);  // empty: it did not land, run the full path
+    }
+    if (done && *done) {
+      count_batch(items);
+      return;
+    }
+    if (done) fast_skips_.store(fast_skips_after_miss, std::memory_order_relaxed);
+  }
+  run(&write, context, [&](Tx& tx) {
+    batch.run_full(*this, tx);
     return true;
   });
+  count_batch(items);
+}
+
+// The fast statement's connection broke while it ran, or before it was sent (a pooled
+// connection that a server restart killed looks alive until used). The statement inserts
+// every reservation of the batch or none, so one of them tells whether it landed: if not,
+// nothing changed and the batch runs the full path; if so, the reservations are read back,
+// and only sells (which leave no row to look for) stay in doubt. A batch of sells alone
+// cannot be resolved and fails with InDoubt.
+std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const Error& in_doubt_error,
+                                                const ErrorContext& context) {
+  const std::optional<Uuid> probe = batch.first_reservation_id();
+  if (!probe) throw in_doubt_error;
+  const bool landed = run<RunMode::read>(nullptr, context, [&](Tx& tx) {
+    return !tx.exec(Stmt::reservation_get, probe->to_string()).empty();
+  });
+  if (!landed) return std::nullopt;
+  run<RunMode::read>(nullptr, context, [&](Tx& tx) {
+    batch.adopt_landed(*this, tx, in_doubt_error);
+    return true;
+  });
+  return true;
+}
+
+// Per-SKU counters, as the per-request paths keep them: one lookup per run of requests
+// for the same key.
+void PostgresStore::count_batch(const std::vector<BatchItem*>& items) {
+  const SkuKey* last = nullptr;
+  SkuCounters* counters = nullptr;
+  for (const BatchItem* item : items) {
+    if (last == nullptr || !(item->key == *last)) {
+      last = &item->key;
+      counters = &counters_of(item->key);
+    }
+    bump(counters->requests);
+    if (item->error && item->error->code() == ErrorCode::out_of_stock) bump(counters->refused);
+  }
 }
 
 }  // namespace stockade::detail::pg

@@ -156,6 +156,34 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
           " FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],"
           " $11::text[]) AS r(i, k, l, q, t, ik) WHERE (SELECT count(*) FROM moved) = $12");
   set(Stmt::batch_unclaim, "DELETE FROM " + idempotency + " WHERE key = ANY($1::text[])");
+  // The fast path, one statement in autocommit: if every touched row exists and has room
+  // for all of its requests, lock the rows (sorted), write the deltas and insert every
+  // reservation; otherwise change nothing and return no row. The verdict is computed
+  // from the locked rows before the UPDATE touches any of them, so lock order holds.
+  set(Stmt::batch_fast,
+      "WITH d AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],"
+      " $5::bigint[]) AS d(sku, location, sold, held, changes)),"
+      " locked AS (SELECT s.sku, s.on_hand - s.reserved >= d.sold + d.held AS fits FROM " +
+          schema +
+          ".stock s JOIN d ON s.sku = d.sku AND s.location = d.location"
+          " ORDER BY s.sku COLLATE \"C\", s.location COLLATE \"C\" FOR UPDATE OF s),"
+          " verdict AS (SELECT count(*) = $12 AND coalesce(bool_and(fits), false) AS all_fit"
+          " FROM locked),"
+          " moved AS (UPDATE " +
+          schema +
+          ".stock AS s SET on_hand = s.on_hand - d.sold, reserved = s.reserved + d.held,"
+          " version = s.version + d.changes, updated_at = now() FROM d, verdict"
+          " WHERE verdict.all_fit AND s.sku = d.sku AND s.location = d.location"
+          " RETURNING s.sku, s.location, s.on_hand, s.reserved, s.version),"
+          " made AS (INSERT INTO " +
+          schema +
+          ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
+          " created_at, updated_at) SELECT i::uuid, k, l, q, 'held', 1,"
+          " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()"
+          " FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],"
+          " $11::text[]) AS r(i, k, l, q, t, ik), verdict WHERE verdict.all_fit)"
+          " SELECT sku, location, on_hand, reserved, version, " +
+          epoch_us("now()") + " FROM moved");
 }
 
 const char* Statements::name(Stmt s) {
@@ -185,6 +213,7 @@ const char* Statements::name(Stmt s) {
       "stockade_batch_lock",
       "stockade_batch_write",
       "stockade_batch_unclaim",
+      "stockade_batch_fast",
   };
   return names[static_cast<std::size_t>(s)];
 }

@@ -46,6 +46,7 @@ enum class Stmt : std::size_t {
   batch_lock,
   batch_write,
   batch_unclaim,
+  batch_fast,
   count_
 };
 

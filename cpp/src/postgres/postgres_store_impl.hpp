@@ -30,6 +30,11 @@
 
 namespace stockade::detail::pg {
 
+class BatchTx;  // batch.cpp
+
+// How run() runs its function; see run().
+enum class RunMode { transaction, read, one_statement };
+
 // One transaction on one connection (or, for single reads, one autocommit statement).
 struct Tx {
   pqxx::transaction_base& work;
@@ -89,10 +94,11 @@ class PostgresStore final : public Store {
   enum class Transition { confirm, release, extend };
   using Level = std::optional<StockLevel>;
 
-  // Runs fn(Tx&) as one transaction; see the file comment. A read of one statement runs
-  // in autocommit instead (Autocommit = true): one round trip instead of three. Never for
-  // writes: a connection lost during an autocommit write would leave it in doubt.
-  template <bool Autocommit = false, class Fn>
+  // Runs fn(Tx&) as one transaction; see the file comment. RunMode::read runs a read of
+  // one statement in autocommit instead: one round trip instead of three. RunMode::
+  // one_statement runs a write of exactly one statement in autocommit, which commits as
+  // it completes: a connection lost while it runs leaves it in doubt (never retried).
+  template <RunMode Mode = RunMode::transaction, class Fn>
   auto run(const WriteOptions* options, const ErrorContext& context, Fn&& fn)
       -> std::invoke_result_t<Fn&, Tx&>;
   // After a rolled-back transaction (40001, 40P01): sleeps with jitter before another
@@ -134,12 +140,19 @@ class PostgresStore final : public Store {
   void move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantity released);
 
   std::int64_t advisory_key(const SkuKey& key) const;
+  void count_batch(const std::vector<BatchItem*>& items);
+  std::optional<bool> resolve_fast(BatchTx& batch, const Error& in_doubt_error,
+                                   const ErrorContext& context);
   SkuCounters& counters_of(const SkuKey& key);
   void sweep_loop();
 
   const PostgresOptions options_;
   const std::shared_ptr<const Statements> statements_;
   mutable Pool pool_;
+
+  // Batches left to run without trying the fast path, after one found no room.
+  static constexpr int fast_skips_after_miss = 16;
+  std::atomic<int> fast_skips_{0};
 
   mutable std::mutex sku_mutex_;
   std::unordered_map<SkuKey, std::unique_ptr<SkuCounters>, SkuKeyHash> sku_counters_;
@@ -187,11 +200,12 @@ inline constexpr int serialization_retries_max = 4;  // 40001 / 40P01
 inline constexpr std::int64_t retry_backoff_base_us = 500;
 inline constexpr std::int64_t retry_backoff_cap_us = 50'000;
 
-template <bool Autocommit, class Fn>
+template <RunMode Mode, class Fn>
 auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context, Fn&& fn)
     -> std::invoke_result_t<Fn&, Tx&> {
   using Result = std::invoke_result_t<Fn&, Tx&>;
-  using Transaction = std::conditional_t<Autocommit, pqxx::nontransaction, pqxx::work>;
+  using Transaction =
+      std::conditional_t<Mode == RunMode::transaction, pqxx::work, pqxx::nontransaction>;
   const Failure failure{options, context, options_.schema};
   bool reconnected = false;
   for (int attempt = 0;; ++attempt) {
@@ -204,6 +218,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       Tx tx{work, *lease};
       std::optional<Result> result;
       std::optional<Error> deferred;
+      committing = Mode == RunMode::one_statement;  // its statement is its commit
       try {
         result.emplace(fn(tx));
       } catch (CommitThenRaise& raise) {
@@ -245,7 +260,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
         back_off_or_give_up(options, context, state, attempt, e.what());
         continue;
       }
-      if (committing) lease.discard();
+      if (committing && Mode == RunMode::transaction) lease.discard();
       throw translate(e, failure);
     } catch (const pqxx::failure& e) {  // any other libpqxx failure: never a bare exception
       lease.discard();

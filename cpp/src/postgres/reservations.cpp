@@ -168,7 +168,7 @@ Reservation PostgresStore::extend(const Uuid& id, std::int64_t ttl_us,
 Reservation PostgresStore::get_reservation(const Uuid& id) {
   ErrorContext context;
   context.reservation_id = id;
-  return run<true>(nullptr, context, [&](Tx& tx) {
+  return run<RunMode::read>(nullptr, context, [&](Tx& tx) {
     const pqxx::result rows = tx.exec(Stmt::reservation_get, id.to_string());
     if (rows.empty()) throw_reservation_not_found(id);
     return read_reservation(rows[0]);

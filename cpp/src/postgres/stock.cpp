@@ -197,7 +197,7 @@ StockLevel PostgresStore::set_on_hand(const SkuKey& key, Quantity on_hand,
 }
 
 StockLevel PostgresStore::stock(const SkuKey& key) {
-  return run<true>(nullptr, context_of(key), [&](Tx& tx) {
+  return run<RunMode::read>(nullptr, context_of(key), [&](Tx& tx) {
     const Level row = read_row(tx, Stmt::stock_get, key);
     if (!row) throw_stock_not_found(key);
     return *row;
@@ -421,7 +421,7 @@ StoreStats PostgresStore::stats(std::size_t sku_limit) const {
   keep_hottest(out.hottest_skus, sku_limit);
   const std::string& s = options_.schema;
   auto* self = const_cast<PostgresStore*>(this);  // run() leases from the (mutable) pool
-  const pqxx::result counts = self->run<true>(nullptr, ErrorContext{}, [&](Tx& tx) {
+  const pqxx::result counts = self->run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
     return tx.work.exec("SELECT (SELECT count(*) FROM " + s + ".stock), (SELECT count(*) FROM " +
                         s + ".reservation), (SELECT count(*) FROM " + s +
                         ".reservation WHERE state = 'held')");

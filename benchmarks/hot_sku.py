@@ -1,0 +1,180 @@
+"""Benchmark: one hot SKU under every strategy, side by side, on one throwaway PostgreSQL.
+
+Every reservation writes its row (the SKU holds 10^9 units, so nothing sells out), with
+fsync and synchronous_commit on. Figures from one run share the machine's noise, so
+compare the ratios, not the absolute numbers. Sections:
+
+  1. hot SKU, 64 C++ client threads, one blocking call at a time, every strategy;
+  2. hot SKU, 64 C++ clients keeping --window async requests each in flight (batched, auto);
+  3. hot SKU, 64 asyncio tasks in Python awaiting reserve_async (batched, auto);
+  4. --cold-skus SKUs under uniform load, 64 C++ clients: atomic against auto.
+
+    python benchmarks/hot_sku.py [--seconds 3] [--clients 64] [--window 16]
+                                 [--cold-skus 10000] [--dsn DSN] [--json FILE]
+
+It is a benchmark, not a test: it prints figures and ratios and checks no target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import stockade
+from stockade import _core
+from stockade.pgserver import TemporaryPostgres
+
+UNITS = 10**9
+TTL_US = 15 * 60 * 10**6
+STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]
+
+
+def c_load(eng: stockade.Engine, skus: List[str], strategy: str, clients: int, window: int,
+           seconds: float) -> Dict[str, Any]:
+    out = _core.drive_load(eng._core, [(s, "default") for s in skus], clients, window,
+                           int(seconds * 1000), 1, TTL_US, strategy)
+    out["rate"] = out["granted"] / out["seconds"]
+    return out
+
+
+async def _asyncio_load(eng: stockade.Engine, sku: str, strategy: str, tasks: int,
+                        seconds: float) -> Dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    latencies: List[float] = []
+    counts = {"granted": 0, "failed": 0}
+    stop_at = loop.time() + seconds
+
+    async def requester() -> None:
+        while loop.time() < stop_at:
+            start = time.perf_counter()
+            try:
+                await eng.reserve_async(sku, 1, strategy=strategy)
+                counts["granted"] += 1
+            except stockade.StockadeError:
+                counts["failed"] += 1
+            latencies.append(time.perf_counter() - start)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(requester() for _ in range(tasks)))
+    elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "granted": counts["granted"], "failed": counts["failed"], "seconds": elapsed,
+        "rate": counts["granted"] / elapsed,
+        "p50_us": latencies[len(latencies) // 2] * 1e6 if latencies else 0.0,
+        "p99_us": latencies[int(len(latencies) * 0.99)] * 1e6 if latencies else 0.0,
+    }
+
+
+def asyncio_load(eng: stockade.Engine, sku: str, strategy: str, tasks: int,
+                 seconds: float) -> Dict[str, Any]:
+    return asyncio.run(_asyncio_load(eng, sku, strategy, tasks, seconds))
+
+
+def table(title: str, rows: List[Dict[str, Any]], base: Optional[float] = None) -> None:
+    print(f"\n### {title}\n")
+    print("| case | reservations/s | p50 ms | p99 ms | failed | vs atomic |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ratio = f"{r['rate'] / base:.1f}x" if base else "-"
+        print(f"| {r['case']} | {r['rate']:,.0f} | {r['p50_us'] / 1000:.2f} | "
+              f"{r['p99_us'] / 1000:.2f} | {r['failed']} | {ratio} |")
+    sys.stdout.flush()
+
+
+def fresh_sku(eng: stockade.Engine, name: str) -> str:
+    eng.restock(name, UNITS)
+    return name
+
+
+def run(eng: stockade.Engine, pg_sql: Any, args: argparse.Namespace) -> Dict[str, Any]:
+    report: Dict[str, Any] = {"seconds": args.seconds, "clients": args.clients}
+    hot: List[Dict[str, Any]] = []
+    for strategy in STRATEGIES:
+        r = c_load(eng, [fresh_sku(eng, f"hot-{strategy}")], strategy, args.clients, 1,
+                   args.seconds)
+        hot.append({"case": strategy, **r})
+    atomic = hot[0]["rate"]
+    table(f"1. one hot SKU, {args.clients} C++ clients, blocking calls", hot, atomic)
+    report["hot_blocking"] = hot
+
+    windowed = []
+    for strategy in ["batched", "auto"]:
+        r = c_load(eng, [fresh_sku(eng, f"hot-window-{strategy}")], strategy, args.clients,
+                   args.window, args.seconds)
+        windowed.append({"case": f"{strategy}, {args.window} in flight per client", **r})
+    table(f"2. one hot SKU, {args.clients} C++ clients x {args.window} async requests in flight",
+          windowed, atomic)
+    report["hot_windowed"] = windowed
+
+    aio = []
+    for strategy in ["batched", "auto"]:
+        r = asyncio_load(eng, fresh_sku(eng, f"hot-asyncio-{strategy}"), strategy,
+                         args.clients, args.seconds)
+        aio.append({"case": f"{strategy}, asyncio", **r})
+    table(f"3. one hot SKU, {args.clients} asyncio tasks in Python", aio, atomic)
+    report["hot_asyncio"] = aio
+
+    pg_sql(f"INSERT INTO stockade.stock (sku, location, on_hand) SELECT 'cold-' || i, "
+           f"'default', {UNITS} FROM generate_series(1, {args.cold_skus}) AS i")
+    cold_skus = [f"cold-{i}" for i in range(1, args.cold_skus + 1)]
+    cold = []
+    for strategy in ["atomic", "auto"]:
+        r = c_load(eng, cold_skus, strategy, args.clients, 1, args.seconds)
+        cold.append({"case": f"{strategy}, {args.cold_skus:,} cold SKUs", **r})
+    table(f"4. {args.cold_skus:,} cold SKUs, uniform, {args.clients} C++ clients", cold,
+          cold[0]["rate"])
+    report["cold"] = cold
+
+    batched = hot[STRATEGIES.index("batched")]["rate"]
+    auto_hot = hot[STRATEGIES.index("auto")]["rate"]
+    ratios = {
+        "batched_vs_atomic_hot": batched / atomic,
+        "auto_vs_batched_hot": auto_hot / batched,
+        "cpp_windowed_batched_per_s": windowed[0]["rate"],
+        "asyncio_batched_per_s": aio[0]["rate"],
+        "auto_vs_atomic_cold_p50_latency": cold[1]["p50_us"] / cold[0]["p50_us"],
+        "auto_vs_atomic_cold_throughput": cold[1]["rate"] / cold[0]["rate"],
+    }
+    report["ratios"] = ratios
+    print("\n### ratios\n")
+    for name, value in ratios.items():
+        print(f"- {name}: {value:,.2f}")
+    stats = eng.stats()["batcher"]
+    print(f"\nbatcher: {stats['batches']:,} batches, {stats['requests']:,} requests, "
+          f"mean {stats['batch_size_mean']:.1f}, max {stats['batch_size_max']}")
+    return report
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="per case")
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--cold-skus", type=int, default=10_000)
+    parser.add_argument("--dsn", help="a PostgreSQL server of yours (schema stockade_bench)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    print(f"# stockade hot-SKU benchmark: {args.clients} clients, {args.seconds:g} s per case, "
+          "fsync and synchronous_commit on")
+    if args.dsn:
+        raise SystemExit("--dsn is not supported yet: the benchmark needs a throwaway database "
+                         "(it inserts --cold-skus rows); run it without --dsn")
+    with TemporaryPostgres() as pg:
+        dsn = pg.dsn()
+        with stockade.Engine.postgres(dsn, pool_size=args.clients) as eng:
+            eng.migrate()
+            report = run(eng, lambda sql: pg.sql(sql), args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
