@@ -37,7 +37,7 @@ struct alignas(64) ContentionTracker::Cell {
   std::atomic<std::uint64_t> collisions{0};
   std::atomic<std::uint64_t> window_requests{0};
   std::atomic<std::uint64_t> window_collisions{0};
-  // Written only by the thread that rolls a window.
+  // Switched to batched by a burst in enter(), back by the thread that rolls a window.
   std::atomic<std::uint8_t> mode{static_cast<std::uint8_t>(Strategy::atomic)};
   std::atomic<std::uint32_t> cool_streak{0};
   std::atomic<std::uint32_t> last_peak{0};
@@ -83,6 +83,15 @@ Strategy ContentionTracker::enter(const SkuKey& key) {
   std::uint32_t peak = c.peak.load(std::memory_order_relaxed);
   while (before + 1 > peak && !c.peak.compare_exchange_weak(peak, before + 1)) {
   }
+  // A burst switches at once, without waiting for its window to close: the requests
+  // arriving now are the ones that need batching.
+  if (before + 1 >= options_.hot_in_flight) {
+    auto cold = static_cast<std::uint8_t>(Strategy::atomic);
+    if (c.mode.compare_exchange_strong(cold, static_cast<std::uint8_t>(Strategy::batched))) {
+      c.switches.fetch_add(1, std::memory_order_relaxed);
+      c.cool_streak.store(0, std::memory_order_relaxed);
+    }
+  }
   const std::int64_t now = steady_us();
   std::int64_t start = c.window_start_us.load(std::memory_order_relaxed);
   if (now - start >= options_.window_ms * 1000 && c.window_start_us.compare_exchange_strong(start, now)) {
@@ -106,18 +115,20 @@ void ContentionTracker::roll(Cell& c, std::int64_t now, std::int64_t start) {
   if (start == 0) return;  // the first request: no window behind it
   const std::int64_t windows = (now - start) / (options_.window_ms * 1000);
   const auto mode = static_cast<Strategy>(c.mode.load(std::memory_order_relaxed));
+  if (mode == Strategy::atomic) {
+    c.cool_streak.store(0, std::memory_order_relaxed);
+    return;
+  }
   std::uint32_t streak = c.cool_streak.load(std::memory_order_relaxed);
   streak = peak <= options_.cool_in_flight ? streak + 1 : 0;
   if (windows > 1 && in_flight <= options_.cool_in_flight + 1) {
     streak += static_cast<std::uint32_t>(std::min<std::int64_t>(windows - 1, options_.cool_windows));
   }
-  if (mode == Strategy::atomic && peak >= options_.hot_in_flight) {
-    c.mode.store(static_cast<std::uint8_t>(Strategy::batched));
-    c.switches.fetch_add(1, std::memory_order_relaxed);
-    streak = 0;
-  } else if (mode == Strategy::batched && streak >= options_.cool_windows) {
-    c.mode.store(static_cast<std::uint8_t>(Strategy::atomic));
-    c.switches.fetch_add(1, std::memory_order_relaxed);
+  if (mode == Strategy::batched && streak >= options_.cool_windows) {
+    auto hot = static_cast<std::uint8_t>(Strategy::batched);
+    if (c.mode.compare_exchange_strong(hot, static_cast<std::uint8_t>(Strategy::atomic))) {
+      c.switches.fetch_add(1, std::memory_order_relaxed);
+    }
     streak = 0;
   }
   c.cool_streak.store(streak, std::memory_order_relaxed);

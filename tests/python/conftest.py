@@ -17,7 +17,9 @@ from typing import Iterator
 import pytest
 
 import stockade
-from support import BACKENDS, PER_REQUEST_STRATEGIES, START, Now, Wait
+from pgproxy import CommitCuttingProxy
+from stockade.pytest_plugin import PostgresForTests
+from support import BACKENDS, PER_REQUEST_STRATEGIES, START, Now, Wait, field
 
 
 @pytest.fixture
@@ -68,6 +70,15 @@ def wait(backend: str, clock: stockade.ManualClock) -> Wait:
 @pytest.fixture(params=PER_REQUEST_STRATEGIES)
 def strategy(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture
+def proxy(stockade_postgres: PostgresForTests) -> Iterator[CommitCuttingProxy]:
+    """A proxy in front of the test server that can cut a connection around a commit."""
+    dsn = stockade_postgres.dsn()
+    p = CommitCuttingProxy(field(dsn, "host"), int(field(dsn, "port")))
+    yield p
+    p.close()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

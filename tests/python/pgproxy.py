@@ -2,7 +2,9 @@
 
 It relays bytes both ways and parses the client's side of the protocol (a startup message
 without a type byte, then typed messages: one type byte and a 4-byte length). When armed,
-the first simple-query message that is exactly COMMIT triggers the cut:
+the first simple-query message that is exactly COMMIT triggers the cut (or, armed with a
+``statement``, the first Bind of that prepared statement: a statement run in autocommit
+commits at its Sync, so that is its COMMIT):
 
 - ``"after"``: COMMIT is forwarded, the proxy waits until the server has answered it
   (so the transaction did commit), and then drops both sides without relaying the answer.
@@ -31,16 +33,19 @@ class CommitCuttingProxy:
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
         self._armed: Optional[str] = None
+        self._statement: Optional[bytes] = None
         self.cuts = 0
         self._closed = False
         self._sockets: List[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self, mode: str) -> None:
-        """Cuts the next connection that sends COMMIT, ``"before"`` or ``"after"`` it."""
+    def arm(self, mode: str, statement: Optional[str] = None) -> None:
+        """Cuts the next connection that sends COMMIT (or binds the prepared ``statement``),
+        ``"before"`` or ``"after"`` it."""
         assert mode in ("before", "after")
         with self._lock:
             self._armed = mode
+            self._statement = statement.encode() if statement is not None else None
 
     def dsn(self, dbname: str, user: str = "postgres") -> str:
         return (f"host=127.0.0.1 port={self.port} user={user} dbname={dbname} "
@@ -68,11 +73,21 @@ class CommitCuttingProxy:
             threading.Thread(target=self._client_to_server, args=(link,), daemon=True).start()
             threading.Thread(target=self._server_to_client, args=(link,), daemon=True).start()
 
-    def _take_arm(self) -> Optional[str]:
+    def _take_arm(self, message: bytes) -> Optional[str]:
+        """The armed mode if `message` triggers the cut (and disarms), else None."""
         with self._lock:
+            if self._armed is None:
+                return None
+            if self._statement is None:
+                text = message[5:].rstrip(b"\0").strip().upper()
+                if message[:1] != b"Q" or text != b"COMMIT":
+                    return None
+            else:  # Bind: portal name, then statement name, each NUL-terminated
+                fields = message[5:].split(b"\0", 2)
+                if message[:1] != b"B" or len(fields) < 2 or fields[1] != self._statement:
+                    return None
             mode, self._armed = self._armed, None
-            if mode is not None:
-                self.cuts += 1
+            self.cuts += 1
             return mode
 
     def _client_to_server(self, link: _Link) -> None:
@@ -102,30 +117,36 @@ class CommitCuttingProxy:
                     if len(buffer) < 1 + size:
                         break
                     message, buffer = buffer[:1 + size], buffer[1 + size:]
-                    text = message[5:].rstrip(b"\0").strip().upper()
-                    mode = self._take_arm() if message[:1] == b"Q" and text == b"COMMIT" else None
+                    mode = self._take_arm(message)
                     if mode == "before":
                         return
                     if mode == "after":
-                        link.holding.set()  # the reply to COMMIT must not reach the client
-                        link.server.sendall(message)
+                        link.holding.set()  # no reply may reach the client from now on
+                    link.server.sendall(message)
+                    # COMMIT, or the Sync that ends an armed statement: wait until the
+                    # server has answered (it committed), then drop both sides.
+                    if link.holding.is_set() and message[:1] in (b"Q", b"S"):
                         link.answered.wait(10)
                         return
-                    link.server.sendall(message)
         except OSError:
             pass
         finally:
             link.close()
 
     def _server_to_client(self, link: _Link) -> None:
+        held = b""
         try:
             while True:
                 data = link.server.recv(65536)
                 if not data:
                     return
-                if link.holding.is_set():  # the server answered COMMIT: it committed
-                    link.answered.set()
-                    return
+                if link.holding.is_set():
+                    # Withheld. ReadyForQuery ends the answer: the server committed.
+                    held += data
+                    if b"Z\x00\x00\x00\x05" in held:
+                        link.answered.set()
+                        return
+                    continue
                 link.client.sendall(data)
         except OSError:
             pass

@@ -19,3 +19,8 @@ START = datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc)
 # The store's current time, and a way to let store time pass (see conftest).
 Now = Callable[[], datetime]
 Wait = Callable[[float], None]
+
+
+def field(dsn: str, name: str) -> str:
+    """One key=value field of a connection string (dbname, host, port)."""
+    return dsn.split(f"{name}=")[1].split()[0]

@@ -23,6 +23,7 @@ from stockade.pgserver import run_sql
 from stockade.pytest_plugin import PostgresForTests
 
 from pgproxy import CommitCuttingProxy
+from support import field
 
 pytestmark = pytest.mark.postgres
 
@@ -35,11 +36,6 @@ def empty_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
         yield stockade_postgres.dsn(name)
     finally:
         stockade_postgres.drop_database(name)
-
-
-def field(dsn: str, name: str) -> str:
-    """One key=value field of a connection string (dbname, host, port)."""
-    return dsn.split(f"{name}=")[1].split()[0]
 
 
 def sql(dsn: str, statement: str) -> str:
@@ -250,14 +246,6 @@ def test_serialization_failures_are_retried_within_bounds(
 
 
 # --- in-doubt commits ---
-
-
-@pytest.fixture
-def proxy(stockade_postgres: PostgresForTests) -> Iterator[CommitCuttingProxy]:
-    dsn = stockade_postgres.dsn()
-    p = CommitCuttingProxy(field(dsn, "host"), int(field(dsn, "port")))
-    yield p
-    p.close()
 
 
 @pytest.mark.parametrize("cut", ["after", "before"])

@@ -8,9 +8,10 @@
 // about, measured per row rather than per second. Each SKU keeps, over a sliding window
 // (`window_ms`), its requests, its collisions and its peak number of requests in flight.
 //
-// Modes, with hysteresis: a SKU runs `atomic` until a window's peak in-flight count
-// reaches `hot_in_flight`; then `batched`, until `cool_windows` windows in a row peak at
-// no more than `cool_in_flight` (an idle gap counts as cool windows). The gap between the
+// Modes, with hysteresis: a SKU runs `atomic` until `hot_in_flight` of its requests are
+// in flight at once (it switches at that request, not at the end of a window, so a burst
+// is batched from its start); then `batched`, until `cool_windows` windows in a row peak
+// at no more than `cool_in_flight` (an idle gap counts as cool windows). The gap between the
 // two thresholds and the run of cool windows keep a SKU at the edge from flapping.
 //
 // Cost: SKUs hash into a fixed table of cache-line-sized cells (`cells`, a power of two),
@@ -30,7 +31,7 @@
 namespace stockade {
 
 struct AutoOptions {
-  std::uint32_t hot_in_flight = 4;   // a window peak at least this high: batched
+  std::uint32_t hot_in_flight = 4;   // this many in flight at once: batched
   std::uint32_t cool_in_flight = 1;  // window peaks at most this low ...
   std::uint32_t cool_windows = 4;    // ... this many windows in a row: back to atomic
   std::int64_t window_ms = 50;

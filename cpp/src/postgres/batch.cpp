@@ -82,9 +82,10 @@ struct RowState {
 // A key's first request in the batch, and what the database said about the key.
 struct KeyClaim {
   std::size_t first = 0;
-  std::string fingerprint;
-  Uuid id;
-  bool claimed = false;  // this batch inserted the key: its first request decides
+  std::string fingerprint;  // of the first request
+  bool claimed = false;     // this batch inserted the key: its first request decides
+  std::optional<std::string> stored_fingerprint;  // the key existed: its request's
+  std::optional<Reservation> stored;              // ... and the reservation it made
 };
 
 void fail(BatchItem& item, Error error) {
@@ -98,7 +99,7 @@ void fail(BatchItem& item, Error error) {
 class BatchTx {
  public:
   BatchTx(const std::vector<BatchItem*>& items, std::int64_t now_ms)
-      : items_(items), ids_(items.size()), decided_(items.size(), false) {
+      : items_(items), ids_(items.size()), prints_(items.size()), decided_(items.size(), false) {
     for (std::size_t i = 0; i < items.size(); ++i) {
       items[i]->clear_outcome();
       ids_[i] = make_uuid_v7(now_ms, shard_key_of(items[i]->key.sku, items[i]->key.location));
@@ -179,7 +180,7 @@ class BatchTx {
                       std::to_string(reservations_written_) + " reservations; rolled back");
     }
     unclaim_refused(tx);
-    copy_duplicates();
+    settle_duplicates();
   }
 
  private:
@@ -201,10 +202,11 @@ class BatchTx {
   void decide();
   pqxx::result write(Tx& tx, Stmt statement);
   void unclaim_refused(Tx& tx);
-  void copy_duplicates();
+  void settle_duplicates();
 
   const std::vector<BatchItem*>& items_;
   std::vector<Uuid> ids_;
+  std::vector<std::string> prints_;  // fingerprints of keyed requests
   std::vector<bool> decided_;
   std::map<std::string, KeyClaim> keys_;
   std::map<SkuKey, RowState> rows_;
@@ -217,17 +219,15 @@ void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
   for (std::size_t i = 0; i < items_.size(); ++i) {
     if (!keyed(i)) continue;
     const BatchItem& item = *items_[i];
-    const std::string print = fingerprint(
+    prints_[i] = fingerprint(
         ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, WriteOptions{}});
+    const std::string& print = prints_[i];
     auto [it, first] = keys_.try_emplace(*item.idempotency_key);
     if (!first) {
-      // A duplicate inside the batch: the same request takes the first one's outcome
-      // (copy_duplicates); a different one is a conflict, decided here.
-      if (it->second.fingerprint != print) fail(*items_[i], idempotency_conflict(it->first));
-      decided_[i] = true;
+      decided_[i] = true;  // a duplicate inside the batch: settled by settle_duplicates()
       continue;
     }
-    it->second = KeyClaim{i, print, ids_[i], false};
+    it->second = KeyClaim{i, print, false, std::nullopt, std::nullopt};
     names.push_back(it->first);
     fingerprints.push_back(print);
     ids.push_back(ids_[i].to_string());
@@ -251,13 +251,16 @@ void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string
     KeyClaim& claim = keys_.at(row[0].as<std::string>());
     BatchItem& item = *items_[claim.first];
     decided_[claim.first] = true;
-    if (row[1].as<std::string>() != claim.fingerprint) {
+    claim.stored_fingerprint = row[1].as<std::string>();
+    if (*claim.stored_fingerprint != claim.fingerprint) {
       fail(item, idempotency_conflict(*item.idempotency_key));
-      continue;
     }
-    const std::vector<Reservation> made = store.fetch(tx, parse_ids(row[2].as<std::string>()));
-    item.reservation = made.front();
-    item.ok = true;
+    // Read even on a conflict: a later duplicate in the batch may be the same request.
+    claim.stored = store.fetch(tx, parse_ids(row[2].as<std::string>())).front();
+    if (!item.error) {
+      item.reservation = *claim.stored;
+      item.ok = true;
+    }
   }
   for (const std::string& name : names) {
     const KeyClaim& claim = keys_.at(name);
@@ -376,15 +379,27 @@ void BatchTx::unclaim_refused(Tx& tx) {
   if (!names.empty()) tx.exec(Stmt::batch_unclaim, text_array(names));
 }
 
-void BatchTx::copy_duplicates() {
+// Requests that repeat a key already seen in this batch. The key's request is the one
+// stored before the batch, if there was one, else the batch's first with that key; the
+// same request gets that one's outcome, a different one IdempotencyConflict.
+void BatchTx::settle_duplicates() {
   for (std::size_t i = 0; i < items_.size(); ++i) {
-    if (!keyed(i) || items_[i]->error) continue;
-    const KeyClaim& claim = keys_.at(*items_[i]->idempotency_key);
+    if (!keyed(i)) continue;
+    BatchItem& item = *items_[i];
+    const KeyClaim& claim = keys_.at(*item.idempotency_key);
     if (claim.first == i) continue;
-    const BatchItem& first = *items_[claim.first];
-    items_[i]->ok = first.ok;
-    items_[i]->reservation = first.reservation;
-    items_[i]->error = first.error;
+    const std::string& owner = claim.stored_fingerprint.value_or(claim.fingerprint);
+    if (prints_[i] != owner) {
+      fail(item, idempotency_conflict(*item.idempotency_key));
+    } else if (claim.stored) {
+      item.reservation = *claim.stored;
+      item.ok = true;
+    } else {
+      const BatchItem& first = *items_[claim.first];
+      item.ok = first.ok;
+      item.reservation = first.reservation;
+      item.error = first.error;
+    }
   }
 }
 

@@ -1,0 +1,278 @@
+"""The hot-row layer, on both stores: batched and auto under races of threads and of
+asyncio tasks, arrival-order decisions, idempotency keys inside batches, async
+completions and close, and (on PostgreSQL) batches whose connection breaks.
+
+Goal of the races: no oversell, no undersell, every granted reservation stored once.
+Method: threads released together by a barrier (stockade.testing.race), or thousands of
+asyncio tasks gathered at once, against fewer units than buyers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import List, Union
+
+import pytest
+
+import stockade
+from stockade import Reservation
+from stockade.testing import race
+from pgproxy import CommitCuttingProxy
+from support import field
+
+HOT = ["batched", "auto"]
+
+
+def granted_of(results: List[object]) -> List[Reservation]:
+    return [r for r in results if isinstance(r, Reservation)]
+
+
+def assert_stored_once(engine: stockade.Engine, made: List[Reservation], units: int) -> None:
+    assert len({r.id for r in made}) == len(made) == units
+    lvl = engine.stock("hot")
+    assert (lvl.reserved, lvl.available) == (units, lvl.on_hand - units)
+    assert engine.stats()["reservation_count"] == units
+    for r in random.Random(7).sample(made, min(len(made), 25)):
+        assert engine.reservation(r.id) == r
+
+
+@pytest.mark.parametrize("strategy", HOT)
+def test_race_of_512_threads_grants_exactly_the_units(
+    engine: stockade.Engine, strategy: str
+) -> None:
+    engine.restock("hot", 200)
+
+    def buy(i: int) -> Union[Reservation, str]:
+        try:
+            return engine.reserve("hot", 1, strategy=strategy)
+        except stockade.OutOfStock:
+            return "refused"
+
+    out = race(512, buy)
+    assert out.errors == [None] * 512
+    assert out.results.count("refused") == 312
+    assert_stored_once(engine, granted_of(out.results), 200)
+
+
+@pytest.mark.parametrize("strategy", HOT)
+def test_race_of_5000_asyncio_tasks_grants_exactly_the_units(
+    engine: stockade.Engine, strategy: str
+) -> None:
+    engine.restock("hot", 1000)
+
+    async def buyers() -> List[object]:
+        return await asyncio.gather(
+            *(engine.reserve_async("hot", 1, strategy=strategy) for _ in range(5000)),
+            return_exceptions=True)
+
+    results = asyncio.run(buyers())
+    refused = [r for r in results if isinstance(r, stockade.OutOfStock)]
+    assert len(refused) == 4000, [r for r in results if isinstance(r, Exception)][:3]
+    assert_stored_once(engine, granted_of(results), 1000)
+
+
+def test_refusals_follow_arrival_order(engine: stockade.Engine) -> None:
+    # Arrival-order allocation grants while units last: stock only shrinks during the race,
+    # so a refused request cannot be one that would still fit in what is left.
+    engine.restock("hot", 300)
+    sizes = [random.Random(i).randint(1, 6) for i in range(256)]
+
+    def buy(i: int) -> int:
+        try:
+            engine.reserve("hot", sizes[i], strategy="batched")
+            return sizes[i]
+        except stockade.OutOfStock:
+            return -sizes[i]
+
+    out = race(256, buy)
+    assert out.errors == [None] * 256
+    granted = sum(q for q in out.results if q > 0)
+    left = engine.stock("hot").available
+    assert granted + left == 300 and granted <= 300
+    assert all(-q > left for q in out.results if q < 0), (left, sorted(out.results)[:5])
+
+
+def test_duplicate_keys_inside_batches_get_one_reservation(engine: stockade.Engine) -> None:
+    engine.restock("hot", 10)
+    out = race(64, lambda i: engine.reserve("hot", 2, idempotency_key="cart-1",
+                                            strategy="batched"))
+    assert out.errors == [None] * 64
+    assert len({r.id for r in out.results}) == 1
+    assert engine.stock("hot").reserved == 2
+    # The same key for a different request, in a later batch: a conflict.
+    with pytest.raises(stockade.IdempotencyConflict):
+        engine.reserve("hot", 3, idempotency_key="cart-1", strategy="batched")
+    # A replay from a later batch returns the original.
+    again = engine.reserve("hot", 2, idempotency_key="cart-1", strategy="batched")
+    assert again == out.results[0]
+
+
+def test_a_key_used_for_two_requests_in_one_race_grants_one(engine: stockade.Engine) -> None:
+    engine.restock("hot", 100)
+
+    def buy(i: int) -> Reservation:
+        return engine.reserve("hot", 1 + i % 2, idempotency_key="k", strategy="batched")
+
+    out = race(64, buy)
+    made = {r.id for r in out.results if isinstance(r, Reservation)}
+    conflicts = [e for e in out.errors if isinstance(e, stockade.IdempotencyConflict)]
+    assert len(made) == 1 and len(conflicts) == 32
+    assert all(e is None or isinstance(e, stockade.IdempotencyConflict) for e in out.errors)
+    assert engine.stats()["reservation_count"] == 1
+
+
+def test_a_refused_key_is_free_to_retry(engine: stockade.Engine) -> None:
+    engine.restock("hot", 3)
+    with pytest.raises(stockade.OutOfStock):
+        engine.reserve("hot", 5, idempotency_key="k", strategy="batched")
+    engine.restock("hot", 2)
+    assert engine.reserve("hot", 5, idempotency_key="k", strategy="batched").qty == 5
+
+
+def test_sells_and_holds_in_shared_batches_move_the_version_once_per_change(
+    engine: stockade.Engine,
+) -> None:
+    start = engine.restock("hot", 1000).version
+
+    def act(i: int) -> object:
+        if i % 2:
+            return engine.sell("hot", 1, strategy="batched")
+        return engine.reserve("hot", 1, strategy="batched")
+
+    out = race(128, act)
+    assert out.errors == [None] * 128
+    lvl = engine.stock("hot")
+    assert (lvl.on_hand, lvl.reserved, lvl.version) == (936, 64, start + 128)
+    levels = [r for r in out.results if isinstance(r, stockade.StockLevel)]
+    # Each sell reports the row right after it: distinct versions, consistent figures.
+    assert len({lv.version for lv in levels}) == 64
+    assert all(start < lv.version <= start + 128 and lv.on_hand >= 936 for lv in levels)
+
+
+def test_auto_batches_a_hot_sku_and_leaves_a_cold_one_atomic(
+    stockade_engine: stockade.Engine,
+) -> None:
+    # On PostgreSQL, where a request stays in flight for a round trip, 64 threads at once
+    # make the row hot; three calls one after another leave another row cold.
+    engine = stockade_engine
+    engine.restock("hot", 10_000)
+    engine.restock("cold", 10)
+    out = race(64, lambda i: engine.reserve("hot", 1))
+    assert out.errors == [None] * 64
+    for _ in range(3):
+        engine.reserve("cold", 1)
+    skus = {s["sku"]: s for s in engine.stats(sku_limit=10)["hottest_skus"]}
+    assert skus["hot"]["mode"] == "batched" and skus["cold"]["mode"] == "atomic"
+    assert engine.stats()["batcher"]["requests"] > 0
+    hot, cold = engine.recommend("hot"), engine.recommend("cold")
+    assert hot.strategy is stockade.Strategy.BATCHED and "in flight" in str(hot)
+    assert cold.strategy is stockade.Strategy.ATOMIC
+    assert engine.stats()["strategies"]["auto"]["granted"] == 67
+
+
+def test_async_calls_raise_their_errors_when_awaited(engine: stockade.Engine) -> None:
+    engine.restock("hot", 1)
+
+    async def calls() -> None:
+        with pytest.raises(stockade.NotFound):
+            await engine.reserve_async("missing", 1, strategy="batched")
+        with pytest.raises(stockade.InvalidArgument):
+            await engine.reserve_async("hot", 0, strategy="batched")
+        with pytest.raises(stockade.InvalidType):
+            await engine.sell_async("hot", "1", strategy="batched")  # type: ignore[arg-type]
+        r = await engine.reserve_async("hot", 1, strategy="batched")
+        with pytest.raises(stockade.OutOfStock):
+            await engine.sell_async("hot", 1, strategy="batched")
+        assert (await engine.release_async(r.id)).state == "released"
+
+    asyncio.run(calls())
+    assert engine.stock("hot").reserved == 0
+
+
+def test_a_cancelled_await_does_not_cancel_the_reservation(engine: stockade.Engine) -> None:
+    engine.restock("hot", 5)
+
+    async def cancel_one() -> None:
+        task = asyncio.ensure_future(engine.reserve_async("hot", 2, idempotency_key="c",
+                                                          strategy="batched"))
+        await asyncio.sleep(0)  # the call is queued
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The idempotency key finds out what happened to it.
+        r = await engine.reserve_async("hot", 2, idempotency_key="c", strategy="batched")
+        assert r.qty == 2
+
+    asyncio.run(cancel_one())
+    assert engine.stock("hot").reserved == 2
+
+
+def test_close_completes_queued_async_calls_and_refuses_new_ones(
+    engine: stockade.Engine,
+) -> None:
+    engine.restock("hot", 500)
+
+    async def queue_then_close() -> List[object]:
+        tasks = [asyncio.ensure_future(engine.reserve_async("hot", 1, strategy="batched"))
+                 for _ in range(1000)]
+        await asyncio.sleep(0)  # every task has queued its call
+        engine.close()  # drains: every queued call completes first
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        with pytest.raises(stockade.InvalidState):
+            await engine.reserve_async("hot", 1, strategy="batched")
+        return done
+
+    done = asyncio.run(queue_then_close())
+    assert len(granted_of(done)) == 500
+    assert sum(isinstance(d, stockade.OutOfStock) for d in done) == 500
+
+
+# --- PostgreSQL: batches whose connection breaks ---
+
+
+@pytest.mark.parametrize("cut", ["after", "before"])
+def test_a_fast_batch_cut_around_its_statement_still_answers_exactly_once(
+    proxy: CommitCuttingProxy, stockade_database: str, cut: str
+) -> None:
+    # The one-statement fast path commits at its Sync; the proxy cuts the connection just
+    # before the statement reaches the server, or just after the server committed it. The
+    # engine learns which from the reservation the statement would have written: it
+    # answers with the reservation either way, and never writes it twice.
+    dbname = field(stockade_database, "dbname")
+    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
+        eng.restock("hot", 10)
+        proxy.arm(cut, statement="stockade_batch_fast")
+        r = eng.reserve("hot", 3, strategy="batched")
+        assert proxy.cuts == 1
+        assert eng.reservation(r.id) == r
+        assert eng.stock("hot").reserved == 3
+        assert eng.stats()["reservation_count"] == 1
+
+
+def test_a_sell_only_fast_batch_cut_after_commit_is_in_doubt(
+    proxy: CommitCuttingProxy, stockade_database: str
+) -> None:
+    dbname = field(stockade_database, "dbname")
+    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
+        eng.restock("hot", 10)
+        proxy.arm("after", statement="stockade_batch_fast")
+        with pytest.raises(stockade.InDoubt):
+            eng.sell("hot", 4, strategy="batched")
+        assert eng.stock("hot").on_hand == 6  # it did commit; nothing said it had
+
+
+@pytest.mark.parametrize("cut", ["after", "before"])
+def test_a_keyed_batch_cut_at_commit_is_in_doubt_and_a_retry_resolves_it(
+    proxy: CommitCuttingProxy, stockade_database: str, cut: str
+) -> None:
+    dbname = field(stockade_database, "dbname")
+    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
+        eng.restock("hot", 10)
+        proxy.arm(cut)
+        with pytest.raises(stockade.InDoubt):
+            eng.reserve("hot", 3, idempotency_key="order-1", strategy="batched")
+        assert eng.stock("hot").reserved == (3 if cut == "after" else 0)
+        r = eng.reserve("hot", 3, idempotency_key="order-1", strategy="batched")
+        assert eng.stock("hot").reserved == 3 and eng.reservation(r.id) == r
+        assert eng.stats()["reservation_count"] == 1
