@@ -232,6 +232,7 @@ void HotRowBatcher::submit(const BatchItem& item, std::int64_t lock_timeout_ms,
 void HotRowBatcher::flush_loop(Shard& shard) {
   std::vector<std::uint32_t> indices;
   std::vector<BatchItem*> items;
+  std::vector<Completion> completions;
   indices.reserve(options_.batch_max);
   items.reserve(options_.batch_max);
   for (;;) {
@@ -240,7 +241,12 @@ void HotRowBatcher::flush_loop(Shard& shard) {
     if (!indices.empty()) {
       shard.pending.fetch_sub(static_cast<std::int64_t>(indices.size()));
       apply(shard, indices, items);
-      hand_off(shard, indices);
+      if (shard.pending.load() > 0) {
+        hand_off(shard, indices);  // the next batch is waiting: complete in parallel
+      } else {
+        complete(shard, indices, completions);  // nothing to overlap: skip the hop
+        indices.clear();
+      }
       continue;
     }
     if (shard.pending.load() > 0) {  // a producer counted its request and is pushing it

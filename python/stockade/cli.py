@@ -20,7 +20,7 @@ from .errors import StockadeError
 from .loadgen import NAIVE, FlashSaleReport, flash_sale
 from .pgserver import TemporaryPostgres
 
-STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic"]
+STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]
 
 
 def _table(reports: List[FlashSaleReport]) -> str:

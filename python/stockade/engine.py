@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import threading
 import weakref
 from datetime import datetime, timedelta, timezone
@@ -132,14 +133,14 @@ class _AsyncBridge:
         loop.add_reader(self.channel.fd, self.drain)
 
     def submit(
-        self, submit: Callable[..., None], convert: Callable[[Any], T], kwargs: Dict[str, Any],
+        self, submit: Callable[..., None], convert: Callable[[Any], T], args: List[Any],
     ) -> asyncio.Future[T]:
         token = self.next_token
         self.next_token += 1
         future: asyncio.Future[T] = self.loop.create_future()
         self.futures[token] = (future, convert)
         try:
-            submit(channel=self.channel, token=token, **kwargs)
+            submit(self.channel, token, *args)
         except BaseException:
             del self.futures[token]
             raise
@@ -466,12 +467,16 @@ class Engine:
 
     def _call(self, name: str, convert: Callable[[Any], T], **kwargs: Any) -> T:
         """Runs core method ``name`` and converts its result; inside an async twin,
-        queues ``submit_<name>`` instead and returns the future (see _SUBMITTING)."""
+        queues ``submit_<name>`` instead and returns the future (see _SUBMITTING).
+
+        Arguments are named here and passed by position to the core, in the order of its
+        signature (_core_order): pybind11 parses keywords several microseconds slower."""
+        args = [kwargs[p] for p in _core_order(name)]
         if _SUBMITTING.get():
             bridge = self._bridge(asyncio.get_running_loop())
             return bridge.submit(  # type: ignore[return-value]
-                getattr(self._core, "submit_" + name), convert, kwargs)
-        return convert(getattr(self._core, name)(**kwargs))
+                getattr(self._core, "submit_" + name), convert, args)
+        return convert(getattr(self._core, name)(*args))
 
     def _bridge(self, loop: asyncio.AbstractEventLoop) -> _AsyncBridge:
         with self._bridges_lock:
@@ -486,6 +491,28 @@ class Engine:
     confirm_async = _awaitable(confirm)
     release_async = _awaitable(release)
     extend_async = _awaitable(extend)
+
+
+@functools.lru_cache(maxsize=None)
+def _core_order(name: str) -> Tuple[str, ...]:
+    """The parameter names of core method ``name`` in order, read once from the signature
+    pybind11 writes at the top of its docstring (``name(self: ..., sku: str, ...) -> ...``).
+    The submit_ twins take (channel, token) and then the same parameters."""
+    doc = getattr(_core.Engine, name).__doc__ or ""
+    names: List[str] = []
+    depth, start = 0, doc.index("(") + 1
+    for i in range(start, len(doc)):
+        char = doc[i]
+        if char in "[(":
+            depth += 1
+        elif char in "])" and depth > 0:
+            depth -= 1
+        elif char in ",)" and depth == 0:  # a parameter ends (")" ends the list)
+            names.append(doc[start:i].split(":")[0].strip())
+            start = i + 1
+            if char == ")":
+                break
+    return tuple(names[1:])  # without self
 
 
 def _layer_options(batch_max: int, batch_shards: int, async_workers: int) -> Dict[str, int]:

@@ -21,8 +21,9 @@
 // How: requests are records in a per-shard pool, indexed by uint32; the free list and the
 // ready queue are bounded boost::lockfree queues of those indices (trivially copyable, no
 // allocation after start-up). Each shard has two threads: the flusher applies batches,
-// one after another; the completer delivers each applied batch's outcomes, so that waking
-// callers overlaps the next batch's transaction. A blocked caller waits on its record's
+// one after another; when more requests wait, the completer delivers the applied batch's
+// outcomes, so that waking its callers overlaps the next batch's transaction (an idle
+// flusher completes a batch itself, sparing a lone request the extra thread hop). A blocked caller waits on its record's
 // own condition variable; an async caller names a CompletionSink, and the completer posts
 // a batch's completions to it in one call.
 //
