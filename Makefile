@@ -11,7 +11,7 @@ CTEST  := $(VENV)/bin/ctest
 JOBS   ?= 2
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DSTOCKADE_BUILD_TESTS=ON -DSTOCKADE_WERROR=ON
 
-.PHONY: demo test bench system-deps install test-cpp test-tsan test-python format clean
+.PHONY: demo test bench bench-hot system-deps install test-cpp test-tsan test-python format clean
 
 demo: install
 	$(VENV)/bin/stockade demo
@@ -54,6 +54,11 @@ bench: system-deps $(VENV)/.tools-stamp
 		-DCMAKE_BUILD_TYPE=Release -DSTOCKADE_BUILD_BENCHMARKS=ON
 	$(CMAKE) --build $(BUILD)/bench -j $(JOBS)
 	$(BUILD)/bench/benchmarks/cpp/stockade_bench_memory $(BENCH_ARGS)
+
+# One hot SKU under every strategy on a throwaway PostgreSQL, with the batched and auto
+# layers, from C++ threads and from asyncio (a benchmark, not a test).
+bench-hot: install
+	$(PY) benchmarks/hot_sku.py $(BENCH_ARGS)
 
 format:
 	clang-format -i cpp/include/stockade/*.hpp cpp/src/*.[ch]pp cpp/src/memory/*.[ch]pp \

@@ -126,7 +126,8 @@ class _AsyncBridge:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        # The loop is not referenced from here: Engine._bridges holds the bridge for as
+        # long as the loop lives, and a strong reference back would keep both forever.
         self.channel = _core.AsyncChannel()
         self.futures: Dict[int, Tuple[asyncio.Future[Any], Callable[[Any], Any]]] = {}
         self.next_token = 0
@@ -137,7 +138,7 @@ class _AsyncBridge:
     ) -> asyncio.Future[T]:
         token = self.next_token
         self.next_token += 1
-        future: asyncio.Future[T] = self.loop.create_future()
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self.futures[token] = (future, convert)
         try:
             submit(self.channel, token, *args)
@@ -155,10 +156,6 @@ class _AsyncBridge:
                 future.set_exception(error)
             else:
                 future.set_result(convert(value))
-
-    def close(self) -> None:
-        if not self.loop.is_closed():
-            self.loop.remove_reader(self.channel.fd)
 
 
 def _awaitable(

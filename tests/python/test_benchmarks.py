@@ -1,0 +1,27 @@
+"""The hot-SKU benchmark still runs end to end (at a tiny size; it checks no figure)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.postgres
+def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "hot_sku.py"), "--seconds", "0.2",
+         "--clients", "8", "--window", "2", "--asyncio-tasks", "16", "--cold-skus", "50",
+         "--json", str(tmp_path / "hot.json")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    for title in ("1. one hot SKU", "2. one hot SKU", "3. one hot SKU", "4. 50 cold SKUs"):
+        assert title in out.stdout
+    for strategy in ("atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"):
+        assert f"| {strategy} |" in out.stdout
+    assert (tmp_path / "hot.json").read_text().count("rate") >= 12
