@@ -72,6 +72,29 @@ def test_race_of_5000_asyncio_tasks_grants_exactly_the_units(
     assert_stored_once(engine, granted_of(results), 1000)
 
 
+def test_batches_over_many_skus_grant_exactly_each_skus_units(stockade_database: str) -> None:
+    # One shard, so that requests for eight SKUs share batches: the batch statements that
+    # lock and write several rows at once, sorted, decide each row on its own.
+    with stockade.Engine.postgres(stockade_database, batch_shards=1, pool_size=4) as eng:
+        skus = [f"sku-{i}" for i in range(8)]
+        for sku in skus:
+            eng.restock(sku, 20)
+
+        def buy(i: int) -> str:
+            try:
+                return eng.reserve(skus[i % 8], 1, strategy="batched").sku
+            except stockade.OutOfStock:
+                return "refused"
+
+        out = race(256, buy)
+        assert out.errors == [None] * 256
+        assert out.results.count("refused") == 256 - 160
+        for sku in skus:
+            assert out.results.count(sku) == 20
+            assert eng.stock(sku).reserved == 20
+        assert eng.stats()["batcher"]["batch_size_max"] > 1
+
+
 def test_refusals_follow_arrival_order(engine: stockade.Engine) -> None:
     # Arrival-order allocation grants while units last: stock only shrinks during the race,
     # so a refused request cannot be one that would still fit in what is left.
@@ -242,7 +265,7 @@ def test_a_fast_batch_cut_around_its_statement_still_answers_exactly_once(
     dbname = field(stockade_database, "dbname")
     with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
         eng.restock("hot", 10)
-        proxy.arm(cut, statement="stockade_batch_fast")
+        proxy.arm(cut, statement="stockade_batch_fast_one")
         r = eng.reserve("hot", 3, strategy="batched")
         assert proxy.cuts == 1
         assert eng.reservation(r.id) == r
@@ -256,7 +279,7 @@ def test_a_sell_only_fast_batch_cut_after_commit_is_in_doubt(
     dbname = field(stockade_database, "dbname")
     with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
         eng.restock("hot", 10)
-        proxy.arm("after", statement="stockade_batch_fast")
+        proxy.arm("after", statement="stockade_batch_fast_one")
         with pytest.raises(stockade.InDoubt):
             eng.sell("hot", 4, strategy="batched")
         assert eng.stock("hot").on_hand == 6  # it did commit; nothing said it had

@@ -149,7 +149,8 @@ class BatchTx {
       row.on_hand = std::numeric_limits<Quantity>::max() / 2;  // decide as if all fit
     }
     decide();
-    const pqxx::result moved = write(tx, Stmt::batch_fast);
+    const pqxx::result moved =
+        rows_.size() == 1 ? write_one(tx) : write(tx, Stmt::batch_fast);
     if (moved.empty()) return false;
     // Decide again from the rows as they stood before the write: every request fits, and
     // each gets the row's values right after it.
@@ -201,6 +202,7 @@ class BatchTx {
   void lock_rows(Tx& tx);
   void decide();
   pqxx::result write(Tx& tx, Stmt statement);
+  pqxx::result write_one(Tx& tx);
   void unclaim_refused(Tx& tx);
   void settle_duplicates();
 
@@ -369,6 +371,24 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
                  int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
                  text_array(r_locations), int_array(qtys), int_array(ttls), text_array(r_keys),
                  static_cast<std::int64_t>(skus.size()));
+}
+
+// write() for a batch on one row, through batch_fast_one: the key travels once.
+pqxx::result BatchTx::write_one(Tx& tx) {
+  const auto& [key, row] = *rows_.begin();
+  std::vector<std::string> ids, r_keys;
+  std::vector<std::int64_t> qtys, ttls;
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    const BatchItem& item = *items_[i];
+    if (item.op != BatchOp::reserve) continue;
+    ids.push_back(ids_[i].to_string());
+    r_keys.push_back(item.idempotency_key.value_or(std::string()));
+    qtys.push_back(item.qty);
+    ttls.push_back(item.ttl_us);
+  }
+  reservations_written_ = ids.size();
+  return tx.exec(Stmt::batch_fast_one, key.sku, key.location, row.sold, row.held, row.changes,
+                 text_array(ids), int_array(qtys), int_array(ttls), text_array(r_keys));
 }
 
 void BatchTx::unclaim_refused(Tx& tx) {

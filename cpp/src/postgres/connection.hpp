@@ -47,6 +47,7 @@ enum class Stmt : std::size_t {
   batch_write,
   batch_unclaim,
   batch_fast,
+  batch_fast_one,
   count_
 };
 
