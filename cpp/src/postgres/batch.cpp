@@ -172,12 +172,13 @@ class BatchTx {
     claim_keys(store, tx);
     lock_rows(tx);
     decide();
-    const pqxx::result inserted = write(tx, Stmt::batch_write);
-    if (inserted.affected_rows() != reservations_written_) {
+    // affected_rows() is an int in libpqxx 7 and unsigned in 6.4.
+    const auto inserted = static_cast<std::size_t>(write(tx, Stmt::batch_write).affected_rows());
+    if (inserted != reservations_written_) {
       // The rows are locked, so every update matches; anything else is a bug. Throwing
       // rolls the whole batch back.
       throw Error(ErrorCode::invariant_violation,
-                  "a batch wrote " + std::to_string(inserted.affected_rows()) + " of " +
+                  "a batch wrote " + std::to_string(inserted) + " of " +
                       std::to_string(reservations_written_) + " reservations; rolled back");
     }
     unclaim_refused(tx);
