@@ -47,7 +47,9 @@ namespace stockade {
 struct BatcherOptions {
   std::size_t shards = 4;               // flusher threads; a SKU maps to one by hash
   std::size_t batch_max = 4096;         // requests per transaction
-  std::size_t queue_capacity = 8192;    // request records per shard, preallocated
+  // Request records per shard, preallocated (about 750 bytes each: 4 shards of 4096 take
+  // 12 MB, allocated when the first batched request starts the batcher).
+  std::size_t queue_capacity = 4096;
   std::int64_t enqueue_timeout_ms = 5000;  // wait for a free record, then Overloaded
 };
 
