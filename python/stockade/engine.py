@@ -154,8 +154,11 @@ class _AsyncBridge:
                 continue
             if error is not None:
                 future.set_exception(error)
-            else:
+                continue
+            try:
                 future.set_result(convert(value))
+            except Exception as exc:  # a failed conversion must not strand the others
+                future.set_exception(exc)
 
 
 def _awaitable(
