@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .engine import Engine
-from .errors import OutOfStock, StockadeError, VersionConflict
+from .errors import NotFound, OutOfStock, StockadeError, VersionConflict
 from .testing import naive_reserve
 
 __all__ = ["FlashSaleReport", "flash_sale", "NAIVE"]
@@ -36,7 +37,9 @@ class FlashSaleReport:
     lock_waits: int = 0  # lock acquisitions that found the lock taken (engine counters)
     elapsed_s: float = 0.0
     reserved_after: int = 0
+    sku: str = ""
     latencies_us: List[float] = field(default_factory=list, repr=False)
+    reservation_ids: List[uuid.UUID] = field(default_factory=list, repr=False)
 
     @property
     def oversold(self) -> int:
@@ -47,6 +50,31 @@ class FlashSaleReport:
     def throughput(self) -> float:
         """Requests answered per second (granted or refused)."""
         return (self.granted + self.refused + self.failed) / self.elapsed_s if self.elapsed_s else 0.0
+
+    def violations(self, engine: Engine) -> List[str]:
+        """What the engine's committed state says against this report; empty when the
+        sale kept every invariant: no oversell, a ledger that matches the grants (the row
+        holds exactly the units granted, on_hand untouched), and every acknowledged
+        reservation present, held, for one unit of this SKU."""
+        found: List[str] = []
+        if self.oversold:
+            found.append(f"oversold: {self.granted} granted of {self.units} units")
+        level = engine.stock(self.sku)
+        if level.reserved != len(self.reservation_ids) or level.on_hand != self.units:
+            found.append(f"ledger: the row holds {level.reserved} reserved of {level.on_hand} "
+                         f"on hand, but {len(self.reservation_ids)} of {self.units} were granted")
+        if len(set(self.reservation_ids)) != len(self.reservation_ids):
+            found.append("an acknowledged reservation id was handed out twice")
+        for rid in self.reservation_ids:
+            try:
+                r = engine.reservation(rid)
+            except NotFound:
+                found.append(f"acknowledged reservation {rid} is missing")
+                continue
+            if (r.sku, r.qty, r.state.value) != (self.sku, 1, "held"):
+                found.append(f"acknowledged reservation {rid} is {r.state.value}, "
+                             f"{r.qty} of {r.sku}")
+        return found
 
     def percentile_us(self, q: float) -> float:
         if not self.latencies_us:
@@ -69,19 +97,19 @@ def flash_sale(
         raise ValueError("need 1 <= clients <= 1024, buyers >= 1 and units >= 1")
     sku = sku or f"flash-{strategy}-{time.monotonic_ns()}"
     engine.restock(sku, units)
-    report = FlashSaleReport(strategy, buyers, units)
+    report = FlashSaleReport(strategy, buyers, units, sku=sku)
     before = _counters(engine, strategy)
     lock = threading.Lock()
     next_buyer = iter(range(buyers))
     barrier = threading.Barrier(clients + 1)
 
-    def buy_once() -> str:
+    def buy_once(ids: List[uuid.UUID]) -> str:
         for _ in range(RETRIES_MAX + 1):
             try:
                 if strategy == NAIVE:
-                    naive_reserve(engine, sku, 1)
+                    ids.append(naive_reserve(engine, sku, 1).id)
                 else:
-                    engine.reserve(sku, 1, strategy=strategy)
+                    ids.append(engine.reserve(sku, 1, strategy=strategy).id)
                 return "granted"
             except OutOfStock:
                 return "refused"
@@ -92,6 +120,7 @@ def flash_sale(
 
     def client() -> None:
         local: List[float] = []
+        ids: List[uuid.UUID] = []
         counts = {"granted": 0, "refused": 0, "failed": 0}
         barrier.wait()
         while True:
@@ -100,13 +129,14 @@ def flash_sale(
                     break
             start = time.perf_counter()
             try:
-                outcome = buy_once()
+                outcome = buy_once(ids)
             except StockadeError:
                 outcome = "failed"
             local.append((time.perf_counter() - start) * 1e6)
             counts[outcome] += 1
         with lock:
             report.latencies_us.extend(local)
+            report.reservation_ids.extend(ids)
             report.granted += counts["granted"]
             report.refused += counts["refused"]
             report.failed += counts["failed"]

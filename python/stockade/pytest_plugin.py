@@ -32,6 +32,11 @@ __all__ = ["PostgresForTests", "stockade_database", "stockade_engine", "stockade
 TEMPLATE = "stockade_template"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "load: a load scenario (stockade.testing.flash_sale and the like)")
+
+
 class PostgresForTests:
     """A server with a migrated template database, handing out clones of it.
 

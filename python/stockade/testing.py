@@ -1,6 +1,10 @@
 """Helpers for tests and load scenarios that drive an engine.
 
-``race`` starts many threads at once against one engine. ``naive_reserve`` is a
+``flash_sale`` is a load scenario for pytest: many buyers race for few units, and the
+engine's committed state is checked against what the buyers were told (no oversell, a
+consistent ledger, every acknowledged reservation present); a broken invariant raises
+``LoadInvariantError``. ``race`` starts many threads at once against one engine.
+``naive_reserve`` is a
 deliberately broken read-modify-write (the lost update) kept as a canary: a race that
 cannot make it oversell cannot prove that the real strategies do not. ``hold_lock`` holds
 a row or advisory lock as another session would, to observe ``nowait`` and
@@ -14,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable, Generic, Iterator, List, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Callable, Generic, Iterator, List, Optional, TypeVar, Union
 
 from .engine import DEFAULT_LOCATION, Engine
 from .values import (
@@ -28,9 +32,48 @@ from .values import (
     strategy_name,
 )
 
-__all__ = ["RaceResult", "race", "naive_reserve", "hold_lock"]
+__all__ = ["LoadInvariantError", "RaceResult", "flash_sale", "hold_lock", "naive_reserve", "race"]
+
+if TYPE_CHECKING:  # loadgen imports this module: import it lazily at run time
+    from .loadgen import FlashSaleReport
 
 T = TypeVar("T")
+
+
+class LoadInvariantError(AssertionError):
+    """A load scenario broke an invariant; ``violations`` lists what was found."""
+
+    def __init__(self, report: FlashSaleReport, violations: List[str]) -> None:
+        super().__init__(f"flash sale with {report.strategy}: " + "; ".join(violations))
+        self.report = report
+        self.violations = violations
+
+
+def flash_sale(
+    engine: Engine, *, buyers: int, units: int, strategy: Union[Strategy, str] = Strategy.AUTO,
+    clients: int = 32, sku: Optional[str] = None, check: bool = True,
+) -> FlashSaleReport:
+    """Runs a flash sale: ``clients`` threads share ``buyers`` purchase attempts of one
+    unit each, against ``units`` units of a fresh SKU (or ``sku``), with ``strategy``
+    (or ``"naive-unsafe"``, the canary). Returns the report (granted, refused, failed,
+    latencies, throughput, retries, lock waits, the reservation ids granted).
+
+    With ``check`` (the default) it then reads the engine back and raises
+    :class:`LoadInvariantError` if anything is off: more grants than units, a row whose
+    reserved or on_hand disagree with the grants, or an acknowledged reservation that is
+    missing or not held."""
+    from .loadgen import NAIVE
+    from .loadgen import flash_sale as run_sale
+
+    name = NAIVE if strategy == NAIVE else strategy_name(strategy)
+    report = run_sale(engine, buyers=check_int("buyers", buyers), units=check_int("units", units),
+                      strategy=name or Strategy.AUTO.value, clients=check_int("clients", clients),
+                      sku=sku)
+    if check:
+        found = report.violations(engine)
+        if found:
+            raise LoadInvariantError(report, found)
+    return report
 
 
 @dataclass
