@@ -11,7 +11,7 @@ CTEST  := $(VENV)/bin/ctest
 JOBS   ?= 2
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DSTOCKADE_BUILD_TESTS=ON -DSTOCKADE_WERROR=ON
 
-.PHONY: demo test bench bench-hot system-deps install test-cpp test-tsan test-python format clean
+.PHONY: demo test bench bench-hot notebooks system-deps install test-cpp test-tsan test-python format clean
 
 demo: install
 	$(VENV)/bin/stockade demo
@@ -22,11 +22,12 @@ system-deps:
 	@bash tools/install-system-deps.sh
 
 # The virtual environment with the build and test tools; remade when pyproject changes.
-$(VENV)/.tools-stamp: pyproject.toml | system-deps
+$(VENV)/.tools-stamp: pyproject.toml Makefile | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja \
-		"pytest>=7.4" "hypothesis>=6.80" "mypy>=1.8"
+		"pytest>=7.4" "hypothesis>=6.80" "mypy>=1.8" \
+		matplotlib nbformat nbclient ipykernel
 	touch $@
 
 # Builds the extension (incrementally, in build/<wheel tag>) and installs the package.
@@ -59,6 +60,11 @@ bench: system-deps $(VENV)/.tools-stamp
 # layers, from C++ threads and from asyncio (a benchmark, not a test).
 bench-hot: install
 	$(PY) benchmarks/hot_sku.py $(BENCH_ARGS)
+
+# Rewrites the notebooks from notebooks/make_notebooks.py and executes them in place, so
+# the committed copies carry their outputs (each runs in under 2 minutes).
+notebooks: install
+	JUPYTER_PLATFORM_DIRS=1 $(PY) notebooks/make_notebooks.py --execute
 
 format:
 	clang-format -i cpp/include/stockade/*.hpp cpp/src/*.[ch]pp cpp/src/memory/*.[ch]pp \

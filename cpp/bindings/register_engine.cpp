@@ -402,7 +402,10 @@ void register_engine(py::module_& m) {
         out["failed"] = r.failed;
         out["seconds"] = r.seconds;
         out["p50_us"] = r.p50_us;
+        out["p90_us"] = r.p90_us;
         out["p99_us"] = r.p99_us;
+        out["p999_us"] = r.p999_us;
+        out["max_us"] = r.max_us;
         out["mean_us"] = r.mean_us;
         return out;
       },

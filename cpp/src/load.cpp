@@ -155,7 +155,10 @@ LoadResult drive_load(Engine& engine, const LoadSpec& spec) {
   r.requests = r.granted + r.refused + r.failed;
   std::sort(all.begin(), all.end());
   r.p50_us = percentile(all, 0.50);
+  r.p90_us = percentile(all, 0.90);
   r.p99_us = percentile(all, 0.99);
+  r.p999_us = percentile(all, 0.999);
+  r.max_us = all.empty() ? 0 : all.back();
   double sum = 0;
   for (double v : all) sum += v;
   r.mean_us = all.empty() ? 0 : sum / static_cast<double>(all.size());

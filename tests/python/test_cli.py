@@ -1,9 +1,14 @@
-"""The `stockade` command line: the demo runs and reports every strategy."""
+"""The `stockade` command line: the demo runs and reports every strategy; bench writes its
+table, JSON and plot, with its peers; migrate and advise do what they say."""
 
 from __future__ import annotations
 
+import io
+import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +30,7 @@ def test_demo_reports_every_strategy_with_no_oversell(capsys: pytest.CaptureFixt
     assert main(argv) == 0
     out = capsys.readouterr().out
     rows = demo_rows(out)
-    for name in ["atomic", "pessimistic", "advisory", "optimistic"]:
+    for name in ["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]:
         granted, refused, failed, oversold = rows[name][1:5]
         assert (granted, refused, failed, oversold) == ("50", "550", "0", "0"), out
 
@@ -64,3 +69,88 @@ def test_flash_sale_report_counts_every_buyer(engine: stockade.Engine) -> None:
     assert report.reserved_after == 40
     assert len(report.latencies_us) == 300 and report.throughput > 0
     assert 0 < report.percentile_us(0.5) <= report.percentile_us(0.99)
+
+
+def test_bench_on_memory_writes_table_json_and_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "--backend", "memory", "--seconds", "0.1", "--clients", "4",
+            "--strategies", "atomic,batched", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "| stockade | atomic |" in out.out and "| stockade | batched |" in out.out
+    assert "2/2" in out.err  # the progress line
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert [c["strategy"] for c in report["cases"]] == ["atomic", "batched"]
+    assert all(c["rate"] > 0 for c in report["cases"])
+    assert (tmp_path / "bench.md").read_text().startswith("### ")
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_peers_runs_pgbench_and_redis_next_to_stockade(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], stockade_database: str
+) -> None:
+    argv = ["bench", "--dsn", stockade_database, "--peers", "--seconds", "1", "--clients", "4",
+            "--skus", "3", "--strategies", "atomic,pessimistic,batched", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    cases = json.loads((tmp_path / "bench.json").read_text())["cases"]
+    runners = {(c["runner"], c["strategy"]) for c in cases}
+    for strategy in ["atomic", "pessimistic", "advisory", "optimistic"]:
+        assert ("pgbench", strategy) in runners
+    assert all(c["rate"] > 0 for c in cases if c["strategy"] != "optimistic")
+    assert "- pgbench atomic: stockade atomic" in out
+    if shutil.which("redis-server"):
+        assert ("redis", "lua, appendfsync always") in runners
+        assert "- redis lua, appendfsync everysec: stockade" in out
+
+
+def test_bench_refuses_peers_on_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--backend", "memory", "--peers"]) == 2
+    assert "--peers needs PostgreSQL" in capsys.readouterr().err
+
+
+def test_migrate_applies_then_reports_up_to_date(
+    empty_db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["migrate", "--dsn", empty_db, "--schema", "shop"]) == 0
+    assert "applied to schema shop: 001_schema.sql" in capsys.readouterr().out
+    assert main(["migrate", "--dsn", empty_db, "--schema", "shop"]) == 0
+    assert "schema shop is up to date" in capsys.readouterr().out
+
+
+@pytest.fixture
+def empty_db(stockade_postgres: object) -> object:
+    from stockade.pytest_plugin import PostgresForTests
+
+    assert isinstance(stockade_postgres, PostgresForTests)
+    name = "stockade_cli_migrate"
+    stockade_postgres.sql(f"DROP DATABASE IF EXISTS {name}")
+    stockade_postgres.sql(f"CREATE DATABASE {name}")
+    yield stockade_postgres.dsn(name)
+    stockade_postgres.sql(f"DROP DATABASE {name}")
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--single-statement", "yes"], "=> atomic"),
+    (["--single-statement", "no", "--fits-in-transaction", "no"], "=> optimistic"),
+    (["--single-statement", "no", "--fits-in-transaction", "yes", "--conflict-rate", "0.8",
+      "--retry", "safe"], "=> batched"),
+    (["--single-statement", "no", "--fits-in-transaction", "yes", "--conflict-rate", "0.8",
+      "--retry", "unsafe"], "=> pessimistic"),
+])
+def test_advise_answers_from_flags(
+    flags: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["advise", *flags]) == 0
+    assert expected in capsys.readouterr().out
+
+
+def test_advise_asks_the_questions_it_was_not_given(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("maybe\nno\nyes\n2\n0.01\nsafe\n"))
+    assert main(["advise"]) == 0
+    out = capsys.readouterr().out
+    assert "please answer one of: yes, no" in out and "between 0 and 1" in out
+    assert "=> optimistic" in out and "odds: 1% of writes" in out

@@ -35,7 +35,10 @@ struct LoadResult {
   std::uint64_t failed = 0;   // any other error
   double seconds = 0;
   double p50_us = 0;
+  double p90_us = 0;
   double p99_us = 0;
+  double p999_us = 0;
+  double max_us = 0;
   double mean_us = 0;
 };
 
