@@ -299,3 +299,19 @@ def test_a_keyed_batch_cut_at_commit_is_in_doubt_and_a_retry_resolves_it(
         r = eng.reserve("hot", 3, idempotency_key="order-1", strategy="batched")
         assert eng.stock("hot").reserved == 3 and eng.reservation(r.id) == r
         assert eng.stats()["reservation_count"] == 1
+
+
+@pytest.mark.parametrize("cut", ["after", "before"])
+def test_an_atomic_reserve_cut_around_its_statement_still_answers_exactly_once(
+    proxy: CommitCuttingProxy, stockade_database: str, cut: str
+) -> None:
+    # atomic without a key is one statement in autocommit too, resolved the same way.
+    dbname = field(stockade_database, "dbname")
+    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
+        eng.restock("s", 10)
+        proxy.arm(cut, statement="stockade_hold_atomic")
+        r = eng.reserve("s", 3, strategy="atomic")
+        assert proxy.cuts == 1
+        assert eng.reservation(r.id) == r
+        assert eng.stock("s").reserved == 3
+        assert eng.stats()["reservation_count"] == 1

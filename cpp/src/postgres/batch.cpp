@@ -469,9 +469,14 @@ std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const Error& in_
                                                 const ErrorContext& context) {
   const std::optional<Uuid> probe = batch.first_reservation_id();
   if (!probe) throw in_doubt_error;
-  const bool landed = run<RunMode::read>(nullptr, context, [&](Tx& tx) {
-    return !tx.exec(Stmt::reservation_get, probe->to_string()).empty();
-  });
+  bool landed = false;
+  try {
+    landed = run<RunMode::read>(nullptr, context, [&](Tx& tx) {
+      return !tx.exec(Stmt::reservation_get, probe->to_string()).empty();
+    });
+  } catch (const Error&) {
+    throw in_doubt_error;  // the database cannot say: still in doubt
+  }
   if (!landed) return std::nullopt;
   run<RunMode::read>(nullptr, context, [&](Tx& tx) {
     batch.adopt_landed(*this, tx, in_doubt_error);

@@ -123,6 +123,8 @@ class PostgresStore final : public Store {
   [[noreturn]] void refuse(Tx& tx, const SkuKey& key, Quantity qty,
                            const std::optional<Version>& expected);
   StockLevel upsert(const SkuKey& key, Quantity value, bool add, std::optional<Version> expected);
+  std::optional<Reservation> reserve_in_one_statement(const ReserveRequest& request,
+                                                      const Uuid& id);
 
   // Reservations inside a transaction.
   Reservation insert_reservation(Tx& tx, const Uuid& id, const SkuKey& key, Quantity qty,

@@ -297,7 +297,52 @@ Reservation PostgresStore::reserve(const ReserveRequest& request) {
   if (options.strategy == Strategy::optimistic) {
     return optimistic_retry(&request.key, options, attempt).front();
   }
+  if (options.strategy == Strategy::atomic && !request.idempotency_key) {
+    if (std::optional<Reservation> made = reserve_in_one_statement(request, ids.front())) {
+      return *made;
+    }
+  }
   return attempt().front();
+}
+
+// atomic without a key: the conditional UPDATE and the reservation row are one statement,
+// run in autocommit. One round trip instead of three, and the row lock is held only
+// through the statement's own commit, not through a further round trip for COMMIT (on a
+// hot row, the transaction form ran at 0.69x of the same SQL under pgbench). A refusal is
+// classified by one read afterwards. A connection that broke while the statement ran is
+// resolved like a batch's: the reservation is there (it committed), or the call runs
+// again as a transaction (empty result; nothing had changed).
+std::optional<Reservation> PostgresStore::reserve_in_one_statement(const ReserveRequest& request,
+                                                                   const Uuid& id) {
+  const SkuKey& key = request.key;
+  const ErrorContext context = context_of(key);
+  const std::int64_t expected = request.options.expected_version.value_or(-1);
+  std::optional<Reservation> made;
+  try {
+    made = run<RunMode::one_statement>(
+        &request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
+          const pqxx::result rows = tx.exec(Stmt::hold_atomic, key.sku, key.location,
+                                            request.qty, expected, id.to_string(),
+                                            request.ttl_us, std::string());
+          if (rows.empty()) return std::nullopt;
+          return new_hold(id, key, request.qty, std::nullopt, rows[0]);
+        });
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::in_doubt) throw;
+    try {
+      return run<RunMode::read>(nullptr, context, [&](Tx& tx) -> std::optional<Reservation> {
+        const pqxx::result rows = tx.exec(Stmt::reservation_get, id.to_string());
+        if (rows.empty()) return std::nullopt;
+        return read_reservation(rows[0]);
+      });
+    } catch (const Error&) {
+      throw e;  // the database cannot say: still in doubt
+    }
+  }
+  if (made) return made;
+  return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
+    refuse(tx, key, request.qty, request.options.expected_version);  // always throws
+  });
 }
 
 std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& request) {
