@@ -89,10 +89,9 @@ py::dict stats_dict(const StoreStats& s) {
   batcher["requests"] = s.batcher.requests;
   batcher["failed_batches"] = s.batcher.failed_batches;
   batcher["batch_size_max"] = s.batcher.batch_size_max;
-  batcher["batch_size_mean"] =
-      s.batcher.batches == 0 ? 0.0
-                             : static_cast<double>(s.batcher.requests) /
-                                   static_cast<double>(s.batcher.batches);
+  batcher["batch_size_mean"] = s.batcher.batches == 0 ? 0.0
+                                                      : static_cast<double>(s.batcher.requests) /
+                                                            static_cast<double>(s.batcher.batches);
   batcher["queued"] = s.batcher.queued;
   out["batcher"] = batcher;
   return out;
@@ -273,8 +272,8 @@ void register_async_calls(py::class_<Engine>& c) {
                           call_options(strategy, nowait, lock_timeout_ms, expected_version),
                           std::move(channel), token);
           },
-          py::arg("channel"), py::arg("token"), py::arg("sku"), py::arg("location"),
-          py::arg("qty"), py::arg("strategy"), py::arg("nowait"), py::arg("lock_timeout_ms"),
+          py::arg("channel"), py::arg("token"), py::arg("sku"), py::arg("location"), py::arg("qty"),
+          py::arg("strategy"), py::arg("nowait"), py::arg("lock_timeout_ms"),
           py::arg("expected_version"), Release())
       .def(
           "submit_reserve_order",

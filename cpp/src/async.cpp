@@ -11,9 +11,9 @@ namespace stockade {
 
 AsyncChannel::AsyncChannel() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   if (fd_ < 0) {
-    throw Error(ErrorCode::unavailable,
-                std::string("cannot create an eventfd for async completions: ") +
-                    std::strerror(errno));
+    throw Error(
+        ErrorCode::unavailable,
+        std::string("cannot create an eventfd for async completions: ") + std::strerror(errno));
   }
 }
 

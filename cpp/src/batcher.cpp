@@ -142,10 +142,10 @@ std::uint32_t HotRowBatcher::acquire(Shard& shard) {
   while (!shard.free.pop(index)) {
     if (closing_.load()) throw closed_error();
     if (std::chrono::steady_clock::now() >= deadline) {
-      throw Error(ErrorCode::overloaded,
-                  "the hot-row batch queue is full (" + std::to_string(options_.queue_capacity) +
-                      " requests per shard) and stayed full for " +
-                      std::to_string(options_.enqueue_timeout_ms) + " ms");
+      throw Error(ErrorCode::overloaded, "the hot-row batch queue is full (" +
+                                             std::to_string(options_.queue_capacity) +
+                                             " requests per shard) and stayed full for " +
+                                             std::to_string(options_.enqueue_timeout_ms) + " ms");
     }
     std::this_thread::sleep_for(record_poll);
   }
@@ -318,9 +318,9 @@ void HotRowBatcher::apply(Shard& shard, const std::vector<std::uint32_t>& indice
     failure = e;
   } catch (const std::exception& e) {
     // Not a stockade error, so nothing says whether the transaction committed.
-    failure = Error(ErrorCode::in_doubt,
-                    std::string("a batch failed unexpectedly; its outcome is unknown: ") +
-                        e.what());
+    failure =
+        Error(ErrorCode::in_doubt,
+              std::string("a batch failed unexpectedly; its outcome is unknown: ") + e.what());
   }
   for (BatchItem* item : items) {
     if (failure) {

@@ -94,7 +94,8 @@ Strategy ContentionTracker::enter(const SkuKey& key) {
   }
   const std::int64_t now = steady_us();
   std::int64_t start = c.window_start_us.load(std::memory_order_relaxed);
-  if (now - start >= options_.window_ms * 1000 && c.window_start_us.compare_exchange_strong(start, now)) {
+  if (now - start >= options_.window_ms * 1000 &&
+      c.window_start_us.compare_exchange_strong(start, now)) {
     roll(c, now, start);
   }
   return static_cast<Strategy>(c.mode.load(std::memory_order_relaxed));
@@ -122,7 +123,8 @@ void ContentionTracker::roll(Cell& c, std::int64_t now, std::int64_t start) {
   std::uint32_t streak = c.cool_streak.load(std::memory_order_relaxed);
   streak = peak <= options_.cool_in_flight ? streak + 1 : 0;
   if (windows > 1 && in_flight <= options_.cool_in_flight + 1) {
-    streak += static_cast<std::uint32_t>(std::min<std::int64_t>(windows - 1, options_.cool_windows));
+    streak +=
+        static_cast<std::uint32_t>(std::min<std::int64_t>(windows - 1, options_.cool_windows));
   }
   if (mode == Strategy::batched && streak >= options_.cool_windows) {
     auto hot = static_cast<std::uint8_t>(Strategy::batched);
@@ -155,8 +157,7 @@ Advice advise(const SkuKey& key, const SkuHeat& heat, const AutoOptions& options
       "correct; what remains is cost";
   if (heat.requests == 0) {
     advice.strategy = Strategy::atomic;
-    advice.reasons = {"no requests for sku '" + key.sku + "' measured in this process yet",
-                      zero};
+    advice.reasons = {"no requests for sku '" + key.sku + "' measured in this process yet", zero};
     return advice;
   }
   const bool recent = heat.window_requests >= window_requests_min;

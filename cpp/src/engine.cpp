@@ -166,8 +166,7 @@ void Engine::through_batcher(BatchItem& item, const Route& route,
 
 void Engine::observe(const BatchItem& item, std::uint8_t tag) {
   tracker_.leave(item.key);
-  count_outcome(store_->metrics().of(static_cast<Strategy>(tag)),
-                item.ok ? nullptr : &*item.error);
+  count_outcome(store_->metrics().of(static_cast<Strategy>(tag)), item.ok ? nullptr : &*item.error);
 }
 
 WriteOptions Engine::resolve(const CallOptions& call) const {

@@ -106,7 +106,8 @@ class FaultyStore final : public DelegatingStore {
     check_arrival_order(items, available);
     if (fate == Fate::fail_after_commit) {
       for (const BatchItem* item : items) {
-        if (item->ok && item->op == BatchOp::reserve) committed_in_doubt_.push_back(item->reservation.id);
+        if (item->ok && item->op == BatchOp::reserve)
+          committed_in_doubt_.push_back(item->reservation.id);
       }
       throw Error(ErrorCode::in_doubt, "injected: the connection broke during COMMIT");
     }
@@ -247,7 +248,8 @@ void run_faulty_race(const FaultPlan& plan, std::size_t threads, std::size_t per
     EXPECT_EQ(store->get_reservation(id).state, ReservationState::held) << "acknowledged, lost";
   }
   const StockLevel level = store->stock(hot);
-  const auto committed = static_cast<Quantity>(acknowledged.size() + store->committed_in_doubt_.size());
+  const auto committed =
+      static_cast<Quantity>(acknowledged.size() + store->committed_in_doubt_.size());
   EXPECT_EQ(level.reserved, committed) << "the row holds exactly what committed";
   EXPECT_LE(level.reserved, level.on_hand);
   EXPECT_LE(store->committed_in_doubt_.size(), in_doubt);

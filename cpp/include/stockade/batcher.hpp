@@ -23,9 +23,9 @@
 // allocation after start-up). Each shard has two threads: the flusher applies batches,
 // one after another; when more requests wait, the completer delivers the applied batch's
 // outcomes, so that waking its callers overlaps the next batch's transaction (an idle
-// flusher completes a batch itself, sparing a lone request the extra thread hop). A blocked caller waits on its record's
-// own condition variable; an async caller names a CompletionSink, and the completer posts
-// a batch's completions to it in one call.
+// flusher completes a batch itself, sparing a lone request the extra thread hop). A
+// blocked caller waits on its record's own condition variable; an async caller names a
+// CompletionSink, and the completer posts a batch's completions to it in one call.
 //
 // What it does not do: retry. A failed batch is reported; the store's transaction runner
 // has already retried what is safe to retry (serialization failures, a connection that
@@ -45,8 +45,8 @@
 namespace stockade {
 
 struct BatcherOptions {
-  std::size_t shards = 4;               // flusher threads; a SKU maps to one by hash
-  std::size_t batch_max = 4096;         // requests per transaction
+  std::size_t shards = 4;        // flusher threads; a SKU maps to one by hash
+  std::size_t batch_max = 4096;  // requests per transaction
   // Request records per shard, preallocated (about 750 bytes each: 4 shards of 4096 take
   // 12 MB, allocated when the first batched request starts the batcher).
   std::size_t queue_capacity = 4096;

@@ -44,12 +44,12 @@ void validate_auto_options(const AutoOptions& options);
 struct SkuHeat {
   Strategy mode = Strategy::atomic;  // what `auto` runs this SKU as right now
   std::uint32_t in_flight = 0;
-  std::uint32_t peak_in_flight = 0;  // in the last complete window
-  std::uint64_t requests = 0;        // since the tracker started
-  std::uint64_t collisions = 0;      // requests that arrived while another was in flight
+  std::uint32_t peak_in_flight = 0;     // in the last complete window
+  std::uint64_t requests = 0;           // since the tracker started
+  std::uint64_t collisions = 0;         // requests that arrived while another was in flight
   std::uint64_t window_requests = 0;    // in the last complete window
   std::uint64_t window_collisions = 0;  // in the last complete window
-  std::uint64_t switches = 0;        // mode changes so far
+  std::uint64_t switches = 0;           // mode changes so far
 };
 
 class ContentionTracker {

@@ -23,8 +23,8 @@ struct EngineOptions {
   int retries_max = 5;
   std::int64_t lock_timeout_ms = 10000;
   std::int64_t default_ttl_us = 15LL * 60 * 1000 * 1000;
-  BatcherOptions batcher;      // the hot-row layer, started by the first batched request
-  AutoOptions automatic;       // when `auto` switches a SKU between atomic and batched
+  BatcherOptions batcher;         // the hot-row layer, started by the first batched request
+  AutoOptions automatic;          // when `auto` switches a SKU between atomic and batched
   std::size_t async_workers = 8;  // C++ threads for async calls that run per request
   std::size_t async_queue_max = 65536;
 };
@@ -100,8 +100,7 @@ class Engine {
                       std::shared_ptr<CompletionSink> sink, std::uint64_t token);
   void submit_sell(const SkuKey& key, Quantity qty, const CallOptions& call,
                    std::shared_ptr<CompletionSink> sink, std::uint64_t token);
-  void submit_reserve_order(const std::vector<OrderLine>& lines,
-                            std::optional<std::int64_t> ttl_us,
+  void submit_reserve_order(const std::vector<OrderLine>& lines, std::optional<std::int64_t> ttl_us,
                             std::optional<std::string> idempotency_key, const CallOptions& call,
                             std::shared_ptr<CompletionSink> sink, std::uint64_t token);
   enum class Transition { confirm, release, extend };

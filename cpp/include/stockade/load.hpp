@@ -17,7 +17,7 @@ namespace stockade {
 struct LoadSpec {
   std::vector<SkuKey> keys;  // each request picks one uniformly at random
   std::size_t clients = 64;
-  std::size_t window = 1;    // requests each client keeps in flight
+  std::size_t window = 1;  // requests each client keeps in flight
   std::int64_t duration_ms = 2000;
   Quantity qty = 1;
   std::int64_t ttl_us = 15LL * 60 * 1000 * 1000;

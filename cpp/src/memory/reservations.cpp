@@ -288,8 +288,8 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
     item->clear_outcome();
     try {
       if (item->op == BatchOp::reserve) {
-        item->reservation =
-            reserve(ReserveRequest{item->key, item->qty, item->ttl_us, item->idempotency_key, write});
+        item->reservation = reserve(
+            ReserveRequest{item->key, item->qty, item->ttl_us, item->idempotency_key, write});
       } else {
         item->level = sell(SellRequest{item->key, item->qty, write});
       }

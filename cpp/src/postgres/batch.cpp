@@ -16,9 +16,9 @@
 // The runner commits. A batch whose fast statement found no room runs the full path, as
 // a new transaction that reads the rows afresh; either way one transaction commits the
 // batch's changes. After a miss the store skips the fast path for a few batches, so a
-// sold-out SKU does not pay for it on every batch. The lock order is the one every other path keeps: idempotency keys
-// before stock rows, stock rows sorted. So batches from many engines, and per-request
-// calls, cannot deadlock with each other.
+// sold-out SKU does not pay for it on every batch. The lock order is the one every other path
+// keeps: idempotency keys before stock rows, stock rows sorted. So batches from many engines, and
+// per-request calls, cannot deadlock with each other.
 //
 // A granted change moves a row's version by one, as a per-request write would: a batch
 // that grants 40 units in 40 requests moves the version by 40, and the stock level a sell
@@ -149,8 +149,7 @@ class BatchTx {
       row.on_hand = std::numeric_limits<Quantity>::max() / 2;  // decide as if all fit
     }
     decide();
-    const pqxx::result moved =
-        rows_.size() == 1 ? write_one(tx) : write(tx, Stmt::batch_fast);
+    const pqxx::result moved = rows_.size() == 1 ? write_one(tx) : write(tx, Stmt::batch_fast);
     if (moved.empty()) return false;
     // Decide again from the rows as they stood before the write: every request fits, and
     // each gets the row's values right after it.
@@ -322,8 +321,8 @@ void BatchTx::decide() {
     if (item.op == BatchOp::sell) {
       row.on_hand -= item.qty;
       row.sold += item.qty;
-      item.level = StockLevel{item.key, row.on_hand, row.reserved, row.version + row.changes,
-                              now_us_};
+      item.level =
+          StockLevel{item.key, row.on_hand, row.reserved, row.version + row.changes, now_us_};
     } else {
       row.reserved += item.qty;
       row.held += item.qty;
@@ -440,8 +439,8 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
   if (fast) {
     std::optional<bool> done;
     try {
-      done = run<RunMode::one_statement>(&write, context,
-                                         [&](Tx& tx) { return batch.run_fast(tx); });
+      done =
+          run<RunMode::one_statement>(&write, context, [&](Tx& tx) { return batch.run_fast(tx); });
     } catch (const Error& e) {
       if (e.code() != ErrorCode::in_doubt) throw;
       done = resolve_fast(batch, e, context);  // empty: it did not land, run the full path

@@ -132,12 +132,13 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
           " SELECT k, f, ARRAY[i::uuid], now() FROM unnest($1::text[], $2::text[], $3::text[])"
           " AS t(k, f, i) ORDER BY k COLLATE \"C\" ON CONFLICT (key) DO NOTHING RETURNING key");
   set(Stmt::batch_keys_get,
-      "SELECT key, request_fingerprint, array_to_string(reservation_ids, ',') FROM " +
-          idempotency + " WHERE key = ANY($1::text[])");
+      "SELECT key, request_fingerprint, array_to_string(reservation_ids, ',') FROM " + idempotency +
+          " WHERE key = ANY($1::text[])");
   // Locks the touched rows in sorted key order, and reads the transaction's now().
   set(Stmt::batch_lock,
       "SELECT s.sku, s.location, s.on_hand, s.reserved, s.version, " + epoch_us("now()") +
-          " FROM " + schema + ".stock s JOIN unnest($1::text[], $2::text[]) AS k(sku, location)"
+          " FROM " + schema +
+          ".stock s JOIN unnest($1::text[], $2::text[]) AS k(sku, location)"
           " ON s.sku = k.sku AND s.location = k.location"
           " ORDER BY s.sku COLLATE \"C\", s.location COLLATE \"C\" FOR UPDATE OF s");
   // One statement writes the summed deltas of every row and inserts every reservation.

@@ -321,9 +321,9 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
   try {
     made = run<RunMode::one_statement>(
         &request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
-          const pqxx::result rows = tx.exec(Stmt::hold_atomic, key.sku, key.location,
-                                            request.qty, expected, id.to_string(),
-                                            request.ttl_us, std::string());
+          const pqxx::result rows =
+              tx.exec(Stmt::hold_atomic, key.sku, key.location, request.qty, expected,
+                      id.to_string(), request.ttl_us, std::string());
           if (rows.empty()) return std::nullopt;
           return new_hold(id, key, request.qty, std::nullopt, rows[0]);
         });
