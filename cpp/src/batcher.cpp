@@ -30,6 +30,8 @@ void copy_input(BatchItem& to, const BatchItem& from) {
   to.qty = from.qty;
   to.ttl_us = from.ttl_us;
   to.idempotency_key = from.idempotency_key;
+  to.id = from.id;
+  to.expected_version = from.expected_version;
   to.clear_outcome();
 }
 
@@ -38,10 +40,10 @@ Completion completion_of(BatchItem& item, std::uint64_t token) {
   c.token = token;
   if (!item.ok) {
     c.error = std::move(item.error);
-  } else if (item.op == BatchOp::reserve) {
-    c.value = std::move(item.reservation);
-  } else {
+  } else if (item.op == BatchOp::sell) {
     c.value = std::move(item.level);
+  } else {
+    c.value = std::move(item.reservation);
   }
   return c;
 }
@@ -129,8 +131,10 @@ HotRowBatcher::~HotRowBatcher() {
   close();
 }
 
-HotRowBatcher::Shard& HotRowBatcher::shard_for(const SkuKey& key) {
-  return *shards_[SkuKeyHash{}(key) % shards_.size()];
+// By the row's 16-bit shard key, which a reservation id carries too: a confirm or release
+// reaches the shard of its SKU without reading the reservation first.
+HotRowBatcher::Shard& HotRowBatcher::shard_for(const BatchItem& item) {
+  return *shards_[item.shard_key() % shards_.size()];
 }
 
 std::uint32_t HotRowBatcher::acquire(Shard& shard) {
@@ -179,6 +183,7 @@ void HotRowBatcher::queue_or_report(const BatchItem& item, std::uint8_t tag, Fn&
       report.op = item.op;
       report.key = item.key;
       report.qty = item.qty;
+      report.id = item.id;
       report.error = e;
       observer_(report, tag);
     }
@@ -187,7 +192,7 @@ void HotRowBatcher::queue_or_report(const BatchItem& item, std::uint8_t tag, Fn&
 }
 
 void HotRowBatcher::run(BatchItem& item, std::int64_t lock_timeout_ms, std::uint8_t tag) {
-  Shard& shard = shard_for(item.key);
+  Shard& shard = shard_for(item);
   std::uint32_t index = 0;
   queue_or_report(item, tag, [&] {
     index = acquire(shard);
@@ -216,7 +221,7 @@ void HotRowBatcher::submit(const BatchItem& item, std::int64_t lock_timeout_ms,
                            std::shared_ptr<CompletionSink> sink, std::uint64_t token,
                            std::uint8_t tag) {
   if (!sink) throw_invalid_argument("an async request needs a completion sink");
-  Shard& shard = shard_for(item.key);
+  Shard& shard = shard_for(item);
   queue_or_report(item, tag, [&] {
     const std::uint32_t index = acquire(shard);
     Slot& slot = shard.slots[index];

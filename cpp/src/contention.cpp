@@ -57,8 +57,8 @@ void validate_auto_options(const AutoOptions& o) {
   if (o.window_ms < 1 || o.window_ms > 60'000) {
     throw_invalid_argument("auto: window_ms must be between 1 and 60000");
   }
-  if (o.cells < 1 || o.cells > (1u << 20) || (o.cells & (o.cells - 1)) != 0) {
-    throw_invalid_argument("auto: cells must be a power of two up to 2^20");
+  if (o.cells < 1 || o.cells > (1u << 16) || (o.cells & (o.cells - 1)) != 0) {
+    throw_invalid_argument("auto: cells must be a power of two up to 65536");
   }
 }
 
@@ -67,12 +67,12 @@ ContentionTracker::ContentionTracker(AutoOptions options)
 
 ContentionTracker::~ContentionTracker() = default;
 
-ContentionTracker::Cell& ContentionTracker::cell_of(const SkuKey& key) const {
-  return cells_[SkuKeyHash{}(key) & (options_.cells - 1)];
+ContentionTracker::Cell& ContentionTracker::cell_of(std::uint16_t shard_key) const {
+  return cells_[shard_key & (options_.cells - 1)];
 }
 
-Strategy ContentionTracker::enter(const SkuKey& key) {
-  Cell& c = cell_of(key);
+Strategy ContentionTracker::enter(std::uint16_t shard_key) {
+  Cell& c = cell_of(shard_key);
   const std::uint32_t before = c.in_flight.fetch_add(1, std::memory_order_relaxed);
   c.requests.fetch_add(1, std::memory_order_relaxed);
   c.window_requests.fetch_add(1, std::memory_order_relaxed);
@@ -101,8 +101,8 @@ Strategy ContentionTracker::enter(const SkuKey& key) {
   return static_cast<Strategy>(c.mode.load(std::memory_order_relaxed));
 }
 
-void ContentionTracker::leave(const SkuKey& key) {
-  cell_of(key).in_flight.fetch_sub(1, std::memory_order_relaxed);
+void ContentionTracker::leave(std::uint16_t shard_key) {
+  cell_of(shard_key).in_flight.fetch_sub(1, std::memory_order_relaxed);
 }
 
 // Closes the window that began at `start`: its peak decides the mode. Windows that passed
@@ -136,8 +136,12 @@ void ContentionTracker::roll(Cell& c, std::int64_t now, std::int64_t start) {
   c.cool_streak.store(streak, std::memory_order_relaxed);
 }
 
-SkuHeat ContentionTracker::heat(const SkuKey& key) const {
-  const Cell& c = cell_of(key);
+Strategy ContentionTracker::mode(std::uint16_t shard_key) const {
+  return static_cast<Strategy>(cell_of(shard_key).mode.load(std::memory_order_relaxed));
+}
+
+SkuHeat ContentionTracker::heat(std::uint16_t shard_key) const {
+  const Cell& c = cell_of(shard_key);
   SkuHeat h;
   h.mode = static_cast<Strategy>(c.mode.load(std::memory_order_relaxed));
   h.in_flight = c.in_flight.load(std::memory_order_relaxed);

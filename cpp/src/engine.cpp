@@ -48,18 +48,19 @@ void count_outcome(StrategyCounters& c, const Error* error) {
 // Leaves the contention tracker when a per-request call ends, however it ends.
 class InFlight {
  public:
-  InFlight(ContentionTracker& tracker, const SkuKey& key) : tracker_(&tracker), key_(&key) {}
+  InFlight(ContentionTracker& tracker, std::uint16_t shard_key)
+      : tracker_(&tracker), shard_key_(shard_key) {}
   InFlight(const InFlight&) = delete;
   InFlight& operator=(const InFlight&) = delete;
   ~InFlight() {
-    if (tracker_ != nullptr) tracker_->leave(*key_);
+    if (tracker_ != nullptr) tracker_->leave(shard_key_);
   }
   // The batcher's observer leaves for it.
   void hand_over() { tracker_ = nullptr; }
 
  private:
   ContentionTracker* tracker_;
-  const SkuKey* key_;
+  std::uint16_t shard_key_;
 };
 
 }  // namespace
@@ -146,7 +147,7 @@ AsyncExecutor& Engine::executor() {
 // when it cannot be queued.
 void Engine::through_batcher(BatchItem& item, const Route& route,
                              std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
-  bump(store_->metrics().of(route.asked).requests);
+  if (!is_transition(item.op)) bump(store_->metrics().of(route.asked).requests);
   const auto tag = static_cast<std::uint8_t>(route.asked);
   HotRowBatcher* b = nullptr;
   try {
@@ -165,7 +166,8 @@ void Engine::through_batcher(BatchItem& item, const Route& route,
 }
 
 void Engine::observe(const BatchItem& item, std::uint8_t tag) {
-  tracker_.leave(item.key);
+  tracker_.leave(item.shard_key());
+  if (is_transition(item.op)) return;  // transitions are not counted per strategy
   count_outcome(store_->metrics().of(static_cast<Strategy>(tag)), item.ok ? nullptr : &*item.error);
 }
 
@@ -248,7 +250,7 @@ StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& ro
     through_batcher(item, route, nullptr, 0);
     return std::move(item.level);
   }
-  InFlight in_flight(tracker_, key);
+  InFlight in_flight(tracker_, shard_key_of(key.sku, key.location));
   SellRequest request{key, qty, route.options};
   return counted<StockLevel>(route.asked, [&] { return store_->sell(request); });
 }
@@ -271,7 +273,7 @@ Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_
     through_batcher(item, route, nullptr, 0);
     return std::move(item.reservation);
   }
-  InFlight in_flight(tracker_, key);
+  InFlight in_flight(tracker_, shard_key_of(key.sku, key.location));
   ReserveRequest request{key, qty, ttl_us, idempotency_key, route.options};
   return counted<Reservation>(route.asked, [&] { return store_->reserve(request); });
 }
@@ -327,14 +329,40 @@ std::vector<Reservation> Engine::reserve_order(const std::vector<OrderLine>& lin
   return counted<std::vector<Reservation>>(asked, [&] { return store_->reserve_order(request); });
 }
 
-Reservation Engine::confirm(const Uuid& id, std::optional<Version> expected) {
+// Whether a confirm or release of a reservation of the row with `shard_key` goes through
+// the batcher: when the engine runs batched, or auto on a SKU that is hot right now.
+bool Engine::batches_transitions(std::uint16_t shard_key) const {
+  const Strategy s = options_.default_strategy;
+  return s == Strategy::batched ||
+         (s == Strategy::automatic && tracker_.mode(shard_key) == Strategy::batched);
+}
+
+Reservation Engine::transition(BatchOp op, const Uuid& id, std::optional<Version> expected) {
   validate_expected_version(expected);
-  return store_->confirm(id, expected);
+  const std::uint16_t shard_key = id.shard_key();
+  if (batches_transitions(shard_key)) {
+    tracker_.enter(shard_key);  // the batcher's observer leaves
+    BatchItem item;
+    item.op = op;
+    item.id = id;
+    item.expected_version = expected;
+    Route route;
+    route.batched = true;
+    route.options.lock_timeout_ms = options_.lock_timeout_ms;
+    through_batcher(item, route, nullptr, 0);
+    return std::move(item.reservation);
+  }
+  tracker_.enter(shard_key);
+  InFlight in_flight(tracker_, shard_key);
+  return op == BatchOp::confirm ? store_->confirm(id, expected) : store_->release(id, expected);
+}
+
+Reservation Engine::confirm(const Uuid& id, std::optional<Version> expected) {
+  return transition(BatchOp::confirm, id, expected);
 }
 
 Reservation Engine::release(const Uuid& id, std::optional<Version> expected) {
-  validate_expected_version(expected);
-  return store_->release(id, expected);
+  return transition(BatchOp::release, id, expected);
 }
 
 Reservation Engine::extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) {
@@ -465,6 +493,19 @@ void Engine::submit_transition(Transition kind, const Uuid& id, std::int64_t ttl
                                std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
   validate_expected_version(expected_version);
   if (kind == Transition::extend) validate_ttl_us(ttl_us);
+  if (!sink) throw_invalid_argument("an async call needs a completion sink");
+  if (kind != Transition::extend && batches_transitions(id.shard_key())) {
+    tracker_.enter(id.shard_key());  // the batcher's observer leaves
+    BatchItem item;
+    item.op = kind == Transition::confirm ? BatchOp::confirm : BatchOp::release;
+    item.id = id;
+    item.expected_version = expected_version;
+    Route route;
+    route.batched = true;
+    route.options.lock_timeout_ms = options_.lock_timeout_ms;
+    through_batcher(item, route, std::move(sink), token);
+    return;
+  }
   run_async(std::move(sink), token, [this, kind, id, ttl_us, expected_version] {
     switch (kind) {
       case Transition::confirm:

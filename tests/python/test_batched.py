@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import List, Union
+import uuid
+from typing import Callable, Iterator, List, Union
 
 import pytest
 
@@ -315,3 +316,86 @@ def test_an_atomic_reserve_cut_around_its_statement_still_answers_exactly_once(
         assert eng.reservation(r.id) == r
         assert eng.stock("s").reserved == 3
         assert eng.stats()["reservation_count"] == 1
+
+
+# --- confirm and release through the batcher ---
+
+
+@pytest.fixture
+def batched_engine(backend: str, request: pytest.FixtureRequest) -> Iterator[stockade.Engine]:
+    """An engine whose default strategy is batched, so confirm and release batch too."""
+    if backend == "memory":
+        clock = request.getfixturevalue("clock")
+        with stockade.Engine.memory(strategy="batched", clock=clock) as eng:
+            yield eng
+    else:
+        dsn = request.getfixturevalue("stockade_database")
+        with stockade.Engine.postgres(dsn, strategy="batched", pool_size=8) as eng:
+            yield eng
+
+
+def test_batched_confirms_and_releases_move_stock_once_each(
+    batched_engine: stockade.Engine,
+) -> None:
+    eng = batched_engine
+    eng.restock("hot", 300)
+    holds = race(256, lambda i: eng.reserve("hot", 1)).results
+    assert all(isinstance(h, Reservation) for h in holds)
+
+    def settle(i: int) -> str:
+        h = holds[i]
+        assert isinstance(h, Reservation)
+        return (eng.confirm(h.id) if i % 2 else eng.release(h.id)).state.value
+
+    out = race(256, settle)
+    assert out.errors == [None] * 256
+    assert out.results.count("confirmed") == 128 and out.results.count("released") == 128
+    lvl = eng.stock("hot")
+    assert (lvl.on_hand, lvl.reserved, lvl.available) == (172, 0, 172)
+    assert eng.stats()["batcher"]["requests"] >= 512
+    for i in (0, 1):
+        h = holds[i]
+        assert isinstance(h, Reservation)
+        assert eng.reservation(h.id).version == h.version + 1
+
+
+def test_a_hold_confirmed_by_many_at_once_is_confirmed_once(
+    batched_engine: stockade.Engine,
+) -> None:
+    eng = batched_engine
+    eng.restock("hot", 10)
+    hold = eng.reserve("hot", 4)
+    out = race(32, lambda i: eng.confirm(hold.id))
+    assert sum(e is None for e in out.errors) == 1
+    assert all(isinstance(e, stockade.InvalidState) for e in out.errors if e is not None)
+    lvl = eng.stock("hot")
+    assert (lvl.on_hand, lvl.reserved) == (6, 0)
+
+
+def test_batched_transitions_keep_the_per_request_errors(
+    batched_engine: stockade.Engine, wait: Callable[[float], None],
+) -> None:
+    eng = batched_engine
+    eng.restock("hot", 10)
+    hold = eng.reserve("hot", 2, ttl=60)
+    with pytest.raises(stockade.VersionConflict):
+        eng.confirm(hold.id, expected_version=hold.version + 1)
+    with pytest.raises(stockade.NotFound):
+        eng.release(uuid.UUID(bytes=bytes(16)))
+    lapsing = eng.reserve("hot", 3, ttl=1)
+    wait(1.5)
+    with pytest.raises(stockade.ReservationExpired):
+        eng.confirm(lapsing.id)
+    # The lapsed hold was expired, and that committed: its units are back.
+    assert eng.reservation(lapsing.id).state is stockade.ReservationState.EXPIRED
+    assert eng.stock("hot").reserved == 2
+    assert eng.release(hold.id).state is stockade.ReservationState.RELEASED
+
+    async def confirm_async() -> None:
+        again = await eng.reserve_async("hot", 1)
+        assert (await eng.confirm_async(again.id)).state is stockade.ReservationState.CONFIRMED
+        with pytest.raises(stockade.InvalidState):
+            await eng.release_async(again.id)
+
+    asyncio.run(confirm_async())
+    assert eng.stock("hot").on_hand == 9

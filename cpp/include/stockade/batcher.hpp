@@ -10,7 +10,8 @@
 //     request in it fails with the batch's error (InDoubt when the commit's outcome is
 //     unknown); none completes twice, and none is dropped, including at close().
 //   - Arrival order: a shard's queue is FIFO, and a batch is decided in the order its
-//     requests were queued. One SKU always maps to one shard, so one flusher decides it.
+//     requests were queued. One SKU always maps to one shard (by the 16-bit shard key of
+//     its row, which its reservations' ids carry), so one flusher decides it.
 //   - Bounded everything: each shard owns `queue_capacity` preallocated request records;
 //     a request that finds none free waits at most `enqueue_timeout_ms`, then raises
 //     Overloaded. Batches hold at most `batch_max` requests.
@@ -91,7 +92,7 @@ class HotRowBatcher {
   struct Slot;
   struct Shard;
 
-  Shard& shard_for(const SkuKey& key);
+  Shard& shard_for(const BatchItem& item);
   // A free record of `shard`, waiting at most enqueue_timeout_ms (then Overloaded).
   std::uint32_t acquire(Shard& shard);
   void enqueue(Shard& shard, std::uint32_t index);

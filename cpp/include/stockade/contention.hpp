@@ -14,8 +14,10 @@
 // at no more than `cool_in_flight` (an idle gap counts as cool windows). The gap between the
 // two thresholds and the run of cool windows keep a SKU at the edge from flapping.
 //
-// Cost: SKUs hash into a fixed table of cache-line-sized cells (`cells`, a power of two),
-// so tracking allocates nothing and takes no lock; two SKUs that share a cell share their
+// Cost: SKUs map into a fixed table of cache-line-sized cells (`cells`, a power of two,
+// indexed by the row's 16-bit shard key, which reservation ids carry too, so a confirm
+// or release finds its SKU's cell without reading the reservation), so tracking
+// allocates nothing and takes no lock; two SKUs that share a cell share their
 // heat, which can batch a cold SKU (correct, just not needed) but never the reverse for
 // long. Each request costs two atomic increments on its cell and one clock read.
 #pragma once
@@ -26,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "stockade/hash.hpp"
 #include "stockade/types.hpp"
 
 namespace stockade {
@@ -35,7 +38,7 @@ struct AutoOptions {
   std::uint32_t cool_in_flight = 1;  // window peaks at most this low ...
   std::uint32_t cool_windows = 4;    // ... this many windows in a row: back to atomic
   std::int64_t window_ms = 50;
-  std::size_t cells = 4096;
+  std::size_t cells = 4096;  // at most 65536: the shard key has 16 bits
 };
 
 // Throws InvalidArgument naming the option out of range.
@@ -57,16 +60,22 @@ class ContentionTracker {
   explicit ContentionTracker(AutoOptions options = {});
   ~ContentionTracker();
 
-  // A request for `key` starts; returns the mode `auto` runs it in.
-  Strategy enter(const SkuKey& key);
+  // A request for the row with `shard_key` (see shard_key_of) starts; returns the mode
+  // `auto` runs it in.
+  Strategy enter(std::uint16_t shard_key);
   // That request finished (whatever its outcome).
-  void leave(const SkuKey& key);
-  SkuHeat heat(const SkuKey& key) const;
+  void leave(std::uint16_t shard_key);
+  SkuHeat heat(std::uint16_t shard_key) const;
+  // The mode `auto` runs the row in right now, without counting a request.
+  Strategy mode(std::uint16_t shard_key) const;
+  Strategy enter(const SkuKey& key) { return enter(shard_key_of(key.sku, key.location)); }
+  void leave(const SkuKey& key) { leave(shard_key_of(key.sku, key.location)); }
+  SkuHeat heat(const SkuKey& key) const { return heat(shard_key_of(key.sku, key.location)); }
   const AutoOptions& options() const { return options_; }
 
  private:
   struct Cell;
-  Cell& cell_of(const SkuKey& key) const;
+  Cell& cell_of(std::uint16_t shard_key) const;
   void roll(Cell& cell, std::int64_t now_us, std::int64_t window_start_us);
 
   const AutoOptions options_;

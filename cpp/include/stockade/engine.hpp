@@ -48,9 +48,11 @@ struct CallOptions {
 };
 
 // Routing: `batched` sends reserve and sell through the hot-row batcher; `auto` asks the
-// contention tracker, per SKU, whether to run them atomic or batched. A call the batcher
-// cannot express runs per request with `atomic` instead: reserve_order (many rows, all or
-// nothing) and any call with expected_version (a check against one particular version).
+// contention tracker, per SKU, whether to run them atomic or batched. confirm and release
+// take no strategy: they go through the batcher when the engine's default is batched, or
+// auto on a SKU that is hot right now (found by the shard key inside the reservation id). A call
+// the batcher cannot express runs per request with `atomic` instead: reserve_order (many rows, all
+// or nothing) and any call with expected_version (a check against one particular version).
 //
 // Async calls (submit_*) never block the caller beyond queueing: batched ones go to the
 // batcher, the rest to a small pool of C++ workers; outcomes go to a CompletionSink.
@@ -132,6 +134,8 @@ class Engine {
   AsyncExecutor& executor();
   void through_batcher(BatchItem& item, const Route& route, std::shared_ptr<CompletionSink> sink,
                        std::uint64_t token);
+  bool batches_transitions(std::uint16_t shard_key) const;
+  Reservation transition(BatchOp op, const Uuid& id, std::optional<Version> expected);
   void observe(const BatchItem& item, std::uint8_t tag);
   template <class Fn>
   void run_async(std::shared_ptr<CompletionSink> sink, std::uint64_t token, Fn fn);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "stockade/errors.hpp"
+#include "stockade/hash.hpp"
 #include "stockade/metrics.hpp"
 #include "stockade/types.hpp"
 
@@ -56,17 +57,23 @@ struct SellRequest {
 };
 
 // One request inside a batch (Store::apply_batch). The hot-row batcher fills the input
-// fields from a preallocated record; the store fills the outcome: a reservation (reserve),
-// a stock level (sell), or a per-request error such as OutOfStock.
-enum class BatchOp : std::uint8_t { reserve, sell };
+// fields from a preallocated record; the store fills the outcome: a reservation (reserve,
+// confirm, release), a stock level (sell), or a per-request error such as OutOfStock.
+enum class BatchOp : std::uint8_t { reserve, sell, confirm, release };
+
+inline bool is_transition(BatchOp op) {
+  return op == BatchOp::confirm || op == BatchOp::release;
+}
 
 struct BatchItem {
   // Input.
   BatchOp op = BatchOp::reserve;
-  SkuKey key;
-  Quantity qty = 0;
+  SkuKey key;                                  // reserve and sell
+  Quantity qty = 0;                            // reserve and sell
   std::int64_t ttl_us = 0;                     // reserve only
   std::optional<std::string> idempotency_key;  // reserve only
+  Uuid id;                                     // confirm and release
+  std::optional<Version> expected_version;     // confirm and release: the reservation's
   // Outcome, written by the store.
   bool ok = false;
   Reservation reservation;
@@ -76,6 +83,12 @@ struct BatchItem {
   void clear_outcome() {
     ok = false;
     error.reset();
+  }
+
+  // The 16-bit shard key of the row this request is about: from its SKU, or from the
+  // reservation id, which carries it.
+  std::uint16_t shard_key() const {
+    return is_transition(op) ? id.shard_key() : shard_key_of(key.sku, key.location);
   }
 };
 
@@ -114,9 +127,11 @@ class Store {
   virtual Reservation get_reservation(const Uuid& id) = 0;
   virtual std::size_t expire_due(std::size_t limit) = 0;
 
-  // Applies a batch of reserve and sell requests as one transaction, deciding each in
-  // the order given (arrival order): grant while units are available, refuse the rest
-  // with OutOfStock. Stock rows are locked in sorted key order. Idempotency keys hold
+  // Applies a batch of reserve, sell, confirm and release requests as one transaction,
+  // deciding each in the order given (arrival order): grant while units are available,
+  // refuse the rest with OutOfStock; a transition follows the per-request rules (a lapsed
+  // hold is expired, and that commits, before ReservationExpired). Reservation rows are
+  // locked before stock rows, and each kind in sorted order. Idempotency keys hold
   // inside a batch: a duplicate later in the same batch gets the first one's outcome,
   // and a key committed earlier replays its reservation. On return every item carries
   // its outcome (ok, or a per-item error) and the batch has committed. If the batch as a

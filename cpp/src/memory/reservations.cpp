@@ -287,11 +287,20 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
   for (BatchItem* item : items) {
     item->clear_outcome();
     try {
-      if (item->op == BatchOp::reserve) {
-        item->reservation = reserve(
-            ReserveRequest{item->key, item->qty, item->ttl_us, item->idempotency_key, write});
-      } else {
-        item->level = sell(SellRequest{item->key, item->qty, write});
+      switch (item->op) {
+        case BatchOp::reserve:
+          item->reservation = reserve(
+              ReserveRequest{item->key, item->qty, item->ttl_us, item->idempotency_key, write});
+          break;
+        case BatchOp::sell:
+          item->level = sell(SellRequest{item->key, item->qty, write});
+          break;
+        case BatchOp::confirm:
+          item->reservation = confirm(item->id, item->expected_version);
+          break;
+        case BatchOp::release:
+          item->reservation = release(item->id, item->expected_version);
+          break;
       }
       item->ok = true;
     } catch (const Error& e) {

@@ -88,6 +88,12 @@ struct KeyClaim {
   std::optional<Reservation> stored;              // ... and the reservation it made
 };
 
+// A reservation a transition in the batch is about, as locked (and as changed so far).
+struct Hold {
+  Reservation reservation;
+  bool lapsed = false;  // expires_at <= now() when it was locked
+};
+
 void fail(BatchItem& item, Error error) {
   item.ok = false;
   item.error = std::move(error);
@@ -134,9 +140,10 @@ class BatchTx {
     }
   }
 
-  bool keyed() const {
+  // Idempotency keys and transitions need the full path.
+  bool needs_full_path() const {
     for (std::size_t i = 0; i < items_.size(); ++i) {
-      if (keyed(i)) return true;
+      if (keyed(i) || is_transition(items_[i]->op)) return true;
     }
     return false;
   }
@@ -169,6 +176,7 @@ class BatchTx {
   void run_full(PostgresStore& store, Tx& tx) {
     reset();
     claim_keys(store, tx);
+    lock_reservations(tx);
     lock_rows(tx);
     decide();
     // affected_rows() is an int in libpqxx 7 and unsigned in 6.4.
@@ -180,6 +188,7 @@ class BatchTx {
                   "a batch wrote " + std::to_string(inserted) + " of " +
                       std::to_string(reservations_written_) + " reservations; rolled back");
     }
+    write_transitions(tx);
     unclaim_refused(tx);
     settle_duplicates();
   }
@@ -189,6 +198,8 @@ class BatchTx {
   void reset() {
     rows_.clear();
     keys_.clear();
+    holds_.clear();
+    transitions_.clear();
     std::fill(decided_.begin(), decided_.end(), false);
     for (BatchItem* item : items_) item->clear_outcome();
   }
@@ -199,8 +210,11 @@ class BatchTx {
 
   void claim_keys(PostgresStore& store, Tx& tx);
   void replay(PostgresStore& store, Tx& tx, const std::vector<std::string>& names);
+  void lock_reservations(Tx& tx);
   void lock_rows(Tx& tx);
   void decide();
+  void decide_transition(BatchItem& item);
+  void write_transitions(Tx& tx);
   pqxx::result write(Tx& tx, Stmt statement);
   pqxx::result write_one(Tx& tx);
   void unclaim_refused(Tx& tx);
@@ -212,6 +226,8 @@ class BatchTx {
   std::vector<bool> decided_;
   std::map<std::string, KeyClaim> keys_;
   std::map<SkuKey, RowState> rows_;
+  std::map<Uuid, Hold> holds_;  // the reservations transitions are about, as locked
+  std::vector<std::pair<Uuid, const char*>> transitions_;  // new states to write
   TimestampUs now_us_ = 0;
   std::size_t reservations_written_ = 0;
 };
@@ -278,9 +294,27 @@ void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string
   }
 }
 
+void BatchTx::lock_reservations(Tx& tx) {
+  std::vector<Uuid> ids;
+  for (const BatchItem* item : items_) {
+    if (is_transition(item->op)) ids.push_back(item->id);
+  }
+  if (ids.empty()) return;
+  for (const auto& row : tx.exec(Stmt::batch_lock_reservations, uuid_array(ids))) {
+    Hold hold;
+    hold.reservation = read_reservation(row, &hold.lapsed);
+    holds_.emplace(hold.reservation.id, std::move(hold));
+  }
+}
+
 void BatchTx::lock_rows(Tx& tx) {
   for (std::size_t i = 0; i < items_.size(); ++i) {
-    if (!decided_[i]) rows_.try_emplace(items_[i]->key);
+    if (decided_[i]) continue;
+    if (!is_transition(items_[i]->op)) {
+      rows_.try_emplace(items_[i]->key);
+    } else if (auto it = holds_.find(items_[i]->id); it != holds_.end()) {
+      rows_.try_emplace(it->second.reservation.key);
+    }
   }
   if (rows_.empty()) return;
   std::vector<std::string> skus, locations;
@@ -306,6 +340,10 @@ void BatchTx::decide() {
     if (decided_[i]) continue;
     decided_[i] = true;
     BatchItem& item = *items_[i];
+    if (is_transition(item.op)) {
+      decide_transition(item);
+      continue;
+    }
     auto it = rows_.find(item.key);
     if (it == rows_.end()) {
       fail(item, stock_not_found(item.key));
@@ -373,6 +411,75 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
                  static_cast<std::int64_t>(skus.size()));
 }
 
+// A confirm or release, by the per-request rules: NotFound, VersionConflict, a hold no
+// longer held (InvalidState or ReservationExpired); a lapsed hold is expired here, which
+// the batch commits, and then raises ReservationExpired.
+void BatchTx::decide_transition(BatchItem& item) {
+  auto it = holds_.find(item.id);
+  if (it == holds_.end()) {
+    ErrorContext context;
+    context.reservation_id = item.id;
+    fail(item, Error(ErrorCode::not_found, "no reservation " + item.id.to_string(), context));
+    return;
+  }
+  Reservation& r = it->second.reservation;
+  try {
+    check_expected(r, item.expected_version);
+  } catch (const Error& e) {
+    fail(item, e);
+    return;
+  }
+  if (r.state != ReservationState::held) {
+    fail(item, not_holdable(r));
+    return;
+  }
+  auto found = rows_.find(r.key);  // locked with the batch's rows
+  if (found == rows_.end()) {
+    fail(item,
+         Error(ErrorCode::invariant_violation,
+               "the stock row of a reservation is missing: " + describe(r.key), context_of(r.key)));
+    return;
+  }
+  RowState& row = found->second;
+  const bool sold = item.op == BatchOp::confirm && !it->second.lapsed;
+  row.reserved -= r.qty;
+  row.held -= r.qty;
+  if (sold) {
+    row.on_hand -= r.qty;
+    row.sold += r.qty;
+  }
+  ++row.changes;
+  r.state = it->second.lapsed             ? ReservationState::expired
+            : item.op == BatchOp::confirm ? ReservationState::confirmed
+                                          : ReservationState::released;
+  ++r.version;
+  r.updated_at_us = now_us_;
+  transitions_.emplace_back(r.id, reservation_state_name(r.state));
+  if (it->second.lapsed) {
+    fail(item, not_holdable(r));
+    return;
+  }
+  item.reservation = r;
+  item.ok = true;
+}
+
+void BatchTx::write_transitions(Tx& tx) {
+  if (transitions_.empty()) return;
+  std::vector<Uuid> ids;
+  std::vector<std::string> states;
+  for (const auto& [id, state] : transitions_) {
+    ids.push_back(id);
+    states.emplace_back(state);
+  }
+  const auto written = static_cast<std::size_t>(
+      tx.exec(Stmt::batch_transition, uuid_array(ids), text_array(states)).affected_rows());
+  if (written != ids.size()) {
+    throw Error(ErrorCode::invariant_violation, "a batch changed " + std::to_string(written) +
+                                                    " of " + std::to_string(ids.size()) +
+                                                    " reservations; rolled back");
+  }
+}
+
 // write() for a batch on one row, through batch_fast_one: the key travels once.
 pqxx::result BatchTx::write_one(Tx& tx) {
   const auto& [key, row] = *rows_.begin();
@@ -435,7 +542,7 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
   int skips = fast_skips_.load(std::memory_order_relaxed);
   while (skips > 0 && !fast_skips_.compare_exchange_weak(skips, skips - 1)) {
   }
-  const bool fast = skips == 0 && !batch.keyed();
+  const bool fast = skips == 0 && !batch.needs_full_path();
   if (fast) {
     std::optional<bool> done;
     try {
@@ -490,6 +597,7 @@ void PostgresStore::count_batch(const std::vector<BatchItem*>& items) {
   const SkuKey* last = nullptr;
   SkuCounters* counters = nullptr;
   for (const BatchItem* item : items) {
+    if (is_transition(item->op)) continue;  // counted per SKU as reserve and sell only
     if (last == nullptr || !(item->key == *last)) {
       last = &item->key;
       counters = &counters_of(item->key);

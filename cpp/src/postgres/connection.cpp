@@ -157,6 +157,15 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
           " FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],"
           " $11::text[]) AS r(i, k, l, q, t, ik) WHERE (SELECT count(*) FROM moved) = $12");
   set(Stmt::batch_unclaim, "DELETE FROM " + idempotency + " WHERE key = ANY($1::text[])");
+  // Confirms and releases: their reservation rows, locked in id order before any stock row
+  // (the order a per-request transition keeps), and their new states, written at once.
+  set(Stmt::batch_lock_reservations, "SELECT " + reservation_columns() + " FROM " + schema +
+                                         ".reservation WHERE id = ANY($1::uuid[])"
+                                         " ORDER BY id FOR UPDATE");
+  set(Stmt::batch_transition,
+      "UPDATE " + schema +
+          ".reservation AS r SET state = u.state, version = r.version + 1, updated_at = now()"
+          " FROM unnest($1::uuid[], $2::text[]) AS u(id, state) WHERE r.id = u.id");
   // The fast path, one statement in autocommit: if every touched row exists and has room
   // for all of its requests, lock the rows (sorted), write the deltas and insert every
   // reservation; otherwise change nothing and return no row. The verdict is computed
@@ -233,6 +242,8 @@ const char* Statements::name(Stmt s) {
       "stockade_batch_unclaim",
       "stockade_batch_fast",
       "stockade_batch_fast_one",
+      "stockade_batch_lock_reservations",
+      "stockade_batch_transition",
   };
   return names[static_cast<std::size_t>(s)];
 }

@@ -48,6 +48,8 @@ enum class Stmt : std::size_t {
   batch_unclaim,
   batch_fast,
   batch_fast_one,
+  batch_lock_reservations,
+  batch_transition,
   count_
 };
 
