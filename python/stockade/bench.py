@@ -205,12 +205,14 @@ def run_redis(fsync: str, *, skus: int, clients: int, requests: int) -> BenchCas
                 capture_output=True, text=True, timeout=600)
             if out.returncode != 0:
                 raise RuntimeError(f"redis-benchmark failed: {out.stderr.strip()[-500:]}")
-            # --csv: "test","rps","avg_latency_ms","min","p50","p95","p99","max"; the test
-            # name is the whole command, commas included, so parse it as CSV.
-            row = list(csv.reader(out.stdout.strip().splitlines()))[-1]
+            # --csv: a header ("test","rps","avg_latency_ms",...,"p99_latency_ms",...) and a
+            # row; the test name is the whole command, commas included, so parse it as CSV
+            # and read the columns by name.
+            row = list(csv.DictReader(out.stdout.strip().splitlines()))[-1]
             granted = int(_redis_cli(port, "GET", "reservation:next") or "0")
-            return BenchCase("redis", f"lua, appendfsync {fsync}", float(row[1]), float(row[2]),
-                             float(row[6]), requests - granted)
+            return BenchCase("redis", f"lua, appendfsync {fsync}", float(row["rps"]),
+                             float(row["avg_latency_ms"]), float(row["p99_latency_ms"]),
+                             requests - granted)
         finally:
             server.terminate()
             server.wait(30)
