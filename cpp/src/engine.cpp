@@ -45,6 +45,34 @@ void count_outcome(StrategyCounters& c, const Error* error) {
   bump(c.failed);
 }
 
+// The batcher's records for each kind of request.
+BatchItem reserve_item(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
+                       std::optional<std::string> idempotency_key) {
+  BatchItem item;
+  item.op = BatchOp::reserve;
+  item.key = key;
+  item.qty = qty;
+  item.ttl_us = ttl_us;
+  item.idempotency_key = std::move(idempotency_key);
+  return item;
+}
+
+BatchItem sell_item(const SkuKey& key, Quantity qty) {
+  BatchItem item;
+  item.op = BatchOp::sell;
+  item.key = key;
+  item.qty = qty;
+  return item;
+}
+
+BatchItem transition_item(BatchOp op, const Uuid& id, std::optional<Version> expected) {
+  BatchItem item;
+  item.op = op;
+  item.id = id;
+  item.expected_version = expected;
+  return item;
+}
+
 // Leaves the contention tracker when a per-request call ends, however it ends.
 class InFlight {
  public:
@@ -243,10 +271,7 @@ StockLevel Engine::stock(const SkuKey& key) {
 
 StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& route) {
   if (route.batched) {
-    BatchItem item;
-    item.op = BatchOp::sell;
-    item.key = key;
-    item.qty = qty;
+    BatchItem item = sell_item(key, qty);
     through_batcher(item, route, nullptr, 0);
     return std::move(item.level);
   }
@@ -265,11 +290,7 @@ Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_
                                     const std::optional<std::string>& idempotency_key,
                                     const Route& route) {
   if (route.batched) {
-    BatchItem item;
-    item.key = key;
-    item.qty = qty;
-    item.ttl_us = ttl_us;
-    item.idempotency_key = idempotency_key;
+    BatchItem item = reserve_item(key, qty, ttl_us, idempotency_key);
     through_batcher(item, route, nullptr, 0);
     return std::move(item.reservation);
   }
@@ -337,19 +358,22 @@ bool Engine::batches_transitions(std::uint16_t shard_key) const {
          (s == Strategy::automatic && tracker_.mode(shard_key) == Strategy::batched);
 }
 
+// How a batched transition runs: no strategy is counted, and it waits for locks as long as
+// the engine's lock_timeout.
+Route Engine::transition_route() const {
+  Route route;
+  route.batched = true;
+  route.options.lock_timeout_ms = options_.lock_timeout_ms;
+  return route;
+}
+
 Reservation Engine::transition(BatchOp op, const Uuid& id, std::optional<Version> expected) {
   validate_expected_version(expected);
   const std::uint16_t shard_key = id.shard_key();
   if (batches_transitions(shard_key)) {
     tracker_.enter(shard_key);  // the batcher's observer leaves
-    BatchItem item;
-    item.op = op;
-    item.id = id;
-    item.expected_version = expected;
-    Route route;
-    route.batched = true;
-    route.options.lock_timeout_ms = options_.lock_timeout_ms;
-    through_batcher(item, route, nullptr, 0);
+    BatchItem item = transition_item(op, id, expected);
+    through_batcher(item, transition_route(), nullptr, 0);
     return std::move(item.reservation);
   }
   tracker_.enter(shard_key);
@@ -435,11 +459,7 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
   const std::int64_t ttl = ttl_us.value_or(options_.default_ttl_us);
   const Route r = route(key, call);
   if (r.batched) {
-    BatchItem item;
-    item.key = key;
-    item.qty = qty;
-    item.ttl_us = ttl;
-    item.idempotency_key = std::move(idempotency_key);
+    BatchItem item = reserve_item(key, qty, ttl, std::move(idempotency_key));
     through_batcher(item, r, std::move(sink), token);
     return;
   }
@@ -461,10 +481,7 @@ void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& cal
   if (!sink) throw_invalid_argument("an async call needs a completion sink");
   const Route r = route(key, call);
   if (r.batched) {
-    BatchItem item;
-    item.op = BatchOp::sell;
-    item.key = key;
-    item.qty = qty;
+    BatchItem item = sell_item(key, qty);
     through_batcher(item, r, std::move(sink), token);
     return;
   }
@@ -496,14 +513,9 @@ void Engine::submit_transition(Transition kind, const Uuid& id, std::int64_t ttl
   if (!sink) throw_invalid_argument("an async call needs a completion sink");
   if (kind != Transition::extend && batches_transitions(id.shard_key())) {
     tracker_.enter(id.shard_key());  // the batcher's observer leaves
-    BatchItem item;
-    item.op = kind == Transition::confirm ? BatchOp::confirm : BatchOp::release;
-    item.id = id;
-    item.expected_version = expected_version;
-    Route route;
-    route.batched = true;
-    route.options.lock_timeout_ms = options_.lock_timeout_ms;
-    through_batcher(item, route, std::move(sink), token);
+    BatchItem item = transition_item(
+        kind == Transition::confirm ? BatchOp::confirm : BatchOp::release, id, expected_version);
+    through_batcher(item, transition_route(), std::move(sink), token);
     return;
   }
   run_async(std::move(sink), token, [this, kind, id, ttl_us, expected_version] {

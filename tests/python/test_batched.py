@@ -256,18 +256,22 @@ def test_close_completes_queued_async_calls_and_refuses_new_ones(
 
 
 @pytest.mark.parametrize("cut", ["after", "before"])
-def test_a_fast_batch_cut_around_its_statement_still_answers_exactly_once(
-    proxy: CommitCuttingProxy, stockade_database: str, cut: str
+@pytest.mark.parametrize("strategy, statement", [
+    ("batched", "stockade_batch_fast_one"),  # a batch's one-statement fast path
+    ("atomic", "stockade_hold_atomic"),  # atomic without a key: one statement too
+])
+def test_a_one_statement_write_cut_around_its_statement_still_answers_exactly_once(
+    proxy: CommitCuttingProxy, stockade_database: str, cut: str, strategy: str, statement: str
 ) -> None:
-    # The one-statement fast path commits at its Sync; the proxy cuts the connection just
+    # A statement in autocommit commits at its Sync; the proxy cuts the connection just
     # before the statement reaches the server, or just after the server committed it. The
     # engine learns which from the reservation the statement would have written: it
     # answers with the reservation either way, and never writes it twice.
     dbname = field(stockade_database, "dbname")
     with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
         eng.restock("hot", 10)
-        proxy.arm(cut, statement="stockade_batch_fast_one")
-        r = eng.reserve("hot", 3, strategy="batched")
+        proxy.arm(cut, statement=statement)
+        r = eng.reserve("hot", 3, strategy=strategy)
         assert proxy.cuts == 1
         assert eng.reservation(r.id) == r
         assert eng.stock("hot").reserved == 3
@@ -299,22 +303,6 @@ def test_a_keyed_batch_cut_at_commit_is_in_doubt_and_a_retry_resolves_it(
         assert eng.stock("hot").reserved == (3 if cut == "after" else 0)
         r = eng.reserve("hot", 3, idempotency_key="order-1", strategy="batched")
         assert eng.stock("hot").reserved == 3 and eng.reservation(r.id) == r
-        assert eng.stats()["reservation_count"] == 1
-
-
-@pytest.mark.parametrize("cut", ["after", "before"])
-def test_an_atomic_reserve_cut_around_its_statement_still_answers_exactly_once(
-    proxy: CommitCuttingProxy, stockade_database: str, cut: str
-) -> None:
-    # atomic without a key is one statement in autocommit too, resolved the same way.
-    dbname = field(stockade_database, "dbname")
-    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
-        eng.restock("s", 10)
-        proxy.arm(cut, statement="stockade_hold_atomic")
-        r = eng.reserve("s", 3, strategy="atomic")
-        assert proxy.cuts == 1
-        assert eng.reservation(r.id) == r
-        assert eng.stock("s").reserved == 3
         assert eng.stats()["reservation_count"] == 1
 
 

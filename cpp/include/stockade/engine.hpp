@@ -135,6 +135,7 @@ class Engine {
   void through_batcher(BatchItem& item, const Route& route, std::shared_ptr<CompletionSink> sink,
                        std::uint64_t token);
   bool batches_transitions(std::uint16_t shard_key) const;
+  Route transition_route() const;
   Reservation transition(BatchOp op, const Uuid& id, std::optional<Version> expected);
   void observe(const BatchItem& item, std::uint8_t tag);
   template <class Fn>

@@ -59,17 +59,6 @@ std::string int_array(const std::vector<std::int64_t>& values) {
   return out + "}";
 }
 
-std::vector<Uuid> parse_ids(const std::string& list) {
-  std::vector<Uuid> ids;
-  for (std::size_t start = 0; start < list.size();) {
-    std::size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    ids.push_back(Uuid::parse(std::string_view(list).substr(start, end - start)));
-    start = end + 1;
-  }
-  return ids;
-}
-
 struct RowState {
   Quantity on_hand = 0;
   Quantity reserved = 0;
@@ -575,15 +564,7 @@ std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const Error& in_
                                                 const ErrorContext& context) {
   const std::optional<Uuid> probe = batch.first_reservation_id();
   if (!probe) throw in_doubt_error;
-  bool landed = false;
-  try {
-    landed = run<RunMode::read>(nullptr, context, [&](Tx& tx) {
-      return !tx.exec(Stmt::reservation_get, probe->to_string()).empty();
-    });
-  } catch (const Error&) {
-    throw in_doubt_error;  // the database cannot say: still in doubt
-  }
-  if (!landed) return std::nullopt;
+  if (!find_after_lost_statement(*probe, in_doubt_error, context)) return std::nullopt;
   run<RunMode::read>(nullptr, context, [&](Tx& tx) {
     batch.adopt_landed(*this, tx, in_doubt_error);
     return true;

@@ -145,6 +145,8 @@ class PostgresStore final : public Store {
   void count_batch(const std::vector<BatchItem*>& items);
   std::optional<bool> resolve_fast(BatchTx& batch, const Error& in_doubt_error,
                                    const ErrorContext& context);
+  std::optional<Reservation> find_after_lost_statement(const Uuid& id, const Error& in_doubt_error,
+                                                       const ErrorContext& context);
   SkuCounters& counters_of(const SkuKey& key);
   void sweep_loop();
 
@@ -174,6 +176,8 @@ ReservationState parse_state(const std::string& name);
 Reservation new_hold(const Uuid& id, const SkuKey& key, Quantity qty,
                      const std::optional<std::string>& idempotency_key, const pqxx::row& times);
 std::string uuid_array(const std::vector<Uuid>& ids);
+// The ids of array_to_string(uuid[], ','), as the idempotency table returns them.
+std::vector<Uuid> parse_ids(const std::string& list);
 bool valid_schema_name(const std::string& schema);
 
 // The migrations compiled in from sql/ (generated at build time), in file-name order.

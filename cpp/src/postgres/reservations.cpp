@@ -53,6 +53,34 @@ std::string uuid_array(const std::vector<Uuid>& ids) {
   return out + "}";
 }
 
+std::vector<Uuid> parse_ids(const std::string& list) {
+  std::vector<Uuid> ids;
+  for (std::size_t start = 0; start < list.size();) {
+    std::size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    ids.push_back(Uuid::parse(std::string_view(list).substr(start, end - start)));
+    start = end + 1;
+  }
+  return ids;
+}
+
+// A write that is one statement in autocommit lost its connection while it ran (or before
+// it was sent): the reservation `id` it was making tells whether it landed. If the
+// database cannot say, the call stays in doubt.
+std::optional<Reservation> PostgresStore::find_after_lost_statement(const Uuid& id,
+                                                                    const Error& in_doubt_error,
+                                                                    const ErrorContext& context) {
+  try {
+    return run<RunMode::read>(nullptr, context, [&](Tx& tx) -> std::optional<Reservation> {
+      const pqxx::result rows = tx.exec(Stmt::reservation_get, id.to_string());
+      if (rows.empty()) return std::nullopt;
+      return read_reservation(rows[0]);
+    });
+  } catch (const Error&) {
+    throw in_doubt_error;
+  }
+}
+
 Reservation PostgresStore::insert_reservation(Tx& tx, const Uuid& id, const SkuKey& key,
                                               Quantity qty, std::int64_t ttl_us,
                                               const std::optional<std::string>& key_name) {
@@ -94,15 +122,7 @@ std::vector<Reservation> PostgresStore::with_idempotency(
     if (found[0][0].as<std::string>() != fingerprint) {
       throw idempotency_conflict(key);
     }
-    std::vector<Uuid> stored;
-    const std::string list = found[0][1].as<std::string>();
-    for (std::size_t start = 0; start < list.size();) {
-      std::size_t end = list.find(',', start);
-      if (end == std::string::npos) end = list.size();
-      stored.push_back(Uuid::parse(std::string_view(list).substr(start, end - start)));
-      start = end + 1;
-    }
-    return fetch(tx, stored);
+    return fetch(tx, parse_ids(found[0][1].as<std::string>()));
   }
 }
 

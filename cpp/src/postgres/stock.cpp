@@ -329,15 +329,7 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
         });
   } catch (const Error& e) {
     if (e.code() != ErrorCode::in_doubt) throw;
-    try {
-      return run<RunMode::read>(nullptr, context, [&](Tx& tx) -> std::optional<Reservation> {
-        const pqxx::result rows = tx.exec(Stmt::reservation_get, id.to_string());
-        if (rows.empty()) return std::nullopt;
-        return read_reservation(rows[0]);
-      });
-    } catch (const Error&) {
-      throw e;  // the database cannot say: still in doubt
-    }
+    return find_after_lost_statement(id, e, context);
   }
   if (made) return made;
   return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
