@@ -1,6 +1,7 @@
 # stockade: the two commands of the README, and their parts.
 #   make demo   set up what is missing, build, and run the flash-sale demo
-#   make test   set up what is missing, build, and run every test (ctest, TSan, pytest)
+#   make test   set up what is missing, build, and run every check (ruff, clang-format,
+#               ctest, TSan, pytest)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -11,12 +12,24 @@ CTEST  := $(VENV)/bin/ctest
 JOBS   ?= 2
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DSTOCKADE_BUILD_TESTS=ON -DSTOCKADE_WERROR=ON
 
-.PHONY: demo test bench bench-hot notebooks system-deps install test-cpp test-tsan test-python format clean
+.PHONY: demo test lint bench bench-hot notebooks system-deps install test-cpp test-tsan test-python format clean
+
+# Every C++ source clang-format checks (pinned below, so every machine formats alike).
+CXX_SOURCES = $(wildcard cpp/include/stockade/*.hpp cpp/src/*.[ch]pp cpp/src/memory/*.[ch]pp \
+	cpp/src/postgres/*.[ch]pp cpp/bindings/*.[ch]pp cpp/tools/include/stockade/tools/*.hpp \
+	cpp/tools/src/*.cpp tests/cpp/*.[ch]pp benchmarks/cpp/*.cpp)
+PY_SOURCES = python tests benchmarks notebooks/make_notebooks.py
 
 demo: install
 	$(VENV)/bin/stockade demo
 
-test: install test-cpp test-tsan test-python
+test: lint install test-cpp test-tsan test-python
+
+# ruff (lint and format) and clang-format, as checks: `make format` fixes what they find.
+lint: $(VENV)/.tools-stamp
+	$(VENV)/bin/ruff check $(PY_SOURCES)
+	$(VENV)/bin/ruff format --check $(PY_SOURCES)
+	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_SOURCES)
 
 system-deps:
 	@bash tools/install-system-deps.sh
@@ -27,7 +40,7 @@ $(VENV)/.tools-stamp: pyproject.toml Makefile | system-deps
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja \
 		"pytest>=7.4" "hypothesis>=6.80" "mypy>=1.8" \
-		matplotlib nbformat nbclient ipykernel
+		matplotlib nbformat nbclient ipykernel "ruff==0.17.6" "clang-format==19.1.7"
 	touch $@
 
 # Builds the extension (incrementally, in build/<wheel tag>) and installs the package.
@@ -66,9 +79,10 @@ bench-hot: install
 notebooks: install
 	JUPYTER_PLATFORM_DIRS=1 $(PY) notebooks/make_notebooks.py --execute
 
-format:
-	clang-format -i cpp/include/stockade/*.hpp cpp/src/*.[ch]pp cpp/src/memory/*.[ch]pp \
-		cpp/src/postgres/*.[ch]pp cpp/bindings/*.[ch]pp tests/cpp/*.[ch]pp benchmarks/cpp/*.cpp
+format: $(VENV)/.tools-stamp
+	$(VENV)/bin/ruff check --fix $(PY_SOURCES)
+	$(VENV)/bin/ruff format $(PY_SOURCES)
+	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
 clean:
 	rm -rf $(BUILD) $(VENV)

@@ -21,30 +21,42 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import time
+from dataclasses import asdict
+from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
 import stockade
-from stockade import _core
-from stockade.pgserver import TemporaryPostgres
+from stockade.tools import drive_load
+from stockade.tools.pgserver import TemporaryPostgres
 
 UNITS = 10**9
 TTL_US = 15 * 60 * 10**6
 STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]
 
 
-def c_load(eng: stockade.Engine, skus: List[str], strategy: str, clients: int, window: int,
-           seconds: float) -> Dict[str, Any]:
-    out = _core.drive_load(eng._core, [(s, "default") for s in skus], clients, window,
-                           int(seconds * 1000), 1, TTL_US, strategy)
+def c_load(
+    eng: stockade.Engine, skus: List[str], strategy: str, clients: int, window: int, seconds: float
+) -> Dict[str, Any]:
+    out: Dict[str, Any] = asdict(
+        drive_load(
+            eng,
+            skus,
+            clients=clients,
+            window=window,
+            seconds=seconds,
+            ttl=timedelta(microseconds=TTL_US),
+            strategy=strategy,
+        )
+    )
     out["rate"] = out["granted"] / out["seconds"]
     return out
 
 
-async def _asyncio_load(eng: stockade.Engine, sku: str, strategy: str, tasks: int,
-                        seconds: float) -> Dict[str, Any]:
+async def _asyncio_load(
+    eng: stockade.Engine, sku: str, strategy: str, tasks: int, seconds: float
+) -> Dict[str, Any]:
     loop = asyncio.get_running_loop()
     latencies: List[float] = []
     counts = {"granted": 0, "failed": 0}
@@ -65,15 +77,18 @@ async def _asyncio_load(eng: stockade.Engine, sku: str, strategy: str, tasks: in
     elapsed = time.perf_counter() - started
     latencies.sort()
     return {
-        "granted": counts["granted"], "failed": counts["failed"], "seconds": elapsed,
+        "granted": counts["granted"],
+        "failed": counts["failed"],
+        "seconds": elapsed,
         "rate": counts["granted"] / elapsed,
         "p50_us": latencies[len(latencies) // 2] * 1e6 if latencies else 0.0,
         "p99_us": latencies[int(len(latencies) * 0.99)] * 1e6 if latencies else 0.0,
     }
 
 
-def asyncio_load(eng: stockade.Engine, sku: str, strategy: str, tasks: int,
-                 seconds: float) -> Dict[str, Any]:
+def asyncio_load(
+    eng: stockade.Engine, sku: str, strategy: str, tasks: int, seconds: float
+) -> Dict[str, Any]:
     return asyncio.run(_asyncio_load(eng, sku, strategy, tasks, seconds))
 
 
@@ -83,8 +98,10 @@ def table(title: str, rows: List[Dict[str, Any]], base: Optional[float] = None) 
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
         ratio = f"{r['rate'] / base:.1f}x" if base else "-"
-        print(f"| {r['case']} | {r['rate']:,.0f} | {r['p50_us'] / 1000:.2f} | "
-              f"{r['p99_us'] / 1000:.2f} | {r['failed']} | {ratio} |")
+        print(
+            f"| {r['case']} | {r['rate']:,.0f} | {r['p50_us'] / 1000:.2f} | "
+            f"{r['p99_us'] / 1000:.2f} | {r['failed']} | {ratio} |"
+        )
     sys.stdout.flush()
 
 
@@ -98,8 +115,9 @@ def run(eng: stockade.Engine, pg_sql: Any, args: argparse.Namespace) -> Dict[str
     report: Dict[str, Any] = {"seconds": args.seconds, "clients": args.clients}
     hot: List[Dict[str, Any]] = []
     for strategy in STRATEGIES:
-        r = c_load(eng, [fresh_sku(eng, f"hot-{strategy}")], strategy, args.clients, 1,
-                   args.seconds)
+        r = c_load(
+            eng, [fresh_sku(eng, f"hot-{strategy}")], strategy, args.clients, 1, args.seconds
+        )
         hot.append({"case": strategy, **r})
     atomic = hot[0]["rate"]
     table(f"1. one hot SKU, {args.clients} C++ clients, blocking calls", hot, atomic)
@@ -107,24 +125,40 @@ def run(eng: stockade.Engine, pg_sql: Any, args: argparse.Namespace) -> Dict[str
 
     windowed = []
     for strategy in ["batched", "auto"]:
-        r = c_load(eng, [fresh_sku(eng, f"hot-window-{strategy}")], strategy, args.clients,
-                   args.window, args.seconds)
+        r = c_load(
+            eng,
+            [fresh_sku(eng, f"hot-window-{strategy}")],
+            strategy,
+            args.clients,
+            args.window,
+            args.seconds,
+        )
         windowed.append({"case": f"{strategy}, {args.window} in flight per client", **r})
-    table(f"2. one hot SKU, {args.clients} C++ clients x {args.window} async requests in flight",
-          windowed, atomic)
+    table(
+        f"2. one hot SKU, {args.clients} C++ clients x {args.window} async requests in flight",
+        windowed,
+        atomic,
+    )
     report["hot_windowed"] = windowed
 
     aio = []
     for strategy in ["batched", "auto"]:
         for tasks in [args.clients, args.asyncio_tasks]:
-            r = asyncio_load(eng, fresh_sku(eng, f"hot-asyncio-{strategy}-{tasks}"), strategy,
-                             tasks, args.seconds)
+            r = asyncio_load(
+                eng,
+                fresh_sku(eng, f"hot-asyncio-{strategy}-{tasks}"),
+                strategy,
+                tasks,
+                args.seconds,
+            )
             aio.append({"case": f"{strategy}, {tasks} asyncio tasks", **r})
     table("3. one hot SKU, asyncio tasks in one Python event loop", aio, atomic)
     report["hot_asyncio"] = aio
 
-    pg_sql(f"INSERT INTO stockade.stock (sku, location, on_hand) SELECT 'cold-' || i, "
-           f"'default', {UNITS} FROM generate_series(1, {args.cold_skus}) AS i")
+    pg_sql(
+        f"INSERT INTO stockade.stock (sku, location, on_hand) SELECT 'cold-' || i, "
+        f"'default', {UNITS} FROM generate_series(1, {args.cold_skus}) AS i"
+    )
     pg_sql("CHECKPOINT")
     cold_skus = [f"cold-{i}" for i in range(1, args.cold_skus + 1)]
     cold = []
@@ -132,8 +166,11 @@ def run(eng: stockade.Engine, pg_sql: Any, args: argparse.Namespace) -> Dict[str
         pg_sql("CHECKPOINT")
         r = c_load(eng, cold_skus, strategy, args.clients, 1, args.seconds)
         cold.append({"case": f"{strategy}, {args.cold_skus:,} cold SKUs", **r})
-    table(f"4. {args.cold_skus:,} cold SKUs, uniform, {args.clients} C++ clients", cold,
-          cold[0]["rate"])
+    table(
+        f"4. {args.cold_skus:,} cold SKUs, uniform, {args.clients} C++ clients",
+        cold,
+        cold[0]["rate"],
+    )
     report["cold"] = cold
 
     batched = hot[STRATEGIES.index("batched")]["rate"]
@@ -152,8 +189,10 @@ def run(eng: stockade.Engine, pg_sql: Any, args: argparse.Namespace) -> Dict[str
     for name, value in ratios.items():
         print(f"- {name}: {value:,.2f}")
     stats = eng.stats()["batcher"]
-    print(f"\nbatcher: {stats['batches']:,} batches, {stats['requests']:,} requests, "
-          f"mean {stats['batch_size_mean']:.1f}, max {stats['batch_size_max']}")
+    print(
+        f"\nbatcher: {stats['batches']:,} batches, {stats['requests']:,} requests, "
+        f"mean {stats['batch_size_mean']:.1f}, max {stats['batch_size_max']}"
+    )
     return report
 
 
@@ -162,13 +201,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="per case")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--window", type=int, default=16)
-    parser.add_argument("--asyncio-tasks", type=int, default=1024,
-                        help="the second asyncio case: this many tasks")
+    parser.add_argument(
+        "--asyncio-tasks", type=int, default=1024, help="the second asyncio case: this many tasks"
+    )
     parser.add_argument("--cold-skus", type=int, default=10_000)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    print(f"# stockade hot-SKU benchmark: {args.clients} clients, {args.seconds:g} s per case, "
-          "fsync and synchronous_commit on")
+    print(
+        f"# stockade hot-SKU benchmark: {args.clients} clients, {args.seconds:g} s per case, "
+        "fsync and synchronous_commit on"
+    )
     with TemporaryPostgres() as pg:
         dsn = pg.dsn()
         with stockade.Engine.postgres(dsn, pool_size=args.clients) as eng:

@@ -24,28 +24,28 @@ QUICKSTART = [
 Stock, reservations and their lifecycle, and the errors a caller handles, on the embedded
 memory store (the same calls run on PostgreSQL with `stockade.Engine.postgres(dsn)`).
 A `ManualClock` lets us move time to watch a hold expire, without sleeping."""),
-    new_code_cell('''from datetime import datetime, timedelta, timezone
+    new_code_cell("""from datetime import datetime, timedelta, timezone
 import stockade
 
 clock = stockade.ManualClock(datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc))
 eng = stockade.Engine.memory(clock=clock)
-eng.restock("tshirt-m", 10)'''),
+eng.restock("tshirt-m", 10)"""),
     new_markdown_cell("""## Reserve, confirm, release
 
 A reservation holds units for a TTL. Confirming sells them; releasing returns them.
 `available` is what is left to reserve."""),
-    new_code_cell('''r = eng.reserve("tshirt-m", 3, ttl=timedelta(minutes=10))
+    new_code_cell("""r = eng.reserve("tshirt-m", 3, ttl=timedelta(minutes=10))
 print(r.state, r.qty, r.expires_at, "etag", r.etag)
 print(eng.stock("tshirt-m"))
 sold = eng.confirm(r.id, expected_version=r.version)
 print(sold.state, eng.stock("tshirt-m"))
 other = eng.reserve("tshirt-m", 2)
-print(eng.release(other.id).state, eng.stock("tshirt-m").available)'''),
+print(eng.release(other.id).state, eng.stock("tshirt-m").available)"""),
     new_markdown_cell("""## A hold that lapses
 
 Past its `expires_at` a hold counts as expired: confirming it raises
 `ReservationExpired` and its units come back. `expire_due` sweeps the rest."""),
-    new_code_cell('''late = eng.reserve("tshirt-m", 4, ttl=timedelta(minutes=5))
+    new_code_cell("""late = eng.reserve("tshirt-m", 4, ttl=timedelta(minutes=5))
 clock.advance(timedelta(minutes=6))
 try:
     eng.confirm(late.id)
@@ -54,11 +54,11 @@ except stockade.ReservationExpired as e:
 print(eng.reservation(late.id).state, eng.stock("tshirt-m").available)
 eng.reserve("tshirt-m", 1, ttl=60)
 clock.advance(120)
-print("expired by the sweep:", eng.expire_due())'''),
+print("expired by the sweep:", eng.expire_due())"""),
     new_markdown_cell("""## Errors a caller handles
 
 Every error derives from `stockade.StockadeError` and says what it is about."""),
-    new_code_cell('''level = eng.stock("tshirt-m")
+    new_code_cell("""level = eng.stock("tshirt-m")
 for attempt in (
     lambda: eng.reserve("tshirt-m", 1_000),                                  # OutOfStock
     lambda: eng.set_on_hand("tshirt-m", 3, expected_version=level.version - 1),  # VersionConflict
@@ -68,30 +68,30 @@ for attempt in (
     try:
         attempt()
     except stockade.StockadeError as e:
-        print(f"{type(e).__name__:>16}: {e}")'''),
+        print(f"{type(e).__name__:>16}: {e}")"""),
     new_markdown_cell("""## Idempotency keys
 
 Retrying a request with the same key returns the same reservation, so a client that lost
 its answer (a timeout, `InDoubt`) can simply retry. A different request under the same
 key is refused."""),
-    new_code_cell('''first = eng.reserve("tshirt-m", 1, idempotency_key="order-77")
+    new_code_cell("""first = eng.reserve("tshirt-m", 1, idempotency_key="order-77")
 again = eng.reserve("tshirt-m", 1, idempotency_key="order-77")
 print(first.id == again.id, eng.stock("tshirt-m").reserved)
 try:
     eng.reserve("tshirt-m", 2, idempotency_key="order-77")
 except stockade.IdempotencyConflict as e:
-    print("IdempotencyConflict:", e)'''),
+    print("IdempotencyConflict:", e)"""),
     new_markdown_cell("""## Orders and the strategies
 
 `reserve_order` holds every line or none. Every call that decides availability takes a
 `strategy`; the default, `auto`, runs `atomic` on cold SKUs and batches hot ones."""),
-    new_code_cell('''eng.restock("mug", 5)
+    new_code_cell("""eng.restock("mug", 5)
 lines = eng.reserve_order({"tshirt-m": 1, "mug": 2})
 print([(r.sku, r.qty) for r in lines])
 for strategy in ["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]:
     eng.reserve("mug", 1, strategy=strategy) if eng.stock("mug").available else None
 print(eng.stats()["strategies"]["auto"])
-print(eng.recommend("mug"))'''),
+print(eng.recommend("mug"))"""),
 ]
 
 CLAIM_TEST = [
@@ -102,10 +102,12 @@ clients reserve against fewer or more SKUs on a throwaway PostgreSQL (fsync on):
 one SKU every write collides, with 1,024 almost none do. For each strategy we measure
 throughput and the work wasted on collisions: optimistic's retries and lost races,
 pessimistic's and advisory's lock waits. Then we plot where the lines cross."""),
-    new_code_cell(SETUP + '''
+    new_code_cell(
+        SETUP
+        + """
 import stockade
-from stockade import _core
-from stockade.pgserver import TemporaryPostgres
+from stockade.tools import drive_load
+from stockade.tools.pgserver import TemporaryPostgres
 
 SECONDS = 0.3 if SMALL else 2.0
 CLIENTS = 8 if SMALL else 32
@@ -114,25 +116,25 @@ STRATEGIES = ["optimistic", "pessimistic", "atomic", "batched"]
 
 server = TemporaryPostgres().start()
 eng = stockade.Engine.postgres(server.dsn(), pool_size=CLIENTS)
-eng.migrate()'''),
-    new_code_cell('''def measure(strategy, skus, run):
+eng.migrate()"""
+    ),
+    new_code_cell("""def measure(strategy, skus, run):
     names = [f"{strategy}-{skus}-{run}-{i}" for i in range(skus)]
     server.sql("INSERT INTO stockade.stock (sku, location, on_hand) VALUES "
                + ", ".join(f"('{n}', 'default', 1000000000)" for n in names))
     before = eng.stats(sku_limit=0)["strategies"][strategy]
-    r = _core.drive_load(eng._core, [(n, "default") for n in names], CLIENTS, 1,
-                         int(SECONDS * 1000), 1, 60_000_000, strategy)
+    r = drive_load(eng, names, clients=CLIENTS, seconds=SECONDS, ttl=60, strategy=strategy)
     after = eng.stats(sku_limit=0)["strategies"][strategy]
     wasted = (after["retries"] - before["retries"]) + (after["lock_waits"] - before["lock_waits"]) \\
-        + r["failed"]
-    return {"strategy": strategy, "skus": skus, "rate": r["granted"] / r["seconds"],
-            "p50_ms": r["p50_us"] / 1000, "wasted_per_request": wasted / max(r["requests"], 1)}
+        + r.failed
+    return {"strategy": strategy, "skus": skus, "rate": r.per_second,
+            "p50_ms": r.p50_us / 1000, "wasted_per_request": wasted / max(r.requests, 1)}
 
 rows = [measure(s, n, i) for i, (s, n) in enumerate((s, n) for n in SKU_COUNTS for s in STRATEGIES)]
 for row in rows:
     print(f"{row['strategy']:>12} {row['skus']:>5} SKUs {row['rate']:>9,.0f}/s "
-          f"p50 {row['p50_ms']:6.2f} ms  wasted/request {row['wasted_per_request']:.2f}")'''),
-    new_code_cell('''import matplotlib.pyplot as plt
+          f"p50 {row['p50_ms']:6.2f} ms  wasted/request {row['wasted_per_request']:.2f}")"""),
+    new_code_cell("""import matplotlib.pyplot as plt
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
 for s in STRATEGIES:
@@ -147,16 +149,16 @@ left.set_yscale("log")
 left.set_ylabel("reservations/s")
 right.set_ylabel("wasted work per request (retries, lock waits, lost races)")
 fig.suptitle(f"{CLIENTS} clients, PostgreSQL with fsync on")
-fig.tight_layout()'''),
+fig.tight_layout()"""),
     new_markdown_cell("""**Reading it.** Under heavy collision (few SKUs) optimistic wastes most of its work on
 retries and pessimistic and advisory on lock waits, while batched folds the queue into
 shared transactions. As the odds of collision fall, the per-request strategies recover
 and the waste disappears: that is where the Claim Test's "odds" question sends low-
 contention writes to optimistic or atomic. `eng.recommend(sku)` reads the same odds off
 the live counters."""),
-    new_code_cell('''print(eng.recommend(rows[0]["strategy"] + "-1-0-0"))
+    new_code_cell("""print(eng.recommend(rows[0]["strategy"] + "-1-0-0"))
 eng.close()
-server.stop()'''),
+server.stop()"""),
 ]
 
 BATCHING = [
@@ -166,34 +168,36 @@ One hot SKU, PostgreSQL with fsync on, and more and more clients. Per-request `a
 serializes on the row lock and pays one commit per request; `batched` gathers the
 requests that arrive while a batch commits into the next one. We look at throughput,
 batch sizes and the latency distribution against the number of clients."""),
-    new_code_cell(SETUP + '''
+    new_code_cell(
+        SETUP
+        + """
 import stockade
-from stockade import _core
-from stockade.pgserver import TemporaryPostgres
+from stockade.tools import drive_load
+from stockade.tools.pgserver import TemporaryPostgres
 
 SECONDS = 0.3 if SMALL else 2.0
 CLIENT_COUNTS = [1, 8, 64] if SMALL else [1, 4, 16, 64, 256]
 
 server = TemporaryPostgres().start()
 eng = stockade.Engine.postgres(server.dsn(), pool_size=64)
-eng.migrate()'''),
-    new_code_cell('''def run(strategy, clients):
+eng.migrate()"""
+    ),
+    new_code_cell("""def run(strategy, clients):
     sku = f"hot-{strategy}-{clients}"
     eng.restock(sku, 1_000_000_000)
     before = eng.stats(sku_limit=0)["batcher"]
-    r = _core.drive_load(eng._core, [(sku, "default")], clients, 1, int(SECONDS * 1000), 1,
-                         60_000_000, strategy)
+    r = drive_load(eng, [sku], clients=clients, seconds=SECONDS, ttl=60, strategy=strategy)
     after = eng.stats(sku_limit=0)["batcher"]
     batches = after["batches"] - before["batches"]
-    return {"strategy": strategy, "clients": clients, "rate": r["granted"] / r["seconds"],
+    return {"strategy": strategy, "clients": clients, "rate": r.per_second,
             "batch": (after["requests"] - before["requests"]) / batches if batches else 0,
-            **{k: r[k] / 1000 for k in ("p50_us", "p90_us", "p99_us", "p999_us")}}
+            **{k: getattr(r, k) / 1000 for k in ("p50_us", "p90_us", "p99_us", "p999_us")}}
 
 rows = [run(s, c) for c in CLIENT_COUNTS for s in ("atomic", "batched")]
 for row in rows:
     print(f"{row['strategy']:>8} {row['clients']:>4} clients {row['rate']:>9,.0f}/s "
-          f"batch {row['batch']:6.1f}  p50 {row['p50_us']:.2f} p99 {row['p99_us']:.2f} ms")'''),
-    new_code_cell('''import matplotlib.pyplot as plt
+          f"batch {row['batch']:6.1f}  p50 {row['p50_us']:.2f} p99 {row['p99_us']:.2f} ms")"""),
+    new_code_cell("""import matplotlib.pyplot as plt
 
 fig, axes = plt.subplots(1, 3, figsize=(14, 4))
 for s in ("atomic", "batched"):
@@ -210,13 +214,13 @@ axes[2].set_ylabel("latency, ms"); axes[2].set_yscale("log")
 for ax in axes:
     ax.set_xscale("log"); ax.set_xlabel("clients on one SKU")
 axes[0].legend(); axes[2].legend(fontsize=8)
-fig.tight_layout()'''),
-    new_code_cell('''# The latency distribution of batched at the largest client count.
+fig.tight_layout()"""),
+    new_code_cell("""# The latency distribution of batched at the largest client count.
 top = [r for r in rows if r["strategy"] == "batched"][-1]
 for q in ("p50_us", "p90_us", "p99_us", "p999_us"):
     print(f"{q[:-3]:>5}: {top[q]:.2f} ms")
 eng.close()
-server.stop()'''),
+server.stop()"""),
     new_markdown_cell("""**Reading it.** With one client a batch holds one request and costs what `atomic`
 costs: nothing waits for company. As clients grow, batches grow with them (requests
 gather while the previous batch commits), so throughput climbs while latency stays near
@@ -233,8 +237,12 @@ NOTEBOOKS = {
 
 
 def write(name: str, cells: list) -> Path:  # type: ignore[type-arg]
-    nb = new_notebook(cells=cells, metadata={
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb = new_notebook(
+        cells=cells,
+        metadata={
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        },
+    )
     path = HERE / name
     nbformat.write(nb, path)
     return path
@@ -251,8 +259,12 @@ def execute(path: Path, out: Path, *, small: bool, timeout: int = 600) -> float:
     os.environ["STOCKADE_NB_SCALE"] = "small" if small else "full"
     nb = nbformat.read(path, as_version=4)
     start = time.monotonic()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    ).execute()
     nbformat.write(nb, out)
     return time.monotonic() - start
 

@@ -3,6 +3,11 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "stockade/engine.hpp"
 #include "stockade/errors.hpp"
 #include "stockade/types.hpp"
 
@@ -13,6 +18,17 @@ namespace py = pybind11;
 void register_errors(py::module_& m);
 void register_types(py::module_& m);
 void register_engine(py::module_& m);
+// Test hooks and tooling (the oversell canary, hold_lock, the C++ load driver): not part
+// of the engine's API, bound apart so that the API's bindings stay the API.
+void register_testing(py::module_& m);
+
+using OptInt = std::optional<std::int64_t>;
+using OptStr = std::optional<std::string>;
+using Release = py::call_guard<py::gil_scoped_release>;
+
+// Per-call options as the Python layer passes them (strategy by name).
+CallOptions call_options(const OptStr& strategy, bool nowait, OptInt lock_timeout_ms,
+                         OptInt expected_version);
 
 // The stockade.errors exception object for `e` (not raised).
 py::object error_object(const Error& e);

@@ -13,14 +13,8 @@
 #include "stockade/async.hpp"
 #include "stockade/engine.hpp"
 #include "stockade/errors.hpp"
-#include "stockade/load.hpp"
 
 namespace stockade::bindings {
-namespace {
-
-using OptInt = std::optional<std::int64_t>;
-using OptStr = std::optional<std::string>;
-using Release = py::call_guard<py::gil_scoped_release>;
 
 CallOptions call_options(const OptStr& strategy, bool nowait, OptInt lock_timeout_ms,
                          OptInt expected_version) {
@@ -31,6 +25,8 @@ CallOptions call_options(const OptStr& strategy, bool nowait, OptInt lock_timeou
   call.expected_version = expected_version;
   return call;
 }
+
+namespace {
 
 py::dict counters_dict(const StrategyCountersSnapshot& s) {
   py::dict d;
@@ -97,17 +93,6 @@ py::dict stats_dict(const StoreStats& s) {
   return out;
 }
 
-// A test-only lock held from Python; see Store::hold_lock.
-class LockHandle {
- public:
-  explicit LockHandle(std::unique_ptr<LockHold> hold) : hold_(std::move(hold)) {}
-  void release() { hold_.reset(); }
-  bool held() const { return hold_ != nullptr; }
-
- private:
-  std::unique_ptr<LockHold> hold_;
-};
-
 // The engine-wide options both stores share, as the Python layer passes them.
 struct CommonOptions {
   std::string strategy;
@@ -165,9 +150,7 @@ void register_stock_calls(py::class_<Engine>& c) {
   c.def(
        "restock",
        [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
-          OptInt expected_version) {
-         return e.restock({sku, location}, qty, expected_version);
-       },
+          OptInt expected_version) { return e.restock({sku, location}, qty, expected_version); },
        py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("expected_version"), Release())
       .def(
           "set_on_hand",
@@ -347,75 +330,10 @@ void register_async_channel(py::module_& m) {
       });
 }
 
-void register_test_calls(py::class_<Engine>& c) {
-  c.def(
-       "naive_reserve_unsafe",
-       [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
-          std::int64_t ttl_us, std::int64_t window_us) {
-         const SkuKey key{sku, location};
-         validate_sku_key(key);
-         validate_qty(qty);
-         validate_ttl_us(ttl_us);
-         return e.store().naive_reserve_unsafe(key, qty, ttl_us, window_us);
-       },
-       py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("ttl_us"), py::arg("window_us"),
-       Release(), "TEST CANARY: a deliberately broken read-modify-write that oversells under load.")
-      .def(
-          "hold_lock",
-          [](Engine& e, const std::string& sku, const std::string& location,
-             const std::string& kind, std::int64_t timeout_ms) {
-            const SkuKey key{sku, location};
-            validate_sku_key(key);
-            return LockHandle(e.store().hold_lock(key, parse_strategy(kind), timeout_ms));
-          },
-          py::arg("sku"), py::arg("location"), py::arg("kind"), py::arg("timeout_ms"), Release(),
-          "TEST FACILITY: holds the lock `kind` takes on a row, as another session would.");
-}
-
 }  // namespace
 
 void register_engine(py::module_& m) {
   register_async_channel(m);
-  m.def(
-      "drive_load",
-      [](Engine& engine, const std::vector<std::pair<std::string, std::string>>& skus,
-         std::size_t clients, std::size_t window, std::int64_t duration_ms, Quantity qty,
-         std::int64_t ttl_us, const OptStr& strategy) {
-        LoadSpec spec;
-        for (const auto& [sku, location] : skus) spec.keys.push_back({sku, location});
-        spec.clients = clients;
-        spec.window = window;
-        spec.duration_ms = duration_ms;
-        spec.qty = qty;
-        spec.ttl_us = ttl_us;
-        spec.call = call_options(strategy, false, {}, {});
-        LoadResult r;
-        {
-          py::gil_scoped_release release;
-          r = drive_load(engine, spec);
-        }
-        py::dict out;
-        out["requests"] = r.requests;
-        out["granted"] = r.granted;
-        out["refused"] = r.refused;
-        out["failed"] = r.failed;
-        out["seconds"] = r.seconds;
-        out["p50_us"] = r.p50_us;
-        out["p90_us"] = r.p90_us;
-        out["p99_us"] = r.p99_us;
-        out["p999_us"] = r.p999_us;
-        out["max_us"] = r.max_us;
-        out["mean_us"] = r.mean_us;
-        return out;
-      },
-      py::arg("engine"), py::arg("skus"), py::arg("clients"), py::arg("window"),
-      py::arg("duration_ms"), py::arg("qty"), py::arg("ttl_us"), py::arg("strategy"),
-      "Drives reservations from C++ client threads (see stockade/load.hpp); returns counts "
-      "and latency percentiles.");
-  py::class_<LockHandle>(m, "LockHandle", "A lock held for a test; release() lets it go.")
-      .def("release", &LockHandle::release, Release())
-      .def_property_readonly("held", &LockHandle::held);
-
   py::class_<Engine> c(m, "Engine", "The engine facade over one store.");
   c.def_static("memory", &make_memory, py::arg("strategy"), py::arg("retries_max"),
                py::arg("lock_timeout_ms"), py::arg("default_ttl_us"), py::arg("clock"),
@@ -454,7 +372,6 @@ void register_engine(py::module_& m) {
   register_stock_calls(c);
   register_reservation_calls(c);
   register_async_calls(c);
-  register_test_calls(c);
 }
 
 }  // namespace stockade::bindings

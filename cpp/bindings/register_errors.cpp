@@ -40,7 +40,7 @@ void register_errors(py::module_& m) {
     }
   });
   py::list codes;
-  for (int i = 0; i <= static_cast<int>(ErrorCode::invariant_violation); ++i) {
+  for (std::size_t i = 0; i < error_code_count; ++i) {
     codes.append(error_code_name(static_cast<ErrorCode>(i)));
   }
   m.attr("ERROR_CODES") = py::tuple(codes);

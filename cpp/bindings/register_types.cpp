@@ -4,6 +4,7 @@
 
 #include "bindings.hpp"
 #include "stockade/clock.hpp"
+#include "stockade/contention.hpp"
 #include "stockade/errors.hpp"
 #include "stockade/hash.hpp"
 
@@ -68,6 +69,8 @@ void register_types(py::module_& m) {
         return stable_hash64({sku, location});
       },
       py::arg("sku"), py::arg("location"), "The stable 64-bit hash of (sku, location).");
+  m.attr("LOW_CONFLICT_RATE") = low_conflict_rate;
+  m.attr("HOT_CONFLICT_RATE") = hot_conflict_rate;
 }
 
 }  // namespace stockade::bindings

@@ -1,6 +1,8 @@
 // HotRowBatcher: see the essay in stockade/batcher.hpp.
 #include "stockade/batcher.hpp"
 
+#include "invariant.hpp"
+
 #include <boost/lockfree/queue.hpp>
 #include <boost/lockfree/stack.hpp>
 #include <cassert>
@@ -32,6 +34,8 @@ void copy_input(BatchItem& to, const BatchItem& from) {
   to.idempotency_key = from.idempotency_key;
   to.id = from.id;
   to.expected_version = from.expected_version;
+  to.counted_as = from.counted_as;
+  to.in_flight = from.in_flight;
   to.clear_outcome();
 }
 
@@ -71,7 +75,6 @@ struct HotRowBatcher::Slot {
   std::int64_t lock_timeout_ms = 0;
   std::shared_ptr<CompletionSink> sink;  // empty: a blocked caller waits on `done`
   std::uint64_t token = 0;
-  std::uint8_t tag = 0;
   std::mutex mutex;
   std::condition_variable cv;
   bool done = false;
@@ -93,14 +96,10 @@ struct HotRowBatcher::Shard {
   boost::lockfree::queue<std::uint32_t> ready;
   // Requests queued or being applied. Producers count before they push, so a flusher
   // that sees zero (and then `closing`) can stop: any later producer sees `closing`.
-  alignas(64) std::atomic<std::int64_t> pending{0};
-  alignas(64) std::atomic<bool> sleeping{false};
+  alignas(cache_line_size) std::atomic<std::int64_t> pending{0};
+  alignas(cache_line_size) std::atomic<bool> sleeping{false};
   std::mutex wake_mutex;
   std::condition_variable wake;
-  alignas(64) std::atomic<std::uint64_t> batches{0};
-  std::atomic<std::uint64_t> requests{0};
-  std::atomic<std::uint64_t> failed_batches{0};
-  std::atomic<std::uint64_t> batch_size_max{0};
   // Applied batches on their way to the completer, and emptied index vectors on their way
   // back to the flusher (so that no batch allocates).
   std::mutex handoff_mutex;
@@ -112,11 +111,13 @@ struct HotRowBatcher::Shard {
   std::thread completer;
 };
 
-HotRowBatcher::HotRowBatcher(std::shared_ptr<Store> store, BatcherOptions options,
-                             Observer observer)
-    : store_(std::move(store)), options_(options), observer_(std::move(observer)) {
+HotRowBatcher::HotRowBatcher(std::shared_ptr<Store> store, BatcherOptions options)
+    : store_(std::move(store)),
+      options_(options),
+      telemetry_(store_ ? store_->shared_telemetry() : nullptr) {
   if (!store_) throw_invalid_argument("a batcher needs a store");
   validate_batcher_options(options_);
+  telemetry_->batcher_started(options_.shards);
   for (std::size_t i = 0; i < options_.shards; ++i) {
     shards_.push_back(std::make_unique<Shard>(options_.queue_capacity));
   }
@@ -172,35 +173,40 @@ void HotRowBatcher::enqueue(Shard& shard, std::uint32_t index) {
   }
 }
 
-// A request that could not be queued has its final outcome too: the observer hears of it.
+void HotRowBatcher::finish(const BatchItem& item) {
+  if (item.in_flight) telemetry_->contention().leave(item.shard_key());
+  if (item.counted_as) {
+    telemetry_->count_outcome(*item.counted_as, item.ok ? nullptr : &*item.error);
+  }
+}
+
+// A request that could not be queued has its final outcome too, and is finished.
 template <class Fn>
-void HotRowBatcher::queue_or_report(const BatchItem& item, std::uint8_t tag, Fn&& queue) {
+void HotRowBatcher::queue_or_report(const BatchItem& item, Fn&& queue) {
   try {
     queue();
   } catch (const Error& e) {
-    if (observer_) {
-      BatchItem report;
-      report.op = item.op;
-      report.key = item.key;
-      report.qty = item.qty;
-      report.id = item.id;
-      report.error = e;
-      observer_(report, tag);
-    }
+    BatchItem report;
+    report.op = item.op;
+    report.key = item.key;
+    report.id = item.id;
+    report.counted_as = item.counted_as;
+    report.in_flight = item.in_flight;
+    report.error = e;
+    finish(report);
     throw;
   }
 }
 
-void HotRowBatcher::run(BatchItem& item, std::int64_t lock_timeout_ms, std::uint8_t tag) {
+void HotRowBatcher::run(BatchItem& item, std::int64_t lock_timeout_ms) {
   Shard& shard = shard_for(item);
   std::uint32_t index = 0;
-  queue_or_report(item, tag, [&] {
+  queue_or_report(item, [&] {
     index = acquire(shard);
     Slot& slot = shard.slots[index];
     copy_input(slot.item, item);
     slot.lock_timeout_ms = lock_timeout_ms;
     slot.sink.reset();
-    slot.tag = tag;
     slot.done = false;
     enqueue(shard, index);
   });
@@ -218,18 +224,16 @@ void HotRowBatcher::run(BatchItem& item, std::int64_t lock_timeout_ms, std::uint
 }
 
 void HotRowBatcher::submit(const BatchItem& item, std::int64_t lock_timeout_ms,
-                           std::shared_ptr<CompletionSink> sink, std::uint64_t token,
-                           std::uint8_t tag) {
+                           std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
   if (!sink) throw_invalid_argument("an async request needs a completion sink");
   Shard& shard = shard_for(item);
-  queue_or_report(item, tag, [&] {
+  queue_or_report(item, [&] {
     const std::uint32_t index = acquire(shard);
     Slot& slot = shard.slots[index];
     copy_input(slot.item, item);
     slot.lock_timeout_ms = lock_timeout_ms;
     slot.sink = std::move(sink);
     slot.token = token;
-    slot.tag = tag;
     enqueue(shard, index);
   });
 }
@@ -328,6 +332,7 @@ void HotRowBatcher::apply(Shard& shard, const std::vector<std::uint32_t>& indice
               std::string("a batch failed unexpectedly; its outcome is unknown: ") + e.what());
   }
   for (BatchItem* item : items) {
+    STOCKADE_ASSERT(failure || !(item->ok && item->error));  // decided one way, not both
     if (failure) {
       item->ok = false;
       item->error = failure;
@@ -336,13 +341,7 @@ void HotRowBatcher::apply(Shard& shard, const std::vector<std::uint32_t>& indice
                           "the store returned a batch with a request left undecided");
     }
   }
-  bump(shard.batches);
-  bump(shard.requests, indices.size());
-  if (failure) bump(shard.failed_batches);
-  std::uint64_t largest = shard.batch_size_max.load(std::memory_order_relaxed);
-  while (indices.size() > largest &&
-         !shard.batch_size_max.compare_exchange_weak(largest, indices.size())) {
-  }
+  telemetry_->batch_applied(indices.size(), failure.has_value());
 }
 
 void HotRowBatcher::complete(Shard& shard, const std::vector<std::uint32_t>& indices,
@@ -355,7 +354,7 @@ void HotRowBatcher::complete(Shard& shard, const std::vector<std::uint32_t>& ind
   };
   for (std::uint32_t index : indices) {
     Slot& slot = shard.slots[index];
-    if (observer_) observer_(slot.item, slot.tag);
+    finish(slot.item);
     if (!slot.sink) {  // a blocked caller: it reads the outcome and frees the record
       std::lock_guard<std::mutex> lock(slot.mutex);
       slot.done = true;
@@ -387,19 +386,12 @@ void HotRowBatcher::close() {
   }
 }
 
-BatcherStats HotRowBatcher::stats() const {
-  BatcherStats s;
-  s.started = true;
-  s.shards = shards_.size();
+std::uint64_t HotRowBatcher::queued() const {
+  std::uint64_t queued = 0;
   for (const auto& shard : shards_) {
-    s.batches += shard->batches.load(std::memory_order_relaxed);
-    s.requests += shard->requests.load(std::memory_order_relaxed);
-    s.failed_batches += shard->failed_batches.load(std::memory_order_relaxed);
-    s.batch_size_max =
-        std::max(s.batch_size_max, shard->batch_size_max.load(std::memory_order_relaxed));
-    s.queued += static_cast<std::uint64_t>(std::max<std::int64_t>(0, shard->pending.load()));
+    queued += static_cast<std::uint64_t>(std::max<std::int64_t>(0, shard->pending.load()));
   }
-  return s;
+  return queued;
 }
 
 }  // namespace stockade

@@ -8,9 +8,6 @@
 namespace stockade {
 namespace {
 
-// The Claim Test's thresholds on conflicts per write (python/stockade/claim.py keeps the
-// same figures for the questionnaire).
-constexpr double hot_conflict_rate = 0.5;
 // A window needs this many requests before its rate stands for the SKU; below it, the
 // counts since start do.
 constexpr std::uint64_t window_requests_min = 20;
@@ -29,7 +26,7 @@ std::string percent(double rate) {
 
 }  // namespace
 
-struct alignas(64) ContentionTracker::Cell {
+struct alignas(cache_line_size) ContentionTracker::Cell {
   std::atomic<std::uint32_t> in_flight{0};
   std::atomic<std::uint32_t> peak{0};
   std::atomic<std::int64_t> window_start_us{0};

@@ -20,36 +20,12 @@ void validate_lock_timeout_ms(std::int64_t ms) {
   }
 }
 
-// Counts one outcome of a strategy-routed call (its request was counted when it began).
-void count_outcome(StrategyCounters& c, const Error* error) {
-  if (error == nullptr) {
-    bump(c.granted);
-    return;
-  }
-  switch (error->code()) {
-    case ErrorCode::out_of_stock:
-      bump(c.refused);
-      return;
-    case ErrorCode::version_conflict:
-      bump(c.version_conflicts);
-      break;
-    case ErrorCode::lock_not_available:
-      bump(c.lock_not_available);
-      break;
-    case ErrorCode::lock_timeout:
-      bump(c.lock_timeouts);
-      break;
-    default:
-      break;
-  }
-  bump(c.failed);
-}
-
 // The batcher's records for each kind of request.
 BatchItem reserve_item(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
-                       std::optional<std::string> idempotency_key) {
+                       std::optional<std::string> idempotency_key, Strategy asked) {
   BatchItem item;
   item.op = BatchOp::reserve;
+  item.counted_as = asked;
   item.key = key;
   item.qty = qty;
   item.ttl_us = ttl_us;
@@ -57,9 +33,10 @@ BatchItem reserve_item(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
   return item;
 }
 
-BatchItem sell_item(const SkuKey& key, Quantity qty) {
+BatchItem sell_item(const SkuKey& key, Quantity qty, Strategy asked) {
   BatchItem item;
   item.op = BatchOp::sell;
+  item.counted_as = asked;
   item.key = key;
   item.qty = qty;
   return item;
@@ -83,8 +60,6 @@ class InFlight {
   ~InFlight() {
     if (tracker_ != nullptr) tracker_->leave(shard_key_);
   }
-  // The batcher's observer leaves for it.
-  void hand_over() { tracker_ = nullptr; }
 
  private:
   ContentionTracker* tracker_;
@@ -101,7 +76,7 @@ void validate_engine_options(const EngineOptions& options) {
   validate_lock_timeout_ms(options.lock_timeout_ms);
   validate_ttl_us(options.default_ttl_us);
   validate_batcher_options(options.batcher);
-  validate_auto_options(options.automatic);
+  validate_telemetry_options(telemetry_options(options));
   if (options.async_workers < 1 || options.async_workers > async_workers_max) {
     throw_invalid_argument("async_workers must be between 1 and " +
                            std::to_string(async_workers_max));
@@ -112,12 +87,37 @@ void validate_engine_options(const EngineOptions& options) {
   }
 }
 
+TelemetryOptions telemetry_options(const EngineOptions& options) {
+  TelemetryOptions out;
+  out.sku_slots = options.sku_slots;
+  out.automatic = options.automatic;
+  return out;
+}
+
+namespace {
+
+std::shared_ptr<Telemetry> telemetry_of(const std::shared_ptr<Store>& store,
+                                        const EngineOptions& options) {
+  if (!store) throw_invalid_argument("an engine needs a store");
+  const AutoOptions& a = store->telemetry().options().automatic;
+  const AutoOptions& b = options.automatic;
+  if (a.hot_in_flight != b.hot_in_flight || a.cool_in_flight != b.cool_in_flight ||
+      a.cool_windows != b.cool_windows || a.window_ms != b.window_ms || a.cells != b.cells ||
+      store->telemetry().options().sku_slots != options.sku_slots) {
+    throw_invalid_argument(
+        "the store's telemetry was made with other auto or sku_slots options than the "
+        "engine's; make the store with telemetry_options(engine options)");
+  }
+  return store->shared_telemetry();
+}
+
+}  // namespace
+
 Engine::Engine(std::shared_ptr<Store> store, EngineOptions options)
     : store_(std::move(store)),
       options_((validate_engine_options(options), options)),
-      tracker_(options.automatic) {
-  if (!store_) throw_invalid_argument("an engine needs a store");
-}
+      telemetry_(telemetry_of(store_, options_)),
+      tracker_(telemetry_->contention()) {}
 
 Engine::~Engine() {
   // Queued requests complete before the store goes: nothing acknowledged is dropped.
@@ -126,13 +126,18 @@ Engine::~Engine() {
 }
 
 std::unique_ptr<Engine> Engine::memory(EngineOptions options, std::shared_ptr<Clock> clock) {
-  return std::make_unique<Engine>(make_memory_store(std::move(clock)), options);
+  validate_engine_options(options);
+  auto telemetry = std::make_shared<Telemetry>(telemetry_options(options));
+  return std::make_unique<Engine>(make_memory_store(std::move(clock), std::move(telemetry)),
+                                  options);
 }
 
 std::unique_ptr<Engine> Engine::postgres(PostgresOptions postgres, EngineOptions options) {
   validate_engine_options(options);  // before connecting
   postgres.lock_timeout_ms = options.lock_timeout_ms;
-  return std::make_unique<Engine>(make_postgres_store(std::move(postgres)), options);
+  auto telemetry = std::make_shared<Telemetry>(telemetry_options(options));
+  return std::make_unique<Engine>(make_postgres_store(std::move(postgres), std::move(telemetry)),
+                                  options);
 }
 
 std::vector<std::string> Engine::migrate() {
@@ -153,9 +158,7 @@ HotRowBatcher& Engine::batcher() {
   std::lock_guard<std::mutex> lock(lazy_mutex_);
   if (!batcher_) {
     if (closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
-    batcher_ = std::make_unique<HotRowBatcher>(
-        store_, options_.batcher,
-        [this](const BatchItem& item, std::uint8_t tag) { observe(item, tag); });
+    batcher_ = std::make_unique<HotRowBatcher>(store_, options_.batcher);
   }
   return *batcher_;
 }
@@ -171,32 +174,25 @@ AsyncExecutor& Engine::executor() {
 }
 
 // Sends one request through the batcher: blocking when `sink` is empty, else queued for
-// `sink`. The batcher's observer counts its outcome and leaves the tracker for it, also
-// when it cannot be queued.
+// `sink`. The batcher counts its outcome and leaves the tracker for it, also when it
+// cannot be queued; if the batcher cannot even start, that is done here.
 void Engine::through_batcher(BatchItem& item, const Route& route,
                              std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
-  if (!is_transition(item.op)) bump(store_->metrics().of(route.asked).requests);
-  const auto tag = static_cast<std::uint8_t>(route.asked);
+  item.in_flight = true;  // route() or transition() entered the tracker
+  if (item.counted_as) bump(telemetry_->of(*item.counted_as).requests);
   HotRowBatcher* b = nullptr;
   try {
     b = &batcher();
   } catch (const Error& e) {
-    item.ok = false;
-    item.error = e;
-    observe(item, tag);
+    tracker_.leave(item.shard_key());
+    if (item.counted_as) telemetry_->count_outcome(*item.counted_as, &e);
     throw;
   }
   if (sink) {
-    b->submit(item, route.options.lock_timeout_ms, std::move(sink), token, tag);
+    b->submit(item, route.options.lock_timeout_ms, std::move(sink), token);
   } else {
-    b->run(item, route.options.lock_timeout_ms, tag);
+    b->run(item, route.options.lock_timeout_ms);
   }
-}
-
-void Engine::observe(const BatchItem& item, std::uint8_t tag) {
-  tracker_.leave(item.shard_key());
-  if (is_transition(item.op)) return;  // transitions are not counted per strategy
-  count_outcome(store_->metrics().of(static_cast<Strategy>(tag)), item.ok ? nullptr : &*item.error);
 }
 
 WriteOptions Engine::resolve(const CallOptions& call) const {
@@ -221,14 +217,13 @@ WriteOptions Engine::resolve(const CallOptions& call) const {
 // Counts the outcome of one strategy-routed call.
 template <class Result, class Fn>
 Result Engine::counted(Strategy strategy, Fn&& fn) {
-  StrategyCounters& c = store_->metrics().of(strategy);
-  bump(c.requests);
+  bump(telemetry_->of(strategy).requests);
   try {
     Result result = fn();
-    count_outcome(c, nullptr);
+    telemetry_->count_outcome(strategy, nullptr);
     return result;
   } catch (const Error& e) {
-    count_outcome(c, &e);
+    telemetry_->count_outcome(strategy, &e);
     throw;
   }
 }
@@ -271,7 +266,7 @@ StockLevel Engine::stock(const SkuKey& key) {
 
 StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& route) {
   if (route.batched) {
-    BatchItem item = sell_item(key, qty);
+    BatchItem item = sell_item(key, qty, route.asked);
     through_batcher(item, route, nullptr, 0);
     return std::move(item.level);
   }
@@ -290,7 +285,7 @@ Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_
                                     const std::optional<std::string>& idempotency_key,
                                     const Route& route) {
   if (route.batched) {
-    BatchItem item = reserve_item(key, qty, ttl_us, idempotency_key);
+    BatchItem item = reserve_item(key, qty, ttl_us, idempotency_key, route.asked);
     through_batcher(item, route, nullptr, 0);
     return std::move(item.reservation);
   }
@@ -371,7 +366,7 @@ Reservation Engine::transition(BatchOp op, const Uuid& id, std::optional<Version
   validate_expected_version(expected);
   const std::uint16_t shard_key = id.shard_key();
   if (batches_transitions(shard_key)) {
-    tracker_.enter(shard_key);  // the batcher's observer leaves
+    tracker_.enter(shard_key);  // the batcher leaves
     BatchItem item = transition_item(op, id, expected);
     through_batcher(item, transition_route(), nullptr, 0);
     return std::move(item.reservation);
@@ -408,15 +403,14 @@ std::size_t Engine::expire_due(std::size_t limit) {
 }
 
 StoreStats Engine::stats(std::size_t sku_limit) const {
-  StoreStats out = store_->stats(sku_limit);
-  for (SkuStats& sku : out.hottest_skus) {
-    const SkuHeat h = tracker_.heat(sku.key);
-    sku.mode = h.mode;
-    sku.in_flight = h.in_flight;
-    sku.peak_in_flight = h.peak_in_flight;
-  }
+  StoreStats out = telemetry_->snapshot(sku_limit);
+  out.backend = store_->backend_name();
+  const StoreCounts counts = store_->counts();
+  out.sku_count = counts.sku_count;
+  out.reservation_count = counts.reservation_count;
+  out.held_count = counts.held_count;
   std::lock_guard<std::mutex> lock(lazy_mutex_);
-  if (batcher_) out.batcher = batcher_->stats();
+  if (batcher_) out.batcher.queued = batcher_->queued();
   return out;
 }
 
@@ -459,7 +453,7 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
   const std::int64_t ttl = ttl_us.value_or(options_.default_ttl_us);
   const Route r = route(key, call);
   if (r.batched) {
-    BatchItem item = reserve_item(key, qty, ttl, std::move(idempotency_key));
+    BatchItem item = reserve_item(key, qty, ttl, std::move(idempotency_key), r.asked);
     through_batcher(item, r, std::move(sink), token);
     return;
   }
@@ -481,7 +475,7 @@ void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& cal
   if (!sink) throw_invalid_argument("an async call needs a completion sink");
   const Route r = route(key, call);
   if (r.batched) {
-    BatchItem item = sell_item(key, qty);
+    BatchItem item = sell_item(key, qty, r.asked);
     through_batcher(item, r, std::move(sink), token);
     return;
   }
@@ -512,7 +506,7 @@ void Engine::submit_transition(Transition kind, const Uuid& id, std::int64_t ttl
   if (kind == Transition::extend) validate_ttl_us(ttl_us);
   if (!sink) throw_invalid_argument("an async call needs a completion sink");
   if (kind != Transition::extend && batches_transitions(id.shard_key())) {
-    tracker_.enter(id.shard_key());  // the batcher's observer leaves
+    tracker_.enter(id.shard_key());  // the batcher leaves
     BatchItem item = transition_item(
         kind == Transition::confirm ? BatchOp::confirm : BatchOp::release, id, expected_version);
     through_batcher(item, transition_route(), std::move(sink), token);

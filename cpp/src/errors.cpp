@@ -1,39 +1,19 @@
 #include "stockade/errors.hpp"
 
+#include <cstdio>
+#include <cstdlib>
+
+#include "invariant.hpp"
+
 namespace stockade {
 
 const char* error_code_name(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::out_of_stock:
-      return "out_of_stock";
-    case ErrorCode::not_found:
-      return "not_found";
-    case ErrorCode::version_conflict:
-      return "version_conflict";
-    case ErrorCode::reservation_expired:
-      return "reservation_expired";
-    case ErrorCode::invalid_state:
-      return "invalid_state";
-    case ErrorCode::lock_not_available:
-      return "lock_not_available";
-    case ErrorCode::lock_timeout:
-      return "lock_timeout";
-    case ErrorCode::idempotency_conflict:
-      return "idempotency_conflict";
-    case ErrorCode::in_doubt:
-      return "in_doubt";
-    case ErrorCode::overloaded:
-      return "overloaded";
-    case ErrorCode::invalid_argument:
-      return "invalid_argument";
-    case ErrorCode::not_supported:
-      return "not_supported";
-    case ErrorCode::invariant_violation:
-      return "invariant_violation";
-    case ErrorCode::unavailable:
-      return "unavailable";
-    case ErrorCode::database_error:
-      return "database_error";
+#define STOCKADE_ERROR_NAME(name, comment) \
+  case ErrorCode::name:                    \
+    return #name;
+    STOCKADE_ERROR_CODES(STOCKADE_ERROR_NAME)
+#undef STOCKADE_ERROR_NAME
   }
   return "unknown";
 }
@@ -43,3 +23,12 @@ void throw_invalid_argument(const std::string& message) {
 }
 
 }  // namespace stockade
+
+namespace stockade::detail {
+
+void assertion_failed(const char* condition, const char* file, int line) noexcept {
+  std::fprintf(stderr, "stockade: assertion failed: %s (%s:%d)\n", condition, file, line);
+  std::abort();
+}
+
+}  // namespace stockade::detail

@@ -62,6 +62,10 @@ void validate_text(std::string_view value, const char* field, std::size_t bytes_
 
 }  // namespace
 
+const char* library_version() noexcept {
+  return STOCKADE_VERSION;
+}
+
 const char* strategy_name(Strategy strategy) noexcept {
   return strategy_names[static_cast<std::size_t>(strategy)];
 }

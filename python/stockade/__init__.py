@@ -12,7 +12,7 @@ pessimistic row locks, advisory locks and optimistic versions, over a C++17 core
 from __future__ import annotations
 
 try:
-    from . import _core  # noqa: F401
+    from . import _core
 except ImportError as exc:  # pragma: no cover - only without a built extension
     raise ImportError(
         "stockade's compiled core (stockade._core) is missing or does not load: "
@@ -20,7 +20,6 @@ except ImportError as exc:  # pragma: no cover - only without a built extension
         "`pip install .`), which compiles the C++ engine with CMake."
     ) from exc
 
-from . import testing
 from .claim import ClaimAdvice, claim_test
 from .engine import Engine, ManualClock
 from .errors import (
@@ -44,7 +43,19 @@ from .errors import (
 )
 from .values import Reservation, ReservationState, StockLevel, Strategy, version_from_etag
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    # One source: pyproject.toml, read from the installed metadata; the core was built
+    # from the same file, and a test checks that the two agree.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("stockade")
+    except PackageNotFoundError:  # pragma: no cover - imported from a source tree
+        return str(_core.__version__)
+
+
+__version__ = _version()
 
 __all__ = [
     "ClaimAdvice",
@@ -73,6 +84,5 @@ __all__ = [
     "VersionConflict",
     "__version__",
     "claim_test",
-    "testing",
     "version_from_etag",
 ]

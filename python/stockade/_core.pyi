@@ -2,7 +2,10 @@
 # test suite runs mypy's stubtest against the built module so they cannot drift.
 from typing import Any, Optional
 
+__version__: str
 ERROR_CODES: tuple[str, ...]
+LOW_CONFLICT_RATE: float
+HOT_CONFLICT_RATE: float
 
 class StockLevel:
     """A stock row as committed: raw fields, times in us."""
@@ -61,7 +64,8 @@ class LockHandle:
     def held(self) -> bool: ...
 
 class AsyncChannel:
-    """Completions of async calls, delivered in bulk: fd becomes readable while some wait; drain() takes them all as (token, value, error) tuples."""
+    """Completions of async calls, delivered in bulk: fd becomes readable while some wait;
+    drain() takes them all as (token, value, error) tuples."""
     def __init__(self) -> None: ...
     @property
     def fd(self) -> int: ...
@@ -72,14 +76,30 @@ class Engine:
     """The engine facade over one store."""
     @staticmethod
     def memory(
-        strategy: str, retries_max: int, lock_timeout_ms: int, default_ttl_us: int,
-        clock: Optional[Clock], batch_max: int, batch_shards: int, async_workers: int,
+        strategy: str,
+        retries_max: int,
+        lock_timeout_ms: int,
+        default_ttl_us: int,
+        clock: Optional[Clock],
+        batch_max: int,
+        batch_shards: int,
+        async_workers: int,
     ) -> Engine: ...
     @staticmethod
     def postgres(
-        dsn: str, schema: str, pool_size: int, pool_timeout_ms: int, sweeper: bool,
-        sweep_interval_ms: int, sweep_batch: int, strategy: str, retries_max: int,
-        lock_timeout_ms: int, default_ttl_us: int, batch_max: int, batch_shards: int,
+        dsn: str,
+        schema: str,
+        pool_size: int,
+        pool_timeout_ms: int,
+        sweeper: bool,
+        sweep_interval_ms: int,
+        sweep_batch: int,
+        strategy: str,
+        retries_max: int,
+        lock_timeout_ms: int,
+        default_ttl_us: int,
+        batch_max: int,
+        batch_shards: int,
         async_workers: int,
     ) -> Engine: ...
     def recommend(self, sku: str, location: str) -> tuple[str, list[str]]: ...
@@ -98,17 +118,34 @@ class Engine:
     ) -> StockLevel: ...
     def stock(self, sku: str, location: str) -> StockLevel: ...
     def sell(
-        self, sku: str, location: str, qty: int, strategy: Optional[str], nowait: bool,
-        lock_timeout_ms: Optional[int], expected_version: Optional[int],
+        self,
+        sku: str,
+        location: str,
+        qty: int,
+        strategy: Optional[str],
+        nowait: bool,
+        lock_timeout_ms: Optional[int],
+        expected_version: Optional[int],
     ) -> StockLevel: ...
     def reserve(
-        self, sku: str, location: str, qty: int, ttl_us: Optional[int],
-        idempotency_key: Optional[str], strategy: Optional[str], nowait: bool,
-        lock_timeout_ms: Optional[int], expected_version: Optional[int],
+        self,
+        sku: str,
+        location: str,
+        qty: int,
+        ttl_us: Optional[int],
+        idempotency_key: Optional[str],
+        strategy: Optional[str],
+        nowait: bool,
+        lock_timeout_ms: Optional[int],
+        expected_version: Optional[int],
     ) -> Reservation: ...
     def reserve_order(
-        self, lines: list[tuple[str, str, int]], ttl_us: Optional[int],
-        idempotency_key: Optional[str], strategy: Optional[str], nowait: bool,
+        self,
+        lines: list[tuple[str, str, int]],
+        ttl_us: Optional[int],
+        idempotency_key: Optional[str],
+        strategy: Optional[str],
+        nowait: bool,
         lock_timeout_ms: Optional[int],
     ) -> list[Reservation]: ...
     def confirm(self, id: bytes, expected_version: Optional[int]) -> Reservation: ...
@@ -116,24 +153,42 @@ class Engine:
     def extend(self, id: bytes, ttl_us: int, expected_version: Optional[int]) -> Reservation: ...
     def get_reservation(self, id: bytes) -> Reservation: ...
     def expire_due(self, limit: int) -> int: ...
-    def naive_reserve_unsafe(
-        self, sku: str, location: str, qty: int, ttl_us: int, window_us: int
-    ) -> Reservation: ...
-    def hold_lock(self, sku: str, location: str, kind: str, timeout_ms: int) -> LockHandle: ...
     def submit_reserve(
-        self, channel: AsyncChannel, token: int, sku: str, location: str, qty: int,
-        ttl_us: Optional[int], idempotency_key: Optional[str], strategy: Optional[str],
-        nowait: bool, lock_timeout_ms: Optional[int], expected_version: Optional[int],
+        self,
+        channel: AsyncChannel,
+        token: int,
+        sku: str,
+        location: str,
+        qty: int,
+        ttl_us: Optional[int],
+        idempotency_key: Optional[str],
+        strategy: Optional[str],
+        nowait: bool,
+        lock_timeout_ms: Optional[int],
+        expected_version: Optional[int],
     ) -> None: ...
     def submit_sell(
-        self, channel: AsyncChannel, token: int, sku: str, location: str, qty: int,
-        strategy: Optional[str], nowait: bool, lock_timeout_ms: Optional[int],
+        self,
+        channel: AsyncChannel,
+        token: int,
+        sku: str,
+        location: str,
+        qty: int,
+        strategy: Optional[str],
+        nowait: bool,
+        lock_timeout_ms: Optional[int],
         expected_version: Optional[int],
     ) -> None: ...
     def submit_reserve_order(
-        self, channel: AsyncChannel, token: int, lines: list[tuple[str, str, int]],
-        ttl_us: Optional[int], idempotency_key: Optional[str], strategy: Optional[str],
-        nowait: bool, lock_timeout_ms: Optional[int],
+        self,
+        channel: AsyncChannel,
+        token: int,
+        lines: list[tuple[str, str, int]],
+        ttl_us: Optional[int],
+        idempotency_key: Optional[str],
+        strategy: Optional[str],
+        nowait: bool,
+        lock_timeout_ms: Optional[int],
     ) -> None: ...
     def submit_confirm(
         self, channel: AsyncChannel, token: int, id: bytes, expected_version: Optional[int]
@@ -142,13 +197,30 @@ class Engine:
         self, channel: AsyncChannel, token: int, id: bytes, expected_version: Optional[int]
     ) -> None: ...
     def submit_extend(
-        self, channel: AsyncChannel, token: int, id: bytes, ttl_us: int,
+        self,
+        channel: AsyncChannel,
+        token: int,
+        id: bytes,
+        ttl_us: int,
         expected_version: Optional[int],
     ) -> None: ...
 
+# Test hooks and tooling (register_testing.cpp).
+def naive_reserve_unsafe(
+    engine: Engine, sku: str, location: str, qty: int, ttl_us: int, window_us: int
+) -> Reservation: ...
+def hold_lock(
+    engine: Engine, sku: str, location: str, kind: str, timeout_ms: int
+) -> LockHandle: ...
 def drive_load(
-    engine: Engine, skus: list[tuple[str, str]], clients: int, window: int, duration_ms: int,
-    qty: int, ttl_us: int, strategy: Optional[str],
+    engine: Engine,
+    skus: list[tuple[str, str]],
+    clients: int,
+    window: int,
+    duration_ms: int,
+    qty: int,
+    ttl_us: int,
+    strategy: Optional[str],
 ) -> dict[str, Any]: ...
 def make_uuid_v7(unix_ms: int, shard_key: int) -> bytes: ...
 def uuid_shard_key(id: bytes) -> int: ...

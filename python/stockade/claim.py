@@ -11,15 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
+from . import _core
 from .errors import InvalidArgument, InvalidType
 from .values import Strategy
 
-__all__ = ["ClaimAdvice", "claim_test", "HOT_CONFLICT_RATE", "LOW_CONFLICT_RATE"]
+__all__ = ["HOT_CONFLICT_RATE", "LOW_CONFLICT_RATE", "ClaimAdvice", "claim_test"]
 
-# Conflicts per write on one row. Below LOW, optimistic retries are rare and cheap; past
+# Conflicts per write on one row, from the core (contention.hpp), where `auto` and
+# recommend() use the same figures. Below LOW, optimistic retries are rare and cheap; past
 # HOT, one row is a queue and folding requests into batches beats any per-request lock.
-LOW_CONFLICT_RATE = 0.05
-HOT_CONFLICT_RATE = 0.5
+LOW_CONFLICT_RATE: float = _core.LOW_CONFLICT_RATE
+HOT_CONFLICT_RATE: float = _core.HOT_CONFLICT_RATE
 
 _RETRY = {"safe": True, "cheap": True, "unsafe": False, "expensive": False}
 
@@ -61,32 +63,53 @@ def claim_test(
     retry_safe = _RETRY[retry]
 
     if single_statement:
-        return ClaimAdvice(Strategy.ATOMIC, (
-            "question zero: one conditional statement removes the window, so no lock is needed",
-        ))
+        return ClaimAdvice(
+            Strategy.ATOMIC,
+            ("question zero: one conditional statement removes the window, so no lock is needed",),
+        )
     if not fits_in_transaction:
-        return ClaimAdvice(Strategy.OPTIMISTIC, (
-            "hold: the window spans requests, so no database lock can cover it",
-            "use a version (ETag / If-Match) checked at write time, or a lease with expiry "
-            "and a fencing token",
-        ))
+        return ClaimAdvice(
+            Strategy.OPTIMISTIC,
+            (
+                "hold: the window spans requests, so no database lock can cover it",
+                "use a version (ETag / If-Match) checked at write time, or a lease with expiry "
+                "and a fencing token",
+            ),
+        )
     hold = "hold: the window fits inside one short transaction"
     odds = f"odds: {conflict_rate:.0%} of writes to one row collide"
     if not retry_safe:
-        return ClaimAdvice(Strategy.PESSIMISTIC, (
-            hold, odds, "cost: losing the race is unsafe to redo, so lock first",
-        ))
+        return ClaimAdvice(
+            Strategy.PESSIMISTIC,
+            (
+                hold,
+                odds,
+                "cost: losing the race is unsafe to redo, so lock first",
+            ),
+        )
     if conflict_rate >= HOT_CONFLICT_RATE:
-        return ClaimAdvice(Strategy.BATCHED, (
-            hold, odds + f" (hot: >= {HOT_CONFLICT_RATE:.0%})",
-            "cost: retries would mostly collide again; fold requests into batches",
-        ))
+        return ClaimAdvice(
+            Strategy.BATCHED,
+            (
+                hold,
+                odds + f" (hot: >= {HOT_CONFLICT_RATE:.0%})",
+                "cost: retries would mostly collide again; fold requests into batches",
+            ),
+        )
     if conflict_rate <= LOW_CONFLICT_RATE:
-        return ClaimAdvice(Strategy.OPTIMISTIC, (
-            hold, odds + f" (low: <= {LOW_CONFLICT_RATE:.0%})",
-            "cost: a rare, safe retry is cheaper than taking a lock every time",
-        ))
-    return ClaimAdvice(Strategy.PESSIMISTIC, (
-        hold, odds + " (frequent)",
-        "cost: retries would waste work at this rate; waiting for a lock is cheaper",
-    ))
+        return ClaimAdvice(
+            Strategy.OPTIMISTIC,
+            (
+                hold,
+                odds + f" (low: <= {LOW_CONFLICT_RATE:.0%})",
+                "cost: a rare, safe retry is cheaper than taking a lock every time",
+            ),
+        )
+    return ClaimAdvice(
+        Strategy.PESSIMISTIC,
+        (
+            hold,
+            odds + " (frequent)",
+            "cost: retries would waste work at this rate; waiting for a lock is cheaper",
+        ),
+    )

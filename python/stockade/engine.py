@@ -7,28 +7,11 @@ threads run it in parallel.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import functools
-import threading
-import weakref
 from datetime import datetime, timedelta, timezone
-from typing import (
-    Any,
-    Callable,
-    Concatenate,
-    Coroutine,
-    Dict,
-    List,
-    Mapping,
-    Optional,
-    ParamSpec,
-    Tuple,
-    TypeVar,
-    Union,
-)
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _core
+from .aio import Bridges
 from .claim import ClaimAdvice
 from .errors import InvalidArgument, InvalidType
 from .values import (
@@ -52,8 +35,6 @@ from .values import (
 
 __all__ = ["Engine", "ManualClock"]
 
-T = TypeVar("T")
-P = ParamSpec("P")
 OrderKey = Union[str, Tuple[str, str]]
 DEFAULT_LOCATION = "default"
 
@@ -110,84 +91,100 @@ def _order_lines(items: object, location: str) -> List[Tuple[str, str, int]]:
     return lines
 
 
-# True while an async twin runs its sync method's argument handling: the method then
-# queues its call and returns a future instead of calling the core and blocking. Set and
-# reset around one synchronous stretch of one task, so it never leaks between calls.
-_SUBMITTING: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "stockade_submitting", default=False)
-
-
-class _AsyncBridge:
-    """Completions of one event loop's async calls, delivered in bulk.
-
-    The loop watches the channel's eventfd. C++ threads (batch flushers, async workers)
-    post outcomes there without the GIL; one readable event drains all that have
-    arrived, however many, and resolves their futures. No Python thread runs per call.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        # The loop is not referenced from here: Engine._bridges holds the bridge for as
-        # long as the loop lives, and a strong reference back would keep both forever.
-        self.channel = _core.AsyncChannel()
-        self.futures: Dict[int, Tuple[asyncio.Future[Any], Callable[[Any], Any]]] = {}
-        self.next_token = 0
-        loop.add_reader(self.channel.fd, self.drain)
-
-    def submit(
-        self, submit: Callable[..., None], convert: Callable[[Any], T], args: List[Any],
-    ) -> asyncio.Future[T]:
-        token = self.next_token
-        self.next_token += 1
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self.futures[token] = (future, convert)
-        try:
-            submit(self.channel, token, *args)
-        except BaseException:
-            del self.futures[token]
-            raise
-        return future
-
-    def drain(self) -> None:
-        for token, value, error in self.channel.drain():
-            future, convert = self.futures.pop(token)
-            if future.done():  # cancelled by its caller; the call itself still ran
-                continue
-            if error is not None:
-                future.set_exception(error)
-                continue
-            try:
-                future.set_result(convert(value))
-            except Exception as exc:  # a failed conversion must not strand the others
-                future.set_exception(exc)
-
-
-def _awaitable(
-    call: Callable[Concatenate[Engine, P], T],
-) -> Callable[Concatenate[Engine, P], Coroutine[Any, Any, T]]:
-    """Makes the awaitable twin of a blocking Engine method: same parameters, same checks,
-    queued in C++ (the hot-row batcher, or a small pool of C++ workers) and completed
-    through the event loop's channel."""
-
-    async def run(self: Engine, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        mark = _SUBMITTING.set(True)
-        try:
-            future = call(self, *args, **kwargs)
-        finally:
-            _SUBMITTING.reset(mark)
-        return await future  # type: ignore[misc, no-any-return]
-
-    run.__name__ = f"{call.__name__}_async"
-    run.__qualname__ = f"Engine.{run.__name__}"
-    run.__doc__ = (
-        f":meth:`Engine.{call.__name__}` as an awaitable. The call is queued in C++ and its "
-        "outcome reaches the event loop in bulk. Cancelling the awaitable does not cancel "
-        "the call: it may still commit (use an idempotency key to find out)."
-    )
-    return run
-
-
 def _reservations(made: List[_core.Reservation]) -> List[Reservation]:
     return [Reservation._from_core(r) for r in made]
+
+
+# --- arguments for the core, in the order of its signatures (see _core.pyi) ---
+#
+# Each blocking call and its awaitable twin check and convert their arguments through one
+# of these, so the two cannot drift; mypy checks each tuple against the stub.
+
+
+def _sell_args(
+    sku: str,
+    qty: int,
+    location: str,
+    strategy: Union[Strategy, str, None],
+    expected_version: Optional[int],
+    nowait: bool,
+    lock_timeout: Optional[TtlLike],
+) -> Tuple[str, str, int, Optional[str], bool, Optional[int], Optional[int]]:
+    return (
+        check_str("sku", sku),
+        check_str("location", location),
+        check_int("qty", qty),
+        strategy_name(strategy),
+        check_bool("nowait", nowait),
+        optional_duration_ms("lock_timeout", lock_timeout),
+        check_optional_int("expected_version", expected_version),
+    )
+
+
+def _reserve_args(
+    sku: str,
+    qty: int,
+    ttl: Optional[TtlLike],
+    idempotency_key: Optional[str],
+    location: str,
+    strategy: Union[Strategy, str, None],
+    expected_version: Optional[int],
+    nowait: bool,
+    lock_timeout: Optional[TtlLike],
+) -> Tuple[
+    str, str, int, Optional[int], Optional[str], Optional[str], bool, Optional[int], Optional[int]
+]:
+    return (
+        check_str("sku", sku),
+        check_str("location", location),
+        check_int("qty", qty),
+        optional_duration_us("ttl", ttl),
+        check_optional_str("idempotency_key", idempotency_key),
+        strategy_name(strategy),
+        check_bool("nowait", nowait),
+        optional_duration_ms("lock_timeout", lock_timeout),
+        check_optional_int("expected_version", expected_version),
+    )
+
+
+def _order_args(
+    items: Mapping[OrderKey, int],
+    ttl: Optional[TtlLike],
+    idempotency_key: Optional[str],
+    location: str,
+    strategy: Union[Strategy, str, None],
+    nowait: bool,
+    lock_timeout: Optional[TtlLike],
+) -> Tuple[
+    List[Tuple[str, str, int]], Optional[int], Optional[str], Optional[str], bool, Optional[int]
+]:
+    return (
+        _order_lines(items, check_str("location", location)),
+        optional_duration_us("ttl", ttl),
+        check_optional_str("idempotency_key", idempotency_key),
+        strategy_name(strategy),
+        check_bool("nowait", nowait),
+        optional_duration_ms("lock_timeout", lock_timeout),
+    )
+
+
+def _transition_args(
+    id: ReservationId,
+    expected_version: Optional[int],
+) -> Tuple[bytes, Optional[int]]:
+    return (reservation_id_bytes(id), check_optional_int("expected_version", expected_version))
+
+
+def _extend_args(
+    id: ReservationId,
+    ttl: TtlLike,
+    expected_version: Optional[int],
+) -> Tuple[bytes, int, Optional[int]]:
+    return (
+        reservation_id_bytes(id),
+        duration_us("ttl", ttl),
+        check_optional_int("expected_version", expected_version),
+    )
 
 
 class Engine:
@@ -196,15 +193,19 @@ class Engine:
     Make one with :meth:`Engine.memory` (embedded) or :meth:`Engine.postgres`. Every call
     takes ``location="default"``; calls that decide availability also take ``strategy=``
     (a :class:`Strategy` or its name), ``nowait=`` and ``lock_timeout=``.
+
+    Every mutating call has an awaitable twin, ``<name>_async``, with the same parameters
+    and checks. The twin queues its call in C++ (the hot-row batcher, or a small pool of
+    C++ workers) and its outcome reaches the event loop in bulk (see :mod:`stockade.aio`).
+    Cancelling the awaitable does not cancel the call: it may still commit (use an
+    idempotency key to find out).
     """
 
     def __init__(self, core: _core.Engine) -> None:
         if not isinstance(core, _core.Engine):
             raise InvalidType("use Engine.memory() or Engine.postgres() to make an engine")
         self._core = core
-        self._bridges: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncBridge] = (
-            weakref.WeakKeyDictionary())
-        self._bridges_lock = threading.Lock()
+        self._bridges = Bridges()
 
     # --- construction ---
 
@@ -324,54 +325,91 @@ class Engine:
     # --- stock ---
 
     def restock(
-        self, sku: str, qty: int, *, location: str = DEFAULT_LOCATION,
+        self,
+        sku: str,
+        qty: int,
+        *,
+        location: str = DEFAULT_LOCATION,
         expected_version: Optional[int] = None,
     ) -> StockLevel:
         """Adds ``qty`` units to on_hand, creating the row if it does not exist."""
-        return StockLevel._from_core(self._core.restock(
-            sku=check_str("sku", sku), location=check_str("location", location),
-            qty=check_int("qty", qty),
-            expected_version=check_optional_int("expected_version", expected_version),
-        ))
+        return StockLevel._from_core(
+            self._core.restock(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                qty=check_int("qty", qty),
+                expected_version=check_optional_int("expected_version", expected_version),
+            )
+        )
 
     def set_on_hand(
-        self, sku: str, on_hand: int, *, location: str = DEFAULT_LOCATION,
+        self,
+        sku: str,
+        on_hand: int,
+        *,
+        location: str = DEFAULT_LOCATION,
         expected_version: Optional[int] = None,
     ) -> StockLevel:
         """Sets on_hand (a stock count); never below what is reserved (``InvalidState``)."""
-        return StockLevel._from_core(self._core.set_on_hand(
-            sku=check_str("sku", sku), location=check_str("location", location),
-            on_hand=check_int("on_hand", on_hand),
-            expected_version=check_optional_int("expected_version", expected_version),
-        ))
+        return StockLevel._from_core(
+            self._core.set_on_hand(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                on_hand=check_int("on_hand", on_hand),
+                expected_version=check_optional_int("expected_version", expected_version),
+            )
+        )
 
     def stock(self, sku: str, *, location: str = DEFAULT_LOCATION) -> StockLevel:
         """The committed stock row (``NotFound`` if there is none)."""
-        return StockLevel._from_core(self._core.stock(
-            sku=check_str("sku", sku), location=check_str("location", location)))
+        return StockLevel._from_core(
+            self._core.stock(sku=check_str("sku", sku), location=check_str("location", location))
+        )
 
     def sell(
-        self, sku: str, qty: int, *, location: str = DEFAULT_LOCATION,
-        strategy: Union[Strategy, str, None] = None, expected_version: Optional[int] = None,
-        nowait: bool = False, lock_timeout: Optional[TtlLike] = None,
+        self,
+        sku: str,
+        qty: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        strategy: Union[Strategy, str, None] = None,
+        expected_version: Optional[int] = None,
+        nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
     ) -> StockLevel:
         """Sells ``qty`` units at once (no hold): on_hand falls if enough is available."""
-        return self._call(
-            "sell", StockLevel._from_core,
-            sku=check_str("sku", sku), location=check_str("location", location),
-            qty=check_int("qty", qty), strategy=strategy_name(strategy),
-            nowait=check_bool("nowait", nowait),
-            lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
-            expected_version=check_optional_int("expected_version", expected_version),
-        )
+        args = _sell_args(sku, qty, location, strategy, expected_version, nowait, lock_timeout)
+        return StockLevel._from_core(self._core.sell(*args))
+
+    async def sell_async(
+        self,
+        sku: str,
+        qty: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        strategy: Union[Strategy, str, None] = None,
+        expected_version: Optional[int] = None,
+        nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
+    ) -> StockLevel:
+        """:meth:`sell` as an awaitable."""
+        args = _sell_args(sku, qty, location, strategy, expected_version, nowait, lock_timeout)
+        return await self._bridges.call(self._core.submit_sell, StockLevel._from_core, args)
 
     # --- reservations ---
 
     def reserve(
-        self, sku: str, qty: int, *, ttl: Optional[TtlLike] = None,
-        idempotency_key: Optional[str] = None, location: str = DEFAULT_LOCATION,
-        strategy: Union[Strategy, str, None] = None, expected_version: Optional[int] = None,
-        nowait: bool = False, lock_timeout: Optional[TtlLike] = None,
+        self,
+        sku: str,
+        qty: int,
+        *,
+        ttl: Optional[TtlLike] = None,
+        idempotency_key: Optional[str] = None,
+        location: str = DEFAULT_LOCATION,
+        strategy: Union[Strategy, str, None] = None,
+        expected_version: Optional[int] = None,
+        nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
     ) -> Reservation:
         """Holds ``qty`` units for ``ttl`` (default: the engine's ``default_ttl``).
 
@@ -380,20 +418,55 @@ class Engine:
         On PostgreSQL, a connection lost during COMMIT raises ``InDoubt``: retry with the
         same ``idempotency_key`` to get the reservation if it committed, or make it if not.
         """
-        return self._call(
-            "reserve", Reservation._from_core,
-            sku=check_str("sku", sku), location=check_str("location", location),
-            qty=check_int("qty", qty), ttl_us=optional_duration_us("ttl", ttl),
-            idempotency_key=check_optional_str("idempotency_key", idempotency_key),
-            strategy=strategy_name(strategy), nowait=check_bool("nowait", nowait),
-            lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
-            expected_version=check_optional_int("expected_version", expected_version),
+        args = _reserve_args(
+            sku,
+            qty,
+            ttl,
+            idempotency_key,
+            location,
+            strategy,
+            expected_version,
+            nowait,
+            lock_timeout,
         )
+        return Reservation._from_core(self._core.reserve(*args))
+
+    async def reserve_async(
+        self,
+        sku: str,
+        qty: int,
+        *,
+        ttl: Optional[TtlLike] = None,
+        idempotency_key: Optional[str] = None,
+        location: str = DEFAULT_LOCATION,
+        strategy: Union[Strategy, str, None] = None,
+        expected_version: Optional[int] = None,
+        nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
+    ) -> Reservation:
+        """:meth:`reserve` as an awaitable."""
+        args = _reserve_args(
+            sku,
+            qty,
+            ttl,
+            idempotency_key,
+            location,
+            strategy,
+            expected_version,
+            nowait,
+            lock_timeout,
+        )
+        return await self._bridges.call(self._core.submit_reserve, Reservation._from_core, args)
 
     def reserve_order(
-        self, items: Mapping[OrderKey, int], *, ttl: Optional[TtlLike] = None,
-        idempotency_key: Optional[str] = None, location: str = DEFAULT_LOCATION,
-        strategy: Union[Strategy, str, None] = None, nowait: bool = False,
+        self,
+        items: Mapping[OrderKey, int],
+        *,
+        ttl: Optional[TtlLike] = None,
+        idempotency_key: Optional[str] = None,
+        location: str = DEFAULT_LOCATION,
+        strategy: Union[Strategy, str, None] = None,
+        nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
     ) -> List[Reservation]:
         """Holds every line or none: ``{sku: qty}`` (or ``{(sku, location): qty}``).
@@ -401,35 +474,75 @@ class Engine:
         Rows are locked in sorted (sku, location) order, so concurrent orders cannot
         deadlock. Returns one reservation per line, in the order of ``items``.
         """
-        lines = _order_lines(items, check_str("location", location))
-        return self._call(
-            "reserve_order", _reservations,
-            lines=lines, ttl_us=optional_duration_us("ttl", ttl),
-            idempotency_key=check_optional_str("idempotency_key", idempotency_key),
-            strategy=strategy_name(strategy), nowait=check_bool("nowait", nowait),
-            lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
-        )
+        args = _order_args(items, ttl, idempotency_key, location, strategy, nowait, lock_timeout)
+        return _reservations(self._core.reserve_order(*args))
+
+    async def reserve_order_async(
+        self,
+        items: Mapping[OrderKey, int],
+        *,
+        ttl: Optional[TtlLike] = None,
+        idempotency_key: Optional[str] = None,
+        location: str = DEFAULT_LOCATION,
+        strategy: Union[Strategy, str, None] = None,
+        nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
+    ) -> List[Reservation]:
+        """:meth:`reserve_order` as an awaitable."""
+        args = _order_args(items, ttl, idempotency_key, location, strategy, nowait, lock_timeout)
+        return await self._bridges.call(self._core.submit_reserve_order, _reservations, args)
 
     def confirm(self, id: ReservationId, *, expected_version: Optional[int] = None) -> Reservation:
         """held -> confirmed: the units leave on_hand. ``ReservationExpired`` past expiry."""
-        return self._call(
-            "confirm", Reservation._from_core, id=reservation_id_bytes(id),
-            expected_version=check_optional_int("expected_version", expected_version))
+        args = _transition_args(id, expected_version)
+        return Reservation._from_core(self._core.confirm(*args))
+
+    async def confirm_async(
+        self,
+        id: ReservationId,
+        *,
+        expected_version: Optional[int] = None,
+    ) -> Reservation:
+        """:meth:`confirm` as an awaitable."""
+        args = _transition_args(id, expected_version)
+        return await self._bridges.call(self._core.submit_confirm, Reservation._from_core, args)
 
     def release(self, id: ReservationId, *, expected_version: Optional[int] = None) -> Reservation:
         """held -> released: the units become available again."""
-        return self._call(
-            "release", Reservation._from_core, id=reservation_id_bytes(id),
-            expected_version=check_optional_int("expected_version", expected_version))
+        args = _transition_args(id, expected_version)
+        return Reservation._from_core(self._core.release(*args))
+
+    async def release_async(
+        self,
+        id: ReservationId,
+        *,
+        expected_version: Optional[int] = None,
+    ) -> Reservation:
+        """:meth:`release` as an awaitable."""
+        args = _transition_args(id, expected_version)
+        return await self._bridges.call(self._core.submit_release, Reservation._from_core, args)
 
     def extend(
-        self, id: ReservationId, *, ttl: TtlLike, expected_version: Optional[int] = None,
+        self,
+        id: ReservationId,
+        *,
+        ttl: TtlLike,
+        expected_version: Optional[int] = None,
     ) -> Reservation:
         """Moves a live hold's expiry to now + ``ttl``."""
-        return self._call(
-            "extend", Reservation._from_core, id=reservation_id_bytes(id),
-            ttl_us=duration_us("ttl", ttl),
-            expected_version=check_optional_int("expected_version", expected_version))
+        args = _extend_args(id, ttl, expected_version)
+        return Reservation._from_core(self._core.extend(*args))
+
+    async def extend_async(
+        self,
+        id: ReservationId,
+        *,
+        ttl: TtlLike,
+        expected_version: Optional[int] = None,
+    ) -> Reservation:
+        """:meth:`extend` as an awaitable."""
+        args = _extend_args(id, ttl, expected_version)
+        return await self._bridges.call(self._core.submit_extend, Reservation._from_core, args)
 
     def reservation(self, id: ReservationId) -> Reservation:
         """The reservation as committed (``NotFound`` if there is none)."""
@@ -460,59 +573,9 @@ class Engine:
         was in flight (the Claim Test's "odds", per row), and the peak in flight. This is
         what ``auto`` acts on."""
         strategy, reasons = self._core.recommend(
-            sku=check_str("sku", sku), location=check_str("location", location))
+            sku=check_str("sku", sku), location=check_str("location", location)
+        )
         return ClaimAdvice(Strategy(strategy), tuple(reasons))
-
-    # --- asyncio ---
-
-    def _call(self, name: str, convert: Callable[[Any], T], **kwargs: Any) -> T:
-        """Runs core method ``name`` and converts its result; inside an async twin,
-        queues ``submit_<name>`` instead and returns the future (see _SUBMITTING).
-
-        Arguments are named here and passed by position to the core, in the order of its
-        signature (_core_order): pybind11 parses keywords several microseconds slower."""
-        args = [kwargs[p] for p in _core_order(name)]
-        if _SUBMITTING.get():
-            bridge = self._bridge(asyncio.get_running_loop())
-            return bridge.submit(  # type: ignore[return-value]
-                getattr(self._core, "submit_" + name), convert, args)
-        return convert(getattr(self._core, name)(*args))
-
-    def _bridge(self, loop: asyncio.AbstractEventLoop) -> _AsyncBridge:
-        with self._bridges_lock:
-            bridge = self._bridges.get(loop)
-            if bridge is None:
-                bridge = self._bridges[loop] = _AsyncBridge(loop)
-            return bridge
-
-    reserve_async = _awaitable(reserve)
-    reserve_order_async = _awaitable(reserve_order)
-    sell_async = _awaitable(sell)
-    confirm_async = _awaitable(confirm)
-    release_async = _awaitable(release)
-    extend_async = _awaitable(extend)
-
-
-@functools.lru_cache(maxsize=None)
-def _core_order(name: str) -> Tuple[str, ...]:
-    """The parameter names of core method ``name`` in order, read once from the signature
-    pybind11 writes at the top of its docstring (``name(self: ..., sku: str, ...) -> ...``).
-    The submit_ twins take (channel, token) and then the same parameters."""
-    doc = getattr(_core.Engine, name).__doc__ or ""
-    names: List[str] = []
-    depth, start = 0, doc.index("(") + 1
-    for i in range(start, len(doc)):
-        char = doc[i]
-        if char in "[(":
-            depth += 1
-        elif char in "])" and depth > 0:
-            depth -= 1
-        elif char in ",)" and depth == 0:  # a parameter ends (")" ends the list)
-            names.append(doc[start:i].split(":")[0].strip())
-            start = i + 1
-            if char == ")":
-                break
-    return tuple(names[1:])  # without self
 
 
 def _layer_options(batch_max: int, batch_shards: int, async_workers: int) -> Dict[str, int]:

@@ -16,23 +16,23 @@ import uuid
 from typing import Optional
 
 __all__ = [
-    "StockadeError",
-    "OutOfStock",
-    "NotFound",
-    "VersionConflict",
-    "ReservationExpired",
-    "InvalidState",
-    "LockNotAvailable",
-    "LockTimeout",
+    "DatabaseError",
     "IdempotencyConflict",
     "InDoubt",
-    "Overloaded",
     "InvalidArgument",
+    "InvalidState",
     "InvalidType",
-    "NotSupported",
     "InvariantViolation",
+    "LockNotAvailable",
+    "LockTimeout",
+    "NotFound",
+    "NotSupported",
+    "OutOfStock",
+    "Overloaded",
+    "ReservationExpired",
+    "StockadeError",
     "Unavailable",
-    "DatabaseError",
+    "VersionConflict",
 ]
 
 

@@ -13,10 +13,10 @@ from . import _core
 from .errors import InvalidArgument, InvalidType
 
 __all__ = [
-    "Strategy",
+    "Reservation",
     "ReservationState",
     "StockLevel",
-    "Reservation",
+    "Strategy",
     "version_from_etag",
 ]
 
@@ -98,7 +98,12 @@ class StockLevel:
     @classmethod
     def _from_core(cls, s: _core.StockLevel) -> StockLevel:
         return cls(
-            s.sku, s.location, s.on_hand, s.reserved, s.available, s.version,
+            s.sku,
+            s.location,
+            s.on_hand,
+            s.reserved,
+            s.available,
+            s.version,
             _datetime(s.updated_at_us),
         )
 
@@ -128,8 +133,14 @@ class Reservation:
         created_us, updated_us = r.created_at_us, r.updated_at_us
         created = _datetime(created_us)
         return cls(
-            uuid.UUID(bytes=r.id), r.sku, r.location, r.qty, _STATES[r.state],
-            r.version, _datetime(r.expires_at_us), created,
+            uuid.UUID(bytes=r.id),
+            r.sku,
+            r.location,
+            r.qty,
+            _STATES[r.state],
+            r.version,
+            _datetime(r.expires_at_us),
+            created,
             created if updated_us == created_us else _datetime(updated_us),
             r.idempotency_key,
         )
@@ -212,9 +223,7 @@ def strategy_name(value: object) -> Optional[str]:
             return Strategy(value).value
         except ValueError:
             names = ", ".join(s.value for s in Strategy)
-            raise InvalidArgument(
-                f"unknown strategy {value!r}; expected one of {names}"
-            ) from None
+            raise InvalidArgument(f"unknown strategy {value!r}; expected one of {names}") from None
     raise InvalidType(f"strategy must be a Strategy or str, not {type(value).__name__}")
 
 

@@ -38,7 +38,8 @@ struct FaultPlan {
 // Forwards every call to a real memory store; subclasses change apply_batch.
 class DelegatingStore : public Store {
  public:
-  DelegatingStore() : inner_(make_memory_store(nullptr)) {}
+  // The inner store writes to this store's telemetry, as one store would.
+  DelegatingStore() : inner_(make_memory_store(nullptr, shared_telemetry())) {}
   const char* backend_name() const noexcept override { return "delegating"; }
   StockLevel restock(const SkuKey& k, Quantity q, std::optional<Version> v) override {
     return inner_->restock(k, q, v);
@@ -63,14 +64,7 @@ class DelegatingStore : public Store {
   }
   Reservation get_reservation(const Uuid& id) override { return inner_->get_reservation(id); }
   std::size_t expire_due(std::size_t limit) override { return inner_->expire_due(limit); }
-  StoreStats stats(std::size_t n) const override { return inner_->stats(n); }
-  Reservation naive_reserve_unsafe(const SkuKey& k, Quantity q, std::int64_t t,
-                                   std::int64_t w) override {
-    return inner_->naive_reserve_unsafe(k, q, t, w);
-  }
-  std::unique_ptr<LockHold> hold_lock(const SkuKey& k, Strategy s, std::int64_t t) override {
-    return inner_->hold_lock(k, s, t);
-  }
+  StoreCounts counts() const override { return inner_->counts(); }
 
  protected:
   std::shared_ptr<Store> inner_;
@@ -255,7 +249,7 @@ void run_faulty_race(const FaultPlan& plan, std::size_t threads, std::size_t per
   EXPECT_LE(level.reserved, level.on_hand);
   EXPECT_LE(store->committed_in_doubt_.size(), in_doubt);
   EXPECT_EQ(store->out_of_order, 0u) << "a batch decided out of arrival order";
-  EXPECT_EQ(store->stats(0).reservation_count, static_cast<std::uint64_t>(committed));
+  EXPECT_EQ(store->counts().reservation_count, static_cast<std::uint64_t>(committed));
 }
 
 TEST(HotRowBatcher, loses_nothing_and_completes_once_under_seeded_faults) {
@@ -296,7 +290,7 @@ TEST(HotRowBatcher, gathers_requests_into_batches_while_a_commit_is_slow) {
     });
   }
   for (auto& w : workers) w.join();
-  const BatcherStats s = batcher.stats();
+  const BatcherStats s = store->telemetry().snapshot(0).batcher;
   EXPECT_EQ(s.requests, 160u);
   EXPECT_GT(s.batch_size_max, 1u) << "16 waiting callers never shared a transaction";
   EXPECT_LT(s.batches, 160u);
@@ -312,8 +306,8 @@ TEST(HotRowBatcher, flushes_a_lone_request_without_waiting_for_company) {
     BatchItem item = reserve_item(key, 1);
     batcher.run(item, 1000);  // would hang if a batch waited to fill up
   }
-  EXPECT_EQ(batcher.stats().batches, 3u);
-  EXPECT_EQ(batcher.stats().batch_size_max, 1u);
+  EXPECT_EQ(store->telemetry().snapshot(0).batcher.batches, 3u);
+  EXPECT_EQ(store->telemetry().snapshot(0).batcher.batch_size_max, 1u);
 }
 
 TEST(HotRowBatcher, completes_async_requests_once_each_in_bulk) {

@@ -3,8 +3,9 @@
 // from pytest (tests/python/test_postgres.py), which starts one.
 #include <gtest/gtest.h>
 
-#include "postgres/connection.hpp"
 #include "postgres/postgres_store_impl.hpp"
+#include "postgres/sqlstate.hpp"
+#include "postgres/statements.hpp"
 #include "stockade/postgres_store.hpp"
 #include "test_support.hpp"
 
@@ -27,6 +28,27 @@ TEST(SqlstateMapping, LockErrorsTellNowaitFromLockTimeout) {
   const Error timeout = map("55P03", "canceling statement due to lock timeout");
   EXPECT_EQ(timeout.code(), ErrorCode::lock_timeout);
   EXPECT_NE(std::string(timeout.what()).find("250 ms"), std::string::npos) << timeout.what();
+}
+
+TEST(SqlstateMapping, LockErrorsFollowTheRequestsNowaitNotTheServersWording) {
+  // A server with lc_messages = 'de_DE' words both cases in German; only the request's own
+  // option may decide between them.
+  const std::string german =
+      "konnte Sperre f\u00fcr Zeile in Relation \u00bbstock\u00ab nicht setzen";
+  EXPECT_EQ(map("55P03", german, true).code(), ErrorCode::lock_not_available);
+  EXPECT_EQ(map("55P03", german, false).code(), ErrorCode::lock_timeout);
+  EXPECT_EQ(map("55P03", "canceling statement due to lock timeout", true).code(),
+            ErrorCode::lock_not_available);
+}
+
+TEST(SqlstateMapping, OneTableDecidesWhatIsRetried) {
+  EXPECT_TRUE(is_retryable("40001"));
+  EXPECT_TRUE(is_retryable("40P01"));
+  EXPECT_FALSE(is_retryable("55P03"));
+  EXPECT_FALSE(is_retryable("23505"));
+  EXPECT_FALSE(is_retryable("08006"));
+  EXPECT_EQ(rule_for("08P01").code, ErrorCode::unavailable);  // by its class
+  EXPECT_EQ(rule_for("XX000").code, ErrorCode::database_error);
 }
 
 TEST(SqlstateMapping, EveryDocumentedStateHasItsCode) {

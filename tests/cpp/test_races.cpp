@@ -15,6 +15,7 @@
 
 #include "memory/row_cell.hpp"
 #include "stockade/engine.hpp"
+#include "stockade/testing.hpp"
 #include "test_support.hpp"
 
 namespace stockade {
@@ -251,7 +252,7 @@ TEST(Races, naive_read_modify_write_canary_oversells_under_the_same_race) {
   Tally tally;
   run_together(threads_count, [&](int) {
     buy_until_sold_out(tally, [&] {
-      engine->store().naive_reserve_unsafe(sku, 1, 60'000'000, /*window_us=*/200);
+      test_hooks(engine->store()).naive_reserve_unsafe(sku, 1, 60'000'000, /*window_us=*/200);
     });
   });
   // The lost update: more grants than units, while the row itself looks fine.
@@ -266,7 +267,7 @@ TEST(Locks, nowait_and_lock_timeout_fail_fast_while_another_session_holds_the_lo
   engine->restock(sku, 10);
   for (Strategy kind : {Strategy::pessimistic, Strategy::advisory}) {
     const Quantity reserved_before = engine->stock(sku).reserved;
-    auto hold = engine->store().hold_lock(sku, kind, 1000);
+    auto hold = test_hooks(engine->store()).hold_lock(sku, kind, 1000);
     CallOptions nowait;
     nowait.strategy = kind;
     nowait.nowait = true;
@@ -298,7 +299,7 @@ TEST(Locks, atomic_writers_are_not_blocked_by_a_row_lock_holder_but_stay_correct
   auto engine = Engine::memory();
   const SkuKey sku{"row", "default"};
   engine->restock(sku, 2);
-  auto hold = engine->store().hold_lock(sku, Strategy::pessimistic, 1000);
+  auto hold = test_hooks(engine->store()).hold_lock(sku, Strategy::pessimistic, 1000);
   EXPECT_EQ(engine->reserve(sku, 2).qty, 2);
   hold.reset();
   CallOptions pessimistic;

@@ -3,7 +3,7 @@ the list of per-request strategies every race and API test runs over.
 
 `engine` is parametrized over both stores: each API test runs once on the memory store
 and once on a fresh, migrated database of the throwaway PostgreSQL server that the
-stockade pytest plugin (stockade.pytest_plugin) starts once per session. Tests that move
+stockade pytest plugin (stockade.tools.pytest_plugin) starts once per session. Tests that move
 time with a ManualClock use `memory_engine`; their PostgreSQL twins wait for the database
 clock instead (test_postgres.py).
 """
@@ -18,7 +18,7 @@ import pytest
 
 import stockade
 from pgproxy import CommitCuttingProxy
-from stockade.pytest_plugin import PostgresForTests
+from stockade.tools.pytest_plugin import PostgresForTests
 from support import BACKENDS, PER_REQUEST_STRATEGIES, START, Now, Wait, field
 
 

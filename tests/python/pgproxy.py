@@ -48,8 +48,10 @@ class CommitCuttingProxy:
             self._statement = statement.encode() if statement is not None else None
 
     def dsn(self, dbname: str, user: str = "postgres") -> str:
-        return (f"host=127.0.0.1 port={self.port} user={user} dbname={dbname} "
-                "sslmode=disable gssencmode=disable")
+        return (
+            f"host=127.0.0.1 port={self.port} user={user} dbname={dbname} "
+            "sslmode=disable gssencmode=disable"
+        )
 
     def close(self) -> None:
         self._closed = True
@@ -116,7 +118,7 @@ class CommitCuttingProxy:
                     size = struct.unpack("!I", buffer[1:5])[0]
                     if len(buffer) < 1 + size:
                         break
-                    message, buffer = buffer[:1 + size], buffer[1 + size:]
+                    message, buffer = buffer[: 1 + size], buffer[1 + size :]
                     mode = self._take_arm(message)
                     if mode == "before":
                         return

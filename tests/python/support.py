@@ -8,7 +8,7 @@ from typing import Callable
 # The strategies that serve each request in its own transaction, and all of them (batched
 # folds requests into shared transactions; auto picks atomic or batched per SKU).
 PER_REQUEST_STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic"]
-ALL_STRATEGIES = PER_REQUEST_STRATEGIES + ["batched", "auto"]
+ALL_STRATEGIES = [*PER_REQUEST_STRATEGIES, "batched", "auto"]
 
 # Every API test runs on each store.
 BACKENDS = ["memory", "postgres"]

@@ -10,8 +10,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import stockade
+import stockade.testing
 from stockade import ReservationState, Strategy
-
 from support import ALL_STRATEGIES, START, Now, Wait
 
 
@@ -22,7 +22,12 @@ def close_to(when: datetime, now: datetime) -> bool:
 def test_restock_returns_the_stock_level(engine: stockade.Engine, store_now: Now) -> None:
     lvl = engine.restock("sku-1", 100)
     assert (lvl.sku, lvl.location, lvl.on_hand, lvl.reserved, lvl.available) == (
-        "sku-1", "default", 100, 0, 100)
+        "sku-1",
+        "default",
+        100,
+        0,
+        100,
+    )
     assert lvl.version == 1
     assert lvl.etag == '"1"'
     assert lvl.updated_at.tzinfo is timezone.utc and close_to(lvl.updated_at, store_now())
@@ -124,7 +129,10 @@ def test_out_of_stock_names_the_sku(engine: stockade.Engine) -> None:
     with pytest.raises(stockade.OutOfStock) as info:
         engine.reserve("sku-1", 2, location="lisbon")
     assert (info.value.sku, info.value.location, info.value.code) == (
-        "sku-1", "lisbon", "out_of_stock")
+        "sku-1",
+        "lisbon",
+        "out_of_stock",
+    )
     assert isinstance(info.value, stockade.StockadeError)
 
 
@@ -163,7 +171,10 @@ def test_reserve_order_is_all_or_nothing_in_caller_order(engine: stockade.Engine
     assert engine.stock("sku-1").reserved == 0
     made = engine.reserve_order({"sku-2": 2, "sku-1": 1, ("sku-2", "lisbon"): 4})
     assert [(r.sku, r.location, r.qty) for r in made] == [
-        ("sku-2", "default", 2), ("sku-1", "default", 1), ("sku-2", "lisbon", 4)]
+        ("sku-2", "default", 2),
+        ("sku-1", "default", 1),
+        ("sku-2", "lisbon", 4),
+    ]
 
 
 def test_an_order_replays_in_the_line_order_of_the_replay(engine: stockade.Engine) -> None:
@@ -211,16 +222,15 @@ def test_default_strategy_is_auto(engine: stockade.Engine) -> None:
 
 
 @pytest.mark.parametrize("kind", ["pessimistic", "advisory"])
-def test_nowait_and_lock_timeout_while_the_lock_is_held(
-    engine: stockade.Engine, kind: str
-) -> None:
+def test_nowait_and_lock_timeout_while_the_lock_is_held(engine: stockade.Engine, kind: str) -> None:
     engine.restock("s", 5)
     with stockade.testing.hold_lock(engine, "s", kind=kind):
         # Another thread, as another session would be.
         out = stockade.testing.race(1, lambda i: engine.reserve("s", 1, strategy=kind, nowait=True))
         assert isinstance(out.errors[0], stockade.LockNotAvailable)
         out = stockade.testing.race(
-            1, lambda i: engine.reserve("s", 1, strategy=kind, lock_timeout=0.02))
+            1, lambda i: engine.reserve("s", 1, strategy=kind, lock_timeout=0.02)
+        )
         assert isinstance(out.errors[0], stockade.LockTimeout)
     assert engine.reserve("s", 1, strategy=kind, nowait=True).qty == 1
     counters = engine.stats()["strategies"][kind]
@@ -237,8 +247,18 @@ def test_stats_report_strategies_and_hottest_skus(engine: stockade.Engine, backe
     assert stats["backend"] == backend
     assert stats["strategies"]["auto"]["requests"] == 2
     assert stats["hottest_skus"] == [
-        {"sku": "hot", "location": "default", "requests": 2, "refused": 1, "conflicts": 0,
-         "lock_waits": 0, "mode": "atomic", "in_flight": 0, "peak_in_flight": 1}]
+        {
+            "sku": "hot",
+            "location": "default",
+            "requests": 2,
+            "refused": 1,
+            "conflicts": 0,
+            "lock_waits": 0,
+            "mode": "atomic",
+            "in_flight": 0,
+            "peak_in_flight": 1,
+        }
+    ]
     assert stats["batcher"]["started"] is False
     assert (stats["sku_count"], stats["reservation_count"], stats["held_count"]) == (2, 1, 1)
 
@@ -260,7 +280,8 @@ async def _reserve_many(engine: stockade.Engine, n: int) -> list[stockade.Reserv
     import asyncio
 
     results = await asyncio.gather(
-        *(engine.reserve_async("s", 1) for _ in range(n)), return_exceptions=True)
+        *(engine.reserve_async("s", 1) for _ in range(n)), return_exceptions=True
+    )
     return [r for r in results if isinstance(r, stockade.Reservation)]
 
 
@@ -276,15 +297,24 @@ def test_reserve_async_grants_exactly_what_exists(engine: stockade.Engine) -> No
 def test_claim_test_follows_the_three_questions() -> None:
     unsafe = stockade.claim_test(fits_in_transaction=True, conflict_rate=0.3, retry="unsafe")
     assert unsafe.strategy is Strategy.PESSIMISTIC and len(unsafe.reasons) == 3
-    assert stockade.claim_test(
-        fits_in_transaction=False, conflict_rate=0.3).strategy is Strategy.OPTIMISTIC
-    assert stockade.claim_test(
-        fits_in_transaction=True, conflict_rate=0.01).strategy is Strategy.OPTIMISTIC
-    assert stockade.claim_test(
-        fits_in_transaction=True, conflict_rate=0.9).strategy is Strategy.BATCHED
-    assert stockade.claim_test(
-        fits_in_transaction=True, conflict_rate=0.9, single_statement=True
-    ).strategy is Strategy.ATOMIC
+    assert (
+        stockade.claim_test(fits_in_transaction=False, conflict_rate=0.3).strategy
+        is Strategy.OPTIMISTIC
+    )
+    assert (
+        stockade.claim_test(fits_in_transaction=True, conflict_rate=0.01).strategy
+        is Strategy.OPTIMISTIC
+    )
+    assert (
+        stockade.claim_test(fits_in_transaction=True, conflict_rate=0.9).strategy
+        is Strategy.BATCHED
+    )
+    assert (
+        stockade.claim_test(
+            fits_in_transaction=True, conflict_rate=0.9, single_statement=True
+        ).strategy
+        is Strategy.ATOMIC
+    )
     with pytest.raises(stockade.InvalidArgument):
         stockade.claim_test(fits_in_transaction=True, conflict_rate=1.5)
     with pytest.raises(stockade.InvalidArgument):
@@ -302,6 +332,7 @@ def test_blocking_calls_release_the_gil(engine: stockade.Engine) -> None:
     done = threading.Event()
     ticks = 0
     with stockade.testing.hold_lock(engine, "s"):
+
         def blocked() -> None:
             try:
                 engine.reserve("s", 1, strategy="pessimistic", lock_timeout=0.3)
@@ -331,7 +362,9 @@ def test_every_awaitable_twin_does_what_its_blocking_call_does(engine: stockade.
         order = await engine.reserve_order_async({"a": 1, "b": 3})
         extended = await engine.extend_async(r.id, ttl=120)
         assert extended.expires_at == extended.updated_at + timedelta(seconds=120)
-        assert (await engine.confirm_async(r.id, expected_version=extended.version)).state == "confirmed"
+        assert (
+            await engine.confirm_async(r.id, expected_version=extended.version)
+        ).state == "confirmed"
         assert (await engine.release_async(order[1].id)).state == "released"
         assert (await engine.sell_async("b", 7)).on_hand == 3
 

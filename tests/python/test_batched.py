@@ -17,9 +17,9 @@ from typing import Callable, Iterator, List, Union
 import pytest
 
 import stockade
+from pgproxy import CommitCuttingProxy
 from stockade import Reservation
 from stockade.testing import race
-from pgproxy import CommitCuttingProxy
 from support import field
 
 HOT = ["batched", "auto"]
@@ -65,7 +65,8 @@ def test_race_of_5000_asyncio_tasks_grants_exactly_the_units(
     async def buyers() -> List[object]:
         return await asyncio.gather(
             *(engine.reserve_async("hot", 1, strategy=strategy) for _ in range(5000)),
-            return_exceptions=True)
+            return_exceptions=True,
+        )
 
     results = asyncio.run(buyers())
     refused = [r for r in results if isinstance(r, stockade.OutOfStock)]
@@ -119,8 +120,7 @@ def test_refusals_follow_arrival_order(engine: stockade.Engine) -> None:
 
 def test_duplicate_keys_inside_batches_get_one_reservation(engine: stockade.Engine) -> None:
     engine.restock("hot", 10)
-    out = race(64, lambda i: engine.reserve("hot", 2, idempotency_key="cart-1",
-                                            strategy="batched"))
+    out = race(64, lambda i: engine.reserve("hot", 2, idempotency_key="cart-1", strategy="batched"))
     assert out.errors == [None] * 64
     assert len({r.id for r in out.results}) == 1
     assert engine.stock("hot").reserved == 2
@@ -218,8 +218,9 @@ def test_a_cancelled_await_does_not_cancel_the_reservation(engine: stockade.Engi
     engine.restock("hot", 5)
 
     async def cancel_one() -> None:
-        task = asyncio.ensure_future(engine.reserve_async("hot", 2, idempotency_key="c",
-                                                          strategy="batched"))
+        task = asyncio.ensure_future(
+            engine.reserve_async("hot", 2, idempotency_key="c", strategy="batched")
+        )
         await asyncio.sleep(0)  # the call is queued
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -238,8 +239,10 @@ def test_close_completes_queued_async_calls_and_refuses_new_ones(
     engine.restock("hot", 500)
 
     async def queue_then_close() -> List[object]:
-        tasks = [asyncio.ensure_future(engine.reserve_async("hot", 1, strategy="batched"))
-                 for _ in range(1000)]
+        tasks = [
+            asyncio.ensure_future(engine.reserve_async("hot", 1, strategy="batched"))
+            for _ in range(1000)
+        ]
         await asyncio.sleep(0)  # every task has queued its call
         engine.close()  # drains: every queued call completes first
         done = await asyncio.gather(*tasks, return_exceptions=True)
@@ -256,10 +259,13 @@ def test_close_completes_queued_async_calls_and_refuses_new_ones(
 
 
 @pytest.mark.parametrize("cut", ["after", "before"])
-@pytest.mark.parametrize("strategy, statement", [
-    ("batched", "stockade_batch_fast_one"),  # a batch's one-statement fast path
-    ("atomic", "stockade_hold_atomic"),  # atomic without a key: one statement too
-])
+@pytest.mark.parametrize(
+    "strategy, statement",
+    [
+        ("batched", "stockade_batch_fast_one"),  # a batch's one-statement fast path
+        ("atomic", "stockade_hold_atomic"),  # atomic without a key: one statement too
+    ],
+)
 def test_a_one_statement_write_cut_around_its_statement_still_answers_exactly_once(
     proxy: CommitCuttingProxy, stockade_database: str, cut: str, strategy: str, statement: str
 ) -> None:
@@ -361,7 +367,8 @@ def test_a_hold_confirmed_by_many_at_once_is_confirmed_once(
 
 
 def test_batched_transitions_keep_the_per_request_errors(
-    batched_engine: stockade.Engine, wait: Callable[[float], None],
+    batched_engine: stockade.Engine,
+    wait: Callable[[float], None],
 ) -> None:
     eng = batched_engine
     eng.restock("hot", 10)

@@ -14,10 +14,25 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.postgres
 def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "hot_sku.py"), "--seconds", "0.2",
-         "--clients", "8", "--window", "2", "--asyncio-tasks", "16", "--cold-skus", "50",
-         "--json", str(tmp_path / "hot.json")],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "hot_sku.py"),
+            "--seconds",
+            "0.2",
+            "--clients",
+            "8",
+            "--window",
+            "2",
+            "--asyncio-tasks",
+            "16",
+            "--cold-skus",
+            "50",
+            "--json",
+            str(tmp_path / "hot.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     for title in ("1. one hot SKU", "2. one hot SKU", "3. one hot SKU", "4. 50 cold SKUs"):

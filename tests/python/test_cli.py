@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from stockade.cli import main
-from stockade.loadgen import NAIVE, flash_sale
-
 import stockade
+from stockade.tools.cli import main
+from stockade.tools.loadgen import NAIVE, flash_sale
 
 
 def demo_rows(out: str) -> dict[str, list[str]]:
@@ -38,8 +37,17 @@ def test_demo_reports_every_strategy_with_no_oversell(capsys: pytest.CaptureFixt
 def test_demo_on_postgres_reports_every_strategy_with_no_oversell(
     capsys: pytest.CaptureFixture[str], stockade_database: str
 ) -> None:
-    argv = ["demo", "--dsn", stockade_database, "--buyers", "200", "--units", "20",
-            "--clients", "8"]
+    argv = [
+        "demo",
+        "--dsn",
+        stockade_database,
+        "--buyers",
+        "200",
+        "--units",
+        "20",
+        "--clients",
+        "8",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "PostgreSQL" in out
@@ -57,8 +65,9 @@ def test_demo_on_an_unreachable_server_says_so(capsys: pytest.CaptureFixture[str
 
 
 def test_python_dash_m_stockade_runs_the_cli() -> None:
-    out = subprocess.run([sys.executable, "-m", "stockade", "--version"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "stockade", "--version"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and out.stdout.startswith("stockade ")
 
 
@@ -74,8 +83,19 @@ def test_flash_sale_report_counts_every_buyer(engine: stockade.Engine) -> None:
 def test_bench_on_memory_writes_table_json_and_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["bench", "--backend", "memory", "--seconds", "0.1", "--clients", "4",
-            "--strategies", "atomic,batched", "--out", str(tmp_path)]
+    argv = [
+        "bench",
+        "--backend",
+        "memory",
+        "--seconds",
+        "0.1",
+        "--clients",
+        "4",
+        "--strategies",
+        "atomic,batched",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr()
     assert "| stockade | atomic |" in out.out and "| stockade | batched |" in out.out
@@ -90,8 +110,22 @@ def test_bench_on_memory_writes_table_json_and_plot(
 def test_bench_peers_runs_pgbench_and_redis_next_to_stockade(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], stockade_database: str
 ) -> None:
-    argv = ["bench", "--dsn", stockade_database, "--peers", "--seconds", "1", "--clients", "4",
-            "--skus", "3", "--strategies", "atomic,pessimistic,batched", "--out", str(tmp_path)]
+    argv = [
+        "bench",
+        "--dsn",
+        stockade_database,
+        "--peers",
+        "--seconds",
+        "1",
+        "--clients",
+        "4",
+        "--skus",
+        "3",
+        "--strategies",
+        "atomic,pessimistic,batched",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     cases = json.loads((tmp_path / "bench.json").read_text())["cases"]
@@ -121,7 +155,7 @@ def test_migrate_applies_then_reports_up_to_date(
 
 @pytest.fixture
 def empty_db(stockade_postgres: object) -> object:
-    from stockade.pytest_plugin import PostgresForTests
+    from stockade.tools.pytest_plugin import PostgresForTests
 
     assert isinstance(stockade_postgres, PostgresForTests)
     name = "stockade_cli_migrate"
@@ -131,14 +165,39 @@ def empty_db(stockade_postgres: object) -> object:
     stockade_postgres.sql(f"DROP DATABASE {name}")
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--single-statement", "yes"], "=> atomic"),
-    (["--single-statement", "no", "--fits-in-transaction", "no"], "=> optimistic"),
-    (["--single-statement", "no", "--fits-in-transaction", "yes", "--conflict-rate", "0.8",
-      "--retry", "safe"], "=> batched"),
-    (["--single-statement", "no", "--fits-in-transaction", "yes", "--conflict-rate", "0.8",
-      "--retry", "unsafe"], "=> pessimistic"),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--single-statement", "yes"], "=> atomic"),
+        (["--single-statement", "no", "--fits-in-transaction", "no"], "=> optimistic"),
+        (
+            [
+                "--single-statement",
+                "no",
+                "--fits-in-transaction",
+                "yes",
+                "--conflict-rate",
+                "0.8",
+                "--retry",
+                "safe",
+            ],
+            "=> batched",
+        ),
+        (
+            [
+                "--single-statement",
+                "no",
+                "--fits-in-transaction",
+                "yes",
+                "--conflict-rate",
+                "0.8",
+                "--retry",
+                "unsafe",
+            ],
+            "=> pessimistic",
+        ),
+    ],
+)
 def test_advise_answers_from_flags(
     flags: list[str], expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -109,7 +109,9 @@ def test_wrong_python_types_raise_invalid_type_and_change_nothing(
 @settings(max_examples=200, deadline=None)
 @given(
     sku=st.one_of(st.text(max_size=300), st.binary(max_size=10), st.integers(), st.none()),
-    qty=st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.floats(), st.text(max_size=3)),
+    qty=st.one_of(
+        st.integers(min_value=-(2**70), max_value=2**70), st.floats(), st.text(max_size=3)
+    ),
 )
 def test_any_input_either_succeeds_or_raises_a_stockade_error(sku: Any, qty: Any) -> None:
     # Goal: no input crashes the core or escapes the error taxonomy, and a refused call

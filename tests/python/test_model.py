@@ -55,6 +55,10 @@ class EngineModel(RuleBasedStateMachine):
         # Rows of one run are its own: PostgreSQL runs share one database.
         self.prefix = f"{uuid.uuid4().hex[:8]}-"
         self.ttl_floor_s = 0 if self.clock is not None else 3600
+        # On PostgreSQL time is the database's and cannot be moved, and expire_due acts on
+        # the whole schema: every TTL, extensions included, reaches past the run, so that
+        # no hold lapses behind the model's back however slow the machine is.
+        self.extend_s = 30 + self.ttl_floor_s
         self.now_us = 0
         self.on_hand: Dict[str, int] = {}
         self.reserved: Dict[str, int] = {}
@@ -83,8 +87,12 @@ class EngineModel(RuleBasedStateMachine):
         self.version[sku] = self.version.get(sku, 0) + 1
         assert lvl.version == self.version[sku]
 
-    @rule(sku=st.sampled_from(SKUS), qty=st.integers(1, 8), ttl_s=st.integers(1, 120),
-          strategy=st.sampled_from(STRATEGIES))
+    @rule(
+        sku=st.sampled_from(SKUS),
+        qty=st.integers(1, 8),
+        ttl_s=st.integers(1, 120),
+        strategy=st.sampled_from(STRATEGIES),
+    )
     def reserve(self, sku: str, qty: int, ttl_s: int, strategy: str) -> None:
         ttl_s += self.ttl_floor_s
         if sku not in self.on_hand:
@@ -126,10 +134,12 @@ class EngineModel(RuleBasedStateMachine):
         call = {
             "confirm": lambda: self.engine.confirm(rid),
             "release": lambda: self.engine.release(rid),
-            "extend": lambda: self.engine.extend(rid, ttl=timedelta(seconds=30)),
+            "extend": lambda: self.engine.extend(rid, ttl=timedelta(seconds=self.extend_s)),
         }[action]
         if hold.state != "held":
-            expected = stockade.ReservationExpired if hold.state == "expired" else stockade.InvalidState
+            expected = (
+                stockade.ReservationExpired if hold.state == "expired" else stockade.InvalidState
+            )
             try:
                 call()
             except expected:
@@ -146,7 +156,7 @@ class EngineModel(RuleBasedStateMachine):
         hold.version += 1
         assert r.version == hold.version
         if action == "extend":
-            hold.expires_us = self.now_us + 30_000_000
+            hold.expires_us = self.now_us + self.extend_s * 1_000_000
             return
         self.reserved[hold.sku] -= hold.qty
         self.version[hold.sku] += 1
@@ -181,7 +191,10 @@ class EngineModel(RuleBasedStateMachine):
         for sku, on_hand in self.on_hand.items():
             lvl = self.engine.stock(self.prefix + sku)
             assert (lvl.on_hand, lvl.reserved, lvl.version) == (
-                on_hand, self.reserved[sku], self.version[sku])
+                on_hand,
+                self.reserved[sku],
+                self.version[sku],
+            )
             assert 0 <= lvl.reserved <= lvl.on_hand
 
     @invariant()

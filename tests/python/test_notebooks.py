@@ -15,7 +15,8 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 pytest.importorskip("nbclient", reason="the notebook tools are installed by make")
 os.environ.setdefault("JUPYTER_PLATFORM_DIRS", "1")  # jupyter_core's path migration notice
 sys.path.insert(0, str(REPO / "notebooks"))
-from make_notebooks import NOTEBOOKS as SOURCES, execute  # noqa: E402
+from make_notebooks import NOTEBOOKS as SOURCES  # noqa: E402
+from make_notebooks import execute  # noqa: E402
 
 
 def test_the_committed_notebooks_are_the_ones_the_sources_make() -> None:

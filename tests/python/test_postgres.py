@@ -18,11 +18,11 @@ from typing import Iterator, List
 import pytest
 
 import stockade
-from stockade import ReservationState
-from stockade.pgserver import run_sql
-from stockade.pytest_plugin import PostgresForTests
-
+import stockade.testing
 from pgproxy import CommitCuttingProxy
+from stockade import ReservationState
+from stockade.tools.pgserver import run_sql
+from stockade.tools.pytest_plugin import PostgresForTests
 from support import field
 
 pytestmark = pytest.mark.postgres
@@ -45,8 +45,10 @@ def sql(dsn: str, statement: str) -> str:
 def wait_for_session(dsn: str, where: str) -> None:
     """Waits until another session on the database matches `where` (pg_stat_activity):
     tests sequence their sessions by what the server sees, not by sleeping."""
-    query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-             f"AND pid <> pg_backend_pid() AND {where}")
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        f"AND pid <> pg_backend_pid() AND {where}"
+    )
     deadline = time.monotonic() + 30
     while int(sql(dsn, query)) == 0:
         assert time.monotonic() < deadline, f"no session with {where}"
@@ -115,9 +117,14 @@ def test_a_check_violation_surfaces_as_invariant_violation(
         wait_for_session(stockade_database, "state = 'idle in transaction'")  # it has read
         stockade_engine.sell("s", 10)
 
-    out = stockade.testing.race(2, lambda i: (
-        stockade.testing.naive_reserve(stockade_engine, "s", 1, window=2.0) if i == 0
-        else sell_while_the_canary_waits()))
+    out = stockade.testing.race(
+        2,
+        lambda i: (
+            stockade.testing.naive_reserve(stockade_engine, "s", 1, window=2.0)
+            if i == 0
+            else sell_while_the_canary_waits()
+        ),
+    )
     assert isinstance(out.errors[0], stockade.InvariantViolation), out.errors
     assert out.errors[0].sqlstate == "23514"
     lvl = stockade_engine.stock("s")
@@ -135,20 +142,40 @@ def test_an_unreachable_server_raises_unavailable() -> None:
 UNREACHABLE = "host=127.0.0.1 port=1 connect_timeout=2 user=x dbname=x"
 
 
-@pytest.mark.parametrize("options", [
-    {"pool_size": 0}, {"pool_size": 100_000}, {"schema": ""}, {"schema": "Shop"},
-    {"pool_timeout": 0}, {"sweep_interval": -1}, {"sweep_batch": 0}, {"retries_max": -1},
-    {"lock_timeout": 0}, {"default_ttl": 0}, {"strategy": "yolo"},
-], ids=lambda o: next(iter(o)))
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"pool_size": 0},
+        {"pool_size": 100_000},
+        {"schema": ""},
+        {"schema": "Shop"},
+        {"pool_timeout": 0},
+        {"sweep_interval": -1},
+        {"sweep_batch": 0},
+        {"retries_max": -1},
+        {"lock_timeout": 0},
+        {"default_ttl": 0},
+        {"strategy": "yolo"},
+    ],
+    ids=lambda o: next(iter(o)),
+)
 def test_bad_options_raise_invalid_argument_before_connecting(options: dict[str, object]) -> None:
     # The DSN is unreachable: a check made after connecting would raise Unavailable.
     with pytest.raises(stockade.InvalidArgument):
         stockade.Engine.postgres(UNREACHABLE, **options)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("options", [
-    {"pool_size": "8"}, {"pool_size": True}, {"sweeper": 1}, {"schema": b"x"}, {"dsn": None},
-], ids=lambda o: next(iter(o)))
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"pool_size": "8"},
+        {"pool_size": True},
+        {"sweeper": 1},
+        {"schema": b"x"},
+        {"dsn": None},
+    ],
+    ids=lambda o: next(iter(o)),
+)
 def test_options_of_the_wrong_type_raise_invalid_type(options: dict[str, object]) -> None:
     kwargs = {"dsn": UNREACHABLE, **options}
     with pytest.raises(stockade.InvalidType):
@@ -185,14 +212,20 @@ def test_broken_connections_are_replaced_transparently(
     # Fill the pool with idle connections: eight callers queue on a held row lock.
     stockade_engine.restock("s", 100)
     with stockade.testing.hold_lock(stockade_engine, "s"):
-        waiting = threading.Thread(target=lambda: stockade.testing.race(
-            8, lambda i: stockade_engine.reserve("s", 1, strategy="pessimistic")))
+        waiting = threading.Thread(
+            target=lambda: stockade.testing.race(
+                8, lambda i: stockade_engine.reserve("s", 1, strategy="pessimistic")
+            )
+        )
         waiting.start()
         time.sleep(0.3)
     waiting.join()
     dbname = field(stockade_database, "dbname")
-    killed = sql(stockade_database, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                 f"WHERE datname = '{dbname}' AND pid <> pg_backend_pid()")
+    killed = sql(
+        stockade_database,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        f"WHERE datname = '{dbname}' AND pid <> pg_backend_pid()",
+    )
     assert int(killed) >= 8  # as a server restart would: every pooled connection is dead
     assert stockade_engine.reserve("s", 2).qty == 2  # reconnects; nothing was in flight
     assert stockade_engine.stock("s").reserved == 10
@@ -205,8 +238,9 @@ def test_the_engine_lock_timeout_bounds_calls_without_lock_options(
         eng.restock("s", 5)
         r = eng.reserve("s", 1)
         with stockade.testing.hold_lock(eng, "s"):
-            out = stockade.testing.race(2, lambda i: eng.restock("s", 1) if i == 0
-                                        else eng.confirm(r.id))
+            out = stockade.testing.race(
+                2, lambda i: eng.restock("s", 1) if i == 0 else eng.confirm(r.id)
+            )
         assert [type(e) for e in out.errors] == [stockade.LockTimeout] * 2
         assert eng.stock("s").on_hand == 5 and eng.reservation(r.id).state == "held"
 
@@ -227,19 +261,23 @@ def test_serialization_failures_are_retried_within_bounds(
     # row fail with 40001. The engine retries those transactions a bounded number of
     # times, then raises Overloaded with the SQLSTATE; nothing is lost or oversold.
     dbname = field(stockade_database, "dbname")
-    sql(stockade_database,
-        f"ALTER DATABASE {dbname} SET default_transaction_isolation = 'serializable'")
+    sql(
+        stockade_database,
+        f"ALTER DATABASE {dbname} SET default_transaction_isolation = 'serializable'",
+    )
     with stockade.Engine.postgres(stockade_database, pool_size=8) as eng:
         eng.restock("hot", 1000)
-        out = stockade.testing.race(32, lambda i: [
-            eng.reserve("hot", 1, strategy=strategy) for _ in range(5)])
+        out = stockade.testing.race(
+            32, lambda i: [eng.reserve("hot", 1, strategy=strategy) for _ in range(5)]
+        )
         assert eng.stats()["strategies"][strategy]["retries"] > 0
         for e in out.errors:
             if isinstance(e, stockade.Overloaded):  # the retry budget ran out
                 assert e.sqlstate == "40001", e
             else:  # optimistic may also run out of its own retries
-                assert e is None or (strategy == "optimistic" and
-                                     isinstance(e, stockade.VersionConflict)), e
+                assert e is None or (
+                    strategy == "optimistic" and isinstance(e, stockade.VersionConflict)
+                ), e
         granted = eng.stats()["strategies"][strategy]["granted"]
         assert granted > 0
         assert eng.stock("hot").reserved == granted == eng.stats()["reservation_count"]
@@ -296,10 +334,19 @@ def test_expire_due_skips_holds_locked_by_a_transition(
     free = stockade_engine.reserve("s", 2, ttl=0.1)
     time.sleep(0.15)
     holder = subprocess.Popen(
-        ["psql", "-X", "-q", "-d", stockade_database, "-c",
-         f"BEGIN; SELECT 1 FROM stockade.reservation WHERE id = '{locked.id}' FOR UPDATE; "
-         "SELECT pg_sleep(5); COMMIT;"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            "psql",
+            "-X",
+            "-q",
+            "-d",
+            stockade_database,
+            "-c",
+            f"BEGIN; SELECT 1 FROM stockade.reservation WHERE id = '{locked.id}' FOR UPDATE; "
+            "SELECT pg_sleep(5); COMMIT;",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for_session(stockade_database, "query LIKE '%pg_sleep%' AND state = 'active'")
         start = time.monotonic()
@@ -325,8 +372,10 @@ def test_expire_due_works_in_bounded_batches(stockade_engine: stockade.Engine) -
 
 def test_the_sweeper_expires_due_holds_and_one_engine_sweeps(stockade_database: str) -> None:
     options = dict(sweeper=True, sweep_interval=0.05, pool_size=2)
-    with stockade.Engine.postgres(stockade_database, **options) as a, \
-            stockade.Engine.postgres(stockade_database, **options) as b:
+    with (
+        stockade.Engine.postgres(stockade_database, **options) as a,
+        stockade.Engine.postgres(stockade_database, **options) as b,
+    ):
         a.restock("s", 10)
         held = [a.reserve("s", 1, ttl=0.1) for _ in range(3)] + [b.reserve("s", 1, ttl=0.1)]
         deadline = time.monotonic() + 10
@@ -339,8 +388,10 @@ def test_the_sweeper_expires_due_holds_and_one_engine_sweeps(stockade_database: 
         assert sorted(s["leader"] for s in sweepers) == [False, True]
         assert sum(s["expired"] for s in sweepers) == 4
         assert [s["errors"] for s in sweepers] == [0, 0]
-        leaders = sql(stockade_database, "SELECT count(*) FROM pg_locks WHERE "
-                      "locktype = 'advisory' AND granted")
+        leaders = sql(
+            stockade_database,
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+        )
         assert leaders == "1"
     with stockade.Engine.postgres(stockade_database, pool_size=1) as c:
         assert c.stats()["sweeper"]["enabled"] is False
@@ -354,8 +405,10 @@ def test_orders_in_opposite_orders_from_two_engines_never_deadlock(
     stockade_database: str, strategy_name: str
 ) -> None:
     rounds = 60
-    with stockade.Engine.postgres(stockade_database, pool_size=4) as one, \
-            stockade.Engine.postgres(stockade_database, pool_size=4) as two:
+    with (
+        stockade.Engine.postgres(stockade_database, pool_size=4) as one,
+        stockade.Engine.postgres(stockade_database, pool_size=4) as two,
+    ):
         for sku in ("a", "b", "c"):
             one.restock(sku, 10_000)
         orders = [{"a": 1, "b": 1, "c": 1}, {"c": 1, "b": 1, "a": 1}]
@@ -386,11 +439,13 @@ def test_orders_in_opposite_orders_from_two_engines_never_deadlock(
 # --- races between processes ---
 
 
-def _buyer_process(dsn: str, strategy: str, threads: int, barrier: object,
-                   results: "multiprocessing.Queue[int]") -> None:
+def _buyer_process(
+    dsn: str, strategy: str, threads: int, barrier: object, results: "multiprocessing.Queue[int]"
+) -> None:
     import stockade as sk
 
     with sk.Engine.postgres(dsn, pool_size=8) as eng:
+
         def buy(i: int) -> bool:
             for _ in range(50):
                 try:
@@ -418,9 +473,12 @@ def test_two_engines_in_two_processes_grant_exactly_the_units(
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
     results: "multiprocessing.Queue[int]" = ctx.Queue()
-    procs = [ctx.Process(target=_buyer_process,
-                         args=(stockade_database, strategy, 128, barrier, results))
-             for _ in range(2)]
+    procs = [
+        ctx.Process(
+            target=_buyer_process, args=(stockade_database, strategy, 128, barrier, results)
+        )
+        for _ in range(2)
+    ]
     for p in procs:
         p.start()
     granted: List[int] = [results.get(timeout=240) for _ in procs]

@@ -16,8 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import stockade
 from stockade import _core
 
@@ -26,11 +24,13 @@ HERE = Path(__file__).resolve().parent
 STUB = REPO / "python" / "stockade" / "_core.pyi"
 
 
-
 def run_mypy(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-incremental", *args],
-        capture_output=True, text=True, cwd=REPO, timeout=600,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
     )
 
 
@@ -49,9 +49,17 @@ def test_mypy_strict_reports_misuse(tmp_path: Path) -> None:
 
 def test_stubtest_finds_no_drift() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "mypy.stubtest", "stockade._core",
-         "--allowlist", str(HERE / "stubtest_allowlist.txt")],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "mypy.stubtest",
+            "stockade._core",
+            "--allowlist",
+            str(HERE / "stubtest_allowlist.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -128,3 +136,16 @@ def test_stub_parameter_names_match_the_bound_functions() -> None:
 def test_public_names_are_exported() -> None:
     for name in stockade.__all__:
         assert hasattr(stockade, name), name
+
+
+def test_every_awaitable_twin_takes_its_blocking_calls_parameters() -> None:
+    # The twins are written out (engine.py); this keeps them from drifting apart.
+    twins = [n for n in dir(stockade.Engine) if n.endswith("_async")]
+    assert len(twins) >= 6
+    for twin in twins:
+        blocking = getattr(stockade.Engine, twin.removesuffix("_async"))
+        assert inspect.iscoroutinefunction(getattr(stockade.Engine, twin)), twin
+        assert (
+            inspect.signature(getattr(stockade.Engine, twin)).parameters
+            == inspect.signature(blocking).parameters
+        ), twin

@@ -19,8 +19,7 @@ def tour(eng: stockade.Engine) -> None:
     lvl: StockLevel = eng.restock("sku-1", 100)
     available: int = lvl.available
     etag: str = lvl.etag
-    r: Reservation = eng.reserve(
-        "sku-1", 2, ttl=timedelta(minutes=10), idempotency_key="order-77")
+    r: Reservation = eng.reserve("sku-1", 2, ttl=timedelta(minutes=10), idempotency_key="order-77")
     rid: uuid.UUID = r.id
     state: ReservationState = r.state
     expires: datetime = r.expires_at

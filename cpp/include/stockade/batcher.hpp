@@ -35,7 +35,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -61,31 +60,32 @@ inline constexpr std::size_t batcher_queue_capacity_max = 1u << 20;
 // Throws InvalidArgument naming the option out of range.
 void validate_batcher_options(const BatcherOptions& options);
 
+// Telemetry: the batcher writes to the store's Telemetry. When a request's outcome is
+// final, and before its caller sees it, the batcher counts the outcome under the request's
+// `counted_as` strategy and, if the engine entered it (`in_flight`), leaves the contention
+// tracker for it: a request handed to the batcher is in flight until the batcher finishes
+// it, queued or not.
 class HotRowBatcher {
  public:
-  // Called on the completer thread for every request once its outcome is final, before
-  // the caller sees it (the engine counts outcomes and tracks contention with it). Must not
-  // throw.
-  using Observer = std::function<void(const BatchItem& item, std::uint8_t tag)>;
-
-  HotRowBatcher(std::shared_ptr<Store> store, BatcherOptions options, Observer observer = {});
+  HotRowBatcher(std::shared_ptr<Store> store, BatcherOptions options);
   ~HotRowBatcher();
   HotRowBatcher(const HotRowBatcher&) = delete;
   HotRowBatcher& operator=(const HotRowBatcher&) = delete;
 
   // Queues `item` (input fields only) and blocks until its batch completed; returns the
   // outcome in `item`, or throws the request's error.
-  void run(BatchItem& item, std::int64_t lock_timeout_ms, std::uint8_t tag = 0);
+  void run(BatchItem& item, std::int64_t lock_timeout_ms);
   // Queues `item` and returns at once; the outcome goes to `sink` under `token`. Throws
   // (Overloaded, InvalidState) only if the request could not be queued.
   void submit(const BatchItem& item, std::int64_t lock_timeout_ms,
-              std::shared_ptr<CompletionSink> sink, std::uint64_t token, std::uint8_t tag = 0);
+              std::shared_ptr<CompletionSink> sink, std::uint64_t token);
 
   // Stops taking requests (later ones raise InvalidState "the engine is closed"), applies
   // every request already queued, and joins the flushers. Idempotent.
   void close();
 
-  BatcherStats stats() const;
+  // Requests queued or being applied right now (a gauge; counters live in Telemetry).
+  std::uint64_t queued() const;
   const BatcherOptions& options() const { return options_; }
 
  private:
@@ -97,7 +97,9 @@ class HotRowBatcher {
   std::uint32_t acquire(Shard& shard);
   void enqueue(Shard& shard, std::uint32_t index);
   template <class Fn>
-  void queue_or_report(const BatchItem& item, std::uint8_t tag, Fn&& queue);
+  void queue_or_report(const BatchItem& item, Fn&& queue);
+  // Counts a final outcome and leaves the contention tracker (see the class comment).
+  void finish(const BatchItem& item);
   void flush_loop(Shard& shard);
   void apply(Shard& shard, const std::vector<std::uint32_t>& indices,
              std::vector<BatchItem*>& items);
@@ -108,7 +110,7 @@ class HotRowBatcher {
 
   const std::shared_ptr<Store> store_;
   const BatcherOptions options_;
-  const Observer observer_;
+  const std::shared_ptr<Telemetry> telemetry_;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<bool> closing_{false};
   std::mutex close_mutex_;  // one close() joins the flushers; a concurrent one waits

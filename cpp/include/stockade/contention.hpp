@@ -33,6 +33,15 @@
 
 namespace stockade {
 
+// The Claim Test's thresholds on conflicts per write to one row, written once here and
+// exported to Python (stockade.claim reads them from _core). At or below the low rate an
+// optimistic retry is rare and cheap; at or above the hot rate the row is a queue, and
+// folding requests into batches beats any per-request lock.
+inline constexpr double low_conflict_rate = 0.05;
+inline constexpr double hot_conflict_rate = 0.5;
+static_assert(0.0 < low_conflict_rate && low_conflict_rate < hot_conflict_rate &&
+              hot_conflict_rate <= 1.0);
+
 struct AutoOptions {
   std::uint32_t hot_in_flight = 4;   // this many in flight at once: batched
   std::uint32_t cool_in_flight = 1;  // window peaks at most this low ...

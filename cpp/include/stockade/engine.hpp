@@ -25,6 +25,7 @@ struct EngineOptions {
   std::int64_t default_ttl_us = 15LL * 60 * 1000 * 1000;
   BatcherOptions batcher;         // the hot-row layer, started by the first batched request
   AutoOptions automatic;          // when `auto` switches a SKU between atomic and batched
+  std::size_t sku_slots = 1024;   // per-SKU counters kept at most (Telemetry)
   std::size_t async_workers = 8;  // C++ threads for async calls that run per request
   std::size_t async_queue_max = 65536;
 };
@@ -113,9 +114,10 @@ class Engine {
   StoreStats stats(std::size_t sku_limit = 20) const;
   // What the measured contention on `key` recommends, with reasons.
   Advice recommend(const SkuKey& key) const;
-  SkuHeat heat(const SkuKey& key) const { return tracker_.heat(key); }
+  SkuHeat heat(const SkuKey& key) const { return telemetry_->contention().heat(key); }
   const EngineOptions& options() const { return options_; }
   Store& store() { return *store_; }
+  Telemetry& telemetry() { return *telemetry_; }
 
  private:
   WriteOptions resolve(const CallOptions& call) const;
@@ -137,14 +139,14 @@ class Engine {
   bool batches_transitions(std::uint16_t shard_key) const;
   Route transition_route() const;
   Reservation transition(BatchOp op, const Uuid& id, std::optional<Version> expected);
-  void observe(const BatchItem& item, std::uint8_t tag);
   template <class Fn>
   void run_async(std::shared_ptr<CompletionSink> sink, std::uint64_t token, Fn fn);
 
   std::shared_ptr<Store> store_;
   EngineOptions options_;
-  ContentionTracker tracker_;
-  mutable std::mutex lazy_mutex_;  // guards starting the batcher and the executor
+  std::shared_ptr<Telemetry> telemetry_;  // the store's: one owner of every counter
+  ContentionTracker& tracker_;            // telemetry_'s
+  mutable std::mutex lazy_mutex_;         // guards starting the batcher and the executor
   std::unique_ptr<HotRowBatcher> batcher_;
   std::unique_ptr<AsyncExecutor> executor_;
   bool closed_ = false;
@@ -152,5 +154,8 @@ class Engine {
 
 // Checks engine-wide options; throws InvalidArgument.
 void validate_engine_options(const EngineOptions& options);
+// The telemetry an engine with these options writes to (Engine::memory and ::postgres
+// hand it to their store; an engine over a store of yours checks that they agree).
+TelemetryOptions telemetry_options(const EngineOptions& options);
 
 }  // namespace stockade

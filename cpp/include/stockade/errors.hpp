@@ -6,6 +6,7 @@
 // asserts are reserved for what the engine itself guarantees.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -15,23 +16,37 @@
 
 namespace stockade {
 
+// Every error code, written once. Each X(name, comment) entry gives the enum value, its
+// stable name (error_code_name, shared with Python as _core.ERROR_CODES) and, through the
+// Python test of the error classes, exactly one exception class of stockade.errors.
+#define STOCKADE_ERROR_CODES(X)                                            \
+  X(out_of_stock, "fewer units are available than asked for")              \
+  X(not_found, "no such stock row or reservation")                         \
+  X(version_conflict, "expected_version (If-Match) does not match")        \
+  X(reservation_expired, "the hold lapsed before the transition")          \
+  X(invalid_state, "the reservation or engine is in the wrong state")      \
+  X(lock_not_available, "NOWAIT found the lock taken")                     \
+  X(lock_timeout, "lock_timeout passed while waiting for a lock")          \
+  X(idempotency_conflict, "the key belongs to a different request")        \
+  X(in_doubt, "the commit's outcome is unknown")                           \
+  X(overloaded, "a bounded wait or retry budget ran out; nothing changed") \
+  X(invalid_argument, "bad input from the caller; nothing changed")        \
+  X(not_supported, "the store or build lacks the feature")                 \
+  X(invariant_violation, "the engine caught a broken invariant (a bug)")   \
+  X(unavailable, "the database cannot be reached; nothing was changed")    \
+  X(database_error, "any other database error; context().sqlstate says which")
+
 enum class ErrorCode : std::uint8_t {
-  out_of_stock,
-  not_found,
-  version_conflict,
-  reservation_expired,
-  invalid_state,
-  lock_not_available,
-  lock_timeout,
-  idempotency_conflict,
-  in_doubt,
-  overloaded,
-  invalid_argument,
-  not_supported,
-  invariant_violation,
-  unavailable,     // the database cannot be reached; nothing was changed
-  database_error,  // any other database error; context().sqlstate says which
+#define STOCKADE_ERROR_ENUM(name, comment) name,
+  STOCKADE_ERROR_CODES(STOCKADE_ERROR_ENUM)
+#undef STOCKADE_ERROR_ENUM
 };
+
+inline constexpr std::size_t error_code_count = 0
+#define STOCKADE_ERROR_COUNT(name, comment) +1
+    STOCKADE_ERROR_CODES(STOCKADE_ERROR_COUNT)
+#undef STOCKADE_ERROR_COUNT
+    ;
 
 // The stable name of a code ("out_of_stock", ...), shared with the Python layer.
 const char* error_code_name(ErrorCode code) noexcept;

@@ -9,6 +9,7 @@
 
 namespace stockade {
 
-std::shared_ptr<Store> make_memory_store(std::shared_ptr<Clock> clock);
+std::shared_ptr<Store> make_memory_store(std::shared_ptr<Clock> clock,
+                                         std::shared_ptr<Telemetry> telemetry = nullptr);
 
 }  // namespace stockade

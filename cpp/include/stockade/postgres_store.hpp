@@ -35,6 +35,7 @@ void validate_postgres_options(const PostgresOptions& options);
 
 // Opens one connection at once, so that a bad DSN or an unreachable server fails here
 // (Unavailable), not on the first request.
-std::shared_ptr<Store> make_postgres_store(PostgresOptions options);
+std::shared_ptr<Store> make_postgres_store(PostgresOptions options,
+                                           std::shared_ptr<Telemetry> telemetry = nullptr);
 
 }  // namespace stockade

@@ -1,6 +1,8 @@
 // The Store interface: the seam between the engine and a backend.
 //
-// Strategies, the hot-row batcher and the simulation tests all talk to a Store. A store
+// The engine and the hot-row batcher talk to a Store; nothing else does. Test-only
+// facilities (the oversell canary, holding a lock as another session) are a separate
+// interface, TestHooks in stockade/testing.hpp, so the production seam stays this one. A store
 // implements every strategy of DESIGN.md section 1 in its own terms (SQL for PostgreSQL,
 // compare-and-set and locks for memory) and keeps the same semantics and errors: inputs
 // reach it already validated by the Engine, and it must never let a committed state break
@@ -13,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "stockade/batch.hpp"
 #include "stockade/errors.hpp"
-#include "stockade/hash.hpp"
-#include "stockade/metrics.hpp"
+#include "stockade/telemetry.hpp"
 #include "stockade/types.hpp"
 
 namespace stockade {
@@ -56,55 +58,12 @@ struct SellRequest {
   WriteOptions options;
 };
 
-// One request inside a batch (Store::apply_batch). The hot-row batcher fills the input
-// fields from a preallocated record; the store fills the outcome: a reservation (reserve,
-// confirm, release), a stock level (sell), or a per-request error such as OutOfStock.
-enum class BatchOp : std::uint8_t { reserve, sell, confirm, release };
-
-inline bool is_transition(BatchOp op) {
-  return op == BatchOp::confirm || op == BatchOp::release;
-}
-
-struct BatchItem {
-  // Input.
-  BatchOp op = BatchOp::reserve;
-  SkuKey key;                                  // reserve and sell
-  Quantity qty = 0;                            // reserve and sell
-  std::int64_t ttl_us = 0;                     // reserve only
-  std::optional<std::string> idempotency_key;  // reserve only
-  Uuid id;                                     // confirm and release
-  std::optional<Version> expected_version;     // confirm and release: the reservation's
-  // Outcome, written by the store.
-  bool ok = false;
-  Reservation reservation;
-  StockLevel level;
-  std::optional<Error> error;
-
-  void clear_outcome() {
-    ok = false;
-    error.reset();
-  }
-
-  // The 16-bit shard key of the row this request is about: from its SKU, or from the
-  // reservation id, which carries it.
-  std::uint16_t shard_key() const {
-    return is_transition(op) ? id.shard_key() : shard_key_of(key.sku, key.location);
-  }
-};
-
-// How a batch may wait for its locks.
-struct BatchOptions {
-  std::int64_t lock_timeout_ms = 10000;
-};
-
-// A lock held on behalf of a test, released when destroyed.
-class LockHold {
- public:
-  virtual ~LockHold() = default;
-};
-
 class Store {
  public:
+  // Every store writes its counters to `telemetry`, shared with the engine and the
+  // batcher above it (a fresh one with default options when none is given).
+  explicit Store(std::shared_ptr<Telemetry> telemetry = nullptr)
+      : telemetry_(telemetry ? std::move(telemetry) : std::make_shared<Telemetry>()) {}
   virtual ~Store() = default;
 
   virtual const char* backend_name() const noexcept = 0;
@@ -139,7 +98,8 @@ class Store {
   // may or may not have landed.
   virtual void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) = 0;
 
-  virtual StoreStats stats(std::size_t sku_limit) const = 0;
+  // The store's own figures: its row counts (and nothing the telemetry has).
+  virtual StoreCounts counts() const = 0;
 
   // Creates or upgrades the backend's schema; returns the names of the migrations it
   // applied. A store without a schema applies nothing.
@@ -148,27 +108,12 @@ class Store {
   // Releases connections and stops background work. Calls after close() raise
   // InvalidState on stores that hold such resources; closing twice is harmless.
   virtual void close() {}
-  Metrics& metrics() { return metrics_; }
-  const Metrics& metrics() const { return metrics_; }
-
-  // --- Test facilities. Not for production paths. ---
-
-  // A deliberately broken read-modify-write: read the row, wait window_us (a stand-in for
-  // the round trip every real application has between its read and its write), then
-  // write back absolute values computed from the stale read. It loses updates and
-  // oversells under concurrency; tests run it as a canary to prove that their race
-  // harness can see the bug the real strategies prevent.
-  virtual Reservation naive_reserve_unsafe(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
-                                           std::int64_t window_us) = 0;
-
-  // Takes the lock that `kind` (pessimistic: the row lock; advisory: the key's advisory
-  // lock) would take, as another session would, and holds it until the result is
-  // destroyed. Lets tests observe NOWAIT and lock_timeout.
-  virtual std::unique_ptr<LockHold> hold_lock(const SkuKey& key, Strategy kind,
-                                              std::int64_t timeout_ms) = 0;
+  Telemetry& telemetry() { return *telemetry_; }
+  const Telemetry& telemetry() const { return *telemetry_; }
+  const std::shared_ptr<Telemetry>& shared_telemetry() const { return telemetry_; }
 
  private:
-  Metrics metrics_;
+  const std::shared_ptr<Telemetry> telemetry_;
 };
 
 }  // namespace stockade

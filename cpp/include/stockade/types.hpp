@@ -2,6 +2,7 @@
 // value objects returned to callers, with the limits every input is checked against.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -12,6 +13,12 @@
 #include "stockade/uuid.hpp"
 
 namespace stockade {
+
+// The size of a cache line on the machines stockade targets (x86-64, arm64). Fields that
+// different threads write go on lines of their own, so one thread's writes do not evict
+// another's (false sharing). std::hardware_destructive_interference_size would say the
+// same, but GCC warns that its value is not ABI-stable across -mtune settings.
+inline constexpr std::size_t cache_line_size = 64;
 
 using Quantity = std::int64_t;
 using Version = std::int64_t;  // PostgreSQL bigint; starts at 1 and grows on every change
@@ -90,6 +97,9 @@ void validate_sku_key(const SkuKey& key);
 void validate_qty(Quantity qty, const char* field = "qty");
 void validate_ttl_us(std::int64_t ttl_us);
 void validate_idempotency_key(const std::string& key);
+// The library version, from pyproject.toml (the one place it is written).
+const char* library_version() noexcept;
+
 void validate_expected_version(const std::optional<Version>& expected);
 
 // a + b, or InvalidArgument naming `what` if it would leave the int64 range.

@@ -36,6 +36,7 @@
 #include "stockade/clock.hpp"
 #include "stockade/hash.hpp"
 #include "stockade/store.hpp"
+#include "stockade/testing.hpp"
 #include "timed_lock.hpp"
 
 namespace stockade::detail {
@@ -47,7 +48,6 @@ struct StockRow {
   const std::uint16_t shard_key;  // carried by the ids of this row's reservations
   RowCell cell;
   TimedLock row_lock;  // pessimistic: the FOR UPDATE lock
-  SkuCounters counters;
 };
 
 struct ReservationRecord {
@@ -73,11 +73,12 @@ class Decide {
 
 // The reservation rule itself: hold `qty` more units of `row` if that many are available,
 // else refuse with OutOfStock. Every reserve path, single or order, decides through it.
-RowValues hold_units(StockRow& row, const RowValues& current, Quantity qty, TimestampUs now);
+RowValues hold_units(Telemetry& telemetry, StockRow& row, const RowValues& current, Quantity qty,
+                     TimestampUs now);
 
-class MemoryStore final : public Store {
+class MemoryStore final : public Store, public TestHooks {
  public:
-  explicit MemoryStore(std::shared_ptr<Clock> clock);
+  MemoryStore(std::shared_ptr<Clock> clock, std::shared_ptr<Telemetry> telemetry);
 
   const char* backend_name() const noexcept override { return "memory"; }
 
@@ -96,7 +97,7 @@ class MemoryStore final : public Store {
   std::size_t expire_due(std::size_t limit) override;
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
 
-  StoreStats stats(std::size_t sku_limit) const override;
+  StoreCounts counts() const override;
 
   Reservation naive_reserve_unsafe(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
                                    std::int64_t window_us) override;

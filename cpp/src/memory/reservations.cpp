@@ -37,7 +37,10 @@ void MemoryStore::insert_reservation(const Reservation& reservation, StockRow* r
 
 void MemoryStore::release_stock(StockRow& row, Quantity qty, bool sold, TimestampUs now) {
   const auto decide = [&](const RowValues& v) {
-    return RowValues{sold ? v.on_hand - qty : v.on_hand, v.reserved - qty, v.version + 1, now};
+    STOCKADE_ASSERT(qty > 0 && qty <= v.reserved);  // a held hold's units are reserved
+    const RowValues next{sold ? v.on_hand - qty : v.on_hand, v.reserved - qty, v.version + 1, now};
+    STOCKADE_ASSERT_ROW(next.on_hand, next.reserved);
+    return next;
   };
   compare_and_set(row, decide, nullptr);
 }
@@ -50,7 +53,7 @@ Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& reques
       new_reservation(row, request.qty, request.ttl_us, now, request.idempotency_key);
   const auto decide = [&](const RowValues& v) {
     check_expected(row.key, request.options.expected_version, v.version);
-    return hold_units(row, v, request.qty, now);
+    return hold_units(telemetry(), row, v, request.qty, now);
   };
   apply(row, request.options, decide);
   insert_reservation(reservation, &row);
@@ -245,16 +248,12 @@ std::size_t MemoryStore::expire_due(std::size_t limit) {
   return expired;
 }
 
-StoreStats MemoryStore::stats(std::size_t sku_limit) const {
-  StoreStats out = stats_of(backend_name(), metrics());
-  std::vector<SkuStats> skus;
+StoreCounts MemoryStore::counts() const {
+  StoreCounts out;
   for (const StockShard& shard : *stock_) {
     std::shared_lock<std::shared_mutex> lock(shard.mutex);
     out.sku_count += shard.rows.size();
-    for (const auto& [key, row] : shard.rows) skus.push_back(sku_stats(key, row->counters));
   }
-  keep_hottest(skus, sku_limit);
-  out.hottest_skus = std::move(skus);
   for (const ReservationShard& shard : *reservations_) {
     std::lock_guard<std::mutex> lock(shard.mutex);
     out.reservation_count += shard.records.size();
@@ -267,9 +266,10 @@ StoreStats MemoryStore::stats(std::size_t sku_limit) const {
 
 namespace stockade {
 
-std::shared_ptr<Store> make_memory_store(std::shared_ptr<Clock> clock) {
+std::shared_ptr<Store> make_memory_store(std::shared_ptr<Clock> clock,
+                                         std::shared_ptr<Telemetry> telemetry) {
   if (!clock) clock = system_clock();
-  return std::make_shared<detail::MemoryStore>(std::move(clock));
+  return std::make_shared<detail::MemoryStore>(std::move(clock), std::move(telemetry));
 }
 
 }  // namespace stockade

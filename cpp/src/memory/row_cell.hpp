@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "../backoff.hpp"
+#include "../invariant.hpp"
 #include "stockade/errors.hpp"
 #include "stockade/types.hpp"
 
@@ -41,7 +42,7 @@ struct RowSnapshot {
   std::uint64_t seq = 0;
 };
 
-class alignas(64) RowCell {
+class alignas(cache_line_size) RowCell {
  public:
   explicit RowCell(const RowValues& initial) { store_fields(initial); }
 
@@ -145,6 +146,7 @@ class RowLatch {
   // invariant_violation and leaves the row as it was.
   void publish(const RowValues& next, const SkuKey& key) {
     if (next.reserved < 0 || next.reserved > next.on_hand) throw_invariant_violation(next, key);
+    STOCKADE_ASSERT(next.version >= values_.version);  // versions never go back
     cell_->publish(next);
     cell_ = nullptr;
   }

@@ -17,7 +17,7 @@ std::size_t shard_index(const SkuKey& key, std::size_t shards) {
 // (LockNotAvailable), otherwise wait at most lock_timeout (LockTimeout). Waits are counted.
 std::unique_lock<TimedLock> acquire(TimedLock& mutex, const SkuKey& key,
                                     const WriteOptions& options, StrategyCounters* counters,
-                                    SkuCounters* sku) {
+                                    Telemetry* telemetry) {
   std::unique_lock<TimedLock> lock(mutex, std::try_to_lock);
   if (lock.owns_lock()) return lock;
   if (options.nowait) {
@@ -25,7 +25,7 @@ std::unique_lock<TimedLock> acquire(TimedLock& mutex, const SkuKey& key,
                 context_of(key));
   }
   if (counters != nullptr) bump(counters->lock_waits);
-  if (sku != nullptr) bump(sku->lock_waits);
+  if (telemetry != nullptr) telemetry->count(key, SkuEvent::lock_wait);
   const auto start = std::chrono::steady_clock::now();
   const bool got = lock.try_lock_for(std::chrono::milliseconds(options.lock_timeout_ms));
   const auto waited = std::chrono::steady_clock::now() - start;
@@ -61,17 +61,23 @@ void throw_invariant_violation(const RowValues& next, const SkuKey& key) {
               context_of(key));
 }
 
-RowValues hold_units(StockRow& row, const RowValues& current, Quantity qty, TimestampUs now) {
+RowValues hold_units(Telemetry& telemetry, StockRow& row, const RowValues& current, Quantity qty,
+                     TimestampUs now) {
+  STOCKADE_ASSERT(qty > 0);
+  STOCKADE_ASSERT_ROW(current.on_hand, current.reserved);  // a consistent read
   const Quantity available = current.on_hand - current.reserved;
   if (available < qty) {
-    bump(row.counters.refused);
+    telemetry.count(row.key, SkuEvent::refused);
     throw_out_of_stock(row.key, available, qty);
   }
-  return RowValues{current.on_hand, current.reserved + qty, current.version + 1, now};
+  const RowValues next{current.on_hand, current.reserved + qty, current.version + 1, now};
+  STOCKADE_ASSERT_ROW(next.on_hand, next.reserved);
+  return next;
 }
 
-MemoryStore::MemoryStore(std::shared_ptr<Clock> clock)
-    : clock_(std::move(clock)),
+MemoryStore::MemoryStore(std::shared_ptr<Clock> clock, std::shared_ptr<Telemetry> shared)
+    : Store(std::move(shared)),
+      clock_(std::move(clock)),
       stock_(std::make_unique<std::array<StockShard, stock_shards>>()),
       reservations_(std::make_unique<std::array<ReservationShard, reservation_shards>>()),
       advisory_(std::make_unique<std::array<TimedLock, advisory_stripes>>()) {}
@@ -113,7 +119,7 @@ RowValues MemoryStore::compare_and_set(StockRow& row, const Decide& decide,
       return next;
     }
     if (counters != nullptr) bump(counters->conflicts);
-    bump(row.counters.conflicts);
+    telemetry().count(row.key, SkuEvent::conflict);
     wait.once();
   }
   throw Error(ErrorCode::overloaded,
@@ -124,7 +130,7 @@ RowValues MemoryStore::compare_and_set(StockRow& row, const Decide& decide,
 
 RowValues MemoryStore::optimistic(StockRow& row, const WriteOptions& options,
                                   const Decide& decide) {
-  StrategyCounters& counters = metrics().of(Strategy::optimistic);
+  StrategyCounters& counters = telemetry().of(Strategy::optimistic);
   for (int attempt = 0;; ++attempt) {
     const RowSnapshot seen = row.cell.read();
     const RowValues next = decide(seen.values);
@@ -135,7 +141,7 @@ RowValues MemoryStore::optimistic(StockRow& row, const WriteOptions& options,
       return next;
     }
     bump(counters.conflicts);
-    bump(row.counters.conflicts);
+    telemetry().count(row.key, SkuEvent::conflict);
     if (attempt >= options.retries_max) {
       throw Error(ErrorCode::version_conflict,
                   "optimistic write to " + describe(row.key) + " lost the race " +
@@ -155,17 +161,17 @@ TimedLock& MemoryStore::advisory_lock_of(const SkuKey& key) {
 }
 
 RowValues MemoryStore::apply(StockRow& row, const WriteOptions& options, const Decide& decide) {
-  StrategyCounters& counters = metrics().of(options.strategy);
-  bump(row.counters.requests);
+  StrategyCounters& counters = telemetry().of(options.strategy);
+  telemetry().count(row.key, SkuEvent::request);
   switch (options.strategy) {
     case Strategy::atomic:
       return compare_and_set(row, decide, &counters);
     case Strategy::pessimistic: {
-      auto lock = acquire(row.row_lock, row.key, options, &counters, &row.counters);
+      auto lock = acquire(row.row_lock, row.key, options, &counters, &telemetry());
       return compare_and_set(row, decide, &counters);
     }
     case Strategy::advisory: {
-      auto lock = acquire(advisory_lock_of(row.key), row.key, options, &counters, &row.counters);
+      auto lock = acquire(advisory_lock_of(row.key), row.key, options, &counters, &telemetry());
       return compare_and_set(row, decide, &counters);
     }
     case Strategy::optimistic:
@@ -228,10 +234,12 @@ StockLevel MemoryStore::sell(const SellRequest& request) {
   const auto decide = [&](const RowValues& v) {
     check_expected(row.key, request.options.expected_version, v.version);
     if (v.on_hand - v.reserved < request.qty) {
-      bump(row.counters.refused);
+      telemetry().count(row.key, SkuEvent::refused);
       throw_out_of_stock(row.key, v.on_hand - v.reserved, request.qty);
     }
-    return RowValues{v.on_hand - request.qty, v.reserved, v.version + 1, now};
+    const RowValues next{v.on_hand - request.qty, v.reserved, v.version + 1, now};
+    STOCKADE_ASSERT_ROW(next.on_hand, next.reserved);
+    return next;
   };
   return level_of(row, apply(row, request.options, decide));
 }
@@ -239,10 +247,10 @@ StockLevel MemoryStore::sell(const SellRequest& request) {
 std::vector<std::unique_lock<TimedLock>> MemoryStore::lock_for(const std::vector<StockRow*>& rows,
                                                                const WriteOptions& options) {
   std::vector<std::unique_lock<TimedLock>> locks;
-  StrategyCounters& counters = metrics().of(options.strategy);
+  StrategyCounters& counters = telemetry().of(options.strategy);
   if (options.strategy == Strategy::pessimistic) {
     for (StockRow* row : rows) {  // rows are sorted by key: no deadlock
-      locks.push_back(acquire(row->row_lock, row->key, options, &counters, &row->counters));
+      locks.push_back(acquire(row->row_lock, row->key, options, &counters, &telemetry()));
     }
   } else if (options.strategy == Strategy::advisory) {
     // Distinct keys can share a stripe: take each stripe once, in address order.
@@ -253,7 +261,7 @@ std::vector<std::unique_lock<TimedLock>> MemoryStore::lock_for(const std::vector
     for (std::size_t i = 0; i < stripes.size(); ++i) {
       if (i > 0 && stripes[i].first == stripes[i - 1].first) continue;
       StockRow* row = stripes[i].second;
-      locks.push_back(acquire(*stripes[i].first, row->key, options, &counters, &row->counters));
+      locks.push_back(acquire(*stripes[i].first, row->key, options, &counters, &telemetry()));
     }
   }
   return locks;
@@ -270,10 +278,11 @@ bool MemoryStore::try_apply_latched(const std::vector<StockRow*>& rows,
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const RowValues& v = latches[i].values();
     if (read_versions != nullptr && (*read_versions)[i].values.version != v.version) {
-      bump(rows[i]->counters.conflicts);
+      telemetry().count(rows[i]->key, SkuEvent::conflict);
       return false;  // optimistic: someone wrote since our read; latches release unchanged
     }
-    next.push_back(hold_units(*rows[i], v, qtys[i], now));  // throws: every latch released
+    next.push_back(
+        hold_units(telemetry(), *rows[i], v, qtys[i], now));  // throws: every latch released
   }
   for (std::size_t i = 0; i < rows.size(); ++i) latches[i].publish(next[i], rows[i]->key);
   return true;
@@ -281,20 +290,20 @@ bool MemoryStore::try_apply_latched(const std::vector<StockRow*>& rows,
 
 void MemoryStore::apply_order(const std::vector<StockRow*>& rows, const std::vector<Quantity>& qtys,
                               const WriteOptions& options, TimestampUs now) {
-  for (StockRow* row : rows) bump(row->counters.requests);
+  for (StockRow* row : rows) telemetry().count(row->key, SkuEvent::request);
   auto locks = lock_for(rows, options);
   if (options.strategy != Strategy::optimistic) {
     try_apply_latched(rows, qtys, now, nullptr);
     return;
   }
-  StrategyCounters& counters = metrics().of(Strategy::optimistic);
+  StrategyCounters& counters = telemetry().of(Strategy::optimistic);
   for (int attempt = 0;; ++attempt) {
     std::vector<RowSnapshot> seen;
     seen.reserve(rows.size());
     for (StockRow* row : rows) seen.push_back(row->cell.read());
     // Refuse on the read, as the optimistic SELECT would, before taking any latch.
     for (std::size_t i = 0; i < rows.size(); ++i)
-      hold_units(*rows[i], seen[i].values, qtys[i], now);
+      hold_units(telemetry(), *rows[i], seen[i].values, qtys[i], now);
     if (try_apply_latched(rows, qtys, now, &seen)) return;
     bump(counters.conflicts);
     if (attempt >= options.retries_max) {
@@ -311,7 +320,8 @@ Reservation MemoryStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty, s
                                               std::int64_t window_us) {
   StockRow& row = require_row(key);
   // SELECT on_hand, reserved ...; the application decides by the reservation rule.
-  const RowValues stale = hold_units(row, row.cell.read().values, qty, clock_->now_us());
+  const RowValues stale =
+      hold_units(telemetry(), row, row.cell.read().values, qty, clock_->now_us());
   if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
   const TimestampUs now = clock_->now_us();
   // UPDATE stock SET reserved = :value_computed_from_the_stale_read  (the lost update)

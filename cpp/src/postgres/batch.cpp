@@ -28,6 +28,7 @@
 #include <map>
 
 #include "../fingerprint.hpp"
+#include "../invariant.hpp"
 #include "postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
 
@@ -339,6 +340,8 @@ void BatchTx::decide() {
       continue;
     }
     RowState& row = it->second;
+    STOCKADE_ASSERT_ROW(row.on_hand, row.reserved);  // as locked, or as decided so far
+    STOCKADE_ASSERT(item.qty > 0);
     const Quantity available = row.on_hand - row.reserved;
     if (available < item.qty) {
       fail(item, out_of_stock(item.key, available, item.qty));
@@ -348,11 +351,13 @@ void BatchTx::decide() {
     if (item.op == BatchOp::sell) {
       row.on_hand -= item.qty;
       row.sold += item.qty;
+      STOCKADE_ASSERT_ROW(row.on_hand, row.reserved);
       item.level =
           StockLevel{item.key, row.on_hand, row.reserved, row.version + row.changes, now_us_};
     } else {
       row.reserved += item.qty;
       row.held += item.qty;
+      STOCKADE_ASSERT_ROW(row.on_hand, row.reserved);
       Reservation& r = item.reservation;
       r = Reservation{};
       r.id = ids_[i];
@@ -430,6 +435,7 @@ void BatchTx::decide_transition(BatchItem& item) {
     return;
   }
   RowState& row = found->second;
+  STOCKADE_ASSERT(r.qty > 0 && r.qty <= row.reserved);  // a held hold's units are reserved
   const bool sold = item.op == BatchOp::confirm && !it->second.lapsed;
   row.reserved -= r.qty;
   row.held -= r.qty;
@@ -438,6 +444,7 @@ void BatchTx::decide_transition(BatchItem& item) {
     row.sold += r.qty;
   }
   ++row.changes;
+  STOCKADE_ASSERT_ROW(row.on_hand, row.reserved);
   r.state = it->second.lapsed             ? ReservationState::expired
             : item.op == BatchOp::confirm ? ReservationState::confirmed
                                           : ReservationState::released;
@@ -572,20 +579,28 @@ std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const Error& in_
   return true;
 }
 
-// Per-SKU counters, as the per-request paths keep them: one lookup per run of requests
+// Per-SKU counters, as the per-request paths keep them: one count per run of requests
 // for the same key.
 void PostgresStore::count_batch(const std::vector<BatchItem*>& items) {
   const SkuKey* last = nullptr;
-  SkuCounters* counters = nullptr;
+  std::uint64_t requests = 0;
+  std::uint64_t refused = 0;
+  auto flush = [&] {
+    if (last == nullptr) return;
+    telemetry().count(*last, SkuEvent::request, requests);
+    if (refused > 0) telemetry().count(*last, SkuEvent::refused, refused);
+  };
   for (const BatchItem* item : items) {
     if (is_transition(item->op)) continue;  // counted per SKU as reserve and sell only
     if (last == nullptr || !(item->key == *last)) {
+      flush();
       last = &item->key;
-      counters = &counters_of(item->key);
+      requests = refused = 0;
     }
-    bump(counters->requests);
-    if (item->error && item->error->code() == ErrorCode::out_of_stock) bump(counters->refused);
+    ++requests;
+    if (item->error && item->error->code() == ErrorCode::out_of_stock) ++refused;
   }
+  flush();
 }
 
 }  // namespace stockade::detail::pg

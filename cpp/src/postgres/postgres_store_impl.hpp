@@ -1,6 +1,12 @@
-// PostgresStore internals, shared by its translation units (stock.cpp: rows and the
-// per-request strategies; reservations.cpp: lifecycle, expiry, idempotency; migrate.cpp;
-// sweeper.cpp).
+// PostgresStore internals, shared by its translation units:
+//   store.cpp         lifecycle (open, close), options, stats, the runner's backoff
+//   stock.cpp         stock rows and the per-request strategies
+//   reservations.cpp  holds, transitions, expiry, idempotency
+//   batch.cpp         apply_batch: the hot-row batcher's transactions
+//   sweeper.cpp       the elected background sweeper
+//   migrate.cpp       the schema migrations
+//   test_hooks.cpp    the oversell canary and hold_lock (TestHooks)
+// and its parts: statements.* (the SQL), pool.* (connections), sqlstate.* (errors).
 //
 // Every call runs as one transaction through run(), which leases a connection, sets its
 // lock_timeout, commits, retries serialization failures and deadlocks within bounds,
@@ -25,8 +31,11 @@
 
 #include "../backoff.hpp"
 #include "../error_helpers.hpp"
-#include "connection.hpp"
+#include "pool.hpp"
+#include "sqlstate.hpp"
+#include "statements.hpp"
 #include "stockade/postgres_store.hpp"
+#include "stockade/testing.hpp"
 
 namespace stockade::detail::pg {
 
@@ -55,9 +64,9 @@ struct CommitThenRaise {
 // An optimistic write lost its compare-and-set; the attempt's transaction rolls back.
 struct OptimisticRace {};
 
-class PostgresStore final : public Store {
+class PostgresStore final : public Store, public TestHooks {
  public:
-  explicit PostgresStore(PostgresOptions options);
+  PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry> telemetry);
   ~PostgresStore() override;
 
   const char* backend_name() const noexcept override { return "postgres"; }
@@ -77,7 +86,7 @@ class PostgresStore final : public Store {
   std::size_t expire_due(std::size_t limit) override;
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
 
-  StoreStats stats(std::size_t sku_limit) const override;
+  StoreCounts counts() const override;
   std::vector<std::string> migrate() override;
   void close() override;
 
@@ -147,7 +156,6 @@ class PostgresStore final : public Store {
                                    const ErrorContext& context);
   std::optional<Reservation> find_after_lost_statement(const Uuid& id, const Error& in_doubt_error,
                                                        const ErrorContext& context);
-  SkuCounters& counters_of(const SkuKey& key);
   void sweep_loop();
 
   const PostgresOptions options_;
@@ -158,13 +166,9 @@ class PostgresStore final : public Store {
   static constexpr int fast_skips_after_miss = 16;
   std::atomic<int> fast_skips_{0};
 
-  mutable std::mutex sku_mutex_;
-  std::unordered_map<SkuKey, std::unique_ptr<SkuCounters>, SkuKeyHash> sku_counters_;
-
-  mutable std::mutex sweeper_mutex_;  // guards stopping_ and sweeper_stats_
+  mutable std::mutex sweeper_mutex_;  // guards stopping_
   std::condition_variable sweeper_wake_;
   bool stopping_ = false;
-  SweeperStats sweeper_stats_;
   std::thread sweeper_;
 };
 
@@ -186,20 +190,6 @@ struct Migration {
   const char* sql;
 };
 const std::vector<Migration>& migrations();
-
-// The SQLSTATE of a rolled-back transaction, whichever libpqxx reported it.
-inline std::string rollback_sqlstate(const pqxx::transaction_rollback& e) {
-  if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e)) return sql->sqlstate();
-  return dynamic_cast<const pqxx::deadlock_detected*>(&e) != nullptr ? "40P01" : "40001";
-}
-
-inline Error in_doubt(const ErrorContext& context, const std::string& cause) {
-  return Error(ErrorCode::in_doubt,
-               "the connection was lost during COMMIT; the outcome is unknown. Retry with the "
-               "same idempotency key to learn it: " +
-                   cause,
-               context);
-}
 
 // Bounds on transparent retries inside run().
 inline constexpr int serialization_retries_max = 4;  // 40001 / 40P01
@@ -262,7 +252,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       continue;
     } catch (const pqxx::sql_error& e) {
       const std::string state = e.sqlstate();
-      if (state == "40001" || state == "40P01") {
+      if (is_retryable(state)) {  // 40001 / 40P01 as a plain sql_error (libpqxx 7)
         back_off_or_give_up(options, context, state, attempt, e.what());
         continue;
       }
@@ -280,13 +270,13 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
 template <class Fn>
 auto PostgresStore::optimistic_retry(const SkuKey* key, const WriteOptions& options, Fn&& attempt)
     -> std::invoke_result_t<Fn&> {
-  StrategyCounters& counters = metrics().of(Strategy::optimistic);
+  StrategyCounters& counters = telemetry().of(Strategy::optimistic);
   for (int n = 0;; ++n) {
     try {
       return attempt();
     } catch (const OptimisticRace&) {
       bump(counters.conflicts);
-      if (key != nullptr) bump(counters_of(*key).conflicts);
+      if (key != nullptr) telemetry().count(*key, SkuEvent::conflict);
       if (n >= options.retries_max) {
         ErrorContext context;
         if (key != nullptr) context = context_of(*key);

@@ -1,18 +1,23 @@
-// PostgresStore: stock rows, the per-request strategies, and the store's plumbing.
+// PostgresStore: stock rows and the per-request strategies.
 #include <algorithm>
 #include <chrono>
 #include <regex>
 
 #include "../fingerprint.hpp"
+#include "../invariant.hpp"
 #include "postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
 
 namespace stockade::detail::pg {
 namespace {
 
+// Every row the database returns passed its CHECK constraint; the assertion states what the
+// decisions made on it rely on.
 StockLevel level_from(const SkuKey& key, const pqxx::row& row) {
-  return StockLevel{key, row[0].as<std::int64_t>(), row[1].as<std::int64_t>(),
-                    row[2].as<std::int64_t>(), row[3].as<std::int64_t>()};
+  StockLevel level{key, row[0].as<std::int64_t>(), row[1].as<std::int64_t>(),
+                   row[2].as<std::int64_t>(), row[3].as<std::int64_t>()};
+  STOCKADE_ASSERT_ROW(level.on_hand, level.reserved);
+  return level;
 }
 
 std::int64_t elapsed_us(std::chrono::steady_clock::time_point since) {
@@ -22,56 +27,6 @@ std::int64_t elapsed_us(std::chrono::steady_clock::time_point since) {
 }
 
 }  // namespace
-
-bool valid_schema_name(const std::string& schema) {
-  static const std::regex pattern("[a-z_][a-z0-9_]{0,62}");
-  return std::regex_match(schema, pattern);
-}
-
-PostgresStore::PostgresStore(PostgresOptions options)
-    : options_(std::move(options)),
-      statements_(std::make_shared<Statements>(options_.schema)),
-      pool_(options_.dsn, statements_, options_.pool_size, options_.pool_timeout_ms) {
-  { Pool::Lease first = pool_.acquire(); }  // fail fast on a bad DSN or a server that is down
-  if (options_.sweeper) sweeper_ = std::thread([this] { sweep_loop(); });
-}
-
-PostgresStore::~PostgresStore() {
-  close();
-}
-
-void PostgresStore::close() {
-  {
-    std::lock_guard<std::mutex> lock(sweeper_mutex_);
-    stopping_ = true;
-  }
-  sweeper_wake_.notify_all();
-  if (sweeper_.joinable()) sweeper_.join();
-  pool_.close();
-}
-
-void PostgresStore::back_off_or_give_up(const WriteOptions* options, const ErrorContext& context,
-                                        const std::string& sqlstate, int attempt,
-                                        const char* cause) {
-  if (attempt < serialization_retries_max) {
-    if (options != nullptr) bump(metrics().of(options->strategy).retries);
-    sleep_full_jitter(attempt, retry_backoff_base_us, retry_backoff_cap_us);
-    return;
-  }
-  ErrorContext c = context;
-  c.sqlstate = sqlstate;
-  throw Error(ErrorCode::overloaded,
-              "gave up after " + std::to_string(attempt + 1) +
-                  (sqlstate == "40P01" ? " deadlocks" : " serialization failures") + ": " + cause,
-              std::move(c));
-}
-
-SkuCounters& PostgresStore::counters_of(const SkuKey& key) {
-  std::lock_guard<std::mutex> lock(sku_mutex_);
-  auto& slot = sku_counters_[key];
-  if (!slot) slot = std::make_unique<SkuCounters>();
-  return *slot;
-}
 
 std::int64_t PostgresStore::advisory_key(const SkuKey& key) const {
   return static_cast<std::int64_t>(stable_hash64({options_.schema, key.sku, key.location}));
@@ -90,9 +45,9 @@ void PostgresStore::lock_advisory(Tx& tx, const SkuKey& key, const WriteOptions&
     throw Error(ErrorCode::lock_not_available,
                 "advisory lock not available (NOWAIT) for " + describe(key), context_of(key));
   }
-  StrategyCounters& counters = metrics().of(options.strategy);
+  StrategyCounters& counters = telemetry().of(options.strategy);
   bump(counters.lock_waits);
-  bump(counters_of(key).lock_waits);
+  telemetry().count(key, SkuEvent::lock_wait);
   const auto start = std::chrono::steady_clock::now();
   tx.exec(Stmt::advisory_lock, lock_key);  // bounded by lock_timeout
   bump(counters.lock_wait_us, static_cast<std::uint64_t>(elapsed_us(start)));
@@ -112,9 +67,9 @@ StockLevel PostgresStore::lock_row(Tx& tx, const SkuKey& key, const WriteOptions
         const auto start = std::chrono::steady_clock::now();
         row = read_row(tx, Stmt::stock_lock, key);
         if (row) {
-          StrategyCounters& counters = metrics().of(options.strategy);
+          StrategyCounters& counters = telemetry().of(options.strategy);
           bump(counters.lock_waits);
-          bump(counters_of(key).lock_waits);
+          telemetry().count(key, SkuEvent::lock_wait);
           bump(counters.lock_wait_us, static_cast<std::uint64_t>(elapsed_us(start)));
         }
       }
@@ -155,7 +110,7 @@ void PostgresStore::refuse(Tx& tx, const SkuKey& key, Quantity qty,
   const Level row = read_row(tx, Stmt::stock_get, key);
   if (!row) throw_stock_not_found(key);
   check_expected(key, expected, row->version);
-  bump(counters_of(key).refused);
+  telemetry().count(key, SkuEvent::refused);
   throw_out_of_stock(key, row->available(), qty);
 }
 
@@ -207,7 +162,7 @@ StockLevel PostgresStore::stock(const SkuKey& key) {
 StockLevel PostgresStore::sell(const SellRequest& request) {
   const WriteOptions& options = request.options;
   const SkuKey& key = request.key;
-  bump(counters_of(key).requests);
+  telemetry().count(key, SkuEvent::request);
   auto attempt = [&] {
     return run(&options, context_of(key), [&](Tx& tx) {
       if (options.strategy == Strategy::atomic) {
@@ -220,7 +175,7 @@ StockLevel PostgresStore::sell(const SellRequest& request) {
       const StockLevel read = lock_row(tx, key, options);
       check_expected(key, options.expected_version, read.version);
       if (read.available() < request.qty) {
-        bump(counters_of(key).refused);
+        telemetry().count(key, SkuEvent::refused);
         throw_out_of_stock(key, read.available(), request.qty);
       }
       return write_row(tx, read, request.qty, 0, options);
@@ -262,7 +217,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
     for (std::size_t i = 0; i < lines.size(); ++i) {
       check_expected(lines[i].key, options.expected_version, reads[i].version);
       if (reads[i].available() < lines[i].qty) {
-        bump(counters_of(lines[i].key).refused);
+        telemetry().count(lines[i].key, SkuEvent::refused);
         throw_out_of_stock(lines[i].key, reads[i].available(), lines[i].qty);
       }
     }
@@ -279,7 +234,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
 
 Reservation PostgresStore::reserve(const ReserveRequest& request) {
   const WriteOptions& options = request.options;
-  bump(counters_of(request.key).requests);
+  telemetry().count(request.key, SkuEvent::request);
   const std::vector<OrderLine> lines{{request.key, request.qty}};
   const std::vector<Uuid> ids{make_uuid_v7(SystemClock().now_us() / 1000,
                                            shard_key_of(request.key.sku, request.key.location))};
@@ -350,7 +305,7 @@ std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& reques
   const std::int64_t now_ms = SystemClock().now_us() / 1000;
   for (std::size_t i : order) {
     const OrderLine& line = request.lines[i];
-    bump(counters_of(line.key).requests);
+    telemetry().count(line.key, SkuEvent::request);
     sorted.push_back(line);
     ids.push_back(make_uuid_v7(now_ms, shard_key_of(line.key.sku, line.key.location)));
   }
@@ -379,131 +334,4 @@ std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& reques
   return out;
 }
 
-Reservation PostgresStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty,
-                                                std::int64_t ttl_us, std::int64_t window_us) {
-  const Uuid id = make_uuid_v7(SystemClock().now_us() / 1000, shard_key_of(key.sku, key.location));
-  return run(nullptr, context_of(key), [&](Tx& tx) {
-    // SELECT on_hand, reserved ...; the application decides on what it read.
-    const Level read = read_row(tx, Stmt::stock_get, key);
-    if (!read) throw_stock_not_found(key);
-    if (read->available() < qty) throw_out_of_stock(key, read->available(), qty);
-    if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
-    // UPDATE stock SET reserved = :value_computed_from_the_stale_read  (the lost update)
-    tx.exec(Stmt::stock_overwrite_reserved, key.sku, key.location, read->reserved + qty);
-    return insert_reservation(tx, id, key, qty, ttl_us, std::nullopt);
-  });
-}
-
-namespace {
-
-// A lock held by its own connection and transaction, as another session would hold it.
-class HeldLock final : public LockHold {
- public:
-  explicit HeldLock(std::unique_ptr<pqxx::connection> conn) : conn_(std::move(conn)) {
-    work_ = std::make_unique<pqxx::work>(*conn_);
-  }
-  pqxx::work& work() { return *work_; }
-  ~HeldLock() override {
-    work_.reset();  // rolls back, releasing the lock
-    conn_.reset();
-  }
-
- private:
-  std::unique_ptr<pqxx::connection> conn_;
-  std::unique_ptr<pqxx::work> work_;
-};
-
-}  // namespace
-
-std::unique_ptr<LockHold> PostgresStore::hold_lock(const SkuKey& key, Strategy kind,
-                                                   std::int64_t timeout_ms) {
-  if (kind != Strategy::pessimistic && kind != Strategy::advisory) {
-    throw_invalid_argument(std::string("hold_lock takes 'pessimistic' or 'advisory', not '") +
-                           strategy_name(kind) + "'");
-  }
-  auto held = std::make_unique<HeldLock>(connect(options_.dsn));
-  pqxx::work& work = held->work();
-  WriteOptions options;
-  options.lock_timeout_ms = timeout_ms;
-  try {
-    work.exec("SET LOCAL lock_timeout = " + std::to_string(timeout_ms));
-    const pqxx::result row =
-        work.exec("SELECT 1 FROM " + options_.schema + ".stock WHERE sku = " + work.quote(key.sku) +
-                  " AND location = " + work.quote(key.location) +
-                  (kind == Strategy::pessimistic ? " FOR UPDATE" : ""));
-    if (row.empty()) throw_stock_not_found(key);
-    if (kind == Strategy::advisory) {
-      work.exec("SELECT pg_advisory_xact_lock(" + std::to_string(advisory_key(key)) + ")");
-    }
-  } catch (const pqxx::sql_error& e) {
-    throw translate(e, Failure{&options, context_of(key), options_.schema});
-  } catch (const pqxx::failure& e) {
-    throw Error(ErrorCode::database_error, std::string("database error: ") + e.what(),
-                context_of(key));
-  }
-  return held;
-}
-
-StoreStats PostgresStore::stats(std::size_t sku_limit) const {
-  StoreStats out = stats_of(backend_name(), metrics());
-  {
-    std::lock_guard<std::mutex> lock(sweeper_mutex_);
-    out.sweeper = sweeper_stats_;
-    out.sweeper.enabled = options_.sweeper;
-  }
-  {
-    std::lock_guard<std::mutex> lock(sku_mutex_);
-    for (const auto& [key, c] : sku_counters_) out.hottest_skus.push_back(sku_stats(key, *c));
-  }
-  keep_hottest(out.hottest_skus, sku_limit);
-  const std::string& s = options_.schema;
-  auto* self = const_cast<PostgresStore*>(this);  // run() leases from the (mutable) pool
-  const pqxx::result counts = self->run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
-    return tx.work.exec("SELECT (SELECT count(*) FROM " + s + ".stock), (SELECT count(*) FROM " +
-                        s + ".reservation), (SELECT count(*) FROM " + s +
-                        ".reservation WHERE state = 'held')");
-  });
-  out.sku_count = counts[0][0].as<std::uint64_t>();
-  out.reservation_count = counts[0][1].as<std::uint64_t>();
-  out.held_count = counts[0][2].as<std::uint64_t>();
-  return out;
-}
-
 }  // namespace stockade::detail::pg
-
-namespace stockade {
-
-void validate_postgres_options(const PostgresOptions& options) {
-  if (options.dsn.find('\0') != std::string::npos) {
-    throw_invalid_argument("dsn must not contain NUL bytes");
-  }
-  if (!detail::pg::valid_schema_name(options.schema)) {
-    throw_invalid_argument("schema must match [a-z_][a-z0-9_]* and be at most 63 bytes, got '" +
-                           options.schema + "'");
-  }
-  if (options.pool_size == 0 || options.pool_size > pool_size_max) {
-    throw_invalid_argument("pool_size must be between 1 and " + std::to_string(pool_size_max));
-  }
-  if (options.pool_timeout_ms <= 0 || options.pool_timeout_ms > lock_timeout_ms_max) {
-    throw_invalid_argument("pool_timeout must be between 1 ms and " +
-                           std::to_string(lock_timeout_ms_max) + " ms");
-  }
-  if (options.sweep_interval_ms <= 0 || options.sweep_interval_ms > lock_timeout_ms_max) {
-    throw_invalid_argument("sweep_interval must be between 1 ms and " +
-                           std::to_string(lock_timeout_ms_max) + " ms");
-  }
-  if (options.lock_timeout_ms <= 0 || options.lock_timeout_ms > lock_timeout_ms_max) {
-    throw_invalid_argument("lock_timeout must be between 1 ms and " +
-                           std::to_string(lock_timeout_ms_max) + " ms");
-  }
-  if (options.sweep_batch == 0 || options.sweep_batch > expire_batch_max) {
-    throw_invalid_argument("sweep_batch must be between 1 and " + std::to_string(expire_batch_max));
-  }
-}
-
-std::shared_ptr<Store> make_postgres_store(PostgresOptions options) {
-  validate_postgres_options(options);
-  return std::make_shared<detail::pg::PostgresStore>(std::move(options));
-}
-
-}  // namespace stockade

@@ -2,9 +2,9 @@
 
 ``flash_sale`` drives an engine with ``clients`` threads that share ``buyers`` purchase
 attempts, one unit each, and reports what happened: granted, refused, failed, oversold,
-throughput, latency, retries and lock waits. It is the core of ``stockade demo`` and of load scenarios in
-pytest. The strategy ``"naive-unsafe"`` runs the deliberately broken read-modify-write
-canary instead of a real strategy, to show what an oversell looks like.
+throughput, latency, retries and lock waits. It is the core of ``stockade demo`` and of
+load scenarios in pytest. The strategy ``"naive-unsafe"`` runs the deliberately broken
+read-modify-write canary instead of a real strategy, to show what an oversell looks like.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
-from .engine import Engine
-from .errors import NotFound, OutOfStock, StockadeError, VersionConflict
-from .testing import naive_reserve
+from ..engine import Engine
+from ..errors import NotFound, OutOfStock, StockadeError, VersionConflict
+from ..values import Strategy, check_int, strategy_name
+from .hooks import naive_reserve
 
-__all__ = ["FlashSaleReport", "flash_sale", "NAIVE"]
+__all__ = ["NAIVE", "FlashSaleReport", "LoadInvariantError", "flash_sale"]
 
 NAIVE = "naive-unsafe"
 RETRIES_MAX = 5  # a buyer retries an optimistic VersionConflict at most this often
@@ -49,7 +50,9 @@ class FlashSaleReport:
     @property
     def throughput(self) -> float:
         """Requests answered per second (granted or refused)."""
-        return (self.granted + self.refused + self.failed) / self.elapsed_s if self.elapsed_s else 0.0
+        return (
+            (self.granted + self.refused + self.failed) / self.elapsed_s if self.elapsed_s else 0.0
+        )
 
     def violations(self, engine: Engine) -> List[str]:
         """What the engine's committed state says against this report; empty when the
@@ -61,8 +64,10 @@ class FlashSaleReport:
             found.append(f"oversold: {self.granted} granted of {self.units} units")
         level = engine.stock(self.sku)
         if level.reserved != len(self.reservation_ids) or level.on_hand != self.units:
-            found.append(f"ledger: the row holds {level.reserved} reserved of {level.on_hand} "
-                         f"on hand, but {len(self.reservation_ids)} of {self.units} were granted")
+            found.append(
+                f"ledger: the row holds {level.reserved} reserved of {level.on_hand} "
+                f"on hand, but {len(self.reservation_ids)} of {self.units} were granted"
+            )
         if len(set(self.reservation_ids)) != len(self.reservation_ids):
             found.append("an acknowledged reservation id was handed out twice")
         for rid in self.reservation_ids:
@@ -72,8 +77,9 @@ class FlashSaleReport:
                 found.append(f"acknowledged reservation {rid} is missing")
                 continue
             if (r.sku, r.qty, r.state.value) != (self.sku, 1, "held"):
-                found.append(f"acknowledged reservation {rid} is {r.state.value}, "
-                             f"{r.qty} of {r.sku}")
+                found.append(
+                    f"acknowledged reservation {rid} is {r.state.value}, {r.qty} of {r.sku}"
+                )
         return found
 
     def percentile_us(self, q: float) -> float:
@@ -83,14 +89,57 @@ class FlashSaleReport:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+class LoadInvariantError(AssertionError):
+    """A load scenario broke an invariant; ``violations`` lists what was found."""
+
+    def __init__(self, report: FlashSaleReport, violations: List[str]) -> None:
+        super().__init__(f"flash sale with {report.strategy}: " + "; ".join(violations))
+        self.report = report
+        self.violations = violations
+
+
 def flash_sale(
     engine: Engine,
     *,
     buyers: int,
     units: int,
-    strategy: str = "atomic",
+    strategy: Union[Strategy, str] = Strategy.AUTO,
     clients: int = 32,
     sku: Optional[str] = None,
+    check: bool = True,
+) -> FlashSaleReport:
+    """Runs a flash sale: ``clients`` threads share ``buyers`` purchase attempts of one
+    unit each, against ``units`` units of a fresh SKU (or ``sku``), with ``strategy``
+    (or ``"naive-unsafe"``, the canary). Returns the report (granted, refused, failed,
+    latencies, throughput, retries, lock waits, the reservation ids granted).
+
+    With ``check`` (the default) it then reads the engine back and raises
+    :class:`LoadInvariantError` if anything is off: more grants than units, a row whose
+    reserved or on_hand disagree with the grants, or an acknowledged reservation that is
+    missing or not held."""
+    name = NAIVE if strategy == NAIVE else (strategy_name(strategy) or Strategy.AUTO.value)
+    report = _run_sale(
+        engine,
+        check_int("buyers", buyers),
+        check_int("units", units),
+        name,
+        check_int("clients", clients),
+        sku,
+    )
+    if check:
+        found = report.violations(engine)
+        if found:
+            raise LoadInvariantError(report, found)
+    return report
+
+
+def _run_sale(
+    engine: Engine,
+    buyers: int,
+    units: int,
+    strategy: str,
+    clients: int,
+    sku: Optional[str],
 ) -> FlashSaleReport:
     """Restocks a fresh SKU with ``units`` and lets ``buyers`` race for them."""
     if not (1 <= clients <= 1024 and buyers >= 1 and units >= 1):

@@ -1,4 +1,4 @@
-#include "stockade/load.hpp"
+#include "stockade/tools/load.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -3,7 +3,7 @@
 Installing stockade makes these fixtures available to every test suite:
 
 ``stockade_postgres`` (session)
-    A throwaway PostgreSQL server (:class:`stockade.pgserver.TemporaryPostgres`) with a
+    A throwaway PostgreSQL server (:class:`stockade.tools.pgserver.TemporaryPostgres`) with a
     template database that holds the migrated schema. Set ``STOCKADE_TEST_DSN`` to a
     superuser connection string to use a server of yours instead; the suite then creates
     and drops its databases there.
@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Optional
 
 import pytest
 
-from .engine import Engine
+from ..engine import Engine
 from .pgserver import TemporaryPostgres, quote_ident, run_sql
 
 __all__ = ["PostgresForTests", "stockade_database", "stockade_engine", "stockade_postgres"]
@@ -34,7 +34,8 @@ TEMPLATE = "stockade_template"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "load: a load scenario (stockade.testing.flash_sale and the like)")
+        "markers", "load: a load scenario (stockade.testing.flash_sale and the like)"
+    )
 
 
 class PostgresForTests:

@@ -1,6 +1,6 @@
 """``stockade bench``: the strategies side by side, and their peers, in one run.
 
-Each stockade case drives the engine from C++ client threads (``_core.drive_load``), so
+Each stockade case drives the engine from C++ client threads (``stockade.tools.drive_load``), so
 the figures measure the engine and the database, not a Python loop. With ``peers``,
 pgbench runs the plain-SQL equivalent of each classic strategy against the same server,
 and, when ``redis-server`` is installed, a Redis Lua check-and-decrement runs with
@@ -20,14 +20,15 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, TextIO
 
-from . import _core
-from .engine import Engine
+from ..engine import Engine
+from .load import drive_load
 from .pgserver import find_bindir, run_sql
 
-__all__ = ["BenchCase", "Progress", "run_stockade", "run_pgbench", "run_redis", "write_reports"]
+__all__ = ["BenchCase", "Progress", "run_pgbench", "run_redis", "run_stockade", "write_reports"]
 
 UNITS = 10**9
 TTL_US = 15 * 60 * 10**6
@@ -65,8 +66,10 @@ class Progress:
         width = 24
         filled = width * self.done // max(self.total, 1)
         elapsed = time.monotonic() - self.started
-        line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done + 1}/{self.total} "
-                f"{label} ({elapsed:.0f} s)")
+        line = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {self.done + 1}/{self.total} "
+            f"{label} ({elapsed:.0f} s)"
+        )
         self.done += 1
         if self.tty:
             self.stream.write("\r\033[K" + line)
@@ -85,47 +88,90 @@ def skus_named(prefix: str, count: int) -> List[str]:
     return [prefix] if count == 1 else [f"{prefix}-{i}" for i in range(1, count + 1)]
 
 
-def run_stockade(engine: Engine, strategy: str, *, skus: int, clients: int, seconds: float,
-                 restock: Callable[[List[str]], None]) -> BenchCase:
+def run_stockade(
+    engine: Engine,
+    strategy: str,
+    *,
+    skus: int,
+    clients: int,
+    seconds: float,
+    restock: Callable[[List[str]], None],
+) -> BenchCase:
     """One strategy on fresh SKUs, driven by ``clients`` blocking C++ threads."""
     names = skus_named(f"bench-{strategy}-{time.monotonic_ns()}", skus)
     restock(names)
-    r = _core.drive_load(engine._core, [(n, "default") for n in names], clients, 1,
-                         int(seconds * 1000), 1, TTL_US, strategy)
-    return BenchCase("stockade", strategy, r["granted"] / r["seconds"], r["mean_us"] / 1000,
-                     r["p99_us"] / 1000, int(r["failed"]))
+    r = drive_load(
+        engine,
+        names,
+        clients=clients,
+        seconds=seconds,
+        ttl=timedelta(microseconds=TTL_US),
+        strategy=strategy,
+    )
+    return BenchCase(
+        "stockade", strategy, r.per_second, r.mean_us / 1000, r.p99_us / 1000, r.failed
+    )
 
 
 # --- pgbench: the classic strategies in plain SQL ---
 
 _KEY = "sku = :prefix::text || :i::text AND location = 'default'"
-_INSERT = ("INSERT INTO {s}.reservation (id, sku, location, qty, state, version, expires_at, "
-           "created_at, updated_at) ")
-_HOLD_VALUES = ("VALUES (gen_random_uuid(), :prefix::text || :i::text, 'default', 1, 'held', "
-                "1, now() + interval '15 minutes', now(), now());")
-_HOLD_FROM = ("SELECT gen_random_uuid(), sku, 'default', 1, 'held', 1, "
-              "now() + interval '15 minutes', now(), now() FROM moved;")
-_UPDATE = ("UPDATE {s}.stock SET reserved = reserved + 1, version = version + 1, "
-           "updated_at = now() WHERE " + _KEY)
+_INSERT = (
+    "INSERT INTO {s}.reservation (id, sku, location, qty, state, version, expires_at, "
+    "created_at, updated_at) "
+)
+_HOLD_VALUES = (
+    "VALUES (gen_random_uuid(), :prefix::text || :i::text, 'default', 1, 'held', "
+    "1, now() + interval '15 minutes', now(), now());"
+)
+_HOLD_FROM = (
+    "SELECT gen_random_uuid(), sku, 'default', 1, 'held', 1, "
+    "now() + interval '15 minutes', now(), now() FROM moved;"
+)
+_UPDATE = (
+    "UPDATE {s}.stock SET reserved = reserved + 1, version = version + 1, "
+    "updated_at = now() WHERE " + _KEY
+)
 
 PGBENCH_SCRIPTS = {
     # One conditional statement: the update and the reservation row together.
-    "atomic": ("WITH moved AS (" + _UPDATE + " AND on_hand - reserved >= 1 RETURNING sku) "
-               + _INSERT + _HOLD_FROM),
+    "atomic": (
+        "WITH moved AS ("
+        + _UPDATE
+        + " AND on_hand - reserved >= 1 RETURNING sku) "
+        + _INSERT
+        + _HOLD_FROM
+    ),
     # Lock the row, read, decide, write, in one transaction.
-    "pessimistic": ("BEGIN;\nSELECT on_hand - reserved AS avail FROM {s}.stock WHERE " + _KEY
-                    + " FOR UPDATE \\gset\n\\if :avail >= 1\n" + _UPDATE + ";\n" + _INSERT
-                    + _HOLD_VALUES + "\n\\endif\nCOMMIT;"),
+    "pessimistic": (
+        "BEGIN;\nSELECT on_hand - reserved AS avail FROM {s}.stock WHERE "
+        + _KEY
+        + " FOR UPDATE \\gset\n\\if :avail >= 1\n"
+        + _UPDATE
+        + ";\n"
+        + _INSERT
+        + _HOLD_VALUES
+        + "\n\\endif\nCOMMIT;"
+    ),
     # A named lock that is not the row, around the same read-decide-write.
-    "advisory": ("BEGIN;\nSELECT pg_advisory_xact_lock(hashtext(:prefix::text || :i::text));\n"
-                 "SELECT on_hand - reserved AS avail FROM {s}.stock WHERE " + _KEY
-                 + " \\gset\n\\if :avail >= 1\n" + _UPDATE + ";\n" + _INSERT + _HOLD_VALUES
-                 + "\n\\endif\nCOMMIT;"),
+    "advisory": (
+        "BEGIN;\nSELECT pg_advisory_xact_lock(hashtext(:prefix::text || :i::text));\n"
+        "SELECT on_hand - reserved AS avail FROM {s}.stock WHERE "
+        + _KEY
+        + " \\gset\n\\if :avail >= 1\n"
+        + _UPDATE
+        + ";\n"
+        + _INSERT
+        + _HOLD_VALUES
+        + "\n\\endif\nCOMMIT;"
+    ),
     # Read the version, write only if it is unchanged; a lost race writes nothing (a client
     # would retry: that is the wasted work this strategy pays).
-    "optimistic": ("SELECT version AS v FROM {s}.stock WHERE " + _KEY + " \\gset\n"
-                   "WITH moved AS (" + _UPDATE + " AND version = :v AND on_hand - reserved >= 1"
-                   " RETURNING sku) " + _INSERT + _HOLD_FROM),
+    "optimistic": (
+        "SELECT version AS v FROM {s}.stock WHERE " + _KEY + " \\gset\n"
+        "WITH moved AS (" + _UPDATE + " AND version = :v AND on_hand - reserved >= 1"
+        " RETURNING sku) " + _INSERT + _HOLD_FROM
+    ),
 }
 
 
@@ -133,26 +179,50 @@ def pgbench_script(strategy: str, schema: str) -> str:
     return "\\set i random(1, :nskus)\n" + PGBENCH_SCRIPTS[strategy].format(s=schema) + "\n"
 
 
-def run_pgbench(dsn: str, schema: str, strategy: str, *, skus: int, clients: int,
-                seconds: float) -> BenchCase:
+def run_pgbench(
+    dsn: str, schema: str, strategy: str, *, skus: int, clients: int, seconds: float
+) -> BenchCase:
     """pgbench running ``strategy``'s SQL with ``clients`` connections for ``seconds``."""
     prefix = f"pgbench-{strategy}-{time.monotonic_ns()}-"
-    run_sql(dsn, f"INSERT INTO {schema}.stock (sku, location, on_hand) SELECT '{prefix}' || i, "
-                 f"'default', {UNITS} FROM generate_series(1, {skus}) AS i")
+    run_sql(
+        dsn,
+        f"INSERT INTO {schema}.stock (sku, location, on_hand) SELECT '{prefix}' || i, "
+        f"'default', {UNITS} FROM generate_series(1, {skus}) AS i",
+    )
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(pgbench_script(strategy, schema))
     try:
         out = subprocess.run(
-            [str(find_bindir() / "pgbench"), "-n", "-M", "prepared", "-c", str(clients),
-             "-j", str(min(clients, os.cpu_count() or 2)), "-T", str(max(1, round(seconds))),
-             "-D", f"nskus={skus}", "-D", f"prefix={prefix}", "-f", f.name, dsn],
-            capture_output=True, text=True, timeout=seconds + 120)
+            [
+                str(find_bindir() / "pgbench"),
+                "-n",
+                "-M",
+                "prepared",
+                "-c",
+                str(clients),
+                "-j",
+                str(min(clients, os.cpu_count() or 2)),
+                "-T",
+                str(max(1, round(seconds))),
+                "-D",
+                f"nskus={skus}",
+                "-D",
+                f"prefix={prefix}",
+                "-f",
+                f.name,
+                dsn,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 120,
+        )
     finally:
         os.unlink(f.name)
     if out.returncode != 0:
         raise RuntimeError(f"pgbench failed for {strategy}: {out.stderr.strip()[-500:]}")
-    granted = int(run_sql(dsn, f"SELECT count(*) FROM {schema}.reservation "
-                               f"WHERE sku LIKE '{prefix}%'"))
+    granted = int(
+        run_sql(dsn, f"SELECT count(*) FROM {schema}.reservation WHERE sku LIKE '{prefix}%'")
+    )
     tx = int(_field(out.stdout, r"number of transactions actually processed: (\d+)"))
     mean_ms = _field(out.stdout, r"latency average = ([\d.]+) ms")
     duration = _field(out.stdout, r"duration: (\d+) s")
@@ -189,9 +259,24 @@ def run_redis(fsync: str, *, skus: int, clients: int, requests: int) -> BenchCas
     port = _free_port()
     with tempfile.TemporaryDirectory() as data:
         server = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", data,
-             "--appendonly", "yes", "--appendfsync", fsync, "--save", ""],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                data,
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                fsync,
+                "--save",
+                "",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             _redis_wait(port)
             # redis-benchmark -r N puts a 12-digit number below N in place of __rand_int__.
@@ -200,9 +285,26 @@ def run_redis(fsync: str, *, skus: int, clients: int, requests: int) -> BenchCas
                 _redis_cli(port, "SET", key, str(UNITS))
             key = "stock" if skus == 1 else "stock-__rand_int__"
             out = subprocess.run(
-                ["redis-benchmark", "-p", str(port), "-c", str(clients), "-n", str(requests),
-                 "-r", str(skus), "--csv", "EVAL", REDIS_LUA, "1", key],
-                capture_output=True, text=True, timeout=600)
+                [
+                    "redis-benchmark",
+                    "-p",
+                    str(port),
+                    "-c",
+                    str(clients),
+                    "-n",
+                    str(requests),
+                    "-r",
+                    str(skus),
+                    "--csv",
+                    "EVAL",
+                    REDIS_LUA,
+                    "1",
+                    key,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             if out.returncode != 0:
                 raise RuntimeError(f"redis-benchmark failed: {out.stderr.strip()[-500:]}")
             # --csv: a header ("test","rps","avg_latency_ms",...,"p99_latency_ms",...) and a
@@ -210,17 +312,23 @@ def run_redis(fsync: str, *, skus: int, clients: int, requests: int) -> BenchCas
             # and read the columns by name.
             row = list(csv.DictReader(out.stdout.strip().splitlines()))[-1]
             granted = int(_redis_cli(port, "GET", "reservation:next") or "0")
-            return BenchCase("redis", f"lua, appendfsync {fsync}", float(row["rps"]),
-                             float(row["avg_latency_ms"]), float(row["p99_latency_ms"]),
-                             requests - granted)
+            return BenchCase(
+                "redis",
+                f"lua, appendfsync {fsync}",
+                float(row["rps"]),
+                float(row["avg_latency_ms"]),
+                float(row["p99_latency_ms"]),
+                requests - granted,
+            )
         finally:
             server.terminate()
             server.wait(30)
 
 
 def _redis_cli(port: int, *args: str) -> str:
-    out = subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True, text=True,
-                         timeout=30)
+    out = subprocess.run(
+        ["redis-cli", "-p", str(port), *args], capture_output=True, text=True, timeout=30
+    )
     return out.stdout.strip()
 
 
@@ -238,17 +346,21 @@ def _redis_wait(port: int) -> None:
 def markdown(cases: Sequence[BenchCase], title: str) -> str:
     """The cases as a table, each with its ratio to stockade's atomic; then stockade's
     ratio to each peer: the same strategy, and stockade's fastest case."""
-    base = next((c.rate for c in cases if c.runner == "stockade" and c.strategy == "atomic"),
-                None)
-    lines = [f"### {title}", "",
-             "| runner | strategy | reservations/s | mean ms | p99 ms | not reserved "
-             "| vs stockade atomic |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    base = next((c.rate for c in cases if c.runner == "stockade" and c.strategy == "atomic"), None)
+    lines = [
+        f"### {title}",
+        "",
+        "| runner | strategy | reservations/s | mean ms | p99 ms | not reserved "
+        "| vs stockade atomic |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for c in cases:
         vs_atomic = f"{c.rate / base:.1f}x" if base else "-"
         p99 = f"{c.p99_ms:.2f}" if c.p99_ms is not None else "-"
-        lines.append(f"| {c.runner} | {c.strategy} | {c.rate:,.0f} | {c.mean_ms:.2f} | {p99} "
-                     f"| {c.failed:,} | {vs_atomic} |")
+        lines.append(
+            f"| {c.runner} | {c.strategy} | {c.rate:,.0f} | {c.mean_ms:.2f} | {p99} "
+            f"| {c.failed:,} | {vs_atomic} |"
+        )
     ours = {c.strategy: c for c in cases if c.runner == "stockade"}
     peers = [c for c in cases if c.runner != "stockade"]
     if ours and peers:
@@ -257,20 +369,25 @@ def markdown(cases: Sequence[BenchCase], title: str) -> str:
         for peer in peers:
             twin = ours.get(peer.strategy)
             same = f"stockade {twin.strategy} {twin.rate / peer.rate:.2f}x, " if twin else ""
-            lines.append(f"- {peer.label}: {same}stockade {best.strategy} "
-                         f"{best.rate / peer.rate:.1f}x")
+            lines.append(
+                f"- {peer.label}: {same}stockade {best.strategy} {best.rate / peer.rate:.1f}x"
+            )
     return "\n".join(lines) + "\n"
 
 
-def write_reports(cases: Sequence[BenchCase], out_dir: Path, title: str,
-                  meta: Dict[str, object]) -> List[Path]:
+def write_reports(
+    cases: Sequence[BenchCase], out_dir: Path, title: str, meta: Dict[str, object]
+) -> List[Path]:
     """bench.md, bench.json and (with matplotlib installed) bench.png in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "bench.md", out_dir / "bench.json"]
     written[0].write_text(markdown(cases, title))
-    written[1].write_text(json.dumps(
-        {"title": title, **meta, "cases": [{**asdict(c), "label": c.label} for c in cases]},
-        indent=2))
+    written[1].write_text(
+        json.dumps(
+            {"title": title, **meta, "cases": [{**asdict(c), "label": c.label} for c in cases]},
+            indent=2,
+        )
+    )
     png = plot(cases, title, out_dir / "bench.png")
     if png is not None:
         written.append(png)

@@ -1,6 +1,5 @@
-// Connections to PostgreSQL: the statements a store prepares, one connection with its
-// prepared statements and session settings, a bounded pool of them, and the one place
-// where SQLSTATEs become stockade errors.
+// Connections to PostgreSQL: one connection with its prepared statements and session
+// settings, and a bounded pool of them.
 #pragma once
 
 #include <array>
@@ -13,61 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "statements.hpp"
 #include "stockade/errors.hpp"
-#include "stockade/store.hpp"
 
 namespace stockade::detail::pg {
-
-// Every statement the store runs on its hot paths; each is prepared once per connection,
-// on first use (so that a connection to an unmigrated database still opens).
-enum class Stmt : std::size_t {
-  stock_get,
-  stock_lock,
-  stock_lock_nowait,
-  stock_lock_skip,
-  stock_insert,
-  stock_set_on_hand,
-  stock_delta,
-  stock_cas,
-  stock_overwrite_reserved,
-  hold_atomic,
-  reservation_insert,
-  reservation_get,
-  reservation_lock,
-  reservation_set,
-  reservation_get_many,
-  expire_pick,
-  idempotency_claim,
-  idempotency_get,
-  advisory_lock,
-  advisory_try_lock,
-  batch_claim,
-  batch_keys_get,
-  batch_lock,
-  batch_write,
-  batch_unclaim,
-  batch_fast,
-  batch_fast_one,
-  batch_lock_reservations,
-  batch_transition,
-  count_
-};
-
-inline constexpr std::size_t stmt_count = static_cast<std::size_t>(Stmt::count_);
-
-// The SQL of every statement, with the schema name filled in.
-class Statements {
- public:
-  explicit Statements(const std::string& schema);
-  const std::string& sql(Stmt s) const { return sql_[static_cast<std::size_t>(s)]; }
-  static const char* name(Stmt s);
-
- private:
-  template <class Set>
-  void add_batch_statements(const std::string& schema, Set& set);
-
-  std::array<std::string, stmt_count> sql_;
-};
 
 class Connection {
  public:
@@ -149,24 +97,5 @@ class Pool {
   std::size_t open_ = 0;  // idle, leased, and being opened
   bool closed_ = false;
 };
-
-// What a failed statement was doing, for the error it becomes.
-struct Failure {
-  const WriteOptions* options = nullptr;  // the caller's lock options, if any
-  ErrorContext context;                   // sku / reservation the call is about
-  std::string schema;
-};
-
-// The SQLSTATE mapping, in one place:
-//   55P03 lock_not_available: LockNotAvailable (NOWAIT) or LockTimeout (lock_timeout)
-//   57014 query_canceled: Overloaded (statement_timeout or a cancel request)
-//   23505 unique_violation: IdempotencyConflict
-//   23514 check_violation: InvariantViolation (always a bug)
-//   22003 numeric_value_out_of_range: InvalidArgument (a quantity would overflow)
-//   42P01 / 3F000 missing table or schema: InvalidState (run migrate())
-//   08xxx, 53300, 57P01-57P03 connection trouble: Unavailable
-//   anything else: DatabaseError, with the SQLSTATE
-// 40001 and 40P01 never get here: the transaction runner retries them within bounds.
-Error translate(const pqxx::sql_error& e, const Failure& failure);
 
 }  // namespace stockade::detail::pg

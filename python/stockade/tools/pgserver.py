@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from .errors import StockadeError, Unavailable
+from ..errors import StockadeError, Unavailable
 
 __all__ = ["TemporaryPostgres", "find_bindir", "quote_ident", "run_sql"]
 
@@ -76,7 +76,9 @@ def run_sql(dsn: str, statement: str) -> str:
             psql = "psql"
     done = subprocess.run(
         [psql, "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-c", statement],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         raise StockadeError(f"psql failed on {statement!r}: {done.stderr.strip()}")
@@ -128,10 +130,20 @@ class TemporaryPostgres:
         if self._owner is not None:
             os.chown(self._dir, self._owner.pw_uid, self._owner.pw_gid)
         try:
-            self._run([
-                str(self.bindir / "initdb"), "-D", str(self._data), "-U", self.user,
-                "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync",
-            ])
+            self._run(
+                [
+                    str(self.bindir / "initdb"),
+                    "-D",
+                    str(self._data),
+                    "-U",
+                    self.user,
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                ]
+            )
             for attempt in range(5):
                 self.port = _free_port()
                 try:
@@ -152,8 +164,10 @@ class TemporaryPostgres:
             return
         atexit.unregister(self.stop)
         try:
-            self._run([str(self.bindir / "pg_ctl"), "-D", str(self._data), "-m", "fast", "-w",
-                       "stop"], check=False)
+            self._run(
+                [str(self.bindir / "pg_ctl"), "-D", str(self._data), "-m", "fast", "-w", "stop"],
+                check=False,
+            )
         finally:
             self._cleanup()
 
@@ -167,8 +181,10 @@ class TemporaryPostgres:
 
     def dsn(self, dbname: str = "postgres") -> str:
         """A libpq connection string for ``dbname`` on this server."""
-        return (f"host={self.host} port={self.port} user={self.user} dbname={dbname} "
-                "sslmode=disable gssencmode=disable")
+        return (
+            f"host={self.host} port={self.port} user={self.user} dbname={dbname} "
+            "sslmode=disable gssencmode=disable"
+        )
 
     def sql(self, statement: str, dbname: str = "postgres") -> str:
         """Runs one SQL statement on ``dbname``; returns its unaligned output."""
@@ -207,12 +223,30 @@ class TemporaryPostgres:
             **self.settings,
         }
         flags = " ".join(f"-c {k}={v}" for k, v in options.items())
-        self._run([str(self.bindir / "pg_ctl"), "-D", str(self._data), "-l",
-                   str(self._dir / "server.log"), "-o", flags, "-w", "-t", "60", "start"])
+        self._run(
+            [
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self._data),
+                "-l",
+                str(self._dir / "server.log"),
+                "-o",
+                flags,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]
+        )
 
     def _run(self, argv: Sequence[str], *, check: bool = True) -> None:
-        done = subprocess.run([*self._run_as, *argv], capture_output=True, text=True,
-                              check=False, cwd=str(self._dir) if self._dir else None)
+        done = subprocess.run(
+            [*self._run_as, *argv],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=str(self._dir) if self._dir else None,
+        )
         if check and done.returncode != 0:
             log = ""
             if self.log_path is not None and self.log_path.exists():
@@ -226,4 +260,3 @@ class TemporaryPostgres:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-

@@ -1,0 +1,100 @@
+// Test hooks and tooling, bound apart from the engine's API: the oversell canary and
+// hold_lock (stockade/testing.hpp), and the C++ load driver (stockade/tools/load.hpp).
+// Python reaches them through stockade.testing and stockade.tools, never directly.
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.hpp"
+#include "stockade/engine.hpp"
+#include "stockade/testing.hpp"
+#include "stockade/tools/load.hpp"
+
+namespace stockade::bindings {
+namespace {
+
+// A test-only lock held from Python; see TestHooks::hold_lock.
+class LockHandle {
+ public:
+  explicit LockHandle(std::unique_ptr<LockHold> hold) : hold_(std::move(hold)) {}
+  void release() { hold_.reset(); }
+  bool held() const { return hold_ != nullptr; }
+
+ private:
+  std::unique_ptr<LockHold> hold_;
+};
+
+py::dict load_dict(const LoadResult& r) {
+  py::dict out;
+  out["requests"] = r.requests;
+  out["granted"] = r.granted;
+  out["refused"] = r.refused;
+  out["failed"] = r.failed;
+  out["seconds"] = r.seconds;
+  out["p50_us"] = r.p50_us;
+  out["p90_us"] = r.p90_us;
+  out["p99_us"] = r.p99_us;
+  out["p999_us"] = r.p999_us;
+  out["max_us"] = r.max_us;
+  out["mean_us"] = r.mean_us;
+  return out;
+}
+
+Reservation naive_reserve(Engine& e, const std::string& sku, const std::string& location,
+                          Quantity qty, std::int64_t ttl_us, std::int64_t window_us) {
+  const SkuKey key{sku, location};
+  validate_sku_key(key);
+  validate_qty(qty);
+  validate_ttl_us(ttl_us);
+  return test_hooks(e.store()).naive_reserve_unsafe(key, qty, ttl_us, window_us);
+}
+
+LockHandle hold_lock(Engine& e, const std::string& sku, const std::string& location,
+                     const std::string& kind, std::int64_t timeout_ms) {
+  const SkuKey key{sku, location};
+  validate_sku_key(key);
+  return LockHandle(test_hooks(e.store()).hold_lock(key, parse_strategy(kind), timeout_ms));
+}
+
+py::dict drive(Engine& engine, const std::vector<std::pair<std::string, std::string>>& skus,
+               std::size_t clients, std::size_t window, std::int64_t duration_ms, Quantity qty,
+               std::int64_t ttl_us, const OptStr& strategy) {
+  LoadSpec spec;
+  for (const auto& [sku, location] : skus) spec.keys.push_back({sku, location});
+  spec.clients = clients;
+  spec.window = window;
+  spec.duration_ms = duration_ms;
+  spec.qty = qty;
+  spec.ttl_us = ttl_us;
+  spec.call = call_options(strategy, false, {}, {});
+  LoadResult r;
+  {
+    py::gil_scoped_release release;
+    r = drive_load(engine, spec);
+  }
+  return load_dict(r);
+}
+
+}  // namespace
+
+void register_testing(py::module_& m) {
+  py::class_<LockHandle>(m, "LockHandle", "A lock held for a test; release() lets it go.")
+      .def("release", &LockHandle::release, Release())
+      .def_property_readonly("held", &LockHandle::held);
+  m.def("naive_reserve_unsafe", &naive_reserve, py::arg("engine"), py::arg("sku"),
+        py::arg("location"), py::arg("qty"), py::arg("ttl_us"), py::arg("window_us"), Release(),
+        "TEST CANARY: a deliberately broken read-modify-write that oversells under load.");
+  m.def("hold_lock", &hold_lock, py::arg("engine"), py::arg("sku"), py::arg("location"),
+        py::arg("kind"), py::arg("timeout_ms"), Release(),
+        "TEST FACILITY: holds the lock `kind` takes on a row, as another session would.");
+  m.def("drive_load", &drive, py::arg("engine"), py::arg("skus"), py::arg("clients"),
+        py::arg("window"), py::arg("duration_ms"), py::arg("qty"), py::arg("ttl_us"),
+        py::arg("strategy"),
+        "Drives reservations from C++ client threads (see stockade/tools/load.hpp); returns "
+        "counts and latency percentiles.");
+}
+
+}  // namespace stockade::bindings

@@ -1,0 +1,62 @@
+// The batch seam: what the hot-row batcher hands a store (Store::apply_batch), one
+// BatchItem per request. The batcher fills the input fields from a preallocated record;
+// the store fills the outcome.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "stockade/errors.hpp"
+#include "stockade/hash.hpp"
+#include "stockade/types.hpp"
+
+namespace stockade {
+
+// The outcome is a reservation (reserve, confirm, release), a stock level (sell), or a
+// per-request error such as OutOfStock.
+enum class BatchOp : std::uint8_t { reserve, sell, confirm, release };
+
+inline bool is_transition(BatchOp op) {
+  return op == BatchOp::confirm || op == BatchOp::release;
+}
+
+struct BatchItem {
+  // Input.
+  BatchOp op = BatchOp::reserve;
+  SkuKey key;                                  // reserve and sell
+  Quantity qty = 0;                            // reserve and sell
+  std::int64_t ttl_us = 0;                     // reserve only
+  std::optional<std::string> idempotency_key;  // reserve only
+  Uuid id;                                     // confirm and release
+  std::optional<Version> expected_version;     // confirm and release: the reservation's
+  // The strategy the caller asked for, under which telemetry counts the outcome (reserve
+  // and sell); transitions are not counted per strategy.
+  std::optional<Strategy> counted_as;
+  // The engine counted the request in flight in the contention tracker; the batcher
+  // leaves the tracker for it when it finishes.
+  bool in_flight = false;
+  // Outcome, written by the store.
+  bool ok = false;
+  Reservation reservation;
+  StockLevel level;
+  std::optional<Error> error;
+
+  void clear_outcome() {
+    ok = false;
+    error.reset();
+  }
+
+  // The 16-bit shard key of the row this request is about: from its SKU, or from the
+  // reservation id, which carries it.
+  std::uint16_t shard_key() const {
+    return is_transition(op) ? id.shard_key() : shard_key_of(key.sku, key.location);
+  }
+};
+
+// How a batch may wait for its locks.
+struct BatchOptions {
+  std::int64_t lock_timeout_ms = 10000;
+};
+
+}  // namespace stockade

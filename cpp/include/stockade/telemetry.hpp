@@ -1,0 +1,180 @@
+// Telemetry: the one owner of every counter the engine keeps. The engine (outcomes per
+// strategy), the stores (mechanism: compare-and-set conflicts, retries, lock waits), the
+// hot-row batcher (batches) and the sweeper all write here; stats() and any exporter read
+// from here. Nothing else keeps counters.
+//
+// Memory is bounded by configuration, never by traffic:
+//   - per strategy: a fixed array of relaxed atomics, one cache line per strategy;
+//   - per SKU: a fixed table of `sku_slots` entries. A SKU takes a free slot among the
+//     `sku_probe` slots its hash points to; when all are taken it evicts the one with the
+//     fewest requests (so the hottest SKUs stay and cold ones come and go). A client that
+//     invents SKUs churns the coldest slots but cannot grow the table;
+//   - contention heat (the `auto` strategy's signal): the tracker's fixed table of cells.
+//
+// Writes are relaxed atomics (per SKU, under one of a fixed set of striped locks while the
+// slot is found). A snapshot is exact per counter, not across counters.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "stockade/contention.hpp"
+#include "stockade/errors.hpp"
+#include "stockade/types.hpp"
+
+namespace stockade {
+
+struct StrategyCountersSnapshot {
+  std::uint64_t requests = 0;           // reserve, reserve_order and sell calls
+  std::uint64_t granted = 0;            // calls that committed
+  std::uint64_t refused = 0;            // OutOfStock
+  std::uint64_t failed = 0;             // any other error
+  std::uint64_t conflicts = 0;          // compare-and-set attempts that lost a race
+  std::uint64_t retries = 0;            // optimistic retries after a version conflict
+  std::uint64_t version_conflicts = 0;  // VersionConflict raised to the caller
+  std::uint64_t lock_waits = 0;         // lock acquisitions that had to wait
+  std::uint64_t lock_wait_us = 0;       // total time spent waiting for locks
+  std::uint64_t lock_not_available = 0;
+  std::uint64_t lock_timeouts = 0;
+};
+
+struct alignas(cache_line_size) StrategyCounters {
+  std::atomic<std::uint64_t> requests{0};
+  std::atomic<std::uint64_t> granted{0};
+  std::atomic<std::uint64_t> refused{0};
+  std::atomic<std::uint64_t> failed{0};
+  std::atomic<std::uint64_t> conflicts{0};
+  std::atomic<std::uint64_t> retries{0};
+  std::atomic<std::uint64_t> version_conflicts{0};
+  std::atomic<std::uint64_t> lock_waits{0};
+  std::atomic<std::uint64_t> lock_wait_us{0};
+  std::atomic<std::uint64_t> lock_not_available{0};
+  std::atomic<std::uint64_t> lock_timeouts{0};
+
+  StrategyCountersSnapshot snapshot() const;
+};
+
+inline void bump(std::atomic<std::uint64_t>& counter, std::uint64_t by = 1) {
+  counter.fetch_add(by, std::memory_order_relaxed);
+}
+
+struct SkuStats {
+  SkuKey key;
+  std::uint64_t requests = 0;
+  std::uint64_t refused = 0;
+  std::uint64_t conflicts = 0;
+  std::uint64_t lock_waits = 0;
+  Strategy mode = Strategy::atomic;  // what `auto` runs this SKU as right now
+  std::uint32_t in_flight = 0;       // requests in flight in this process
+  std::uint32_t peak_in_flight = 0;  // in the tracker's last complete window
+};
+struct BatcherStats {
+  bool started = false;
+  std::uint64_t batches = 0;         // transactions applied
+  std::uint64_t requests = 0;        // requests they carried
+  std::uint64_t failed_batches = 0;  // batches whose transaction failed as a whole
+  std::uint64_t batch_size_max = 0;  // the largest batch so far
+  std::uint64_t queued = 0;          // requests waiting or being applied right now
+  std::size_t shards = 0;
+};
+struct SweeperStats {
+  bool enabled = false;
+  bool leader = false;        // this engine holds the database's sweeper election
+  std::uint64_t runs = 0;     // sweeps this engine ran as leader
+  std::uint64_t expired = 0;  // holds it expired
+  std::uint64_t errors = 0;   // failed rounds (it reconnects and stands again)
+  std::string last_error;
+};
+// Row counts, which only the store knows.
+struct StoreCounts {
+  std::uint64_t sku_count = 0;
+  std::uint64_t reservation_count = 0;
+  std::uint64_t held_count = 0;
+};
+
+struct StoreStats {
+  std::string backend;
+  std::array<StrategyCountersSnapshot, strategy_count> strategies{};
+  std::vector<SkuStats> hottest_skus;  // by requests, most first
+  std::uint64_t sku_count = 0;
+  std::uint64_t reservation_count = 0;
+  std::uint64_t held_count = 0;
+  SweeperStats sweeper;
+  BatcherStats batcher;
+};
+
+// What a store counts per SKU.
+enum class SkuEvent : std::uint8_t { request, refused, conflict, lock_wait };
+
+struct TelemetryOptions {
+  std::size_t sku_slots = 1024;  // per-SKU counters kept at most (a power of two)
+  AutoOptions automatic;         // the contention tracker behind `auto`
+};
+
+inline constexpr std::size_t telemetry_sku_slots_max = 1u << 20;
+inline constexpr std::size_t sku_probe = 8;  // slots a SKU may take, from its hash on
+
+// Throws InvalidArgument naming the option out of range.
+void validate_telemetry_options(const TelemetryOptions& options);
+
+class Telemetry {
+ public:
+  explicit Telemetry(TelemetryOptions options = {});
+  ~Telemetry();
+  Telemetry(const Telemetry&) = delete;
+  Telemetry& operator=(const Telemetry&) = delete;
+
+  // Per strategy.
+  StrategyCounters& of(Strategy strategy) {
+    return strategies_[static_cast<std::size_t>(strategy)];
+  }
+  const StrategyCounters& of(Strategy strategy) const {
+    return strategies_[static_cast<std::size_t>(strategy)];
+  }
+  // One outcome of a strategy-routed call (its request was counted when it began):
+  // granted when `error` is null, else refused (OutOfStock) or failed, by kind.
+  void count_outcome(Strategy strategy, const Error* error);
+
+  // Per SKU, in the bounded table.
+  void count(const SkuKey& key, SkuEvent event, std::uint64_t n = 1);
+
+  // The hot-row batcher's figures.
+  void batcher_started(std::size_t shards) { batcher_shards_.store(shards); }
+  void batch_applied(std::size_t size, bool failed);
+
+  // The sweeper's rounds.
+  void sweeper_enabled(bool enabled);
+  void sweeper_round(bool leader, std::uint64_t expired, const std::string& error);
+
+  ContentionTracker& contention() { return tracker_; }
+  const ContentionTracker& contention() const { return tracker_; }
+  const TelemetryOptions& options() const { return options_; }
+
+  // Everything but the store's row counts: per strategy; the `sku_limit` SKUs with the
+  // most requests (most first, ties by key) with their heat; the batcher; the sweeper.
+  StoreStats snapshot(std::size_t sku_limit) const;
+
+ private:
+  struct SkuTable;
+
+  const TelemetryOptions options_;
+  std::array<StrategyCounters, strategy_count> strategies_;
+  std::unique_ptr<SkuTable> skus_;
+  ContentionTracker tracker_;
+
+  alignas(cache_line_size) std::atomic<std::uint64_t> batches_{0};
+  std::atomic<std::uint64_t> batch_requests_{0};
+  std::atomic<std::uint64_t> failed_batches_{0};
+  std::atomic<std::uint64_t> batch_size_max_{0};
+  std::atomic<std::size_t> batcher_shards_{0};
+
+  mutable std::mutex sweeper_mutex_;
+  SweeperStats sweeper_;
+};
+
+}  // namespace stockade

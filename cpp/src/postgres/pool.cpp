@@ -1,0 +1,123 @@
+#include "pool.hpp"
+
+#include <chrono>
+#include <utility>
+
+namespace stockade::detail::pg {
+
+std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
+  try {
+    return std::make_unique<pqxx::connection>(dsn);
+  } catch (const pqxx::failure& e) {  // broken_connection, or an sql_error such as 53300
+    ErrorContext context;
+    if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e))
+      context.sqlstate = sql->sqlstate();
+    throw Error(ErrorCode::unavailable, std::string("cannot connect to PostgreSQL: ") + e.what(),
+                std::move(context));
+  }
+}
+
+Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements> statements)
+    : conn_(connect(dsn)), statements_(std::move(statements)) {}
+
+bool Connection::is_open() const {
+  return conn_ && conn_->is_open();
+}
+
+void Connection::set_lock_timeout(std::int64_t ms) {
+  if (ms == lock_timeout_ms_) return;
+  std::string sql = "SET lock_timeout = " + std::to_string(ms);
+  // Once per connection, with its first setting: generic plans for the prepared
+  // statements. Each is a primary-key lookup or a join with unnested arrays, whose best
+  // plan does not depend on the values, and a custom plan is planned afresh on every
+  // execution (about 13% of a hot batch's time, measured with benchmarks/hot_sku.py).
+  if (lock_timeout_ms_ < 0) sql += "; SET plan_cache_mode = force_generic_plan";
+  pqxx::nontransaction session(*conn_);
+  session.exec(sql);
+  lock_timeout_ms_ = ms;
+}
+
+void Connection::prepare(Stmt s) {
+  bool& done = prepared_[static_cast<std::size_t>(s)];
+  if (done) return;
+  conn_->prepare(Statements::name(s), statements_->sql(s));
+  done = true;
+}
+
+Pool::Pool(std::string dsn, std::shared_ptr<const Statements> statements, std::size_t size,
+           std::int64_t timeout_ms)
+    : dsn_(std::move(dsn)),
+      statements_(std::move(statements)),
+      size_(size),
+      timeout_ms_(timeout_ms) {}
+
+Pool::~Pool() {
+  close();
+}
+
+Pool::Lease::~Lease() {
+  if (conn_) pool_->give_back(std::move(conn_), discard_);
+}
+
+Pool::Lease Pool::acquire() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  for (;;) {
+    if (closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
+    if (!idle_.empty()) {
+      std::unique_ptr<Connection> conn = std::move(idle_.back());
+      idle_.pop_back();
+      return Lease(this, std::move(conn));
+    }
+    if (open_ < size_) break;
+    if (returned_.wait_until(lock, deadline) == std::cv_status::timeout && idle_.empty() &&
+        open_ >= size_) {
+      throw Error(ErrorCode::overloaded, "no database connection came free within " +
+                                             std::to_string(timeout_ms_) + " ms (pool_size " +
+                                             std::to_string(size_) + ")");
+    }
+  }
+  ++open_;
+  lock.unlock();
+  try {
+    return Lease(this, std::make_unique<Connection>(dsn_, statements_));
+  } catch (...) {
+    lock.lock();
+    --open_;
+    returned_.notify_one();
+    throw;
+  }
+}
+
+void Pool::give_back(std::unique_ptr<Connection> conn, bool discard) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (discard || closed_ || !conn->is_open()) {
+    --open_;
+    lock.unlock();
+    conn.reset();  // closes the connection outside the lock
+    lock.lock();
+  } else {
+    idle_.push_back(std::move(conn));
+  }
+  returned_.notify_one();
+}
+
+void Pool::drop_idle() {
+  std::vector<std::unique_ptr<Connection>> idle;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle.swap(idle_);
+    open_ -= idle.size();
+  }
+  returned_.notify_all();
+}  // the connections close here, outside the lock
+
+void Pool::close() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_ = true;  // leased connections close when they come back
+  }
+  drop_idle();
+}
+
+}  // namespace stockade::detail::pg

@@ -1,0 +1,72 @@
+#include "sqlstate.hpp"
+
+#include <array>
+
+namespace stockade::detail::pg {
+namespace {
+
+using A = SqlAction;
+using C = ErrorCode;
+
+// Every SQLSTATE the store treats specially. Anything else is a DatabaseError that
+// carries its SQLSTATE.
+constexpr std::array<SqlStateRule, 14> rules{{
+    {"40001", A::retry, C::overloaded, "serialization failures"},
+    {"40P01", A::retry, C::overloaded, "deadlocks"},
+    {"55P03", A::lock, C::lock_timeout, "lock not available"},
+    {"57014", A::raise, C::overloaded,
+     "the server canceled the statement (statement_timeout or a cancel request); nothing "
+     "was changed"},
+    {"23505", A::raise, C::idempotency_conflict, "a unique key is already taken"},
+    {"23514", A::raise, C::invariant_violation,
+     "the database refused a write that breaks a CHECK constraint (a bug in the engine; "
+     "please report it)"},
+    {"22003", A::raise, C::invalid_argument, "a quantity would overflow a 64-bit value"},
+    {"42P01", A::raise, C::invalid_state, "the schema is missing or not migrated"},
+    {"3F000", A::raise, C::invalid_state, "the schema is missing or not migrated"},
+    {"53300", A::raise, C::unavailable, "the database is unavailable"},
+    {"57P01", A::raise, C::unavailable, "the database is unavailable"},
+    {"57P02", A::raise, C::unavailable, "the database is unavailable"},
+    {"57P03", A::raise, C::unavailable, "the database is unavailable"},
+    {"08", A::raise, C::unavailable, "the database is unavailable"},  // connection exceptions
+}};
+
+constexpr SqlStateRule other{"", A::raise, C::database_error, "database error"};
+
+}  // namespace
+
+const SqlStateRule& rule_for(std::string_view sqlstate) {
+  for (const SqlStateRule& rule : rules) {
+    if (rule.sqlstate.size() == 5 && rule.sqlstate == sqlstate) return rule;
+  }
+  for (const SqlStateRule& rule : rules) {
+    if (rule.sqlstate.size() == 2 && sqlstate.substr(0, 2) == rule.sqlstate) return rule;
+  }
+  return other;
+}
+
+Error translate(const pqxx::sql_error& e, const Failure& failure) {
+  const std::string state = e.sqlstate();
+  const SqlStateRule& rule = rule_for(state);
+  ErrorContext context = failure.context;
+  context.sqlstate = state;
+  const std::string what = e.what();
+  if (rule.action == SqlAction::lock) {
+    if (failure.options != nullptr && failure.options->nowait) {
+      return Error(ErrorCode::lock_not_available, "lock not available (NOWAIT): " + what,
+                   std::move(context));
+    }
+    const std::string ms = failure.options != nullptr
+                               ? std::to_string(failure.options->lock_timeout_ms) + " ms"
+                               : std::string("the lock_timeout");
+    return Error(ErrorCode::lock_timeout, "lock_timeout of " + ms + " passed: " + what,
+                 std::move(context));
+  }
+  std::string message(rule.meaning);
+  if (rule.code == ErrorCode::invalid_state)
+    message += " (schema '" + failure.schema + "'); call migrate() first";
+  if (rule.code == ErrorCode::database_error) message += " " + state;
+  return Error(rule.code, message + ": " + what, std::move(context));
+}
+
+}  // namespace stockade::detail::pg

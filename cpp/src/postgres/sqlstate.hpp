@@ -1,0 +1,64 @@
+// The one place where a SQLSTATE decides what happens: retry the transaction, or raise
+// which stockade error. Keyed on the code only, never on the server's message text,
+// which is translated on servers with another lc_messages.
+#pragma once
+
+#include <pqxx/pqxx>
+#include <string>
+#include <string_view>
+
+#include "stockade/errors.hpp"
+#include "stockade/store.hpp"
+
+namespace stockade::detail::pg {
+
+// What the transaction runner does with a failed statement's SQLSTATE.
+enum class SqlAction {
+  retry,  // the server rolled the transaction back (40001, 40P01): run it again, bounded
+  lock,   // 55P03: LockNotAvailable under the request's NOWAIT, else LockTimeout
+  raise,  // raise `code`
+};
+
+struct SqlStateRule {
+  std::string_view sqlstate;  // a full code, or a two-character class ("08")
+  SqlAction action;
+  ErrorCode code;            // for raise
+  std::string_view meaning;  // the start of the error message
+};
+
+// The rule for `sqlstate`: an exact code first, then its class, then DatabaseError.
+const SqlStateRule& rule_for(std::string_view sqlstate);
+
+inline bool is_retryable(std::string_view sqlstate) {
+  return rule_for(sqlstate).action == SqlAction::retry;
+}
+
+// What a failed statement was doing, for the error it becomes.
+struct Failure {
+  const WriteOptions* options = nullptr;  // the caller's lock options, if any
+  ErrorContext context;                   // sku / reservation the call is about
+  std::string schema;
+};
+
+// The stockade error for a failed statement, by rule_for(e.sqlstate()). A 55P03 is
+// LockNotAvailable when the request asked for NOWAIT and LockTimeout otherwise: the
+// request's own option decides, not the server's wording. Retryable codes never get here
+// (the runner retries them, then raises Overloaded).
+Error translate(const pqxx::sql_error& e, const Failure& failure);
+
+// The SQLSTATE of a rolled-back transaction, whichever libpqxx reported it (libpqxx 6.4
+// does not derive serialization failures and deadlocks from sql_error; 7.x does).
+inline std::string rollback_sqlstate(const pqxx::transaction_rollback& e) {
+  if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e)) return sql->sqlstate();
+  return dynamic_cast<const pqxx::deadlock_detected*>(&e) != nullptr ? "40P01" : "40001";
+}
+
+inline Error in_doubt(const ErrorContext& context, const std::string& cause) {
+  return Error(ErrorCode::in_doubt,
+               "the connection was lost during COMMIT; the outcome is unknown. Retry with the "
+               "same idempotency key to learn it: " +
+                   cause,
+               context);
+}
+
+}  // namespace stockade::detail::pg

@@ -1,0 +1,62 @@
+// The SQL of every statement the PostgreSQL store prepares, in one place, with the schema
+// name filled in. Long statements are built from named pieces in statements.cpp.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+
+namespace stockade::detail::pg {
+
+// Every statement the store runs on its hot paths; each is prepared once per connection,
+// on first use (so that a connection to an unmigrated database still opens).
+enum class Stmt : std::size_t {
+  stock_get,
+  stock_lock,
+  stock_lock_nowait,
+  stock_lock_skip,
+  stock_insert,
+  stock_set_on_hand,
+  stock_delta,
+  stock_cas,
+  stock_overwrite_reserved,
+  hold_atomic,
+  reservation_insert,
+  reservation_get,
+  reservation_lock,
+  reservation_set,
+  reservation_get_many,
+  expire_pick,
+  idempotency_claim,
+  idempotency_get,
+  advisory_lock,
+  advisory_try_lock,
+  batch_claim,
+  batch_keys_get,
+  batch_lock,
+  batch_write,
+  batch_unclaim,
+  batch_fast,
+  batch_fast_one,
+  batch_lock_reservations,
+  batch_transition,
+  count_
+};
+
+inline constexpr std::size_t stmt_count = static_cast<std::size_t>(Stmt::count_);
+
+// The SQL of every statement, with the schema name filled in.
+class Statements {
+ public:
+  explicit Statements(const std::string& schema);
+  const std::string& sql(Stmt s) const { return sql_[static_cast<std::size_t>(s)]; }
+  static const char* name(Stmt s);
+
+ private:
+  template <class Set>
+  void add_batch_statements(const std::string& schema, Set& set);
+
+  std::array<std::string, stmt_count> sql_;
+};
+
+}  // namespace stockade::detail::pg

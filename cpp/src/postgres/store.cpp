@@ -1,0 +1,109 @@
+// PostgresStore's lifecycle and plumbing: opening and closing, options, stats, and the
+// transaction runner's backoff.
+#include <regex>
+
+#include "postgres_store_impl.hpp"
+
+namespace stockade::detail::pg {
+
+bool valid_schema_name(const std::string& schema) {
+  static const std::regex pattern("[a-z_][a-z0-9_]{0,62}");
+  return std::regex_match(schema, pattern);
+}
+
+PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry> shared)
+    : Store(std::move(shared)),
+      options_(std::move(options)),
+      statements_(std::make_shared<Statements>(options_.schema)),
+      pool_(options_.dsn, statements_, options_.pool_size, options_.pool_timeout_ms) {
+  {
+    Pool::Lease first = pool_.acquire();
+  }  // fail fast on a bad DSN or a server that is down
+  telemetry().sweeper_enabled(options_.sweeper);
+  if (options_.sweeper) sweeper_ = std::thread([this] { sweep_loop(); });
+}
+
+PostgresStore::~PostgresStore() {
+  close();
+}
+
+void PostgresStore::close() {
+  {
+    std::lock_guard<std::mutex> lock(sweeper_mutex_);
+    stopping_ = true;
+  }
+  sweeper_wake_.notify_all();
+  if (sweeper_.joinable()) sweeper_.join();
+  pool_.close();
+}
+
+void PostgresStore::back_off_or_give_up(const WriteOptions* options, const ErrorContext& context,
+                                        const std::string& sqlstate, int attempt,
+                                        const char* cause) {
+  if (attempt < serialization_retries_max) {
+    if (options != nullptr) bump(telemetry().of(options->strategy).retries);
+    sleep_full_jitter(attempt, retry_backoff_base_us, retry_backoff_cap_us);
+    return;
+  }
+  ErrorContext c = context;
+  c.sqlstate = sqlstate;
+  throw Error(ErrorCode::overloaded,
+              "gave up after " + std::to_string(attempt + 1) + " " +
+                  std::string(rule_for(sqlstate).meaning) + ": " + cause,
+              std::move(c));
+}
+
+StoreCounts PostgresStore::counts() const {
+  StoreCounts out;
+  const std::string& s = options_.schema;
+  auto* self = const_cast<PostgresStore*>(this);  // run() leases from the (mutable) pool
+  const pqxx::result rows = self->run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    return tx.work.exec("SELECT (SELECT count(*) FROM " + s + ".stock), (SELECT count(*) FROM " +
+                        s + ".reservation), (SELECT count(*) FROM " + s +
+                        ".reservation WHERE state = 'held')");
+  });
+  out.sku_count = rows[0][0].as<std::uint64_t>();
+  out.reservation_count = rows[0][1].as<std::uint64_t>();
+  out.held_count = rows[0][2].as<std::uint64_t>();
+  return out;
+}
+
+}  // namespace stockade::detail::pg
+
+namespace stockade {
+
+void validate_postgres_options(const PostgresOptions& options) {
+  if (options.dsn.find('\0') != std::string::npos) {
+    throw_invalid_argument("dsn must not contain NUL bytes");
+  }
+  if (!detail::pg::valid_schema_name(options.schema)) {
+    throw_invalid_argument("schema must match [a-z_][a-z0-9_]* and be at most 63 bytes, got '" +
+                           options.schema + "'");
+  }
+  if (options.pool_size == 0 || options.pool_size > pool_size_max) {
+    throw_invalid_argument("pool_size must be between 1 and " + std::to_string(pool_size_max));
+  }
+  if (options.pool_timeout_ms <= 0 || options.pool_timeout_ms > lock_timeout_ms_max) {
+    throw_invalid_argument("pool_timeout must be between 1 ms and " +
+                           std::to_string(lock_timeout_ms_max) + " ms");
+  }
+  if (options.sweep_interval_ms <= 0 || options.sweep_interval_ms > lock_timeout_ms_max) {
+    throw_invalid_argument("sweep_interval must be between 1 ms and " +
+                           std::to_string(lock_timeout_ms_max) + " ms");
+  }
+  if (options.lock_timeout_ms <= 0 || options.lock_timeout_ms > lock_timeout_ms_max) {
+    throw_invalid_argument("lock_timeout must be between 1 ms and " +
+                           std::to_string(lock_timeout_ms_max) + " ms");
+  }
+  if (options.sweep_batch == 0 || options.sweep_batch > expire_batch_max) {
+    throw_invalid_argument("sweep_batch must be between 1 and " + std::to_string(expire_batch_max));
+  }
+}
+
+std::shared_ptr<Store> make_postgres_store(PostgresOptions options,
+                                           std::shared_ptr<Telemetry> telemetry) {
+  validate_postgres_options(options);
+  return std::make_shared<detail::pg::PostgresStore>(std::move(options), std::move(telemetry));
+}
+
+}  // namespace stockade

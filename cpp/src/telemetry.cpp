@@ -1,0 +1,215 @@
+#include "stockade/telemetry.hpp"
+
+#include <algorithm>
+#include <cassert>
+
+#include "stockade/hash.hpp"
+
+namespace stockade {
+namespace {
+
+std::uint64_t read(const std::atomic<std::uint64_t>& c) {
+  return c.load(std::memory_order_relaxed);
+}
+
+void raise_to(std::atomic<std::uint64_t>& max, std::uint64_t value) {
+  std::uint64_t seen = max.load(std::memory_order_relaxed);
+  while (value > seen && !max.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+StrategyCountersSnapshot StrategyCounters::snapshot() const {
+  StrategyCountersSnapshot s;
+  s.requests = read(requests);
+  s.granted = read(granted);
+  s.refused = read(refused);
+  s.failed = read(failed);
+  s.conflicts = read(conflicts);
+  s.retries = read(retries);
+  s.version_conflicts = read(version_conflicts);
+  s.lock_waits = read(lock_waits);
+  s.lock_wait_us = read(lock_wait_us);
+  s.lock_not_available = read(lock_not_available);
+  s.lock_timeouts = read(lock_timeouts);
+  return s;
+}
+
+// The per-SKU table: buckets of sku_probe slots. A SKU lives in the bucket its stable
+// hash names, and its slot is found by that hash (its tag) without a lock: counting is a
+// few relaxed atomics. Only taking a slot locks the bucket: a newcomer takes a free slot,
+// or the slot with the fewest requests, whose counters restart from zero. A count that
+// races with an eviction may land on the newcomer; figures are statistics, not ledgers.
+struct Telemetry::SkuTable {
+  struct Slot {
+    std::atomic<std::uint64_t> tag{0};  // the key's hash; 0: free
+    SkuKey key;                         // written and read under the bucket's mutex
+    std::atomic<std::uint64_t> requests{0};
+    std::atomic<std::uint64_t> refused{0};
+    std::atomic<std::uint64_t> conflicts{0};
+    std::atomic<std::uint64_t> lock_waits{0};
+  };
+  struct alignas(cache_line_size) Bucket {
+    std::mutex mutex;
+    std::array<Slot, sku_probe> slots;
+  };
+
+  explicit SkuTable(std::size_t slots) : buckets(slots / sku_probe) {}
+
+  static Slot* find(Bucket& bucket, std::uint64_t tag) {
+    for (Slot& slot : bucket.slots) {
+      if (slot.tag.load(std::memory_order_acquire) == tag) return &slot;
+    }
+    return nullptr;
+  }
+
+  static Slot& take(Bucket& bucket, std::uint64_t tag, const SkuKey& key) {
+    std::lock_guard<std::mutex> lock(bucket.mutex);
+    if (Slot* found = find(bucket, tag)) return *found;  // another thread took it first
+    Slot* coldest = &bucket.slots[0];
+    for (Slot& slot : bucket.slots) {
+      if (slot.tag.load(std::memory_order_relaxed) == 0) {
+        coldest = &slot;
+        break;
+      }
+      if (read(slot.requests) < read(coldest->requests)) coldest = &slot;
+    }
+    coldest->tag.store(0, std::memory_order_relaxed);
+    coldest->key = key;
+    for (auto* c :
+         {&coldest->requests, &coldest->refused, &coldest->conflicts, &coldest->lock_waits}) {
+      c->store(0, std::memory_order_relaxed);
+    }
+    coldest->tag.store(tag, std::memory_order_release);
+    return *coldest;
+  }
+
+  std::vector<Bucket> buckets;
+};
+
+void validate_telemetry_options(const TelemetryOptions& options) {
+  const std::size_t n = options.sku_slots;
+  if (n < sku_probe || n > telemetry_sku_slots_max || (n & (n - 1)) != 0) {
+    throw_invalid_argument("sku_slots must be a power of two between " + std::to_string(sku_probe) +
+                           " and " + std::to_string(telemetry_sku_slots_max));
+  }
+  validate_auto_options(options.automatic);
+}
+
+Telemetry::Telemetry(TelemetryOptions options)
+    : options_((validate_telemetry_options(options), options)),
+      skus_(std::make_unique<SkuTable>(options.sku_slots)),
+      tracker_(options.automatic) {}
+
+Telemetry::~Telemetry() = default;
+
+void Telemetry::count_outcome(Strategy strategy, const Error* error) {
+  StrategyCounters& c = of(strategy);
+  if (error == nullptr) {
+    bump(c.granted);
+    return;
+  }
+  switch (error->code()) {
+    case ErrorCode::out_of_stock:
+      bump(c.refused);
+      return;
+    case ErrorCode::version_conflict:
+      bump(c.version_conflicts);
+      break;
+    case ErrorCode::lock_not_available:
+      bump(c.lock_not_available);
+      break;
+    case ErrorCode::lock_timeout:
+      bump(c.lock_timeouts);
+      break;
+    default:
+      break;
+  }
+  bump(c.failed);
+}
+
+void Telemetry::count(const SkuKey& key, SkuEvent event, std::uint64_t n) {
+  // Tag 0 marks a free slot, so a key whose hash is 0 counts under 1.
+  const std::uint64_t tag = std::max<std::uint64_t>(1, stable_hash64({key.sku, key.location}));
+  SkuTable::Bucket& bucket = skus_->buckets[tag & (skus_->buckets.size() - 1)];
+  SkuTable::Slot* slot = SkuTable::find(bucket, tag);
+  if (slot == nullptr) slot = &SkuTable::take(bucket, tag, key);
+  switch (event) {
+    case SkuEvent::request:
+      bump(slot->requests, n);
+      break;
+    case SkuEvent::refused:
+      bump(slot->refused, n);
+      break;
+    case SkuEvent::conflict:
+      bump(slot->conflicts, n);
+      break;
+    case SkuEvent::lock_wait:
+      bump(slot->lock_waits, n);
+      break;
+  }
+}
+
+void Telemetry::batch_applied(std::size_t size, bool failed) {
+  bump(batches_);
+  bump(batch_requests_, size);
+  if (failed) bump(failed_batches_);
+  raise_to(batch_size_max_, size);
+}
+
+void Telemetry::sweeper_enabled(bool enabled) {
+  std::lock_guard<std::mutex> lock(sweeper_mutex_);
+  sweeper_.enabled = enabled;
+}
+
+void Telemetry::sweeper_round(bool leader, std::uint64_t expired, const std::string& error) {
+  std::lock_guard<std::mutex> lock(sweeper_mutex_);
+  sweeper_.leader = leader;
+  sweeper_.runs += leader ? 1 : 0;
+  sweeper_.expired += expired;
+  if (!error.empty()) {
+    ++sweeper_.errors;
+    sweeper_.last_error = error;
+  }
+}
+
+StoreStats Telemetry::snapshot(std::size_t sku_limit) const {
+  StoreStats out;
+  for (std::size_t i = 0; i < strategy_count; ++i) {
+    out.strategies[i] = of(static_cast<Strategy>(i)).snapshot();
+  }
+  for (SkuTable::Bucket& bucket : skus_->buckets) {
+    std::lock_guard<std::mutex> lock(bucket.mutex);
+    for (const SkuTable::Slot& s : bucket.slots) {
+      if (s.tag.load(std::memory_order_relaxed) != 0) {
+        out.hottest_skus.push_back(SkuStats{s.key, read(s.requests), read(s.refused),
+                                            read(s.conflicts), read(s.lock_waits)});
+      }
+    }
+  }
+  const std::size_t keep = std::min(sku_limit, out.hottest_skus.size());
+  std::partial_sort(out.hottest_skus.begin(),
+                    out.hottest_skus.begin() + static_cast<std::ptrdiff_t>(keep),
+                    out.hottest_skus.end(), [](const SkuStats& a, const SkuStats& b) {
+                      return a.requests != b.requests ? a.requests > b.requests : a.key < b.key;
+                    });
+  out.hottest_skus.resize(keep);
+  for (SkuStats& sku : out.hottest_skus) {
+    const SkuHeat h = tracker_.heat(sku.key);
+    sku.mode = h.mode;
+    sku.in_flight = h.in_flight;
+    sku.peak_in_flight = h.peak_in_flight;
+  }
+  out.batcher.shards = batcher_shards_.load(std::memory_order_relaxed);
+  out.batcher.started = out.batcher.shards > 0;
+  out.batcher.batches = read(batches_);
+  out.batcher.requests = read(batch_requests_);
+  out.batcher.failed_batches = read(failed_batches_);
+  out.batcher.batch_size_max = read(batch_size_max_);
+  std::lock_guard<std::mutex> lock(sweeper_mutex_);
+  out.sweeper = sweeper_;
+  return out;
+}
+
+}  // namespace stockade

@@ -1,0 +1,91 @@
+"""The asyncio bridge: how an awaitable call reaches the C++ core and comes back.
+
+An async twin (``Engine.reserve_async`` and its siblings) checks its arguments like the
+blocking call, then queues the call in C++ (the hot-row batcher, or a small pool of C++
+workers) with a token, and awaits a future. C++ threads post outcomes to the event loop's
+:class:`_core.AsyncChannel` without taking the GIL; the loop watches the channel's eventfd,
+and one readable event drains every outcome that has arrived, however many, and resolves
+their futures. No Python thread runs per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from typing import Any, Callable, Dict, Tuple, TypeVar
+
+from . import _core
+
+__all__ = ["Bridges"]
+
+T = TypeVar("T")
+
+
+class _Bridge:
+    """The completions of one event loop's async calls."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # The loop is not referenced from here: Bridges holds the bridge for as long as the
+        # loop lives, and a strong reference back would keep both forever.
+        self.channel = _core.AsyncChannel()
+        self.futures: Dict[int, Tuple[asyncio.Future[Any], Callable[[Any], Any]]] = {}
+        self.next_token = 0
+        loop.add_reader(self.channel.fd, self.drain)
+
+    def submit(
+        self,
+        submit: Callable[..., None],
+        convert: Callable[[Any], T],
+        args: Tuple[Any, ...],
+    ) -> asyncio.Future[T]:
+        token = self.next_token
+        self.next_token += 1
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self.futures[token] = (future, convert)
+        try:
+            submit(self.channel, token, *args)
+        except BaseException:
+            del self.futures[token]
+            raise
+        return future
+
+    def drain(self) -> None:
+        for token, value, error in self.channel.drain():
+            future, convert = self.futures.pop(token)
+            if future.done():  # cancelled by its caller; the call itself still ran
+                continue
+            if error is not None:
+                future.set_exception(error)
+                continue
+            try:
+                future.set_result(convert(value))
+            except Exception as exc:  # a failed conversion must not strand the others
+                future.set_exception(exc)
+
+
+class Bridges:
+    """One engine's bridges, one per event loop that has called it."""
+
+    def __init__(self) -> None:
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Bridge] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    async def call(
+        self,
+        submit: Callable[..., None],
+        convert: Callable[[Any], T],
+        args: Tuple[Any, ...],
+    ) -> T:
+        """Queues ``submit(channel, token, *args)`` in C++ and awaits its converted outcome.
+
+        Bad input and a full queue raise here, before anything is queued. Cancelling the
+        await does not cancel the call: it may still commit."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            bridge = self._by_loop.get(loop)
+            if bridge is None:
+                bridge = self._by_loop[loop] = _Bridge(loop)
+        return await bridge.submit(submit, convert, args)

@@ -1,0 +1,75 @@
+"""The core's test hooks, typed: the oversell canary and holding a lock as another session.
+
+``naive_reserve`` is a deliberately broken read-modify-write (the lost update) kept as a
+canary: a race that cannot make it oversell cannot prove that the real strategies do not.
+``hold_lock`` holds a row or advisory lock as another session would, to observe
+``nowait`` and ``lock_timeout``. Neither is for production paths.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Iterator, Union
+
+from .. import _core
+from ..engine import DEFAULT_LOCATION, Engine
+from ..values import (
+    Reservation,
+    Strategy,
+    TtlLike,
+    check_int,
+    check_str,
+    duration_ms,
+    duration_us,
+    strategy_name,
+)
+
+__all__ = ["hold_lock", "naive_reserve"]
+
+
+def naive_reserve(
+    engine: Engine,
+    sku: str,
+    qty: int,
+    *,
+    location: str = DEFAULT_LOCATION,
+    ttl: TtlLike = timedelta(minutes=15),
+    window: TtlLike = timedelta(microseconds=200),
+) -> Reservation:
+    """UNSAFE, for tests only: read the row, wait ``window``, write back a value computed
+    from the stale read. Loses updates and oversells under concurrency, by design."""
+    return Reservation._from_core(
+        _core.naive_reserve_unsafe(
+            engine._core,
+            sku=check_str("sku", sku),
+            location=check_str("location", location),
+            qty=check_int("qty", qty),
+            ttl_us=duration_us("ttl", ttl),
+            window_us=duration_us("window", window),
+        )
+    )
+
+
+@contextmanager
+def hold_lock(
+    engine: Engine,
+    sku: str,
+    *,
+    kind: Union[Strategy, str] = Strategy.PESSIMISTIC,
+    location: str = DEFAULT_LOCATION,
+    timeout: TtlLike = timedelta(seconds=10),
+) -> Iterator[None]:
+    """Holds the lock that ``kind`` (pessimistic or advisory) takes on a row, as another
+    session would, for the body of the ``with`` block. Enter and exit on one thread."""
+    handle = _core.hold_lock(
+        engine._core,
+        sku=check_str("sku", sku),
+        location=check_str("location", location),
+        kind=strategy_name(kind) or Strategy.PESSIMISTIC.value,
+        timeout_ms=duration_ms("timeout", timeout),
+    )
+    try:
+        yield
+    finally:
+        handle.release()
