@@ -28,12 +28,21 @@ std::string ttl_from_now(int param) {
 }  // namespace
 
 Statements::Statements(const std::string& schema) {
+  auto set = [&](Stmt s, std::string sql) { sql_[static_cast<std::size_t>(s)] = std::move(sql); };
+  add_stock_statements(schema, set);
+  add_reservation_statements(schema, set);
+  add_batch_statements(schema, set);
+  add_batch_fast_statements(schema, set);
+}
+
+// Stock rows, and the atomic hold that writes a row and its reservation in one statement.
+template <class Set>
+void Statements::add_stock_statements(const std::string& schema, Set& set) {
   const std::string stock = schema + ".stock";
   const std::string reservation = schema + ".reservation";
   const std::string key = " WHERE sku = $1 AND location = $2";
   const std::string stock_get = "SELECT " + stock_columns() + " FROM " + stock + key;
   const std::string returning_stock = " RETURNING " + stock_columns();
-  auto set = [&](Stmt s, std::string sql) { sql_[static_cast<std::size_t>(s)] = std::move(sql); };
 
   set(Stmt::stock_get, stock_get);
   set(Stmt::stock_lock, stock_get + " FOR UPDATE");
@@ -76,6 +85,12 @@ Statements::Statements(const std::string& schema) {
           " updated_at) SELECT $5::uuid, sku, location, $3, 'held', 1, " +
           ttl_from_now(6) + ", NULLIF($7, ''), now(), now() FROM held RETURNING " +
           epoch_us("expires_at") + ", " + epoch_us("created_at"));
+}
+
+// Reservations, expiry, idempotency keys and advisory locks.
+template <class Set>
+void Statements::add_reservation_statements(const std::string& schema, Set& set) {
+  const std::string reservation = schema + ".reservation";
   set(Stmt::reservation_insert,
       "INSERT INTO " + reservation +
           " (id, sku, location, qty, state, version, expires_at, idempotency_key, created_at,"
@@ -116,7 +131,6 @@ Statements::Statements(const std::string& schema) {
           schema + ".idempotency WHERE key = $1");
   set(Stmt::advisory_lock, "SELECT pg_advisory_xact_lock($1::bigint)");
   set(Stmt::advisory_try_lock, "SELECT pg_try_advisory_xact_lock($1::bigint)");
-  add_batch_statements(schema, set);
 }
 
 // The hot-row batcher's statements: each takes arrays (one element per request or per
@@ -166,6 +180,11 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
       "UPDATE " + schema +
           ".reservation AS r SET state = u.state, version = r.version + 1, updated_at = now()"
           " FROM unnest($1::uuid[], $2::text[]) AS u(id, state) WHERE r.id = u.id");
+}
+
+// The batch fast paths: one statement in autocommit each.
+template <class Set>
+void Statements::add_batch_fast_statements(const std::string& schema, Set& set) {
   // The fast path, one statement in autocommit: if every touched row exists and has room
   // for all of its requests, lock the rows (sorted), write the deltas and insert every
   // reservation; otherwise change nothing and return no row. The verdict is computed

@@ -54,7 +54,13 @@ class Statements {
 
  private:
   template <class Set>
+  void add_stock_statements(const std::string& schema, Set& set);
+  template <class Set>
+  void add_reservation_statements(const std::string& schema, Set& set);
+  template <class Set>
   void add_batch_statements(const std::string& schema, Set& set);
+  template <class Set>
+  void add_batch_fast_statements(const std::string& schema, Set& set);
 
   std::array<std::string, stmt_count> sql_;
 };
