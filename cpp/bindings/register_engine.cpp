@@ -101,6 +101,7 @@ struct CommonOptions {
   std::int64_t default_ttl_us;
   std::size_t batch_max;
   std::size_t batch_shards;
+  std::int64_t batch_lock_slice_ms;
   std::size_t async_workers;
 
   EngineOptions engine() const {
@@ -111,6 +112,7 @@ struct CommonOptions {
     options.default_ttl_us = default_ttl_us;
     options.batcher.batch_max = batch_max;
     options.batcher.shards = batch_shards;
+    options.batcher.lock_slice_ms = batch_lock_slice_ms;
     options.batcher.queue_capacity = std::max(options.batcher.queue_capacity, batch_max);
     options.async_workers = async_workers;
     return options;
@@ -120,29 +122,32 @@ struct CommonOptions {
 std::unique_ptr<Engine> make_memory(const std::string& strategy, int retries_max,
                                     std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
                                     std::shared_ptr<Clock> clock, std::size_t batch_max,
-                                    std::size_t batch_shards, std::size_t async_workers) {
-  const CommonOptions common{strategy,  retries_max,  lock_timeout_ms, default_ttl_us,
-                             batch_max, batch_shards, async_workers};
+                                    std::size_t batch_shards, std::int64_t batch_lock_slice_ms,
+                                    std::size_t async_workers) {
+  const CommonOptions common{strategy,  retries_max,  lock_timeout_ms,     default_ttl_us,
+                             batch_max, batch_shards, batch_lock_slice_ms, async_workers};
   return Engine::memory(common.engine(), std::move(clock));
 }
 
 std::unique_ptr<Engine> make_postgres(const std::string& dsn, const std::string& schema,
                                       std::size_t pool_size, std::int64_t pool_timeout_ms,
-                                      bool sweeper, std::int64_t sweep_interval_ms,
-                                      std::size_t sweep_batch, const std::string& strategy,
-                                      int retries_max, std::int64_t lock_timeout_ms,
-                                      std::int64_t default_ttl_us, std::size_t batch_max,
-                                      std::size_t batch_shards, std::size_t async_workers) {
+                                      std::int64_t resolve_timeout_ms, bool sweeper,
+                                      std::int64_t sweep_interval_ms, std::size_t sweep_batch,
+                                      const std::string& strategy, int retries_max,
+                                      std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
+                                      std::size_t batch_max, std::size_t batch_shards,
+                                      std::int64_t batch_lock_slice_ms, std::size_t async_workers) {
   PostgresOptions postgres;
   postgres.dsn = dsn;
   postgres.schema = schema;
   postgres.pool_size = pool_size;
   postgres.pool_timeout_ms = pool_timeout_ms;
+  postgres.resolve_timeout_ms = resolve_timeout_ms;
   postgres.sweeper = sweeper;
   postgres.sweep_interval_ms = sweep_interval_ms;
   postgres.sweep_batch = sweep_batch;
-  const CommonOptions common{strategy,  retries_max,  lock_timeout_ms, default_ttl_us,
-                             batch_max, batch_shards, async_workers};
+  const CommonOptions common{strategy,  retries_max,  lock_timeout_ms,     default_ttl_us,
+                             batch_max, batch_shards, batch_lock_slice_ms, async_workers};
   return Engine::postgres(std::move(postgres), common.engine());
 }
 
@@ -337,14 +342,15 @@ void register_engine(py::module_& m) {
   py::class_<Engine> c(m, "Engine", "The engine facade over one store.");
   c.def_static("memory", &make_memory, py::arg("strategy"), py::arg("retries_max"),
                py::arg("lock_timeout_ms"), py::arg("default_ttl_us"), py::arg("clock"),
-               py::arg("batch_max"), py::arg("batch_shards"), py::arg("async_workers"),
-               "An engine over an in-process memory store.")
+               py::arg("batch_max"), py::arg("batch_shards"), py::arg("batch_lock_slice_ms"),
+               py::arg("async_workers"), "An engine over an in-process memory store.")
       .def_static("postgres", &make_postgres, py::arg("dsn"), py::arg("schema"),
-                  py::arg("pool_size"), py::arg("pool_timeout_ms"), py::arg("sweeper"),
-                  py::arg("sweep_interval_ms"), py::arg("sweep_batch"), py::arg("strategy"),
-                  py::arg("retries_max"), py::arg("lock_timeout_ms"), py::arg("default_ttl_us"),
-                  py::arg("batch_max"), py::arg("batch_shards"), py::arg("async_workers"),
-                  Release(), "An engine over PostgreSQL (connects at once).")
+                  py::arg("pool_size"), py::arg("pool_timeout_ms"), py::arg("resolve_timeout_ms"),
+                  py::arg("sweeper"), py::arg("sweep_interval_ms"), py::arg("sweep_batch"),
+                  py::arg("strategy"), py::arg("retries_max"), py::arg("lock_timeout_ms"),
+                  py::arg("default_ttl_us"), py::arg("batch_max"), py::arg("batch_shards"),
+                  py::arg("batch_lock_slice_ms"), py::arg("async_workers"), Release(),
+                  "An engine over PostgreSQL (connects at once).")
       .def("migrate", &Engine::migrate, Release())
       .def("close", &Engine::close, Release())
       .def_property_readonly("backend", [](Engine& e) { return e.store().backend_name(); })

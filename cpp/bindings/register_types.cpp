@@ -69,6 +69,7 @@ void register_types(py::module_& m) {
         return stable_hash64({sku, location});
       },
       py::arg("sku"), py::arg("location"), "The stable 64-bit hash of (sku, location).");
+  m.attr("QUANTITY_MAX") = quantity_max;
   m.attr("LOW_CONFLICT_RATE") = low_conflict_rate;
   m.attr("HOT_CONFLICT_RATE") = hot_conflict_rate;
 }

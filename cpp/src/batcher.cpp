@@ -2,7 +2,9 @@
 #include "stockade/batcher.hpp"
 
 #include "invariant.hpp"
+#include "stockade/testing.hpp"
 
+#include <algorithm>
 #include <boost/lockfree/queue.hpp>
 #include <boost/lockfree/stack.hpp>
 #include <cassert>
@@ -20,6 +22,8 @@ namespace {
 constexpr auto idle_recheck = std::chrono::milliseconds(100);
 // While a producer waits for a free record.
 constexpr auto record_poll = std::chrono::microseconds(200);
+
+using SteadyClock = std::chrono::steady_clock;
 
 Error closed_error() {
   return Error(ErrorCode::invalid_state, "the engine is closed");
@@ -65,6 +69,12 @@ void validate_batcher_options(const BatcherOptions& o) {
   check(o.queue_capacity >= o.batch_max && o.queue_capacity <= batcher_queue_capacity_max,
         "the batch queue capacity must be between batch_max and " +
             std::to_string(batcher_queue_capacity_max));
+  check(o.result_timeout_ms >= 1 && o.result_timeout_ms <= lock_timeout_ms_max,
+        "the batch result timeout must be between 1 and " + std::to_string(lock_timeout_ms_max) +
+            " ms");
+  check(
+      o.lock_slice_ms >= 1 && o.lock_slice_ms <= lock_timeout_ms_max,
+      "the batch lock slice must be between 1 and " + std::to_string(lock_timeout_ms_max) + " ms");
   check(o.enqueue_timeout_ms >= 0 && o.enqueue_timeout_ms <= lock_timeout_ms_max,
         "the batch enqueue timeout must be between 0 and " + std::to_string(lock_timeout_ms_max) +
             " ms");
@@ -73,11 +83,13 @@ void validate_batcher_options(const BatcherOptions& o) {
 struct HotRowBatcher::Slot {
   BatchItem item;
   std::int64_t lock_timeout_ms = 0;
-  std::shared_ptr<CompletionSink> sink;  // empty: a blocked caller waits on `done`
+  SteadyClock::time_point lock_deadline;  // queued at + lock_timeout: the request's own bound
+  std::shared_ptr<CompletionSink> sink;   // empty: a blocked caller waits on `done`
   std::uint64_t token = 0;
   std::mutex mutex;
   std::condition_variable cv;
   bool done = false;
+  bool abandoned = false;  // the blocked caller stopped waiting: the completer frees it
 };
 
 struct HotRowBatcher::Shard {
@@ -206,14 +218,28 @@ void HotRowBatcher::run(BatchItem& item, std::int64_t lock_timeout_ms) {
     Slot& slot = shard.slots[index];
     copy_input(slot.item, item);
     slot.lock_timeout_ms = lock_timeout_ms;
+    slot.lock_deadline = SteadyClock::now() + std::chrono::milliseconds(lock_timeout_ms);
     slot.sink.reset();
     slot.done = false;
+    slot.abandoned = false;
     enqueue(shard, index);
   });
   Slot& slot = shard.slots[index];
   {
     std::unique_lock<std::mutex> lock(slot.mutex);
-    slot.cv.wait(lock, [&] { return slot.done; });
+    const auto bound = std::chrono::milliseconds(lock_timeout_ms + options_.result_timeout_ms);
+    if (!slot.cv.wait_for(lock, bound, [&] { return slot.done; })) {
+      slot.abandoned = true;
+      ErrorContext context;
+      context.sku = item.key.sku;
+      context.location = item.key.location;
+      throw Error(ErrorCode::in_doubt,
+                  "the batch of this request gave no outcome within " +
+                      std::to_string(lock_timeout_ms + options_.result_timeout_ms) +
+                      " ms (lock_timeout + result_timeout); it may still be applied: look the "
+                      "reservation up, or retry with the same idempotency key",
+                  std::move(context));
+    }
   }
   item.ok = slot.item.ok;
   item.reservation = std::move(slot.item.reservation);
@@ -232,6 +258,7 @@ void HotRowBatcher::submit(const BatchItem& item, std::int64_t lock_timeout_ms,
     Slot& slot = shard.slots[index];
     copy_input(slot.item, item);
     slot.lock_timeout_ms = lock_timeout_ms;
+    slot.lock_deadline = SteadyClock::now() + std::chrono::milliseconds(lock_timeout_ms);
     slot.sink = std::move(sink);
     slot.token = token;
     enqueue(shard, index);
@@ -240,17 +267,27 @@ void HotRowBatcher::submit(const BatchItem& item, std::int64_t lock_timeout_ms,
 
 void HotRowBatcher::flush_loop(Shard& shard) {
   std::vector<std::uint32_t> indices;
+  std::vector<std::uint32_t> deferred;  // waiting for a row lock, within their own bounds
   std::vector<BatchItem*> items;
   std::vector<Completion> completions;
   indices.reserve(options_.batch_max);
+  deferred.reserve(options_.batch_max);
   items.reserve(options_.batch_max);
   for (;;) {
+    // Deferred requests go first: they were queued before anything still in the queue,
+    // so a SKU's requests are still decided in arrival order.
+    indices.swap(deferred);
+    const std::size_t carried = indices.size();
     std::uint32_t index = 0;
     while (indices.size() < options_.batch_max && shard.ready.pop(index)) indices.push_back(index);
     if (!indices.empty()) {
-      shard.pending.fetch_sub(static_cast<std::int64_t>(indices.size()));
-      apply(shard, indices, items);
-      if (shard.pending.load() > 0) {
+      shard.pending.fetch_sub(static_cast<std::int64_t>(indices.size() - carried));
+      apply(shard, indices, items, deferred);
+      if (indices.empty()) {  // every request is still waiting for a lock
+        if (carried > 0) std::this_thread::sleep_for(record_poll);
+        continue;
+      }
+      if (shard.pending.load() > 0 || !deferred.empty()) {
         hand_off(shard, indices);  // the next batch is waiting: complete in parallel
       } else {
         complete(shard, indices, completions);  // nothing to overlap: skip the hop
@@ -258,11 +295,18 @@ void HotRowBatcher::flush_loop(Shard& shard) {
       }
       continue;
     }
+    // Stop once closing and drained. `closing` is read before `pending`: a producer that
+    // counted its request before it saw `closing` unset is visible in `pending` now (both
+    // are sequentially consistent), and any later one sees `closing` and backs out. Read
+    // the other way round, a producer could slip in between the two reads and be left
+    // queued with nobody to apply its request.
+    const bool closing = closing_.load();
+    batcher_test_points().before_drain_check.load()();
     if (shard.pending.load() > 0) {  // a producer counted its request and is pushing it
       std::this_thread::yield();
       continue;
     }
-    if (closing_.load()) break;  // drained, and no producer can add more
+    if (closing) break;
     // Sleep until a producer wakes us. The producer counts `pending` before it reads
     // `sleeping`, and we set `sleeping` before we read `pending`: one of us sees the other.
     shard.sleeping.store(true);
@@ -310,19 +354,22 @@ void HotRowBatcher::complete_loop(Shard& shard) {
   }
 }
 
-void HotRowBatcher::apply(Shard& shard, const std::vector<std::uint32_t>& indices,
-                          std::vector<BatchItem*>& items) {
-  items.clear();
-  std::int64_t lock_timeout_ms = lock_timeout_ms_max;
-  for (std::uint32_t index : indices) {
-    Slot& slot = shard.slots[index];
-    items.push_back(&slot.item);
-    // The batch waits for its row locks no longer than its most impatient request asked.
-    lock_timeout_ms = std::min(lock_timeout_ms, slot.lock_timeout_ms);
+// One attempt at the requests `items` (at `slots`) as one batch. It waits for row locks
+// no longer than the most urgent of them has left (at least 1 ms, so that a request late
+// out of the queue still gets one try) and never longer than lock_slice_ms, so that a row
+// locked elsewhere holds the shard up for one slice at most. A failure of the whole batch
+// becomes each request's error.
+void HotRowBatcher::attempt(std::vector<BatchItem*>& items, const std::vector<Slot*>& slots) {
+  const SteadyClock::time_point now = SteadyClock::now();
+  std::int64_t wait_ms = options_.lock_slice_ms;
+  for (const Slot* slot : slots) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(slot->lock_deadline - now).count();
+    wait_ms = std::min<std::int64_t>(wait_ms, std::max<std::int64_t>(left, 1));
   }
   std::optional<Error> failure;
   try {
-    store_->apply_batch(items, BatchOptions{lock_timeout_ms});
+    store_->apply_batch(items, BatchOptions{wait_ms});
   } catch (const Error& e) {
     failure = e;
   } catch (const std::exception& e) {
@@ -341,7 +388,86 @@ void HotRowBatcher::apply(Shard& shard, const std::vector<std::uint32_t>& indice
                           "the store returned a batch with a request left undecided");
     }
   }
-  telemetry_->batch_applied(indices.size(), failure.has_value());
+  telemetry_->batch_applied(items.size(), failure.has_value());
+}
+
+namespace {
+
+bool blocked(const BatchItem& item) {
+  return !item.ok && item.error && item.error->code() == ErrorCode::lock_timeout;
+}
+
+// The row a request locks: its stock row, or (for a transition) its reservation's.
+bool same_row(const BatchItem& a, const BatchItem& b) {
+  if (is_transition(a.op) || is_transition(b.op)) {
+    return is_transition(a.op) && is_transition(b.op) && a.id == b.id;
+  }
+  return a.key == b.key;
+}
+
+}  // namespace
+
+// Applies a batch so that each request is held to its own lock_timeout only, and a row
+// locked elsewhere delays or fails only the requests for that row:
+//   1. the batch runs as one transaction (attempt());
+//   2. if it timed out waiting for a lock and touches several rows, each row runs on its
+//      own, so the rows that are free commit;
+//   3. a request still blocked whose own deadline has not passed is deferred: it moves
+//      from `indices` to `deferred` and runs again in the next round (first, ahead of
+//      later arrivals); one whose deadline passed fails with LockTimeout.
+void HotRowBatcher::apply(Shard& shard, std::vector<std::uint32_t>& indices,
+                          std::vector<BatchItem*>& items, std::vector<std::uint32_t>& deferred) {
+  items.clear();
+  std::vector<Slot*> slots;
+  slots.reserve(indices.size());
+  for (std::uint32_t index : indices) {
+    items.push_back(&shard.slots[index].item);
+    slots.push_back(&shard.slots[index]);
+  }
+  attempt(items, slots);
+  const bool whole_batch_blocked =
+      items.size() > 1 &&
+      std::all_of(items.begin(), items.end(), [](const BatchItem* item) { return blocked(*item); });
+  if (whole_batch_blocked && !std::all_of(items.begin(), items.end(), [&](const BatchItem* item) {
+        return same_row(*item, *items.front());
+      })) {
+    std::vector<bool> tried(items.size(), false);
+    std::vector<BatchItem*> group_items;
+    std::vector<Slot*> group_slots;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (tried[i]) continue;
+      group_items.clear();
+      group_slots.clear();
+      for (std::size_t j = i; j < items.size(); ++j) {  // in arrival order within the row
+        if (tried[j] || !same_row(*items[j], *items[i])) continue;
+        tried[j] = true;
+        group_items.push_back(items[j]);
+        group_slots.push_back(slots[j]);
+      }
+      attempt(group_items, group_slots);
+    }
+  }
+  // Keep the decided requests in `indices` (in order), move the deferred ones out.
+  const SteadyClock::time_point now = SteadyClock::now();
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < indices.size(); ++i) {
+    Slot& slot = *slots[i];
+    if (blocked(slot.item)) {
+      if (slot.lock_deadline > now) {
+        slot.item.clear_outcome();
+        deferred.push_back(indices[i]);
+        continue;
+      }
+      ErrorContext context = slot.item.error->context();
+      slot.item.error =
+          Error(ErrorCode::lock_timeout,
+                "waited " + std::to_string(slot.lock_timeout_ms) +
+                    " ms (the request's lock_timeout) for a lock on its row, held elsewhere",
+                std::move(context));
+    }
+    indices[kept++] = indices[i];
+  }
+  indices.resize(kept);
 }
 
 void HotRowBatcher::complete(Shard& shard, const std::vector<std::uint32_t>& indices,
@@ -356,9 +482,14 @@ void HotRowBatcher::complete(Shard& shard, const std::vector<std::uint32_t>& ind
     Slot& slot = shard.slots[index];
     finish(slot.item);
     if (!slot.sink) {  // a blocked caller: it reads the outcome and frees the record
-      std::lock_guard<std::mutex> lock(slot.mutex);
-      slot.done = true;
-      slot.cv.notify_one();
+      bool abandoned = false;
+      {
+        std::lock_guard<std::mutex> lock(slot.mutex);
+        abandoned = slot.abandoned;
+        slot.done = true;
+        if (!abandoned) slot.cv.notify_one();
+      }
+      if (abandoned) shard.free.bounded_push(index);  // its caller gave up waiting
       continue;
     }
     if (slot.sink.get() != current) {

@@ -1,5 +1,9 @@
 #include "stockade/engine.hpp"
 
+#include <unistd.h>
+
+#include "fork.hpp"
+
 #include <set>
 
 #include "stockade/errors.hpp"
@@ -114,12 +118,18 @@ std::shared_ptr<Telemetry> telemetry_of(const std::shared_ptr<Store>& store,
 }  // namespace
 
 Engine::Engine(std::shared_ptr<Store> store, EngineOptions options)
-    : store_(std::move(store)),
+    : generation_(detail::fork_generation()),
+      creator_pid_(static_cast<std::int64_t>(::getpid())),
+      store_(std::move(store)),
       options_((validate_engine_options(options), options)),
       telemetry_(telemetry_of(store_, options_)),
       tracker_(telemetry_->contention()) {}
 
 Engine::~Engine() {
+  if (forked_away()) {
+    abandon();
+    return;
+  }
   // Queued requests complete before the store goes: nothing acknowledged is dropped.
   if (batcher_) batcher_->close();
   if (executor_) executor_->close();
@@ -140,11 +150,41 @@ std::unique_ptr<Engine> Engine::postgres(PostgresOptions postgres, EngineOptions
                                   options);
 }
 
+bool Engine::forked_away() const {
+  return detail::fork_generation() != generation_;
+}
+
+void Engine::check_process() const {
+  if (!forked_away()) return;
+  throw Error(ErrorCode::invalid_state,
+              "this engine was created in process " + std::to_string(creator_pid_) +
+                  ", which has since forked; its threads and connections belong to that "
+                  "process. Create the engine after the fork, in the process that uses it "
+                  "(for example in a post-fork hook, or lazily on first use)");
+}
+
+// In a forked child: the batcher's and sweeper's threads do not exist here, and the
+// connections are the parent's sockets (closing them would end the parent's sessions), so
+// nothing may be joined, closed or freed. The parts are leaked on purpose, once.
+void Engine::abandon() {
+  if (abandoned_) return;
+  abandoned_ = true;
+  (void)batcher_.release();
+  (void)executor_.release();
+  new std::shared_ptr<Store>(std::move(store_));
+  new std::shared_ptr<Telemetry>(std::move(telemetry_));
+}
+
 std::vector<std::string> Engine::migrate() {
+  check_process();
   return store_->migrate();
 }
 
 void Engine::close() {
+  if (forked_away()) {
+    abandon();
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(lazy_mutex_);
     closed_ = true;
@@ -243,6 +283,7 @@ Route Engine::route(const SkuKey& key, const CallOptions& call) {
 }
 
 StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected) {
+  check_process();
   validate_sku_key(key);
   validate_qty(qty);
   validate_expected_version(expected);
@@ -251,6 +292,7 @@ StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Versio
 
 StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand,
                                std::optional<Version> expected) {
+  check_process();
   validate_sku_key(key);
   if (on_hand < 0) {
     throw_invalid_argument("on_hand must not be negative, got " + std::to_string(on_hand));
@@ -260,6 +302,7 @@ StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand,
 }
 
 StockLevel Engine::stock(const SkuKey& key) {
+  check_process();
   validate_sku_key(key);
   return store_->stock(key);
 }
@@ -276,6 +319,7 @@ StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& ro
 }
 
 StockLevel Engine::sell(const SkuKey& key, Quantity qty, const CallOptions& call) {
+  check_process();
   validate_sku_key(key);
   validate_qty(qty);
   return sell_checked(key, qty, route(key, call));
@@ -296,6 +340,7 @@ Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_
 
 Reservation Engine::reserve(const SkuKey& key, Quantity qty, std::optional<std::int64_t> ttl_us,
                             std::optional<std::string> idempotency_key, const CallOptions& call) {
+  check_process();
   validate_sku_key(key);
   validate_qty(qty);
   if (ttl_us) validate_ttl_us(*ttl_us);
@@ -335,6 +380,7 @@ std::vector<Reservation> Engine::reserve_order(const std::vector<OrderLine>& lin
                                                std::optional<std::int64_t> ttl_us,
                                                std::optional<std::string> idempotency_key,
                                                const CallOptions& call) {
+  check_process();
   OrderRequest request = order_request(lines, ttl_us, std::move(idempotency_key), call);
   // An order is all or nothing over many rows: it runs per request, as atomic when the
   // caller asked for batched or auto.
@@ -363,6 +409,7 @@ Route Engine::transition_route() const {
 }
 
 Reservation Engine::transition(BatchOp op, const Uuid& id, std::optional<Version> expected) {
+  check_process();
   validate_expected_version(expected);
   const std::uint16_t shard_key = id.shard_key();
   if (batches_transitions(shard_key)) {
@@ -385,16 +432,19 @@ Reservation Engine::release(const Uuid& id, std::optional<Version> expected) {
 }
 
 Reservation Engine::extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) {
+  check_process();
   validate_ttl_us(ttl_us);
   validate_expected_version(expected);
   return store_->extend(id, ttl_us, expected);
 }
 
 Reservation Engine::get_reservation(const Uuid& id) {
+  check_process();
   return store_->get_reservation(id);
 }
 
 std::size_t Engine::expire_due(std::size_t limit) {
+  check_process();
   if (limit == 0 || limit > expire_batch_max) {
     throw_invalid_argument("limit must be between 1 and " + std::to_string(expire_batch_max) +
                            ", got " + std::to_string(limit));
@@ -403,6 +453,7 @@ std::size_t Engine::expire_due(std::size_t limit) {
 }
 
 StoreStats Engine::stats(std::size_t sku_limit) const {
+  check_process();
   StoreStats out = telemetry_->snapshot(sku_limit);
   out.backend = store_->backend_name();
   const StoreCounts counts = store_->counts();
@@ -415,6 +466,7 @@ StoreStats Engine::stats(std::size_t sku_limit) const {
 }
 
 Advice Engine::recommend(const SkuKey& key) const {
+  check_process();
   validate_sku_key(key);
   return advise(key, tracker_.heat(key), options_.automatic);
 }
@@ -445,6 +497,7 @@ void Engine::run_async(std::shared_ptr<CompletionSink> sink, std::uint64_t token
 void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::int64_t> ttl_us,
                             std::optional<std::string> idempotency_key, const CallOptions& call,
                             std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
+  check_process();
   validate_sku_key(key);
   validate_qty(qty);
   if (ttl_us) validate_ttl_us(*ttl_us);
@@ -470,6 +523,7 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
 
 void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& call,
                          std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
+  check_process();
   validate_sku_key(key);
   validate_qty(qty);
   if (!sink) throw_invalid_argument("an async call needs a completion sink");
@@ -492,6 +546,7 @@ void Engine::submit_reserve_order(const std::vector<OrderLine>& lines,
                                   std::optional<std::string> idempotency_key,
                                   const CallOptions& call, std::shared_ptr<CompletionSink> sink,
                                   std::uint64_t token) {
+  check_process();
   order_request(lines, ttl_us, idempotency_key, call);  // bad input raises here
   run_async(std::move(sink), token,
             [this, lines, ttl_us, idempotency_key = std::move(idempotency_key), call] {
@@ -502,6 +557,7 @@ void Engine::submit_reserve_order(const std::vector<OrderLine>& lines,
 void Engine::submit_transition(Transition kind, const Uuid& id, std::int64_t ttl_us,
                                std::optional<Version> expected_version,
                                std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
+  check_process();
   validate_expected_version(expected_version);
   if (kind == Transition::extend) validate_ttl_us(ttl_us);
   if (!sink) throw_invalid_argument("an async call needs a completion sink");

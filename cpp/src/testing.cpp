@@ -13,4 +13,9 @@ TestHooks& test_hooks(Store& store) {
                                             "and hold_lock)");
 }
 
+BatcherTestPoints& batcher_test_points() {
+  static BatcherTestPoints points;
+  return points;
+}
+
 }  // namespace stockade

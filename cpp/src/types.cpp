@@ -106,6 +106,10 @@ void validate_qty(Quantity qty, const char* field) {
   if (qty <= 0) {
     throw_invalid_argument(std::string(field) + " must be positive, got " + std::to_string(qty));
   }
+  if (qty > quantity_max) {
+    throw_invalid_argument(std::string(field) + " must be at most " + std::to_string(quantity_max) +
+                           ", got " + std::to_string(qty));
+  }
 }
 
 void validate_ttl_us(std::int64_t ttl_us) {

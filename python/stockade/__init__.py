@@ -41,7 +41,14 @@ from .errors import (
     Unavailable,
     VersionConflict,
 )
-from .values import Reservation, ReservationState, StockLevel, Strategy, version_from_etag
+from .values import (
+    QUANTITY_MAX,
+    Reservation,
+    ReservationState,
+    StockLevel,
+    Strategy,
+    version_from_etag,
+)
 
 
 def _version() -> str:
@@ -58,6 +65,7 @@ def _version() -> str:
 __version__ = _version()
 
 __all__ = [
+    "QUANTITY_MAX",
     "ClaimAdvice",
     "DatabaseError",
     "Engine",

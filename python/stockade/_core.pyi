@@ -4,6 +4,7 @@ from typing import Any, Optional
 
 __version__: str
 ERROR_CODES: tuple[str, ...]
+QUANTITY_MAX: int
 LOW_CONFLICT_RATE: float
 HOT_CONFLICT_RATE: float
 
@@ -83,6 +84,7 @@ class Engine:
         clock: Optional[Clock],
         batch_max: int,
         batch_shards: int,
+        batch_lock_slice_ms: int,
         async_workers: int,
     ) -> Engine: ...
     @staticmethod
@@ -91,6 +93,7 @@ class Engine:
         schema: str,
         pool_size: int,
         pool_timeout_ms: int,
+        resolve_timeout_ms: int,
         sweeper: bool,
         sweep_interval_ms: int,
         sweep_batch: int,
@@ -100,6 +103,7 @@ class Engine:
         default_ttl_us: int,
         batch_max: int,
         batch_shards: int,
+        batch_lock_slice_ms: int,
         async_workers: int,
     ) -> Engine: ...
     def recommend(self, sku: str, location: str) -> tuple[str, list[str]]: ...

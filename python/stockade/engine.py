@@ -220,13 +220,17 @@ class Engine:
         default_ttl: TtlLike = timedelta(minutes=15),
         batch_max: int = 4096,
         batch_shards: int = 4,
+        batch_lock_slice: TtlLike = timedelta(milliseconds=50),
         async_workers: int = 8,
     ) -> Engine:
         """An engine over the embedded in-process store: real semantics, no durability.
 
         ``batch_max`` bounds the requests one batch carries, ``batch_shards`` is the number
         of flusher threads of the hot-row layer, and ``async_workers`` the number of C++
-        threads that run async calls which do not batch."""
+        threads that run async calls which do not batch. A batched request waits for its
+        row lock as long as its own ``lock_timeout`` allows, in slices of at most
+        ``batch_lock_slice``; between slices its shard serves other rows, so a row locked
+        elsewhere never holds up requests for other rows longer than one slice."""
         if clock is not None and not isinstance(clock, ManualClock):
             raise InvalidType(f"clock must be a ManualClock, not {type(clock).__name__}")
         core = _core.Engine.memory(
@@ -235,7 +239,7 @@ class Engine:
             lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
             default_ttl_us=duration_us("default_ttl", default_ttl),
             clock=clock._core if clock is not None else None,
-            **_layer_options(batch_max, batch_shards, async_workers),
+            **_layer_options(batch_max, batch_shards, batch_lock_slice, async_workers),
         )
         return cls(core)
 
@@ -251,22 +255,29 @@ class Engine:
         lock_timeout: TtlLike = timedelta(seconds=10),
         default_ttl: TtlLike = timedelta(minutes=15),
         pool_timeout: TtlLike = timedelta(seconds=5),
+        resolve_timeout: TtlLike = timedelta(seconds=5),
         sweeper: bool = False,
         sweep_interval: TtlLike = timedelta(seconds=1),
         sweep_batch: int = 1000,
         batch_max: int = 4096,
         batch_shards: int = 4,
+        batch_lock_slice: TtlLike = timedelta(milliseconds=50),
         async_workers: int = 8,
     ) -> Engine:
         """An engine over PostgreSQL: the durable store.
 
         ``dsn`` is a libpq connection string or URI. The engine connects at once
         (``Unavailable`` if it cannot) and keeps at most ``pool_size`` connections; a call
-        that waits longer than ``pool_timeout`` for one raises ``Overloaded``. Call
+        that waits longer than ``pool_timeout`` for one raises ``Overloaded``. When a
+        connection is lost during a commit, the engine ends that server session (so the
+        write cannot commit later) and looks for what it wrote, spending at most
+        ``resolve_timeout`` on it before it raises ``InDoubt`` (see the README's
+        Guarantees). Call
         :meth:`migrate` once to create the schema. With ``sweeper=True`` a background
         thread expires due holds every ``sweep_interval``, ``sweep_batch`` per transaction;
         of all engines on one database, one sweeps at a time. ``batch_max``,
-        ``batch_shards`` and ``async_workers`` are as for :meth:`memory`; each batch
+        ``batch_shards``, ``batch_lock_slice`` and ``async_workers`` are as for
+        :meth:`memory`; each batch
         flusher holds one pooled connection while it applies a batch.
         """
         core = _core.Engine.postgres(
@@ -274,6 +285,7 @@ class Engine:
             schema=check_str("schema", schema),
             pool_size=_positive("pool_size", pool_size),
             pool_timeout_ms=duration_ms("pool_timeout", pool_timeout),
+            resolve_timeout_ms=duration_ms("resolve_timeout", resolve_timeout),
             sweeper=check_bool("sweeper", sweeper),
             sweep_interval_ms=duration_ms("sweep_interval", sweep_interval),
             sweep_batch=_positive("sweep_batch", sweep_batch),
@@ -281,7 +293,7 @@ class Engine:
             retries_max=check_int("retries_max", retries_max),
             lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
             default_ttl_us=duration_us("default_ttl", default_ttl),
-            **_layer_options(batch_max, batch_shards, async_workers),
+            **_layer_options(batch_max, batch_shards, batch_lock_slice, async_workers),
         )
         return cls(core)
 
@@ -578,9 +590,12 @@ class Engine:
         return ClaimAdvice(Strategy(strategy), tuple(reasons))
 
 
-def _layer_options(batch_max: int, batch_shards: int, async_workers: int) -> Dict[str, int]:
+def _layer_options(
+    batch_max: int, batch_shards: int, batch_lock_slice: TtlLike, async_workers: int
+) -> Dict[str, int]:
     return {
         "batch_max": _positive("batch_max", batch_max),
         "batch_shards": _positive("batch_shards", batch_shards),
+        "batch_lock_slice_ms": duration_ms("batch_lock_slice", batch_lock_slice),
         "async_workers": _positive("async_workers", async_workers),
     }

@@ -33,7 +33,9 @@ TEST(Validation, accepts_skus_up_to_the_byte_limit_in_any_script) {
 TEST(Validation, rejects_non_positive_quantities_and_ttls) {
   EXPECT_STOCKADE_ERROR(validate_qty(0), invalid);
   EXPECT_STOCKADE_ERROR(validate_qty(-5), invalid);
-  EXPECT_NO_THROW(validate_qty(std::numeric_limits<Quantity>::max()));
+  EXPECT_NO_THROW(validate_qty(quantity_max));
+  EXPECT_STOCKADE_ERROR(validate_qty(quantity_max + 1), invalid);
+  EXPECT_STOCKADE_ERROR(validate_qty(std::numeric_limits<Quantity>::max()), invalid);
   EXPECT_STOCKADE_ERROR(validate_ttl_us(0), invalid);
   EXPECT_STOCKADE_ERROR(validate_ttl_us(-1), invalid);
   EXPECT_STOCKADE_ERROR(validate_ttl_us(ttl_us_max + 1), invalid);

@@ -11,8 +11,14 @@ commits at its Sync, so that is its COMMIT):
 - ``"before"``: both sides are dropped and COMMIT never reaches the server, which rolls
   the transaction back.
 
-Either way the client cannot know which happened: that is an in-doubt commit. Connect with
-``sslmode=disable`` so that the stream is plain protocol.
+Either way the client cannot know which happened: that is an in-doubt commit.
+
+Armed ``"stalled"``, the proxy instead cuts the first connection whose server has not
+answered a Sync or a simple query within ``stall`` seconds: a statement waiting for a row
+lock. The statement keeps running on the server (PostgreSQL does not notice a dead client
+while it waits), which is the case where a careless client looks for its write too early.
+
+Connect with ``sslmode=disable`` so that the stream is plain protocol.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from typing import List, Optional
 
 
@@ -34,18 +41,26 @@ class CommitCuttingProxy:
         self._lock = threading.Lock()
         self._armed: Optional[str] = None
         self._statement: Optional[bytes] = None
+        self._stall = 0.0
+        self._links: List[_Link] = []
         self.cuts = 0
+        # While set, new connections are accepted and closed at once (the server seems down).
+        self.refuse_new = False
         self._closed = False
         self._sockets: List[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self, mode: str, statement: Optional[str] = None) -> None:
+    def arm(self, mode: str, statement: Optional[str] = None, stall: float = 0.3) -> None:
         """Cuts the next connection that sends COMMIT (or binds the prepared ``statement``),
-        ``"before"`` or ``"after"`` it."""
-        assert mode in ("before", "after")
+        ``"before"`` or ``"after"`` it; or, ``"stalled"``, the first one whose server has
+        kept an answer waiting for ``stall`` seconds."""
+        assert mode in ("before", "after", "stalled")
         with self._lock:
             self._armed = mode
             self._statement = statement.encode() if statement is not None else None
+            self._stall = stall
+        if mode == "stalled":
+            threading.Thread(target=self._watch_stalls, daemon=True).start()
 
     def dsn(self, dbname: str, user: str = "postgres") -> str:
         return (
@@ -68,17 +83,41 @@ class CommitCuttingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.refuse_new:
+                _close(client)
+                continue
             server = socket.create_connection(self.upstream)
             with self._lock:
                 self._sockets += [client, server]
             link = _Link(client, server)
+            with self._lock:
+                self._links.append(link)
             threading.Thread(target=self._client_to_server, args=(link,), daemon=True).start()
             threading.Thread(target=self._server_to_client, args=(link,), daemon=True).start()
+
+    def _watch_stalls(self) -> None:
+        while not self._closed:
+            time.sleep(0.01)
+            with self._lock:
+                if self._armed != "stalled":
+                    return
+                now = time.monotonic()
+                stalled = [
+                    link
+                    for link in self._links
+                    if link.waiting_since is not None and now - link.waiting_since > self._stall
+                ]
+                if not stalled:
+                    continue
+                self._armed = None
+                self.cuts += 1
+            stalled[0].close()
+            return
 
     def _take_arm(self, message: bytes) -> Optional[str]:
         """The armed mode if `message` triggers the cut (and disarms), else None."""
         with self._lock:
-            if self._armed is None:
+            if self._armed is None or self._armed == "stalled":
                 return None
             if self._statement is None:
                 text = message[5:].rstrip(b"\0").strip().upper()
@@ -124,6 +163,8 @@ class CommitCuttingProxy:
                         return
                     if mode == "after":
                         link.holding.set()  # no reply may reach the client from now on
+                    if message[:1] in (b"Q", b"S") and link.waiting_since is None:
+                        link.waiting_since = time.monotonic()
                     link.server.sendall(message)
                     # COMMIT, or the Sync that ends an armed statement: wait until the
                     # server has answered (it committed), then drop both sides.
@@ -149,6 +190,8 @@ class CommitCuttingProxy:
                         link.answered.set()
                         return
                     continue
+                if b"Z\x00\x00\x00\x05" in data:  # ReadyForQuery: the answer is complete
+                    link.waiting_since = None
                 link.client.sendall(data)
         except OSError:
             pass
@@ -165,6 +208,8 @@ class _Link:
         self.server = server
         self.holding = threading.Event()
         self.answered = threading.Event()
+        # When the client sent a Sync or query that the server has not answered yet.
+        self.waiting_since: Optional[float] = None
 
     def close(self) -> None:
         _close(self.client)

@@ -255,6 +255,29 @@ def test_close_completes_queued_async_calls_and_refuses_new_ones(
     assert sum(isinstance(d, stockade.OutOfStock) for d in done) == 500
 
 
+# --- quantities near the limit ---
+
+
+def test_quantities_past_quantity_max_are_refused_so_no_batch_sum_can_overflow(
+    engine: stockade.Engine,
+) -> None:
+    # Sixteen requests of 2**60 units sum past 2**63. The bound refuses each one before it
+    # is queued; requests at the bound are decided exactly on a row near the int64 range.
+    engine.restock("hot", 1)
+    engine.set_on_hand("hot", 2**63 - 1)
+    huge = race(16, lambda i: engine.reserve("hot", 2**60, strategy="batched"))
+    assert huge.failed_with(stockade.InvalidArgument) == 16
+    assert engine.stock("hot").reserved == 0 and engine.stats()["reservation_count"] == 0
+    made = race(64, lambda i: engine.reserve("hot", stockade.QUANTITY_MAX, strategy="batched"))
+    assert made.errors == [None] * 64
+    level = engine.stock("hot")
+    assert (level.on_hand, level.reserved) == (2**63 - 1, 64 * stockade.QUANTITY_MAX)
+    assert engine.stats()["reservation_count"] == 64
+    for r in made.succeeded():
+        assert engine.reservation(r.id) == r
+    assert engine.expire_due() == 0  # expiry still works on the row
+
+
 # --- PostgreSQL: batches whose connection breaks ---
 
 

@@ -287,16 +287,42 @@ def test_serialization_failures_are_retried_within_bounds(
 
 
 @pytest.mark.parametrize("cut", ["after", "before"])
-def test_a_commit_cut_by_the_network_is_in_doubt_and_a_retry_resolves_it(
+def test_a_reserve_whose_commit_is_cut_is_resolved_by_the_engine(
     proxy: CommitCuttingProxy, stockade_database: str, cut: str, strategy: str
 ) -> None:
+    # COMMIT reached the server or it did not. The engine ends the lost session, so the
+    # outcome is final, and looks for the reservation it was making: there, it answers
+    # with it; absent, nothing changed and it runs the reservation once more.
     dbname = field(stockade_database, "dbname")
     with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=1) as eng:
         eng.restock("s", 10)
         proxy.arm(cut)
+        r = eng.reserve("s", 3, idempotency_key="order-1", strategy=strategy, ttl=60)
+        assert proxy.cuts == 1
+        assert r.state is ReservationState.HELD and r.qty == 3
+        lvl = eng.stock("s")
+        assert (lvl.reserved, lvl.available) == (3, 7)
+        assert eng.stats()["reservation_count"] == 1
+        assert eng.reservation(r.id) == r
+        assert eng.reserve("s", 3, idempotency_key="order-1", strategy=strategy, ttl=60) == r
+
+
+@pytest.mark.parametrize("cut", ["after", "before"])
+def test_a_cut_commit_the_engine_cannot_settle_is_in_doubt_and_a_retry_resolves_it(
+    proxy: CommitCuttingProxy, stockade_database: str, cut: str, strategy: str
+) -> None:
+    # The server cannot be reached after the cut, so the engine cannot end the lost
+    # session within resolve_timeout: it says InDoubt, never a definite outcome.
+    dbname = field(stockade_database, "dbname")
+    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=1, resolve_timeout=0.3) as eng:
+        eng.restock("s", 10)
+        proxy.arm(cut)
+        proxy.refuse_new = True
         with pytest.raises(stockade.InDoubt) as info:
             eng.reserve("s", 3, idempotency_key="order-1", strategy=strategy, ttl=60)
+        proxy.refuse_new = False
         assert proxy.cuts == 1 and info.value.sku == "s"
+        assert "could not be ended" in str(info.value)
         # The proxy did what it says: COMMIT reached the server or it did not.
         assert eng.stock("s").reserved == (3 if cut == "after" else 0)
         # The retry with the same key learns the outcome: the original reservation if

@@ -51,11 +51,22 @@ struct BatcherOptions {
   // 12 MB, allocated when the first batched request starts the batcher).
   std::size_t queue_capacity = 4096;
   std::int64_t enqueue_timeout_ms = 5000;  // wait for a free record, then Overloaded
+  // How long a blocked caller waits for its batch's outcome, beyond its own lock_timeout,
+  // before it gives up with InDoubt (the batch may still commit). A batch waits for locks,
+  // a connection and a lost session's end for bounded times each: this is a last resort.
+  std::int64_t result_timeout_ms = 60000;
+  // The longest one attempt at a batch waits for a row lock. A request waits for its row
+  // as long as its own lock_timeout allows, in slices of this length, so that a row
+  // locked elsewhere never holds up the shard's other rows for longer than one slice.
+  std::int64_t lock_slice_ms = 50;
 };
 
 inline constexpr std::size_t batcher_shards_max = 64;
 inline constexpr std::size_t batch_size_limit = 65536;
 inline constexpr std::size_t batcher_queue_capacity_max = 1u << 20;
+// What quantity_max promises: the quantities of one batch on one row cannot overflow.
+static_assert(static_cast<double>(quantity_max) * batch_size_limit < 9.2e18 / 64,
+              "a batch's summed quantities must stay far from the int64 range");
 
 // Throws InvalidArgument naming the option out of range.
 void validate_batcher_options(const BatcherOptions& options);
@@ -101,8 +112,9 @@ class HotRowBatcher {
   // Counts a final outcome and leaves the contention tracker (see the class comment).
   void finish(const BatchItem& item);
   void flush_loop(Shard& shard);
-  void apply(Shard& shard, const std::vector<std::uint32_t>& indices,
-             std::vector<BatchItem*>& items);
+  void apply(Shard& shard, std::vector<std::uint32_t>& indices, std::vector<BatchItem*>& items,
+             std::vector<std::uint32_t>& deferred);
+  void attempt(std::vector<BatchItem*>& items, const std::vector<Slot*>& slots);
   void hand_off(Shard& shard, std::vector<std::uint32_t>& indices);
   void complete_loop(Shard& shard);
   void complete(Shard& shard, const std::vector<std::uint32_t>& indices,

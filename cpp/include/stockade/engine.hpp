@@ -73,7 +73,8 @@ class Engine {
   // Creates or upgrades the store's schema; returns the migrations applied.
   std::vector<std::string> migrate();
   // Drains the batcher and the async workers (every queued request completes), then
-  // releases the store's connections and background work.
+  // releases the store's connections and background work. In a process forked from the
+  // one that made the engine, it only lets go of the engine (see check_process).
   void close();
 
   StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected_version = {});
@@ -142,6 +143,16 @@ class Engine {
   template <class Fn>
   void run_async(std::shared_ptr<CompletionSink> sink, std::uint64_t token, Fn fn);
 
+  // fork(): an engine belongs to the process that made it. In a child, every call raises
+  // InvalidState, and close() and the destructor leave the parent's threads and
+  // connections alone (abandon()).
+  bool forked_away() const;
+  void check_process() const;
+  void abandon();
+
+  const std::uint64_t generation_;  // detail::fork_generation() when made
+  const std::int64_t creator_pid_;
+  bool abandoned_ = false;
   std::shared_ptr<Store> store_;
   EngineOptions options_;
   std::shared_ptr<Telemetry> telemetry_;  // the store's: one owner of every counter

@@ -26,6 +26,9 @@ struct PostgresOptions {
   // lock_timeout of the calls that take no lock options (restock, set_on_hand, the
   // transitions, expiry); Engine::postgres sets it to the engine's lock_timeout.
   std::int64_t lock_timeout_ms = 10000;
+  // After a connection was lost during a commit, how long the store may spend ending the
+  // server session that ran it (so that it cannot commit later) before it answers InDoubt.
+  std::int64_t resolve_timeout_ms = 5000;
 };
 
 inline constexpr std::size_t pool_size_max = 1024;

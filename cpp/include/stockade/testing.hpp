@@ -4,6 +4,7 @@
 // and lock_timeout. No production path calls them.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -39,5 +40,13 @@ class TestHooks {
 
 // The test hooks of `store`; NotSupported if the store has none.
 TestHooks& test_hooks(Store& store);
+
+// Points inside the batcher where a test may widen a race window (no-ops unless set).
+struct BatcherTestPoints {
+  // A flusher found its queue empty and has read whether the batcher is closing; it
+  // reads the queue's count next, and stops if the count is zero and it was closing.
+  std::atomic<void (*)()> before_drain_check{+[] {}};
+};
+BatcherTestPoints& batcher_test_points();
 
 }  // namespace stockade

@@ -92,6 +92,12 @@ struct Reservation {
   std::optional<std::string> idempotency_key;
 };
 
+// The largest quantity one request may ask for (reserve, sell, restock, an order line):
+// 10^12 units. It keeps every sum the engine forms safe from overflow: a batch holds at
+// most batch_size_limit (65536) requests, whose quantities add up to at most 6.6×10^16,
+// far below the 9.2×10^18 of a 64-bit stock level.
+inline constexpr Quantity quantity_max = 1'000'000'000'000;
+
 // Input checks. Each throws Error(invalid_argument) naming the field and the rule broken.
 void validate_sku_key(const SkuKey& key);
 void validate_qty(Quantity qty, const char* field = "qty");

@@ -146,6 +146,11 @@ class BatchTx {
       row.on_hand = std::numeric_limits<Quantity>::max() / 2;  // decide as if all fit
     }
     decide();
+    // quantity_max keeps a batch's sums far below the made-up level, so every request was
+    // granted; should that ever fail, the full path decides against the rows as they are.
+    for (const BatchItem* item : items_) {
+      if (!item->ok) return false;
+    }
     const pqxx::result moved = rows_.size() == 1 ? write_one(tx) : write(tx, Stmt::batch_fast);
     if (moved.empty()) return false;
     // Decide again from the rows as they stood before the write: every request fits, and
@@ -483,7 +488,7 @@ pqxx::result BatchTx::write_one(Tx& tx) {
   std::vector<std::int64_t> qtys, ttls;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     const BatchItem& item = *items_[i];
-    if (item.op != BatchOp::reserve) continue;
+    if (!item.ok || item.op != BatchOp::reserve) continue;
     ids.push_back(ids_[i].to_string());
     r_keys.push_back(item.idempotency_key.value_or(std::string()));
     qtys.push_back(item.qty);
@@ -544,8 +549,7 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
     try {
       done =
           run<RunMode::one_statement>(&write, context, [&](Tx& tx) { return batch.run_fast(tx); });
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::in_doubt) throw;
+    } catch (const LostCommit& e) {
       done = resolve_fast(batch, e, context);  // empty: it did not land, run the full path
     }
     if (done && *done) {
@@ -562,18 +566,20 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
 }
 
 // The fast statement's connection broke while it ran, or before it was sent (a pooled
-// connection that a server restart killed looks alive until used). The statement inserts
-// every reservation of the batch or none, so one of them tells whether it landed: if not,
-// nothing changed and the batch runs the full path; if so, the reservations are read back,
-// and only sells (which leave no row to look for) stay in doubt. A batch of sells alone
-// cannot be resolved and fails with InDoubt.
-std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const Error& in_doubt_error,
+// connection that a server restart killed looks alive until used). run() ended its server
+// session first, so the statement has landed or not for good (a statement still waiting
+// for a row lock could otherwise commit after we looked). It inserts every reservation of
+// the batch or none, so one of them tells which: if not, nothing changed and the batch
+// runs the full path; if so, the reservations are read back, and only sells (which leave
+// no row to look for) stay in doubt. A batch of sells alone, or a session that could not
+// be ended, fails with InDoubt.
+std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const LostCommit& lost,
                                                 const ErrorContext& context) {
   const std::optional<Uuid> probe = batch.first_reservation_id();
-  if (!probe) throw in_doubt_error;
-  if (!find_after_lost_statement(*probe, in_doubt_error, context)) return std::nullopt;
+  if (!probe || !lost.settled) throw lost;
+  if (find_landed({*probe}, lost, context).empty()) return std::nullopt;
   run<RunMode::read>(nullptr, context, [&](Tx& tx) {
-    batch.adopt_landed(*this, tx, in_doubt_error);
+    batch.adopt_landed(*this, tx, lost);
     return true;
   });
   return true;

@@ -1,6 +1,8 @@
 #include "pool.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 #include <utility>
 
 namespace stockade::detail::pg {
@@ -17,8 +19,64 @@ std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
   }
 }
 
+namespace {
+
+// Identifies a session in pg_stat_activity: its PID and its start, in epoch microseconds.
+const char* const session_match =
+    " FROM pg_stat_activity WHERE pid = $1"
+    " AND (extract(epoch FROM backend_start) * 1000000)::bigint = $2";
+
+pqxx::result exec_for(pqxx::nontransaction& session, const std::string& sql, const Backend& b) {
+#if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
+  return session.exec(sql, pqxx::params{b.pid, b.started_us});
+#else
+  return session.exec_params(sql, b.pid, b.started_us);  // libpqxx 6.4
+#endif
+}
+
+}  // namespace
+
 Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements> statements)
-    : conn_(connect(dsn)), statements_(std::move(statements)) {}
+    : conn_(connect(dsn)), statements_(std::move(statements)) {
+  try {
+    pqxx::nontransaction session(*conn_);
+    const pqxx::result row = session.exec(
+        "SELECT pg_backend_pid(), (extract(epoch FROM backend_start) * 1000000)::bigint"
+        " FROM pg_stat_activity WHERE pid = pg_backend_pid()");
+    if (!row.empty())
+      backend_ = Backend{row[0][0].as<std::int32_t>(), row[0][1].as<std::int64_t>()};
+  } catch (const pqxx::failure& e) {
+    throw Error(ErrorCode::unavailable,
+                std::string("cannot set up a PostgreSQL connection: ") + e.what());
+  }
+}
+
+bool end_session(const std::string& dsn, const Backend& backend, std::int64_t timeout_ms) {
+  if (backend.pid == 0) return false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  const std::string terminate = std::string("SELECT pg_terminate_backend(pid)") + session_match;
+  const std::string alive = std::string("SELECT 1") + session_match;
+  auto pause = std::chrono::milliseconds(1);
+  while (std::chrono::steady_clock::now() < deadline) {
+    try {
+      pqxx::connection conn(dsn);
+      pqxx::nontransaction session(conn);
+      exec_for(session, terminate, backend);
+      for (;;) {
+        if (exec_for(session, alive, backend).empty()) return true;
+        if (std::chrono::steady_clock::now() + pause >= deadline) return false;
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::milliseconds(50));
+      }
+    } catch (const pqxx::failure&) {
+      // The server is restarting, or refuses connections for now: try again until the
+      // deadline (a restart ends every session, so the next connection settles it).
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
+  }
+  return false;
+}
 
 bool Connection::is_open() const {
   return conn_ && conn_->is_open();

@@ -17,12 +17,20 @@
 
 namespace stockade::detail::pg {
 
+// The server session behind a connection: its backend PID and when it started (the pair
+// names one session even if the PID is reused later).
+struct Backend {
+  std::int32_t pid = 0;
+  std::int64_t started_us = 0;
+};
+
 class Connection {
  public:
   Connection(const std::string& dsn, std::shared_ptr<const Statements> statements);
 
   pqxx::connection& raw() { return *conn_; }
   bool is_open() const;
+  const Backend& backend() const { return backend_; }
 
   // Sets the session's lock_timeout, only when it differs from the last value set.
   void set_lock_timeout(std::int64_t ms);
@@ -46,10 +54,18 @@ class Connection {
   std::shared_ptr<const Statements> statements_;
   std::array<bool, stmt_count> prepared_{};
   std::int64_t lock_timeout_ms_ = -1;
+  Backend backend_;
 };
 
 // Opens a connection, turning failure into Error(unavailable).
 std::unique_ptr<pqxx::connection> connect(const std::string& dsn);
+
+// Ends the server session `backend` (pg_terminate_backend) from a fresh connection and
+// waits until it is gone from pg_stat_activity, at most `timeout_ms`. Once it is gone,
+// whatever it was running has committed or rolled back for good, and a fresh read shows
+// which. Returns whether that was established (false: the server cannot be reached, or
+// the session would not end in time).
+bool end_session(const std::string& dsn, const Backend& backend, std::int64_t timeout_ms);
 
 // A bounded pool. acquire() hands out an idle connection, opens a new one while fewer than
 // `size` are open, or waits at most `timeout_ms` for one to come back (then Overloaded).

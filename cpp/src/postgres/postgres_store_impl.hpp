@@ -64,6 +64,15 @@ struct CommitThenRaise {
 // An optimistic write lost its compare-and-set; the attempt's transaction rolls back.
 struct OptimisticRace {};
 
+// A commit, or a one-statement write, whose connection was lost: InDoubt to the caller.
+// `settled`: the store ended the server session that ran it (end_session), so the write
+// has committed or rolled back for good and a fresh read shows which. A caller that knows
+// what the write made (the ids of new reservations) looks, and answers for certain.
+struct LostCommit : Error {
+  LostCommit(Error error, bool settled_) : Error(std::move(error)), settled(settled_) {}
+  bool settled;
+};
+
 class PostgresStore final : public Store, public TestHooks {
  public:
   PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry> telemetry);
@@ -114,6 +123,15 @@ class PostgresStore final : public Store, public TestHooks {
   // attempt, or throws Overloaded once serialization_retries_max attempts failed.
   void back_off_or_give_up(const WriteOptions* options, const ErrorContext& context,
                            const std::string& sqlstate, int attempt, const char* cause);
+  // The InDoubt error for a commit whose connection was lost, after ending its session.
+  LostCommit lost_commit(const Backend& backend, const ErrorContext& context,
+                         const char* cause) const;
+  // Runs attempt(), which makes the reservations `ids`. After a lost commit whose session
+  // was ended, reads them back: all there, the call succeeded; none, nothing changed and
+  // attempt() runs once more. A second loss, or one that is not settled, stays InDoubt.
+  template <class Fn>
+  std::vector<Reservation> run_resolving(const std::vector<Uuid>& ids, const ErrorContext& context,
+                                         Fn&& attempt);
   // Retries attempt() after OptimisticRace, at most options.retries_max times.
   template <class Fn>
   auto optimistic_retry(const SkuKey* key, const WriteOptions& options, Fn&& attempt)
@@ -149,13 +167,20 @@ class PostgresStore final : public Store, public TestHooks {
   Reservation transition(const Uuid& id, Transition kind, std::int64_t ttl_us,
                          std::optional<Version> expected);
   void move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantity released);
+  // Expires at most `limit` due holds inside `tx`; returns how many.
+  std::size_t expire_in(Tx& tx, std::size_t limit);
+  // One sweeper transaction on the leader's own session (the one holding the election
+  // lock): expires at most sweep_batch due holds; returns how many.
+  std::size_t sweep_batch(Connection& leader);
 
   std::int64_t advisory_key(const SkuKey& key) const;
   void count_batch(const std::vector<BatchItem*>& items);
-  std::optional<bool> resolve_fast(BatchTx& batch, const Error& in_doubt_error,
+  std::optional<bool> resolve_fast(BatchTx& batch, const LostCommit& lost,
                                    const ErrorContext& context);
-  std::optional<Reservation> find_after_lost_statement(const Uuid& id, const Error& in_doubt_error,
-                                                       const ErrorContext& context);
+  // After a settled lost commit: the reservations `ids` if the write landed (all of them),
+  // none if it did not. A read that fails leaves the call in doubt (throws `lost`).
+  std::vector<Reservation> find_landed(const std::vector<Uuid>& ids, const LostCommit& lost,
+                                       const ErrorContext& context);
   void sweep_loop();
 
   const PostgresOptions options_;
@@ -180,6 +205,9 @@ ReservationState parse_state(const std::string& name);
 Reservation new_hold(const Uuid& id, const SkuKey& key, Quantity qty,
                      const std::optional<std::string>& idempotency_key, const pqxx::row& times);
 std::string uuid_array(const std::vector<Uuid>& ids);
+// The reservations of `rows` (reservation_columns()) in the order of `ids`; NotFound if one
+// is missing.
+std::vector<Reservation> in_order(const pqxx::result& rows, const std::vector<Uuid>& ids);
 // The ids of array_to_string(uuid[], ','), as the idempotency table returns them.
 std::vector<Uuid> parse_ids(const std::string& list);
 bool valid_schema_name(const std::string& schema);
@@ -226,10 +254,10 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       return std::move(*result);
     } catch (const pqxx::in_doubt_error& e) {
       lease.discard();
-      throw in_doubt(context, e.what());
+      throw lost_commit(lease->backend(), context, e.what());
     } catch (const pqxx::broken_connection& e) {
       lease.discard();
-      if (committing) throw in_doubt(context, e.what());
+      if (committing) throw lost_commit(lease->backend(), context, e.what());
       // Nothing was committed: the server rolls back a transaction whose client is gone.
       if (!reconnected) {
         reconnected = true;
@@ -246,7 +274,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       // (libpqxx 6.4 does not derive these from sql_error; 7.x does.)
       if (dynamic_cast<const pqxx::statement_completion_unknown*>(&e) != nullptr) {
         lease.discard();
-        throw in_doubt(context, e.what());
+        throw lost_commit(lease->backend(), context, e.what());
       }
       back_off_or_give_up(options, context, rollback_sqlstate(e), attempt, e.what());
       continue;
@@ -263,6 +291,20 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       ErrorContext c = context;
       throw Error(ErrorCode::database_error, std::string("database error: ") + e.what(),
                   std::move(c));
+    }
+  }
+}
+
+template <class Fn>
+std::vector<Reservation> PostgresStore::run_resolving(const std::vector<Uuid>& ids,
+                                                      const ErrorContext& context, Fn&& attempt) {
+  for (int lost = 0;; ++lost) {
+    try {
+      return attempt();
+    } catch (const LostCommit& e) {
+      if (!e.settled || lost > 0) throw;
+      std::vector<Reservation> landed = find_landed(ids, e, context);
+      if (!landed.empty()) return landed;
     }
   }
 }

@@ -64,21 +64,31 @@ std::vector<Uuid> parse_ids(const std::string& list) {
   return ids;
 }
 
-// A write that is one statement in autocommit lost its connection while it ran (or before
-// it was sent): the reservation `id` it was making tells whether it landed. If the
-// database cannot say, the call stays in doubt.
-std::optional<Reservation> PostgresStore::find_after_lost_statement(const Uuid& id,
-                                                                    const Error& in_doubt_error,
-                                                                    const ErrorContext& context) {
+LostCommit PostgresStore::lost_commit(const Backend& backend, const ErrorContext& context,
+                                      const char* cause) const {
+  const bool settled = end_session(options_.dsn, backend, options_.resolve_timeout_ms);
+  return LostCommit(in_doubt(context, cause, settled), settled);
+}
+
+std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids,
+                                                    const LostCommit& lost,
+                                                    const ErrorContext& context) {
+  pqxx::result rows;
   try {
-    return run<RunMode::read>(nullptr, context, [&](Tx& tx) -> std::optional<Reservation> {
-      const pqxx::result rows = tx.exec(Stmt::reservation_get, id.to_string());
-      if (rows.empty()) return std::nullopt;
-      return read_reservation(rows[0]);
+    rows = run<RunMode::read>(nullptr, context, [&](Tx& tx) {
+      return tx.exec(Stmt::reservation_get_many, uuid_array(ids));
     });
   } catch (const Error&) {
-    throw in_doubt_error;
+    throw lost;
   }
+  if (rows.empty()) return {};
+  if (rows.size() != ids.size()) {  // one transaction makes all of them or none
+    throw Error(ErrorCode::invariant_violation,
+                std::to_string(rows.size()) + " of the " + std::to_string(ids.size()) +
+                    " reservations of one lost write are in the database",
+                context);
+  }
+  return in_order(rows, ids);
 }
 
 Reservation PostgresStore::insert_reservation(Tx& tx, const Uuid& id, const SkuKey& key,
@@ -90,7 +100,10 @@ Reservation PostgresStore::insert_reservation(Tx& tx, const Uuid& id, const SkuK
 }
 
 std::vector<Reservation> PostgresStore::fetch(Tx& tx, const std::vector<Uuid>& ids) {
-  const pqxx::result rows = tx.exec(Stmt::reservation_get_many, uuid_array(ids));
+  return in_order(tx.exec(Stmt::reservation_get_many, uuid_array(ids)), ids);
+}
+
+std::vector<Reservation> in_order(const pqxx::result& rows, const std::vector<Uuid>& ids) {
   std::unordered_map<Uuid, Reservation, UuidHash> by_id;
   for (const auto& row : rows) {
     Reservation r = read_reservation(row);
@@ -196,16 +209,18 @@ Reservation PostgresStore::get_reservation(const Uuid& id) {
 }
 
 std::size_t PostgresStore::expire_due(std::size_t limit) {
-  return run(nullptr, ErrorContext{}, [&](Tx& tx) {
-    const pqxx::result groups = tx.exec(Stmt::expire_pick, static_cast<std::int64_t>(limit));
-    std::size_t expired = 0;
-    for (const auto& group : groups) {  // sorted by (sku, location): stock lock order
-      const SkuKey key{group[0].as<std::string>(), group[1].as<std::string>()};
-      move_stock(tx, key, 0, group[2].as<std::int64_t>());
-      expired += group[3].as<std::size_t>();
-    }
-    return expired;
-  });
+  return run(nullptr, ErrorContext{}, [&](Tx& tx) { return expire_in(tx, limit); });
+}
+
+std::size_t PostgresStore::expire_in(Tx& tx, std::size_t limit) {
+  const pqxx::result groups = tx.exec(Stmt::expire_pick, static_cast<std::int64_t>(limit));
+  std::size_t expired = 0;
+  for (const auto& group : groups) {  // sorted by (sku, location): stock lock order
+    const SkuKey key{group[0].as<std::string>(), group[1].as<std::string>()};
+    move_stock(tx, key, 0, group[2].as<std::int64_t>());
+    expired += group[3].as<std::size_t>();
+  }
+  return expired;
 }
 
 }  // namespace stockade::detail::pg

@@ -53,10 +53,15 @@ inline std::string rollback_sqlstate(const pqxx::transaction_rollback& e) {
   return dynamic_cast<const pqxx::deadlock_detected*>(&e) != nullptr ? "40P01" : "40001";
 }
 
-inline Error in_doubt(const ErrorContext& context, const std::string& cause) {
+// `settled`: the server session that ran the write has ended, so a read shows whether it
+// committed; otherwise even a read may not show the final outcome yet.
+inline Error in_doubt(const ErrorContext& context, const std::string& cause, bool settled) {
   return Error(ErrorCode::in_doubt,
-               "the connection was lost during COMMIT; the outcome is unknown. Retry with the "
-               "same idempotency key to learn it: " +
+               std::string("the connection was lost during COMMIT; the outcome is unknown. ") +
+                   (settled ? "The server session has ended, so the outcome is final: read the "
+                              "reservation back, or retry with the same idempotency key: "
+                            : "The server session could not be ended in time, so the write may "
+                              "still complete: retry later with the same idempotency key: ") +
                    cause,
                context);
 }

@@ -249,43 +249,42 @@ Reservation PostgresStore::reserve(const ReserveRequest& request) {
       });
     });
   };
-  if (options.strategy == Strategy::optimistic) {
-    return optimistic_retry(&request.key, options, attempt).front();
-  }
-  if (options.strategy == Strategy::atomic && !request.idempotency_key) {
-    if (std::optional<Reservation> made = reserve_in_one_statement(request, ids.front())) {
-      return *made;
-    }
-  }
-  return attempt().front();
+  // A commit whose connection was lost is resolved by looking for the reservation (see
+  // run_resolving); the keyless atomic form is one statement, resolved the same way.
+  return run_resolving(ids, context_of(request.key),
+                       [&] {
+                         if (options.strategy == Strategy::optimistic) {
+                           return optimistic_retry(&request.key, options, attempt);
+                         }
+                         if (options.strategy == Strategy::atomic && !request.idempotency_key) {
+                           if (std::optional<Reservation> made =
+                                   reserve_in_one_statement(request, ids.front())) {
+                             return std::vector<Reservation>{*made};
+                           }
+                         }
+                         return attempt();
+                       })
+      .front();
 }
 
 // atomic without a key: the conditional UPDATE and the reservation row are one statement,
 // run in autocommit. One round trip instead of three, and the row lock is held only
 // through the statement's own commit, not through a further round trip for COMMIT (on a
 // hot row, the transaction form ran at 0.69x of the same SQL under pgbench). A refusal is
-// classified by one read afterwards. A connection that broke while the statement ran is
-// resolved like a batch's: the reservation is there (it committed), or the call runs
-// again as a transaction (empty result; nothing had changed).
+// classified by one read afterwards. A connection that broke while the statement ran
+// raises LostCommit, which reserve() resolves like a transaction's.
 std::optional<Reservation> PostgresStore::reserve_in_one_statement(const ReserveRequest& request,
                                                                    const Uuid& id) {
   const SkuKey& key = request.key;
   const ErrorContext context = context_of(key);
   const std::int64_t expected = request.options.expected_version.value_or(-1);
-  std::optional<Reservation> made;
-  try {
-    made = run<RunMode::one_statement>(
-        &request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
-          const pqxx::result rows =
-              tx.exec(Stmt::hold_atomic, key.sku, key.location, request.qty, expected,
-                      id.to_string(), request.ttl_us, std::string());
-          if (rows.empty()) return std::nullopt;
-          return new_hold(id, key, request.qty, std::nullopt, rows[0]);
-        });
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::in_doubt) throw;
-    return find_after_lost_statement(id, e, context);
-  }
+  const std::optional<Reservation> made = run<RunMode::one_statement>(
+      &request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
+        const pqxx::result rows = tx.exec(Stmt::hold_atomic, key.sku, key.location, request.qty,
+                                          expected, id.to_string(), request.ttl_us, std::string());
+        if (rows.empty()) return std::nullopt;
+        return new_hold(id, key, request.qty, std::nullopt, rows[0]);
+      });
   if (made) return made;
   return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
     refuse(tx, key, request.qty, request.options.expected_version);  // always throws
@@ -320,9 +319,10 @@ std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& reques
       });
     });
   };
-  std::vector<Reservation> made = options.strategy == Strategy::optimistic
-                                      ? optimistic_retry(nullptr, options, attempt)
-                                      : attempt();
+  std::vector<Reservation> made = run_resolving(ids, ErrorContext{}, [&] {
+    return options.strategy == Strategy::optimistic ? optimistic_retry(nullptr, options, attempt)
+                                                    : attempt();
+  });
   // made (or replayed: the fingerprint covers every line) in sorted order, one per line
   if (made.size() != order.size()) {
     throw Error(ErrorCode::invariant_violation, "an order of " + std::to_string(order.size()) +

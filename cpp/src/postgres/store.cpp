@@ -95,6 +95,10 @@ void validate_postgres_options(const PostgresOptions& options) {
     throw_invalid_argument("lock_timeout must be between 1 ms and " +
                            std::to_string(lock_timeout_ms_max) + " ms");
   }
+  if (options.resolve_timeout_ms <= 0 || options.resolve_timeout_ms > lock_timeout_ms_max) {
+    throw_invalid_argument("resolve_timeout must be between 1 ms and " +
+                           std::to_string(lock_timeout_ms_max) + " ms");
+  }
   if (options.sweep_batch == 0 || options.sweep_batch > expire_batch_max) {
     throw_invalid_argument("sweep_batch must be between 1 and " + std::to_string(expire_batch_max));
   }

@@ -6,13 +6,17 @@
 
 namespace stockade::detail::pg {
 
-// One sweeper per database: the instance holding the session advisory lock sweeps, the
-// others retry the election every interval. Errors never stop the loop: they are counted
-// (stats().sweeper), and the sweeper reconnects and stands again.
+// One sweeper per database: the engine whose session holds the sweeper's advisory lock
+// leads, and it sweeps in that very session. So leadership follows the lock: if the
+// leader's session is terminated, its next sweep fails on the dead connection before it
+// expires anything, and the engine stands for election again on a fresh one (and loses
+// if another engine took the lock meanwhile). An engine never sweeps from a session that
+// does not hold the lock. Errors never stop the loop: they are counted (stats().sweeper),
+// and the next round runs on a fresh connection.
 void PostgresStore::sweep_loop() {
   const std::int64_t election_key =
       static_cast<std::int64_t>(stable_hash64({options_.schema, "stockade-sweeper"}));
-  std::unique_ptr<pqxx::connection> leader;
+  std::unique_ptr<Connection> leader;
   bool elected = false;
   std::unique_lock<std::mutex> lock(sweeper_mutex_);
   while (!stopping_) {
@@ -22,15 +26,16 @@ void PostgresStore::sweep_loop() {
     try {
       if (!leader || !leader->is_open()) {
         elected = false;
-        leader = connect(options_.dsn);
+        leader = std::make_unique<Connection>(options_.dsn, statements_);
+        leader->set_lock_timeout(options_.lock_timeout_ms);
       }
       if (!elected) {
-        pqxx::nontransaction session(*leader);
+        pqxx::nontransaction session(leader->raw());
         const std::string sql = "SELECT pg_try_advisory_lock(" + std::to_string(election_key) + ")";
         elected = session.exec(sql)[0][0].as<bool>();
       }
       for (bool more = elected; more;) {
-        const std::size_t n = expire_due(options_.sweep_batch);
+        const std::size_t n = sweep_batch(*leader);
         expired += n;
         std::lock_guard<std::mutex> check(sweeper_mutex_);
         more = n == options_.sweep_batch && !stopping_;
@@ -47,6 +52,14 @@ void PostgresStore::sweep_loop() {
   }
   lock.unlock();
   telemetry().sweeper_round(false, 0, "");
+}
+
+std::size_t PostgresStore::sweep_batch(Connection& leader) {
+  pqxx::work work(leader.raw());
+  Tx tx{work, leader};
+  const std::size_t n = expire_in(tx, options_.sweep_batch);
+  work.commit();
+  return n;
 }
 
 }  // namespace stockade::detail::pg

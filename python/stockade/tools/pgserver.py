@@ -171,6 +171,17 @@ class TemporaryPostgres:
         finally:
             self._cleanup()
 
+    def restart(self, mode: str = "fast") -> None:
+        """Stops the server with ``pg_ctl -m <mode>`` (``fast``: sessions are ended and
+        the server shuts down cleanly; ``immediate``: no shutdown checkpoint, crash
+        recovery on start) and starts it again on the same port and data."""
+        if mode not in ("smart", "fast", "immediate"):
+            raise ValueError("mode must be smart, fast or immediate")
+        if self._dir is None:
+            raise RuntimeError("the server is not running")
+        self._run([str(self.bindir / "pg_ctl"), "-D", str(self._data), "-m", mode, "-w", "stop"])
+        self._pg_ctl_start()
+
     def __enter__(self) -> TemporaryPostgres:
         return self.start()
 

@@ -1,0 +1,601 @@
+"""Faults on the PostgreSQL store: what a caller is told when a connection, a server or a
+process dies, and what the database holds afterwards.
+
+Every scenario checks the same things: each acknowledged reservation is in the database,
+nothing that was refused committed, the ledger is exact (reserved equals the held units of
+the reservations), and the engine goes on serving. Run them alone with ``-m faults``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Callable, Dict, Iterator, List
+
+import pytest
+
+import stockade
+from pgproxy import CommitCuttingProxy
+from stockade import ReservationState
+from stockade.tools.pgserver import TemporaryPostgres, run_sql
+from stockade.tools.testing import hold_lock
+from support import ALL_STRATEGIES, field
+
+pytestmark = pytest.mark.faults
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the condition did not hold in time")
+        time.sleep(0.01)
+
+
+def assert_ledger(eng: stockade.Engine, sku: str, acknowledged: List[stockade.Reservation]) -> None:
+    """Every acknowledged reservation is there as acknowledged, and nothing else is held."""
+    for r in acknowledged:
+        assert eng.reservation(r.id) == r
+    level = eng.stock(sku)
+    assert level.reserved == sum(r.qty for r in acknowledged)
+    assert eng.stats()["reservation_count"] == len(acknowledged)
+
+
+# --- a connection cut while its write waits for a row lock ---
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["keyless", "keyed"])
+@pytest.mark.parametrize("strategy", ALL_STRATEGIES)
+def test_a_write_cut_while_it_waits_for_a_row_lock_is_answered_exactly_once(
+    proxy: CommitCuttingProxy, stockade_database: str, strategy: str, keyed: bool
+) -> None:
+    # The proxy cuts the connection while the write waits for a lock another session
+    # holds. The server does not notice a dead client while it waits, so the write is
+    # still running when the engine goes looking for it: the engine must end that session
+    # first, or the original commits behind its back (once a key conflict for a request
+    # that had no key, and all of a batch's rows committed under a definite failure).
+    callers = 16 if strategy == "batched" else 1
+    dbname = field(stockade_database, "dbname")
+    kind = "advisory" if strategy == "advisory" else "pessimistic"
+    outcomes: Dict[int, object] = {}
+    with (
+        stockade.Engine.postgres(stockade_database, pool_size=1) as holder,
+        # Slices longer than the test, so that the batch's wait is one statement to cut.
+        stockade.Engine.postgres(proxy.dsn(dbname), pool_size=4, batch_lock_slice=10) as eng,
+    ):
+        eng.restock("hot", 100)
+
+        def call(i: int) -> None:
+            try:
+                key = f"order-{i}" if keyed else None
+                outcomes[i] = eng.reserve("hot", 2, strategy=strategy, idempotency_key=key)
+            except stockade.StockadeError as e:
+                outcomes[i] = e
+
+        with hold_lock(holder, "hot", kind=kind):
+            proxy.arm("stalled", stall=0.3)
+            threads = [threading.Thread(target=call, args=(i,)) for i in range(callers)]
+            for t in threads:
+                t.start()
+            wait_until(lambda: proxy.cuts == 1)
+            time.sleep(0.5)  # the engine resolves the cut while the lock is still held
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
+        errors = [o for o in outcomes.values() if not isinstance(o, stockade.Reservation)]
+        assert errors == []  # resolved: the session was ended, the write ran once more
+        made = [o for o in outcomes.values() if isinstance(o, stockade.Reservation)]
+        assert len(made) == callers
+        assert_ledger(eng, "hot", made)
+
+
+@pytest.mark.parametrize("cut", ["after", "stalled"])
+@pytest.mark.parametrize("op", ["confirm", "release"])
+def test_a_transition_batch_cut_at_commit_or_while_waiting_changes_the_hold_once(
+    proxy: CommitCuttingProxy, stockade_database: str, op: str, cut: str
+) -> None:
+    # "after": the batch committed and its answer was lost; each caller is told InDoubt
+    # and reads the hold back. "stalled": cut while the batch waits for the stock row;
+    # nothing had committed, so the batch runs again and the caller gets its answer.
+    dbname = field(stockade_database, "dbname")
+    state = ReservationState.CONFIRMED if op == "confirm" else ReservationState.RELEASED
+    with (
+        stockade.Engine.postgres(stockade_database, pool_size=1) as holder,
+        stockade.Engine.postgres(
+            proxy.dsn(dbname), pool_size=4, strategy="batched", batch_lock_slice=10
+        ) as eng,
+    ):
+        eng.restock("hot", 10)
+        holds = [eng.reserve("hot", 2) for _ in range(4)]
+        told: Dict[int, object] = {}
+
+        def call(i: int) -> None:
+            try:
+                told[i] = getattr(eng, op)(holds[i].id)
+            except stockade.StockadeError as e:
+                told[i] = e
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(holds))]
+        if cut == "after":
+            proxy.arm("after")
+            for t in threads:
+                t.start()
+        else:
+            with hold_lock(holder, "hot"):
+                proxy.arm("stalled", stall=0.3)
+                for t in threads:
+                    t.start()
+                wait_until(lambda: proxy.cuts == 1)
+                time.sleep(0.3)
+        for t in threads:
+            t.join(30)
+        assert proxy.cuts == 1
+        for i, out in told.items():
+            if cut == "stalled":
+                assert isinstance(out, stockade.Reservation) and out.state is state
+            else:
+                assert isinstance(out, (stockade.Reservation, stockade.InDoubt))
+            assert eng.reservation(holds[i].id).state is state  # changed, and once
+        level = eng.stock("hot")
+        on_hand = 10 - 8 if op == "confirm" else 10
+        assert (level.on_hand, level.reserved) == (on_hand, 0)
+
+
+# --- close racing callers ---
+
+
+def test_close_racing_batched_callers_answers_every_one(
+    engine: stockade.Engine, backend: str, request: pytest.FixtureRequest
+) -> None:
+    # close() while 32 threads are queueing batched requests: each call returns a
+    # reservation or raises InvalidState (closed), none waits forever, and exactly the
+    # acknowledged units are held.
+    engine.restock("hot", 1_000_000)
+    told: List[object] = []
+    lock = threading.Lock()
+    go = threading.Barrier(33)
+
+    def call() -> None:
+        go.wait(10)
+        for _ in range(50):
+            try:
+                out: object = engine.reserve("hot", 1, strategy="batched")
+            except stockade.StockadeError as e:
+                out = e
+            with lock:
+                told.append(out)
+
+    threads = [threading.Thread(target=call) for _ in range(32)]
+    for t in threads:
+        t.start()
+    go.wait(10)
+    time.sleep(0.02)
+    engine.close()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    made = [o for o in told if isinstance(o, stockade.Reservation)]
+    others = [o for o in told if not isinstance(o, stockade.Reservation)]
+    assert all(isinstance(o, stockade.InvalidState) for o in others)
+    assert len(told) == 32 * 50 and made
+    print(f"close race, {engine.backend}: {len(made)} reserved, {len(others)} InvalidState")
+    if backend == "memory":  # the memory store still answers reads after close
+        assert engine.stock("hot").reserved == len(made)
+        return
+    with stockade.Engine.postgres(request.getfixturevalue("stockade_database")) as check:
+        assert check.stock("hot").reserved == len(made)
+        assert check.stats()["reservation_count"] == len(made)
+
+
+# --- fork ---
+
+FORK_SCRIPT = r"""
+import os, sys, time
+import stockade
+
+dsn = os.environ.get("FORK_TEST_DSN")
+eng = stockade.Engine.postgres(dsn, sweeper=True) if dsn else stockade.Engine.memory()
+eng.restock("hot", 100)
+eng.reserve("hot", 1, strategy="batched")  # the batcher's threads are running
+mode = sys.argv[1]
+pid = os.fork()
+if pid == 0:
+    if mode == "use":
+        for call in (
+            lambda: eng.reserve("hot", 1, strategy="batched"),
+            lambda: eng.reserve("hot", 1, strategy="atomic"),
+            lambda: eng.stock("hot"),
+            lambda: eng.stats(),
+        ):
+            try:
+                call()
+            except stockade.InvalidState as e:
+                assert "Create the engine after the fork" in str(e), e
+            else:
+                sys.exit(3)
+    if mode in ("use", "close"):
+        eng.close()
+    sys.exit(0)  # a normal exit: atexit, garbage collection, the engine's destructor
+_, status = os.waitpid(pid, 0)
+child = os.waitstatus_to_exitcode(status)
+# The parent's engine is untouched: its connections and threads still serve.
+assert eng.reserve("hot", 1, strategy="batched").qty == 1
+assert eng.reserve("hot", 1, strategy="atomic").qty == 1
+assert eng.stock("hot").reserved == 3, eng.stock("hot")
+eng.close()
+print("child", child)
+"""
+
+
+@pytest.mark.parametrize("mode", ["idle", "close", "use"])
+def test_a_forked_child_exits_cleanly_and_refuses_the_inherited_engine(
+    backend: str, stockade_database: str, mode: str
+) -> None:
+    # Pre-fork servers (gunicorn --preload, uWSGI, Celery's prefork pool) fork after the
+    # engine exists. The child must exit cleanly whether it ignores the engine, closes it,
+    # or calls it (InvalidState: make the engine after the fork); the parent's engine
+    # must not notice.
+    env = dict(os.environ)
+    if backend == "postgres":
+        env["FORK_TEST_DSN"] = stockade_database
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["child", "0"], out.stderr
+
+
+# --- the sweeper's leader ---
+
+
+def test_sweeper_leadership_follows_the_lock_after_the_leader_session_is_terminated(
+    stockade_database: str,
+) -> None:
+    # Terminating the leader's session frees the election lock, and another engine takes
+    # it. The old leader must stop sweeping and say so: it sweeps only in the session that
+    # holds the lock, so its next round fails on the dead session and it loses the
+    # election. Expiry is exactly once either way (SKIP LOCKED); leadership must be too.
+    options = dict(sweeper=True, sweep_interval=0.05, pool_size=2)
+    leader_pid = (
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+    with stockade.Engine.postgres(stockade_database, **options) as a:
+        wait_until(lambda: a.stats()["sweeper"]["leader"])
+        first = run_sql(stockade_database, leader_pid)
+        with stockade.Engine.postgres(stockade_database, **options) as b:
+            time.sleep(0.2)
+            assert b.stats()["sweeper"]["leader"] is False
+            run_sql(stockade_database, f"SELECT pg_terminate_backend({first})")
+            wait_until(lambda: b.stats()["sweeper"]["leader"])
+            wait_until(lambda: not a.stats()["sweeper"]["leader"])
+            a_before = a.stats()["sweeper"]["expired"]
+            a.restock("s", 10)
+            held = [a.reserve("s", 1, ttl=0.1) for _ in range(4)]
+            wait_until(lambda: a.stock("s").reserved == 0)
+            assert {a.reservation(r.id).state for r in held} == {ReservationState.EXPIRED}
+            time.sleep(0.2)  # a few more rounds of both
+            sweepers = [a.stats()["sweeper"], b.stats()["sweeper"]]
+            assert [s["leader"] for s in sweepers] == [False, True]
+            assert sweepers[0]["expired"] == a_before  # the old leader swept nothing
+            assert sweepers[1]["expired"] == 4
+            assert run_sql(stockade_database, leader_pid) != first
+
+
+# --- one slow row never fails another (the batcher's head-of-line) ---
+
+
+def test_each_batched_request_is_held_to_its_own_lock_timeout(stockade_database: str) -> None:
+    # One impatient request (0.1 s) shares batches with ten patient ones (10 s) while the
+    # row is locked for a second: only the impatient one times out.
+    outcomes: Dict[int, object] = {}
+    with (
+        stockade.Engine.postgres(stockade_database, pool_size=1) as holder,
+        stockade.Engine.postgres(stockade_database, batch_shards=1) as eng,
+    ):
+        eng.restock("hot", 100)
+
+        def call(i: int) -> None:
+            timeout = 0.1 if i == 0 else 10.0
+            try:
+                outcomes[i] = eng.reserve("hot", 1, strategy="batched", lock_timeout=timeout)
+            except stockade.StockadeError as e:
+                outcomes[i] = e
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(11)]
+        with hold_lock(holder, "hot"):
+            for t in threads:
+                t.start()
+            time.sleep(1.0)
+        for t in threads:
+            t.join(30)
+        assert isinstance(outcomes[0], stockade.LockTimeout)
+        assert "100 ms" in str(outcomes[0])
+        made = [o for o in outcomes.values() if isinstance(o, stockade.Reservation)]
+        assert len(made) == 10
+        assert_ledger(eng, "hot", made)
+
+
+def test_a_row_locked_elsewhere_delays_only_its_own_requests(stockade_database: str) -> None:
+    # One shard, so X's and Y's requests share batches. X's row is locked for 1.5 s;
+    # every request for Y goes through meanwhile, and X's wait within their own bound.
+    outcomes: Dict[str, List[object]] = {"x": [], "y": []}
+    finished: Dict[str, List[float]] = {"x": [], "y": []}
+    lock = threading.Lock()
+    with (
+        stockade.Engine.postgres(stockade_database, pool_size=1) as holder,
+        stockade.Engine.postgres(stockade_database, batch_shards=1) as eng,
+    ):
+        eng.restock("x", 100)
+        eng.restock("y", 100)
+        start = time.monotonic()
+
+        def call(sku: str, timeout: float) -> None:
+            try:
+                out: object = eng.reserve(sku, 1, strategy="batched", lock_timeout=timeout)
+            except stockade.StockadeError as e:
+                out = e
+            with lock:
+                outcomes[sku].append(out)
+                finished[sku].append(time.monotonic() - start)
+
+        with hold_lock(holder, "x"):
+            threads = [threading.Thread(target=call, args=("x", 0.5)) for _ in range(5)]
+            threads += [threading.Thread(target=call, args=("x", 10.0)) for _ in range(5)]
+            threads += [threading.Thread(target=call, args=("y", 1.0)) for _ in range(20)]
+            for t in threads:
+                t.start()
+            time.sleep(1.5)
+        for t in threads:
+            t.join(30)
+        assert all(isinstance(o, stockade.Reservation) for o in outcomes["y"])
+        assert len(outcomes["y"]) == 20 and max(finished["y"]) < 1.0
+        timed_out = [o for o in outcomes["x"] if isinstance(o, stockade.LockTimeout)]
+        made_x = [o for o in outcomes["x"] if isinstance(o, stockade.Reservation)]
+        assert len(timed_out) == 5 and len(made_x) == 5  # the 0.5 s ones, and the 10 s ones
+        for r in [*made_x, *outcomes["y"]]:
+            assert isinstance(r, stockade.Reservation) and eng.reservation(r.id) == r
+        assert (eng.stock("x").reserved, eng.stock("y").reserved) == (5, 20)
+        assert eng.stats()["reservation_count"] == 25
+
+
+# --- faults under load: server restarts, backend kills ---
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[TemporaryPostgres]:
+    """A server of this module's own, so that restarting it disturbs no other test."""
+    with TemporaryPostgres(max_connections=100) as server:
+        yield server
+
+
+@pytest.fixture
+def own_database(own_server: TemporaryPostgres) -> Iterator[str]:
+    name = f"faults_{uuid.uuid4().hex[:12]}"
+    dsn = own_server.create_database(name)
+    with stockade.Engine.postgres(dsn, pool_size=1) as eng:
+        eng.migrate()
+    yield dsn
+    own_server.drop_database(name)
+
+
+class Load:
+    """Threads that reserve one unit each with a fresh idempotency key, recording every
+    attempted key and what each call was told, until stopped."""
+
+    def __init__(self, eng: stockade.Engine, strategy: str, threads: int = 8) -> None:
+        self.eng = eng
+        self.strategy = strategy
+        self.told: Dict[str, object] = {}  # key -> Reservation or the error raised
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(t,), daemon=True) for t in range(threads)
+        ]
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in self._threads)
+
+    def _run(self, t: int) -> None:
+        for i in itertools.count():
+            if self._stop.is_set():
+                return
+            key = f"k-{t}-{i}"
+            try:
+                out: object = self.eng.reserve(
+                    "hot", 1, idempotency_key=key, strategy=self.strategy, ttl=600
+                )
+            except stockade.StockadeError as e:
+                out = e
+                time.sleep(0.01)  # the server may be down: do not spin
+            with self._lock:
+                self.told[key] = out
+
+    def outcomes(self) -> Dict[str, int]:
+        counts: Dict[str, int] = {}
+        for out in self.told.values():
+            name = "ok" if isinstance(out, stockade.Reservation) else type(out).__name__
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
+
+def check_after_faults(eng: stockade.Engine, dsn: str, load: Load) -> Dict[str, int]:
+    """Every acknowledged reservation is there; nothing a definite failure refused
+    committed; a replay of every attempted key yields exactly one reservation each; the
+    ledger is exact. Returns the outcome counts, for the record."""
+    wait_until(lambda: _serves(eng), timeout=60)  # the same engine recovers
+    acknowledged = {k: r for k, r in load.told.items() if isinstance(r, stockade.Reservation)}
+    for r in acknowledged.values():
+        assert eng.reservation(r.id) == r
+    definite = [
+        k
+        for k, e in load.told.items()
+        if isinstance(e, stockade.StockadeError) and not isinstance(e, stockade.InDoubt)
+    ]
+    if definite:
+        keys = ",".join(f"'{k}'" for k in definite)
+        stored = run_sql(
+            dsn, f"SELECT count(*) FROM stockade.reservation WHERE idempotency_key IN ({keys})"
+        )
+        assert stored == "0", "a call told of a definite failure committed"
+    for key, told in load.told.items():
+        r = eng.reserve("hot", 1, idempotency_key=key, strategy=load.strategy, ttl=600)
+        if isinstance(told, stockade.Reservation):
+            assert r == told
+    level = eng.stock("hot")
+    assert level.reserved == len(load.told) == eng.stats()["reservation_count"]
+    held = run_sql(dsn, "SELECT coalesce(sum(qty), 0) FROM stockade.reservation")
+    assert int(held) == level.reserved
+    return load.outcomes()
+
+
+def _serves(eng: stockade.Engine) -> bool:
+    try:
+        eng.stock("hot")
+        return True
+    except stockade.StockadeError:
+        return False
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+@pytest.mark.parametrize("strategy", ["atomic", "batched"])
+def test_a_server_restart_under_load_loses_nothing_and_the_engine_recovers(
+    own_server: TemporaryPostgres, own_database: str, mode: str, strategy: str
+) -> None:
+    with stockade.Engine.postgres(own_database, pool_size=8, resolve_timeout=2) as eng:
+        eng.restock("hot", 1_000_000)
+        with Load(eng, strategy) as load:
+            time.sleep(0.7)
+            own_server.restart(mode)
+            time.sleep(0.7)
+        counts = check_after_faults(eng, own_database, load)
+        print(f"restart -m {mode}, {strategy}: {counts}")
+        assert counts.get("ok", 0) > 0
+
+
+@pytest.mark.parametrize("strategy", ["atomic", "pessimistic", "batched"])
+def test_backend_kills_under_load_lose_nothing(own_database: str, strategy: str) -> None:
+    kill = (
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    with stockade.Engine.postgres(own_database, pool_size=8) as eng:
+        eng.restock("hot", 1_000_000)
+        with Load(eng, strategy) as load:
+            for _ in range(5):
+                time.sleep(0.2)
+                run_sql(own_database, kill)
+            time.sleep(0.2)
+        counts = check_after_faults(eng, own_database, load)
+        print(f"backend kills, {strategy}: {counts}")
+        assert counts.get("ok", 0) > 0
+
+
+# --- processes: a SIGKILLed client, four processes racing ---
+
+CLIENT_SCRIPT = r"""
+import os, sys, threading
+import stockade
+
+eng = stockade.Engine.postgres(os.environ["FAULTS_DSN"], pool_size=8)
+strategy, threads, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+lock = threading.Lock()
+
+def say(line):
+    with lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+def run(t):
+    for i in range(1_000_000):
+        key = f"{prefix}-{t}-{i}"
+        say(f"try {key}")
+        try:
+            r = eng.reserve("hot", 1, idempotency_key=key if prefix != "nokey" else None,
+                            strategy=strategy, ttl=600)
+        except stockade.OutOfStock:
+            return
+        say(f"ok {key} {r.id}")
+
+workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
+say("done")
+"""
+
+
+def start_client(dsn: str, strategy: str, threads: int, prefix: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, FAULTS_DSN=dsn)
+    return subprocess.Popen(
+        [sys.executable, "-c", CLIENT_SCRIPT, strategy, str(threads), prefix],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("strategy", ["atomic", "batched"])
+def test_a_sigkilled_client_loses_nothing_it_was_told(own_database: str, strategy: str) -> None:
+    with stockade.Engine.postgres(own_database, pool_size=2) as eng:
+        eng.restock("hot", 1_000_000)
+        client = start_client(own_database, strategy, 8, "kill")
+        try:
+            time.sleep(1.5)
+        finally:
+            client.kill()  # SIGKILL: no cleanup, connections dropped mid-call
+            out, _ = client.communicate(timeout=30)
+        attempted = {line.split()[1] for line in out.splitlines() if line.startswith("try ")}
+        told = {
+            line.split()[1]: line.split()[2] for line in out.splitlines() if line.startswith("ok ")
+        }
+        assert told, "the client made no reservation before it was killed"
+        for rid in told.values():
+            assert str(eng.reservation(rid).id) == rid
+        # Replaying every attempted key gives exactly one reservation each: the one the
+        # client was told of, or the one its lost call made, or a new one.
+        for key in attempted:
+            r = eng.reserve("hot", 1, idempotency_key=key, strategy=strategy, ttl=600)
+            if key in told:
+                assert str(r.id) == told[key]
+        level = eng.stock("hot")
+        assert level.reserved == len(attempted) == eng.stats()["reservation_count"]
+        print(f"SIGKILL, {strategy}: {len(told)} told, {len(attempted)} attempted")
+
+
+@pytest.mark.parametrize("strategy", ["batched", "auto"])
+def test_four_processes_racing_for_one_sku_grant_exactly_the_units(
+    own_database: str, strategy: str
+) -> None:
+    units = 300
+    with stockade.Engine.postgres(own_database, pool_size=1) as eng:
+        eng.restock("hot", units)
+        clients = [start_client(own_database, strategy, 16, "nokey") for _ in range(4)]
+        outs = [c.communicate(timeout=120) for c in clients]
+        assert [c.returncode for c in clients] == [0, 0, 0, 0], [e for _, e in outs]
+        granted = [line.split()[2] for out, _ in outs for line in out.splitlines() if "ok " in line]
+        assert len(granted) == len(set(granted)) == units
+        level = eng.stock("hot")
+        assert (level.reserved, level.available) == (units, 0)
+        assert eng.stats()["reservation_count"] == units
+        for rid in granted[:: units // 30]:
+            assert eng.reservation(rid).state is ReservationState.HELD
