@@ -119,6 +119,8 @@ struct HotRowBatcher::Shard {
   std::deque<std::vector<std::uint32_t>> applied;
   std::vector<std::vector<std::uint32_t>> spare;
   bool flusher_done = false;
+  // The flusher's scratch: the records of the batch being applied (reused, no allocation).
+  std::vector<Slot*> batch_slots;
   std::thread flusher;
   std::thread completer;
 };
@@ -273,6 +275,7 @@ void HotRowBatcher::flush_loop(Shard& shard) {
   indices.reserve(options_.batch_max);
   deferred.reserve(options_.batch_max);
   items.reserve(options_.batch_max);
+  shard.batch_slots.reserve(options_.batch_max);
   for (;;) {
     // Deferred requests go first: they were queued before anything still in the queue,
     // so a SKU's requests are still decided in arrival order.
@@ -418,8 +421,8 @@ bool same_row(const BatchItem& a, const BatchItem& b) {
 void HotRowBatcher::apply(Shard& shard, std::vector<std::uint32_t>& indices,
                           std::vector<BatchItem*>& items, std::vector<std::uint32_t>& deferred) {
   items.clear();
-  std::vector<Slot*> slots;
-  slots.reserve(indices.size());
+  std::vector<Slot*>& slots = shard.batch_slots;
+  slots.clear();
   for (std::uint32_t index : indices) {
     items.push_back(&shard.slots[index].item);
     slots.push_back(&shard.slots[index]);

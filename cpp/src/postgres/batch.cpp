@@ -110,6 +110,16 @@ class BatchTx {
     return std::nullopt;
   }
 
+  // A reservation the full path decided to make in this attempt (not a replay), if any:
+  // the attempt's transaction committed if and only if it is in the database.
+  std::optional<Uuid> made_reservation_id() const {
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      const BatchItem& item = *items_[i];
+      if (item.ok && item.op == BatchOp::reserve && item.reservation.id == ids_[i]) return ids_[i];
+    }
+    return std::nullopt;
+  }
+
   // The fast statement landed though its answer was lost: every request was granted.
   // Reservations are read back; a sell's resulting level is unknown, so it is in doubt.
   void adopt_landed(PostgresStore& store, Tx& tx, const Error& in_doubt_error) {
@@ -558,11 +568,30 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
     }
     if (done) fast_skips_.store(fast_skips_after_miss, std::memory_order_relaxed);
   }
-  run(&write, context, [&](Tx& tx) {
-    batch.run_full(*this, tx);
-    return true;
-  });
+  run_full_resolving(batch, write, context);
   count_batch(items);
+}
+
+// The full path, one transaction. If its commit is lost and the session was ended, a
+// reservation the attempt made tells whether it committed: if so, every decision of the
+// attempt stands (grants, refusals, replays, transitions, sells, all in that one
+// transaction); if not, nothing changed and the batch runs once more. A batch that made
+// no reservation (only sells, transitions or replays) stays InDoubt.
+void PostgresStore::run_full_resolving(BatchTx& batch, const WriteOptions& write,
+                                       const ErrorContext& context) {
+  for (int lost = 0;; ++lost) {
+    try {
+      run(&write, context, [&](Tx& tx) {
+        batch.run_full(*this, tx);
+        return true;
+      });
+      return;
+    } catch (const LostCommit& e) {
+      const std::optional<Uuid> probe = batch.made_reservation_id();
+      if (!e.settled || lost > 0 || !probe) throw;
+      if (!find_landed({*probe}, e, context).empty()) return;
+    }
+  }
 }
 
 // The fast statement's connection broke while it ran, or before it was sent (a pooled

@@ -177,6 +177,7 @@ class PostgresStore final : public Store, public TestHooks {
   void count_batch(const std::vector<BatchItem*>& items);
   std::optional<bool> resolve_fast(BatchTx& batch, const LostCommit& lost,
                                    const ErrorContext& context);
+  void run_full_resolving(BatchTx& batch, const WriteOptions& write, const ErrorContext& context);
   // After a settled lost commit: the reservations `ids` if the write landed (all of them),
   // none if it did not. A read that fails leaves the call in doubt (throws `lost`).
   std::vector<Reservation> find_landed(const std::vector<Uuid>& ids, const LostCommit& lost,
