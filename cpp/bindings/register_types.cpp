@@ -3,10 +3,13 @@
 #include <cstring>
 
 #include "bindings.hpp"
+#include "stockade/batcher.hpp"
 #include "stockade/clock.hpp"
 #include "stockade/contention.hpp"
+#include "stockade/engine.hpp"
 #include "stockade/errors.hpp"
 #include "stockade/hash.hpp"
+#include "stockade/postgres_store.hpp"
 
 namespace stockade::bindings {
 
@@ -70,6 +73,20 @@ void register_types(py::module_& m) {
       },
       py::arg("sku"), py::arg("location"), "The stable 64-bit hash of (sku, location).");
   m.attr("QUANTITY_MAX") = quantity_max;
+  // The largest value of each count option, so that Python refuses a value out of range
+  // with InvalidArgument before it reaches a C++ integer.
+  py::dict limits;
+  limits["retries_max"] = retries_max_limit;
+  limits["pool_size"] = pool_size_max;
+  limits["sweep_batch"] = expire_batch_max;
+  limits["batch_max"] = batch_size_limit;
+  limits["batch_shards"] = batcher_shards_max;
+  limits["async_workers"] = async_workers_max;
+  limits["expire_limit"] = expire_batch_max;
+  m.attr("OPTION_LIMITS") = limits;
+  m.def("parse_conninfo", &parse_conninfo, py::arg("dsn"),
+        "The keyword/value pairs of a libpq connection string (InvalidArgument, without "
+        "quoting it, if libpq cannot parse it).");
   m.attr("LOW_CONFLICT_RATE") = low_conflict_rate;
   m.attr("HOT_CONFLICT_RATE") = hot_conflict_rate;
 }

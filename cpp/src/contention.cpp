@@ -158,7 +158,8 @@ Advice advise(const SkuKey& key, const SkuHeat& heat, const AutoOptions& options
       "correct; what remains is cost";
   if (heat.requests == 0) {
     advice.strategy = Strategy::atomic;
-    advice.reasons = {"no requests for sku '" + key.sku + "' measured in this process yet", zero};
+    advice.reasons = {"no requests for sku " + shown(key.sku) + " measured in this process yet",
+                      zero};
     return advice;
   }
   const bool recent = heat.window_requests >= window_requests_min;

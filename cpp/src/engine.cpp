@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "error_helpers.hpp"
 #include "fork.hpp"
 
 #include <set>
@@ -363,8 +364,7 @@ OrderRequest Engine::order_request(const std::vector<OrderLine>& lines,
     validate_sku_key(line.key);
     validate_qty(line.qty);
     if (!seen.insert(line.key).second) {
-      throw_invalid_argument("the order names sku '" + line.key.sku + "' at location '" +
-                             line.key.location + "' twice");
+      throw_invalid_argument("the order names " + detail::describe(line.key) + " twice");
     }
   }
   if (ttl_us) validate_ttl_us(*ttl_us);

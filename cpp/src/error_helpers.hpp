@@ -17,7 +17,7 @@ inline ErrorContext context_of(const SkuKey& key) {
 }
 
 inline std::string describe(const SkuKey& key) {
-  return "sku '" + key.sku + "' at location '" + key.location + "'";
+  return "sku " + shown(key.sku) + " at location " + shown(key.location);
 }
 
 inline Error stock_not_found(const SkuKey& key) {
@@ -41,7 +41,7 @@ inline Error out_of_stock(const SkuKey& key, Quantity available, Quantity qty) {
 
 inline Error idempotency_conflict(const std::string& key) {
   return Error(ErrorCode::idempotency_conflict,
-               "idempotency key '" + key + "' was used for a different request");
+               "idempotency key " + shown(key) + " was used for a different request");
 }
 
 [[noreturn]] inline void throw_stock_version_conflict(const SkuKey& key, Version expected,

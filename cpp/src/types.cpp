@@ -1,5 +1,6 @@
 #include "stockade/types.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -22,7 +23,9 @@ std::size_t utf8_sequence_length(unsigned char lead) {
   return 0;
 }
 
-bool is_valid_utf8(std::string_view text) {
+}  // namespace
+
+bool is_valid_utf8(std::string_view text) noexcept {
   std::size_t i = 0;
   while (i < text.size()) {
     const auto lead = static_cast<unsigned char>(text[i]);
@@ -45,6 +48,42 @@ bool is_valid_utf8(std::string_view text) {
   }
   return true;
 }
+
+std::string shown(std::string_view text, std::size_t limit) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::size_t cut = std::min(text.size(), limit);
+  // Never cut inside a UTF-8 sequence: back up to the byte that starts one.
+  while (cut > 0 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) {
+    --cut;
+  }
+  const std::string_view head = text.substr(0, cut);
+  const bool utf8 = is_valid_utf8(head);
+  std::string out = "'";
+  for (char c : head) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\\' || c == '\'') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (byte < 0x20 || byte == 0x7F || (byte >= 0x80 && !utf8)) {
+      out += "\\x";
+      out += hex[byte >> 4];
+      out += hex[byte & 0x0F];
+    } else {
+      out += c;
+    }
+  }
+  out += '\'';
+  if (cut < text.size()) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
+
+namespace {
 
 // Text that becomes a PostgreSQL `text` value: non-empty, bounded, valid UTF-8, no NUL.
 void validate_text(std::string_view value, const char* field, std::size_t bytes_max) {
@@ -74,8 +113,8 @@ Strategy parse_strategy(std::string_view name) {
   for (std::size_t i = 0; i < strategy_count; ++i) {
     if (name == strategy_names[i]) return static_cast<Strategy>(i);
   }
-  throw_invalid_argument("unknown strategy '" + std::string(name) +
-                         "'; expected one of atomic, pessimistic, advisory, optimistic, "
+  throw_invalid_argument("unknown strategy " + shown(name) +
+                         "; expected one of atomic, pessimistic, advisory, optimistic, "
                          "batched, auto");
 }
 

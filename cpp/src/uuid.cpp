@@ -103,14 +103,17 @@ Uuid Uuid::parse(std::string_view text) {
       text[23] != '-') {
     throw_invalid_argument("reservation id must be a UUID in 8-4-4-4-12 hex form");
   }
+  // Every position but the four dashes holds a hex digit: 32 digits, 16 bytes. Reading
+  // by position (not by skipping dashes as they come) never leaves the 36 characters.
   Uuid id;
-  std::size_t out = 0;
-  for (std::size_t i = 0; i < text.size(); i += 2) {
-    if (text[i] == '-') ++i;
-    const int hi = hex_value(text[i]);
-    const int lo = hex_value(text[i + 1]);
-    if (hi < 0 || lo < 0) throw_invalid_argument("reservation id has a non-hex digit");
-    id.bytes[out++] = static_cast<std::uint8_t>(hi << 4 | lo);
+  std::size_t digit = 0;
+  for (std::size_t i = 0; i < 36; ++i) {
+    if (i == 8 || i == 13 || i == 18 || i == 23) continue;
+    const int value = hex_value(text[i]);
+    if (value < 0) throw_invalid_argument("reservation id has a non-hex digit");
+    std::uint8_t& byte = id.bytes[digit / 2];
+    byte = static_cast<std::uint8_t>(digit % 2 == 0 ? value << 4 : byte | value);
+    ++digit;
   }
   return id;
 }

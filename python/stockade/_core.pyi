@@ -5,6 +5,10 @@ from typing import Any, Optional
 __version__: str
 ERROR_CODES: tuple[str, ...]
 QUANTITY_MAX: int
+OPTION_LIMITS: dict[str, int]
+
+def parse_conninfo(dsn: str) -> list[tuple[str, str]]: ...
+
 LOW_CONFLICT_RATE: float
 HOT_CONFLICT_RATE: float
 

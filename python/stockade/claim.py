@@ -13,7 +13,7 @@ from typing import Tuple
 
 from . import _core
 from .errors import InvalidArgument, InvalidType
-from .values import Strategy
+from .values import Strategy, shown
 
 __all__ = ["HOT_CONFLICT_RATE", "LOW_CONFLICT_RATE", "ClaimAdvice", "claim_test"]
 
@@ -59,7 +59,7 @@ def claim_test(
     if not 0.0 <= conflict_rate <= 1.0:
         raise InvalidArgument(f"conflict_rate must be between 0 and 1, got {conflict_rate}")
     if retry not in _RETRY:
-        raise InvalidArgument(f"retry must be one of {', '.join(_RETRY)}, got {retry!r}")
+        raise InvalidArgument(f"retry must be one of {', '.join(_RETRY)}, got {shown(str(retry))}")
     retry_safe = _RETRY[retry]
 
     if single_statement:

@@ -72,9 +72,15 @@ class ManualClock:
 
 
 def _positive(name: str, value: object) -> int:
+    """A count option: an int from 1 to its limit in the core (_core.OPTION_LIMITS)."""
+    return _counted(name, value, 1)
+
+
+def _counted(name: str, value: object, low: int) -> int:
     number = check_int(name, value)
-    if number <= 0:
-        raise InvalidArgument(f"{name} must be positive, got {number}")
+    high = _core.OPTION_LIMITS[name]
+    if not low <= number <= high:
+        raise InvalidArgument(f"{name} must be between {low} and {high}, got {number}")
     return number
 
 
@@ -235,7 +241,7 @@ class Engine:
             raise InvalidType(f"clock must be a ManualClock, not {type(clock).__name__}")
         core = _core.Engine.memory(
             strategy=strategy_name(strategy) or Strategy.AUTO.value,
-            retries_max=check_int("retries_max", retries_max),
+            retries_max=_counted("retries_max", retries_max, 0),
             lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
             default_ttl_us=duration_us("default_ttl", default_ttl),
             clock=clock._core if clock is not None else None,
@@ -290,7 +296,7 @@ class Engine:
             sweep_interval_ms=duration_ms("sweep_interval", sweep_interval),
             sweep_batch=_positive("sweep_batch", sweep_batch),
             strategy=strategy_name(strategy) or Strategy.AUTO.value,
-            retries_max=check_int("retries_max", retries_max),
+            retries_max=_counted("retries_max", retries_max, 0),
             lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
             default_ttl_us=duration_us("default_ttl", default_ttl),
             **_layer_options(batch_max, batch_shards, batch_lock_slice, async_workers),
@@ -565,8 +571,9 @@ class Engine:
     def expire_due(self, *, limit: int = 1000) -> int:
         """Expires up to ``limit`` holds past their expiry; returns how many."""
         limit = check_int("limit", limit)
-        if limit <= 0:
-            raise InvalidArgument(f"limit must be positive, got {limit}")
+        high = _core.OPTION_LIMITS["expire_limit"]
+        if not 1 <= limit <= high:
+            raise InvalidArgument(f"limit must be between 1 and {high}, got {limit}")
         return self._core.expire_due(limit=limit)
 
     def stats(self, *, sku_limit: int = 20) -> Dict[str, Any]:

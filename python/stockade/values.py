@@ -68,14 +68,38 @@ def _etag(version: int) -> str:
     return f'"{version}"'
 
 
+_ETAG_DIGITS_MAX = 19  # a version is a positive int64
+
+
+def shown(value: str, limit: int = 64) -> str:
+    """``value`` as it may appear in a message or a log line: quoted, with control and
+    non-ASCII characters escaped (a newline cannot forge a log line), and cut to ``limit``
+    characters with the full length noted (a 1 MB input does not become a 1 MB message)."""
+    if len(value) <= limit:
+        return ascii(value)
+    return f"{value[:limit]!a}... ({len(value)} characters)"
+
+
 def version_from_etag(etag: str) -> int:
-    """The version inside an ETag made by stockade (for HTTP ``If-Match``)."""
+    """The version inside an ETag made by stockade (for HTTP ``If-Match``): ``"12"`` or
+    ``W/"12"``, ASCII digits only, at most 19 of them."""
     if not isinstance(etag, str):
         raise InvalidType(f"etag must be a str, not {type(etag).__name__}")
     text = etag[2:] if etag.startswith("W/") else etag
-    if len(text) < 3 or text[0] != '"' or text[-1] != '"' or not text[1:-1].isdigit():
-        raise InvalidArgument(f"not a stockade etag: {etag!r}")
-    return int(text[1:-1])
+    digits = text[1:-1]
+    if (
+        len(text) < 3
+        or len(digits) > _ETAG_DIGITS_MAX
+        or text[0] != '"'
+        or text[-1] != '"'
+        or not digits.isascii()
+        or not digits.isdigit()
+    ):
+        raise InvalidArgument(f"not a stockade etag: {shown(etag)}")
+    version = int(digits)
+    if version > INT64_MAX:
+        raise InvalidArgument(f"not a stockade etag (version out of range): {shown(etag)}")
+    return version
 
 
 def _datetime(us: int) -> datetime:
@@ -227,7 +251,9 @@ def strategy_name(value: object) -> Optional[str]:
             return Strategy(value).value
         except ValueError:
             names = ", ".join(s.value for s in Strategy)
-            raise InvalidArgument(f"unknown strategy {value!r}; expected one of {names}") from None
+            raise InvalidArgument(
+                f"unknown strategy {shown(value)}; expected one of {names}"
+            ) from None
     raise InvalidType(f"strategy must be a Strategy or str, not {type(value).__name__}")
 
 
@@ -238,7 +264,7 @@ def reservation_id_bytes(value: object) -> bytes:
         try:
             return uuid.UUID(value).bytes
         except ValueError:
-            raise InvalidArgument(f"not a reservation id: {value!r}") from None
+            raise InvalidArgument(f"not a reservation id: {shown(str(value))}") from None
     if isinstance(value, Reservation):
         return value.id.bytes
     raise InvalidType(f"reservation id must be a uuid.UUID or str, not {type(value).__name__}")

@@ -92,6 +92,13 @@ TEST(Uuid, text_form_round_trips_and_bad_text_is_rejected) {
   EXPECT_EQ(Uuid::parse(text), id);
   EXPECT_STOCKADE_ERROR(Uuid::parse("not-a-uuid"), invalid);
   EXPECT_STOCKADE_ERROR(Uuid::parse("0189a0b2-7c1e-7abc-8def-0123456789zz"), invalid);
+  // A fifth dash among the last twelve digits: once read past the end of the text.
+  EXPECT_STOCKADE_ERROR(Uuid::parse("00000000-0000-0000-0000-0000000000-0"), invalid);
+  EXPECT_STOCKADE_ERROR(Uuid::parse("00000000-0000-0000-0000-00000000000-"), invalid);
+  EXPECT_STOCKADE_ERROR(Uuid::parse(std::string_view("00000000-0000-0000-0000-00000000000\0", 36)),
+                        invalid);
+  EXPECT_EQ(Uuid::parse("FFFFFFFF-FFFF-FFFF-FFFF-FFFFFFFFFFFF").to_string(),
+            "ffffffff-ffff-ffff-ffff-ffffffffffff");
   EXPECT_STOCKADE_ERROR(Uuid::from_bytes("short"), invalid);
 }
 

@@ -26,9 +26,11 @@ class SystemClock final : public Clock {
 // A clock that only moves when told to. Thread-safe.
 class ManualClock final : public Clock {
  public:
-  explicit ManualClock(TimestampUs start_us) : now_us_(start_us) {}
+  // Times stay between the years 1 and 9999 (what Python's datetime holds); outside them
+  // the constructor, set_us and advance_us raise InvalidArgument.
+  explicit ManualClock(TimestampUs start_us);
   TimestampUs now_us() const override { return now_us_.load(std::memory_order_acquire); }
-  void set_us(TimestampUs value) { now_us_.store(value, std::memory_order_release); }
+  void set_us(TimestampUs value);
   // Moves the clock by delta_us (which may be negative); returns the new time.
   TimestampUs advance_us(std::int64_t delta_us);
 

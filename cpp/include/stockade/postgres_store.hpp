@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "stockade/store.hpp"
 
@@ -32,6 +34,11 @@ struct PostgresOptions {
 };
 
 inline constexpr std::size_t pool_size_max = 1024;
+
+// The keyword/value pairs a libpq connection string (key=value or URI) sets, as libpq
+// parses it; InvalidArgument, without quoting the string, if it cannot be parsed. Lets
+// tools hand a child process the password through its environment instead of its argv.
+std::vector<std::pair<std::string, std::string>> parse_conninfo(const std::string& dsn);
 
 // Checks the options; throws InvalidArgument.
 void validate_postgres_options(const PostgresOptions& options);

@@ -30,6 +30,9 @@ inline constexpr std::size_t idempotency_key_bytes_max = 256;
 inline constexpr std::size_t order_lines_max = 1000;
 inline constexpr std::size_t expire_batch_max = 100000;
 inline constexpr std::int64_t ttl_us_max = 366LL * 24 * 3600 * 1000 * 1000;
+// 9999-12-31T23:59:59.999999Z in microseconds since the epoch: the last instant Python's
+// datetime holds. No hold may expire later, and a ManualClock cannot be set later.
+inline constexpr std::int64_t timestamp_us_max = 253'402'300'799'999'999;
 inline constexpr std::int64_t lock_timeout_ms_max = 10LL * 60 * 1000;
 inline constexpr int retries_max_limit = 100;
 inline constexpr const char* default_location = "default";
@@ -97,6 +100,13 @@ struct Reservation {
 // most batch_size_limit (65536) requests, whose quantities add up to at most 6.6×10^16,
 // far below the 9.2×10^18 of a 64-bit stock level.
 inline constexpr Quantity quantity_max = 1'000'000'000'000;
+
+// `text` as an error message or a log line may show it: in single quotes, with control
+// characters and bytes that are not UTF-8 escaped (\n, \x1b; a newline cannot forge a
+// log line), cut after about `limit` bytes with the full length noted (a 1 MB input does
+// not make a 1 MB message). Every caller-supplied value a message quotes goes through it.
+std::string shown(std::string_view text, std::size_t limit = 64);
+bool is_valid_utf8(std::string_view text) noexcept;
 
 // Input checks. Each throws Error(invalid_argument) naming the field and the rule broken.
 void validate_sku_key(const SkuKey& key);

@@ -7,6 +7,20 @@
 #include "memory_store_impl.hpp"
 
 namespace stockade::detail {
+namespace {
+
+// now + ttl, or InvalidArgument (before anything is written) when a hold would outlive
+// the last instant a timestamp can hold: a ManualClock set near the year 9999.
+TimestampUs expiry_of(TimestampUs now, std::int64_t ttl_us) {
+  if (now > timestamp_us_max - ttl_us) {
+    throw_invalid_argument(
+        "the hold would expire after 9999-12-31T23:59:59.999999Z, the last instant a "
+        "timestamp can hold (is a ManualClock set near the year 9999?)");
+  }
+  return now + ttl_us;
+}
+
+}  // namespace
 
 Reservation MemoryStore::new_reservation(const StockRow& row, Quantity qty, std::int64_t ttl_us,
                                          TimestampUs now,
@@ -17,7 +31,7 @@ Reservation MemoryStore::new_reservation(const StockRow& row, Quantity qty, std:
   r.qty = qty;
   r.state = ReservationState::held;
   r.version = 1;
-  r.expires_at_us = now + ttl_us;
+  r.expires_at_us = expiry_of(now, ttl_us);
   r.created_at_us = now;
   r.updated_at_us = now;
   r.idempotency_key = key;
@@ -141,7 +155,7 @@ std::vector<Reservation> MemoryStore::with_idempotency(
       }
       if (idempotency_done_.wait_until(lock, deadline) == std::cv_status::timeout) {
         throw Error(ErrorCode::lock_timeout,
-                    "a request with idempotency key '" + key + "' is still in flight");
+                    "a request with idempotency key " + shown(key) + " is still in flight");
       }
     }
   }
@@ -187,6 +201,7 @@ Reservation MemoryStore::transition(const Uuid& id, Transition kind, std::int64_
     expire_locked(shard, record, now);  // lazily, as the sweeper would have
     throw not_holdable(r);
   }
+  const TimestampUs extended = kind == Transition::extend ? expiry_of(now, ttl_us) : 0;
   switch (kind) {
     case Transition::confirm:
       release_stock(*record.row, r.qty, /*sold=*/true, now);
@@ -200,7 +215,7 @@ Reservation MemoryStore::transition(const Uuid& id, Transition kind, std::int64_
       break;
     case Transition::extend:
       shard.held_by_expiry.erase({r.expires_at_us, r.id});
-      r.expires_at_us = now + ttl_us;
+      r.expires_at_us = extended;
       shard.held_by_expiry.emplace(r.expires_at_us, r.id);
       break;
   }

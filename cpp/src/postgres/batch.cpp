@@ -292,7 +292,7 @@ void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string
       // Rare; the request fails as a lock wait would, and its caller may retry at once.
       fail(*items_[claim.first],
            Error(ErrorCode::lock_timeout,
-                 "idempotency key '" + name + "' was released by a concurrent request; retry",
+                 "idempotency key " + shown(name) + " was released by a concurrent request; retry",
                  context_of(items_[claim.first]->key)));
       decided_[claim.first] = true;
     }

@@ -1,5 +1,7 @@
 #include "pool.hpp"
 
+#include "dsn.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -8,15 +10,24 @@
 namespace stockade::detail::pg {
 
 std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
+  std::unique_ptr<pqxx::connection> conn;
   try {
-    return std::make_unique<pqxx::connection>(dsn);
+    conn = std::make_unique<pqxx::connection>(dsn);
+    // Text travels as UTF-8 whatever PGCLIENTENCODING or the server's default says:
+    // stockade validates and compares its strings as UTF-8.
+    conn->set_client_encoding("UTF8");
   } catch (const pqxx::failure& e) {  // broken_connection, or an sql_error such as 53300
     ErrorContext context;
     if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e))
       context.sqlstate = sql->sqlstate();
-    throw Error(ErrorCode::unavailable, std::string("cannot connect to PostgreSQL: ") + e.what(),
+    throw Error(ErrorCode::unavailable,
+                "cannot connect to PostgreSQL: " + scrub_secrets(e.what(), dsn),
                 std::move(context));
+  } catch (const std::exception& e) {  // libpqxx's argument errors: the same care
+    throw Error(ErrorCode::unavailable,
+                "cannot connect to PostgreSQL: " + scrub_secrets(e.what(), dsn));
   }
+  return conn;
 }
 
 namespace {

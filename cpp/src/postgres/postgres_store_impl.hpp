@@ -212,6 +212,7 @@ std::vector<Reservation> in_order(const pqxx::result& rows, const std::vector<Uu
 // The ids of array_to_string(uuid[], ','), as the idempotency table returns them.
 std::vector<Uuid> parse_ids(const std::string& list);
 bool valid_schema_name(const std::string& schema);
+bool reserved_schema_name(const std::string& schema);
 
 // The migrations compiled in from sql/ (generated at build time), in file-name order.
 struct Migration {

@@ -1,7 +1,9 @@
 // PostgresStore's lifecycle and plumbing: opening and closing, options, stats, and the
 // transaction runner's backoff.
 #include <regex>
+#include <set>
 
+#include "dsn.hpp"
 #include "postgres_store_impl.hpp"
 
 namespace stockade::detail::pg {
@@ -9,6 +11,117 @@ namespace stockade::detail::pg {
 bool valid_schema_name(const std::string& schema) {
   static const std::regex pattern("[a-z_][a-z0-9_]{0,62}");
   return std::regex_match(schema, pattern);
+}
+
+// PostgreSQL's reserved key words (both kinds: "reserved" and "reserved, can be function
+// or type"), which cannot name a schema without quotes. stockade writes the schema name
+// unquoted into its SQL, so it refuses them, as it refuses names that start with pg_
+// (reserved for system schemas).
+bool reserved_schema_name(const std::string& schema) {
+  static const std::set<std::string> words = {
+      "all",
+      "analyse",
+      "analyze",
+      "and",
+      "any",
+      "array",
+      "as",
+      "asc",
+      "asymmetric",
+      "authorization",
+      "binary",
+      "both",
+      "case",
+      "cast",
+      "check",
+      "collate",
+      "collation",
+      "column",
+      "concurrently",
+      "constraint",
+      "create",
+      "cross",
+      "current_catalog",
+      "current_date",
+      "current_role",
+      "current_schema",
+      "current_time",
+      "current_timestamp",
+      "current_user",
+      "default",
+      "deferrable",
+      "desc",
+      "distinct",
+      "do",
+      "else",
+      "end",
+      "except",
+      "false",
+      "fetch",
+      "for",
+      "foreign",
+      "freeze",
+      "from",
+      "full",
+      "grant",
+      "group",
+      "having",
+      "ilike",
+      "in",
+      "initially",
+      "inner",
+      "intersect",
+      "into",
+      "is",
+      "isnull",
+      "join",
+      "lateral",
+      "leading",
+      "left",
+      "like",
+      "limit",
+      "localtime",
+      "localtimestamp",
+      "natural",
+      "not",
+      "notnull",
+      "null",
+      "offset",
+      "on",
+      "only",
+      "or",
+      "order",
+      "outer",
+      "overlaps",
+      "placing",
+      "primary",
+      "references",
+      "returning",
+      "right",
+      "select",
+      "session_user",
+      "similar",
+      "some",
+      "symmetric",
+      "system_user",
+      "table",
+      "tablesample",
+      "then",
+      "to",
+      "trailing",
+      "true",
+      "union",
+      "unique",
+      "user",
+      "using",
+      "variadic",
+      "verbose",
+      "when",
+      "where",
+      "window",
+      "with",
+  };
+  return words.count(schema) > 0 || schema.rfind("pg_", 0) == 0;
 }
 
 PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry> shared)
@@ -76,9 +189,14 @@ void validate_postgres_options(const PostgresOptions& options) {
   if (options.dsn.find('\0') != std::string::npos) {
     throw_invalid_argument("dsn must not contain NUL bytes");
   }
+  detail::pg::parse_conninfo(options.dsn);  // InvalidArgument, without quoting it
   if (!detail::pg::valid_schema_name(options.schema)) {
-    throw_invalid_argument("schema must match [a-z_][a-z0-9_]* and be at most 63 bytes, got '" +
-                           options.schema + "'");
+    throw_invalid_argument("schema must match [a-z_][a-z0-9_]* and be at most 63 bytes, got " +
+                           shown(options.schema));
+  }
+  if (detail::pg::reserved_schema_name(options.schema)) {
+    throw_invalid_argument("schema " + shown(options.schema) +
+                           " is a PostgreSQL reserved word or a pg_ name; pick another name");
   }
   if (options.pool_size == 0 || options.pool_size > pool_size_max) {
     throw_invalid_argument("pool_size must be between 1 and " + std::to_string(pool_size_max));

@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional, Sequence, TextIO
 
 from ..engine import Engine
 from .load import drive_load
-from .pgserver import find_bindir, run_sql
+from .pgserver import child_connection, find_bindir, run_sql
 
 __all__ = ["BenchCase", "Progress", "run_pgbench", "run_redis", "run_stockade", "write_reports"]
 
@@ -191,6 +191,7 @@ def run_pgbench(
     )
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(pgbench_script(strategy, schema))
+    conninfo, env = child_connection(dsn)  # the password goes in pgbench's environment
     try:
         out = subprocess.run(
             [
@@ -210,10 +211,11 @@ def run_pgbench(
                 f"prefix={prefix}",
                 "-f",
                 f.name,
-                dsn,
+                conninfo,
             ],
             capture_output=True,
             text=True,
+            env=env,
             timeout=seconds + 120,
         )
     finally:

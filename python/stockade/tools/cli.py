@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Sequence
@@ -28,6 +29,27 @@ from .loadgen import NAIVE, FlashSaleReport, flash_sale
 from .pgserver import TemporaryPostgres, run_sql
 
 STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]
+
+# libpq's environment variables that name a server: when one is set and neither --dsn nor
+# STOCKADE_DSN is given, the DSN is empty and libpq reads them (and PGPASSWORD).
+_LIBPQ_SERVER_VARIABLES = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE")
+
+DSN_HELP = (
+    "a PostgreSQL server of yours (libpq connection string); default: $STOCKADE_DSN, else "
+    "libpq's PG* variables when one of them is set"
+)
+
+
+def dsn_from_environment(given: Optional[str]) -> Optional[str]:
+    """``--dsn`` if given, else ``$STOCKADE_DSN``, else ``""`` (libpq's own defaults) when
+    a PG* variable names a server, else None. Keeps passwords off the command line."""
+    if given:
+        return given
+    if os.environ.get("STOCKADE_DSN"):
+        return os.environ["STOCKADE_DSN"]
+    if any(os.environ.get(name) for name in _LIBPQ_SERVER_VARIABLES):
+        return ""
+    return None
 
 
 def _table(reports: List[FlashSaleReport]) -> str:
@@ -53,10 +75,10 @@ def _engine(args: argparse.Namespace) -> Iterator[tuple[Engine, str]]:
             yield engine, "the embedded memory store"
         return
     pool = max(1, min(args.clients, 32))
-    if args.dsn:
+    if args.dsn is not None:
         with Engine.postgres(args.dsn, schema="stockade_demo", pool_size=pool) as engine:
             engine.migrate()
-            yield engine, "PostgreSQL (--dsn), schema stockade_demo"
+            yield engine, "PostgreSQL (--dsn or the environment), schema stockade_demo"
         return
     print("starting a throwaway PostgreSQL server (initdb, fsync on) ...", flush=True)
     with TemporaryPostgres() as server:
@@ -72,7 +94,7 @@ def _engine(args: argparse.Namespace) -> Iterator[tuple[Engine, str]]:
 
 
 def demo(args: argparse.Namespace) -> int:
-    if args.dsn and args.backend == "memory":
+    if args.dsn_given and args.backend == "memory":
         print("stockade demo: --dsn needs --backend postgres", file=sys.stderr)
         return 2
     try:
@@ -126,10 +148,10 @@ def _bench_target(args: argparse.Namespace) -> Iterator[tuple[Engine, Optional[s
         with Engine.memory() as engine:
             yield engine, None, "the embedded memory store"
         return
-    if args.dsn:
+    if args.dsn is not None:
         with Engine.postgres(args.dsn, schema="stockade_bench", pool_size=args.clients) as eng:
             eng.migrate()
-            yield eng, args.dsn, "PostgreSQL (--dsn), schema stockade_bench"
+            yield eng, args.dsn, "PostgreSQL (--dsn or the environment), schema stockade_bench"
         return
     print(
         "starting a throwaway PostgreSQL server (initdb, fsync on) ...", file=sys.stderr, flush=True
@@ -169,7 +191,7 @@ def bench(args: argparse.Namespace) -> int:
     cases: List[benchmod.BenchCase] = []
     try:
         with _bench_target(args) as (engine, dsn, where):
-            schema = "stockade_bench" if args.dsn else "stockade"
+            schema = "stockade_bench" if args.dsn is not None else "stockade"
             title = (
                 f"{args.skus:,} SKU(s), {args.clients} clients, {args.seconds:g} s per case, "
                 f"on {where}"
@@ -252,7 +274,8 @@ def _ask(question: str, answer: Optional[str], choices: Sequence[str]) -> str:
             print(f"  please answer one of: {', '.join(choices)}")
         try:
             answer = input(f"{question} [{'/'.join(choices)}] ").strip().lower()
-        except EOFError:
+        except (EOFError, OSError, RuntimeError, ValueError):
+            # EOF, a closed or missing stdin (input() raises RuntimeError without one)
             raise SystemExit("stockade advise: no answer (stdin closed)") from None
     return answer
 
@@ -320,7 +343,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         default="postgres",
         help="postgres (default: a throwaway local server unless --dsn) or memory",
     )
-    d.add_argument("--dsn", help="a PostgreSQL server of yours (libpq connection string)")
+    d.add_argument("--dsn", help=DSN_HELP)
     d.add_argument("--buyers", type=int, default=10_000)
     d.add_argument("--units", type=int, default=1_000)
     d.add_argument("--clients", type=int, default=64)
@@ -328,7 +351,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     b = sub.add_parser("bench", help="strategies side by side (--peers: and pgbench, Redis)")
     b.add_argument("--backend", choices=["memory", "postgres"], default="postgres")
-    b.add_argument("--dsn", help="a PostgreSQL server of yours (schema stockade_bench)")
+    b.add_argument("--dsn", help=DSN_HELP + " (schema stockade_bench)")
     b.add_argument("--skus", type=int, default=1, help="1: one hot SKU; more: uniform load")
     b.add_argument("--clients", type=int, default=64)
     b.add_argument("--seconds", type=float, default=3.0, help="per case")
@@ -342,7 +365,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     b.set_defaults(run=bench)
 
     m = sub.add_parser("migrate", help="create or upgrade the schema on a server")
-    m.add_argument("--dsn", required=True)
+    m.add_argument("--dsn", help=DSN_HELP)
     m.add_argument("--schema", default="stockade")
     m.set_defaults(run=migrate)
 
@@ -353,6 +376,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a.add_argument("--retry", choices=["safe", "cheap", "unsafe", "expensive"])
     a.set_defaults(run=advise)
     args = parser.parse_args(argv)
+    if "dsn" in args:
+        args.dsn_given = args.dsn
+        args.dsn = dsn_from_environment(args.dsn)
+    if args.command == "migrate" and args.dsn is None:
+        parser.error("migrate needs --dsn, STOCKADE_DSN or libpq's PG* variables")
     return int(args.run(args))
 
 

@@ -25,11 +25,12 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import StockadeError, Unavailable
+from .. import _core
+from ..errors import InvalidArgument, StockadeError, Unavailable
 
-__all__ = ["TemporaryPostgres", "find_bindir", "quote_ident", "run_sql"]
+__all__ = ["TemporaryPostgres", "child_connection", "find_bindir", "quote_ident", "run_sql"]
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -66,19 +67,54 @@ def find_bindir() -> Path:
     )
 
 
+# Connection keywords that are secrets: never on a child's command line (anyone on the
+# machine can read /proc/<pid>/cmdline).
+_SECRET_KEYWORDS = ("password", "sslpassword")
+
+
+def child_connection(dsn: str) -> Tuple[str, Dict[str, str]]:
+    """A connection string for a libpq child process (psql, pgbench) with the password
+    taken out, and the environment that hands it over instead (``PGPASSWORD``, which only
+    the same user can read). ``sslpassword`` has no environment variable and is refused."""
+    options = dict(_core.parse_conninfo(dsn))
+    if options.get("sslpassword"):
+        raise InvalidArgument(
+            "a dsn with sslpassword cannot be handed to psql or pgbench without putting the "
+            "secret on their command line; use an unencrypted key file for benchmarks"
+        )
+    env = dict(os.environ, PGCLIENTENCODING="UTF8")  # the text we read back is UTF-8
+    if options.get("password"):
+        env["PGPASSWORD"] = options["password"]
+    public = " ".join(
+        f"{keyword}={_conninfo_value(value)}"
+        for keyword, value in options.items()
+        if keyword not in _SECRET_KEYWORDS
+    )
+    return public, env
+
+
+def _conninfo_value(value: str) -> str:
+    """A conninfo value in single quotes, with backslashes and quotes escaped."""
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
+
+
 def run_sql(dsn: str, statement: str) -> str:
-    """Runs one SQL statement with ``psql`` (autocommit); returns its unaligned output."""
+    """Runs one SQL statement with ``psql`` (autocommit); returns its unaligned output.
+    The password travels in psql's environment, never on its command line."""
     psql = shutil.which("psql")
     if psql is None:
         try:
             psql = str(find_bindir() / "psql")
         except Unavailable:
             psql = "psql"
+    conninfo, env = child_connection(dsn)
     done = subprocess.run(
-        [psql, "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-c", statement],
+        [psql, "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", conninfo, "-c", statement],
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
     if done.returncode != 0:
         raise StockadeError(f"psql failed on {statement!r}: {done.stderr.strip()}")
