@@ -1,7 +1,7 @@
 # stockade: the two commands of the README, and their parts.
 #   make demo   set up what is missing, build, and run the flash-sale demo
 #   make test   set up what is missing, build, and run every check (ruff, clang-format,
-#               ctest, TSan, pytest)
+#               ctest, TSan, ASan+UBSan with the fuzz targets' smoke runs, pytest)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -12,18 +12,18 @@ CTEST  := $(VENV)/bin/ctest
 JOBS   ?= 2
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DSTOCKADE_BUILD_TESTS=ON -DSTOCKADE_WERROR=ON
 
-.PHONY: demo test lint bench bench-hot notebooks system-deps install test-cpp test-tsan test-python format clean
+.PHONY: demo test lint bench bench-hot notebooks system-deps install test-cpp test-tsan test-asan test-python format clean
 
 # Every C++ source clang-format checks (pinned below, so every machine formats alike).
 CXX_SOURCES = $(wildcard cpp/include/stockade/*.hpp cpp/src/*.[ch]pp cpp/src/memory/*.[ch]pp \
 	cpp/src/postgres/*.[ch]pp cpp/bindings/*.[ch]pp cpp/tools/include/stockade/tools/*.hpp \
-	cpp/tools/src/*.cpp tests/cpp/*.[ch]pp benchmarks/cpp/*.cpp)
+	cpp/tools/src/*.cpp tests/cpp/*.[ch]pp tests/fuzz/*.[ch]pp benchmarks/cpp/*.cpp)
 PY_SOURCES = python tests benchmarks notebooks/make_notebooks.py
 
 demo: install
 	$(VENV)/bin/stockade demo
 
-test: lint install test-cpp test-tsan test-python
+test: lint install test-cpp test-tsan test-asan test-python
 
 # ruff (lint and format) and clang-format, as checks: `make format` fixes what they find.
 lint: $(VENV)/.tools-stamp
@@ -58,6 +58,14 @@ test-tsan: system-deps $(VENV)/.tools-stamp
 	$(CMAKE) --build $(BUILD)/tsan -j $(JOBS)
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(abspath tools/tsan.supp)" \
 		$(CTEST) --test-dir $(BUILD)/tsan --output-on-failure -j $(JOBS)
+
+# The GoogleTest suite and the fuzz targets' smoke runs under AddressSanitizer and
+# UndefinedBehaviorSanitizer: any out-of-bounds read, leak or undefined behaviour fails.
+test-asan: system-deps $(VENV)/.tools-stamp
+	$(CMAKE) -S . -B $(BUILD)/asan $(CMAKE_FLAGS) -DSTOCKADE_SANITIZE=address,undefined
+	$(CMAKE) --build $(BUILD)/asan -j $(JOBS)
+	ASAN_OPTIONS="halt_on_error=1 detect_leaks=1" UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1" \
+		$(CTEST) --test-dir $(BUILD)/asan --output-on-failure -j $(JOBS)
 
 test-python: install
 	$(PY) -m pytest

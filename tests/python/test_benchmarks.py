@@ -1,4 +1,4 @@
-"""The hot-SKU benchmark still runs end to end (at a tiny size; it checks no figure)."""
+"""The benchmarks still run end to end (at a tiny size; they check no figure)."""
 
 from __future__ import annotations
 
@@ -40,3 +40,22 @@ def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
     for strategy in ("atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"):
         assert f"| {strategy} |" in out.stdout
     assert (tmp_path / "hot.json").read_text().count("rate") >= 12
+
+
+@pytest.mark.postgres
+def test_refused_memory_benchmark_prints_both_stores() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "refused_memory.py"),
+            "--requests",
+            "2000",
+            "--threads",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| memory | 2,000 |" in out.stdout and "| postgres | 2,000 |" in out.stdout

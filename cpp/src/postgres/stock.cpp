@@ -1,7 +1,6 @@
 // PostgresStore: stock rows and the per-request strategies.
 #include <algorithm>
 #include <chrono>
-#include <regex>
 
 #include "../fingerprint.hpp"
 #include "../invariant.hpp"

@@ -1,6 +1,5 @@
 // PostgresStore's lifecycle and plumbing: opening and closing, options, stats, and the
 // transaction runner's backoff.
-#include <regex>
 #include <set>
 
 #include "dsn.hpp"
@@ -8,9 +7,15 @@
 
 namespace stockade::detail::pg {
 
+// [a-z_][a-z0-9_]{0,62}
 bool valid_schema_name(const std::string& schema) {
-  static const std::regex pattern("[a-z_][a-z0-9_]{0,62}");
-  return std::regex_match(schema, pattern);
+  if (schema.empty() || schema.size() > 63) return false;
+  for (std::size_t i = 0; i < schema.size(); ++i) {
+    const char c = schema[i];
+    const bool letter = (c >= 'a' && c <= 'z') || c == '_';
+    if (!letter && (i == 0 || c < '0' || c > '9')) return false;
+  }
+  return true;
 }
 
 // PostgreSQL's reserved key words (both kinds: "reserved" and "reserved, can be function
