@@ -4,10 +4,12 @@
 // (FUZZ_CHECK) when a property fails; the sanitizers abort on memory and UB errors.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,14 @@ void fuzz_print_input();
 #ifndef FUZZ_DRIVER
 __attribute__((weak)) void fuzz_print_input() {}
 #endif
+
+// A heap copy of exactly `size` bytes (one byte when empty), so that ASan sees any read
+// past the end of the input.
+inline std::unique_ptr<char[]> exact_copy(const std::uint8_t* data, std::size_t size) {
+  std::unique_ptr<char[]> copy(new char[size == 0 ? 1 : size]);
+  std::copy(data, data + size, copy.get());
+  return copy;
+}
 
 #define FUZZ_CHECK(condition)                                                               \
   do {                                                                                      \

@@ -58,8 +58,7 @@ const std::vector<std::string>& fuzz_seeds() {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  std::unique_ptr<char[]> copy(new char[size == 0 ? 1 : size]);
-  std::copy(data, data + size, copy.get());
+  const std::unique_ptr<char[]> copy = exact_copy(data, size);
   const std::string_view text(copy.get(), size);
   FUZZ_CHECK(stockade::is_valid_utf8(text) == decodes(text));
 

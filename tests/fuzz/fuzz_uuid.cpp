@@ -19,9 +19,7 @@ const std::vector<std::string>& fuzz_seeds() {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  // A heap copy of exactly `size` bytes, so that ASan sees any read past the end.
-  std::unique_ptr<char[]> copy(new char[size == 0 ? 1 : size]);
-  std::copy(data, data + size, copy.get());
+  const std::unique_ptr<char[]> copy = exact_copy(data, size);
   const std::string_view text(copy.get(), size);
   try {
     const stockade::Uuid id = stockade::Uuid::parse(text);
