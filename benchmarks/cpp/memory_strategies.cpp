@@ -55,7 +55,7 @@ Result run_case(Strategy strategy, int threads, double seconds, int skus) {
         try {
           engine->reserve(keys[pick(rng)], 1, {}, {}, call);
         } catch (const stockade::Error& e) {
-          if (e.code() != stockade::ErrorCode::version_conflict) throw;
+          if (e.code() != stockade::ErrorCode::retries_exhausted) throw;
         }
         mine.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
       }

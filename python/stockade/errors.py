@@ -8,6 +8,32 @@ conflict, and the reservation ``state`` of an invalid transition.
 Bad input raises :class:`InvalidArgument` (also a ``ValueError``); input of the wrong
 Python type raises :class:`InvalidType` (an ``InvalidArgument`` that is also a
 ``TypeError``). Neither changes anything.
+
+HTTP: every error carries ``http_status`` (the status a service should answer with),
+``retryable`` (whether sending the same request again may succeed) and ``retry_after``
+(seconds to wait first, or None). ``stockade.http.problem`` turns one into an RFC 9457
+problem+json response. The table:
+
+=======================  ======  =========  ===========  =================================
+error                    status  retryable  retry_after  why
+=======================  ======  =========  ===========  =================================
+OutOfStock               409     no         -            the stock says no
+NotFound                 404     no         -
+VersionConflict          412     no         -            If-Match / expected_version stale
+RetriesExhausted         503     yes        1            optimistic retries ran out
+ReservationExpired       410     no         -            the hold is gone for good
+InvalidState             409     no         -            e.g. confirm a released hold
+LockNotAvailable         409     yes        1            NOWAIT found the lock taken
+LockTimeout              503     yes        1
+IdempotencyConflict      422     no         -            the key names another request
+InDoubt                  503     yes        1            retry with the same key
+Overloaded               503     yes        1
+InvalidArgument          400     no         -
+NotSupported             501     no         -
+InvariantViolation       500     no         -            a bug: report it
+Unavailable              503     yes        1
+DatabaseError            500     no         -
+=======================  ======  =========  ===========  =================================
 """
 
 from __future__ import annotations
@@ -30,6 +56,7 @@ __all__ = [
     "OutOfStock",
     "Overloaded",
     "ReservationExpired",
+    "RetriesExhausted",
     "StockadeError",
     "Unavailable",
     "VersionConflict",
@@ -40,6 +67,9 @@ class StockadeError(Exception):
     """Base class of every stockade error."""
 
     code: str = "stockade_error"
+    http_status: int = 500
+    retryable: bool = False
+    retry_after_default: Optional[float] = None
 
     def __init__(
         self,
@@ -62,54 +92,82 @@ class StockadeError(Exception):
         self.expected_version = expected_version
         self.actual_version = actual_version
         self.state = state
+        # Seconds a client should wait before it sends the request again (HTTP
+        # Retry-After), when retrying can help; None otherwise.
+        self.retry_after: Optional[float] = self.retry_after_default
 
 
 class OutOfStock(StockadeError):
     """Not enough stock available for the request; nothing was reserved or sold."""
 
     code = "out_of_stock"
+    http_status = 409
 
 
 class NotFound(StockadeError):
     """No such stock row or reservation."""
 
     code = "not_found"
+    http_status = 404
 
 
 class VersionConflict(StockadeError):
-    """The row changed since the version the caller expected, or optimistic retries ran out."""
+    """The row or reservation changed since the version the caller expected
+    (``expected_version``, an HTTP ``If-Match``): HTTP 412. Re-read, then decide again."""
 
     code = "version_conflict"
+    http_status = 412
+
+
+class RetriesExhausted(StockadeError):
+    """The ``optimistic`` strategy lost the compare-and-set ``retries_max`` times in a row
+    to concurrent writers; nothing changed. Not a stale ``If-Match``: the caller sent no
+    version. HTTP 503 with Retry-After, since the row is contended right now; a retry
+    later (or the ``batched`` strategy) may well succeed."""
+
+    code = "retries_exhausted"
+    http_status = 503
+    retryable = True
+    retry_after_default = 1.0
 
 
 class ReservationExpired(StockadeError):
     """The hold passed its ``expires_at``; it can no longer be confirmed, released or extended."""
 
     code = "reservation_expired"
+    http_status = 410
 
 
 class InvalidState(StockadeError):
     """The transition is not allowed from the current state (e.g. confirm a released hold)."""
 
     code = "invalid_state"
+    http_status = 409
 
 
 class LockNotAvailable(StockadeError):
     """``nowait=True`` and the lock was held by someone else (SQLSTATE 55P03)."""
 
     code = "lock_not_available"
+    http_status = 409
+    retryable = True
+    retry_after_default = 1.0
 
 
 class LockTimeout(StockadeError):
     """The lock was not granted within ``lock_timeout``."""
 
     code = "lock_timeout"
+    http_status = 503
+    retryable = True
+    retry_after_default = 1.0
 
 
 class IdempotencyConflict(StockadeError):
     """The idempotency key was already used for a different request."""
 
     code = "idempotency_conflict"
+    http_status = 422
 
 
 class InDoubt(StockadeError):
@@ -117,18 +175,25 @@ class InDoubt(StockadeError):
     same idempotency key to learn it; never assume success or failure."""
 
     code = "in_doubt"
+    http_status = 503
+    retryable = True
+    retry_after_default = 1.0
 
 
 class Overloaded(StockadeError):
     """A bounded queue, pool or retry budget is exhausted; back off and retry."""
 
     code = "overloaded"
+    http_status = 503
+    retryable = True
+    retry_after_default = 1.0
 
 
 class InvalidArgument(StockadeError, ValueError):
     """Bad input; nothing was changed."""
 
     code = "invalid_argument"
+    http_status = 400
 
 
 class InvalidType(InvalidArgument, TypeError):
@@ -141,6 +206,7 @@ class NotSupported(StockadeError, NotImplementedError):
     """The feature exists in the API but is not built for this backend or release."""
 
     code = "not_supported"
+    http_status = 501
 
 
 class InvariantViolation(StockadeError):
@@ -148,6 +214,7 @@ class InvariantViolation(StockadeError):
     CHECK constraint, SQLSTATE 23514). This is a bug, never a normal outcome: report it."""
 
     code = "invariant_violation"
+    http_status = 500
 
 
 class Unavailable(StockadeError, ConnectionError):
@@ -155,12 +222,16 @@ class Unavailable(StockadeError, ConnectionError):
     nothing was changed. Safe to retry."""
 
     code = "unavailable"
+    http_status = 503
+    retryable = True
+    retry_after_default = 1.0
 
 
 class DatabaseError(StockadeError):
     """Any other error the database raised; ``sqlstate`` says which."""
 
     code = "database_error"
+    http_status = 500
 
 
 _BY_CODE: dict[str, type[StockadeError]] = {
@@ -169,6 +240,7 @@ _BY_CODE: dict[str, type[StockadeError]] = {
         OutOfStock,
         NotFound,
         VersionConflict,
+        RetriesExhausted,
         ReservationExpired,
         InvalidState,
         LockNotAvailable,

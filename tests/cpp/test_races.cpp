@@ -60,7 +60,7 @@ void buy_until_sold_out(Tally& tally, Reserve reserve) {
         tally.refused.fetch_add(1);
         return;
       }
-      if (e.code() != ErrorCode::version_conflict) throw;
+      if (e.code() != ErrorCode::retries_exhausted) throw;
       tally.retried.fetch_add(1);  // optimistic gave up after retries_max: buyer tries again
     }
   }
@@ -128,7 +128,7 @@ TEST_P(EveryStrategy, reservations_confirmed_and_released_concurrently_balance_t
           confirmed.fetch_add(2);
         }
       } catch (const Error& e) {
-        if (e.code() != ErrorCode::out_of_stock && e.code() != ErrorCode::version_conflict) throw;
+        if (e.code() != ErrorCode::out_of_stock && e.code() != ErrorCode::retries_exhausted) throw;
       }
     }
   });
@@ -155,7 +155,7 @@ TEST_P(EveryStrategy, orders_in_opposite_line_order_do_not_deadlock) {
         engine->reserve_order(i % 2 == 0 ? ab : ba, {}, {}, call);
         orders.fetch_add(1);
       } catch (const Error& e) {
-        if (e.code() != ErrorCode::version_conflict) throw;
+        if (e.code() != ErrorCode::retries_exhausted) throw;
       }
     }
   });

@@ -276,7 +276,7 @@ def test_serialization_failures_are_retried_within_bounds(
                 assert e.sqlstate == "40001", e
             else:  # optimistic may also run out of its own retries
                 assert e is None or (
-                    strategy == "optimistic" and isinstance(e, stockade.VersionConflict)
+                    strategy == "optimistic" and isinstance(e, stockade.RetriesExhausted)
                 ), e
         granted = eng.stats()["strategies"][strategy]["granted"]
         assert granted > 0
@@ -446,7 +446,7 @@ def test_orders_in_opposite_orders_from_two_engines_never_deadlock(
                 try:
                     eng.reserve_order(orders[i % 2], strategy=strategy_name)
                     placed += 1
-                except stockade.VersionConflict:
+                except stockade.RetriesExhausted:
                     assert strategy_name == "optimistic"
             return placed
 
@@ -479,7 +479,7 @@ def _buyer_process(
                     return True
                 except sk.OutOfStock:
                     return False
-                except sk.VersionConflict:
+                except sk.RetriesExhausted:
                     continue
             raise AssertionError("lost the optimistic race 50 times")
 

@@ -3,7 +3,7 @@ and the naive read-modify-write canary oversells under the same race.
 
 Goal: no oversell (never more grants than units) and no undersell (all units sold when
 buyers outnumber them). Method: 256 threads released together by a barrier, one unit
-each, against 100 units; buyers that lose an optimistic race (VersionConflict) try again,
+each, against 100 units; buyers whose optimistic retries ran out (RetriesExhausted) try again,
 as a client would, a bounded number of times.
 """
 
@@ -23,14 +23,14 @@ ATTEMPTS_MAX = 50
 
 def until_decided(call: Callable[[], object]) -> bool:
     """True if the call was granted, False if refused (OutOfStock); retries a lost
-    optimistic race (VersionConflict), as a client would, at most ATTEMPTS_MAX times."""
+    optimistic race (RetriesExhausted), as a client would, at most ATTEMPTS_MAX times."""
     for _ in range(ATTEMPTS_MAX):
         try:
             call()
             return True
         except stockade.OutOfStock:
             return False
-        except stockade.VersionConflict:
+        except stockade.RetriesExhausted:
             continue
     raise AssertionError("lost the optimistic race ATTEMPTS_MAX times")
 

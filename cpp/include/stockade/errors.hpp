@@ -23,6 +23,7 @@ namespace stockade {
   X(out_of_stock, "fewer units are available than asked for")              \
   X(not_found, "no such stock row or reservation")                         \
   X(version_conflict, "expected_version (If-Match) does not match")        \
+  X(retries_exhausted, "optimistic retries ran out; nothing changed")      \
   X(reservation_expired, "the hold lapsed before the transition")          \
   X(invalid_state, "the reservation or engine is in the wrong state")      \
   X(lock_not_available, "NOWAIT found the lock taken")                     \

@@ -143,7 +143,7 @@ RowValues MemoryStore::optimistic(StockRow& row, const WriteOptions& options,
     bump(counters.conflicts);
     telemetry().count(row.key, SkuEvent::conflict);
     if (attempt >= options.retries_max) {
-      throw Error(ErrorCode::version_conflict,
+      throw Error(ErrorCode::retries_exhausted,
                   "optimistic write to " + describe(row.key) + " lost the race " +
                       std::to_string(attempt + 1) + " times (retries_max " +
                       std::to_string(options.retries_max) + ")",
@@ -307,7 +307,7 @@ void MemoryStore::apply_order(const std::vector<StockRow*>& rows, const std::vec
     if (try_apply_latched(rows, qtys, now, &seen)) return;
     bump(counters.conflicts);
     if (attempt >= options.retries_max) {
-      throw Error(ErrorCode::version_conflict,
+      throw Error(ErrorCode::retries_exhausted,
                   "optimistic order lost the race " + std::to_string(attempt + 1) +
                       " times (retries_max " + std::to_string(options.retries_max) + ")");
     }

@@ -324,7 +324,7 @@ auto PostgresStore::optimistic_retry(const SkuKey* key, const WriteOptions& opti
       if (n >= options.retries_max) {
         ErrorContext context;
         if (key != nullptr) context = context_of(*key);
-        throw Error(ErrorCode::version_conflict,
+        throw Error(ErrorCode::retries_exhausted,
                     "optimistic write" +
                         (key != nullptr ? " to " + describe(*key) : std::string()) +
                         " lost the race " + std::to_string(n + 1) + " times (retries_max " +

@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Union
 
 from ..engine import Engine
-from ..errors import NotFound, OutOfStock, StockadeError, VersionConflict
+from ..errors import NotFound, OutOfStock, RetriesExhausted, StockadeError
 from ..values import Strategy, check_int, strategy_name
 from .hooks import naive_reserve
 
 __all__ = ["NAIVE", "FlashSaleReport", "LoadInvariantError", "flash_sale"]
 
 NAIVE = "naive-unsafe"
-RETRIES_MAX = 5  # a buyer retries an optimistic VersionConflict at most this often
+RETRIES_MAX = 5  # a buyer retries after RetriesExhausted at most this often
 
 
 @dataclass
@@ -34,7 +34,7 @@ class FlashSaleReport:
     granted: int = 0
     refused: int = 0
     failed: int = 0
-    retried: int = 0  # optimistic retries, by the engine and by buyers after VersionConflict
+    retried: int = 0  # optimistic retries, by the engine and by buyers after RetriesExhausted
     lock_waits: int = 0  # lock acquisitions that found the lock taken (engine counters)
     elapsed_s: float = 0.0
     reserved_after: int = 0
@@ -162,7 +162,7 @@ def _run_sale(
                 return "granted"
             except OutOfStock:
                 return "refused"
-            except VersionConflict:
+            except RetriesExhausted:
                 with lock:
                     report.retried += 1
         return "failed"

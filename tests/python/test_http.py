@@ -1,0 +1,143 @@
+"""HTTP semantics: every error's status, retryability and Retry-After; RFC 9110 If-Match
+and If-None-Match; RFC 9457 problem+json. And the split that motivated it: a stale
+If-Match is VersionConflict (412), optimistic retries running out is RetriesExhausted
+(503), never the other way round."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+import stockade
+import stockade.http as http
+from stockade import errors
+from stockade.http import ETag
+
+
+def test_every_error_class_has_an_http_status_and_retryability() -> None:
+    for cls in errors._BY_CODE.values():
+        assert 400 <= cls.http_status <= 599, cls
+        if cls.retryable:
+            assert cls.retry_after_default is not None and cls.http_status in (409, 503), cls
+        else:
+            assert cls.retry_after_default is None, cls
+    assert stockade.VersionConflict.http_status == 412
+    assert stockade.OutOfStock.http_status == 409 and not stockade.OutOfStock.retryable
+    assert stockade.ReservationExpired.http_status == 410
+    assert stockade.RetriesExhausted.http_status == 503 and stockade.RetriesExhausted.retryable
+    assert stockade.InvalidType.http_status == 400
+
+
+def test_a_stale_version_is_version_conflict(engine: stockade.Engine) -> None:
+    level = engine.restock("s", 5)
+    with pytest.raises(stockade.VersionConflict) as info:
+        engine.restock("s", 1, expected_version=level.version - 1)
+    assert info.value.http_status == 412 and info.value.retry_after is None
+
+
+def test_optimistic_retries_running_out_is_retries_exhausted_not_version_conflict(
+    stockade_database: str,
+) -> None:
+    # 32 threads on one PostgreSQL row and no retries allowed: compare-and-sets must lose
+    # (the memory store's compare-and-set is too quick to lose reliably from Python; its
+    # C++ races check the same code). None of the callers sent a version, so none may
+    # hear VersionConflict (a 412 to a client that sent no If-Match).
+    engine = stockade.Engine.postgres(stockade_database, retries_max=0, pool_size=16)
+    lost: list[BaseException] = []
+    barrier = threading.Barrier(32)
+
+    def buyer() -> None:
+        barrier.wait(10)
+        for _ in range(40):
+            try:
+                engine.reserve("hot", 1, strategy="optimistic")
+            except stockade.StockadeError as e:
+                lost.append(e)
+
+    with engine:
+        engine.restock("hot", 1_000_000)
+        threads = [threading.Thread(target=buyer) for _ in range(32)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert lost, "no compare-and-set lost: the race did not happen"
+    assert all(isinstance(e, stockade.RetriesExhausted) for e in lost), lost[:3]
+    for e in lost:
+        assert e.http_status == 503 and e.retryable and e.retry_after == 1.0
+
+
+# --- If-Match / If-None-Match ---
+
+
+def test_parse_etags_reads_star_lists_weak_tags_and_empty_elements() -> None:
+    assert http.parse_etags("*") == "*"
+    assert http.parse_etags(' "a" , W/"b",,"c,d" ') == [
+        ETag("a"),
+        ETag("b", weak=True),
+        ETag("c,d"),
+    ]
+    assert http.parse_etags("") == []
+
+
+@pytest.mark.parametrize(
+    "field", ['"a" "b"', "a", '"a', 'W/ "a"', '"a"x', '"a\\"b"', 'w/"a"', '*, "a"', "x" * 9000]
+)
+def test_parse_etags_refuses_what_is_not_a_list_of_entity_tags(field: str) -> None:
+    with pytest.raises(stockade.InvalidArgument) as info:
+        http.parse_etags(field)
+    assert len(str(info.value)) < 200
+
+
+def test_if_match_uses_strong_comparison_and_if_none_match_weak() -> None:
+    assert http.if_match('"7"', '"7"')
+    assert not http.if_match('W/"7"', '"7"')
+    assert not http.if_match('"7"', 'W/"7"')
+    assert http.if_match('"6", "7"', '"7"')
+    assert http.if_match("*", '"7"') and not http.if_match("*", None)
+    assert not http.if_none_match('W/"7"', '"7"')
+    assert not http.if_none_match('"7"', 'W/"7"')
+    assert http.if_none_match('"6"', '"7"')
+    assert http.if_none_match("*", None) and not http.if_none_match("*", '"7"')
+
+
+def test_expected_version_from_if_match(engine: stockade.Engine) -> None:
+    level = engine.restock("s", 5)
+    assert http.expected_version(None) is None
+    assert http.expected_version("*") is None
+    assert http.expected_version(level.etag) == level.version
+    for field in ('W/"3"', '"3", "4"', '"abc"'):
+        with pytest.raises(stockade.InvalidArgument):
+            http.expected_version(field)
+    # The round trip a service makes: ETag out, If-Match in, 412 on a stale one.
+    engine.restock("s", 1, expected_version=http.expected_version(level.etag))
+    with pytest.raises(stockade.VersionConflict):
+        engine.restock("s", 1, expected_version=http.expected_version(level.etag))
+
+
+# --- problem+json ---
+
+
+def test_problem_renders_rfc_9457_with_retry_after(engine: stockade.Engine) -> None:
+    engine.restock("s", 1)
+    with pytest.raises(stockade.OutOfStock) as info:
+        engine.reserve("s", 2)
+    status, headers, body = http.problem(info.value, instance="/skus/s/reservations")
+    assert status == 409 and headers == {"Content-Type": "application/problem+json"}
+    assert body["type"] == "urn:stockade:error:out_of_stock" and body["status"] == 409
+    assert body["title"] == "Conflict" and body["sku"] == "s" and body["retryable"] is False
+    assert body["instance"] == "/skus/s/reservations"
+    json.dumps(body)  # serializable as is
+
+    busy = stockade.RetriesExhausted("optimistic write lost the race 6 times")
+    status, headers, body = http.problem(busy)
+    assert status == 503 and headers["Retry-After"] == "1" and body["retryable"] is True
+
+
+def test_problem_never_echoes_a_hostile_value_raw(engine: stockade.Engine) -> None:
+    with pytest.raises(stockade.NotFound) as info:
+        engine.stock("x\n" + "y" * 250)
+    _, _, body = http.problem(info.value)
+    assert "\n" not in body["detail"] and len(body["detail"]) < 300
