@@ -7,8 +7,10 @@ threads run it in parallel.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union
 
 from . import _core
 from .aio import Bridges
@@ -200,9 +202,13 @@ class Engine:
     takes ``location="default"``; calls that decide availability also take ``strategy=``
     (a :class:`Strategy` or its name), ``nowait=`` and ``lock_timeout=``.
 
-    Every mutating call has an awaitable twin, ``<name>_async``, with the same parameters
-    and checks. The twin queues its call in C++ (the hot-row batcher, or a small pool of
-    C++ workers) and its outcome reaches the event loop in bulk (see :mod:`stockade.aio`).
+    Every call has an awaitable twin, ``<name>_async``, with the same parameters and
+    checks, and the engine has an async constructor (:meth:`connect`), :meth:`aclose` and
+    ``async with``: nothing on the event loop waits on the network. The twins of the
+    decisions (reserve, reserve_order, sell, confirm, release, extend) queue their call in
+    C++ (the hot-row batcher, or a small pool of C++ workers), and outcomes reach the event
+    loop in bulk (see :mod:`stockade.aio`); the others (reads, restock, set_on_hand,
+    expire_due, stats, migrate) run the blocking call on the loop's default executor.
     Cancelling the awaitable does not cancel the call: it may still commit (use an
     idempotency key to find out).
     """
@@ -303,6 +309,12 @@ class Engine:
         )
         return cls(core)
 
+    @classmethod
+    async def connect(cls, dsn: str, **options: Any) -> Engine:
+        """:meth:`postgres` as an awaitable: connects (and checks the server) off the event
+        loop. Takes the same keyword arguments."""
+        return await _off_loop(functools.partial(cls.postgres, dsn, **options))
+
     # --- properties and lifecycle ---
 
     @property
@@ -331,8 +343,22 @@ class Engine:
         twice is harmless. Completions of async calls still reach their event loops."""
         self._core.close()
 
+    async def migrate_async(self) -> List[str]:
+        """:meth:`migrate` as an awaitable."""
+        return await _off_loop(self.migrate)
+
+    async def aclose(self) -> None:
+        """:meth:`close` as an awaitable: drains queued requests off the event loop."""
+        await _off_loop(self.close)
+
     def __enter__(self) -> Engine:
         return self
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -383,6 +409,38 @@ class Engine:
         return StockLevel._from_core(
             self._core.stock(sku=check_str("sku", sku), location=check_str("location", location))
         )
+
+    async def restock_async(
+        self,
+        sku: str,
+        qty: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+    ) -> StockLevel:
+        """:meth:`restock` as an awaitable."""
+        call = functools.partial(
+            self.restock, sku, qty, location=location, expected_version=expected_version
+        )
+        return await _off_loop(call)
+
+    async def set_on_hand_async(
+        self,
+        sku: str,
+        on_hand: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+    ) -> StockLevel:
+        """:meth:`set_on_hand` as an awaitable."""
+        call = functools.partial(
+            self.set_on_hand, sku, on_hand, location=location, expected_version=expected_version
+        )
+        return await _off_loop(call)
+
+    async def stock_async(self, sku: str, *, location: str = DEFAULT_LOCATION) -> StockLevel:
+        """:meth:`stock` as an awaitable."""
+        return await _off_loop(functools.partial(self.stock, sku, location=location))
 
     def sell(
         self,
@@ -568,6 +626,12 @@ class Engine:
 
     get_reservation = reservation
 
+    async def reservation_async(self, id: ReservationId) -> Reservation:
+        """:meth:`reservation` as an awaitable."""
+        return await _off_loop(functools.partial(self.reservation, id))
+
+    get_reservation_async = reservation_async
+
     def expire_due(self, *, limit: int = 1000) -> int:
         """Expires up to ``limit`` holds past their expiry; returns how many."""
         limit = check_int("limit", limit)
@@ -576,12 +640,20 @@ class Engine:
             raise InvalidArgument(f"limit must be between 1 and {high}, got {limit}")
         return self._core.expire_due(limit=limit)
 
+    async def expire_due_async(self, *, limit: int = 1000) -> int:
+        """:meth:`expire_due` as an awaitable."""
+        return await _off_loop(functools.partial(self.expire_due, limit=limit))
+
     def stats(self, *, sku_limit: int = 20) -> Dict[str, Any]:
         """Counters per strategy, and the ``sku_limit`` hottest SKUs by requests."""
         sku_limit = check_int("sku_limit", sku_limit)
         if sku_limit < 0:
             raise InvalidArgument("sku_limit must not be negative")
         return self._core.stats(sku_limit=sku_limit)
+
+    async def stats_async(self, *, sku_limit: int = 20) -> Dict[str, Any]:
+        """:meth:`stats` as an awaitable (on PostgreSQL it reads the database)."""
+        return await _off_loop(functools.partial(self.stats, sku_limit=sku_limit))
 
     # --- advice ---
 
@@ -595,6 +667,15 @@ class Engine:
             sku=check_str("sku", sku), location=check_str("location", location)
         )
         return ClaimAdvice(Strategy(strategy), tuple(reasons))
+
+
+_T = TypeVar("_T")
+
+
+async def _off_loop(call: Callable[[], _T]) -> _T:
+    """Runs a blocking call on the running loop's default executor (a bounded thread
+    pool), so that the event loop never waits on the network."""
+    return await asyncio.get_running_loop().run_in_executor(None, call)
 
 
 def _layer_options(
