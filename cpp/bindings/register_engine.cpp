@@ -131,7 +131,8 @@ std::unique_ptr<Engine> make_memory(const std::string& strategy, int retries_max
 
 std::unique_ptr<Engine> make_postgres(const std::string& dsn, const std::string& schema,
                                       std::size_t pool_size, std::int64_t pool_timeout_ms,
-                                      std::int64_t resolve_timeout_ms, bool sweeper,
+                                      std::int64_t resolve_timeout_ms,
+                                      const std::string& application_name, bool sweeper,
                                       std::int64_t sweep_interval_ms, std::size_t sweep_batch,
                                       const std::string& strategy, int retries_max,
                                       std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
@@ -143,6 +144,7 @@ std::unique_ptr<Engine> make_postgres(const std::string& dsn, const std::string&
   postgres.pool_size = pool_size;
   postgres.pool_timeout_ms = pool_timeout_ms;
   postgres.resolve_timeout_ms = resolve_timeout_ms;
+  postgres.application_name = application_name;
   postgres.sweeper = sweeper;
   postgres.sweep_interval_ms = sweep_interval_ms;
   postgres.sweep_batch = sweep_batch;
@@ -346,11 +348,11 @@ void register_engine(py::module_& m) {
                py::arg("async_workers"), "An engine over an in-process memory store.")
       .def_static("postgres", &make_postgres, py::arg("dsn"), py::arg("schema"),
                   py::arg("pool_size"), py::arg("pool_timeout_ms"), py::arg("resolve_timeout_ms"),
-                  py::arg("sweeper"), py::arg("sweep_interval_ms"), py::arg("sweep_batch"),
-                  py::arg("strategy"), py::arg("retries_max"), py::arg("lock_timeout_ms"),
-                  py::arg("default_ttl_us"), py::arg("batch_max"), py::arg("batch_shards"),
-                  py::arg("batch_lock_slice_ms"), py::arg("async_workers"), Release(),
-                  "An engine over PostgreSQL (connects at once).")
+                  py::arg("application_name"), py::arg("sweeper"), py::arg("sweep_interval_ms"),
+                  py::arg("sweep_batch"), py::arg("strategy"), py::arg("retries_max"),
+                  py::arg("lock_timeout_ms"), py::arg("default_ttl_us"), py::arg("batch_max"),
+                  py::arg("batch_shards"), py::arg("batch_lock_slice_ms"), py::arg("async_workers"),
+                  Release(), "An engine over PostgreSQL (connects at once).")
       .def("migrate", &Engine::migrate, Release())
       .def("close", &Engine::close, Release())
       .def_property_readonly("backend", [](Engine& e) { return e.store().backend_name(); })

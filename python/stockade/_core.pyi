@@ -98,6 +98,7 @@ class Engine:
         pool_size: int,
         pool_timeout_ms: int,
         resolve_timeout_ms: int,
+        application_name: str,
         sweeper: bool,
         sweep_interval_ms: int,
         sweep_batch: int,

@@ -268,6 +268,7 @@ class Engine:
         default_ttl: TtlLike = timedelta(minutes=15),
         pool_timeout: TtlLike = timedelta(seconds=5),
         resolve_timeout: TtlLike = timedelta(seconds=5),
+        application_name: str = "stockade",
         sweeper: bool = False,
         sweep_interval: TtlLike = timedelta(seconds=1),
         sweep_batch: int = 1000,
@@ -284,7 +285,8 @@ class Engine:
         connection is lost during a commit, the engine ends that server session (so the
         write cannot commit later) and looks for what it wrote, spending at most
         ``resolve_timeout`` on it before it raises ``InDoubt`` (see the README's
-        Guarantees). Call
+        Guarantees). Every connection carries ``application_name`` (unless the DSN or
+        ``PGAPPNAME`` sets one), so that operators find them in ``pg_stat_activity``. Call
         :meth:`migrate` once to create the schema. With ``sweeper=True`` a background
         thread expires due holds every ``sweep_interval``, ``sweep_batch`` per transaction;
         of all engines on one database, one sweeps at a time. ``batch_max``,
@@ -298,6 +300,7 @@ class Engine:
             pool_size=_positive("pool_size", pool_size),
             pool_timeout_ms=duration_ms("pool_timeout", pool_timeout),
             resolve_timeout_ms=duration_ms("resolve_timeout", resolve_timeout),
+            application_name=check_str("application_name", application_name),
             sweeper=check_bool("sweeper", sweeper),
             sweep_interval_ms=duration_ms("sweep_interval", sweep_interval),
             sweep_batch=_positive("sweep_batch", sweep_batch),
@@ -308,6 +311,22 @@ class Engine:
             **_layer_options(batch_max, batch_shards, batch_lock_slice, async_workers),
         )
         return cls(core)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Engine:
+        """An engine over PostgreSQL configured by the environment: the DSN from
+        ``STOCKADE_DSN`` or libpq's ``PG*`` variables, and options from ``STOCKADE_*``
+        variables (the table is in :mod:`stockade.env`); keyword arguments override
+        them. ``InvalidArgument`` if no DSN is set, or a variable does not parse."""
+        from .env import dsn_from_environment, options_from_environment
+
+        dsn = dsn_from_environment(None)
+        if dsn is None:
+            raise InvalidArgument(
+                "no database in the environment: set STOCKADE_DSN, or libpq's PGHOST, "
+                "PGDATABASE, PGUSER, ... (PGPASSWORD or ~/.pgpass for the password)"
+            )
+        return cls.postgres(dsn, **{**options_from_environment(), **overrides})
 
     @classmethod
     async def connect(cls, dsn: str, **options: Any) -> Engine:

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import stockade
-from stockade.tools.cli import dsn_from_environment
+from stockade.env import dsn_from_environment
 from stockade.tools.pgserver import child_connection, run_sql
 from support import field
 

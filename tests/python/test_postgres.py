@@ -523,3 +523,68 @@ def test_reservation_ids_are_uuid_v7(stockade_engine: stockade.Engine) -> None:
     b = stockade_engine.reserve("s", 1)
     assert isinstance(a.id, uuid.UUID) and a.id.version == 7
     assert a.id.bytes[:6] <= b.id.bytes[:6]  # time-ordered
+
+
+# --- application_name ---
+
+
+def test_connections_carry_an_application_name(
+    stockade_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PGAPPNAME", raising=False)
+    count = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = '{}'"
+    )
+    with stockade.Engine.postgres(stockade_database, pool_size=1):
+        assert int(sql(stockade_database, count.format("stockade"))) >= 1
+    with stockade.Engine.postgres(stockade_database, pool_size=1, application_name="shop api"):
+        assert int(sql(stockade_database, count.format("shop api"))) >= 1
+    # The DSN's own application_name wins, in key=value and URI form alike.
+    with stockade.Engine.postgres(stockade_database + " application_name=mine", pool_size=1):
+        assert int(sql(stockade_database, count.format("mine"))) >= 1
+    host, port = field(stockade_database, "host"), field(stockade_database, "port")
+    db = field(stockade_database, "dbname")
+    uri = f"postgresql://postgres@{host}:{port}/{db}?sslmode=disable"
+    with stockade.Engine.postgres(uri, pool_size=1, application_name="via uri"):
+        assert int(sql(stockade_database, count.format("via uri"))) >= 1
+    for bad in ("x" * 64, "it's", "tab\there", "naïve"):
+        with pytest.raises(stockade.InvalidArgument):
+            stockade.Engine.postgres(stockade_database, application_name=bad)
+
+
+# --- configuration from the environment ---
+
+_ENV = ("STOCKADE_DSN", "PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE")
+
+
+def test_engine_from_env_reads_the_dsn_and_the_options(
+    stockade_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in _ENV:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(stockade.InvalidArgument, match="STOCKADE_DSN"):
+        stockade.Engine.from_env()
+    monkeypatch.setenv("STOCKADE_DSN", stockade_database)
+    monkeypatch.setenv("STOCKADE_STRATEGY", "batched")
+    monkeypatch.setenv("STOCKADE_POOL_SIZE", "2")
+    monkeypatch.setenv("STOCKADE_LOCK_TIMEOUT", "2.5")
+    monkeypatch.setenv("STOCKADE_SWEEPER", "no")
+    with stockade.Engine.from_env() as eng:
+        assert eng.strategy is stockade.Strategy.BATCHED
+        assert eng.restock("s", 2).on_hand == 2
+        assert eng.stats()["sweeper"]["enabled"] is False
+    with stockade.Engine.from_env(strategy="atomic") as eng:  # keywords override
+        assert eng.strategy is stockade.Strategy.ATOMIC
+    monkeypatch.setenv("STOCKADE_POOL_SIZE", "many")
+    with pytest.raises(stockade.InvalidArgument, match="STOCKADE_POOL_SIZE"):
+        stockade.Engine.from_env()
+    monkeypatch.delenv("STOCKADE_POOL_SIZE")
+    # libpq's own variables, with no STOCKADE_DSN.
+    monkeypatch.delenv("STOCKADE_DSN")
+    monkeypatch.setenv("PGHOST", field(stockade_database, "host"))
+    monkeypatch.setenv("PGPORT", field(stockade_database, "port"))
+    monkeypatch.setenv("PGUSER", field(stockade_database, "user"))
+    monkeypatch.setenv("PGDATABASE", field(stockade_database, "dbname"))
+    with stockade.Engine.from_env() as eng:
+        assert eng.stock("s").on_hand == 2

@@ -31,6 +31,10 @@ struct PostgresOptions {
   // After a connection was lost during a commit, how long the store may spend ending the
   // server session that ran it (so that it cannot commit later) before it answers InDoubt.
   std::int64_t resolve_timeout_ms = 5000;
+  // The application_name of every connection, so that operators find stockade's sessions
+  // in pg_stat_activity. Printable ASCII, at most 63 bytes; an application_name in the
+  // DSN or in PGAPPNAME wins over it.
+  std::string application_name = "stockade";
 };
 
 inline constexpr std::size_t pool_size_max = 1024;

@@ -54,6 +54,32 @@ std::vector<std::pair<std::string, std::string>> parse_conninfo(const std::strin
   return out;
 }
 
+std::string with_application_name(const std::string& dsn, const std::string& name) {
+  for (const auto& [keyword, value] : parse_conninfo(dsn)) {
+    if (keyword == "application_name") return dsn;
+  }
+  const char* env = std::getenv("PGAPPNAME");
+  if ((env != nullptr && *env != '\0') || name.empty()) return dsn;
+  // `name` is printable ASCII without quotes or backslashes (validated), so it needs no
+  // escaping beyond the quotes of a key=value string; in a URI, only these characters.
+  const bool uri = dsn.rfind("postgresql://", 0) == 0 || dsn.rfind("postgres://", 0) == 0;
+  if (!uri) return dsn + (dsn.empty() ? "" : " ") + "application_name='" + name + "'";
+  std::string encoded;
+  for (char c : name) {
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       c == '-' || c == '_' || c == '.';
+    if (plain) {
+      encoded += c;
+    } else {
+      static const char hex[] = "0123456789ABCDEF";
+      encoded += '%';
+      encoded += hex[static_cast<unsigned char>(c) >> 4];
+      encoded += hex[static_cast<unsigned char>(c) & 15];
+    }
+  }
+  return dsn + (dsn.find('?') == std::string::npos ? "?" : "&") + "application_name=" + encoded;
+}
+
 std::string scrub_secrets(const std::string& message, const std::string& dsn) {
   std::string out = message;
   try {

@@ -21,4 +21,8 @@ std::vector<std::pair<std::string, std::string>> parse_conninfo(const std::strin
 // message is kept.
 std::string scrub_secrets(const std::string& message, const std::string& dsn);
 
+// `dsn` with application_name set to `name`, unless the DSN or PGAPPNAME already sets one
+// (the operator's choice wins). Works for key=value strings and URIs alike.
+std::string with_application_name(const std::string& dsn, const std::string& name);
+
 }  // namespace stockade::detail::pg

@@ -1,5 +1,6 @@
 // PostgresStore's lifecycle and plumbing: opening and closing, options, stats, and the
 // transaction runner's backoff.
+#include <algorithm>
 #include <set>
 
 #include "dsn.hpp"
@@ -129,9 +130,18 @@ bool reserved_schema_name(const std::string& schema) {
   return words.count(schema) > 0 || schema.rfind("pg_", 0) == 0;
 }
 
+namespace {
+
+PostgresOptions with_effective_dsn(PostgresOptions options) {
+  options.dsn = with_application_name(options.dsn, options.application_name);
+  return options;
+}
+
+}  // namespace
+
 PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry> shared)
     : Store(std::move(shared)),
-      options_(std::move(options)),
+      options_(with_effective_dsn(std::move(options))),
       statements_(std::make_shared<Statements>(options_.schema)),
       pool_(options_.dsn, statements_, options_.pool_size, options_.pool_timeout_ms) {
   {
@@ -195,6 +205,15 @@ void validate_postgres_options(const PostgresOptions& options) {
     throw_invalid_argument("dsn must not contain NUL bytes");
   }
   detail::pg::parse_conninfo(options.dsn);  // InvalidArgument, without quoting it
+  const std::string& app = options.application_name;
+  const bool printable = std::all_of(app.begin(), app.end(), [](char c) {
+    return c >= 0x20 && c < 0x7F && c != '\'' && c != '\\';
+  });
+  if (app.size() > 63 || !printable) {
+    throw_invalid_argument(
+        "application_name must be printable ASCII without quotes or backslashes, at most 63 "
+        "bytes");
+  }
   if (!detail::pg::valid_schema_name(options.schema)) {
     throw_invalid_argument("schema must match [a-z_][a-z0-9_]* and be at most 63 bytes, got " +
                            shown(options.schema));

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Sequence
@@ -23,6 +22,7 @@ from typing import Callable, Iterator, List, Optional, Sequence
 from .. import __version__
 from ..claim import claim_test
 from ..engine import Engine
+from ..env import dsn_from_environment
 from ..errors import StockadeError
 from . import bench as benchmod
 from .loadgen import NAIVE, FlashSaleReport, flash_sale
@@ -30,26 +30,10 @@ from .pgserver import TemporaryPostgres, run_sql
 
 STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]
 
-# libpq's environment variables that name a server: when one is set and neither --dsn nor
-# STOCKADE_DSN is given, the DSN is empty and libpq reads them (and PGPASSWORD).
-_LIBPQ_SERVER_VARIABLES = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE")
-
 DSN_HELP = (
     "a PostgreSQL server of yours (libpq connection string); default: $STOCKADE_DSN, else "
     "libpq's PG* variables when one of them is set"
 )
-
-
-def dsn_from_environment(given: Optional[str]) -> Optional[str]:
-    """``--dsn`` if given, else ``$STOCKADE_DSN``, else ``""`` (libpq's own defaults) when
-    a PG* variable names a server, else None. Keeps passwords off the command line."""
-    if given:
-        return given
-    if os.environ.get("STOCKADE_DSN"):
-        return os.environ["STOCKADE_DSN"]
-    if any(os.environ.get(name) for name in _LIBPQ_SERVER_VARIABLES):
-        return ""
-    return None
 
 
 def _table(reports: List[FlashSaleReport]) -> str:
