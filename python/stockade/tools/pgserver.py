@@ -30,7 +30,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .. import _core
 from ..errors import InvalidArgument, StockadeError, Unavailable
 
-__all__ = ["TemporaryPostgres", "child_connection", "find_bindir", "quote_ident", "run_sql"]
+__all__ = [
+    "TemporaryPostgres",
+    "child_connection",
+    "conninfo_with",
+    "find_bindir",
+    "quote_ident",
+    "run_sql",
+]
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -93,8 +100,19 @@ def child_connection(dsn: str) -> Tuple[str, Dict[str, str]]:
     return public, env
 
 
+def conninfo_with(dsn: str, **changes: str) -> str:
+    """The connection string ``dsn`` (key=value or URI) as key=value pairs, with the
+    keywords in ``changes`` set (for example ``dbname``)."""
+    options = dict(_core.parse_conninfo(dsn))
+    options.update(changes)
+    return " ".join(f"{keyword}={_conninfo_value(value)}" for keyword, value in options.items())
+
+
 def _conninfo_value(value: str) -> str:
-    """A conninfo value in single quotes, with backslashes and quotes escaped."""
+    """A conninfo value: as is when it is plain, else in single quotes with backslashes
+    and quotes escaped."""
+    if value and not any(c in value for c in " \t\n'\\"):
+        return value
     escaped = value.replace("\\", "\\\\").replace("'", "\\'")
     return f"'{escaped}'"
 

@@ -5,8 +5,9 @@ Installing stockade makes these fixtures available to every test suite:
 ``stockade_postgres`` (session)
     A throwaway PostgreSQL server (:class:`stockade.tools.pgserver.TemporaryPostgres`) with a
     template database that holds the migrated schema. Set ``STOCKADE_TEST_DSN`` to a
-    superuser connection string to use a server of yours instead; the suite then creates
-    and drops its databases there.
+    superuser connection string (key=value or URI) to use a server of yours instead; the
+    suite then creates and drops its databases there. The template's name is unique to
+    the process, so that several runs (or pytest-xdist workers) can share one server.
 ``stockade_database`` (function)
     The DSN of a fresh database cloned from the template, dropped after the test.
     (Cloning a template is much faster than migrating a new database.)
@@ -18,18 +19,18 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import threading
+import uuid
 from typing import Callable, Iterator, Optional
 
 import pytest
 
 from ..engine import Engine
-from .pgserver import TemporaryPostgres, quote_ident, run_sql
+from .pgserver import TemporaryPostgres, conninfo_with, quote_ident, run_sql
 
 __all__ = ["PostgresForTests", "stockade_database", "stockade_engine", "stockade_postgres"]
 
-TEMPLATE = "stockade_template"
+TEMPLATE_PREFIX = "stockade_template_"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -49,10 +50,12 @@ class PostgresForTests:
         self.dsn = dsn_of
         self._names = itertools.count(1)
         self._lock = threading.Lock()
-        self._prefix = f"stockade_t{os.getpid()}_"
-        self.sql(f"DROP DATABASE IF EXISTS {TEMPLATE}")
-        self.sql(f"CREATE DATABASE {TEMPLATE}")
-        with Engine.postgres(dsn_of(TEMPLATE), pool_size=1) as eng:
+        self._prefix = f"stockade_t{os.getpid()}_{uuid.uuid4().hex[:6]}_"
+        # One template per process and run: pytest-xdist workers and concurrent runs on a
+        # shared server (STOCKADE_TEST_DSN) never collide on it.
+        self.template = f"{TEMPLATE_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        self.sql(f"CREATE DATABASE {self.template}")
+        with Engine.postgres(dsn_of(self.template), pool_size=1) as eng:
             eng.migrate()
 
     def sql(self, statement: str, dbname: str = "postgres") -> str:
@@ -64,7 +67,7 @@ class PostgresForTests:
         False (then it is empty); returns its name."""
         with self._lock:
             name = f"{self._prefix}{next(self._names)}"
-        template = f" TEMPLATE {TEMPLATE}" if migrated else ""
+        template = f" TEMPLATE {self.template}" if migrated else ""
         self.sql(f"CREATE DATABASE {quote_ident(name)}{template}")
         return name
 
@@ -73,13 +76,12 @@ class PostgresForTests:
         self.sql(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
 
     def close(self) -> None:
-        self.sql(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
+        self.sql(f"DROP DATABASE IF EXISTS {self.template} WITH (FORCE)")
 
 
 def _with_dbname(base: str, dbname: str) -> str:
-    """The key=value connection string ``base`` pointed at ``dbname``."""
-    rest = re.sub(r"(^|\s)dbname=\S+", " ", base).strip()
-    return f"{rest} dbname={dbname}"
+    """The connection string ``base`` (key=value or URI) pointed at ``dbname``."""
+    return conninfo_with(base, dbname=dbname)
 
 
 @pytest.fixture(scope="session")

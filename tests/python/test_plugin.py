@@ -1,0 +1,66 @@
+"""The pytest plugin on a server of yours: a URI in STOCKADE_TEST_DSN works, and two
+sessions sharing one server (as pytest-xdist workers do) do not collide on the template."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from stockade.tools.pgserver import conninfo_with
+from stockade.tools.pytest_plugin import PostgresForTests, _with_dbname
+from support import field
+
+USER_TEST = """
+import stockade
+
+def test_uses_the_fixtures(stockade_engine):
+    assert stockade_engine.restock("s", 2).on_hand == 2
+
+def test_gets_a_fresh_database(stockade_database):
+    with stockade.Engine.postgres(stockade_database) as eng:
+        assert eng.stats()["sku_count"] == 0
+"""
+
+
+def test_with_dbname_accepts_key_value_and_uri_dsns() -> None:
+    assert field(_with_dbname("host=h port=5 dbname=a", "b"), "dbname") == "b"
+    uri = _with_dbname("postgresql://u@h:5/a?sslmode=disable", "b")
+    assert field(uri, "dbname") == "b" and field(uri, "host") == "h"
+    assert field(uri, "sslmode") == "disable"
+    assert conninfo_with("host=h", application_name="x y") == "host=h application_name='x y'"
+
+
+def test_a_uri_in_stockade_test_dsn_runs_a_users_suite(
+    stockade_postgres: PostgresForTests, tmp_path: Path
+) -> None:
+    admin = stockade_postgres.dsn("postgres")
+    host, port, user = field(admin, "host"), field(admin, "port"), field(admin, "user")
+    uri = f"postgresql://{user}@{host}:{port}/postgres?sslmode=disable"
+    (tmp_path / "test_user.py").write_text(USER_TEST)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        env={**os.environ, "STOCKADE_TEST_DSN": uri},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "2 passed" in done.stdout
+
+
+def test_two_sessions_on_one_server_use_their_own_templates(
+    stockade_postgres: PostgresForTests,
+) -> None:
+    first = PostgresForTests(stockade_postgres.dsn)
+    second = PostgresForTests(stockade_postgres.dsn)
+    try:
+        assert first.template != second.template
+        a, b = first.new_database(), second.new_database()
+        first.drop_database(a)
+        second.drop_database(b)
+    finally:
+        first.close()
+        second.close()
