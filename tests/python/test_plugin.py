@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
+import pytest
+
+import stockade
 from stockade.tools.pgserver import conninfo_with
 from stockade.tools.pytest_plugin import PostgresForTests, _with_dbname
 from support import field
@@ -64,3 +68,49 @@ def test_two_sessions_on_one_server_use_their_own_templates(
     finally:
         first.close()
         second.close()
+
+
+def test_the_engine_factory_makes_engines_with_options(
+    stockade_engine_factory: Callable[..., stockade.Engine],
+) -> None:
+    batched = stockade_engine_factory(strategy="batched", pool_size=2, schema="shop")
+    atomic = stockade_engine_factory(strategy="atomic")
+    assert batched.strategy is stockade.Strategy.BATCHED
+    assert atomic.strategy is stockade.Strategy.ATOMIC
+    batched.restock("s", 2)
+    with pytest.raises(stockade.NotFound):  # each has a database of its own
+        atomic.stock("s")
+
+
+def test_the_memory_engine_fixture(stockade_memory_engine: stockade.Engine) -> None:
+    assert stockade_memory_engine.backend == "memory"
+
+
+def test_the_options_show_in_pytest_help() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert "--stockade-dsn" in done.stdout and "--stockade-fsync" in done.stdout
+    assert "stockade_dsn" in done.stdout and "stockade_fsync" in done.stdout
+
+
+FSYNC_TEST = """
+from stockade.tools.pgserver import run_sql
+
+def test_fsync_is_off(stockade_database):
+    assert run_sql(stockade_database, "SHOW fsync") == "off"
+"""
+
+
+def test_fsync_off_runs_the_throwaway_server_without_fsync(tmp_path: Path) -> None:
+    (tmp_path / "test_fsync.py").write_text(FSYNC_TEST)
+    env = {k: v for k, v in os.environ.items() if k != "STOCKADE_TEST_DSN"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--stockade-fsync=off"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

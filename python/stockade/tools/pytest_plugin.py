@@ -13,6 +13,17 @@ Installing stockade makes these fixtures available to every test suite:
     (Cloning a template is much faster than migrating a new database.)
 ``stockade_engine`` (function)
     ``Engine.postgres`` over such a database, closed after the test.
+``stockade_engine_factory`` (function)
+    A callable that makes engines with your options (``strategy``, ``pool_size``,
+    ``schema``, ...) over a fresh database each, migrated in that schema; all are closed
+    and their databases dropped after the test.
+``stockade_memory_engine`` (function)
+    ``Engine.memory()`` for tests that need no server.
+
+Options (``pytest --help``, section "stockade"): ``--stockade-dsn`` (else
+``$STOCKADE_TEST_DSN``, else the ini option ``stockade_dsn``) points the suite at a server
+of yours; ``--stockade-fsync=off`` (ini ``stockade_fsync``) runs the throwaway server with
+fsync and synchronous_commit off, faster where durability does not matter.
 """
 
 from __future__ import annotations
@@ -21,16 +32,43 @@ import itertools
 import os
 import threading
 import uuid
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
 from ..engine import Engine
 from .pgserver import TemporaryPostgres, conninfo_with, quote_ident, run_sql
 
-__all__ = ["PostgresForTests", "stockade_database", "stockade_engine", "stockade_postgres"]
+__all__ = [
+    "PostgresForTests",
+    "stockade_database",
+    "stockade_engine",
+    "stockade_engine_factory",
+    "stockade_memory_engine",
+    "stockade_postgres",
+]
 
 TEMPLATE_PREFIX = "stockade_template_"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("stockade", "stockade's PostgreSQL fixtures")
+    group.addoption(
+        "--stockade-dsn",
+        default=None,
+        help="a superuser DSN (key=value or URI) of a server for the stockade fixtures; "
+        "default: $STOCKADE_TEST_DSN, else the stockade_dsn ini option, else a throwaway "
+        "server",
+    )
+    group.addoption(
+        "--stockade-fsync",
+        choices=["on", "off"],
+        default=None,
+        help="fsync and synchronous_commit of the throwaway server (default: the "
+        "stockade_fsync ini option, else on)",
+    )
+    parser.addini("stockade_dsn", "the server for the stockade fixtures (see --stockade-dsn)")
+    parser.addini("stockade_fsync", "on or off: durability of the throwaway server", default="on")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -84,10 +122,22 @@ def _with_dbname(base: str, dbname: str) -> str:
     return conninfo_with(base, dbname=dbname)
 
 
+def _option(config: pytest.Config, flag: str, ini: str, env: Optional[str] = None) -> str:
+    value = config.getoption(flag)
+    if value:
+        return str(value)
+    if env and os.environ.get(env):
+        return os.environ[env]
+    return str(config.getini(ini) or "")
+
+
 @pytest.fixture(scope="session")
-def stockade_postgres() -> Iterator[PostgresForTests]:
+def stockade_postgres(pytestconfig: pytest.Config) -> Iterator[PostgresForTests]:
     """A PostgreSQL server for the session, with the stockade schema in a template."""
-    external: Optional[str] = os.environ.get("STOCKADE_TEST_DSN")
+    external = _option(pytestconfig, "--stockade-dsn", "stockade_dsn", "STOCKADE_TEST_DSN")
+    fsync = _option(pytestconfig, "--stockade-fsync", "stockade_fsync")
+    if fsync not in ("on", "off"):
+        raise pytest.UsageError(f"stockade_fsync must be on or off, got {fsync!r}")
     if external:
         pg = PostgresForTests(lambda dbname: _with_dbname(external, dbname))
         try:
@@ -95,7 +145,8 @@ def stockade_postgres() -> Iterator[PostgresForTests]:
         finally:
             pg.close()
         return
-    with TemporaryPostgres() as server:
+    settings = {} if fsync == "on" else {"fsync": "off", "synchronous_commit": "off"}
+    with TemporaryPostgres(settings=settings) as server:
         pg = PostgresForTests(server.dsn)
         try:
             yield pg
@@ -117,4 +168,36 @@ def stockade_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
 def stockade_engine(stockade_database: str) -> Iterator[Engine]:
     """An engine over a fresh, migrated database, closed after the test."""
     with Engine.postgres(stockade_database) as eng:
+        yield eng
+
+
+@pytest.fixture
+def stockade_engine_factory(
+    stockade_postgres: PostgresForTests,
+) -> Iterator[Callable[..., Engine]]:
+    """Makes ``Engine.postgres`` engines with the options given, each over a fresh
+    database (migrated in its ``schema``); closes them and drops the databases after."""
+    made: List[Tuple[Engine, str]] = []
+
+    def make(**options: Any) -> Engine:
+        name = stockade_postgres.new_database(migrated=False)
+        try:
+            engine = Engine.postgres(stockade_postgres.dsn(name), **options)
+        except BaseException:
+            stockade_postgres.drop_database(name)
+            raise
+        made.append((engine, name))
+        engine.migrate()
+        return engine
+
+    yield make
+    for engine, name in made:
+        engine.close()
+        stockade_postgres.drop_database(name)
+
+
+@pytest.fixture
+def stockade_memory_engine() -> Iterator[Engine]:
+    """An engine over the in-process memory store, closed after the test."""
+    with Engine.memory() as eng:
         yield eng
