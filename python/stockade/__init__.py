@@ -48,6 +48,8 @@ from .values import (
     ReservationState,
     StockLevel,
     Strategy,
+    StrategyLike,
+    StrategyName,
     version_from_etag,
 )
 
@@ -90,6 +92,8 @@ __all__ = [
     "StockLevel",
     "StockadeError",
     "Strategy",
+    "StrategyLike",
+    "StrategyName",
     "Unavailable",
     "VersionConflict",
     "__version__",

@@ -7,7 +7,7 @@ import math
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 from . import _core
 from .errors import InvalidArgument, InvalidType
@@ -18,6 +18,8 @@ __all__ = [
     "ReservationState",
     "StockLevel",
     "Strategy",
+    "StrategyLike",
+    "StrategyName",
     "version_from_etag",
 ]
 
@@ -29,6 +31,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 TtlLike = Union[timedelta, int, float]
 ReservationId = Union[uuid.UUID, str]
+
+
+# The strategies' names, for type checkers: strategy="atomc" is an error under mypy, while
+# a Strategy member or one of these names is accepted wherever a strategy is.
+StrategyName = Literal["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]
 
 
 class Strategy(str, enum.Enum):
@@ -46,6 +53,9 @@ class Strategy(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+StrategyLike = Union[Strategy, StrategyName]
 
 
 class ReservationState(str, enum.Enum):

@@ -14,6 +14,7 @@ import inspect
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import stockade
@@ -45,6 +46,26 @@ def test_mypy_strict_reports_misuse(tmp_path: Path) -> None:
     bad.write_text("import stockade\nstockade.Engine.memory().reserve('s', qty='2')\n")
     out = run_mypy(str(bad))
     assert out.returncode != 0 and "qty" in out.stdout
+
+
+def test_mypy_strict_reports_a_misspelt_strategy(tmp_path: Path) -> None:
+    # Strategies are typed as a Literal of their names (and the enum): a typo is caught
+    # before it runs, while every real name and member type-checks.
+    bad = tmp_path / "bad_strategy.py"
+    bad.write_text(
+        "import stockade\n"
+        "eng = stockade.Engine.memory()\n"
+        "eng.reserve('s', 1, strategy='batched')\n"
+        "eng.reserve('s', 1, strategy=stockade.Strategy.ATOMIC)\n"
+        "eng.reserve('s', 1, strategy='atomc')\n"
+    )
+    out = run_mypy(str(bad))
+    assert out.returncode != 0 and "bad_strategy.py:5:" in out.stdout, out.stdout
+    assert "bad_strategy.py:3:" not in out.stdout and "bad_strategy.py:4:" not in out.stdout
+
+
+def test_the_strategy_literal_names_every_strategy() -> None:
+    assert set(typing.get_args(stockade.StrategyName)) == {s.value for s in stockade.Strategy}
 
 
 def test_stubtest_finds_no_drift() -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, TextIO
 
 from ..engine import Engine
+from ..values import Strategy
 from .load import drive_load
 from .pgserver import child_connection, find_bindir, run_sql
 
@@ -106,7 +107,7 @@ def run_stockade(
         clients=clients,
         seconds=seconds,
         ttl=timedelta(microseconds=TTL_US),
-        strategy=strategy,
+        strategy=Strategy(strategy),
     )
     return BenchCase(
         "stockade", strategy, r.per_second, r.mean_us / 1000, r.p99_us / 1000, r.failed

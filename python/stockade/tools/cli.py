@@ -17,13 +17,14 @@ import argparse
 import contextlib
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Literal, Optional, Sequence, Union
 
 from .. import __version__
 from ..claim import claim_test
 from ..engine import Engine
 from ..env import dsn_from_environment
 from ..errors import StockadeError
+from ..values import Strategy
 from . import bench as benchmod
 from .loadgen import NAIVE, FlashSaleReport, flash_sale
 from .pgserver import TemporaryPostgres, run_sql
@@ -90,13 +91,17 @@ def demo(args: argparse.Namespace) -> int:
                 flush=True,
             )
             reports = []
-            for name in [*STRATEGIES, NAIVE]:
+            choices: List[Union[Strategy, Literal["naive-unsafe"]]] = [
+                *(Strategy(s) for s in STRATEGIES),
+                NAIVE,
+            ]
+            for choice in choices:
                 reports.append(
                     flash_sale(
                         engine,
                         buyers=args.buyers,
                         units=args.units,
-                        strategy=name,
+                        strategy=choice,
                         clients=args.clients,
                         check=False,
                     )

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Iterator, Union
+from typing import Iterator
 
 from .. import _core
 from ..engine import DEFAULT_LOCATION, Engine
 from ..values import (
     Reservation,
     Strategy,
+    StrategyLike,
     TtlLike,
     check_int,
     check_str,
@@ -56,7 +57,7 @@ def hold_lock(
     engine: Engine,
     sku: str,
     *,
-    kind: Union[Strategy, str] = Strategy.PESSIMISTIC,
+    kind: StrategyLike = Strategy.PESSIMISTIC,
     location: str = DEFAULT_LOCATION,
     timeout: TtlLike = timedelta(seconds=10),
 ) -> Iterator[None]:

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 from .. import _core
 from ..engine import DEFAULT_LOCATION, Engine
 from ..errors import InvalidArgument, InvalidType
-from ..values import Strategy, TtlLike, check_int, duration_ms, duration_us, strategy_name
+from ..values import (
+    StrategyLike,
+    TtlLike,
+    check_int,
+    duration_ms,
+    duration_us,
+    strategy_name,
+)
 
 __all__ = ["LoadResult", "drive_load"]
 
@@ -54,7 +61,7 @@ def drive_load(
     window: int = 1,
     qty: int = 1,
     ttl: TtlLike = timedelta(minutes=15),
-    strategy: Union[Strategy, str, None] = None,
+    strategy: Optional[StrategyLike] = None,
 ) -> LoadResult:
     """Drives ``clients`` C++ threads for ``seconds``; each request reserves ``qty`` of a
     SKU picked uniformly from ``skus`` (names, or ``(sku, location)`` pairs), with

@@ -13,16 +13,16 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Union
+from typing import Dict, Final, List, Literal, Optional, Union
 
 from ..engine import Engine
 from ..errors import NotFound, OutOfStock, RetriesExhausted, StockadeError
-from ..values import Strategy, check_int, strategy_name
+from ..values import Strategy, StrategyLike, check_int, strategy_name
 from .hooks import naive_reserve
 
 __all__ = ["NAIVE", "FlashSaleReport", "LoadInvariantError", "flash_sale"]
 
-NAIVE = "naive-unsafe"
+NAIVE: Final = "naive-unsafe"
 RETRIES_MAX = 5  # a buyer retries after RetriesExhausted at most this often
 
 
@@ -103,7 +103,7 @@ def flash_sale(
     *,
     buyers: int,
     units: int,
-    strategy: Union[Strategy, str] = Strategy.AUTO,
+    strategy: Union[StrategyLike, Literal["naive-unsafe"]] = Strategy.AUTO,
     clients: int = 32,
     sku: Optional[str] = None,
     check: bool = True,
@@ -158,7 +158,7 @@ def _run_sale(
                 if strategy == NAIVE:
                     ids.append(naive_reserve(engine, sku, 1).id)
                 else:
-                    ids.append(engine.reserve(sku, 1, strategy=strategy).id)
+                    ids.append(engine.reserve(sku, 1, strategy=Strategy(strategy)).id)
                 return "granted"
             except OutOfStock:
                 return "refused"
