@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar,
 from . import _core
 from .aio import Bridges
 from .claim import ClaimAdvice
+from .env import dsn_from_environment, options_from_environment
 from .errors import InvalidArgument, InvalidType
 from .values import (
     Reservation,
@@ -319,8 +320,6 @@ class Engine:
         ``STOCKADE_DSN`` or libpq's ``PG*`` variables, and options from ``STOCKADE_*``
         variables (the table is in :mod:`stockade.env`); keyword arguments override
         them. ``InvalidArgument`` if no DSN is set, or a variable does not parse."""
-        from .env import dsn_from_environment, options_from_environment
-
         dsn = dsn_from_environment(None)
         if dsn is None:
             raise InvalidArgument(

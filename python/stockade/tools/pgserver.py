@@ -92,12 +92,8 @@ def child_connection(dsn: str) -> Tuple[str, Dict[str, str]]:
     env = dict(os.environ, PGCLIENTENCODING="UTF8")  # the text we read back is UTF-8
     if options.get("password"):
         env["PGPASSWORD"] = options["password"]
-    public = " ".join(
-        f"{keyword}={_conninfo_value(value)}"
-        for keyword, value in options.items()
-        if keyword not in _SECRET_KEYWORDS
-    )
-    return public, env
+    public = {k: v for k, v in options.items() if k not in _SECRET_KEYWORDS}
+    return _conninfo(public), env
 
 
 def conninfo_with(dsn: str, **changes: str) -> str:
@@ -105,6 +101,11 @@ def conninfo_with(dsn: str, **changes: str) -> str:
     keywords in ``changes`` set (for example ``dbname``)."""
     options = dict(_core.parse_conninfo(dsn))
     options.update(changes)
+    return _conninfo(options)
+
+
+def _conninfo(options: Dict[str, str]) -> str:
+    """Keyword/value pairs as one key=value connection string."""
     return " ".join(f"{keyword}={_conninfo_value(value)}" for keyword, value in options.items())
 
 
