@@ -20,15 +20,8 @@ import time
 from typing import Callable, List
 
 import stockade
+from common import rss_mb
 from stockade.tools.pgserver import TemporaryPostgres
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def send(eng: stockade.Engine, requests: int, threads: int, sku_of: Callable[[int], str]) -> float:

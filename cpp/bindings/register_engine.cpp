@@ -77,6 +77,9 @@ py::dict stats_dict(const StoreStats& s) {
   sweeper["expired"] = s.sweeper.expired;
   sweeper["errors"] = s.sweeper.errors;
   sweeper["last_error"] = s.sweeper.last_error;
+  sweeper["purged_reservations"] = s.sweeper.purged_reservations;
+  sweeper["purged_keys"] = s.sweeper.purged_keys;
+  out["counts_exact"] = s.counts_exact;
   out["sweeper"] = sweeper;
   py::dict batcher;
   batcher["started"] = s.batcher.started;
@@ -121,12 +124,14 @@ struct CommonOptions {
 
 std::unique_ptr<Engine> make_memory(const std::string& strategy, int retries_max,
                                     std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
-                                    std::shared_ptr<Clock> clock, std::size_t batch_max,
-                                    std::size_t batch_shards, std::int64_t batch_lock_slice_ms,
-                                    std::size_t async_workers) {
+                                    std::shared_ptr<Clock> clock, std::int64_t retention_us,
+                                    std::size_t batch_max, std::size_t batch_shards,
+                                    std::int64_t batch_lock_slice_ms, std::size_t async_workers) {
   const CommonOptions common{strategy,  retries_max,  lock_timeout_ms,     default_ttl_us,
                              batch_max, batch_shards, batch_lock_slice_ms, async_workers};
-  return Engine::memory(common.engine(), std::move(clock));
+  MemoryOptions memory;
+  memory.retention_us = retention_us;
+  return Engine::memory(common.engine(), std::move(clock), memory);
 }
 
 std::unique_ptr<Engine> make_postgres(const std::string& dsn, const std::string& schema,
@@ -134,6 +139,7 @@ std::unique_ptr<Engine> make_postgres(const std::string& dsn, const std::string&
                                       std::int64_t resolve_timeout_ms,
                                       const std::string& application_name, bool sweeper,
                                       std::int64_t sweep_interval_ms, std::size_t sweep_batch,
+                                      std::int64_t retention_ms, std::size_t purge_batch,
                                       const std::string& strategy, int retries_max,
                                       std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
                                       std::size_t batch_max, std::size_t batch_shards,
@@ -148,6 +154,8 @@ std::unique_ptr<Engine> make_postgres(const std::string& dsn, const std::string&
   postgres.sweeper = sweeper;
   postgres.sweep_interval_ms = sweep_interval_ms;
   postgres.sweep_batch = sweep_batch;
+  postgres.retention_ms = retention_ms;
+  postgres.purge_batch = purge_batch;
   const CommonOptions common{strategy,  retries_max,  lock_timeout_ms,     default_ttl_us,
                              batch_max, batch_shards, batch_lock_slice_ms, async_workers};
   return Engine::postgres(std::move(postgres), common.engine());
@@ -344,16 +352,37 @@ void register_engine(py::module_& m) {
   py::class_<Engine> c(m, "Engine", "The engine facade over one store.");
   c.def_static("memory", &make_memory, py::arg("strategy"), py::arg("retries_max"),
                py::arg("lock_timeout_ms"), py::arg("default_ttl_us"), py::arg("clock"),
-               py::arg("batch_max"), py::arg("batch_shards"), py::arg("batch_lock_slice_ms"),
-               py::arg("async_workers"), "An engine over an in-process memory store.")
+               py::arg("retention_us"), py::arg("batch_max"), py::arg("batch_shards"),
+               py::arg("batch_lock_slice_ms"), py::arg("async_workers"),
+               "An engine over an in-process memory store.")
       .def_static("postgres", &make_postgres, py::arg("dsn"), py::arg("schema"),
                   py::arg("pool_size"), py::arg("pool_timeout_ms"), py::arg("resolve_timeout_ms"),
                   py::arg("application_name"), py::arg("sweeper"), py::arg("sweep_interval_ms"),
-                  py::arg("sweep_batch"), py::arg("strategy"), py::arg("retries_max"),
-                  py::arg("lock_timeout_ms"), py::arg("default_ttl_us"), py::arg("batch_max"),
-                  py::arg("batch_shards"), py::arg("batch_lock_slice_ms"), py::arg("async_workers"),
-                  Release(), "An engine over PostgreSQL (connects at once).")
-      .def("migrate", &Engine::migrate, Release())
+                  py::arg("sweep_batch"), py::arg("retention_ms"), py::arg("purge_batch"),
+                  py::arg("strategy"), py::arg("retries_max"), py::arg("lock_timeout_ms"),
+                  py::arg("default_ttl_us"), py::arg("batch_max"), py::arg("batch_shards"),
+                  py::arg("batch_lock_slice_ms"), py::arg("async_workers"), Release(),
+                  "An engine over PostgreSQL (connects at once).")
+      .def("migrate", &Engine::migrate, py::arg("up_to"), Release())
+      .def(
+          "purge",
+          [](Engine& e, std::int64_t older_than_us, std::uint64_t limit) {
+            return e.purge(older_than_us, limit).total();
+          },
+          py::arg("older_than_us"), py::arg("limit"), Release())
+      .def("row_counts",
+           [](const Engine& e) {
+             StoreCounts c;
+             {
+               py::gil_scoped_release release;
+               c = e.row_counts();
+             }
+             py::dict out;
+             out["sku_count"] = c.sku_count;
+             out["reservation_count"] = c.reservation_count;
+             out["held_count"] = c.held_count;
+             return out;
+           })
       .def("close", &Engine::close, Release())
       .def_property_readonly("backend", [](Engine& e) { return e.store().backend_name(); })
       .def_property_readonly(

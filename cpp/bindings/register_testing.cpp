@@ -61,7 +61,7 @@ LockHandle hold_lock(Engine& e, const std::string& sku, const std::string& locat
 
 py::dict drive(Engine& engine, const std::vector<std::pair<std::string, std::string>>& skus,
                std::size_t clients, std::size_t window, std::int64_t duration_ms, Quantity qty,
-               std::int64_t ttl_us, const OptStr& strategy) {
+               std::int64_t ttl_us, const OptStr& strategy, bool keyed, bool confirm) {
   LoadSpec spec;
   for (const auto& [sku, location] : skus) spec.keys.push_back({sku, location});
   spec.clients = clients;
@@ -70,6 +70,8 @@ py::dict drive(Engine& engine, const std::vector<std::pair<std::string, std::str
   spec.qty = qty;
   spec.ttl_us = ttl_us;
   spec.call = call_options(strategy, false, {}, {});
+  spec.keyed = keyed;
+  spec.confirm = confirm;
   LoadResult r;
   {
     py::gil_scoped_release release;
@@ -92,7 +94,7 @@ void register_testing(py::module_& m) {
         "TEST FACILITY: holds the lock `kind` takes on a row, as another session would.");
   m.def("drive_load", &drive, py::arg("engine"), py::arg("skus"), py::arg("clients"),
         py::arg("window"), py::arg("duration_ms"), py::arg("qty"), py::arg("ttl_us"),
-        py::arg("strategy"),
+        py::arg("strategy"), py::arg("keyed") = false, py::arg("confirm") = false,
         "Drives reservations from C++ client threads (see stockade/tools/load.hpp); returns "
         "counts and latency percentiles.");
 }

@@ -79,6 +79,7 @@ void register_types(py::module_& m) {
   limits["retries_max"] = retries_max_limit;
   limits["pool_size"] = pool_size_max;
   limits["sweep_batch"] = expire_batch_max;
+  limits["purge_batch"] = expire_batch_max;
   limits["batch_max"] = batch_size_limit;
   limits["batch_shards"] = batcher_shards_max;
   limits["async_workers"] = async_workers_max;

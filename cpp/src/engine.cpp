@@ -136,10 +136,11 @@ Engine::~Engine() {
   if (executor_) executor_->close();
 }
 
-std::unique_ptr<Engine> Engine::memory(EngineOptions options, std::shared_ptr<Clock> clock) {
+std::unique_ptr<Engine> Engine::memory(EngineOptions options, std::shared_ptr<Clock> clock,
+                                       MemoryOptions memory) {
   validate_engine_options(options);
   auto telemetry = std::make_shared<Telemetry>(telemetry_options(options));
-  return std::make_unique<Engine>(make_memory_store(std::move(clock), std::move(telemetry)),
+  return std::make_unique<Engine>(make_memory_store(std::move(clock), std::move(telemetry), memory),
                                   options);
 }
 
@@ -176,9 +177,10 @@ void Engine::abandon() {
   new std::shared_ptr<Telemetry>(std::move(telemetry_));
 }
 
-std::vector<std::string> Engine::migrate() {
+std::vector<std::string> Engine::migrate(int up_to) {
   check_process();
-  return store_->migrate();
+  if (up_to < 0) throw_invalid_argument("up_to must be 0 (all) or a migration number");
+  return store_->migrate(up_to);
 }
 
 void Engine::close() {
@@ -452,6 +454,18 @@ std::size_t Engine::expire_due(std::size_t limit) {
   return store_->expire_due(limit);
 }
 
+PurgeCounts Engine::purge(std::int64_t older_than_us, std::uint64_t limit) {
+  check_process();
+  if (older_than_us < 0) throw_invalid_argument("older_than must not be negative");
+  if (limit == 0) throw_invalid_argument("limit must be at least 1");
+  return store_->purge(older_than_us, limit);
+}
+
+StoreCounts Engine::row_counts() const {
+  check_process();
+  return store_->exact_counts();
+}
+
 StoreStats Engine::stats(std::size_t sku_limit) const {
   check_process();
   StoreStats out = telemetry_->snapshot(sku_limit);
@@ -460,6 +474,7 @@ StoreStats Engine::stats(std::size_t sku_limit) const {
   out.sku_count = counts.sku_count;
   out.reservation_count = counts.reservation_count;
   out.held_count = counts.held_count;
+  out.counts_exact = counts.exact;
   std::lock_guard<std::mutex> lock(lazy_mutex_);
   if (batcher_) out.batcher.queued = batcher_->queued();
   return out;

@@ -163,6 +163,12 @@ void Telemetry::sweeper_enabled(bool enabled) {
   sweeper_.enabled = enabled;
 }
 
+void Telemetry::purged(const PurgeCounts& counts) {
+  std::lock_guard<std::mutex> lock(sweeper_mutex_);
+  sweeper_.purged_reservations += counts.reservations;
+  sweeper_.purged_keys += counts.keys;
+}
+
 void Telemetry::sweeper_round(bool leader, std::uint64_t expired, const std::string& error) {
   std::lock_guard<std::mutex> lock(sweeper_mutex_);
   sweeper_.leader = leader;

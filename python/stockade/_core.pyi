@@ -86,6 +86,7 @@ class Engine:
         lock_timeout_ms: int,
         default_ttl_us: int,
         clock: Optional[Clock],
+        retention_us: int,
         batch_max: int,
         batch_shards: int,
         batch_lock_slice_ms: int,
@@ -102,6 +103,8 @@ class Engine:
         sweeper: bool,
         sweep_interval_ms: int,
         sweep_batch: int,
+        retention_ms: int,
+        purge_batch: int,
         strategy: str,
         retries_max: int,
         lock_timeout_ms: int,
@@ -112,7 +115,9 @@ class Engine:
         async_workers: int,
     ) -> Engine: ...
     def recommend(self, sku: str, location: str) -> tuple[str, list[str]]: ...
-    def migrate(self) -> list[str]: ...
+    def migrate(self, up_to: int) -> list[str]: ...
+    def purge(self, older_than_us: int, limit: int) -> int: ...
+    def row_counts(self) -> dict[str, int]: ...
     def close(self) -> None: ...
     @property
     def backend(self) -> str: ...
@@ -230,6 +235,8 @@ def drive_load(
     qty: int,
     ttl_us: int,
     strategy: Optional[str],
+    keyed: bool = ...,
+    confirm: bool = ...,
 ) -> dict[str, Any]: ...
 def make_uuid_v7(unix_ms: int, shard_key: int) -> bytes: ...
 def uuid_shard_key(id: bytes) -> int: ...

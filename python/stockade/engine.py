@@ -75,6 +75,19 @@ class ManualClock:
         return self.now()
 
 
+_UINT64_MAX = 2**64 - 1
+
+
+def _retention_us(retention: object) -> int:
+    """``None`` (no retention, 0) or a positive duration in microseconds."""
+    if retention is None:
+        return 0
+    us = duration_us("retention", retention)
+    if us <= 0:
+        raise InvalidArgument("retention must be positive (None: nothing is purged by itself)")
+    return us
+
+
 def _positive(name: str, value: object) -> int:
     """A count option: an int from 1 to its limit in the core (_core.OPTION_LIMITS)."""
     return _counted(name, value, 1)
@@ -236,6 +249,7 @@ class Engine:
         batch_shards: int = 4,
         batch_lock_slice: TtlLike = timedelta(milliseconds=50),
         async_workers: int = 8,
+        retention: Optional[TtlLike] = None,
     ) -> Engine:
         """An engine over the embedded in-process store: real semantics, no durability.
 
@@ -244,7 +258,11 @@ class Engine:
         threads that run async calls which do not batch. A batched request waits for its
         row lock as long as its own ``lock_timeout`` allows, in slices of at most
         ``batch_lock_slice``; between slices its shard serves other rows, so a row locked
-        elsewhere never holds up requests for other rows longer than one slice."""
+        elsewhere never holds up requests for other rows longer than one slice.
+
+        With ``retention`` set, the store purges as it goes (see :meth:`purge`): every 64th
+        reservation purges up to 256 rows older than ``retention``. Without it nothing is
+        ever purged unless you call :meth:`purge`."""
         if clock is not None and not isinstance(clock, ManualClock):
             raise InvalidType(f"clock must be a ManualClock, not {type(clock).__name__}")
         core = _core.Engine.memory(
@@ -253,6 +271,7 @@ class Engine:
             lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
             default_ttl_us=duration_us("default_ttl", default_ttl),
             clock=clock._core if clock is not None else None,
+            retention_us=_retention_us(retention),
             **_layer_options(batch_max, batch_shards, batch_lock_slice, async_workers),
         )
         return cls(core)
@@ -274,6 +293,8 @@ class Engine:
         sweeper: bool = False,
         sweep_interval: TtlLike = timedelta(seconds=1),
         sweep_batch: int = 1000,
+        retention: Optional[TtlLike] = None,
+        purge_batch: int = 5000,
         batch_max: int = 4096,
         batch_shards: int = 4,
         batch_lock_slice: TtlLike = timedelta(milliseconds=50),
@@ -291,7 +312,10 @@ class Engine:
         ``PGAPPNAME`` sets one), so that operators find them in ``pg_stat_activity``. Call
         :meth:`migrate` once to create the schema. With ``sweeper=True`` a background
         thread expires due holds every ``sweep_interval``, ``sweep_batch`` per transaction;
-        of all engines on one database, one sweeps at a time. ``batch_max``,
+        of all engines on one database, one sweeps at a time. With ``retention`` set (it
+        needs ``sweeper=True``) the sweeper also purges what is older than ``retention``
+        each round, ``purge_batch`` rows per transaction (see :meth:`purge`); without it
+        nothing is ever purged unless you call :meth:`purge`. ``batch_max``,
         ``batch_shards``, ``batch_lock_slice`` and ``async_workers`` are as for
         :meth:`memory`; each batch
         flusher holds one pooled connection while it applies a batch.
@@ -306,6 +330,8 @@ class Engine:
             sweeper=check_bool("sweeper", sweeper),
             sweep_interval_ms=duration_ms("sweep_interval", sweep_interval),
             sweep_batch=_positive("sweep_batch", sweep_batch),
+            retention_ms=-(-_retention_us(retention) // 1000),
+            purge_batch=_positive("purge_batch", purge_batch),
             strategy=strategy_name(strategy) or Strategy.AUTO.value,
             retries_max=_counted("retries_max", retries_max, 0),
             lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
@@ -346,12 +372,16 @@ class Engine:
         """The default strategy of this engine."""
         return Strategy(self._core.default_strategy)
 
-    def migrate(self) -> List[str]:
+    def migrate(self, *, to: Optional[int] = None) -> List[str]:
         """Creates or upgrades the schema; returns the names of the migrations applied.
 
-        Idempotent, and safe when several processes run it at once. The memory store has
-        no schema, so there it applies nothing."""
-        return self._core.migrate()
+        ``to`` stops after the migration with that number (default: apply all). Idempotent,
+        and safe when several processes run it at once. The memory store has no schema, so
+        there it applies nothing."""
+        up_to = 0 if to is None else check_int("to", to)
+        if to is not None and up_to < 1:
+            raise InvalidArgument(f"to must be a migration number (1 or more), got {up_to}")
+        return self._core.migrate(up_to)
 
     def close(self) -> None:
         """Completes every queued request (batched or async), then stops the batch
@@ -362,9 +392,9 @@ class Engine:
         twice is harmless. Completions of async calls still reach their event loops."""
         self._core.close()
 
-    async def migrate_async(self) -> List[str]:
+    async def migrate_async(self, *, to: Optional[int] = None) -> List[str]:
         """:meth:`migrate` as an awaitable."""
-        return await _off_loop(self.migrate)
+        return await _off_loop(functools.partial(self.migrate, to=to))
 
     async def aclose(self) -> None:
         """:meth:`close` as an awaitable: drains queued requests off the event loop."""
@@ -663,8 +693,53 @@ class Engine:
         """:meth:`expire_due` as an awaitable."""
         return await _off_loop(functools.partial(self.expire_due, limit=limit))
 
+    def purge(self, older_than: TtlLike, *, limit: Optional[int] = None) -> int:
+        """Deletes what is older than ``older_than`` and no longer needed; returns how many
+        rows went (keys and reservations).
+
+        Oldest first: each idempotency key made before the horizon goes together with its
+        reservations, once every one of them is terminal (confirmed, released, expired)
+        and last changed before the horizon; then terminal reservations without a key that
+        last changed before it. So a key replays its reservations for at least
+        ``older_than``, and a replay never finds them missing. Holds are never purged,
+        whatever their age. ``limit`` (default: none) bounds the keys and keyless
+        reservations one call takes (a key's reservations go with it). The work runs in
+        statements of at most ``purge_batch`` rows (5000) that never lock a stock row
+        and skip rows others hold. On PostgreSQL the horizon is on the database clock.
+        ``retention=`` on :meth:`postgres` or :meth:`memory` purges in the background
+        instead."""
+        older_than_us = duration_us("older_than", older_than)
+        if older_than_us < 0:
+            raise InvalidArgument("older_than must not be negative")
+        count = _UINT64_MAX if limit is None else check_int("limit", limit)
+        if not 1 <= count <= _UINT64_MAX:
+            raise InvalidArgument(f"limit must be at least 1, got {count}")
+        return int(self._core.purge(older_than_us, count))
+
+    async def purge_async(self, older_than: TtlLike, *, limit: Optional[int] = None) -> int:
+        """:meth:`purge` as an awaitable."""
+        return await _off_loop(functools.partial(self.purge, older_than, limit=limit))
+
+    def row_counts(self) -> Dict[str, int]:
+        """Exact row counts: ``sku_count``, ``reservation_count`` and ``held_count``.
+
+        On PostgreSQL this counts every row (``count(*)``: it costs time in proportion to
+        the tables), so it is for tests and audits; :meth:`stats` reports cheap figures
+        instead."""
+        return self._core.row_counts()
+
+    async def row_counts_async(self) -> Dict[str, int]:
+        """:meth:`row_counts` as an awaitable."""
+        return await _off_loop(self.row_counts)
+
     def stats(self, *, sku_limit: int = 20) -> Dict[str, Any]:
-        """Counters per strategy, and the ``sku_limit`` hottest SKUs by requests."""
+        """Counters per strategy, and the ``sku_limit`` hottest SKUs by requests.
+
+        Its cost does not grow with the tables. ``sku_count``, ``reservation_count`` and
+        ``held_count`` are exact on the memory store; on PostgreSQL
+        (``counts_exact`` is False) the first two are the statistics collector's live-row
+        estimates, and holds are counted up to 10,000 (more reads as 10,000). Use
+        :meth:`row_counts` for exact figures."""
         sku_limit = check_int("sku_limit", sku_limit)
         if sku_limit < 0:
             raise InvalidArgument("sku_limit must not be negative")

@@ -65,6 +65,9 @@ class DelegatingStore : public Store {
   }
   Reservation get_reservation(const Uuid& id) override { return inner_->get_reservation(id); }
   std::size_t expire_due(std::size_t limit) override { return inner_->expire_due(limit); }
+  PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override {
+    return inner_->purge(older_than_us, limit);
+  }
   StoreCounts counts() const override { return inner_->counts(); }
 
  protected:

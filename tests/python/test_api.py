@@ -260,7 +260,14 @@ def test_stats_report_strategies_and_hottest_skus(engine: stockade.Engine, backe
         }
     ]
     assert stats["batcher"]["started"] is False
-    assert (stats["sku_count"], stats["reservation_count"], stats["held_count"]) == (2, 1, 1)
+    counts = engine.row_counts()
+    assert (counts["sku_count"], counts["reservation_count"], counts["held_count"]) == (2, 1, 1)
+    # stats() counts holds exactly (up to 10,000) and, on PostgreSQL, estimates the rest
+    # from the statistics collector, which may lag a commit by about a second.
+    assert stats["held_count"] == 1
+    assert stats["counts_exact"] is (backend == "memory")
+    if backend == "memory":
+        assert (stats["sku_count"], stats["reservation_count"]) == (2, 1)
 
 
 def test_reservation_ids_carry_the_shard_key_of_their_row(engine: stockade.Engine) -> None:

@@ -33,7 +33,7 @@ def assert_stored_once(engine: stockade.Engine, made: List[Reservation], units: 
     assert len({r.id for r in made}) == len(made) == units
     lvl = engine.stock("hot")
     assert (lvl.reserved, lvl.available) == (units, lvl.on_hand - units)
-    assert engine.stats()["reservation_count"] == units
+    assert engine.row_counts()["reservation_count"] == units
     for r in random.Random(7).sample(made, min(len(made), 25)):
         assert engine.reservation(r.id) == r
 
@@ -143,7 +143,7 @@ def test_a_key_used_for_two_requests_in_one_race_grants_one(engine: stockade.Eng
     conflicts = [e for e in out.errors if isinstance(e, stockade.IdempotencyConflict)]
     assert len(made) == 1 and len(conflicts) == 32
     assert all(e is None or isinstance(e, stockade.IdempotencyConflict) for e in out.errors)
-    assert engine.stats()["reservation_count"] == 1
+    assert engine.row_counts()["reservation_count"] == 1
 
 
 def test_a_refused_key_is_free_to_retry(engine: stockade.Engine) -> None:
@@ -267,12 +267,12 @@ def test_quantities_past_quantity_max_are_refused_so_no_batch_sum_can_overflow(
     engine.set_on_hand("hot", 2**63 - 1)
     huge = race(16, lambda i: engine.reserve("hot", 2**60, strategy="batched"))
     assert huge.failed_with(stockade.InvalidArgument) == 16
-    assert engine.stock("hot").reserved == 0 and engine.stats()["reservation_count"] == 0
+    assert engine.stock("hot").reserved == 0 and engine.row_counts()["reservation_count"] == 0
     made = race(64, lambda i: engine.reserve("hot", stockade.QUANTITY_MAX, strategy="batched"))
     assert made.errors == [None] * 64
     level = engine.stock("hot")
     assert (level.on_hand, level.reserved) == (2**63 - 1, 64 * stockade.QUANTITY_MAX)
-    assert engine.stats()["reservation_count"] == 64
+    assert engine.row_counts()["reservation_count"] == 64
     for r in made.succeeded():
         assert engine.reservation(r.id) == r
     assert engine.expire_due() == 0  # expiry still works on the row
@@ -304,7 +304,7 @@ def test_a_one_statement_write_cut_around_its_statement_still_answers_exactly_on
         assert proxy.cuts == 1
         assert eng.reservation(r.id) == r
         assert eng.stock("hot").reserved == 3
-        assert eng.stats()["reservation_count"] == 1
+        assert eng.row_counts()["reservation_count"] == 1
 
 
 def test_a_sell_only_fast_batch_cut_after_commit_is_in_doubt(
@@ -320,20 +320,26 @@ def test_a_sell_only_fast_batch_cut_after_commit_is_in_doubt(
 
 
 @pytest.mark.parametrize("cut", ["after", "before"])
+@pytest.mark.parametrize("path", ["fast", "full"])
 def test_a_keyed_batch_cut_at_commit_is_resolved_by_the_engine(
-    proxy: CommitCuttingProxy, stockade_database: str, cut: str
+    proxy: CommitCuttingProxy, stockade_database: str, cut: str, path: str
 ) -> None:
-    # A keyed batch runs the full path, a transaction. Its COMMIT is cut; the engine ends
-    # the lost session and looks for the reservation the batch made: there (after), the
-    # batch's decisions stand; absent (before), the batch runs again. Either way one.
+    # A keyed batch on one row runs the keyed fast statement (autocommit); after a miss of
+    # the fast path it runs the full path, a transaction. Its statement or its COMMIT is
+    # cut; the engine ends the lost session and looks for the reservation the batch made:
+    # there (after), the batch's decisions stand; absent (before), the batch runs again.
+    # Either way one.
     dbname = field(stockade_database, "dbname")
     with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
         eng.restock("hot", 10)
-        proxy.arm(cut)
+        if path == "full":
+            with pytest.raises(stockade.OutOfStock):  # a miss: the next batches skip fast
+                eng.reserve("hot", 11, strategy="batched")
+        proxy.arm(cut, statement="stockade_batch_fast_one_keyed" if path == "fast" else None)
         r = eng.reserve("hot", 3, idempotency_key="order-1", strategy="batched")
         assert proxy.cuts == 1
         assert eng.stock("hot").reserved == 3 and eng.reservation(r.id) == r
-        assert eng.stats()["reservation_count"] == 1
+        assert eng.row_counts()["reservation_count"] == 1
         assert eng.reserve("hot", 3, idempotency_key="order-1", strategy="batched") == r
 
 
@@ -419,3 +425,31 @@ def test_batched_transitions_keep_the_per_request_errors(
 
     asyncio.run(confirm_async())
     assert eng.stock("hot").on_hand == 9
+
+
+def test_two_engines_racing_the_same_keys_make_one_reservation_per_key(
+    stockade_database: str,
+) -> None:
+    # Two engines batch the same keys on one row at once. A batch whose fast statement
+    # finds a key claimed by the other engine's batch in the meantime rolls back (23505)
+    # and takes the full path, which replays that key: one reservation per key, whoever
+    # asked first.
+    keys = [f"key-{n}" for n in range(200)]
+    with (
+        stockade.Engine.postgres(stockade_database, pool_size=8) as a,
+        stockade.Engine.postgres(stockade_database, pool_size=8) as b,
+    ):
+        a.restock("hot", 10_000)
+
+        def buy(i: int) -> Reservation:
+            eng = a if i % 2 == 0 else b
+            return eng.reserve("hot", 1, idempotency_key=keys[(i // 2) % 200], strategy="batched")
+
+        out = race(800, buy)
+        assert out.errors == [None] * 800
+        by_key: dict[str, set[uuid.UUID]] = {}
+        for r in out.results:
+            by_key.setdefault(r.idempotency_key, set()).add(r.id)
+        assert len(by_key) == 200 and all(len(ids) == 1 for ids in by_key.values())
+        assert a.stock("hot").reserved == 200
+        assert a.row_counts()["reservation_count"] == 200

@@ -59,3 +59,36 @@ def test_refused_memory_benchmark_prints_both_stores() -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| memory | 2,000 |" in out.stdout and "| postgres | 2,000 |" in out.stdout
+
+
+@pytest.mark.postgres
+def test_retention_benchmark_prints_every_section(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "retention.py"),
+            "--seconds",
+            "0.2",
+            "--old-rows",
+            "2000",
+            "--warm-skus",
+            "20",
+            "--layout-rows",
+            "2000",
+            "--steady-seconds",
+            "1",
+            "--retention",
+            "0.2",
+            "--json",
+            str(tmp_path / "retention.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    for title in ("### 1.", "### 2.", "### 3.", "### 3b.", "### 4.", "### 5.", "### 6."):
+        assert title in out.stdout
+    report = (tmp_path / "retention.json").read_text()
+    for section in ("keyed_vs_keyless", "growth", "purge_under_load", "layout", "steady"):
+        assert f'"{section}"' in report

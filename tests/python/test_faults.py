@@ -43,7 +43,7 @@ def assert_ledger(eng: stockade.Engine, sku: str, acknowledged: List[stockade.Re
         assert eng.reservation(r.id) == r
     level = eng.stock(sku)
     assert level.reserved == sum(r.qty for r in acknowledged)
-    assert eng.stats()["reservation_count"] == len(acknowledged)
+    assert eng.row_counts()["reservation_count"] == len(acknowledged)
 
 
 # --- a connection cut while its write waits for a row lock ---
@@ -189,7 +189,7 @@ def test_close_racing_batched_callers_answers_every_one(
         return
     with stockade.Engine.postgres(request.getfixturevalue("stockade_database")) as check:
         assert check.stock("hot").reserved == len(made)
-        assert check.stats()["reservation_count"] == len(made)
+        assert check.row_counts()["reservation_count"] == len(made)
 
 
 # --- fork ---
@@ -365,7 +365,7 @@ def test_a_row_locked_elsewhere_delays_only_its_own_requests(stockade_database: 
         for r in [*made_x, *outcomes["y"]]:
             assert isinstance(r, stockade.Reservation) and eng.reservation(r.id) == r
         assert (eng.stock("x").reserved, eng.stock("y").reserved) == (5, 20)
-        assert eng.stats()["reservation_count"] == 25
+        assert eng.row_counts()["reservation_count"] == 25
 
 
 # --- faults under load: server restarts, backend kills ---
@@ -460,7 +460,7 @@ def check_after_faults(eng: stockade.Engine, dsn: str, load: Load) -> Dict[str, 
         if isinstance(told, stockade.Reservation):
             assert r == told
     level = eng.stock("hot")
-    assert level.reserved == len(load.told) == eng.stats()["reservation_count"]
+    assert level.reserved == len(load.told) == eng.row_counts()["reservation_count"]
     held = run_sql(dsn, "SELECT coalesce(sum(qty), 0) FROM stockade.reservation")
     assert int(held) == level.reserved
     return load.outcomes()
@@ -578,7 +578,7 @@ def test_a_sigkilled_client_loses_nothing_it_was_told(own_database: str, strateg
             if key in told:
                 assert str(r.id) == told[key]
         level = eng.stock("hot")
-        assert level.reserved == len(attempted) == eng.stats()["reservation_count"]
+        assert level.reserved == len(attempted) == eng.row_counts()["reservation_count"]
         print(f"SIGKILL, {strategy}: {len(told)} told, {len(attempted)} attempted")
 
 
@@ -596,6 +596,6 @@ def test_four_processes_racing_for_one_sku_grant_exactly_the_units(
         assert len(granted) == len(set(granted)) == units
         level = eng.stock("hot")
         assert (level.reserved, level.available) == (units, 0)
-        assert eng.stats()["reservation_count"] == units
+        assert eng.row_counts()["reservation_count"] == units
         for rid in granted[:: units // 30]:
             assert eng.reservation(rid).state is ReservationState.HELD

@@ -142,7 +142,7 @@ def test_a_hold_that_would_expire_after_the_year_9999_is_refused_before_it_is_wr
         eng.restock("s", 10)
         with pytest.raises(stockade.InvalidArgument, match="9999"):
             eng.reserve("s", 1, ttl=timedelta(hours=2))
-        assert eng.stock("s").reserved == 0 and eng.stats()["reservation_count"] == 0
+        assert eng.stock("s").reserved == 0 and eng.row_counts()["reservation_count"] == 0
         held = eng.reserve("s", 1, ttl=timedelta(minutes=30))
         with pytest.raises(stockade.InvalidArgument, match="9999"):
             eng.extend(held.id, ttl=timedelta(hours=2))

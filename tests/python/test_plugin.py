@@ -24,7 +24,7 @@ def test_uses_the_fixtures(stockade_engine):
 
 def test_gets_a_fresh_database(stockade_database):
     with stockade.Engine.postgres(stockade_database) as eng:
-        assert eng.stats()["sku_count"] == 0
+        assert eng.row_counts()["sku_count"] == 0
 """
 
 

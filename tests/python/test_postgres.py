@@ -62,11 +62,11 @@ def test_migrate_applies_each_file_once_and_records_it(empty_database: str) -> N
     with stockade.Engine.postgres(empty_database, pool_size=1) as eng:
         with pytest.raises(stockade.InvalidState, match="migrate"):
             eng.restock("s", 1)  # no schema yet: a clear error, not a crash
-        assert eng.migrate() == ["001_schema.sql"]
+        assert eng.migrate() == ["001_schema.sql", "002_retention.sql"]
         assert eng.migrate() == []
         assert eng.restock("s", 1).on_hand == 1
     rows = sql(empty_database, "SELECT version, name FROM stockade.schema_migrations")
-    assert rows == "1|001_schema.sql"
+    assert rows.splitlines() == ["1|001_schema.sql", "2|002_retention.sql"]
 
 
 def test_concurrent_migrations_apply_each_file_exactly_once(empty_database: str) -> None:
@@ -76,7 +76,7 @@ def test_concurrent_migrations_apply_each_file_exactly_once(empty_database: str)
         eng.close()
     assert out.errors == [None] * 4
     applied = sorted(name for names in out.results for name in names)
-    assert applied == ["001_schema.sql"]
+    assert applied == ["001_schema.sql", "002_retention.sql"]
 
 
 def test_a_changed_migration_is_refused(stockade_database: str) -> None:
@@ -88,7 +88,7 @@ def test_a_changed_migration_is_refused(stockade_database: str) -> None:
 
 def test_schema_name_is_configurable_and_checked(stockade_database: str) -> None:
     with stockade.Engine.postgres(stockade_database, schema="shop_eu", pool_size=1) as eu:
-        assert eu.migrate() == ["001_schema.sql"]
+        assert eu.migrate() == ["001_schema.sql", "002_retention.sql"]
         eu.restock("s", 7)
         with stockade.Engine.postgres(stockade_database, pool_size=1) as default:
             with pytest.raises(stockade.NotFound):
@@ -280,7 +280,7 @@ def test_serialization_failures_are_retried_within_bounds(
                 ), e
         granted = eng.stats()["strategies"][strategy]["granted"]
         assert granted > 0
-        assert eng.stock("hot").reserved == granted == eng.stats()["reservation_count"]
+        assert eng.stock("hot").reserved == granted == eng.row_counts()["reservation_count"]
 
 
 # --- in-doubt commits ---
@@ -302,7 +302,7 @@ def test_a_reserve_whose_commit_is_cut_is_resolved_by_the_engine(
         assert r.state is ReservationState.HELD and r.qty == 3
         lvl = eng.stock("s")
         assert (lvl.reserved, lvl.available) == (3, 7)
-        assert eng.stats()["reservation_count"] == 1
+        assert eng.row_counts()["reservation_count"] == 1
         assert eng.reservation(r.id) == r
         assert eng.reserve("s", 3, idempotency_key="order-1", strategy=strategy, ttl=60) == r
 
@@ -331,7 +331,7 @@ def test_a_cut_commit_the_engine_cannot_settle_is_in_doubt_and_a_retry_resolves_
         assert r.state is ReservationState.HELD and r.qty == 3
         lvl = eng.stock("s")
         assert (lvl.reserved, lvl.available) == (3, 7)
-        assert eng.stats()["reservation_count"] == 1
+        assert eng.row_counts()["reservation_count"] == 1
         assert eng.reservation(r.id) == r
 
 
@@ -514,7 +514,7 @@ def test_two_engines_in_two_processes_grant_exactly_the_units(
     assert sum(granted) == units
     lvl = stockade_engine.stock("hot")
     assert (lvl.reserved, lvl.available) == (units, 0)
-    assert stockade_engine.stats()["reservation_count"] == units
+    assert stockade_engine.row_counts()["reservation_count"] == units
 
 
 def test_reservation_ids_are_uuid_v7(stockade_engine: stockade.Engine) -> None:

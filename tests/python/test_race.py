@@ -48,7 +48,7 @@ def test_race_of_256_threads_grants_exactly_100_units(
     assert sum(1 for granted in out.results if granted) == UNITS
     lvl = engine.stock("hot")
     assert (lvl.reserved, lvl.available) == (UNITS, 0)
-    assert engine.stats()["reservation_count"] == UNITS
+    assert engine.row_counts()["reservation_count"] == UNITS
 
 
 def test_race_with_strategies_mixed_on_one_row_grants_exactly_100_units(

@@ -4,6 +4,7 @@
 // Error(invalid_argument) and changes nothing.
 #pragma once
 
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "stockade/async.hpp"
 #include "stockade/batcher.hpp"
 #include "stockade/contention.hpp"
+#include "stockade/memory_store.hpp"
 #include "stockade/postgres_store.hpp"
 #include "stockade/store.hpp"
 
@@ -66,12 +68,14 @@ class Engine {
 
   // An engine over an in-process MemoryStore; clock defaults to the system clock.
   static std::unique_ptr<Engine> memory(EngineOptions options = {},
-                                        std::shared_ptr<Clock> clock = nullptr);
+                                        std::shared_ptr<Clock> clock = nullptr,
+                                        MemoryOptions memory = {});
   // An engine over PostgreSQL; connects at once (Unavailable if it cannot).
   static std::unique_ptr<Engine> postgres(PostgresOptions postgres, EngineOptions options = {});
 
-  // Creates or upgrades the store's schema; returns the migrations applied.
-  std::vector<std::string> migrate();
+  // Creates or upgrades the store's schema; returns the migrations applied. the migrations numbered
+  // up to `up_to` (0: all); see Store::migrate.
+  std::vector<std::string> migrate(int up_to = 0);
   // Drains the batcher and the async workers (every queued request completes), then
   // releases the store's connections and background work. In a process forked from the
   // one that made the engine, it only lets go of the engine (see check_process).
@@ -112,7 +116,13 @@ class Engine {
                          std::optional<Version> expected_version,
                          std::shared_ptr<CompletionSink> sink, std::uint64_t token);
 
+  // Retention (Store::purge): older_than_us >= 0, 1 <= limit.
+  PurgeCounts purge(std::int64_t older_than_us,
+                    std::uint64_t limit = std::numeric_limits<std::uint64_t>::max());
+  // stats() costs O(1) in the number of rows (its counts may be estimates, see
+  // StoreCounts); row_counts() counts every row, exactly.
   StoreStats stats(std::size_t sku_limit = 20) const;
+  StoreCounts row_counts() const;
   // What the measured contention on `key` recommends, with reasons.
   Advice recommend(const SkuKey& key) const;
   SkuHeat heat(const SkuKey& key) const { return telemetry_->contention().heat(key); }

@@ -9,7 +9,15 @@
 
 namespace stockade {
 
+struct MemoryOptions {
+  // Retention: when > 0, the store purges as it goes (Store::purge with this horizon):
+  // every 64th reservation it makes purges up to 256 rows that are past it. The store has
+  // no thread of its own, so a store that takes no reservations purges nothing more.
+  std::int64_t retention_us = 0;
+};
+
 std::shared_ptr<Store> make_memory_store(std::shared_ptr<Clock> clock,
-                                         std::shared_ptr<Telemetry> telemetry = nullptr);
+                                         std::shared_ptr<Telemetry> telemetry = nullptr,
+                                         MemoryOptions options = {});
 
 }  // namespace stockade

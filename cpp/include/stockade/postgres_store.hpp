@@ -25,6 +25,10 @@ struct PostgresOptions {
   bool sweeper = false;                 // run a background sweeper (one per database is elected)
   std::int64_t sweep_interval_ms = 1000;
   std::size_t sweep_batch = 1000;  // holds expired per transaction
+  // Retention: when > 0 (needs sweeper), the sweeper also purges what is older than this
+  // (Store::purge), after expiring, in transactions of purge_batch rows.
+  std::int64_t retention_ms = 0;
+  std::size_t purge_batch = 5000;  // rows deleted per purge transaction
   // lock_timeout of the calls that take no lock options (restock, set_on_hand, the
   // transitions, expiry); Engine::postgres sets it to the engine's lock_timeout.
   std::int64_t lock_timeout_ms = 10000;

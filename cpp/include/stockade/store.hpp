@@ -98,12 +98,28 @@ class Store {
   // may or may not have landed.
   virtual void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) = 0;
 
-  // The store's own figures: its row counts (and nothing the telemetry has).
-  virtual StoreCounts counts() const = 0;
+  // Retention, oldest first: deletes each idempotency key made before `older_than_us` ago
+  // together with its reservations, once every one of them is terminal (confirmed,
+  // released, expired) and last changed before then; then terminal reservations without a
+  // key that last changed before then. A key therefore replays for at least
+  // `older_than_us`, and a replay never finds its reservations missing. Holds are never
+  // purged. At most `limit` keys and keyless reservations go (a key's reservations go
+  // with it), in bounded batches that never lock a stock row. `older_than_us` >= 0,
+  // `limit` >= 1.
+  virtual PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) = 0;
 
-  // Creates or upgrades the backend's schema; returns the names of the migrations it
-  // applied. A store without a schema applies nothing.
-  virtual std::vector<std::string> migrate() { return {}; }
+  // The store's own figures: its row counts (and nothing the telemetry has). counts() is
+  // O(1) in the number of rows and may estimate; exact_counts() counts every row.
+  virtual StoreCounts counts() const = 0;
+  virtual StoreCounts exact_counts() const { return counts(); }
+
+  // Creates or upgrades the backend's schema, applying the migrations numbered up to
+  // `up_to` (0: all); returns the names of those it applied. A store without a schema
+  // applies nothing.
+  virtual std::vector<std::string> migrate(int up_to = 0) {
+    (void)up_to;
+    return {};
+  }
 
   // Releases connections and stops background work. Calls after close() raise
   // InvalidState on stores that hold such resources; closing twice is harmless.

@@ -89,12 +89,25 @@ struct SweeperStats {
   std::uint64_t expired = 0;  // holds it expired
   std::uint64_t errors = 0;   // failed rounds (it reconnects and stands again)
   std::string last_error;
+  std::uint64_t purged_reservations = 0;  // rows this engine purged (purge() or retention)
+  std::uint64_t purged_keys = 0;
 };
-// Row counts, which only the store knows.
+
+// Row counts, which only the store knows. Store::counts() is cheap and may estimate (the
+// PostgreSQL store reads the statistics collector's live-tuple figures, and counts holds
+// up to held_count_cap); Store::exact_counts() counts every row.
 struct StoreCounts {
   std::uint64_t sku_count = 0;
   std::uint64_t reservation_count = 0;
   std::uint64_t held_count = 0;
+  bool exact = true;
+};
+
+// What one purge deleted.
+struct PurgeCounts {
+  std::uint64_t reservations = 0;
+  std::uint64_t keys = 0;
+  std::uint64_t total() const { return reservations + keys; }
 };
 
 struct StoreStats {
@@ -104,6 +117,7 @@ struct StoreStats {
   std::uint64_t sku_count = 0;
   std::uint64_t reservation_count = 0;
   std::uint64_t held_count = 0;
+  bool counts_exact = true;
   SweeperStats sweeper;
   BatcherStats batcher;
 };
@@ -150,6 +164,8 @@ class Telemetry {
   // The sweeper's rounds.
   void sweeper_enabled(bool enabled);
   void sweeper_round(bool leader, std::uint64_t expired, const std::string& error);
+  // Rows a purge deleted (the sweeper's, purge()'s, or the memory store's as it goes).
+  void purged(const PurgeCounts& counts);
 
   ContentionTracker& contention() { return tracker_; }
   const ContentionTracker& contention() const { return tracker_; }

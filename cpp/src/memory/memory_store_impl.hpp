@@ -18,12 +18,15 @@
 //                unchanged; bounded retries with full-jitter backoff, then VersionConflict.
 //
 // What it does not do: persist anything, or expire holds by itself (expire_due does, and
-// confirm/release/extend expire a lapsed hold lazily). Rows are never removed, so a
-// StockRow pointer stays valid for the store's life.
+// confirm/release/extend expire a lapsed hold lazily). Stock rows are never removed, so a
+// StockRow pointer stays valid for the store's life. Terminal reservations and keys are
+// (purge(), and as it goes with MemoryOptions::retention_us), under the rules of
+// Store::purge. Lock order: a reservation shard's mutex before idempotency_mutex_.
 #pragma once
 
 #include <array>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -35,6 +38,7 @@
 #include "row_cell.hpp"
 #include "stockade/clock.hpp"
 #include "stockade/hash.hpp"
+#include "stockade/memory_store.hpp"
 #include "stockade/store.hpp"
 #include "stockade/testing.hpp"
 #include "timed_lock.hpp"
@@ -78,7 +82,8 @@ RowValues hold_units(Telemetry& telemetry, StockRow& row, const RowValues& curre
 
 class MemoryStore final : public Store, public TestHooks {
  public:
-  MemoryStore(std::shared_ptr<Clock> clock, std::shared_ptr<Telemetry> telemetry);
+  MemoryStore(std::shared_ptr<Clock> clock, std::shared_ptr<Telemetry> telemetry,
+              MemoryOptions options = {});
 
   const char* backend_name() const noexcept override { return "memory"; }
 
@@ -97,6 +102,7 @@ class MemoryStore final : public Store, public TestHooks {
   std::size_t expire_due(std::size_t limit) override;
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
 
+  PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override;
   StoreCounts counts() const override;
 
   Reservation naive_reserve_unsafe(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
@@ -121,11 +127,13 @@ class MemoryStore final : public Store, public TestHooks {
     mutable std::mutex mutex;
     std::unordered_map<Uuid, ReservationRecord, UuidHash> records;
     std::set<std::pair<TimestampUs, Uuid>> held_by_expiry;
+    std::set<std::pair<TimestampUs, Uuid>> terminal_by_time;  // by updated_at, for purge
   };
   struct IdempotencyEntry {
     std::string fingerprint;
     std::vector<Uuid> ids;
     bool pending = true;
+    TimestampUs created_us = 0;
   };
   enum class Transition { confirm, release, extend };
 
@@ -164,6 +172,12 @@ class MemoryStore final : public Store, public TestHooks {
                                             const WriteOptions& options,
                                             const std::function<std::vector<Reservation>()>& run);
   std::vector<Reservation> fetch_all(const std::vector<Uuid>& ids);
+  void mark_terminal(ReservationShard& shard, const Reservation& r);
+  bool all_purgeable(const std::vector<Uuid>& ids, TimestampUs horizon) const;
+  void erase_reservation(const Uuid& id);
+  PurgeCounts purge_keys(TimestampUs horizon, std::uint64_t limit);
+  std::uint64_t purge_reservations(TimestampUs horizon, std::uint64_t limit);
+  void purge_as_you_go();  // retention: every 64th reservation purges a little
 
   std::shared_ptr<Clock> clock_;
   std::unique_ptr<std::array<StockShard, stock_shards>> stock_;
@@ -172,7 +186,11 @@ class MemoryStore final : public Store, public TestHooks {
   std::mutex idempotency_mutex_;
   std::condition_variable idempotency_done_;
   std::unordered_map<std::string, IdempotencyEntry> idempotency_;
+  std::deque<std::pair<TimestampUs, std::string>> keys_by_time_;  // as made; may hold stale
   std::atomic<std::size_t> expire_cursor_{0};
+  std::atomic<std::size_t> purge_cursor_{0};
+  std::atomic<std::uint64_t> reservations_made_{0};
+  const MemoryOptions options_;
 };
 
 }  // namespace stockade::detail

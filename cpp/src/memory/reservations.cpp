@@ -76,6 +76,7 @@ Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& reques
 
 Reservation MemoryStore::reserve(const ReserveRequest& request) {
   StockRow& row = require_row(request.key);
+  purge_as_you_go();
   if (!request.idempotency_key) return reserve_now(row, request);
   return with_idempotency(*request.idempotency_key, fingerprint(request), request.options,
                           [&] { return std::vector<Reservation>{reserve_now(row, request)}; })
@@ -108,6 +109,7 @@ std::vector<Reservation> MemoryStore::order_now(const OrderRequest& request) {
 
 std::vector<Reservation> MemoryStore::reserve_order(const OrderRequest& request) {
   for (const auto& line : request.lines) require_row(line.key);  // NotFound before any write
+  purge_as_you_go();
   if (!request.idempotency_key) return order_now(request);
   std::vector<Reservation> made =
       with_idempotency(*request.idempotency_key, fingerprint(request), request.options,
@@ -144,14 +146,24 @@ std::vector<Reservation> MemoryStore::with_idempotency(
     for (;;) {
       auto it = idempotency_.find(key);
       if (it == idempotency_.end()) {
-        idempotency_.emplace(key, IdempotencyEntry{fingerprint, {}, true});
+        const TimestampUs now = clock_->now_us();
+        idempotency_.emplace(key, IdempotencyEntry{fingerprint, {}, true, now});
+        keys_by_time_.emplace_back(now, key);
         break;
       }
       if (it->second.fingerprint != fingerprint) throw idempotency_conflict(key);
       if (!it->second.pending) {
         const std::vector<Uuid> ids = it->second.ids;
         lock.unlock();
-        return fetch_all(ids);
+        try {
+          return fetch_all(ids);
+        } catch (const Error& e) {
+          // A purge took the key, then its reservations, after we read it: the key is
+          // gone, so this request runs afresh, as it would have a moment later.
+          if (e.code() != ErrorCode::not_found) throw;
+        }
+        lock.lock();
+        continue;
       }
       if (idempotency_done_.wait_until(lock, deadline) == std::cv_status::timeout) {
         throw Error(ErrorCode::lock_timeout,
@@ -184,6 +196,11 @@ void MemoryStore::expire_locked(ReservationShard& shard, ReservationRecord& reco
   r.state = ReservationState::expired;
   r.version += 1;
   r.updated_at_us = now;
+  mark_terminal(shard, r);
+}
+
+void MemoryStore::mark_terminal(ReservationShard& shard, const Reservation& r) {
+  shard.terminal_by_time.emplace(r.updated_at_us, r.id);
 }
 
 Reservation MemoryStore::transition(const Uuid& id, Transition kind, std::int64_t ttl_us,
@@ -221,6 +238,7 @@ Reservation MemoryStore::transition(const Uuid& id, Transition kind, std::int64_
   }
   r.version += 1;
   r.updated_at_us = now;
+  if (kind != Transition::extend) mark_terminal(shard, r);
   return r;
 }
 
@@ -282,9 +300,11 @@ StoreCounts MemoryStore::counts() const {
 namespace stockade {
 
 std::shared_ptr<Store> make_memory_store(std::shared_ptr<Clock> clock,
-                                         std::shared_ptr<Telemetry> telemetry) {
+                                         std::shared_ptr<Telemetry> telemetry,
+                                         MemoryOptions options) {
   if (!clock) clock = system_clock();
-  return std::make_shared<detail::MemoryStore>(std::move(clock), std::move(telemetry));
+  if (options.retention_us < 0) throw_invalid_argument("retention must not be negative");
+  return std::make_shared<detail::MemoryStore>(std::move(clock), std::move(telemetry), options);
 }
 
 }  // namespace stockade

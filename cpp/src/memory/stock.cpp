@@ -75,12 +75,14 @@ RowValues hold_units(Telemetry& telemetry, StockRow& row, const RowValues& curre
   return next;
 }
 
-MemoryStore::MemoryStore(std::shared_ptr<Clock> clock, std::shared_ptr<Telemetry> shared)
+MemoryStore::MemoryStore(std::shared_ptr<Clock> clock, std::shared_ptr<Telemetry> shared,
+                         MemoryOptions options)
     : Store(std::move(shared)),
       clock_(std::move(clock)),
       stock_(std::make_unique<std::array<StockShard, stock_shards>>()),
       reservations_(std::make_unique<std::array<ReservationShard, reservation_shards>>()),
-      advisory_(std::make_unique<std::array<TimedLock, advisory_stripes>>()) {}
+      advisory_(std::make_unique<std::array<TimedLock, advisory_stripes>>()),
+      options_(options) {}
 
 StockRow* MemoryStore::find_row(const SkuKey& key) const {
   const StockShard& shard = (*stock_)[shard_index(key, stock_shards)];

@@ -1,10 +1,13 @@
 // PostgresStore::apply_batch: many reserve and sell requests, one transaction.
 //
-// The fast path, for a batch without idempotency keys: one statement in autocommit
-// (one round trip, its own commit) locks the touched rows in sorted order and, if every
-// row has room for all of its requests, writes the summed deltas and inserts every
+// The fast path, for a batch of reserves and sells: one statement in autocommit (one
+// round trip, its own commit) locks the touched rows in sorted order and, if every row
+// has room for all of its requests, writes the summed deltas and inserts every
 // reservation; if not, it changes nothing. That is the common case under a flash sale
-// until the last units go, and it saves three of the four round trips of:
+// until the last units go. A batch on one row with distinct idempotency keys takes it
+// too: its statement moves the row only if none of the keys exists yet, and claims them
+// in the same statement (a replay, a conflict, or no room: the full path decides those).
+// It saves most of the round trips of:
 //
 // The full path, one transaction whose statements run once per batch, whatever its size,
 // with arrays for arguments:
@@ -26,6 +29,8 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <set>
+#include <string_view>
 
 #include "../fingerprint.hpp"
 #include "../invariant.hpp"
@@ -84,6 +89,10 @@ struct Hold {
   bool lapsed = false;  // expires_at <= now() when it was locked
 };
 
+// The keyed fast statement failed on a key claimed elsewhere meanwhile; it rolled back, and
+// the full path decides the batch.
+struct FastMiss {};
+
 void fail(BatchItem& item, Error error) {
   item.ok = false;
   item.error = std::move(error);
@@ -140,10 +149,24 @@ class BatchTx {
     }
   }
 
-  // Idempotency keys and transitions need the full path.
+  // Transitions need the full path, and so do idempotency keys, unless the batch is on one
+  // row and its keys are distinct: then the keyed fast statement claims them all or none.
   bool needs_full_path() const {
+    std::set<std::string_view> names;
+    bool one_row = true;
     for (std::size_t i = 0; i < items_.size(); ++i) {
-      if (keyed(i) || is_transition(items_[i]->op)) return true;
+      if (is_transition(items_[i]->op)) return true;
+      one_row = one_row && items_[i]->key == items_.front()->key;
+      if (keyed(i) && (!one_row || !names.insert(*items_[i]->idempotency_key).second)) {
+        return true;
+      }
+    }
+    return !names.empty() && !one_row;
+  }
+
+  bool any_keyed() const {
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      if (keyed(i)) return true;
     }
     return false;
   }
@@ -505,8 +528,27 @@ pqxx::result BatchTx::write_one(Tx& tx) {
     ttls.push_back(item.ttl_us);
   }
   reservations_written_ = ids.size();
-  return tx.exec(Stmt::batch_fast_one, key.sku, key.location, row.sold, row.held, row.changes,
-                 text_array(ids), int_array(qtys), int_array(ttls), text_array(r_keys));
+  if (!any_keyed()) {
+    return tx.exec(Stmt::batch_fast_one, key.sku, key.location, row.sold, row.held, row.changes,
+                   text_array(ids), int_array(qtys), int_array(ttls), text_array(r_keys));
+  }
+  std::vector<std::string> names, prints, claim_ids;
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    if (!keyed(i)) continue;
+    const BatchItem& item = *items_[i];
+    names.push_back(*item.idempotency_key);
+    prints.push_back(fingerprint(
+        ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, WriteOptions{}}));
+    claim_ids.push_back(ids_[i].to_string());
+  }
+  try {
+    return tx.exec(Stmt::batch_fast_one_keyed, key.sku, key.location, row.sold, row.held,
+                   row.changes, text_array(ids), int_array(qtys), int_array(ttls),
+                   text_array(r_keys), text_array(names), text_array(prints),
+                   text_array(claim_ids));
+  } catch (const pqxx::unique_violation&) {
+    throw FastMiss{};  // a key was claimed elsewhere meanwhile: the statement rolled back
+  }
 }
 
 void BatchTx::unclaim_refused(Tx& tx) {
@@ -559,6 +601,8 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
     try {
       done =
           run<RunMode::one_statement>(&write, context, [&](Tx& tx) { return batch.run_fast(tx); });
+    } catch (const FastMiss&) {
+      done = false;
     } catch (const LostCommit& e) {
       done = resolve_fast(batch, e, context);  // empty: it did not land, run the full path
     }

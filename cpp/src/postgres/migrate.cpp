@@ -37,7 +37,7 @@ int version_of(const std::string& name) {
 
 // Two processes migrating at once serialize on a session advisory lock; each file runs in
 // a transaction with the row that records it, so a failed file leaves nothing behind.
-std::vector<std::string> PostgresStore::migrate() {
+std::vector<std::string> PostgresStore::migrate(int up_to) {
   const std::string& s = options_.schema;
   const std::string lock_key =
       std::to_string(static_cast<std::int64_t>(stable_hash64({"stockade-migrate", s})));
@@ -63,6 +63,7 @@ std::vector<std::string> PostgresStore::migrate() {
     for (const Migration& m : migrations()) {
       const std::string name = m.name;
       const int version = version_of(name);
+      if (up_to > 0 && version > up_to) break;
       const std::string sum = checksum(m.sql);
       auto it = done.find(version);
       if (it != done.end()) {

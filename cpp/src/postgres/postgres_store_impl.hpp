@@ -73,6 +73,15 @@ struct LostCommit : Error {
   bool settled;
 };
 
+// One purge statement's outcome, and where the next one of its phase starts.
+struct PurgeStep {
+  std::uint64_t keys = 0;
+  std::uint64_t reservations = 0;
+  std::int64_t cursor = 0;  // epoch microseconds
+};
+// The first cursor of a purge: 0001-01-01, before any row.
+inline constexpr std::int64_t purge_cursor_start = -62135596800LL * 1000000;
+
 class PostgresStore final : public Store, public TestHooks {
  public:
   PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry> telemetry);
@@ -95,8 +104,10 @@ class PostgresStore final : public Store, public TestHooks {
   std::size_t expire_due(std::size_t limit) override;
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
 
+  PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override;
   StoreCounts counts() const override;
-  std::vector<std::string> migrate() override;
+  StoreCounts exact_counts() const override;
+  std::vector<std::string> migrate(int up_to) override;
   void close() override;
 
   Reservation naive_reserve_unsafe(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
@@ -172,6 +183,16 @@ class PostgresStore final : public Store, public TestHooks {
   // One sweeper transaction on the leader's own session (the one holding the election
   // lock): expires at most sweep_batch due holds; returns how many.
   std::size_t sweep_batch(Connection& leader);
+  void purge_on_leader(Connection& leader);
+  // Purges batch by batch (keys with their reservations, then reservations without a
+  // key; purge_batch per statement) until `limit` keys and keyless reservations are gone,
+  // nothing old is left, or stop() says so. `delete_some(statement, n, cursor)` runs one
+  // statement (purge_step) and commits it.
+  using PurgeStatement = std::function<PurgeStep(Stmt, std::uint64_t, std::int64_t)>;
+  PurgeCounts purge_with(std::uint64_t limit, const PurgeStatement& delete_some,
+                         const std::function<bool()>& stop);
+  PurgeStep purge_step(Tx& tx, Stmt statement, std::int64_t older_than_us, std::uint64_t n,
+                       std::int64_t cursor);
 
   std::int64_t advisory_key(const SkuKey& key) const;
   void count_batch(const std::vector<BatchItem*>& items);
@@ -220,6 +241,10 @@ struct Migration {
   const char* sql;
 };
 const std::vector<Migration>& migrations();
+
+// stats() counts holds up to this many (an index-only walk of the held index); more
+// reads as this figure.
+inline constexpr std::uint64_t held_count_cap = 10000;
 
 // Bounds on transparent retries inside run().
 inline constexpr int serialization_retries_max = 4;  // 40001 / 40P01

@@ -121,14 +121,68 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
           " WHERE r.id = due.id RETURNING r.sku, r.location, r.qty)"
           " SELECT sku, location, sum(qty)::bigint, count(*) FROM done GROUP BY sku, location"
           " ORDER BY sku COLLATE \"C\", location COLLATE \"C\"");
+  // Retention, oldest first through the indexes of migration 002. $1: the horizon's age
+  // in microseconds on the database clock; $2: at most this many keys (or reservations);
+  // $3: a cursor (epoch microseconds) below which this purge already looked, so that a
+  // long purge does not walk the entries it deleted again. Each returns the keys and
+  // the reservations it deleted, and the new cursor. SKIP LOCKED: it never waits for a
+  // key, so a replay that holds its key (FOR KEY SHARE) keeps it and its reservations.
+  // A key goes with its reservations, once every one of them is terminal and last changed
+  // before the horizon; then reservations without a key (a keyed one whose key is gone
+  // too). So a replay never finds its reservations missing.
+  const std::string horizon = "now() - $1::bigint * interval '1 microsecond'";
+  const std::string cursor = "'epoch'::timestamptz + $3::bigint * interval '1 microsecond'";
+  set(Stmt::purge_keys,
+      "WITH doomed AS (SELECT i.key, i.reservation_ids, i.created_at FROM " + schema +
+          ".idempotency i WHERE i.created_at < " + horizon + " AND i.created_at >= " + cursor +
+          " AND NOT EXISTS (SELECT 1 FROM " + reservation +
+          " r WHERE r.id = ANY(i.reservation_ids) AND (r.state = 'held' OR r.updated_at >= " +
+          horizon +
+          ")) ORDER BY i.created_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
+          " keys AS (DELETE FROM " +
+          schema +
+          ".idempotency i USING doomed d WHERE i.key = d.key RETURNING 1),"
+          " gone AS (DELETE FROM " +
+          reservation +
+          " r USING (SELECT unnest(reservation_ids) AS id FROM doomed) AS d WHERE r.id = d.id"
+          " RETURNING 1)"
+          " SELECT (SELECT count(*) FROM keys), (SELECT count(*) FROM gone),"
+          " coalesce((SELECT max(" +
+          epoch_us("created_at") + ") FROM doomed), $3::bigint)");
+  set(Stmt::purge_reservations,
+      "WITH doomed AS (SELECT r.id, r.updated_at FROM " + reservation +
+          " r WHERE r.state <> 'held' AND r.updated_at < " + horizon + " AND r.updated_at >= " +
+          cursor + " AND (r.idempotency_key IS NULL OR NOT EXISTS (SELECT 1 FROM " + schema +
+          ".idempotency i WHERE i.key = r.idempotency_key))"
+          " ORDER BY r.updated_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
+          " gone AS (DELETE FROM " +
+          reservation +
+          " r USING doomed d WHERE r.id = d.id RETURNING 1)"
+          " SELECT 0::bigint, (SELECT count(*) FROM gone), coalesce((SELECT max(" +
+          epoch_us("updated_at") + ") FROM doomed), $3::bigint)");
+  // stats(): live-tuple figures of the statistics collector (O(1), refreshed within about
+  // a second of each commit), and holds counted through their partial index up to $1.
+  set(Stmt::counts_estimate,
+      "SELECT (SELECT coalesce(max(n_live_tup), 0) FROM pg_stat_user_tables"
+      " WHERE relid = to_regclass('" +
+          schema +
+          ".stock')),"
+          " (SELECT coalesce(max(n_live_tup), 0) FROM pg_stat_user_tables"
+          " WHERE relid = to_regclass('" +
+          reservation +
+          "')),"
+          " (SELECT count(*) FROM (SELECT 1 FROM " +
+          reservation + " WHERE state = 'held' LIMIT $1) AS h)");
   set(Stmt::idempotency_claim, "INSERT INTO " + schema +
                                    ".idempotency (key, request_fingerprint, reservation_ids,"
                                    " created_at) VALUES ($1, $2, $3::uuid[], now())"
                                    " ON CONFLICT (key) DO NOTHING RETURNING 1");
+  // A replay reads its key FOR KEY SHARE, so that a purge (FOR UPDATE SKIP LOCKED) passes
+  // the key by, and with it its reservations, until the replay has read them.
   set(Stmt::idempotency_get,
       "SELECT request_fingerprint, array_to_string(reservation_ids, ',')"
       " FROM " +
-          schema + ".idempotency WHERE key = $1");
+          schema + ".idempotency WHERE key = $1 FOR KEY SHARE");
   set(Stmt::advisory_lock, "SELECT pg_advisory_xact_lock($1::bigint)");
   set(Stmt::advisory_try_lock, "SELECT pg_try_advisory_xact_lock($1::bigint)");
 }
@@ -147,7 +201,7 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
           " AS t(k, f, i) ORDER BY k COLLATE \"C\" ON CONFLICT (key) DO NOTHING RETURNING key");
   set(Stmt::batch_keys_get,
       "SELECT key, request_fingerprint, array_to_string(reservation_ids, ',') FROM " + idempotency +
-          " WHERE key = ANY($1::text[])");
+          " WHERE key = ANY($1::text[]) FOR KEY SHARE");
   // Locks the touched rows in sorted key order, and reads the transaction's now().
   set(Stmt::batch_lock,
       "SELECT s.sku, s.location, s.on_hand, s.reserved, s.version, " + epoch_us("now()") +
@@ -215,21 +269,36 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
           epoch_us("now()") + " FROM moved");
   // The fast path for a batch on one row (the hot SKU): the guarded UPDATE takes the row
   // lock and checks the room itself, and the reservations are inserted only if it moved.
-  set(Stmt::batch_fast_one,
-      "WITH moved AS (UPDATE " + schema +
-          ".stock SET on_hand = on_hand - $3::bigint, reserved = reserved + $4::bigint,"
-          " version = version + $5::bigint, updated_at = now()"
-          " WHERE sku = $1 AND location = $2 AND on_hand - reserved >= $3::bigint + $4::bigint"
-          " RETURNING sku, location, on_hand, reserved, version),"
-          " made AS (INSERT INTO " +
-          schema +
-          ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
-          " created_at, updated_at) SELECT i::uuid, $1, $2, q, 'held', 1,"
-          " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()"
-          " FROM unnest($6::text[], $7::bigint[], $8::bigint[], $9::text[]) AS r(i, q, t, ik)"
-          " WHERE EXISTS (SELECT 1 FROM moved))"
-          " SELECT sku, location, on_hand, reserved, version, " +
-          epoch_us("now()") + " FROM moved");
+  // The keyed form ($10 keys, $11 fingerprints, $12 the ids of their reservations) moves
+  // the row only if none of the keys exists yet (one that does is a replay or a conflict,
+  // which the full path decides), and then claims them. A key committed by someone else
+  // between that look and the claim makes the claim fail (23505, no ON CONFLICT), which
+  // rolls the whole statement back: the batch then takes the full path. So it stays one
+  // statement in autocommit, like the keyless form.
+  const std::string moved =
+      " moved AS (UPDATE " + schema +
+      ".stock SET on_hand = on_hand - $3::bigint, reserved = reserved + $4::bigint,"
+      " version = version + $5::bigint, updated_at = now()"
+      " WHERE sku = $1 AND location = $2 AND on_hand - reserved >= $3::bigint + $4::bigint";
+  const std::string moved_end = " RETURNING sku, location, on_hand, reserved, version),";
+  const std::string made =
+      " made AS (INSERT INTO " + schema +
+      ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
+      " created_at, updated_at) SELECT i::uuid, $1, $2, q, 'held', 1,"
+      " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()"
+      " FROM unnest($6::text[], $7::bigint[], $8::bigint[], $9::text[]) AS r(i, q, t, ik)"
+      " WHERE EXISTS (SELECT 1 FROM moved))";
+  const std::string answer =
+      " SELECT sku, location, on_hand, reserved, version, " + epoch_us("now()") + " FROM moved";
+  set(Stmt::batch_fast_one, "WITH" + moved + moved_end + made + answer);
+  set(Stmt::batch_fast_one_keyed,
+      "WITH taken AS (SELECT count(*) AS n FROM " + schema +
+          ".idempotency WHERE key = ANY($10::text[]))," + moved + " AND (SELECT n FROM taken) = 0" +
+          moved_end + made + ", claim AS (INSERT INTO " + schema +
+          ".idempotency (key, request_fingerprint, reservation_ids, created_at)"
+          " SELECT k, f, ARRAY[i::uuid], now() FROM unnest($10::text[], $11::text[], $12::text[])"
+          " AS t(k, f, i) WHERE EXISTS (SELECT 1 FROM moved))" +
+          answer);
 }
 
 const char* Statements::name(Stmt s) {
@@ -250,6 +319,9 @@ const char* Statements::name(Stmt s) {
       "stockade_reservation_set",
       "stockade_reservation_get_many",
       "stockade_expire_pick",
+      "stockade_purge_keys",
+      "stockade_purge_reservations",
+      "stockade_counts_estimate",
       "stockade_idempotency_claim",
       "stockade_idempotency_get",
       "stockade_advisory_lock",
@@ -261,6 +333,7 @@ const char* Statements::name(Stmt s) {
       "stockade_batch_unclaim",
       "stockade_batch_fast",
       "stockade_batch_fast_one",
+      "stockade_batch_fast_one_keyed",
       "stockade_batch_lock_reservations",
       "stockade_batch_transition",
   };

@@ -27,6 +27,9 @@ enum class Stmt : std::size_t {
   reservation_set,
   reservation_get_many,
   expire_pick,
+  purge_keys,
+  purge_reservations,
+  counts_estimate,
   idempotency_claim,
   idempotency_get,
   advisory_lock,
@@ -38,6 +41,7 @@ enum class Stmt : std::size_t {
   batch_unclaim,
   batch_fast,
   batch_fast_one,
+  batch_fast_one_keyed,
   batch_lock_reservations,
   batch_transition,
   count_

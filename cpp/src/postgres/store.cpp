@@ -183,6 +183,19 @@ void PostgresStore::back_off_or_give_up(const WriteOptions* options, const Error
 
 StoreCounts PostgresStore::counts() const {
   StoreCounts out;
+  out.exact = false;
+  auto* self = const_cast<PostgresStore*>(this);  // run() leases from the (mutable) pool
+  const pqxx::result rows = self->run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    return tx.exec(Stmt::counts_estimate, static_cast<std::int64_t>(held_count_cap));
+  });
+  out.sku_count = rows[0][0].as<std::uint64_t>();
+  out.reservation_count = rows[0][1].as<std::uint64_t>();
+  out.held_count = rows[0][2].as<std::uint64_t>();
+  return out;
+}
+
+StoreCounts PostgresStore::exact_counts() const {
+  StoreCounts out;
   const std::string& s = options_.schema;
   auto* self = const_cast<PostgresStore*>(this);  // run() leases from the (mutable) pool
   const pqxx::result rows = self->run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
@@ -243,6 +256,14 @@ void validate_postgres_options(const PostgresOptions& options) {
   }
   if (options.sweep_batch == 0 || options.sweep_batch > expire_batch_max) {
     throw_invalid_argument("sweep_batch must be between 1 and " + std::to_string(expire_batch_max));
+  }
+  if (options.purge_batch == 0 || options.purge_batch > expire_batch_max) {
+    throw_invalid_argument("purge_batch must be between 1 and " + std::to_string(expire_batch_max));
+  }
+  if (options.retention_ms < 0) throw_invalid_argument("retention must not be negative");
+  if (options.retention_ms > 0 && !options.sweeper) {
+    throw_invalid_argument(
+        "retention needs sweeper=True: the sweeper is what purges (or call purge() yourself)");
   }
 }
 

@@ -1,5 +1,6 @@
 // The background sweeper: one per database, elected with a session advisory lock.
 #include <chrono>
+#include <limits>
 
 #include "postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
@@ -40,6 +41,7 @@ void PostgresStore::sweep_loop() {
         std::lock_guard<std::mutex> check(sweeper_mutex_);
         more = n == options_.sweep_batch && !stopping_;
       }
+      if (elected && options_.retention_ms > 0) purge_on_leader(*leader);
     } catch (const std::exception& e) {
       error = e.what();
       leader.reset();  // closing the session also gives up the election
@@ -52,6 +54,34 @@ void PostgresStore::sweep_loop() {
   }
   lock.unlock();
   telemetry().sweeper_round(false, 0, "");
+}
+
+// Retention: purges everything older than retention_ms, in statements of purge_batch rows
+// on the leader's session, until nothing old is left or the store closes. It paces
+// itself like a cost-delayed VACUUM: after each statement it rests half as long as the
+// statement took (a two-thirds duty cycle), so a backlog drains at about two thirds of the
+// speed of an explicit purge() and slows by itself when the database is busy, leaving the
+// hot path more of the machine.
+void PostgresStore::purge_on_leader(Connection& leader) {
+  const std::int64_t older_than_us = options_.retention_ms * 1000;
+  const auto delete_some = [&](Stmt statement, std::uint64_t n, std::int64_t cursor) {
+    const auto started = std::chrono::steady_clock::now();
+    pqxx::work work(leader.raw());
+    Tx tx{work, leader};
+    const PurgeStep step = purge_step(tx, statement, older_than_us, n, cursor);
+    work.commit();
+    if (step.keys + step.reservations > 0) {
+      std::unique_lock<std::mutex> rest(sweeper_mutex_);
+      sweeper_wake_.wait_for(rest, (std::chrono::steady_clock::now() - started) / 2,
+                             [this] { return stopping_; });
+    }
+    return step;
+  };
+  const auto stop = [this] {
+    std::lock_guard<std::mutex> check(sweeper_mutex_);
+    return stopping_;
+  };
+  purge_with(std::numeric_limits<std::uint64_t>::max(), delete_some, stop);
 }
 
 std::size_t PostgresStore::sweep_batch(Connection& leader) {

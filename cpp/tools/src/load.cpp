@@ -30,6 +30,18 @@ struct ClientTally {
   }
 };
 
+// A fresh random idempotency key: 32 hex digits from the client's own generator.
+std::optional<std::string> next_key(const LoadSpec& spec, std::mt19937_64& rng) {
+  if (!spec.keyed) return std::nullopt;
+  static const char* digits = "0123456789abcdef";
+  std::string key(32, '0');
+  for (int half = 0; half < 2; ++half) {
+    std::uint64_t bits = rng();
+    for (int i = 0; i < 16; ++i, bits >>= 4) key[half * 16 + i] = digits[bits & 15];
+  }
+  return key;
+}
+
 double micros_since(Steady::time_point start) {
   return std::chrono::duration<double, std::micro>(Steady::now() - start).count();
 }
@@ -60,11 +72,25 @@ class ClientSink final : public CompletionSink {
 void blocking_client(Engine& engine, const LoadSpec& spec, std::size_t id,
                      const std::atomic<bool>& stop, ClientTally& tally) {
   std::minstd_rand rng(spec.seed + static_cast<std::uint32_t>(id) * 7919u);
+  std::mt19937_64 key_rng(std::random_device{}() ^ id);
   std::uniform_int_distribution<std::size_t> pick(0, spec.keys.size() - 1);
   while (!stop.load(std::memory_order_relaxed)) {
-    const auto start = Steady::now();
+    auto start = Steady::now();
+    std::optional<Uuid> held;
     try {
-      engine.reserve(spec.keys[pick(rng)], spec.qty, spec.ttl_us, {}, spec.call);
+      held = engine
+                 .reserve(spec.keys[pick(rng)], spec.qty, spec.ttl_us, next_key(spec, key_rng),
+                          spec.call)
+                 .id;
+      tally.count(nullptr);
+    } catch (const Error& e) {
+      tally.count(&e);
+    }
+    tally.latencies_us.push_back(micros_since(start));
+    if (!spec.confirm || !held) continue;
+    start = Steady::now();
+    try {
+      engine.confirm(*held);
       tally.count(nullptr);
     } catch (const Error& e) {
       tally.count(&e);
@@ -76,6 +102,7 @@ void blocking_client(Engine& engine, const LoadSpec& spec, std::size_t id,
 void windowed_client(Engine& engine, const LoadSpec& spec, std::size_t id,
                      const std::atomic<bool>& stop, ClientTally& tally) {
   std::minstd_rand rng(spec.seed + static_cast<std::uint32_t>(id) * 7919u);
+  std::mt19937_64 key_rng(std::random_device{}() ^ id);
   std::uniform_int_distribution<std::size_t> pick(0, spec.keys.size() - 1);
   auto sink = std::make_shared<ClientSink>();
   std::vector<Steady::time_point> started(spec.window);
@@ -88,8 +115,8 @@ void windowed_client(Engine& engine, const LoadSpec& spec, std::size_t id,
       const std::uint64_t token = free_tokens.back();
       started[token] = Steady::now();
       try {
-        engine.submit_reserve(spec.keys[pick(rng)], spec.qty, spec.ttl_us, {}, spec.call, sink,
-                              token);
+        engine.submit_reserve(spec.keys[pick(rng)], spec.qty, spec.ttl_us, next_key(spec, key_rng),
+                              spec.call, sink, token);
       } catch (const Error& e) {  // could not be queued
         tally.count(&e);
         tally.latencies_us.push_back(micros_since(started[token]));
@@ -126,6 +153,9 @@ LoadResult drive_load(Engine& engine, const LoadSpec& spec) {
     throw_invalid_argument("window must be between 1 and " + std::to_string(load_window_max));
   }
   if (spec.duration_ms < 1) throw_invalid_argument("the load needs a positive duration");
+  if (spec.confirm && spec.window != 1) {
+    throw_invalid_argument("confirm needs blocking clients (window 1)");
+  }
   std::vector<ClientTally> tallies(spec.clients);
   for (ClientTally& t : tallies) t.latencies_us.reserve(1 << 16);
   std::atomic<bool> stop{false};

@@ -19,6 +19,7 @@ from ..errors import InvalidArgument, InvalidType
 from ..values import (
     StrategyLike,
     TtlLike,
+    check_bool,
     check_int,
     duration_ms,
     duration_us,
@@ -62,10 +63,14 @@ def drive_load(
     qty: int = 1,
     ttl: TtlLike = timedelta(minutes=15),
     strategy: Optional[StrategyLike] = None,
+    keyed: bool = False,
+    confirm: bool = False,
 ) -> LoadResult:
     """Drives ``clients`` C++ threads for ``seconds``; each request reserves ``qty`` of a
     SKU picked uniformly from ``skus`` (names, or ``(sku, location)`` pairs), with
-    ``strategy`` (default: the engine's)."""
+    ``strategy`` (default: the engine's). ``keyed`` gives every reservation a fresh random
+    idempotency key; ``confirm`` (blocking clients, ``window=1``) confirms every granted
+    hold at once, and counts each confirmation as a request."""
     if not isinstance(engine, Engine):
         raise InvalidType(f"engine must be a stockade.Engine, not {type(engine).__name__}")
     keys = [(s, DEFAULT_LOCATION) if isinstance(s, str) else (str(s[0]), str(s[1])) for s in skus]
@@ -80,6 +85,8 @@ def drive_load(
         check_int("qty", qty),
         duration_us("ttl", ttl),
         strategy_name(strategy),
+        check_bool("keyed", keyed),
+        check_bool("confirm", confirm),
     )
     return LoadResult(
         requests=int(out["requests"]),

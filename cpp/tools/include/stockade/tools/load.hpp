@@ -5,6 +5,7 @@
 // Each client is a thread. With window == 1 it makes blocking calls, one at a time (a
 // request handler per client). With window > 1 it keeps `window` async requests in flight
 // through the engine's submit path (a server multiplexing many buyers on one thread).
+// Options add an idempotency key to every reservation, or confirm every granted hold.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,12 @@ struct LoadSpec {
   std::int64_t ttl_us = 15LL * 60 * 1000 * 1000;
   CallOptions call;
   std::uint32_t seed = 1;
+  // Each reservation carries a fresh random idempotency key (32 hex digits, as a client
+  // sending UUIDs would), so the key table grows as a service's does.
+  bool keyed = false;
+  // Blocking clients only: each granted hold is confirmed at once (reserve, then confirm,
+  // as a checkout does); a confirmation counts as a request of its own.
+  bool confirm = false;
 };
 
 inline constexpr std::size_t load_clients_max = 4096;

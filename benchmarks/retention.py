@@ -1,0 +1,473 @@
+"""Benchmark: storage over time. Keyed against keyless batching, throughput before and
+after the tables grow, purge speed under load, the physical layout of retention, the cost
+of stats(), and a steady state under retention.
+
+One throwaway PostgreSQL (fsync and synchronous_commit on), 64 C++ client threads making
+blocking calls. Figures from one run share the machine's noise: compare the ratios.
+
+  1. keyed vs keyless: one hot SKU, batched, with and without an idempotency key each;
+  2. growth: hot SKU batched (keyless, keyed) and --warm-skus SKUs under auto, on fresh
+     tables, then again after --old-rows old reservations and as many old keys;
+  3. purge under load: engine.purge() of that backlog while the hot SKU runs, against
+     the same load without it (rows/s, and the load's ratio);
+  4. layout: dropping a time partition against batched deletes of the same rows;
+  5. stats() against row_counts() (count(*)) on the grown tables;
+  6. steady state: reserve+confirm with keys for --steady-seconds under --retention, with
+     the sweeper purging; table size and process RSS sampled as it runs.
+
+    python benchmarks/retention.py [--seconds 5] [--old-rows 3000000]
+        [--warm-skus 2000] [--steady-seconds 120] [--retention 5] [--json FILE]
+
+It is a benchmark, not a test: it prints figures and ratios and checks no target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from dataclasses import asdict
+from datetime import timedelta
+from typing import Any, Callable, Dict, List, Optional
+
+import stockade
+from common import rss_mb
+from stockade.tools import drive_load
+from stockade.tools.pgserver import TemporaryPostgres
+
+UNITS = 10**12
+CLIENTS = 64
+TTL = timedelta(minutes=15)
+Sql = Callable[[str], str]
+
+
+def load(
+    eng: stockade.Engine,
+    skus: List[str],
+    strategy: str,
+    seconds: float,
+    *,
+    keyed: bool = False,
+    confirm: bool = False,
+) -> Dict[str, Any]:
+    r = asdict(
+        drive_load(
+            eng,
+            skus,
+            clients=CLIENTS,
+            seconds=seconds,
+            ttl=TTL,
+            strategy=strategy,  # type: ignore[arg-type]
+            keyed=keyed,
+            confirm=confirm,
+        )
+    )
+    r["rate"] = (r["granted"]) / r["seconds"]
+    return r
+
+
+def row(case: str, r: Dict[str, Any], base: Optional[float] = None) -> str:
+    ratio = f"{r['rate'] / base:.2f}x" if base else "-"
+    return (
+        f"| {case} | {r['rate']:,.0f} | {r['p50_us'] / 1000:.2f} | {r['p99_us'] / 1000:.2f} "
+        f"| {r['failed']} | {ratio} |"
+    )
+
+
+def header(title: str, unit: str = "ops/s") -> None:
+    print(f"\n### {title}\n")
+    print(f"| case | {unit} | p50 ms | p99 ms | failed | ratio |")
+    print("|---|---:|---:|---:|---:|---:|", flush=True)
+
+
+def table_mb(sql: Sql) -> float:
+    return (
+        int(
+            sql(
+                "SELECT pg_total_relation_size('stockade.reservation')"
+                " + pg_total_relation_size('stockade.idempotency')"
+            )
+        )
+        / 2**20
+    )
+
+
+def fill_old(sql: Sql, rows: int) -> None:
+    """`rows` confirmed reservations a month old, each with its key, as a service that ran
+    for a while without retention would have."""
+    sql(
+        "INSERT INTO stockade.reservation (id, sku, location, qty, state, version,"
+        " expires_at, idempotency_key, created_at, updated_at)"
+        " SELECT ('01800000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid,"
+        " 'old-' || (g % 5000), 'default', 1, 'confirmed', 2, t, md5(g::text), t, t"
+        f" FROM generate_series(1, {rows}) AS g,"
+        " LATERAL (SELECT now() - interval '30 days' + g * interval '100 microseconds') AS x(t)"
+    )
+    sql(
+        "INSERT INTO stockade.idempotency (key, request_fingerprint, reservation_ids,"
+        " created_at) SELECT md5(g::text), 'old', ARRAY[('01800000-0000-7000-8000-' ||"
+        " lpad(to_hex(g), 12, '0'))::uuid], now() - interval '30 days' + g * interval"
+        f" '100 microseconds' FROM generate_series(1, {rows}) AS g"
+    )
+    sql("VACUUM ANALYZE stockade.reservation")
+    sql("VACUUM ANALYZE stockade.idempotency")
+
+
+def growth_cases(
+    eng: stockade.Engine, sql: Sql, seconds: float, warm: List[str], tag: str
+) -> Dict[str, Dict[str, Any]]:
+    out = {}
+    for case, skus, strategy, keyed in [
+        ("hot SKU, batched, keyless", [f"hot-{tag}-a"], "batched", False),
+        ("hot SKU, batched, keyed", [f"hot-{tag}-b"], "batched", True),
+        (f"{len(warm):,} warm SKUs, auto, keyless", warm, "auto", False),
+    ]:
+        for s in skus if len(skus) == 1 else []:
+            eng.restock(s, UNITS)
+        sql("CHECKPOINT")
+        out[case] = load(eng, skus, strategy, seconds, keyed=keyed)
+    return out
+
+
+def purge_under_load(
+    eng: stockade.Engine, sql: Sql, seconds: float, backlog: int
+) -> Dict[str, Any]:
+    """The hot SKU for `seconds` alone, then again while engine.purge() deletes the backlog
+    of old rows (they were made in section 2; more are added to reach `backlog`)."""
+    eng.restock("hot-purge", UNITS)
+    sql("CHECKPOINT")
+    alone = load(eng, ["hot-purge"], "batched", seconds, keyed=True)
+    old = int(
+        sql(
+            "SELECT (SELECT count(*) FROM stockade.reservation WHERE state <> 'held'"
+            " AND updated_at < now() - interval '1 day')"
+            " + (SELECT count(*) FROM stockade.idempotency WHERE created_at < now() - interval"
+            " '1 day')"
+        )
+    )
+    sql("CHECKPOINT")
+    purged: Dict[str, Any] = {}
+
+    def purge() -> None:
+        start = time.perf_counter()
+        purged["rows"] = eng.purge(timedelta(days=1))
+        purged["seconds"] = time.perf_counter() - start
+
+    def purged_so_far() -> int:
+        swept = eng.stats()["sweeper"]
+        return int(swept["purged_reservations"] + swept["purged_keys"])
+
+    start_count = purged_so_far()
+    worker = threading.Thread(target=purge)
+    worker.start()
+    time.sleep(0.5)  # the purge is under way
+    at_start, started = purged_so_far(), time.perf_counter()
+    during = load(eng, ["hot-purge"], "batched", seconds, keyed=True)
+    in_window = (purged_so_far() - at_start) / (time.perf_counter() - started)
+    worker.join()
+    assert purged_so_far() - start_count == purged["rows"]
+    return {
+        "backlog_rows": old,
+        "purged_rows": purged["rows"],
+        "purge_seconds": purged["seconds"],
+        "purge_rows_per_s": purged["rows"] / purged["seconds"],
+        "purge_rows_per_s_during_load": in_window,
+        "load_alone": alone,
+        "load_during_purge": during,
+        "load_ratio": during["rate"] / alone["rate"],
+    }
+
+
+def sweeper_under_load(
+    dsn: str, eng: stockade.Engine, sql: Sql, seconds: float, backlog: int
+) -> Dict[str, Any]:
+    """The same, with the backlog purged by a sweeper (retention=1 day, paced) of a second
+    engine instead of an explicit purge()."""
+    fill_old(sql, backlog)
+    sql("CHECKPOINT")
+    alone = load(eng, ["hot-purge"], "batched", seconds, keyed=True)
+    with stockade.Engine.postgres(
+        dsn,
+        pool_size=2,
+        sweeper=True,
+        sweep_interval=timedelta(milliseconds=200),
+        retention=timedelta(days=1),
+    ) as sweeper:
+
+        def purged() -> int:
+            swept = sweeper.stats()["sweeper"]
+            return int(swept["purged_reservations"] + swept["purged_keys"])
+
+        deadline = time.monotonic() + 10
+        while purged() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        at_start, started = purged(), time.perf_counter()
+        during = load(eng, ["hot-purge"], "batched", seconds, keyed=True)
+        rate = (purged() - at_start) / (time.perf_counter() - started)
+    return {
+        "load_alone": alone,
+        "load_during_sweeper_purge": during,
+        "load_ratio": during["rate"] / alone["rate"],
+        "purge_rows_per_s_during_load": rate,
+    }
+
+
+def layout(sql: Sql, rows: int, partitions: int) -> Dict[str, Any]:
+    """`rows` terminal reservations in a table partitioned by id (UUIDv7, so by time) into
+    `partitions` ranges, and the same rows in a plain table with the retention index:
+    drops the oldest partition, and deletes the same rows in batches of 5,000."""
+    sql("CREATE SCHEMA layout")
+    columns = (
+        "(id uuid NOT NULL, sku text NOT NULL, state text NOT NULL,"
+        " updated_at timestamptz NOT NULL, idempotency_key text)"
+    )
+    sql(f"CREATE TABLE layout.parted {columns} PARTITION BY RANGE (id)")
+    sql(f"CREATE TABLE layout.plain {columns}")
+    sql("CREATE INDEX ON layout.plain (updated_at) WHERE state <> 'held'")
+    per = rows // partitions
+    for p in range(partitions):
+        lo, hi = p * per + 1, (p + 1) * per + 1
+        sql(
+            f"CREATE TABLE layout.p{p} PARTITION OF layout.parted FOR VALUES FROM"
+            f" ('01800000-0000-7000-8000-{lo:012x}') TO ('01800000-0000-7000-8000-{hi:012x}')"
+        )
+    select = (
+        "SELECT ('01800000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, 'old', 'confirmed',"
+        " now() - interval '30 days' + g * interval '1 ms', md5(g::text)"
+        f" FROM generate_series(1, {per * partitions}) AS g"
+    )
+    sql(f"INSERT INTO layout.parted {select}")
+    sql(f"INSERT INTO layout.plain {select}")
+    sql("ALTER TABLE layout.parted ADD PRIMARY KEY (id)")
+    sql("ALTER TABLE layout.plain ADD PRIMARY KEY (id)")
+    sql("VACUUM ANALYZE layout.parted")
+    sql("VACUUM ANALYZE layout.plain")
+    sql("CHECKPOINT")
+    start = time.perf_counter()
+    sql("ALTER TABLE layout.parted DETACH PARTITION layout.p0")
+    sql("DROP TABLE layout.p0")
+    dropped = time.perf_counter() - start
+    horizon = (
+        f"(SELECT max(updated_at) FROM layout.plain WHERE id < "
+        f"'01800000-0000-7000-8000-{per + 1:012x}')"
+    )
+    sql("CHECKPOINT")
+    start = time.perf_counter()
+    deleted = 0
+    while True:
+        n = int(
+            sql(
+                "WITH d AS (DELETE FROM layout.plain WHERE id IN (SELECT id FROM layout.plain"
+                f" WHERE state <> 'held' AND updated_at <= {horizon} ORDER BY updated_at"
+                " LIMIT 5000 FOR UPDATE SKIP LOCKED) RETURNING 1) SELECT count(*) FROM d"
+            )
+        )
+        deleted += n
+        if n < 5000:
+            break
+    deleted_s = time.perf_counter() - start
+    sql("DROP SCHEMA layout CASCADE")
+    return {
+        "rows": per,
+        "drop_partition_s": dropped,
+        "drop_rows_per_s": per / dropped,
+        "batched_delete_rows": deleted,
+        "batched_delete_s": deleted_s,
+        "batched_delete_rows_per_s": deleted / deleted_s,
+    }
+
+
+def timed(call: Callable[[], Any], repeat: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def steady(dsn: str, sql: Sql, seconds: float, retention: float) -> Dict[str, Any]:
+    """Reserve+confirm with keys, 64 clients over 64 SKUs, under retention; samples the
+    size of the two tables and this process's RSS every tenth of the run."""
+    samples = []
+    ops = 0
+    with stockade.Engine.postgres(
+        dsn,
+        pool_size=CLIENTS + 8,
+        schema="steady",
+        sweeper=True,
+        sweep_interval=timedelta(milliseconds=500),
+        retention=timedelta(seconds=retention),
+    ) as eng:
+        eng.migrate()
+        skus = [f"s{i}" for i in range(64)]
+        for s in skus:
+            eng.restock(s, UNITS)
+        slices = 10
+        start = time.perf_counter()
+        for _ in range(slices):
+            r = load(eng, skus, "auto", seconds / slices, keyed=True, confirm=True)
+            ops += r["granted"]
+            size = int(
+                sql(
+                    "SELECT pg_total_relation_size('steady.reservation')"
+                    " + pg_total_relation_size('steady.idempotency')"
+                )
+            )
+            samples.append(
+                {
+                    "t": round(time.perf_counter() - start, 1),
+                    "ops": ops,
+                    "ops_per_s": r["rate"],
+                    "tables_mb": round(size / 2**20, 1),
+                    "rss_mb": round(rss_mb(), 1),
+                }
+            )
+        swept = eng.stats()["sweeper"]
+    return {"samples": samples, "ops": ops, "sweeper": swept}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="per load case")
+    parser.add_argument("--old-rows", type=int, default=3_000_000)
+    parser.add_argument("--warm-skus", type=int, default=2000)
+    parser.add_argument("--layout-rows", type=int, default=3_000_000)
+    parser.add_argument("--steady-seconds", type=float, default=120.0)
+    parser.add_argument("--retention", type=float, default=5.0, help="seconds (section 6)")
+    parser.add_argument("--sections", default="123456", help="which sections to run")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    print(
+        f"# stockade retention benchmark: {CLIENTS} clients, {args.seconds:g} s per case, "
+        "fsync and synchronous_commit on"
+    )
+    report: Dict[str, Any] = {}
+    with TemporaryPostgres() as pg:
+        dsn = pg.dsn()
+
+        def sql(statement: str) -> str:
+            return pg.sql(statement)
+
+        with stockade.Engine.postgres(dsn, pool_size=CLIENTS + 8) as eng:
+            eng.migrate()
+            warm = [f"warm-{i}" for i in range(args.warm_skus)]
+            sql(
+                "INSERT INTO stockade.stock (sku, location, on_hand) SELECT 'warm-' || i,"
+                f" 'default', {UNITS} FROM generate_series(0, {args.warm_skus - 1}) AS i"
+            )
+            if "1" in args.sections:
+                header("1. keyed vs keyless, one hot SKU, batched, 64 blocking clients")
+                eng.restock("kv-a", UNITS)
+                eng.restock("kv-b", UNITS)
+                sql("CHECKPOINT")
+                keyless = load(eng, ["kv-a"], "batched", args.seconds)
+                sql("CHECKPOINT")
+                keyed = load(eng, ["kv-b"], "batched", args.seconds, keyed=True)
+                print(row("keyless", keyless))
+                print(row("keyed (a fresh key each)", keyed, keyless["rate"]))
+                report["keyed_vs_keyless"] = {
+                    "keyless": keyless,
+                    "keyed": keyed,
+                    "ratio": keyed["rate"] / keyless["rate"],
+                }
+            if "2" in args.sections:
+                before = growth_cases(eng, sql, args.seconds, warm, "fresh")
+                t0 = time.perf_counter()
+                fill_old(sql, args.old_rows)
+                filled = time.perf_counter() - t0
+                after = growth_cases(eng, sql, args.seconds, warm, "grown")
+                header(
+                    f"2. growth: fresh tables, then {args.old_rows:,} old reservations and "
+                    f"{args.old_rows:,} old keys (filled in {filled:.0f} s; tables now "
+                    f"{table_mb(sql):,.0f} MB)"
+                )
+                ratios = {}
+                for case in before:
+                    print(row(f"{case}, fresh", before[case]))
+                    print(row(f"{case}, grown", after[case], before[case]["rate"]))
+                    ratios[case] = after[case]["rate"] / before[case]["rate"]
+                report["growth"] = {"before": before, "after": after, "ratios": ratios}
+            if "5" in args.sections:
+                counts = eng.row_counts()
+                stats_s = timed(eng.stats)
+                exact_s = timed(eng.row_counts, repeat=3)
+                print(
+                    f"\n### 5. stats() against row_counts(), {counts['reservation_count']:,} "
+                    f"reservations, {counts['sku_count']:,} SKUs\n\n"
+                    f"- stats(): {stats_s * 1000:.2f} ms\n"
+                    f"- row_counts() (count(*)): {exact_s * 1000:.1f} ms "
+                    f"({exact_s / stats_s:,.0f}x)"
+                )
+                report["stats_cost"] = {
+                    "stats_ms": stats_s * 1000,
+                    "row_counts_ms": exact_s * 1000,
+                    "counts": counts,
+                }
+            if "3" in args.sections:
+                if "2" not in args.sections:
+                    fill_old(sql, args.old_rows)
+                p = purge_under_load(eng, sql, args.seconds, args.old_rows)
+                header("3. purge under load: the hot SKU (batched, keyed) alone, then during")
+                print(row("alone", p["load_alone"]))
+                print(row("during engine.purge()", p["load_during_purge"], p["load_alone"]["rate"]))
+                print(
+                    f"\npurge: {p['purged_rows']:,} of {p['backlog_rows']:,} old rows in "
+                    f"{p['purge_seconds']:.1f} s = {p['purge_rows_per_s']:,.0f} rows/s overall, "
+                    f"{p['purge_rows_per_s_during_load']:,.0f} rows/s while the load ran"
+                )
+                report["purge_under_load"] = p
+                w = sweeper_under_load(dsn, eng, sql, args.seconds, args.old_rows)
+                header("3b. the same backlog purged by the sweeper (retention, paced)")
+                print(row("alone", w["load_alone"]))
+                print(
+                    row(
+                        "during the sweeper's purge",
+                        w["load_during_sweeper_purge"],
+                        w["load_alone"]["rate"],
+                    )
+                )
+                print(
+                    f"\nsweeper purge: {w['purge_rows_per_s_during_load']:,.0f} rows/s "
+                    "while the load ran"
+                )
+                report["sweeper_under_load"] = w
+        if "4" in args.sections:
+            lay = layout(sql, args.layout_rows, 10)
+            print(
+                f"\n### 4. layout: {lay['rows']:,} old rows (one tenth of "
+                f"{args.layout_rows:,})\n\n"
+                f"- drop a time partition (DETACH + DROP): {lay['drop_partition_s'] * 1000:.0f}"
+                f" ms = {lay['drop_rows_per_s']:,.0f} rows/s\n"
+                f"- batched deletes, 5,000 per statement: {lay['batched_delete_s']:.1f} s = "
+                f"{lay['batched_delete_rows_per_s']:,.0f} rows/s"
+            )
+            report["layout"] = lay
+        if "6" in args.sections:
+            s = steady(dsn, sql, args.steady_seconds, args.retention)
+            print(
+                f"\n### 6. steady state: reserve+confirm, a key each, 64 SKUs, auto, "
+                f"retention {args.retention:g} s, {args.steady_seconds:g} s\n"
+            )
+            print("| t s | operations | ops/s | tables MB | RSS MB |")
+            print("|---:|---:|---:|---:|---:|")
+            for x in s["samples"]:
+                print(
+                    f"| {x['t']} | {x['ops']:,} | {x['ops_per_s']:,.0f} | {x['tables_mb']} "
+                    f"| {x['rss_mb']} |"
+                )
+            sw = s["sweeper"]
+            print(
+                f"\nsweeper: purged {sw['purged_reservations']:,} reservations and "
+                f"{sw['purged_keys']:,} keys; {sw['errors']} errors"
+            )
+            report["steady"] = s
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
