@@ -40,7 +40,8 @@ $(VENV)/.tools-stamp: pyproject.toml Makefile | system-deps
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja \
 		"pytest>=7.4" "hypothesis>=6.80" "mypy>=1.8" \
-		matplotlib nbformat nbclient ipykernel "ruff==0.17.6" "clang-format==19.1.7"
+		matplotlib nbformat nbclient ipykernel "prometheus_client>=0.17" \
+		"ruff==0.17.6" "clang-format==19.1.7"
 	touch $@
 
 # Builds the extension (incrementally, in build/<wheel tag>) and installs the package.

@@ -461,6 +461,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(
                 f"\nsweeper: purged {sw['purged_reservations']:,} reservations and "
                 f"{sw['purged_keys']:,} keys; {sw['errors']} errors"
+                + (f" (last: {sw['last_error'][:200]})" if sw["errors"] else "")
             )
             report["steady"] = s
     if args.json:

@@ -81,6 +81,12 @@ py::dict stats_dict(const StoreStats& s) {
   sweeper["purged_keys"] = s.sweeper.purged_keys;
   out["counts_exact"] = s.counts_exact;
   out["sweeper"] = sweeper;
+  py::dict pool;
+  pool["size"] = s.pool.size;
+  pool["in_use"] = s.pool.in_use;
+  pool["idle"] = s.pool.idle;
+  pool["waiting"] = s.pool.waiting;
+  out["pool"] = pool;
   py::dict batcher;
   batcher["started"] = s.batcher.started;
   batcher["shards"] = s.batcher.shards;
@@ -93,6 +99,41 @@ py::dict stats_dict(const StoreStats& s) {
                                                             static_cast<double>(s.batcher.batches);
   batcher["queued"] = s.batcher.queued;
   out["batcher"] = batcher;
+  return out;
+}
+
+py::dict metrics_dict(const MetricsSnapshot& m) {
+  py::list calls;
+  for (const CallSeries& c : m.calls) {
+    py::dict outcomes;
+    if (c.outcomes[0] > 0) outcomes["ok"] = c.outcomes[0];
+    for (std::size_t k = 0; k < error_code_count; ++k) {
+      if (c.outcomes[1 + k] > 0) {
+        outcomes[error_code_name(static_cast<ErrorCode>(k))] = c.outcomes[1 + k];
+      }
+    }
+    py::dict series;
+    series["op"] = op_name(c.op);
+    series["strategy"] =
+        c.strategy ? py::object(py::str(strategy_name(*c.strategy))) : py::object(py::none());
+    series["outcomes"] = outcomes;
+    series["latency_buckets"] =
+        std::vector<std::uint64_t>(c.latency_buckets.begin(), c.latency_buckets.end());
+    series["latency_sum_seconds"] = static_cast<double>(c.latency_sum_us) / 1e6;
+    series["count"] = c.count;
+    calls.append(series);
+  }
+  std::vector<double> latency_bounds;
+  for (std::int64_t us : latency_bounds_us) latency_bounds.push_back(static_cast<double>(us) / 1e6);
+  py::dict out;
+  out["calls"] = calls;
+  out["latency_bounds_seconds"] = latency_bounds;
+  out["batch_size_bounds"] =
+      std::vector<std::uint64_t>(batch_size_bounds.begin(), batch_size_bounds.end());
+  out["batch_size_buckets"] =
+      std::vector<std::uint64_t>(m.batch_size_buckets.begin(), m.batch_size_buckets.end());
+  out["batch_size_sum"] = m.batch_size_sum;
+  out["batch_count"] = m.batch_count;
   return out;
 }
 
@@ -399,6 +440,7 @@ void register_engine(py::module_& m) {
             return stats_dict(s);
           },
           py::arg("sku_limit"));
+  c.def("metrics", [](Engine& e) { return metrics_dict(e.telemetry().metrics()); });
   c.def(
       "recommend",
       [](const Engine& e, const std::string& sku, const std::string& location) {

@@ -9,6 +9,7 @@
 #include "stockade/engine.hpp"
 #include "stockade/errors.hpp"
 #include "stockade/hash.hpp"
+#include "stockade/log.hpp"
 #include "stockade/postgres_store.hpp"
 
 namespace stockade::bindings {
@@ -85,6 +86,38 @@ void register_types(py::module_& m) {
   limits["async_workers"] = async_workers_max;
   limits["expire_limit"] = expire_batch_max;
   m.attr("OPTION_LIMITS") = limits;
+  m.def(
+      "take_logs",
+      [](std::size_t max, std::int64_t timeout_ms) {
+        std::uint64_t dropped = 0;
+        std::vector<LogRecord> records;
+        {
+          py::gil_scoped_release release;
+          records = take_logs(max, timeout_ms, &dropped);
+        }
+        py::list out(records.size());
+        for (std::size_t i = 0; i < records.size(); ++i) {
+          const LogRecord& r = records[i];
+          out[i] =
+              py::make_tuple(static_cast<int>(r.level), r.logger,
+                             py::bytes(r.message).attr("decode")("utf-8", "replace"), r.unix_us);
+        }
+        return py::make_tuple(out, dropped);
+      },
+      py::arg("max"), py::arg("timeout_ms"),
+      "Takes up to `max` log records of the core, waiting at most `timeout_ms` for one: "
+      "([(level, logger, message, unix_us)], dropped).");
+  m.def("stop_taking_logs", &stop_taking_logs,
+        "Makes take_logs return at once from now on (called at exit).");
+  m.def(
+      "set_log_level", [](int level) { set_log_level(static_cast<LogLevel>(level)); },
+      py::arg("level"), "The least level (a logging level number) the core keeps.");
+  m.def(
+      "log_for_test",
+      [](int level, const std::string& message) {
+        log(static_cast<LogLevel>(level), "stockade", message);
+      },
+      py::arg("level"), py::arg("message"), "TEST FACILITY: appends a record to the log ring.");
   m.def("parse_conninfo", &parse_conninfo, py::arg("dsn"),
         "The keyword/value pairs of a libpq connection string (InvalidArgument, without "
         "quoting it, if libpq cannot parse it).");

@@ -2,6 +2,7 @@
 #include "stockade/batcher.hpp"
 
 #include "invariant.hpp"
+#include "stockade/log.hpp"
 #include "stockade/testing.hpp"
 
 #include <algorithm>
@@ -14,6 +15,14 @@
 #include <thread>
 
 namespace stockade {
+namespace {
+
+// Faults that would otherwise be logged once per request under load.
+LogLimiter queue_full_log;
+LogLimiter batch_failure_log;
+
+}  // namespace
+
 namespace {
 
 // How long an idle flusher sleeps before it looks at its queue again on its own. Wake-ups
@@ -39,6 +48,7 @@ void copy_input(BatchItem& to, const BatchItem& from) {
   to.id = from.id;
   to.expected_version = from.expected_version;
   to.counted_as = from.counted_as;
+  to.started_us = from.started_us;
   to.in_flight = from.in_flight;
   to.clear_outcome();
 }
@@ -161,10 +171,12 @@ std::uint32_t HotRowBatcher::acquire(Shard& shard) {
   while (!shard.free.pop(index)) {
     if (closing_.load()) throw closed_error();
     if (std::chrono::steady_clock::now() >= deadline) {
-      throw Error(ErrorCode::overloaded, "the hot-row batch queue is full (" +
+      Error error(ErrorCode::overloaded, "the hot-row batch queue is full (" +
                                              std::to_string(options_.queue_capacity) +
                                              " requests per shard) and stayed full for " +
                                              std::to_string(options_.enqueue_timeout_ms) + " ms");
+      queue_full_log.log(LogLevel::warning, "stockade.batcher", error.what());
+      throw error;
     }
     std::this_thread::sleep_for(record_poll);
   }
@@ -189,8 +201,12 @@ void HotRowBatcher::enqueue(Shard& shard, std::uint32_t index) {
 
 void HotRowBatcher::finish(const BatchItem& item) {
   if (item.in_flight) telemetry_->contention().leave(item.shard_key());
-  if (item.counted_as) {
-    telemetry_->count_outcome(*item.counted_as, item.ok ? nullptr : &*item.error);
+  const Error* error = item.ok || !item.error ? nullptr : &*item.error;
+  if (item.counted_as) telemetry_->count_outcome(*item.counted_as, error);
+  static constexpr std::array<Op, 4> ops = {Op::reserve, Op::sell, Op::confirm, Op::release};
+  if (item.started_us != 0) {
+    telemetry_->record_call(ops[static_cast<std::size_t>(item.op)], item.counted_as, error,
+                            steady_now_us() - item.started_us);
   }
 }
 
@@ -205,6 +221,7 @@ void HotRowBatcher::queue_or_report(const BatchItem& item, Fn&& queue) {
     report.key = item.key;
     report.id = item.id;
     report.counted_as = item.counted_as;
+    report.started_us = item.started_us;
     report.in_flight = item.in_flight;
     report.error = e;
     finish(report);
@@ -392,6 +409,12 @@ void HotRowBatcher::attempt(std::vector<BatchItem*>& items, const std::vector<Sl
     }
   }
   telemetry_->batch_applied(items.size(), failure.has_value());
+  if (failure && failure->code() != ErrorCode::lock_timeout) {  // a lock wait is routine
+    batch_failure_log.log(
+        LogLevel::warning, "stockade.batcher",
+        "a batch of " + std::to_string(items.size()) +
+            " requests failed as a whole; each gets its error: " + failure->what());
+  }
 }
 
 namespace {

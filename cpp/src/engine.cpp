@@ -30,6 +30,7 @@ BatchItem reserve_item(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
                        std::optional<std::string> idempotency_key, Strategy asked) {
   BatchItem item;
   item.op = BatchOp::reserve;
+  item.started_us = steady_now_us();
   item.counted_as = asked;
   item.key = key;
   item.qty = qty;
@@ -41,6 +42,7 @@ BatchItem reserve_item(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
 BatchItem sell_item(const SkuKey& key, Quantity qty, Strategy asked) {
   BatchItem item;
   item.op = BatchOp::sell;
+  item.started_us = steady_now_us();
   item.counted_as = asked;
   item.key = key;
   item.qty = qty;
@@ -50,6 +52,7 @@ BatchItem sell_item(const SkuKey& key, Quantity qty, Strategy asked) {
 BatchItem transition_item(BatchOp op, const Uuid& id, std::optional<Version> expected) {
   BatchItem item;
   item.op = op;
+  item.started_us = steady_now_us();
   item.id = id;
   item.expected_version = expected;
   return item;
@@ -259,14 +262,30 @@ WriteOptions Engine::resolve(const CallOptions& call) const {
 
 // Counts the outcome of one strategy-routed call.
 template <class Result, class Fn>
-Result Engine::counted(Strategy strategy, Fn&& fn) {
+Result Engine::counted(Op op, Strategy strategy, Fn&& fn) {
   bump(telemetry_->of(strategy).requests);
+  const std::int64_t started = steady_now_us();
   try {
     Result result = fn();
     telemetry_->count_outcome(strategy, nullptr);
+    telemetry_->record_call(op, strategy, nullptr, steady_now_us() - started);
     return result;
   } catch (const Error& e) {
     telemetry_->count_outcome(strategy, &e);
+    telemetry_->record_call(op, strategy, &e, steady_now_us() - started);
+    throw;
+  }
+}
+
+template <class Fn>
+auto Engine::observed(Op op, Fn&& fn) -> decltype(fn()) {
+  const std::int64_t started = steady_now_us();
+  try {
+    auto result = fn();
+    telemetry_->record_call(op, std::nullopt, nullptr, steady_now_us() - started);
+    return result;
+  } catch (const Error& e) {
+    telemetry_->record_call(op, std::nullopt, &e, steady_now_us() - started);
     throw;
   }
 }
@@ -290,7 +309,7 @@ StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Versio
   validate_sku_key(key);
   validate_qty(qty);
   validate_expected_version(expected);
-  return store_->restock(key, qty, expected);
+  return observed(Op::restock, [&] { return store_->restock(key, qty, expected); });
 }
 
 StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand,
@@ -301,13 +320,13 @@ StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand,
     throw_invalid_argument("on_hand must not be negative, got " + std::to_string(on_hand));
   }
   validate_expected_version(expected);
-  return store_->set_on_hand(key, on_hand, expected);
+  return observed(Op::set_on_hand, [&] { return store_->set_on_hand(key, on_hand, expected); });
 }
 
 StockLevel Engine::stock(const SkuKey& key) {
   check_process();
   validate_sku_key(key);
-  return store_->stock(key);
+  return observed(Op::stock, [&] { return store_->stock(key); });
 }
 
 StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& route) {
@@ -318,7 +337,7 @@ StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& ro
   }
   InFlight in_flight(tracker_, shard_key_of(key.sku, key.location));
   SellRequest request{key, qty, route.options};
-  return counted<StockLevel>(route.asked, [&] { return store_->sell(request); });
+  return counted<StockLevel>(Op::sell, route.asked, [&] { return store_->sell(request); });
 }
 
 StockLevel Engine::sell(const SkuKey& key, Quantity qty, const CallOptions& call) {
@@ -338,7 +357,7 @@ Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_
   }
   InFlight in_flight(tracker_, shard_key_of(key.sku, key.location));
   ReserveRequest request{key, qty, ttl_us, idempotency_key, route.options};
-  return counted<Reservation>(route.asked, [&] { return store_->reserve(request); });
+  return counted<Reservation>(Op::reserve, route.asked, [&] { return store_->reserve(request); });
 }
 
 Reservation Engine::reserve(const SkuKey& key, Quantity qty, std::optional<std::int64_t> ttl_us,
@@ -390,7 +409,8 @@ std::vector<Reservation> Engine::reserve_order(const std::vector<OrderLine>& lin
   if (asked == Strategy::batched || asked == Strategy::automatic) {
     request.options.strategy = Strategy::atomic;
   }
-  return counted<std::vector<Reservation>>(asked, [&] { return store_->reserve_order(request); });
+  return counted<std::vector<Reservation>>(Op::reserve_order, asked,
+                                           [&] { return store_->reserve_order(request); });
 }
 
 // Whether a confirm or release of a reservation of the row with `shard_key` goes through
@@ -422,7 +442,10 @@ Reservation Engine::transition(BatchOp op, const Uuid& id, std::optional<Version
   }
   tracker_.enter(shard_key);
   InFlight in_flight(tracker_, shard_key);
-  return op == BatchOp::confirm ? store_->confirm(id, expected) : store_->release(id, expected);
+  if (op == BatchOp::confirm) {
+    return observed(Op::confirm, [&] { return store_->confirm(id, expected); });
+  }
+  return observed(Op::release, [&] { return store_->release(id, expected); });
 }
 
 Reservation Engine::confirm(const Uuid& id, std::optional<Version> expected) {
@@ -437,12 +460,12 @@ Reservation Engine::extend(const Uuid& id, std::int64_t ttl_us, std::optional<Ve
   check_process();
   validate_ttl_us(ttl_us);
   validate_expected_version(expected);
-  return store_->extend(id, ttl_us, expected);
+  return observed(Op::extend, [&] { return store_->extend(id, ttl_us, expected); });
 }
 
 Reservation Engine::get_reservation(const Uuid& id) {
   check_process();
-  return store_->get_reservation(id);
+  return observed(Op::reservation, [&] { return store_->get_reservation(id); });
 }
 
 std::size_t Engine::expire_due(std::size_t limit) {
@@ -451,14 +474,14 @@ std::size_t Engine::expire_due(std::size_t limit) {
     throw_invalid_argument("limit must be between 1 and " + std::to_string(expire_batch_max) +
                            ", got " + std::to_string(limit));
   }
-  return store_->expire_due(limit);
+  return observed(Op::expire_due, [&] { return store_->expire_due(limit); });
 }
 
 PurgeCounts Engine::purge(std::int64_t older_than_us, std::uint64_t limit) {
   check_process();
   if (older_than_us < 0) throw_invalid_argument("older_than must not be negative");
   if (limit == 0) throw_invalid_argument("limit must be at least 1");
-  return store_->purge(older_than_us, limit);
+  return observed(Op::purge, [&] { return store_->purge(older_than_us, limit); });
 }
 
 StoreCounts Engine::row_counts() const {
@@ -475,6 +498,7 @@ StoreStats Engine::stats(std::size_t sku_limit) const {
   out.reservation_count = counts.reservation_count;
   out.held_count = counts.held_count;
   out.counts_exact = counts.exact;
+  out.pool = store_->pool_stats();
   std::lock_guard<std::mutex> lock(lazy_mutex_);
   if (batcher_) out.batcher.queued = batcher_->queued();
   return out;

@@ -36,6 +36,30 @@ StrategyCountersSnapshot StrategyCounters::snapshot() const {
   return s;
 }
 
+const char* op_name(Op op) noexcept {
+  static const std::array<const char*, op_count> names = {
+      "reserve", "reserve_order", "sell",  "confirm",     "release",    "extend",
+      "restock", "set_on_hand",   "stock", "reservation", "expire_due", "purge"};
+  return names[static_cast<std::size_t>(op)];
+}
+
+// Calls by (operation, strategy or none, outcome), and latency by (operation, strategy or
+// none): fixed arrays of relaxed atomics, about 25 KB whatever the traffic.
+struct Telemetry::CallTable {
+  static constexpr std::size_t strategy_slots = strategy_count + 1;  // the last: none
+  struct Cell {
+    std::array<std::atomic<std::uint64_t>, error_code_count + 1> outcomes{};
+    std::array<std::atomic<std::uint64_t>, latency_bounds_us.size() + 1> buckets{};
+    std::atomic<std::uint64_t> sum_us{0};
+    std::atomic<std::uint64_t> count{0};
+  };
+  std::array<std::array<Cell, strategy_slots>, op_count> cells;
+
+  static std::size_t slot(std::optional<Strategy> s) {
+    return s ? static_cast<std::size_t>(*s) : strategy_count;
+  }
+};
+
 // The per-SKU table: buckets of sku_probe slots. A SKU lives in the bucket its stable
 // hash names, and its slot is found by that hash (its tag) without a lock: counting is a
 // few relaxed atomics. Only taking a slot locks the bucket: a newcomer takes a free slot,
@@ -100,6 +124,7 @@ void validate_telemetry_options(const TelemetryOptions& options) {
 Telemetry::Telemetry(TelemetryOptions options)
     : options_((validate_telemetry_options(options), options)),
       skus_(std::make_unique<SkuTable>(options.sku_slots)),
+      calls_(std::make_unique<CallTable>()),
       tracker_(options.automatic) {}
 
 Telemetry::~Telemetry() = default;
@@ -151,7 +176,53 @@ void Telemetry::count(const SkuKey& key, SkuEvent event, std::uint64_t n) {
   }
 }
 
+void Telemetry::record_call(Op op, std::optional<Strategy> strategy, const Error* error,
+                            std::int64_t latency_us) {
+  CallTable::Cell& cell = calls_->cells[static_cast<std::size_t>(op)][CallTable::slot(strategy)];
+  bump(cell.outcomes[error == nullptr ? 0 : 1 + static_cast<std::size_t>(error->code())]);
+  const std::int64_t us = std::max<std::int64_t>(latency_us, 0);
+  const auto bucket = static_cast<std::size_t>(
+      std::lower_bound(latency_bounds_us.begin(), latency_bounds_us.end(), us) -
+      latency_bounds_us.begin());
+  bump(cell.buckets[bucket]);
+  bump(cell.sum_us, static_cast<std::uint64_t>(us));
+  bump(cell.count);
+}
+
+MetricsSnapshot Telemetry::metrics() const {
+  MetricsSnapshot out;
+  for (std::size_t o = 0; o < op_count; ++o) {
+    for (std::size_t s = 0; s < CallTable::strategy_slots; ++s) {
+      const CallTable::Cell& cell = calls_->cells[o][s];
+      if (read(cell.count) == 0) continue;
+      CallSeries series;
+      series.op = static_cast<Op>(o);
+      if (s < strategy_count) series.strategy = static_cast<Strategy>(s);
+      for (std::size_t k = 0; k < series.outcomes.size(); ++k) {
+        series.outcomes[k] = read(cell.outcomes[k]);
+      }
+      for (std::size_t k = 0; k < series.latency_buckets.size(); ++k) {
+        series.latency_buckets[k] = read(cell.buckets[k]);
+      }
+      series.latency_sum_us = read(cell.sum_us);
+      series.count = read(cell.count);
+      out.calls.push_back(series);
+    }
+  }
+  for (std::size_t k = 0; k < out.batch_size_buckets.size(); ++k) {
+    out.batch_size_buckets[k] = read(batch_size_buckets_[k]);
+  }
+  out.batch_size_sum = read(batch_requests_);
+  out.batch_count = read(batches_);
+  return out;
+}
+
 void Telemetry::batch_applied(std::size_t size, bool failed) {
+  const auto bucket =
+      static_cast<std::size_t>(std::lower_bound(batch_size_bounds.begin(), batch_size_bounds.end(),
+                                                static_cast<std::uint64_t>(size)) -
+                               batch_size_bounds.begin());
+  bump(batch_size_buckets_[bucket]);
   bump(batches_);
   bump(batch_requests_, size);
   if (failed) bump(failed_batches_);

@@ -12,7 +12,7 @@ import functools
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union
 
-from . import _core
+from . import _core, logs
 from .aio import Bridges
 from .claim import ClaimAdvice
 from .env import dsn_from_environment, options_from_environment
@@ -34,6 +34,7 @@ from .values import (
     optional_duration_ms,
     optional_duration_us,
     reservation_id_bytes,
+    shown,
     strategy_name,
 )
 
@@ -76,6 +77,13 @@ class ManualClock:
 
 
 _UINT64_MAX = 2**64 - 1
+
+
+def _where(dsn: str) -> str:
+    """host, port, database and user of a DSN, for a log line: never its password."""
+    fields = dict(_core.parse_conninfo(dsn))
+    parts = [f"{k}={shown(fields[k])}" for k in ("host", "port", "dbname", "user") if fields.get(k)]
+    return " ".join(parts) or "libpq defaults"
 
 
 def _retention_us(retention: object) -> int:
@@ -233,6 +241,7 @@ class Engine:
             raise InvalidType("use Engine.memory() or Engine.postgres() to make an engine")
         self._core = core
         self._bridges = Bridges()
+        logs.start()
 
     # --- construction ---
 
@@ -337,6 +346,12 @@ class Engine:
             lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
             default_ttl_us=duration_us("default_ttl", default_ttl),
             **_layer_options(batch_max, batch_shards, batch_lock_slice, async_workers),
+        )
+        logs.LOGGER.info(
+            "connected to PostgreSQL (%s), schema %s, pool_size %d",
+            _where(dsn),
+            schema,
+            pool_size,
         )
         return cls(core)
 
@@ -727,6 +742,15 @@ class Engine:
         the tables), so it is for tests and audits; :meth:`stats` reports cheap figures
         instead."""
         return self._core.row_counts()
+
+    def metrics(self) -> Dict[str, Any]:
+        """Raw figures of this process for exporters (``stockade.prometheus`` reads them):
+        ``calls``, one entry per (operation, strategy) that saw a call, with its outcomes
+        (``ok`` or an error code) and its latency histogram (per-bucket counts over
+        ``latency_bounds_seconds``, the last bucket +Inf); and the batch size histogram.
+        Fixed tables in memory: cheap, whatever the traffic. A batched or async call's
+        latency runs from the call to its outcome, queueing included."""
+        return self._core.metrics()
 
     async def row_counts_async(self) -> Dict[str, int]:
         """:meth:`row_counts` as an awaitable."""

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "stockade/hash.hpp"
+#include "stockade/log.hpp"
 #include "stockade/types.hpp"
 #include "stockade/uuid.hpp"
 #include "test_support.hpp"
@@ -110,6 +111,37 @@ TEST(StableHash, is_stable_across_builds_and_separates_parts) {
   EXPECT_NE(stable_hash64({"ab", "c"}), stable_hash64({"a", "bc"}));
   EXPECT_EQ(shard_key_of("sku-1", "default"),
             static_cast<std::uint16_t>(stable_hash64({"sku-1", "default"}) >> 48));
+}
+
+// The log ring is bounded: records past log_capacity are dropped and counted, records
+// below the level are never kept, long messages are cut, and a limiter lets one record
+// through per interval and counts the rest.
+TEST(Log, ring_is_bounded_and_counts_what_it_drops) {
+  set_log_level(LogLevel::info);
+  std::uint64_t dropped = 0;
+  take_logs(log_capacity, 0, &dropped);  // start empty
+  log(LogLevel::debug, "stockade", "below the level");
+  for (std::size_t i = 0; i < log_capacity + 10; ++i) log(LogLevel::info, "stockade", "x");
+  log(LogLevel::warning, "stockade", std::string(10 * log_message_max, 'y'));
+  std::vector<LogRecord> got = take_logs(2 * log_capacity, 0, &dropped);
+  EXPECT_EQ(got.size(), log_capacity);
+  EXPECT_EQ(dropped, 11u);
+  EXPECT_EQ(got.front().message, "x");
+  got = take_logs(10, 0, &dropped);
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(dropped, 0u);
+
+  log(LogLevel::warning, "stockade", std::string(10 * log_message_max, 'y'));
+  got = take_logs(10, 0, &dropped);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_LT(got[0].message.size(), log_message_max + 16);
+
+  LogLimiter limiter(60'000'000);
+  for (int i = 0; i < 5; ++i) limiter.log(LogLevel::warning, "stockade", "again");
+  got = take_logs(10, 0, &dropped);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message, "again");
+  set_log_level(LogLevel::warning);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -24,3 +25,13 @@ Wait = Callable[[float], None]
 def field(dsn: str, name: str) -> str:
     """One key=value field of a connection string (dbname, host, port)."""
     return dsn.split(f"{name}=")[1].split()[0]
+
+
+def wait_for(check: Callable[[], bool], seconds: float = 15.0) -> bool:
+    """Polls ``check`` until it holds or ``seconds`` pass; returns its last answer."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()

@@ -18,6 +18,7 @@ import pytest
 import stockade
 from stockade.tools.pgserver import run_sql
 from stockade.tools.pytest_plugin import PostgresForTests
+from support import wait_for
 
 LONG = timedelta(hours=1)
 
@@ -179,15 +180,6 @@ def test_memory_store_never_purges_a_hold_however_old(clock: stockade.ManualCloc
         assert again.id == hold.id
 
 
-def _wait_for(check: Callable[[], bool], seconds: float = 15.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
-
-
 def test_postgres_sweeper_purges_with_retention(stockade_database: str) -> None:
     with stockade.Engine.postgres(
         stockade_database,
@@ -201,11 +193,11 @@ def test_postgres_sweeper_purges_with_retention(stockade_database: str) -> None:
         for n in range(30):
             eng.confirm(eng.reserve("s", 1, ttl=LONG, idempotency_key=f"k{n}").id)
         assert eng.row_counts()["reservation_count"] == 31
-        assert _wait_for(lambda: eng.row_counts()["reservation_count"] == 1)
+        assert wait_for(lambda: eng.row_counts()["reservation_count"] == 1)
         assert eng.reservation(hold.id) == hold
         keys = run_sql(stockade_database, "SELECT key FROM stockade.idempotency")
         assert keys == "held"
-        assert _wait_for(lambda: eng.stats()["sweeper"]["purged_keys"] == 30)
+        assert wait_for(lambda: eng.stats()["sweeper"]["purged_keys"] == 30)
         assert eng.stats()["sweeper"]["purged_reservations"] == 30
 
 

@@ -36,6 +36,9 @@ struct BatchItem {
   // The engine counted the request in flight in the contention tracker; the batcher
   // leaves the tracker for it when it finishes.
   bool in_flight = false;
+  // When the engine made the request (steady clock, microseconds): its latency is
+  // recorded when it finishes.
+  std::int64_t started_us = 0;
   // Outcome, written by the store.
   bool ok = false;
   Reservation reservation;

@@ -133,8 +133,13 @@ class Engine {
  private:
   WriteOptions resolve(const CallOptions& call) const;
   Route route(const SkuKey& key, const CallOptions& call);
+  // Runs a strategy-routed store call: counts its outcome per strategy and records it
+  // (operation, strategy, outcome, latency).
   template <class Result, class Fn>
-  Result counted(Strategy strategy, Fn&& fn);
+  Result counted(Op op, Strategy strategy, Fn&& fn);
+  // Runs any other store call and records it (strategy: none).
+  template <class Fn>
+  auto observed(Op op, Fn&& fn) -> decltype(fn());
   Reservation reserve_checked(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
                               const std::optional<std::string>& idempotency_key,
                               const Route& route);

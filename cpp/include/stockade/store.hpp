@@ -112,6 +112,8 @@ class Store {
   // O(1) in the number of rows and may estimate; exact_counts() counts every row.
   virtual StoreCounts counts() const = 0;
   virtual StoreCounts exact_counts() const { return counts(); }
+  // The connection pool's gauges (a store without one reports zeros).
+  virtual PoolStats pool_stats() const { return {}; }
 
   // Creates or upgrades the backend's schema, applying the migrations numbered up to
   // `up_to` (0: all); returns the names of those it applied. A store without a schema

@@ -17,9 +17,11 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +65,13 @@ inline void bump(std::atomic<std::uint64_t>& counter, std::uint64_t by = 1) {
   counter.fetch_add(by, std::memory_order_relaxed);
 }
 
+// The steady clock in microseconds, for latencies.
+inline std::int64_t steady_now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 struct SkuStats {
   SkuKey key;
   std::uint64_t requests = 0;
@@ -103,6 +112,14 @@ struct StoreCounts {
   bool exact = true;
 };
 
+// The store's connection pool right now (all zero for a store without one).
+struct PoolStats {
+  std::uint64_t size = 0;    // connections it may open
+  std::uint64_t in_use = 0;  // leased, or being opened
+  std::uint64_t idle = 0;
+  std::uint64_t waiting = 0;  // callers waiting for a connection
+};
+
 // What one purge deleted.
 struct PurgeCounts {
   std::uint64_t reservations = 0;
@@ -118,8 +135,53 @@ struct StoreStats {
   std::uint64_t reservation_count = 0;
   std::uint64_t held_count = 0;
   bool counts_exact = true;
+  PoolStats pool;
   SweeperStats sweeper;
   BatcherStats batcher;
+};
+
+// The calls whose outcomes and latencies are recorded, by operation.
+enum class Op : std::uint8_t {
+  reserve,
+  reserve_order,
+  sell,
+  confirm,
+  release,
+  extend,
+  restock,
+  set_on_hand,
+  stock,
+  reservation,
+  expire_due,
+  purge,
+};
+inline constexpr std::size_t op_count = 12;
+const char* op_name(Op op) noexcept;
+
+// Histogram bucket bounds (upper, inclusive): latency in microseconds (100 us .. 10 s, and
+// +Inf), batch sizes in requests (1 .. 4096, and +Inf).
+inline constexpr std::array<std::int64_t, 16> latency_bounds_us = {
+    100,   250,    500,    1000,   2500,    5000,    10000,   25000,
+    50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000};
+inline constexpr std::array<std::uint64_t, 13> batch_size_bounds = {
+    1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
+
+// One series of calls: an operation under one strategy (none for calls that take none),
+// with its outcomes and its latency histogram (per-bucket counts, the last is +Inf).
+struct CallSeries {
+  Op op = Op::reserve;
+  std::optional<Strategy> strategy;
+  std::array<std::uint64_t, error_code_count + 1> outcomes{};  // [0]: ok, [1 + code]: error
+  std::array<std::uint64_t, latency_bounds_us.size() + 1> latency_buckets{};
+  std::uint64_t latency_sum_us = 0;
+  std::uint64_t count = 0;
+};
+
+struct MetricsSnapshot {
+  std::vector<CallSeries> calls;  // the series that saw at least one call
+  std::array<std::uint64_t, batch_size_bounds.size() + 1> batch_size_buckets{};
+  std::uint64_t batch_size_sum = 0;
+  std::uint64_t batch_count = 0;
 };
 
 // What a store counts per SKU.
@@ -157,6 +219,12 @@ class Telemetry {
   // Per SKU, in the bounded table.
   void count(const SkuKey& key, SkuEvent event, std::uint64_t n = 1);
 
+  // One call that ended (well, or with `error`) after `latency_us`: counted by operation,
+  // strategy (none for calls that take none) and outcome, into fixed tables.
+  void record_call(Op op, std::optional<Strategy> strategy, const Error* error,
+                   std::int64_t latency_us);
+  MetricsSnapshot metrics() const;
+
   // The hot-row batcher's figures.
   void batcher_started(std::size_t shards) { batcher_shards_.store(shards); }
   void batch_applied(std::size_t size, bool failed);
@@ -177,10 +245,12 @@ class Telemetry {
 
  private:
   struct SkuTable;
+  struct CallTable;
 
   const TelemetryOptions options_;
   std::array<StrategyCounters, strategy_count> strategies_;
   std::unique_ptr<SkuTable> skus_;
+  std::unique_ptr<CallTable> calls_;
   ContentionTracker tracker_;
 
   alignas(cache_line_size) std::atomic<std::uint64_t> batches_{0};
@@ -188,6 +258,7 @@ class Telemetry {
   std::atomic<std::uint64_t> failed_batches_{0};
   std::atomic<std::uint64_t> batch_size_max_{0};
   std::atomic<std::size_t> batcher_shards_{0};
+  std::array<std::atomic<std::uint64_t>, batch_size_bounds.size() + 1> batch_size_buckets_{};
 
   mutable std::mutex sweeper_mutex_;
   SweeperStats sweeper_;

@@ -4,6 +4,7 @@
 
 #include "postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
+#include "stockade/log.hpp"
 
 namespace stockade::detail::pg {
 namespace {
@@ -80,6 +81,8 @@ std::vector<std::string> PostgresStore::migrate(int up_to) {
                 std::to_string(version) + ", " + work.quote(name) + ", " + work.quote(sum) + ")");
       work.commit();
       applied.push_back(name);
+      log(LogLevel::info, "stockade.postgres",
+          "applied migration " + name + " to schema '" + s + "'");
     }
     autocommit("SELECT pg_advisory_unlock(" + lock_key + ")");
   } catch (const pqxx::sql_error& e) {

@@ -1,6 +1,7 @@
 #include "pool.hpp"
 
 #include "dsn.hpp"
+#include "stockade/log.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -8,6 +9,14 @@
 #include <utility>
 
 namespace stockade::detail::pg {
+namespace {
+
+// Faults that a busy service would otherwise log once per request.
+LogLimiter connect_failures;
+LogLimiter pool_timeouts;
+LogLimiter reconnects;
+
+}  // namespace
 
 std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
   std::unique_ptr<pqxx::connection> conn;
@@ -20,9 +29,11 @@ std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
     ErrorContext context;
     if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e))
       context.sqlstate = sql->sqlstate();
-    throw Error(ErrorCode::unavailable,
+    Error error(ErrorCode::unavailable,
                 "cannot connect to PostgreSQL: " + scrub_secrets(e.what(), dsn),
                 std::move(context));
+    connect_failures.log(LogLevel::warning, "stockade.postgres", error.what());
+    throw error;
   } catch (const std::exception& e) {  // libpqxx's argument errors: the same care
     throw Error(ErrorCode::unavailable,
                 "cannot connect to PostgreSQL: " + scrub_secrets(e.what(), dsn));
@@ -139,11 +150,15 @@ Pool::Lease Pool::acquire() {
       return Lease(this, std::move(conn));
     }
     if (open_ < size_) break;
-    if (returned_.wait_until(lock, deadline) == std::cv_status::timeout && idle_.empty() &&
-        open_ >= size_) {
-      throw Error(ErrorCode::overloaded, "no database connection came free within " +
+    ++waiting_;
+    const bool timed_out = returned_.wait_until(lock, deadline) == std::cv_status::timeout;
+    --waiting_;
+    if (timed_out && idle_.empty() && open_ >= size_) {
+      Error error(ErrorCode::overloaded, "no database connection came free within " +
                                              std::to_string(timeout_ms_) + " ms (pool_size " +
                                              std::to_string(size_) + ")");
+      pool_timeouts.log(LogLevel::warning, "stockade.postgres", error.what());
+      throw error;
     }
   }
   ++open_;
@@ -179,7 +194,15 @@ void Pool::drop_idle() {
     open_ -= idle.size();
   }
   returned_.notify_all();
+  reconnects.log(LogLevel::warning, "stockade.postgres",
+                 "a database connection broke; closed " + std::to_string(idle.size()) +
+                     " idle ones with it, and the call runs again on a fresh connection");
 }  // the connections close here, outside the lock
+
+PoolGauges Pool::gauges() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return PoolGauges{size_, open_ - idle_.size(), idle_.size(), waiting_};
+}
 
 void Pool::close() {
   {

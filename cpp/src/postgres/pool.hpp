@@ -67,6 +67,14 @@ std::unique_ptr<pqxx::connection> connect(const std::string& dsn);
 // the session would not end in time).
 bool end_session(const std::string& dsn, const Backend& backend, std::int64_t timeout_ms);
 
+// What the pool holds right now: `open` counts connections leased or being opened.
+struct PoolGauges {
+  std::size_t size = 0;
+  std::size_t in_use = 0;
+  std::size_t idle = 0;
+  std::size_t waiting = 0;  // callers waiting for a connection
+};
+
 // A bounded pool. acquire() hands out an idle connection, opens a new one while fewer than
 // `size` are open, or waits at most `timeout_ms` for one to come back (then Overloaded).
 class Pool {
@@ -98,6 +106,7 @@ class Pool {
   void drop_idle();
   void close();
   const std::string& dsn() const { return dsn_; }
+  PoolGauges gauges() const;
   std::size_t size() const { return size_; }
 
  private:
@@ -107,8 +116,9 @@ class Pool {
   const std::shared_ptr<const Statements> statements_;
   const std::size_t size_;
   const std::int64_t timeout_ms_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable returned_;
+  std::size_t waiting_ = 0;
   std::vector<std::unique_ptr<Connection>> idle_;
   std::size_t open_ = 0;  // idle, leased, and being opened
   bool closed_ = false;

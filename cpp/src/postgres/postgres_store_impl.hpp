@@ -107,6 +107,10 @@ class PostgresStore final : public Store, public TestHooks {
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override;
   StoreCounts counts() const override;
   StoreCounts exact_counts() const override;
+  PoolStats pool_stats() const override {
+    const PoolGauges g = pool_.gauges();
+    return PoolStats{g.size, g.in_use, g.idle, g.waiting};
+  }
   std::vector<std::string> migrate(int up_to) override;
   void close() override;
 

@@ -3,6 +3,7 @@
 
 #include "postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
+#include "stockade/log.hpp"
 
 namespace stockade::detail::pg {
 
@@ -67,7 +68,14 @@ std::vector<Uuid> parse_ids(const std::string& list) {
 LostCommit PostgresStore::lost_commit(const Backend& backend, const ErrorContext& context,
                                       const char* cause) const {
   const bool settled = end_session(options_.dsn, backend, options_.resolve_timeout_ms);
-  return LostCommit(in_doubt(context, cause, settled), settled);
+  LostCommit lost(in_doubt(context, cause, settled), settled);
+  log(LogLevel::warning, "stockade.postgres",
+      std::string("a write lost its connection before its outcome arrived; ") +
+          (settled ? "its server session was ended, so the outcome is settled and the engine "
+                     "looks for it"
+                   : "its server session could not be ended in time: in doubt") +
+          " (" + lost.what() + ")");
+  return lost;
 }
 
 std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids,
@@ -81,6 +89,9 @@ std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids
   } catch (const Error&) {
     throw lost;
   }
+  log(LogLevel::info, "stockade.postgres",
+      std::string("a lost write ") + (rows.empty() ? "did not land: it runs once more"
+                                                   : "landed: its reservations are returned"));
   if (rows.empty()) return {};
   if (rows.size() != ids.size()) {  // one transaction makes all of them or none
     throw Error(ErrorCode::invariant_violation,

@@ -4,6 +4,7 @@
 
 #include "postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
+#include "stockade/log.hpp"
 
 namespace stockade::detail::pg {
 
@@ -19,6 +20,8 @@ void PostgresStore::sweep_loop() {
       static_cast<std::int64_t>(stable_hash64({options_.schema, "stockade-sweeper"}));
   std::unique_ptr<Connection> leader;
   bool elected = false;
+  bool was_leader = false;
+  LogLimiter round_errors(60'000'000);  // a sweeper that cannot reach the database: once a minute
   std::unique_lock<std::mutex> lock(sweeper_mutex_);
   while (!stopping_) {
     lock.unlock();
@@ -46,6 +49,19 @@ void PostgresStore::sweep_loop() {
       error = e.what();
       leader.reset();  // closing the session also gives up the election
       elected = false;
+    }
+    if (!error.empty()) {
+      round_errors.log(LogLevel::warning, "stockade.sweeper",
+                       "a sweeper round failed; the next one runs on a fresh connection: " + error);
+    }
+    if (elected != was_leader) {
+      log(LogLevel::info, "stockade.sweeper",
+          elected ? "this engine now sweeps the schema '" + options_.schema + "' (elected)"
+                  : "this engine no longer sweeps the schema '" + options_.schema + "'");
+      was_leader = elected;
+    }
+    if (expired > 0) {
+      log(LogLevel::debug, "stockade.sweeper", "expired " + std::to_string(expired) + " holds");
     }
     lock.lock();
     telemetry().sweeper_round(elected, expired, error);
@@ -81,7 +97,13 @@ void PostgresStore::purge_on_leader(Connection& leader) {
     std::lock_guard<std::mutex> check(sweeper_mutex_);
     return stopping_;
   };
-  purge_with(std::numeric_limits<std::uint64_t>::max(), delete_some, stop);
+  const PurgeCounts purged =
+      purge_with(std::numeric_limits<std::uint64_t>::max(), delete_some, stop);
+  if (purged.total() > 0) {
+    log(LogLevel::info, "stockade.sweeper",
+        "retention purged " + std::to_string(purged.keys) + " idempotency keys and " +
+            std::to_string(purged.reservations) + " reservations");
+  }
 }
 
 std::size_t PostgresStore::sweep_batch(Connection& leader) {

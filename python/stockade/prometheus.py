@@ -1,0 +1,251 @@
+"""Prometheus metrics for an engine: ``pip install stockade[prometheus]``.
+
+    from prometheus_client import REGISTRY, start_http_server
+    from stockade.prometheus import StockadeCollector
+
+    StockadeCollector(engine).register(REGISTRY)
+    start_http_server(9100)
+
+Everything is read at scrape time from the engine's telemetry (``Engine.metrics()`` and
+``Engine.stats()``), the one place stockade keeps its figures; nothing is counted twice.
+Figures are per process: sum them over replicas in your queries. Names start with
+``stockade_``; counters end in ``_total`` and durations are in seconds. Label values are
+bounded: operations, strategies and error codes are fixed lists, and SKUs appear only in
+the ``stockade_hot_sku_*`` gauges, for the ``hottest_skus`` SKUs with the most requests.
+
+A scrape of a PostgreSQL engine reads the database once (``stats()``: statistics
+estimates, no ``count(*)``). If that fails, ``stockade_up`` is 0 and the figures kept in
+memory are still exported.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+try:
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
+    from prometheus_client.registry import Collector, CollectorRegistry
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "stockade.prometheus needs prometheus_client: pip install 'stockade[prometheus]'"
+    ) from e
+
+from .engine import Engine
+from .errors import InvalidArgument, InvalidType, StockadeError
+
+__all__ = ["StockadeCollector"]
+
+_STRATEGY_FIGURES = [
+    ("conflicts", "stockade_cas_conflicts_total", "compare-and-set attempts that lost a race"),
+    ("retries", "stockade_retries_total", "optimistic retries after a version conflict"),
+    ("lock_waits", "stockade_lock_waits_total", "lock acquisitions that had to wait"),
+    ("lock_timeouts", "stockade_lock_timeouts_total", "lock waits that ran past lock_timeout"),
+    (
+        "lock_not_available",
+        "stockade_lock_not_available_total",
+        "NOWAIT attempts that found the lock taken",
+    ),
+]
+
+
+def _buckets(bounds: Sequence[float], counts: Sequence[int]) -> List[Tuple[str, float]]:
+    """Per-bucket counts (the last is +Inf) as Prometheus's cumulative buckets."""
+    out: List[Tuple[str, float]] = []
+    total = 0
+    for bound, count in zip([*bounds, float("inf")], counts, strict=True):
+        total += count
+        out.append(("+Inf" if bound == float("inf") else repr(float(bound)), float(total)))
+    return out
+
+
+class StockadeCollector(Collector):
+    """Exports one engine's figures. ``engine_label`` (optional) is added to every series
+    as ``engine="..."``, for a process with several engines."""
+
+    def __init__(
+        self, engine: Engine, *, hottest_skus: int = 10, engine_label: Optional[str] = None
+    ) -> None:
+        if not isinstance(engine, Engine):
+            raise InvalidType(f"engine must be a stockade.Engine, not {type(engine).__name__}")
+        if isinstance(hottest_skus, bool) or not isinstance(hottest_skus, int):
+            raise InvalidType("hottest_skus must be an int")
+        if not 0 <= hottest_skus <= 100:
+            raise InvalidArgument(f"hottest_skus must be between 0 and 100, got {hottest_skus}")
+        if engine_label is not None and not isinstance(engine_label, str):
+            raise InvalidType("engine_label must be a str")
+        self._engine = engine
+        self._hottest = hottest_skus
+        self._extra: Dict[str, str] = {} if engine_label is None else {"engine": engine_label}
+
+    def register(self, registry: CollectorRegistry) -> StockadeCollector:
+        """Registers with ``registry``; returns self."""
+        registry.register(self)
+        return self
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # collected at scrape time; nothing to check at registration
+
+    # --- collection ---
+
+    def _counter(self, name: str, doc: str, labels: Sequence[str]) -> CounterMetricFamily:
+        return CounterMetricFamily(
+            name[: -len("_total")], doc, labels=list(self._extra) + list(labels)
+        )
+
+    def _gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc, labels=list(self._extra) + list(labels))
+
+    def _values(self, *values: str) -> List[str]:
+        return list(self._extra.values()) + list(values)
+
+    def collect(self) -> Iterator[Metric]:
+        stats: Optional[Dict[str, Any]]
+        try:
+            stats = self._engine.stats(sku_limit=self._hottest)
+        except StockadeError:
+            stats = None
+        metrics = self._engine.metrics()
+        up = self._gauge("stockade_up", "1 if the last scrape could read the engine's stats")
+        up.add_metric(self._values(), 1.0 if stats is not None else 0.0)
+        yield up
+        yield from self._calls(metrics)
+        yield from self._batches(metrics)
+        if stats is not None:
+            yield from self._strategies(stats)
+            yield from self._pool(stats)
+            yield from self._sweeper(stats)
+            yield from self._rows(stats)
+            yield from self._hot_skus(stats)
+
+    def _calls(self, m: Dict[str, Any]) -> Iterator[Metric]:
+        calls = self._counter(
+            "stockade_calls_total",
+            "calls that reached the store, by operation, strategy (none: it takes none) and "
+            "outcome (ok, or the error code)",
+            ["op", "strategy", "outcome"],
+        )
+        latency = HistogramMetricFamily(
+            "stockade_call_duration_seconds",
+            "latency of calls, by operation and strategy (batched and async calls: from the "
+            "call to its outcome)",
+            labels=[*self._extra, "op", "strategy"],
+        )
+        bounds = m["latency_bounds_seconds"]
+        for series in m["calls"]:
+            strategy = series["strategy"] or "none"
+            for outcome, count in series["outcomes"].items():
+                calls.add_metric(self._values(series["op"], strategy, outcome), float(count))
+            latency.add_metric(
+                self._values(series["op"], strategy),
+                _buckets(bounds, series["latency_buckets"]),
+                float(series["latency_sum_seconds"]),
+            )
+        yield calls
+        yield latency
+
+    def _batches(self, m: Dict[str, Any]) -> Iterator[Metric]:
+        sizes = HistogramMetricFamily(
+            "stockade_batch_size",
+            "requests per batch of the hot-row layer",
+            labels=list(self._extra),
+        )
+        sizes.add_metric(
+            self._values(),
+            _buckets(m["batch_size_bounds"], m["batch_size_buckets"]),
+            float(m["batch_size_sum"]),
+        )
+        yield sizes
+
+    def _strategies(self, stats: Dict[str, Any]) -> Iterator[Metric]:
+        for key, name, doc in _STRATEGY_FIGURES:
+            family = self._counter(name, doc, ["strategy"])
+            for strategy, figures in stats["strategies"].items():
+                family.add_metric(self._values(strategy), float(figures[key]))
+            yield family
+        waited = self._counter(
+            "stockade_lock_wait_seconds_total", "time spent waiting for locks", ["strategy"]
+        )
+        for strategy, figures in stats["strategies"].items():
+            waited.add_metric(self._values(strategy), figures["lock_wait_us"] / 1e6)
+        yield waited
+        batcher = stats["batcher"]
+        failed = self._counter(
+            "stockade_batch_failures_total", "batches whose transaction failed as a whole", []
+        )
+        failed.add_metric(self._values(), float(batcher["failed_batches"]))
+        yield failed
+        queued = self._gauge(
+            "stockade_batch_queued", "requests waiting in the hot-row layer or being applied"
+        )
+        queued.add_metric(self._values(), float(batcher["queued"]))
+        yield queued
+
+    def _pool(self, stats: Dict[str, Any]) -> Iterator[Metric]:
+        pool = stats["pool"]
+        size = self._gauge("stockade_pool_size", "connections the pool may open")
+        size.add_metric(self._values(), float(pool["size"]))
+        yield size
+        conns = self._gauge("stockade_pool_connections", "pooled connections by state", ["state"])
+        conns.add_metric(self._values("in_use"), float(pool["in_use"]))
+        conns.add_metric(self._values("idle"), float(pool["idle"]))
+        yield conns
+        waiting = self._gauge("stockade_pool_waiting", "callers waiting for a connection")
+        waiting.add_metric(self._values(), float(pool["waiting"]))
+        yield waiting
+
+    def _sweeper(self, stats: Dict[str, Any]) -> Iterator[Metric]:
+        s = stats["sweeper"]
+        leader = self._gauge(
+            "stockade_sweeper_leader", "1 if this engine is the database's elected sweeper"
+        )
+        leader.add_metric(self._values(), 1.0 if s["leader"] else 0.0)
+        yield leader
+        for key, name, doc in [
+            ("runs", "stockade_sweeper_runs_total", "sweeper rounds run as leader"),
+            ("expired", "stockade_sweeper_expired_total", "holds the sweeper expired"),
+            ("errors", "stockade_sweeper_errors_total", "sweeper rounds that failed"),
+        ]:
+            family = self._counter(name, doc, [])
+            family.add_metric(self._values(), float(s[key]))
+            yield family
+        purged = self._counter(
+            "stockade_purged_total", "rows retention purged (purge() and the sweeper)", ["kind"]
+        )
+        purged.add_metric(self._values("reservation"), float(s["purged_reservations"]))
+        purged.add_metric(self._values("idempotency_key"), float(s["purged_keys"]))
+        yield purged
+
+    def _rows(self, stats: Dict[str, Any]) -> Iterator[Metric]:
+        rows = self._gauge(
+            "stockade_rows",
+            "rows in the store by kind (on PostgreSQL: statistics estimates; holds are "
+            "counted up to 10,000)",
+            ["kind"],
+        )
+        rows.add_metric(self._values("sku"), float(stats["sku_count"]))
+        rows.add_metric(self._values("reservation"), float(stats["reservation_count"]))
+        rows.add_metric(self._values("held"), float(stats["held_count"]))
+        yield rows
+
+    def _hot_skus(self, stats: Dict[str, Any]) -> Iterator[Metric]:
+        requests = self._gauge(
+            "stockade_hot_sku_requests",
+            "requests for the hottest SKUs in this process (since each took its slot)",
+            ["sku", "location"],
+        )
+        in_flight = self._gauge(
+            "stockade_hot_sku_in_flight",
+            "requests in flight for the hottest SKUs in this process",
+            ["sku", "location"],
+        )
+        for entry in stats["hottest_skus"]:
+            labels = self._values(str(entry["sku"])[:64], str(entry["location"])[:64])
+            requests.add_metric(labels, float(entry["requests"]))
+            in_flight.add_metric(labels, float(entry["in_flight"]))
+        yield requests
+        yield in_flight
