@@ -42,6 +42,7 @@ from .errors import (
     Unavailable,
     VersionConflict,
 )
+from .stats import EngineStats, Metrics, RowCounts
 from .values import (
     QUANTITY_MAX,
     Reservation,
@@ -72,6 +73,7 @@ __all__ = [
     "ClaimAdvice",
     "DatabaseError",
     "Engine",
+    "EngineStats",
     "IdempotencyConflict",
     "InDoubt",
     "InvalidArgument",
@@ -81,6 +83,7 @@ __all__ = [
     "LockNotAvailable",
     "LockTimeout",
     "ManualClock",
+    "Metrics",
     "NotFound",
     "NotSupported",
     "OutOfStock",
@@ -89,6 +92,7 @@ __all__ = [
     "ReservationExpired",
     "ReservationState",
     "RetriesExhausted",
+    "RowCounts",
     "StockLevel",
     "StockadeError",
     "Strategy",

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import functools
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union, cast
 
 from . import _core, logs
 from .aio import Bridges
 from .claim import ClaimAdvice
 from .env import dsn_from_environment, options_from_environment
 from .errors import InvalidArgument, InvalidType
+from .stats import EngineStats, Metrics, RowCounts
 from .values import (
     Reservation,
     ReservationId,
@@ -735,28 +736,28 @@ class Engine:
         """:meth:`purge` as an awaitable."""
         return await _off_loop(functools.partial(self.purge, older_than, limit=limit))
 
-    def row_counts(self) -> Dict[str, int]:
+    def row_counts(self) -> RowCounts:
         """Exact row counts: ``sku_count``, ``reservation_count`` and ``held_count``.
 
         On PostgreSQL this counts every row (``count(*)``: it costs time in proportion to
         the tables), so it is for tests and audits; :meth:`stats` reports cheap figures
         instead."""
-        return self._core.row_counts()
+        return cast(RowCounts, self._core.row_counts())
 
-    def metrics(self) -> Dict[str, Any]:
+    def metrics(self) -> Metrics:
         """Raw figures of this process for exporters (``stockade.prometheus`` reads them):
         ``calls``, one entry per (operation, strategy) that saw a call, with its outcomes
         (``ok`` or an error code) and its latency histogram (per-bucket counts over
         ``latency_bounds_seconds``, the last bucket +Inf); and the batch size histogram.
         Fixed tables in memory: cheap, whatever the traffic. A batched or async call's
         latency runs from the call to its outcome, queueing included."""
-        return self._core.metrics()
+        return cast(Metrics, self._core.metrics())
 
-    async def row_counts_async(self) -> Dict[str, int]:
+    async def row_counts_async(self) -> RowCounts:
         """:meth:`row_counts` as an awaitable."""
         return await _off_loop(self.row_counts)
 
-    def stats(self, *, sku_limit: int = 20) -> Dict[str, Any]:
+    def stats(self, *, sku_limit: int = 20) -> EngineStats:
         """Counters per strategy, and the ``sku_limit`` hottest SKUs by requests.
 
         Its cost does not grow with the tables. ``sku_count``, ``reservation_count`` and
@@ -767,9 +768,9 @@ class Engine:
         sku_limit = check_int("sku_limit", sku_limit)
         if sku_limit < 0:
             raise InvalidArgument("sku_limit must not be negative")
-        return self._core.stats(sku_limit=sku_limit)
+        return cast(EngineStats, self._core.stats(sku_limit=sku_limit))
 
-    async def stats_async(self, *, sku_limit: int = 20) -> Dict[str, Any]:
+    async def stats_async(self, *, sku_limit: int = 20) -> EngineStats:
         """:meth:`stats` as an awaitable (on PostgreSQL it reads the database)."""
         return await _off_loop(functools.partial(self.stats, sku_limit=sku_limit))
 

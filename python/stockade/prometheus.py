@@ -20,7 +20,7 @@ memory are still exported.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, cast
 
 try:
     from prometheus_client.core import (
@@ -37,6 +37,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from .engine import Engine
 from .errors import InvalidArgument, InvalidType, StockadeError
+from .stats import EngineStats, Metrics
 
 __all__ = ["StockadeCollector"]
 
@@ -104,7 +105,7 @@ class StockadeCollector(Collector):
         return list(self._extra.values()) + list(values)
 
     def collect(self) -> Iterator[Metric]:
-        stats: Optional[Dict[str, Any]]
+        stats: Optional[EngineStats]
         try:
             stats = self._engine.stats(sku_limit=self._hottest)
         except StockadeError:
@@ -122,7 +123,7 @@ class StockadeCollector(Collector):
             yield from self._rows(stats)
             yield from self._hot_skus(stats)
 
-    def _calls(self, m: Dict[str, Any]) -> Iterator[Metric]:
+    def _calls(self, m: Metrics) -> Iterator[Metric]:
         calls = self._counter(
             "stockade_calls_total",
             "calls that reached the store, by operation, strategy (none: it takes none) and "
@@ -148,7 +149,7 @@ class StockadeCollector(Collector):
         yield calls
         yield latency
 
-    def _batches(self, m: Dict[str, Any]) -> Iterator[Metric]:
+    def _batches(self, m: Metrics) -> Iterator[Metric]:
         sizes = HistogramMetricFamily(
             "stockade_batch_size",
             "requests per batch of the hot-row layer",
@@ -161,11 +162,12 @@ class StockadeCollector(Collector):
         )
         yield sizes
 
-    def _strategies(self, stats: Dict[str, Any]) -> Iterator[Metric]:
+    def _strategies(self, stats: EngineStats) -> Iterator[Metric]:
         for key, name, doc in _STRATEGY_FIGURES:
             family = self._counter(name, doc, ["strategy"])
             for strategy, figures in stats["strategies"].items():
-                family.add_metric(self._values(strategy), float(figures[key]))
+                counts = cast(Mapping[str, int], figures)
+                family.add_metric(self._values(strategy), float(counts[key]))
             yield family
         waited = self._counter(
             "stockade_lock_wait_seconds_total", "time spent waiting for locks", ["strategy"]
@@ -185,7 +187,7 @@ class StockadeCollector(Collector):
         queued.add_metric(self._values(), float(batcher["queued"]))
         yield queued
 
-    def _pool(self, stats: Dict[str, Any]) -> Iterator[Metric]:
+    def _pool(self, stats: EngineStats) -> Iterator[Metric]:
         pool = stats["pool"]
         size = self._gauge("stockade_pool_size", "connections the pool may open")
         size.add_metric(self._values(), float(pool["size"]))
@@ -198,20 +200,20 @@ class StockadeCollector(Collector):
         waiting.add_metric(self._values(), float(pool["waiting"]))
         yield waiting
 
-    def _sweeper(self, stats: Dict[str, Any]) -> Iterator[Metric]:
+    def _sweeper(self, stats: EngineStats) -> Iterator[Metric]:
         s = stats["sweeper"]
         leader = self._gauge(
             "stockade_sweeper_leader", "1 if this engine is the database's elected sweeper"
         )
         leader.add_metric(self._values(), 1.0 if s["leader"] else 0.0)
         yield leader
-        for key, name, doc in [
-            ("runs", "stockade_sweeper_runs_total", "sweeper rounds run as leader"),
-            ("expired", "stockade_sweeper_expired_total", "holds the sweeper expired"),
-            ("errors", "stockade_sweeper_errors_total", "sweeper rounds that failed"),
+        for value, name, doc in [
+            (s["runs"], "stockade_sweeper_runs_total", "sweeper rounds run as leader"),
+            (s["expired"], "stockade_sweeper_expired_total", "holds the sweeper expired"),
+            (s["errors"], "stockade_sweeper_errors_total", "sweeper rounds that failed"),
         ]:
             family = self._counter(name, doc, [])
-            family.add_metric(self._values(), float(s[key]))
+            family.add_metric(self._values(), float(value))
             yield family
         purged = self._counter(
             "stockade_purged_total", "rows retention purged (purge() and the sweeper)", ["kind"]
@@ -220,7 +222,7 @@ class StockadeCollector(Collector):
         purged.add_metric(self._values("idempotency_key"), float(s["purged_keys"]))
         yield purged
 
-    def _rows(self, stats: Dict[str, Any]) -> Iterator[Metric]:
+    def _rows(self, stats: EngineStats) -> Iterator[Metric]:
         rows = self._gauge(
             "stockade_rows",
             "rows in the store by kind (on PostgreSQL: statistics estimates; holds are "
@@ -232,7 +234,7 @@ class StockadeCollector(Collector):
         rows.add_metric(self._values("held"), float(stats["held_count"]))
         yield rows
 
-    def _hot_skus(self, stats: Dict[str, Any]) -> Iterator[Metric]:
+    def _hot_skus(self, stats: EngineStats) -> Iterator[Metric]:
         requests = self._gauge(
             "stockade_hot_sku_requests",
             "requests for the hottest SKUs in this process (since each took its slot)",

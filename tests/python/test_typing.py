@@ -64,6 +64,44 @@ def test_mypy_strict_reports_a_misspelt_strategy(tmp_path: Path) -> None:
     assert "bad_strategy.py:3:" not in out.stdout and "bad_strategy.py:4:" not in out.stdout
 
 
+def test_mypy_strict_checks_the_keys_of_stats(tmp_path: Path) -> None:
+    # stats(), row_counts() and metrics() are TypedDicts: a real key type-checks with its
+    # type, a misspelt one is caught.
+    bad = tmp_path / "bad_stats.py"
+    bad.write_text(
+        "import stockade\n"
+        "eng = stockade.Engine.memory()\n"
+        "held: int = eng.stats()['held_count']\n"
+        "waits: int = eng.stats()['strategies']['atomic']['lock_waits']\n"
+        "exact: bool = eng.stats()['counts_exact']\n"
+        "n: int = eng.row_counts()['reservation_count']\n"
+        "calls: int = eng.metrics()['calls'][0]['count']\n"
+        "oops = eng.stats()['held_cuont']\n"
+    )
+    out = run_mypy(str(bad))
+    assert out.returncode != 0 and "bad_stats.py:8:" in out.stdout, out.stdout
+    assert all(f"bad_stats.py:{line}:" not in out.stdout for line in range(3, 8)), out.stdout
+
+
+def test_the_typed_dicts_match_what_the_engine_returns() -> None:
+    from stockade import stats as shapes
+
+    with stockade.Engine.memory() as eng:
+        eng.restock("s", 5)
+        eng.reserve("s", 1, strategy="batched")
+        st = eng.stats()
+        assert set(st) == set(shapes.EngineStats.__annotations__)
+        assert set(st["strategies"]["atomic"]) == set(shapes.StrategyStats.__annotations__)
+        assert set(st["hottest_skus"][0]) == set(shapes.HotSku.__annotations__)
+        assert set(st["sweeper"]) == set(shapes.SweeperStats.__annotations__)
+        assert set(st["batcher"]) == set(shapes.BatcherStats.__annotations__)
+        assert set(st["pool"]) == set(shapes.PoolStats.__annotations__)
+        assert set(eng.row_counts()) == set(shapes.RowCounts.__annotations__)
+        m = eng.metrics()
+        assert set(m) == set(shapes.Metrics.__annotations__)
+        assert set(m["calls"][0]) == set(shapes.CallSeries.__annotations__)
+
+
 def test_the_strategy_literal_names_every_strategy() -> None:
     assert set(typing.get_args(stockade.StrategyName)) == {s.value for s in stockade.Strategy}
 

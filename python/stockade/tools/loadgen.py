@@ -207,5 +207,7 @@ def _run_sale(
 
 def _counters(engine: Engine, strategy: str) -> Dict[str, int]:
     """The engine's counters of one strategy (zeros for the canary, which has none)."""
-    counters: Dict[str, int] = engine.stats(sku_limit=0)["strategies"].get(strategy, {})
-    return {"retries": counters.get("retries", 0), "lock_waits": counters.get("lock_waits", 0)}
+    counters = engine.stats(sku_limit=0)["strategies"].get(strategy)
+    if counters is None:
+        return {"retries": 0, "lock_waits": 0}
+    return {"retries": counters["retries"], "lock_waits": counters["lock_waits"]}

@@ -1,0 +1,122 @@
+"""The shapes of ``Engine.stats()``, ``Engine.row_counts()`` and ``Engine.metrics()``, as
+``TypedDict``s, so that ``mypy --strict`` checks the code that reads them."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, TypedDict
+
+__all__ = [
+    "BatcherStats",
+    "CallSeries",
+    "EngineStats",
+    "HotSku",
+    "Metrics",
+    "PoolStats",
+    "RowCounts",
+    "StrategyStats",
+    "SweeperStats",
+]
+
+
+class StrategyStats(TypedDict):
+    """One strategy's counters in this process."""
+
+    requests: int  # reserve, reserve_order and sell calls
+    granted: int
+    refused: int  # OutOfStock
+    failed: int  # any other error
+    conflicts: int  # compare-and-set attempts that lost a race
+    retries: int  # optimistic retries
+    version_conflicts: int
+    lock_waits: int
+    lock_wait_us: int
+    lock_not_available: int
+    lock_timeouts: int
+
+
+class HotSku(TypedDict):
+    """One of the SKUs with the most requests in this process."""
+
+    sku: str
+    location: str
+    requests: int
+    refused: int
+    conflicts: int
+    lock_waits: int
+    mode: str  # what auto runs it as right now
+    in_flight: int
+    peak_in_flight: int
+
+
+class SweeperStats(TypedDict):
+    enabled: bool
+    leader: bool  # this engine holds the database's sweeper election
+    runs: int
+    expired: int
+    errors: int
+    last_error: str
+    purged_reservations: int  # by purge() or retention, in this engine
+    purged_keys: int
+
+
+class BatcherStats(TypedDict):
+    started: bool
+    shards: int
+    batches: int
+    requests: int
+    failed_batches: int
+    batch_size_max: int
+    batch_size_mean: float
+    queued: int
+
+
+class PoolStats(TypedDict):
+    size: int
+    in_use: int
+    idle: int
+    waiting: int
+
+
+class EngineStats(TypedDict):
+    """``Engine.stats()``."""
+
+    backend: str
+    strategies: Dict[str, StrategyStats]
+    hottest_skus: List[HotSku]
+    sku_count: int
+    reservation_count: int
+    held_count: int
+    counts_exact: bool  # False on PostgreSQL: the counts are estimates
+    sweeper: SweeperStats
+    pool: PoolStats
+    batcher: BatcherStats
+
+
+class RowCounts(TypedDict):
+    """``Engine.row_counts()``: exact."""
+
+    sku_count: int
+    reservation_count: int
+    held_count: int
+
+
+class CallSeries(TypedDict):
+    """Calls of one operation under one strategy (None: it takes none)."""
+
+    op: str
+    strategy: Optional[str]
+    outcomes: Dict[str, int]  # "ok", or an error code
+    latency_buckets: List[int]  # per bucket of Metrics.latency_bounds_seconds, then +Inf
+    latency_sum_seconds: float
+    count: int
+
+
+class Metrics(TypedDict):
+    """``Engine.metrics()``."""
+
+    calls: List[CallSeries]
+    latency_bounds_seconds: List[float]
+    batch_size_bounds: List[int]
+    batch_size_buckets: List[int]  # per bucket of batch_size_bounds, then +Inf
+    batch_size_sum: int
+    batch_count: int
