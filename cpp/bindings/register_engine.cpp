@@ -405,6 +405,8 @@ void register_engine(py::module_& m) {
                   py::arg("batch_lock_slice_ms"), py::arg("async_workers"), Release(),
                   "An engine over PostgreSQL (connects at once).")
       .def("migrate", &Engine::migrate, py::arg("up_to"), Release())
+      .def("migration_plan", &Engine::migration_plan, py::arg("up_to"), Release())
+      .def("drop_schema", &Engine::drop_schema, Release())
       .def(
           "purge",
           [](Engine& e, std::int64_t older_than_us, std::uint64_t limit) {

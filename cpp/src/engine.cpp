@@ -186,6 +186,17 @@ std::vector<std::string> Engine::migrate(int up_to) {
   return store_->migrate(up_to);
 }
 
+void Engine::drop_schema() {
+  check_process();
+  store_->drop_schema();
+}
+
+std::vector<std::pair<std::string, std::string>> Engine::migration_plan(int up_to) {
+  check_process();
+  if (up_to < 0) throw_invalid_argument("up_to must be 0 (all) or a migration number");
+  return store_->migration_plan(up_to);
+}
+
 void Engine::close() {
   if (forked_away()) {
     abandon();

@@ -242,6 +242,7 @@ class Engine:
             raise InvalidType("use Engine.memory() or Engine.postgres() to make an engine")
         self._core = core
         self._bridges = Bridges()
+        self._schema: Optional[str] = None  # PostgreSQL: the schema it was opened with
         logs.start()
 
     # --- construction ---
@@ -354,7 +355,9 @@ class Engine:
             schema,
             pool_size,
         )
-        return cls(core)
+        engine = cls(core)
+        engine._schema = schema
+        return engine
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Engine:
@@ -398,6 +401,27 @@ class Engine:
         if to is not None and up_to < 1:
             raise InvalidArgument(f"to must be a migration number (1 or more), got {up_to}")
         return self._core.migrate(up_to)
+
+    def migration_plan(self, *, to: Optional[int] = None) -> List[Tuple[str, str]]:
+        """What :meth:`migrate` would run now, without running it: ``(name, SQL)`` pairs,
+        the schema's bookkeeping first if it has none yet, then each missing migration
+        with the schema name filled in. ``InvalidState`` if an applied migration differs
+        from this build's. Empty on the memory store."""
+        up_to = 0 if to is None else check_int("to", to)
+        if to is not None and up_to < 1:
+            raise InvalidArgument(f"to must be a migration number (1 or more), got {up_to}")
+        return [(str(name), str(sql)) for name, sql in self._core.migration_plan(up_to)]
+
+    def drop_schema(self, *, confirm: str) -> None:
+        """Drops this engine's schema and everything in it (``DROP SCHEMA ... CASCADE``):
+        for demos and tests. ``confirm`` must repeat the schema's name. Nothing happens on
+        the memory store."""
+        check_str("confirm", confirm)
+        if self._schema is None:
+            return
+        if confirm != self._schema:
+            raise InvalidArgument("confirm must repeat the name of the schema to drop")
+        self._core.drop_schema()
 
     def close(self) -> None:
         """Completes every queued request (batched or async), then stops the batch

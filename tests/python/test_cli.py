@@ -213,3 +213,99 @@ def test_advise_asks_the_questions_it_was_not_given(
     out = capsys.readouterr().out
     assert "please answer one of: yes, no" in out and "between 0 and 1" in out
     assert "=> optimistic" in out and "odds: 1% of writes" in out
+
+
+# --- --help, --json, --dry-run, --keep ---
+
+
+@pytest.mark.parametrize("command", ["demo", "bench", "migrate", "advise"])
+def test_every_command_explains_itself_and_shows_its_defaults(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "--json" in out and "(default:" in out
+    assert len(out.split("options:")[0]) > 80  # a description, not just the usage line
+
+
+def test_migrate_dry_run_prints_the_sql_and_changes_nothing(
+    empty_db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--dry-run"]) == 0
+    sql = capsys.readouterr().out
+    assert "-- (bookkeeping)" in sql and "CREATE SCHEMA IF NOT EXISTS shop" in sql
+    assert "CREATE TABLE shop.stock" in sql and "-- 002_retention.sql" in sql
+    assert "{{schema}}" not in sql
+    # Nothing ran: the same plan, and then the real thing, one migration at a time.
+    assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert [p["name"] for p in plan] == ["(bookkeeping)", "001_schema.sql", "002_retention.sql"]
+    assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--to", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"schema": "shop", "applied": ["001_schema.sql"]}
+    assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert [p["name"] for p in plan] == ["002_retention.sql"]
+
+
+def test_demo_json_and_the_schema_it_leaves_behind(
+    stockade_database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "demo",
+        "--dsn",
+        stockade_database,
+        "--buyers",
+        "60",
+        "--units",
+        "10",
+        "--clients",
+        "4",
+        "--json",
+    ]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["exact"] is True and report["units"] == 10
+    by_name = {r["strategy"]: r for r in report["strategies"]}
+    assert by_name["atomic"]["granted"] == 10 and by_name["atomic"]["oversold"] == 0
+    assert "dropped the schema stockade_demo" in captured.err
+
+    def demo_schema_exists() -> bool:
+        with stockade.Engine.postgres(stockade_database, schema="stockade_demo") as eng:
+            return not eng.migration_plan() or eng.migration_plan()[0][0] != "(bookkeeping)"
+
+    assert not demo_schema_exists()
+    assert main([*argv, "--keep"]) == 0
+    assert demo_schema_exists()
+    assert main(argv) == 0  # it was there before: left in place
+    assert "left the schema stockade_demo in place" in capsys.readouterr().err
+    assert demo_schema_exists()
+
+
+def test_advise_and_bench_speak_json(
+    stockade_database: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["advise", "--json", "--single-statement", "yes"]) == 0
+    advice = json.loads(capsys.readouterr().out)
+    assert advice["strategy"] == "atomic" and advice["reasons"]
+    argv = [
+        "bench",
+        "--dsn",
+        stockade_database,
+        "--seconds",
+        "0.2",
+        "--clients",
+        "2",
+        "--strategies",
+        "atomic",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["stockade_version"] == stockade.__version__
+    assert report["postgres_version"][:2].isdigit() and "T" in report["timestamp"]
+    assert [c["strategy"] for c in report["cases"]] == ["atomic"]

@@ -588,3 +588,19 @@ def test_engine_from_env_reads_the_dsn_and_the_options(
     monkeypatch.setenv("PGDATABASE", field(stockade_database, "dbname"))
     with stockade.Engine.from_env() as eng:
         assert eng.stock("s").on_hand == 2
+
+
+def test_drop_schema_needs_its_name_repeated(stockade_database: str) -> None:
+    with stockade.Engine.postgres(stockade_database, schema="scratch", pool_size=1) as eng:
+        eng.migrate()
+        eng.restock("s", 1)
+        with pytest.raises(stockade.InvalidArgument, match="repeat the name"):
+            eng.drop_schema(confirm="stockade")
+        assert eng.stock("s").on_hand == 1
+        eng.drop_schema(confirm="scratch")
+        assert [name for name, _ in eng.migration_plan()][:2] == ["(bookkeeping)", "001_schema.sql"]
+        with pytest.raises(stockade.InvalidState, match="migrate"):
+            eng.stock("s")  # no schema any more: the clear error of an unmigrated database
+    with stockade.Engine.memory() as mem:
+        mem.drop_schema(confirm="anything")  # no schema: nothing happens
+        assert mem.migration_plan() == []

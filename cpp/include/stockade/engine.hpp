@@ -76,6 +76,8 @@ class Engine {
   // Creates or upgrades the store's schema; returns the migrations applied. the migrations numbered
   // up to `up_to` (0: all); see Store::migrate.
   std::vector<std::string> migrate(int up_to = 0);
+  std::vector<std::pair<std::string, std::string>> migration_plan(int up_to = 0);
+  void drop_schema();
   // Drains the batcher and the async workers (every queued request completes), then
   // releases the store's connections and background work. In a process forked from the
   // one that made the engine, it only lets go of the engine (see check_process).

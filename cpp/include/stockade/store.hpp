@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "stockade/batch.hpp"
@@ -119,6 +120,14 @@ class Store {
   // `up_to` (0: all); returns the names of those it applied. A store without a schema
   // applies nothing.
   virtual std::vector<std::string> migrate(int up_to = 0) {
+    (void)up_to;
+    return {};
+  }
+  // Drops the store's schema and everything in it (DROP SCHEMA ... CASCADE); for demos and
+  // tests. A store without a schema does nothing.
+  virtual void drop_schema() {}
+  // What migrate(up_to) would run now, as (name, SQL) pairs, without running it.
+  virtual std::vector<std::pair<std::string, std::string>> migration_plan(int up_to = 0) {
     (void)up_to;
     return {};
   }

@@ -34,7 +34,85 @@ int version_of(const std::string& name) {
   return version;
 }
 
+std::string bookkeeping_sql(const std::string& s) {
+  return "CREATE SCHEMA IF NOT EXISTS " + s + ";\nCREATE TABLE IF NOT EXISTS " + s +
+         ".schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+         " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());";
+}
+
 }  // namespace
+
+// The migrations numbered up to `up_to` (0: all) that `applied` (version -> name, checksum)
+// lacks; InvalidState if an applied one differs from the compiled one.
+std::vector<const Migration*> PostgresStore::pending(
+    const std::map<int, std::pair<std::string, std::string>>& applied, int up_to) const {
+  std::vector<const Migration*> out;
+  for (const Migration& m : migrations()) {
+    const std::string name = m.name;
+    const int version = version_of(name);
+    if (up_to > 0 && version > up_to) break;
+    auto it = applied.find(version);
+    if (it == applied.end()) {
+      out.push_back(&m);
+    } else if (it->second.second != checksum(m.sql)) {
+      throw Error(ErrorCode::invalid_state, "migration " + name +
+                                                " differs from the one applied to schema '" +
+                                                options_.schema + "' as " + it->second.first +
+                                                "; released migrations must never change");
+    }
+  }
+  return out;
+}
+
+// What migrate(up_to) would run here and now, as (name, SQL) pairs, without running it:
+// the bookkeeping first if the schema has none yet, then each missing migration.
+std::vector<std::pair<std::string, std::string>> PostgresStore::migration_plan(int up_to) {
+  const std::string& s = options_.schema;
+  std::vector<std::pair<std::string, std::string>> out;
+  try {
+    std::unique_ptr<pqxx::connection> conn = connect(options_.dsn);
+    pqxx::nontransaction session(*conn);
+    std::map<int, std::pair<std::string, std::string>> applied;
+    const bool kept =
+        !session.exec("SELECT to_regclass(" + session.quote(s + ".schema_migrations") + ")")[0][0]
+             .is_null();
+    if (kept) {
+      for (const auto& row :
+           session.exec("SELECT version, name, checksum FROM " + s + ".schema_migrations")) {
+        applied[row[0].as<int>()] = {row[1].as<std::string>(), row[2].as<std::string>()};
+      }
+    } else {
+      out.emplace_back("(bookkeeping)", bookkeeping_sql(s));
+    }
+    for (const Migration* m : pending(applied, up_to)) {
+      out.emplace_back(m->name, with_schema(m->sql, s));
+    }
+  } catch (const pqxx::sql_error& e) {
+    throw translate(e, Failure{nullptr, ErrorContext{}, s});
+  } catch (const pqxx::broken_connection& e) {
+    throw Error(ErrorCode::unavailable,
+                std::string("the connection broke while reading the migrations: ") + e.what());
+  } catch (const pqxx::failure& e) {
+    throw Error(ErrorCode::database_error,
+                std::string("reading the migrations failed: ") + e.what());
+  }
+  return out;
+}
+
+void PostgresStore::drop_schema() {
+  const std::string& s = options_.schema;
+  try {
+    std::unique_ptr<pqxx::connection> conn = connect(options_.dsn);
+    pqxx::nontransaction session(*conn);
+    session.exec("DROP SCHEMA IF EXISTS " + s + " CASCADE");
+  } catch (const pqxx::sql_error& e) {
+    throw translate(e, Failure{nullptr, ErrorContext{}, s});
+  } catch (const pqxx::failure& e) {
+    throw Error(ErrorCode::unavailable, std::string("dropping the schema failed: ") + e.what());
+  }
+  pool_.drop_idle();  // their prepared statements name the dropped tables
+  log(LogLevel::info, "stockade.postgres", "dropped schema '" + s + "'");
+}
 
 // Two processes migrating at once serialize on a session advisory lock; each file runs in
 // a transaction with the row that records it, so a failed file leaves nothing behind.
@@ -52,33 +130,19 @@ std::vector<std::string> PostgresStore::migrate(int up_to) {
   };
   try {
     autocommit("SELECT pg_advisory_lock(" + lock_key + ")");
-    autocommit("CREATE SCHEMA IF NOT EXISTS " + s);
-    autocommit("CREATE TABLE IF NOT EXISTS " + s +
-               ".schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
-               " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())");
+    autocommit(bookkeeping_sql(s));
     std::map<int, std::pair<std::string, std::string>> done;
     for (const auto& row :
          autocommit("SELECT version, name, checksum FROM " + s + ".schema_migrations")) {
       done[row[0].as<int>()] = {row[1].as<std::string>(), row[2].as<std::string>()};
     }
-    for (const Migration& m : migrations()) {
-      const std::string name = m.name;
-      const int version = version_of(name);
-      if (up_to > 0 && version > up_to) break;
-      const std::string sum = checksum(m.sql);
-      auto it = done.find(version);
-      if (it != done.end()) {
-        if (it->second.second != sum) {
-          throw Error(ErrorCode::invalid_state,
-                      "migration " + name + " differs from the one applied to schema '" + s +
-                          "' as " + it->second.first + "; released migrations must never change");
-        }
-        continue;
-      }
+    for (const Migration* m : pending(done, up_to)) {
+      const std::string name = m->name;
       pqxx::work work(*conn);
-      work.exec(with_schema(m.sql, s));
+      work.exec(with_schema(m->sql, s));
       work.exec("INSERT INTO " + s + ".schema_migrations (version, name, checksum) VALUES (" +
-                std::to_string(version) + ", " + work.quote(name) + ", " + work.quote(sum) + ")");
+                std::to_string(version_of(name)) + ", " + work.quote(name) + ", " +
+                work.quote(checksum(m->sql)) + ")");
       work.commit();
       applied.push_back(name);
       log(LogLevel::info, "stockade.postgres",

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -73,6 +74,8 @@ struct LostCommit : Error {
   bool settled;
 };
 
+struct Migration;
+
 // One purge statement's outcome, and where the next one of its phase starts.
 struct PurgeStep {
   std::uint64_t keys = 0;
@@ -112,6 +115,8 @@ class PostgresStore final : public Store, public TestHooks {
     return PoolStats{g.size, g.in_use, g.idle, g.waiting};
   }
   std::vector<std::string> migrate(int up_to) override;
+  std::vector<std::pair<std::string, std::string>> migration_plan(int up_to) override;
+  void drop_schema() override;
   void close() override;
 
   Reservation naive_reserve_unsafe(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
@@ -208,6 +213,8 @@ class PostgresStore final : public Store, public TestHooks {
   std::vector<Reservation> find_landed(const std::vector<Uuid>& ids, const LostCommit& lost,
                                        const ErrorContext& context);
   void sweep_loop();
+  std::vector<const Migration*> pending(
+      const std::map<int, std::pair<std::string, std::string>>& applied, int up_to) const;
 
   const PostgresOptions options_;
   const std::shared_ptr<const Statements> statements_;

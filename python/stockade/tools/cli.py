@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator, List, Literal, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, TextIO, Union
 
 from .. import __version__
 from ..claim import claim_test
@@ -37,6 +39,30 @@ DSN_HELP = (
 )
 
 
+def _say(args: argparse.Namespace) -> TextIO:
+    """Where progress and prose go: stdout, or stderr when --json keeps stdout for JSON."""
+    return sys.stderr if getattr(args, "json", False) else sys.stdout
+
+
+def _emit_json(document: Dict[str, Any]) -> None:
+    print(json.dumps(document, indent=2, default=str))
+
+
+def _report_dict(r: FlashSaleReport) -> Dict[str, Any]:
+    return {
+        "strategy": r.strategy,
+        "granted": r.granted,
+        "refused": r.refused,
+        "failed": r.failed,
+        "oversold": r.oversold,
+        "requests_per_s": r.throughput,
+        "p50_ms": r.percentile_us(0.5) / 1000,
+        "p99_ms": r.percentile_us(0.99) / 1000,
+        "retries": r.retried,
+        "lock_waits": r.lock_waits,
+    }
+
+
 def _table(reports: List[FlashSaleReport]) -> str:
     head = (
         f"{'strategy':<14}{'granted':>9}{'refused':>9}{'failed':>8}{'oversold':>10}"
@@ -52,20 +78,41 @@ def _table(reports: List[FlashSaleReport]) -> str:
     return "\n".join(lines)
 
 
+DEMO_SCHEMA = "stockade_demo"
+
+
 @contextlib.contextmanager
 def _engine(args: argparse.Namespace) -> Iterator[tuple[Engine, str]]:
-    """The engine the demo runs on, and a description of where it runs."""
+    """The engine the demo runs on, and a description of where it runs. On a server of
+    yours (--dsn) the demo works in the schema stockade_demo and drops it afterwards if it
+    made it, unless --keep."""
     if args.backend == "memory":
         with Engine.memory() as engine:
             yield engine, "the embedded memory store"
         return
     pool = max(1, min(args.clients, 32))
     if args.dsn is not None:
-        with Engine.postgres(args.dsn, schema="stockade_demo", pool_size=pool) as engine:
+        with Engine.postgres(args.dsn, schema=DEMO_SCHEMA, pool_size=pool) as engine:
+            plan = engine.migration_plan()
+            made = bool(plan) and plan[0][0] == "(bookkeeping)"
             engine.migrate()
-            yield engine, "PostgreSQL (--dsn or the environment), schema stockade_demo"
+            try:
+                yield engine, f"PostgreSQL (--dsn or the environment), schema {DEMO_SCHEMA}"
+            finally:
+                if made and not args.keep:
+                    engine.drop_schema(confirm=DEMO_SCHEMA)
+                    print(
+                        f"dropped the schema {DEMO_SCHEMA} the demo made (--keep keeps it)",
+                        file=_say(args),
+                    )
+                elif not made:
+                    print(
+                        f"left the schema {DEMO_SCHEMA} in place: it was there before",
+                        file=_say(args),
+                    )
         return
-    print("starting a throwaway PostgreSQL server (initdb, fsync on) ...", flush=True)
+    say = _say(args)
+    print("starting a throwaway PostgreSQL server (initdb, fsync on) ...", file=say, flush=True)
     with TemporaryPostgres() as server:
         with Engine.postgres(server.dsn(), pool_size=pool) as engine:
             engine.migrate()
@@ -88,6 +135,7 @@ def demo(args: argparse.Namespace) -> int:
                 f"stockade {__version__} flash sale on {where}: {args.buyers:,} buyers, "
                 f"{args.units:,} units of one SKU, {args.clients} client threads, one unit "
                 "per buyer\n",
+                file=_say(args),
                 flush=True,
             )
             reports = []
@@ -109,15 +157,29 @@ def demo(args: argparse.Namespace) -> int:
     except StockadeError as exc:
         print(f"stockade demo: {exc}", file=sys.stderr)
         return 2
-    print(_table(reports))
-    print(
-        f"\n{NAIVE} is the canary: read, then write back a value computed from the stale "
-        "read.\nIt loses updates and sells units that do not exist; every real strategy "
-        "must show oversold 0."
-    )
     broken = [
         r.strategy for r in reports[:-1] if r.oversold or r.granted != min(args.units, args.buyers)
     ]
+    if args.json:
+        _emit_json(
+            {
+                "stockade_version": __version__,
+                "timestamp": datetime.now(timezone.utc).isoformat(),
+                "where": where,
+                "buyers": args.buyers,
+                "units": args.units,
+                "clients": args.clients,
+                "strategies": [_report_dict(r) for r in reports],
+                "exact": not broken,
+            }
+        )
+    else:
+        print(_table(reports))
+        print(
+            f"\n{NAIVE} is the canary: read, then write back a value computed from the stale "
+            "read.\nIt loses updates and sells units that do not exist; every real strategy "
+            "must show oversold 0."
+        )
     if broken:
         print(
             f"\nERROR: {', '.join(broken)} did not grant exactly the units there were",
@@ -178,14 +240,17 @@ def bench(args: argparse.Namespace) -> int:
         + (2 if redis else 0)
     )
     cases: List[benchmod.BenchCase] = []
+    server_version: Optional[str] = None
     try:
         with _bench_target(args) as (engine, dsn, where):
+            if dsn is not None:
+                server_version = run_sql(dsn, "SHOW server_version")
             schema = "stockade_bench" if args.dsn is not None else "stockade"
             title = (
                 f"{args.skus:,} SKU(s), {args.clients} clients, {args.seconds:g} s per case, "
                 f"on {where}"
             )
-            print(f"stockade {__version__} bench: {title}", flush=True)
+            print(f"stockade {__version__} bench: {title}", file=_say(args), flush=True)
             progress = benchmod.Progress(steps)
             restock = _restocker(engine, dsn, schema)
             for strategy in strategies:
@@ -206,8 +271,18 @@ def bench(args: argparse.Namespace) -> int:
     except (StockadeError, RuntimeError) as exc:  # RuntimeError: a peer tool failed
         print(f"stockade bench: {exc}", file=sys.stderr)
         return 2
-    meta = {"skus": args.skus, "clients": args.clients, "seconds": args.seconds}
+    meta: Dict[str, object] = {
+        "skus": args.skus,
+        "clients": args.clients,
+        "seconds": args.seconds,
+        "stockade_version": __version__,
+        "postgres_version": server_version,
+        "timestamp": datetime.now(timezone.utc).isoformat(),
+    }
     written = benchmod.write_reports(cases, Path(args.out), title, meta)
+    if args.json:
+        print(written[1].read_text())
+        return 0
     print()
     print(benchmod.markdown(cases, title))
     if args.peers and not redis:
@@ -245,24 +320,43 @@ def _peers(
 def migrate(args: argparse.Namespace) -> int:
     try:
         with Engine.postgres(args.dsn, schema=args.schema, pool_size=1) as engine:
-            applied = engine.migrate()
+            if args.dry_run:
+                plan = engine.migration_plan(to=args.to)
+            else:
+                applied = engine.migrate(to=args.to)
     except StockadeError as exc:
         print(f"stockade migrate: {exc}", file=sys.stderr)
         return 2
-    if applied:
+    if args.dry_run:
+        if args.json:
+            _emit_json(
+                {"schema": args.schema, "plan": [{"name": n, "sql": sql} for n, sql in plan]}
+            )
+        elif not plan:
+            print(f"-- schema {args.schema} is up to date: nothing would run")
+        else:
+            for name, sql in plan:
+                print(f"-- {name}\n{sql.strip()}\n")
+        return 0
+    if args.json:
+        _emit_json({"schema": args.schema, "applied": applied})
+    elif applied:
         print(f"applied to schema {args.schema}: " + ", ".join(applied))
     else:
         print(f"schema {args.schema} is up to date")
     return 0
 
 
-def _ask(question: str, answer: Optional[str], choices: Sequence[str]) -> str:
-    """The answer given on the command line, or one read from stdin."""
+def _ask(
+    question: str, answer: Optional[str], choices: Sequence[str], out: TextIO = sys.stdout
+) -> str:
+    """The answer given on the command line, or one read from stdin (prompts to `out`)."""
     while answer is None or answer not in choices:
         if answer is not None:
-            print(f"  please answer one of: {', '.join(choices)}")
+            print(f"  please answer one of: {', '.join(choices)}", file=out)
         try:
-            answer = input(f"{question} [{'/'.join(choices)}] ").strip().lower()
+            print(f"{question} [{'/'.join(choices)}] ", end="", file=out, flush=True)
+            answer = input().strip().lower()
         except (EOFError, OSError, RuntimeError, ValueError):
             # EOF, a closed or missing stdin (input() raises RuntimeError without one)
             raise SystemExit("stockade advise: no answer (stdin closed)") from None
@@ -270,11 +364,13 @@ def _ask(question: str, answer: Optional[str], choices: Sequence[str]) -> str:
 
 
 def advise(args: argparse.Namespace) -> int:
-    print("The Claim Test: which answer to the lost update fits this write?\n")
+    out = _say(args)
+    print("The Claim Test: which answer to the lost update fits this write?\n", file=out)
     zero = _ask(
         "0. Can one conditional statement (or a constraint) do the whole write?",
         args.single_statement,
         ["yes", "no"],
+        out,
     )
     fits, rate, retry = "yes", 0.0, "safe"
     if zero == "no":
@@ -282,30 +378,36 @@ def advise(args: argparse.Namespace) -> int:
             "1. Hold: does the read-to-write window fit in one short transaction?",
             args.fits_in_transaction,
             ["yes", "no"],
+            out,
         )
     if zero == "no" and fits == "yes":
         rate_text = args.conflict_rate
         while True:
-            rate_text = (
-                rate_text
-                if rate_text is not None
-                else input(
+            if rate_text is None:
+                print(
                     "2. Odds: what fraction of writes to one row collide (0 to 1; "
-                    "engine.recommend(sku) measures it)? "
-                ).strip()
-            )
+                    "engine.recommend(sku) measures it)? ",
+                    end="",
+                    file=out,
+                    flush=True,
+                )
+                try:
+                    rate_text = input().strip()
+                except (EOFError, OSError, RuntimeError, ValueError):
+                    raise SystemExit("stockade advise: no answer (stdin closed)") from None
             try:
                 rate = float(rate_text)
                 if 0.0 <= rate <= 1.0:
                     break
             except ValueError:
                 pass
-            print("  please answer a number between 0 and 1")
+            print("  please answer a number between 0 and 1", file=out)
             rate_text = None
         retry = _ask(
             "3. Cost: is losing the race safe and cheap to redo?",
             args.retry,
             ["safe", "cheap", "unsafe", "expensive"],
+            out,
         )
     advice = claim_test(
         fits_in_transaction=fits == "yes",
@@ -313,6 +415,9 @@ def advise(args: argparse.Namespace) -> int:
         retry=retry,
         single_statement=zero == "yes",
     )
+    if args.json:
+        _emit_json({"strategy": advice.strategy.value, "reasons": list(advice.reasons)})
+        return 0
     print(f"\n=> {advice.strategy.value}")
     for reason in advice.reasons:
         print(f"   - {reason}")
@@ -321,30 +426,64 @@ def advise(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="stockade", description=__doc__.splitlines()[0] if __doc__ else None
+        prog="stockade",
+        description="stockade: inventory reservations that never oversell. Run "
+        "`stockade COMMAND --help` for a command's options and their defaults.",
     )
     parser.add_argument("--version", action="version", version=f"stockade {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="flash sale: every strategy side by side, and the canary")
-    d.add_argument(
-        "--backend",
-        choices=["memory", "postgres"],
-        default="postgres",
-        help="postgres (default: a throwaway local server unless --dsn) or memory",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            help=summary,
+            description=description,
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+        p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+        return p
+
+    def backend_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--backend",
+            choices=["memory", "postgres"],
+            default="postgres",
+            help="postgres (a throwaway local server unless --dsn) or the embedded memory store",
+        )
+
+    d = command(
+        "demo",
+        "flash sale: every strategy side by side, and the canary",
+        "Runs a flash sale against every strategy side by side, next to the naive "
+        "read-modify-write canary, and prints what each granted, refused and oversold, "
+        "with throughput, latency, retries and lock waits. Exits 1 if a strategy did not "
+        "grant exactly the units there were.",
     )
-    d.add_argument("--dsn", help=DSN_HELP)
-    d.add_argument("--buyers", type=int, default=10_000)
-    d.add_argument("--units", type=int, default=1_000)
-    d.add_argument("--clients", type=int, default=64)
+    backend_option(d)
+    d.add_argument("--dsn", help=DSN_HELP + f" (schema {DEMO_SCHEMA})")
+    d.add_argument(
+        "--keep",
+        action="store_true",
+        help=f"with --dsn: keep the schema {DEMO_SCHEMA} the demo made (default: drop it)",
+    )
+    d.add_argument("--buyers", type=int, default=10_000, help="buyers, one unit each")
+    d.add_argument("--units", type=int, default=1_000, help="units of the one SKU")
+    d.add_argument("--clients", type=int, default=64, help="client threads")
     d.set_defaults(run=demo)
 
-    b = sub.add_parser("bench", help="strategies side by side (--peers: and pgbench, Redis)")
-    b.add_argument("--backend", choices=["memory", "postgres"], default="postgres")
+    b = command(
+        "bench",
+        "strategies side by side (--peers: and pgbench, Redis)",
+        "Measures reservations per second of each strategy for --seconds each, and writes "
+        "bench.md, bench.json (with the stockade and PostgreSQL versions and a timestamp) "
+        "and bench.png to --out.",
+    )
+    backend_option(b)
     b.add_argument("--dsn", help=DSN_HELP + " (schema stockade_bench)")
     b.add_argument("--skus", type=int, default=1, help="1: one hot SKU; more: uniform load")
-    b.add_argument("--clients", type=int, default=64)
+    b.add_argument("--clients", type=int, default=64, help="client threads")
     b.add_argument("--seconds", type=float, default=3.0, help="per case")
-    b.add_argument("--strategies", default=",".join(STRATEGIES))
+    b.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated")
     b.add_argument(
         "--peers",
         action="store_true",
@@ -353,16 +492,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     b.add_argument("--out", default="stockade-bench", help="where bench.md/.json/.png go")
     b.set_defaults(run=bench)
 
-    m = sub.add_parser("migrate", help="create or upgrade the schema on a server")
+    m = command(
+        "migrate",
+        "create or upgrade the schema on a server",
+        "Applies the migrations the schema lacks, under an advisory lock (safe from "
+        "several processes at once). --dry-run prints the SQL instead.",
+    )
     m.add_argument("--dsn", help=DSN_HELP)
-    m.add_argument("--schema", default="stockade")
+    m.add_argument("--schema", default="stockade", help="the schema to create or upgrade")
+    m.add_argument("--to", type=int, default=None, help="stop after this migration number")
+    m.add_argument(
+        "--dry-run", action="store_true", help="print the SQL that would run; change nothing"
+    )
     m.set_defaults(run=migrate)
 
-    a = sub.add_parser("advise", help="the Claim Test: three questions, one strategy")
-    a.add_argument("--single-statement", choices=["yes", "no"])
-    a.add_argument("--fits-in-transaction", choices=["yes", "no"])
-    a.add_argument("--conflict-rate")
-    a.add_argument("--retry", choices=["safe", "cheap", "unsafe", "expensive"])
+    a = command(
+        "advise",
+        "the Claim Test: three questions, one strategy",
+        "Asks the Claim Test's questions (or takes the answers as options) and names the "
+        "strategy that fits, with its reasons.",
+    )
+    a.add_argument(
+        "--single-statement",
+        choices=["yes", "no"],
+        help="can one conditional statement do the whole write?",
+    )
+    a.add_argument(
+        "--fits-in-transaction",
+        choices=["yes", "no"],
+        help="does the read-to-write window fit in one short transaction?",
+    )
+    a.add_argument("--conflict-rate", help="the fraction of writes to one row that collide")
+    a.add_argument(
+        "--retry",
+        choices=["safe", "cheap", "unsafe", "expensive"],
+        help="is losing the race safe and cheap to redo?",
+    )
     a.set_defaults(run=advise)
     args = parser.parse_args(argv)
     if "dsn" in args:
