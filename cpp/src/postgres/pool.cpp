@@ -14,7 +14,6 @@ namespace {
 // Faults that a busy service would otherwise log once per request.
 LogLimiter connect_failures;
 LogLimiter pool_timeouts;
-LogLimiter reconnects;
 
 }  // namespace
 
@@ -186,7 +185,7 @@ void Pool::give_back(std::unique_ptr<Connection> conn, bool discard) {
   returned_.notify_one();
 }
 
-void Pool::drop_idle() {
+std::size_t Pool::drop_idle() {
   std::vector<std::unique_ptr<Connection>> idle;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -194,9 +193,7 @@ void Pool::drop_idle() {
     open_ -= idle.size();
   }
   returned_.notify_all();
-  reconnects.log(LogLevel::warning, "stockade.postgres",
-                 "a database connection broke; closed " + std::to_string(idle.size()) +
-                     " idle ones with it, and the call runs again on a fresh connection");
+  return idle.size();
 }  // the connections close here, outside the lock
 
 PoolGauges Pool::gauges() const {

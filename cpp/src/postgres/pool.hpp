@@ -103,7 +103,8 @@ class Pool {
   Lease acquire();
   // Closes every idle connection: after one broke, its idle siblings are suspect too (a
   // server restart or failover breaks them all), so the next acquire() opens a fresh one.
-  void drop_idle();
+  // Returns how many it closed.
+  std::size_t drop_idle();
   void close();
   const std::string& dsn() const { return dsn_; }
   PoolGauges gauges() const;

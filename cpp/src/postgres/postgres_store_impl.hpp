@@ -32,9 +32,11 @@
 
 #include "../backoff.hpp"
 #include "../error_helpers.hpp"
+#include "dsn.hpp"
 #include "pool.hpp"
 #include "sqlstate.hpp"
 #include "statements.hpp"
+#include "stockade/log.hpp"
 #include "stockade/postgres_store.hpp"
 #include "stockade/testing.hpp"
 
@@ -253,6 +255,9 @@ struct Migration {
 };
 const std::vector<Migration>& migrations();
 
+// One limiter for the reconnect warning of every store in the process.
+LogLimiter& reconnect_log();
+
 // stats() counts holds up to this many (an index-only walk of the held index); more
 // reads as this figure.
 inline constexpr std::uint64_t held_count_cap = 10000;
@@ -299,7 +304,12 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       // Nothing was committed: the server rolls back a transaction whose client is gone.
       if (!reconnected) {
         reconnected = true;
-        pool_.drop_idle();
+        const std::size_t closed = pool_.drop_idle();
+        reconnect_log().log(LogLevel::warning, "stockade.postgres",
+                            "a database connection broke before its commit (" +
+                                scrub_secrets(e.what(), options_.dsn) + "); closed " +
+                                std::to_string(closed) +
+                                " idle ones with it, and the call runs again on a fresh one");
         continue;
       }
       ErrorContext c = context;

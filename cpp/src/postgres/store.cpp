@@ -181,6 +181,11 @@ void PostgresStore::back_off_or_give_up(const WriteOptions* options, const Error
               std::move(c));
 }
 
+LogLimiter& reconnect_log() {
+  static LogLimiter limiter;
+  return limiter;
+}
+
 StoreCounts PostgresStore::counts() const {
   StoreCounts out;
   out.exact = false;
