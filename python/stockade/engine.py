@@ -379,6 +379,11 @@ class Engine:
         loop. Takes the same keyword arguments."""
         return await _off_loop(functools.partial(cls.postgres, dsn, **options))
 
+    @classmethod
+    async def connect_from_env(cls, **overrides: Any) -> Engine:
+        """:meth:`from_env` as an awaitable: connects off the event loop."""
+        return await _off_loop(functools.partial(cls.from_env, **overrides))
+
     # --- properties and lifecycle ---
 
     @property

@@ -1,0 +1,183 @@
+"""The example service (examples/fastapi_shop) against a real PostgreSQL, through httpx's
+ASGI transport: status codes, ETags, If-Match / If-None-Match, Idempotency-Key, problem
+bodies, and no oversell under concurrent requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import AsyncIterator, Tuple
+
+import pytest
+
+import stockade
+
+fastapi = pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+APP_FILE = Path(__file__).resolve().parents[2] / "examples" / "fastapi_shop" / "app.py"
+
+
+def load_app_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fastapi_shop_app", APP_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+shop = load_app_module()
+
+
+@pytest.fixture
+def client(stockade_database: str) -> "Tuple[stockade.Engine, object]":
+    engine = stockade.Engine.postgres(stockade_database, pool_size=8)
+    yield engine, shop.make_app(engine)
+    engine.close()
+
+
+@contextlib.asynccontextmanager
+async def open_client(app: object) -> AsyncIterator["httpx.AsyncClient"]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://shop") as c:
+        yield c
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_reserve_confirm_release_and_conditional_requests(client: Tuple) -> None:
+    engine, app = client
+    engine.restock("tee", 3)
+
+    async def main() -> None:
+        async with open_client(app) as c:
+            r = await c.get("/skus/tee")
+            assert r.status_code == 200 and r.json()["available"] == 3
+            etag = r.headers["etag"]
+            assert (await c.get("/skus/tee", headers={"If-None-Match": etag})).status_code == 304
+
+            made = await c.post(
+                "/skus/tee/reservations", json={"qty": 2}, headers={"Idempotency-Key": "k-1"}
+            )
+            assert made.status_code == 201 and made.json()["state"] == "held"
+            assert made.headers["location"] == f"/reservations/{made.json()['id']}"
+            again = await c.post(
+                "/skus/tee/reservations", json={"qty": 2}, headers={"Idempotency-Key": "k-1"}
+            )
+            assert again.status_code == 201 and again.json()["id"] == made.json()["id"]
+            other = await c.post(
+                "/skus/tee/reservations", json={"qty": 1}, headers={"Idempotency-Key": "k-1"}
+            )
+            assert other.status_code == 422  # the key names another request (as Stripe)
+            assert other.json()["code"] == "idempotency_conflict"
+            assert other.headers["content-type"] == "application/problem+json"
+
+            # The stock changed: the old ETag no longer matches.
+            changed = await c.get("/skus/tee", headers={"If-None-Match": etag})
+            assert changed.status_code == 200 and changed.json()["reserved"] == 2
+
+            none_left = await c.post("/skus/tee/reservations", json={"qty": 2})
+            assert none_left.status_code == 409 and none_left.json()["code"] == "out_of_stock"
+
+            rid = made.json()["id"]
+            stale = await c.post(f"/reservations/{rid}/confirm", headers={"If-Match": '"99"'})
+            assert stale.status_code == 412 and stale.json()["code"] == "version_conflict"
+            ok = await c.post(
+                f"/reservations/{rid}/confirm", headers={"If-Match": made.headers["etag"]}
+            )
+            assert ok.status_code == 200 and ok.json()["state"] == "confirmed"
+            twice = await c.post(f"/reservations/{rid}/release")
+            assert twice.status_code == 409 and twice.json()["code"] == "invalid_state"
+
+            missing = await c.post("/reservations/00000000-0000-7000-8000-000000000000/confirm")
+            assert missing.status_code == 404
+            bad = await c.post("/skus/tee/reservations", json={"qty": 0})
+            assert bad.status_code == 422
+
+            level = await c.get("/skus/tee")
+            put = await c.put(
+                "/skus/tee", json={"on_hand": 10}, headers={"If-Match": level.headers["etag"]}
+            )
+            assert put.status_code == 200 and put.json()["on_hand"] == 10
+            lost = await c.put(
+                "/skus/tee", json={"on_hand": 5}, headers={"If-Match": level.headers["etag"]}
+            )
+            assert lost.status_code == 412
+            assert (await c.get("/skus/nope")).status_code == 404
+
+    run(main())
+    assert engine.stock("tee").on_hand == 10
+
+
+def test_concurrent_requests_never_oversell(client: Tuple) -> None:
+    engine, app = client
+    engine.restock("drop", 50)
+
+    async def main() -> Tuple[int, int]:
+        async with open_client(app) as c:
+
+            async def buy(n: int) -> int:
+                headers = {"Idempotency-Key": f"buyer-{n}"} if n % 2 else {}
+                r = await c.post("/skus/drop/reservations", json={"qty": 1}, headers=headers)
+                return r.status_code
+
+            codes = await asyncio.gather(*(buy(n) for n in range(300)))
+            return codes.count(201), codes.count(409)
+
+    created, conflicts = run(main())  # type: ignore[misc]
+    assert (created, conflicts) == (50, 250)
+    assert engine.stock("drop").reserved == 50
+    assert engine.row_counts()["reservation_count"] == 50
+
+
+def test_metrics_endpoint_speaks_prometheus(client: Tuple) -> None:
+    pytest.importorskip("prometheus_client")
+    engine, app = client
+    engine.restock("m", 1)
+
+    async def main() -> str:
+        async with open_client(app) as c:
+            await c.post("/skus/m/reservations", json={"qty": 1})
+            r = await c.get("/metrics")
+            assert r.status_code == 200
+            return r.text
+
+    text = run(main())
+    assert 'stockade_calls_total{op="reserve"' in str(text)
+
+
+@pytest.mark.postgres
+def test_the_http_load_script_proves_no_oversell(tmp_path: Path) -> None:
+    pytest.importorskip("uvicorn")
+    import json
+    import subprocess
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(APP_FILE.parent / "load.py"),
+            "--units",
+            "20",
+            "--buyers",
+            "120",
+            "--concurrency",
+            "8",
+            "--json",
+            str(tmp_path / "load.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    results = json.loads((tmp_path / "load.json").read_text())
+    assert [r["keyed"] for r in results] == [False, True]
+    for r in results:
+        assert r["exact"] and r["codes"] == {"201": 20, "409": 100}
