@@ -15,8 +15,17 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
 
-SETUP = '''import os
-SMALL = os.environ.get("STOCKADE_NB_SCALE", "full") == "small"'''
+SETUP = """import os
+SMALL = os.environ.get("STOCKADE_NB_SCALE", "full") == "small"
+# One colour and one marker per strategy, the same in every panel of every notebook.
+STYLE = {
+    "atomic": {"color": "#1f77b4", "marker": "o", "linestyle": "-"},
+    "pessimistic": {"color": "#d62728", "marker": "s", "linestyle": "-"},
+    "advisory": {"color": "#9467bd", "marker": "D", "linestyle": "-"},
+    "optimistic": {"color": "#ff7f0e", "marker": "^", "linestyle": "-"},
+    "batched": {"color": "#2ca02c", "marker": "v", "linestyle": "--"},
+    "auto": {"color": "#8c564b", "marker": "P", "linestyle": ":"},
+}"""
 
 QUICKSTART = [
     new_markdown_cell("""# stockade quickstart
@@ -91,7 +100,7 @@ print([(r.sku, r.qty) for r in lines])
 for strategy in ["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]:
     eng.reserve("mug", 1, strategy=strategy) if eng.stock("mug").available else None
 print(eng.stats()["strategies"]["auto"])
-print(eng.recommend("mug"))"""),
+eng.recommend("mug")  # a table: the strategy, and the answer to each question"""),
 ]
 
 CLAIM_TEST = [
@@ -120,8 +129,8 @@ eng.migrate()"""
     ),
     new_code_cell("""def measure(strategy, skus, run):
     names = [f"{strategy}-{skus}-{run}-{i}" for i in range(skus)]
-    server.sql("INSERT INTO stockade.stock (sku, location, on_hand) VALUES "
-               + ", ".join(f"('{n}', 'default', 1000000000)" for n in names))
+    for name in names:
+        eng.restock(name, 1_000_000_000)
     before = eng.stats(sku_limit=0)["strategies"][strategy]
     r = drive_load(eng, names, clients=CLIENTS, seconds=SECONDS, ttl=60, strategy=strategy)
     after = eng.stats(sku_limit=0)["strategies"][strategy]
@@ -136,29 +145,33 @@ for row in rows:
           f"p50 {row['p50_ms']:6.2f} ms  wasted/request {row['wasted_per_request']:.2f}")"""),
     new_code_cell("""import matplotlib.pyplot as plt
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
 for s in STRATEGIES:
     mine = [r for r in rows if r["strategy"] == s]
-    left.plot([r["skus"] for r in mine], [r["rate"] for r in mine], marker="o", label=s)
-    right.plot([r["skus"] for r in mine], [r["wasted_per_request"] for r in mine], marker="o", label=s)
+    skus = [r["skus"] for r in mine]
+    # Lines that coincide stay visible: each strategy has its own marker and dash.
+    left.plot(skus, [r["rate"] for r in mine], label=s, alpha=0.85, **STYLE[s])
+    right.plot(skus, [r["wasted_per_request"] for r in mine], label=s, alpha=0.85, **STYLE[s])
 for ax in (left, right):
     ax.set_xscale("log")
     ax.set_xlabel("SKUs the clients spread over (fewer = more collisions)")
-    ax.legend()
+    ax.legend(title="strategy")
 left.set_yscale("log")
-left.set_ylabel("reservations/s")
-right.set_ylabel("wasted work per request (retries, lock waits, lost races)")
-fig.suptitle(f"{CLIENTS} clients, PostgreSQL with fsync on")
-fig.tight_layout()"""),
+left.set_title("Throughput")
+left.set_ylabel("reservations/s (log)")
+right.set_title("Work wasted on collisions")
+right.set_ylabel("retries + lock waits + lost races, per request")
+fig.suptitle(f"The Claim Test measured: {CLIENTS} clients, PostgreSQL with fsync on")"""),
     new_markdown_cell("""**Reading it.** Under heavy collision (few SKUs) optimistic wastes most of its work on
 retries and pessimistic and advisory on lock waits, while batched folds the queue into
 shared transactions. As the odds of collision fall, the per-request strategies recover
 and the waste disappears: that is where the Claim Test's "odds" question sends low-
 contention writes to optimistic or atomic. `eng.recommend(sku)` reads the same odds off
 the live counters."""),
-    new_code_cell("""print(eng.recommend(rows[0]["strategy"] + "-1-0-0"))
+    new_code_cell("""advice = eng.recommend(rows[0]["strategy"] + "-1-0-0")
 eng.close()
-server.stop()"""),
+server.stop()
+advice  # a table: the strategy, and the answer to each question"""),
 ]
 
 BATCHING = [
@@ -199,22 +212,27 @@ for row in rows:
           f"batch {row['batch']:6.1f}  p50 {row['p50_us']:.2f} p99 {row['p99_us']:.2f} ms")"""),
     new_code_cell("""import matplotlib.pyplot as plt
 
-fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), layout="constrained")
 for s in ("atomic", "batched"):
     mine = [r for r in rows if r["strategy"] == s]
     clients = [r["clients"] for r in mine]
-    axes[0].plot(clients, [r["rate"] for r in mine], marker="o", label=s)
-    axes[2].plot(clients, [r["p99_us"] for r in mine], marker="o", label=f"{s} p99")
-    axes[2].plot(clients, [r["p50_us"] for r in mine], marker=".", linestyle="--", label=f"{s} p50")
+    style = STYLE[s]
+    axes[0].plot(clients, [r["rate"] for r in mine], label=s, **style)
+    axes[2].plot(clients, [r["p99_us"] for r in mine], label=f"{s} p99", color=style["color"],
+                 marker=style["marker"], linestyle="-")
+    axes[2].plot(clients, [r["p50_us"] for r in mine], label=f"{s} p50", color=style["color"],
+                 marker=style["marker"], linestyle=":", alpha=0.7)
 batched = [r for r in rows if r["strategy"] == "batched"]
-axes[1].plot([r["clients"] for r in batched], [r["batch"] for r in batched], marker="o")
-axes[0].set_ylabel("reservations/s"); axes[0].set_yscale("log")
-axes[1].set_ylabel("mean batch size (requests per transaction)")
-axes[2].set_ylabel("latency, ms"); axes[2].set_yscale("log")
+axes[1].plot([r["clients"] for r in batched], [r["batch"] for r in batched], label="batched",
+             **STYLE["batched"])
+axes[0].set_title("Throughput"); axes[0].set_ylabel("reservations/s (log)")
+axes[0].set_yscale("log")
+axes[1].set_title("Batch size"); axes[1].set_ylabel("mean requests per transaction")
+axes[2].set_title("Latency"); axes[2].set_ylabel("ms (log)"); axes[2].set_yscale("log")
 for ax in axes:
     ax.set_xscale("log"); ax.set_xlabel("clients on one SKU")
-axes[0].legend(); axes[2].legend(fontsize=8)
-fig.tight_layout()"""),
+    ax.legend(fontsize=8)
+fig.suptitle("One hot SKU, PostgreSQL with fsync on: atomic against batched")"""),
     new_code_cell("""# The latency distribution of batched at the largest client count.
 top = [r for r in rows if r["strategy"] == "batched"][-1]
 for q in ("p50_us", "p90_us", "p99_us", "p999_us"):

@@ -8,8 +8,9 @@ the race cost: is a retry safe?).
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
-from typing import Tuple
+from typing import List, Tuple
 
 from . import _core
 from .errors import InvalidArgument, InvalidType
@@ -33,8 +34,30 @@ class ClaimAdvice:
     strategy: Strategy
     reasons: Tuple[str, ...]
 
+    def rows(self) -> List[Tuple[str, str]]:
+        """``(question, answer)`` pairs: the strategy first, then one per reason (a reason
+        that names its question, as in ``"odds: ..."``, is split there)."""
+        out = [("strategy", self.strategy.value)]
+        for reason in self.reasons:
+            head, sep, tail = reason.partition(": ")
+            out.append((head, tail) if sep and len(head) <= 24 else ("", reason))
+        return out
+
     def __str__(self) -> str:
-        return f"{self.strategy.value}: " + "; ".join(self.reasons)
+        """A two-column table, wrapped to 88 characters."""
+        rows = self.rows()
+        width = max(len(q) for q, _ in rows)
+        lines = []
+        for question, answer in rows:
+            wrapped = textwrap.wrap(answer, 86 - width) or [""]
+            lines.append(f"{question:>{width}}  {wrapped[0]}")
+            lines.extend(f"{'':>{width}}  {more}" for more in wrapped[1:])
+        return "\n".join(lines)
+
+    def _repr_markdown_(self) -> str:
+        """How Jupyter shows it: a table."""
+        cells = [f"| {f'**{q}**' if q else ''} | {a.replace('|', '/')} |" for q, a in self.rows()]
+        return "\n".join(["| question | answer |", "|---|---|", *cells])
 
 
 def claim_test(

@@ -35,3 +35,28 @@ def test_notebook_runs_to_the_end(path: Path, tmp_path: Path) -> None:
     assert not [o for o in outputs if o.get("output_type") == "error"]
     if path.name != "01_quickstart.ipynb":  # the measuring notebooks draw their plots
         assert any("image/png" in o.get("data", {}) for o in outputs)
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_notebooks_use_the_public_api_and_label_their_plots(name: str) -> None:
+    code = "\n".join(c.source for c in SOURCES[name] if c.cell_type == "code")
+    assert "._core" not in code and "INSERT INTO" not in code and ".sql(" not in code
+    if "plt.subplots" in code:
+        # Every panel has a title and a legend; the figure a title; one style per strategy.
+        assert code.count("set_title") >= code.count("set_ylabel") > 0
+        assert "legend(" in code and "suptitle" in code and "STYLE[" in code
+        assert 'layout="constrained"' in code  # titles and labels never overlap
+
+
+def test_recommend_renders_as_a_table_in_a_notebook() -> None:
+    import stockade
+
+    with stockade.Engine.memory() as eng:
+        eng.restock("mug", 5)
+        eng.reserve("mug", 1)
+        advice = eng.recommend("mug")
+    table = advice._repr_markdown_()
+    assert table.startswith("| question | answer |") and "| **odds** |" in table
+    assert "| **strategy** | atomic |" in table
+    text = str(advice).splitlines()
+    assert text[0].split() == ["strategy", "atomic"] and all(len(line) <= 88 for line in text)
