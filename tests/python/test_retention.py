@@ -254,3 +254,24 @@ def test_migrate_to_is_checked(stockade_engine: stockade.Engine) -> None:
     with pytest.raises(stockade.InvalidType):
         stockade_engine.migrate(to="2")
     assert stockade_engine.migrate(to=1) == []
+
+
+def test_a_sweeper_before_migrate_waits_without_errors(
+    stockade_postgres: PostgresForTests,
+) -> None:
+    name = stockade_postgres.new_database(migrated=False)
+    try:
+        dsn = stockade_postgres.dsn(name)
+        with stockade.Engine.postgres(
+            dsn, sweeper=True, sweep_interval=timedelta(milliseconds=20)
+        ) as eng:
+            assert wait_for(lambda: eng.stats()["sweeper"]["leader"])
+            time.sleep(0.2)  # several rounds on a schema with no tables
+            assert eng.stats()["sweeper"]["errors"] == 0
+            eng.migrate()
+            eng.restock("s", 2)
+            eng.reserve("s", 1, ttl=timedelta(milliseconds=1))
+            assert wait_for(lambda: eng.stats()["sweeper"]["expired"] == 1)
+            assert eng.stats()["sweeper"]["errors"] == 0
+    finally:
+        stockade_postgres.drop_database(name)

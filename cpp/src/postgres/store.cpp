@@ -190,9 +190,17 @@ StoreCounts PostgresStore::counts() const {
   StoreCounts out;
   out.exact = false;
   auto* self = const_cast<PostgresStore*>(this);  // run() leases from the (mutable) pool
-  const pqxx::result rows = self->run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
-    return tx.exec(Stmt::counts_estimate, static_cast<std::int64_t>(held_count_cap));
-  });
+  pqxx::result rows;
+  try {
+    rows = self->run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+      return tx.exec(Stmt::counts_estimate, static_cast<std::int64_t>(held_count_cap));
+    });
+  } catch (const Error& e) {
+    // A schema that migrate() has not made yet holds no rows: stats() still answers
+    // (a metrics scrape may come first), with zeros.
+    if (e.context().sqlstate == "42P01") return out;
+    throw;
+  }
   out.sku_count = rows[0][0].as<std::uint64_t>();
   out.reservation_count = rows[0][1].as<std::uint64_t>();
   out.held_count = rows[0][2].as<std::uint64_t>();

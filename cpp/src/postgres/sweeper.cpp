@@ -14,13 +14,15 @@ namespace stockade::detail::pg {
 // expires anything, and the engine stands for election again on a fresh one (and loses
 // if another engine took the lock meanwhile). An engine never sweeps from a session that
 // does not hold the lock. Errors never stop the loop: they are counted (stats().sweeper),
-// and the next round runs on a fresh connection.
+// and the next round runs on a fresh connection. A schema that migrate() has not made
+// yet is no error: the rounds find nothing to do until it has.
 void PostgresStore::sweep_loop() {
   const std::int64_t election_key =
       static_cast<std::int64_t>(stable_hash64({options_.schema, "stockade-sweeper"}));
   std::unique_ptr<Connection> leader;
   bool elected = false;
   bool was_leader = false;
+  bool told_unmigrated = false;
   LogLimiter round_errors(60'000'000);  // a sweeper that cannot reach the database: once a minute
   std::unique_lock<std::mutex> lock(sweeper_mutex_);
   while (!stopping_) {
@@ -45,6 +47,16 @@ void PostgresStore::sweep_loop() {
         more = n == options_.sweep_batch && !stopping_;
       }
       if (elected && options_.retention_ms > 0) purge_on_leader(*leader);
+    } catch (const pqxx::undefined_table&) {
+      // The schema is not migrated yet (an engine opened before migrate()): nothing to
+      // sweep, and not a failure. The session, and the election, stay.
+      if (!told_unmigrated) {
+        log(LogLevel::info, "stockade.sweeper",
+            "the schema '" + options_.schema +
+                "' has no tables yet; sweeping once migrate() "
+                "has made them");
+        told_unmigrated = true;
+      }
     } catch (const std::exception& e) {
       error = e.what();
       leader.reset();  // closing the session also gives up the election
