@@ -409,7 +409,8 @@ class Engine:
 
     def migration_plan(self, *, to: Optional[int] = None) -> List[Tuple[str, str]]:
         """What :meth:`migrate` would run now, without running it: ``(name, SQL)`` pairs,
-        the schema's bookkeeping first if it has none yet, then each missing migration
+        first ``"(create schema)"`` if the schema does not exist yet, or ``"(bookkeeping)"``
+        if it exists without a migration table, then each missing migration
         with the schema name filled in. ``InvalidState`` if an applied migration differs
         from this build's. Empty on the memory store."""
         up_to = 0 if to is None else check_int("to", to)

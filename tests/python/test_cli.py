@@ -15,6 +15,7 @@ import pytest
 import stockade
 from stockade.tools.cli import main
 from stockade.tools.loadgen import NAIVE, flash_sale
+from stockade.tools.pgserver import run_sql
 
 
 def demo_rows(out: str) -> dict[str, list[str]]:
@@ -235,13 +236,13 @@ def test_migrate_dry_run_prints_the_sql_and_changes_nothing(
 ) -> None:
     assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--dry-run"]) == 0
     sql = capsys.readouterr().out
-    assert "-- (bookkeeping)" in sql and "CREATE SCHEMA IF NOT EXISTS shop" in sql
+    assert "-- (create schema)" in sql and "CREATE SCHEMA IF NOT EXISTS shop" in sql
     assert "CREATE TABLE shop.stock" in sql and "-- 002_retention.sql" in sql
     assert "{{schema}}" not in sql
     # Nothing ran: the same plan, and then the real thing, one migration at a time.
     assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
-    assert [p["name"] for p in plan] == ["(bookkeeping)", "001_schema.sql", "002_retention.sql"]
+    assert [p["name"] for p in plan] == ["(create schema)", "001_schema.sql", "002_retention.sql"]
     assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--to", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"schema": "shop", "applied": ["001_schema.sql"]}
     assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--dry-run", "--json"]) == 0
@@ -274,7 +275,7 @@ def test_demo_json_and_the_schema_it_leaves_behind(
 
     def demo_schema_exists() -> bool:
         with stockade.Engine.postgres(stockade_database, schema="stockade_demo") as eng:
-            return not eng.migration_plan() or eng.migration_plan()[0][0] != "(bookkeeping)"
+            return not eng.migration_plan() or eng.migration_plan()[0][0] != "(create schema)"
 
     assert not demo_schema_exists()
     assert main([*argv, "--keep"]) == 0
@@ -282,6 +283,15 @@ def test_demo_json_and_the_schema_it_leaves_behind(
     assert main(argv) == 0  # it was there before: left in place
     assert "left the schema stockade_demo in place" in capsys.readouterr().err
     assert demo_schema_exists()
+    # A schema of the same name that someone else made (no migration table) is never
+    # dropped either: the demo migrates into it and leaves it.
+    with stockade.Engine.postgres(stockade_database, schema="stockade_demo") as eng:
+        eng.drop_schema(confirm="stockade_demo")
+    run_sql(stockade_database, "CREATE SCHEMA stockade_demo")
+    run_sql(stockade_database, "CREATE TABLE stockade_demo.theirs (x int)")
+    assert main(argv) == 0
+    assert "left the schema stockade_demo in place" in capsys.readouterr().err
+    assert run_sql(stockade_database, "SELECT count(*) FROM stockade_demo.theirs") == "0"
 
 
 def test_advise_and_bench_speak_json(

@@ -65,7 +65,8 @@ std::vector<const Migration*> PostgresStore::pending(
 }
 
 // What migrate(up_to) would run here and now, as (name, SQL) pairs, without running it:
-// the bookkeeping first if the schema has none yet, then each missing migration.
+// "(create schema)" or "(bookkeeping)" first if the schema or its migration table is
+// missing, then each missing migration.
 std::vector<std::pair<std::string, std::string>> PostgresStore::migration_plan(int up_to) {
   const std::string& s = options_.schema;
   std::vector<std::pair<std::string, std::string>> out;
@@ -82,7 +83,12 @@ std::vector<std::pair<std::string, std::string>> PostgresStore::migration_plan(i
         applied[row[0].as<int>()] = {row[1].as<std::string>(), row[2].as<std::string>()};
       }
     } else {
-      out.emplace_back("(bookkeeping)", bookkeeping_sql(s));
+      // "(create schema)" when the schema itself does not exist yet (migrate() would make
+      // it, so whoever runs this made it: the demo drops only such a schema), else
+      // "(bookkeeping)": a schema that exists but has no migration table.
+      const bool schema_exists =
+          !session.exec("SELECT to_regnamespace(" + session.quote(s) + ")")[0][0].is_null();
+      out.emplace_back(schema_exists ? "(bookkeeping)" : "(create schema)", bookkeeping_sql(s));
     }
     for (const Migration* m : pending(applied, up_to)) {
       out.emplace_back(m->name, with_schema(m->sql, s));

@@ -94,7 +94,7 @@ def _engine(args: argparse.Namespace) -> Iterator[tuple[Engine, str]]:
     if args.dsn is not None:
         with Engine.postgres(args.dsn, schema=DEMO_SCHEMA, pool_size=pool) as engine:
             plan = engine.migration_plan()
-            made = bool(plan) and plan[0][0] == "(bookkeeping)"
+            made = bool(plan) and plan[0][0] == "(create schema)"  # not there before
             engine.migrate()
             try:
                 yield engine, f"PostgreSQL (--dsn or the environment), schema {DEMO_SCHEMA}"
