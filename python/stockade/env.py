@@ -14,6 +14,7 @@ STOCKADE_LOCK_TIMEOUT           lock_timeout                        seconds (dec
 STOCKADE_POOL_TIMEOUT           pool_timeout                        seconds
 STOCKADE_DEFAULT_TTL            default_ttl                         seconds
 STOCKADE_SWEEPER                sweeper                             1/0, true/false, yes/no
+STOCKADE_RETENTION              retention (needs the sweeper)       seconds
 STOCKADE_APPLICATION_NAME       application_name                    text
 ==============================  ==================================  =========================
 """
@@ -83,6 +84,7 @@ _OPTIONS: Dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "STOCKADE_POOL_TIMEOUT": ("pool_timeout", _seconds),
     "STOCKADE_DEFAULT_TTL": ("default_ttl", _seconds),
     "STOCKADE_SWEEPER": ("sweeper", _flag),
+    "STOCKADE_RETENTION": ("retention", _seconds),
     "STOCKADE_APPLICATION_NAME": ("application_name", _text),
 }
 

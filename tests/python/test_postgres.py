@@ -576,6 +576,14 @@ def test_engine_from_env_reads_the_dsn_and_the_options(
         assert eng.stats()["sweeper"]["enabled"] is False
     with stockade.Engine.from_env(strategy="atomic") as eng:  # keywords override
         assert eng.strategy is stockade.Strategy.ATOMIC
+    monkeypatch.setenv("STOCKADE_RETENTION", "86400")
+    with pytest.raises(stockade.InvalidArgument, match="needs sweeper=True"):
+        stockade.Engine.from_env()  # retention without the sweeper is refused
+    monkeypatch.setenv("STOCKADE_SWEEPER", "yes")
+    with stockade.Engine.from_env() as eng:
+        assert eng.stats()["sweeper"]["enabled"] is True
+    monkeypatch.setenv("STOCKADE_SWEEPER", "no")
+    monkeypatch.delenv("STOCKADE_RETENTION")
     monkeypatch.setenv("STOCKADE_POOL_SIZE", "many")
     with pytest.raises(stockade.InvalidArgument, match="STOCKADE_POOL_SIZE"):
         stockade.Engine.from_env()
