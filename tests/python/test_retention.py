@@ -275,3 +275,18 @@ def test_a_sweeper_before_migrate_waits_without_errors(
             assert eng.stats()["sweeper"]["errors"] == 0
     finally:
         stockade_postgres.drop_database(name)
+
+
+def test_memory_purge_is_not_held_up_by_keys_it_must_keep(clock: stockade.ManualClock) -> None:
+    # Old keys whose holds are still live come first in time; they must not stop the purge
+    # of the old keys behind them, whatever the limit.
+    with stockade.Engine.memory(clock=clock) as eng:
+        eng.restock("s", 1000)
+        for n in range(20):
+            eng.reserve("s", 1, ttl=timedelta(days=30), idempotency_key=f"held-{n}")
+        for n in range(20):
+            eng.confirm(eng.reserve("s", 1, ttl=LONG, idempotency_key=f"done-{n}").id)
+        clock.advance(7200)
+        purged = sum(eng.purge(timedelta(hours=1), limit=5) for _ in range(10))
+        assert purged == 40  # the 20 done keys and their reservations
+        assert eng.row_counts()["reservation_count"] == eng.row_counts()["held_count"] == 20

@@ -174,7 +174,7 @@ class MemoryStore final : public Store, public TestHooks {
   std::vector<Reservation> fetch_all(const std::vector<Uuid>& ids);
   void mark_terminal(ReservationShard& shard, const Reservation& r);
   bool all_purgeable(const std::vector<Uuid>& ids, TimestampUs horizon) const;
-  void erase_reservation(const Uuid& id);
+  bool erase_reservation(const Uuid& id);
   PurgeCounts purge_keys(TimestampUs horizon, std::uint64_t limit);
   std::uint64_t purge_reservations(TimestampUs horizon, std::uint64_t limit);
   void purge_as_you_go();  // retention: every 64th reservation purges a little
@@ -187,6 +187,7 @@ class MemoryStore final : public Store, public TestHooks {
   std::condition_variable idempotency_done_;
   std::unordered_map<std::string, IdempotencyEntry> idempotency_;
   std::deque<std::pair<TimestampUs, std::string>> keys_by_time_;  // as made; may hold stale
+  std::deque<std::pair<TimestampUs, std::string>> keys_kept_;     // old, but not purgeable yet
   std::atomic<std::size_t> expire_cursor_{0};
   std::atomic<std::size_t> purge_cursor_{0};
   std::atomic<std::uint64_t> reservations_made_{0};

@@ -28,13 +28,14 @@ bool MemoryStore::all_purgeable(const std::vector<Uuid>& ids, TimestampUs horizo
   return true;
 }
 
-void MemoryStore::erase_reservation(const Uuid& id) {
+bool MemoryStore::erase_reservation(const Uuid& id) {
   ReservationShard& shard = shard_of(id);
   std::lock_guard<std::mutex> lock(shard.mutex);
   auto it = shard.records.find(id);
-  if (it == shard.records.end()) return;
+  if (it == shard.records.end()) return false;
   shard.terminal_by_time.erase({it->second.value.updated_at_us, id});
   shard.records.erase(it);
+  return true;
 }
 
 PurgeCounts MemoryStore::purge_keys(TimestampUs horizon, std::uint64_t limit) {
@@ -46,8 +47,19 @@ PurgeCounts MemoryStore::purge_keys(TimestampUs horizon, std::uint64_t limit) {
   std::vector<Candidate> candidates;
   {
     std::lock_guard<std::mutex> lock(idempotency_mutex_);
+    // Keys kept back before (a reservation still held, or changed within the window) are
+    // looked at again, at most `limit` of them per call; they wait in a list of their own,
+    // so they never stand in front of the keys behind them.
+    for (std::size_t again = std::min<std::size_t>(keys_kept_.size(), limit); again > 0; --again) {
+      auto [created, key] = std::move(keys_kept_.front());
+      keys_kept_.pop_front();
+      auto it = idempotency_.find(key);
+      if (it == idempotency_.end() || it->second.created_us != created) continue;
+      candidates.push_back(Candidate{created, std::move(key), it->second.ids});
+    }
+    const std::size_t room = candidates.size() + limit;
     while (!keys_by_time_.empty() && keys_by_time_.front().first < horizon &&
-           candidates.size() < limit) {
+           candidates.size() < room) {
       auto [created, key] = std::move(keys_by_time_.front());
       keys_by_time_.pop_front();
       auto it = idempotency_.find(key);
@@ -65,12 +77,12 @@ PurgeCounts MemoryStore::purge_keys(TimestampUs horizon, std::uint64_t limit) {
   std::vector<Uuid> doomed;
   {
     std::lock_guard<std::mutex> lock(idempotency_mutex_);
-    for (std::size_t i = candidates.size(); i-- > 0;) {
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
       Candidate& c = candidates[i];
       auto it = idempotency_.find(c.key);
       if (it == idempotency_.end() || it->second.created_us != c.created) continue;
-      if (!purgeable[i] || it->second.pending) {
-        keys_by_time_.emplace_front(c.created, std::move(c.key));  // looked at again next time
+      if (!purgeable[i] || it->second.pending || out.keys >= limit) {
+        keys_kept_.emplace_back(c.created, std::move(c.key));  // looked at again later
         continue;
       }
       idempotency_.erase(it);
@@ -81,8 +93,7 @@ PurgeCounts MemoryStore::purge_keys(TimestampUs horizon, std::uint64_t limit) {
   // The key is gone, so no replay can reach these any more (one that read the key just
   // before finds them missing and runs afresh, as a request after the purge would).
   for (const Uuid& id : doomed) {
-    erase_reservation(id);
-    ++out.reservations;
+    if (erase_reservation(id)) ++out.reservations;
   }
   return out;
 }
