@@ -18,6 +18,14 @@ void raise_to(std::atomic<std::uint64_t>& max, std::uint64_t value) {
   }
 }
 
+// The histogram bucket of `value`: the first bound it does not exceed, or the last (+Inf)
+// bucket past every bound.
+template <class Bounds, class Value>
+std::size_t bucket_of(const Bounds& bounds, Value value) {
+  return static_cast<std::size_t>(std::lower_bound(bounds.begin(), bounds.end(), value) -
+                                  bounds.begin());
+}
+
 }  // namespace
 
 StrategyCountersSnapshot StrategyCounters::snapshot() const {
@@ -181,10 +189,7 @@ void Telemetry::record_call(Op op, std::optional<Strategy> strategy, const Error
   CallTable::Cell& cell = calls_->cells[static_cast<std::size_t>(op)][CallTable::slot(strategy)];
   bump(cell.outcomes[error == nullptr ? 0 : 1 + static_cast<std::size_t>(error->code())]);
   const std::int64_t us = std::max<std::int64_t>(latency_us, 0);
-  const auto bucket = static_cast<std::size_t>(
-      std::lower_bound(latency_bounds_us.begin(), latency_bounds_us.end(), us) -
-      latency_bounds_us.begin());
-  bump(cell.buckets[bucket]);
+  bump(cell.buckets[bucket_of(latency_bounds_us, us)]);
   bump(cell.sum_us, static_cast<std::uint64_t>(us));
   bump(cell.count);
 }
@@ -218,11 +223,7 @@ MetricsSnapshot Telemetry::metrics() const {
 }
 
 void Telemetry::batch_applied(std::size_t size, bool failed) {
-  const auto bucket =
-      static_cast<std::size_t>(std::lower_bound(batch_size_bounds.begin(), batch_size_bounds.end(),
-                                                static_cast<std::uint64_t>(size)) -
-                               batch_size_bounds.begin());
-  bump(batch_size_buckets_[bucket]);
+  bump(batch_size_buckets_[bucket_of(batch_size_bounds, static_cast<std::uint64_t>(size))]);
   bump(batches_);
   bump(batch_requests_, size);
   if (failed) bump(failed_batches_);

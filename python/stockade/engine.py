@@ -87,6 +87,16 @@ def _where(dsn: str) -> str:
     return " ".join(parts) or "libpq defaults"
 
 
+def _migration_number(to: object) -> int:
+    """``migrate(to=...)``: None (all, 0 to the core) or a migration number, 1 or more."""
+    if to is None:
+        return 0
+    number = check_int("to", to)
+    if number < 1:
+        raise InvalidArgument(f"to must be a migration number (1 or more), got {number}")
+    return number
+
+
 def _retention_us(retention: object) -> int:
     """``None`` (no retention, 0) or a positive duration in microseconds."""
     if retention is None:
@@ -402,10 +412,7 @@ class Engine:
         ``to`` stops after the migration with that number (default: apply all). Idempotent,
         and safe when several processes run it at once. The memory store has no schema, so
         there it applies nothing."""
-        up_to = 0 if to is None else check_int("to", to)
-        if to is not None and up_to < 1:
-            raise InvalidArgument(f"to must be a migration number (1 or more), got {up_to}")
-        return self._core.migrate(up_to)
+        return self._core.migrate(_migration_number(to))
 
     def migration_plan(self, *, to: Optional[int] = None) -> List[Tuple[str, str]]:
         """What :meth:`migrate` would run now, without running it: ``(name, SQL)`` pairs,
@@ -413,10 +420,8 @@ class Engine:
         if it exists without a migration table, then each missing migration
         with the schema name filled in. ``InvalidState`` if an applied migration differs
         from this build's. Empty on the memory store."""
-        up_to = 0 if to is None else check_int("to", to)
-        if to is not None and up_to < 1:
-            raise InvalidArgument(f"to must be a migration number (1 or more), got {up_to}")
-        return [(str(name), str(sql)) for name, sql in self._core.migration_plan(up_to)]
+        plan = self._core.migration_plan(_migration_number(to))
+        return [(str(name), str(sql)) for name, sql in plan]
 
     def drop_schema(self, *, confirm: str) -> None:
         """Drops this engine's schema and everything in it (``DROP SCHEMA ... CASCADE``):
