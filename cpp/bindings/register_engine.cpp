@@ -206,16 +206,52 @@ void register_stock_calls(py::class_<Engine>& c) {
   c.def(
        "restock",
        [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
-          OptInt expected_version) { return e.restock({sku, location}, qty, expected_version); },
-       py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("expected_version"), Release())
+          OptInt expected_version, OptInt fencing_token) {
+         return e.restock({sku, location}, qty, expected_version, fencing_token);
+       },
+       py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("expected_version"),
+       py::arg("fencing_token") = py::none(), Release())
       .def(
           "set_on_hand",
           [](Engine& e, const std::string& sku, const std::string& location, Quantity on_hand,
-             OptInt expected_version) {
-            return e.set_on_hand({sku, location}, on_hand, expected_version);
+             OptInt expected_version, OptInt fencing_token) {
+            return e.set_on_hand({sku, location}, on_hand, expected_version, fencing_token);
           },
           py::arg("sku"), py::arg("location"), py::arg("on_hand"), py::arg("expected_version"),
-          Release())
+          py::arg("fencing_token") = py::none(), Release())
+      .def(
+          "set_backorder_limit",
+          [](Engine& e, const std::string& sku, const std::string& location, Quantity limit,
+             OptInt expected_version, OptInt fencing_token) {
+            return e.set_backorder_limit({sku, location}, limit, expected_version, fencing_token);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("limit"), py::arg("expected_version"),
+          py::arg("fencing_token"), Release())
+      .def(
+          "set_discontinued",
+          [](Engine& e, const std::string& sku, const std::string& location, bool discontinued,
+             OptInt expected_version, OptInt fencing_token) {
+            return discontinued ? e.discontinue({sku, location}, expected_version, fencing_token)
+                                : e.reinstate({sku, location}, expected_version, fencing_token);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("discontinued"), py::arg("expected_version"),
+          py::arg("fencing_token"), Release())
+      .def(
+          "acquire_lease",
+          [](Engine& e, const std::string& sku, const std::string& location, std::int64_t ttl_us,
+             const std::string& owner) { return e.acquire_lease({sku, location}, ttl_us, owner); },
+          py::arg("sku"), py::arg("location"), py::arg("ttl_us"), py::arg("owner"), Release())
+      .def(
+          "renew_lease",
+          [](Engine& e, const std::string& sku, const std::string& location, FencingToken token,
+             std::int64_t ttl_us) { return e.renew_lease({sku, location}, token, ttl_us); },
+          py::arg("sku"), py::arg("location"), py::arg("token"), py::arg("ttl_us"), Release())
+      .def(
+          "release_lease",
+          [](Engine& e, const std::string& sku, const std::string& location, FencingToken token) {
+            return e.release_lease({sku, location}, token);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("token"), Release())
       .def(
           "stock",
           [](Engine& e, const std::string& sku, const std::string& location) {
@@ -225,12 +261,15 @@ void register_stock_calls(py::class_<Engine>& c) {
       .def(
           "sell",
           [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
-             const OptStr& strategy, bool nowait, OptInt lock_timeout_ms, OptInt expected_version) {
-            return e.sell({sku, location}, qty,
-                          call_options(strategy, nowait, lock_timeout_ms, expected_version));
+             const OptStr& strategy, bool nowait, OptInt lock_timeout_ms, OptInt expected_version,
+             OptInt fencing_token) {
+            CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
+            call.fencing_token = fencing_token;
+            return e.sell({sku, location}, qty, call);
           },
           py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("strategy"),
-          py::arg("nowait"), py::arg("lock_timeout_ms"), py::arg("expected_version"), Release());
+          py::arg("nowait"), py::arg("lock_timeout_ms"), py::arg("expected_version"),
+          py::arg("fencing_token") = py::none(), Release());
 }
 
 void register_reservation_calls(py::class_<Engine>& c) {
@@ -306,14 +345,14 @@ void register_async_calls(py::class_<Engine>& c) {
           "submit_sell",
           [](Engine& e, Sink channel, std::uint64_t token, const std::string& sku,
              const std::string& location, Quantity qty, const OptStr& strategy, bool nowait,
-             OptInt lock_timeout_ms, OptInt expected_version) {
-            e.submit_sell({sku, location}, qty,
-                          call_options(strategy, nowait, lock_timeout_ms, expected_version),
-                          std::move(channel), token);
+             OptInt lock_timeout_ms, OptInt expected_version, OptInt fencing_token) {
+            CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
+            call.fencing_token = fencing_token;
+            e.submit_sell({sku, location}, qty, call, std::move(channel), token);
           },
           py::arg("channel"), py::arg("token"), py::arg("sku"), py::arg("location"), py::arg("qty"),
           py::arg("strategy"), py::arg("nowait"), py::arg("lock_timeout_ms"),
-          py::arg("expected_version"), Release())
+          py::arg("expected_version"), py::arg("fencing_token") = py::none(), Release())
       .def(
           "submit_reserve_order",
           [](Engine& e, Sink channel, std::uint64_t token,

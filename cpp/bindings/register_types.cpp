@@ -33,7 +33,19 @@ void register_types(py::module_& m) {
       .def_readonly("reserved", &StockLevel::reserved)
       .def_property_readonly("available", &StockLevel::available)
       .def_readonly("version", &StockLevel::version)
-      .def_readonly("updated_at_us", &StockLevel::updated_at_us);
+      .def_readonly("updated_at_us", &StockLevel::updated_at_us)
+      .def_readonly("backorder_limit", &StockLevel::backorder_limit)
+      .def_property_readonly("backordered", &StockLevel::backordered)
+      .def_readonly("discontinued", &StockLevel::discontinued)
+      .def_readonly("leased", &StockLevel::leased)
+      .def_readonly("lease_expires_at_us", &StockLevel::lease_expires_at_us);
+
+  py::class_<Lease>(m, "Lease", "A lease on a stock row, with its fencing token; times in us.")
+      .def_property_readonly("sku", [](const Lease& l) { return l.key.sku; })
+      .def_property_readonly("location", [](const Lease& l) { return l.key.location; })
+      .def_readonly("owner", &Lease::owner)
+      .def_readonly("token", &Lease::token)
+      .def_readonly("expires_at_us", &Lease::expires_at_us);
 
   py::class_<Reservation>(m, "Reservation", "A reservation as committed: raw fields, times in us.")
       .def_property_readonly("id", [](const Reservation& r) { return to_bytes(r.id); })

@@ -264,6 +264,8 @@ WriteOptions Engine::resolve(const CallOptions& call) const {
   // atomic UPDATE waits for a row lock), so it is accepted whatever the strategy.
   if (call.lock_timeout_ms) validate_lock_timeout_ms(*call.lock_timeout_ms);
   validate_expected_version(call.expected_version);
+  validate_fencing_token(call.fencing_token);
+  out.fencing_token = call.fencing_token;
   out.nowait = call.nowait;
   out.lock_timeout_ms = call.lock_timeout_ms.value_or(options_.lock_timeout_ms);
   out.retries_max = options_.retries_max;
@@ -309,29 +311,93 @@ Route Engine::route(const SkuKey& key, const CallOptions& call) {
   r.asked = r.options.strategy;
   const Strategy mode = tracker_.enter(key);
   Strategy run = r.asked == Strategy::automatic ? mode : r.asked;
-  if (run == Strategy::batched && r.options.expected_version) run = Strategy::atomic;
+  if (run == Strategy::batched && (r.options.expected_version || r.options.fencing_token)) {
+    run = Strategy::atomic;
+  }
   r.batched = run == Strategy::batched;
   r.options.strategy = r.batched ? Strategy::atomic : run;
   return r;
 }
 
-StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected) {
+StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
+                           std::optional<FencingToken> token) {
   check_process();
   validate_sku_key(key);
   validate_qty(qty);
   validate_expected_version(expected);
-  return observed(Op::restock, [&] { return store_->restock(key, qty, expected); });
+  validate_fencing_token(token);
+  return observed(Op::restock, [&] { return store_->restock(key, qty, expected, token); });
 }
 
-StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand,
-                               std::optional<Version> expected) {
+StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand, std::optional<Version> expected,
+                               std::optional<FencingToken> token) {
   check_process();
   validate_sku_key(key);
   if (on_hand < 0) {
     throw_invalid_argument("on_hand must not be negative, got " + std::to_string(on_hand));
   }
   validate_expected_version(expected);
-  return observed(Op::set_on_hand, [&] { return store_->set_on_hand(key, on_hand, expected); });
+  validate_fencing_token(token);
+  return observed(Op::set_on_hand,
+                  [&] { return store_->set_on_hand(key, on_hand, expected, token); });
+}
+
+StockLevel Engine::set_backorder_limit(const SkuKey& key, Quantity limit,
+                                       std::optional<Version> expected,
+                                       std::optional<FencingToken> token) {
+  check_process();
+  validate_sku_key(key);
+  if (limit < 0 || limit > quantity_max) {
+    throw_invalid_argument("backorder_limit must be between 0 and " + std::to_string(quantity_max) +
+                           ", got " + std::to_string(limit));
+  }
+  validate_expected_version(expected);
+  validate_fencing_token(token);
+  return observed(Op::set_backorder_limit,
+                  [&] { return store_->set_backorder_limit(key, limit, expected, token); });
+}
+
+StockLevel Engine::discontinue(const SkuKey& key, std::optional<Version> expected,
+                               std::optional<FencingToken> token) {
+  check_process();
+  validate_sku_key(key);
+  validate_expected_version(expected);
+  validate_fencing_token(token);
+  return observed(Op::discontinue,
+                  [&] { return store_->set_discontinued(key, true, expected, token); });
+}
+
+StockLevel Engine::reinstate(const SkuKey& key, std::optional<Version> expected,
+                             std::optional<FencingToken> token) {
+  check_process();
+  validate_sku_key(key);
+  validate_expected_version(expected);
+  validate_fencing_token(token);
+  return observed(Op::reinstate,
+                  [&] { return store_->set_discontinued(key, false, expected, token); });
+}
+
+Lease Engine::acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner) {
+  check_process();
+  validate_sku_key(key);
+  validate_ttl_us(ttl_us);
+  validate_lease_owner(owner);
+  return observed(Op::acquire_lease, [&] { return store_->acquire_lease(key, ttl_us, owner); });
+}
+
+Lease Engine::renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) {
+  check_process();
+  validate_sku_key(key);
+  validate_fencing_token(token);
+  validate_ttl_us(ttl_us);
+  return observed(Op::renew_lease, [&] { return store_->renew_lease(key, token, ttl_us); });
+}
+
+bool Engine::release_lease(const SkuKey& key, FencingToken token) {
+  check_process();
+  validate_sku_key(key);
+  validate_fencing_token(token);
+  return observed(Op::release_lease, [&] { return store_->release_lease(key, token); });
 }
 
 StockLevel Engine::stock(const SkuKey& key) {

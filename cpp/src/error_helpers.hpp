@@ -60,6 +60,54 @@ inline void check_expected(const SkuKey& key, const std::optional<Version>& expe
   if (expected && *expected != actual) throw_stock_version_conflict(key, *expected, actual);
 }
 
+// What a write to a stock row must pass besides room, in this order: the row is not
+// discontinued (410), no other holder's lease is live on it (a write without a token, or
+// with an older token, is refused), and its version is the expected one. A fencing token
+// is good while it is the row's latest lease's: a holder whose lease lapsed may still
+// write with it until someone else acquires the row (that is what fencing means: the
+// store refuses only a token older than one it has seen).
+inline void check_writable(const StockLevel& row, const std::optional<Version>& expected,
+                           const std::optional<FencingToken>& token) {
+  const SkuKey& key = row.key;
+  if (row.discontinued) {
+    throw Error(ErrorCode::discontinued, describe(key) + " is discontinued", context_of(key));
+  }
+  if (token && *token != row.lease_token) {
+    throw Error(ErrorCode::fencing_token_stale,
+                "fencing token " + std::to_string(*token) + " is not the latest lease's on " +
+                    describe(key) + " (" + std::to_string(row.lease_token) +
+                    (*token < row.lease_token ? "): a newer lease superseded it"
+                                              : "): it was not issued for this row"),
+                context_of(key));
+  }
+  if (!token && row.leased) {
+    throw Error(ErrorCode::lease_held,
+                describe(key) + " is leased (token " + std::to_string(row.lease_token) +
+                    "); writes need the lease's fencing_token until it is released or lapses",
+                context_of(key));
+  }
+  check_expected(key, expected, row.version);
+}
+
+// set_on_hand and set_backorder_limit: what is promised must stay covered.
+inline void check_covers(const SkuKey& key, Quantity on_hand, Quantity reserved,
+                         Quantity backorder_limit) {
+  if (reserved <= on_hand + backorder_limit) return;
+  throw Error(ErrorCode::invalid_state,
+              "on_hand " + std::to_string(on_hand) + " with backorder_limit " +
+                  std::to_string(backorder_limit) + " would not cover the " +
+                  std::to_string(reserved) + " units reserved on " + describe(key) +
+                  "; confirm or release holds first",
+              context_of(key));
+}
+
+[[noreturn]] inline void throw_lease_lapsed(const SkuKey& key, FencingToken token) {
+  throw Error(ErrorCode::fencing_token_stale,
+              "the lease with token " + std::to_string(token) + " on " + describe(key) +
+                  " has lapsed; acquire a new one",
+              context_of(key));
+}
+
 inline ErrorContext context_of(const Reservation& reservation) {
   ErrorContext context = context_of(reservation.key);
   context.reservation_id = reservation.id;

@@ -1,9 +1,9 @@
 // STOCKADE_ASSERT: assertions on what the engine itself guarantees, in TigerBeetle's
-// spirit: after every decision, the row it produced must keep 0 <= reserved <= on_hand.
-// They are on in the test builds (ctest, ThreadSanitizer: STOCKADE_ASSERTIONS) and in any
-// build without NDEBUG; a failure prints the condition and aborts, since the engine's
-// state can no longer be trusted. Invalid input from callers is never asserted: it is an
-// Error (invalid_argument).
+// spirit: after every decision, the row it produced must keep 0 <= reserved <= on_hand +
+// backorder_limit. They are on in the test builds (ctest, ThreadSanitizer: STOCKADE_ASSERTIONS) and
+// in any build without NDEBUG; a failure prints the condition and aborts, since the engine's state
+// can no longer be trusted. Invalid input from callers is never asserted: it is an Error
+// (invalid_argument).
 #pragma once
 
 #include <cstdint>
@@ -22,5 +22,6 @@ namespace stockade::detail {
 #endif
 
 // The stock row invariant, as the schema's CHECK constraint states it.
-#define STOCKADE_ASSERT_ROW(on_hand, reserved) \
-  STOCKADE_ASSERT((reserved) >= 0 && (reserved) <= (on_hand))
+#define STOCKADE_ASSERT_ROW(on_hand, reserved, backorder_limit) \
+  STOCKADE_ASSERT((backorder_limit) >= 0 && (reserved) >= 0 &&  \
+                  (reserved) <= (on_hand) + (backorder_limit))

@@ -45,9 +45,24 @@ StrategyCountersSnapshot StrategyCounters::snapshot() const {
 }
 
 const char* op_name(Op op) noexcept {
-  static const std::array<const char*, op_count> names = {
-      "reserve", "reserve_order", "sell",  "confirm",     "release",    "extend",
-      "restock", "set_on_hand",   "stock", "reservation", "expire_due", "purge"};
+  static const std::array<const char*, op_count> names = {"reserve",
+                                                          "reserve_order",
+                                                          "sell",
+                                                          "confirm",
+                                                          "release",
+                                                          "extend",
+                                                          "restock",
+                                                          "set_on_hand",
+                                                          "stock",
+                                                          "reservation",
+                                                          "expire_due",
+                                                          "purge",
+                                                          "set_backorder_limit",
+                                                          "discontinue",
+                                                          "reinstate",
+                                                          "acquire_lease",
+                                                          "renew_lease",
+                                                          "release_lease"};
   return names[static_cast<std::size_t>(op)];
 }
 

@@ -165,6 +165,17 @@ void validate_idempotency_key(const std::string& key) {
   validate_text(key, "idempotency_key", idempotency_key_bytes_max);
 }
 
+void validate_lease_owner(const std::string& owner) {
+  validate_text(owner, "owner", lease_owner_bytes_max);
+}
+
+void validate_fencing_token(const std::optional<FencingToken>& token) {
+  if (token && *token <= 0) {
+    throw_invalid_argument("fencing_token must be positive (a lease's token), got " +
+                           std::to_string(*token));
+  }
+}
+
 void validate_expected_version(const std::optional<Version>& expected) {
   if (expected && *expected < 0) {
     throw_invalid_argument("expected_version must not be negative, got " +

@@ -28,6 +28,29 @@ class StockLevel:
     def version(self) -> int: ...
     @property
     def updated_at_us(self) -> int: ...
+    @property
+    def backorder_limit(self) -> int: ...
+    @property
+    def backordered(self) -> int: ...
+    @property
+    def discontinued(self) -> bool: ...
+    @property
+    def leased(self) -> bool: ...
+    @property
+    def lease_expires_at_us(self) -> int: ...
+
+class Lease:
+    """A lease on a stock row, with its fencing token; times in us."""
+    @property
+    def sku(self) -> str: ...
+    @property
+    def location(self) -> str: ...
+    @property
+    def owner(self) -> str: ...
+    @property
+    def token(self) -> int: ...
+    @property
+    def expires_at_us(self) -> int: ...
 
 class Reservation:
     """A reservation as committed: raw fields, times in us."""
@@ -128,11 +151,40 @@ class Engine:
     def default_strategy(self) -> str: ...
     def stats(self, sku_limit: int) -> dict[str, Any]: ...
     def restock(
-        self, sku: str, location: str, qty: int, expected_version: Optional[int]
+        self,
+        sku: str,
+        location: str,
+        qty: int,
+        expected_version: Optional[int],
+        fencing_token: Optional[int] = None,
     ) -> StockLevel: ...
     def set_on_hand(
-        self, sku: str, location: str, on_hand: int, expected_version: Optional[int]
+        self,
+        sku: str,
+        location: str,
+        on_hand: int,
+        expected_version: Optional[int],
+        fencing_token: Optional[int] = None,
     ) -> StockLevel: ...
+    def set_backorder_limit(
+        self,
+        sku: str,
+        location: str,
+        limit: int,
+        expected_version: Optional[int],
+        fencing_token: Optional[int],
+    ) -> StockLevel: ...
+    def set_discontinued(
+        self,
+        sku: str,
+        location: str,
+        discontinued: bool,
+        expected_version: Optional[int],
+        fencing_token: Optional[int],
+    ) -> StockLevel: ...
+    def acquire_lease(self, sku: str, location: str, ttl_us: int, owner: str) -> Lease: ...
+    def renew_lease(self, sku: str, location: str, token: int, ttl_us: int) -> Lease: ...
+    def release_lease(self, sku: str, location: str, token: int) -> bool: ...
     def stock(self, sku: str, location: str) -> StockLevel: ...
     def sell(
         self,
@@ -143,6 +195,7 @@ class Engine:
         nowait: bool,
         lock_timeout_ms: Optional[int],
         expected_version: Optional[int],
+        fencing_token: Optional[int] = None,
     ) -> StockLevel: ...
     def reserve(
         self,
@@ -195,6 +248,7 @@ class Engine:
         nowait: bool,
         lock_timeout_ms: Optional[int],
         expected_version: Optional[int],
+        fencing_token: Optional[int] = None,
     ) -> None: ...
     def submit_reserve_order(
         self,

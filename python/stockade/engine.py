@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import socket
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union, cast
 
@@ -19,6 +21,7 @@ from .env import dsn_from_environment, options_from_environment
 from .errors import InvalidArgument, InvalidType
 from .stats import EngineStats, Metrics, RowCounts
 from .values import (
+    Lease,
     Reservation,
     ReservationId,
     StockLevel,
@@ -151,7 +154,8 @@ def _sell_args(
     expected_version: Optional[int],
     nowait: bool,
     lock_timeout: Optional[TtlLike],
-) -> Tuple[str, str, int, Optional[str], bool, Optional[int], Optional[int]]:
+    fencing_token: Optional[int] = None,
+) -> Tuple[str, str, int, Optional[str], bool, Optional[int], Optional[int], Optional[int]]:
     return (
         check_str("sku", sku),
         check_str("location", location),
@@ -160,7 +164,19 @@ def _sell_args(
         check_bool("nowait", nowait),
         optional_duration_ms("lock_timeout", lock_timeout),
         check_optional_int("expected_version", expected_version),
+        check_optional_int("fencing_token", fencing_token),
     )
+
+
+def _check_lease(lease: object) -> Lease:
+    if not isinstance(lease, Lease):
+        raise InvalidType(f"lease must be a stockade.Lease, got {type(lease).__name__}")
+    return lease
+
+
+def _default_owner() -> str:
+    """Who holds a lease when the caller does not say: host and process id."""
+    return f"{socket.gethostname()[:200]}:{os.getpid()}"
 
 
 def _reserve_args(
@@ -475,14 +491,19 @@ class Engine:
         *,
         location: str = DEFAULT_LOCATION,
         expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
     ) -> StockLevel:
-        """Adds ``qty`` units to on_hand, creating the row if it does not exist."""
+        """Adds ``qty`` units to on_hand, creating the row if it does not exist.
+
+        Raises ``Discontinued`` on a discontinued row, and ``LeaseHeld`` while another
+        holder's lease is live unless ``fencing_token`` is that lease's token."""
         return StockLevel._from_core(
             self._core.restock(
                 sku=check_str("sku", sku),
                 location=check_str("location", location),
                 qty=check_int("qty", qty),
                 expected_version=check_optional_int("expected_version", expected_version),
+                fencing_token=check_optional_int("fencing_token", fencing_token),
             )
         )
 
@@ -493,16 +514,217 @@ class Engine:
         *,
         location: str = DEFAULT_LOCATION,
         expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
     ) -> StockLevel:
-        """Sets on_hand (a stock count); never below what is reserved (``InvalidState``)."""
+        """Sets on_hand (a stock count). What is reserved must stay covered by
+        ``on_hand + backorder_limit`` (else ``InvalidState``)."""
         return StockLevel._from_core(
             self._core.set_on_hand(
                 sku=check_str("sku", sku),
                 location=check_str("location", location),
                 on_hand=check_int("on_hand", on_hand),
                 expected_version=check_optional_int("expected_version", expected_version),
+                fencing_token=check_optional_int("fencing_token", fencing_token),
             )
         )
+
+    def set_backorder_limit(
+        self,
+        sku: str,
+        limit: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """Lets up to ``limit`` units be held or sold beyond on_hand (backorders and
+        preorders); 0, the default of every row, allows none.
+
+        The row keeps ``0 <= reserved <= on_hand + backorder_limit`` (a CHECK constraint
+        on PostgreSQL). Lowering the limit below what is already promised beyond on_hand
+        raises ``InvalidState``."""
+        return StockLevel._from_core(
+            self._core.set_backorder_limit(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                limit=check_int("limit", limit),
+                expected_version=check_optional_int("expected_version", expected_version),
+                fencing_token=check_optional_int("fencing_token", fencing_token),
+            )
+        )
+
+    def discontinue(
+        self,
+        sku: str,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """Soft-deletes the stock row: it stays as a tombstone (``discontinued=True``).
+
+        Afterwards ``reserve``, ``reserve_order``, ``sell``, ``restock`` and
+        ``set_on_hand`` raise ``Discontinued`` (HTTP 410), while holds that exist can still
+        be confirmed, released or extended, and expire as usual. Discontinuing a
+        discontinued row changes nothing. ``NotFound`` if the row never existed."""
+        return self._set_discontinued(sku, True, location, expected_version, fencing_token)
+
+    def reinstate(
+        self,
+        sku: str,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """Undoes :meth:`discontinue`; on a row that is not discontinued, changes nothing."""
+        return self._set_discontinued(sku, False, location, expected_version, fencing_token)
+
+    def _set_discontinued(
+        self,
+        sku: str,
+        discontinued: bool,
+        location: str,
+        expected_version: Optional[int],
+        fencing_token: Optional[int],
+    ) -> StockLevel:
+        return StockLevel._from_core(
+            self._core.set_discontinued(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                discontinued=discontinued,
+                expected_version=check_optional_int("expected_version", expected_version),
+                fencing_token=check_optional_int("fencing_token", fencing_token),
+            )
+        )
+
+    # --- leases ---
+
+    def acquire_lease(
+        self,
+        resource: str,
+        ttl: TtlLike,
+        *,
+        location: str = DEFAULT_LOCATION,
+        owner: Optional[str] = None,
+    ) -> Lease:
+        """Takes the lease on the stock row of SKU ``resource`` for ``ttl``: the offline
+        lock for work longer than a transaction (a cycle count, a re-import, an admin
+        editing stock levels).
+
+        While it is live, writes to the row (``restock``, ``set_on_hand``, ``sell``,
+        ``set_backorder_limit``, ``discontinue``, ``reinstate``) need its ``token`` as
+        ``fencing_token``, and ``reserve`` raises ``LeaseHeld``; holds that exist can
+        still be confirmed or released. A holder that paused past ``ttl`` loses it: once
+        someone else acquires, its token is refused with ``FencingTokenStale``. Expiry runs
+        on the database clock. Raises ``LeaseHeld`` while another lease is live. Creates
+        the row at zero units if it does not exist. ``owner`` (default: host and process
+        id) is shown in the lease, for people."""
+        return Lease._from_core(
+            self._core.acquire_lease(
+                sku=check_str("resource", resource),
+                location=check_str("location", location),
+                ttl_us=duration_us("ttl", ttl),
+                owner=_default_owner() if owner is None else check_str("owner", owner),
+            )
+        )
+
+    def renew_lease(self, lease: Lease, ttl: TtlLike) -> Lease:
+        """Extends a live lease to ``ttl`` from now. ``FencingTokenStale`` if it lapsed or
+        a newer lease superseded it: then acquire a new one."""
+        lease = _check_lease(lease)
+        return Lease._from_core(
+            self._core.renew_lease(
+                sku=lease.resource,
+                location=lease.location,
+                token=lease.token,
+                ttl_us=duration_us("ttl", ttl),
+            )
+        )
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Ends the lease if it is still live and the row's; returns whether it did
+        (False: it had lapsed, or a newer lease superseded it, which stays)."""
+        lease = _check_lease(lease)
+        return bool(
+            self._core.release_lease(sku=lease.resource, location=lease.location, token=lease.token)
+        )
+
+    async def set_backorder_limit_async(
+        self,
+        sku: str,
+        limit: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """:meth:`set_backorder_limit` as an awaitable."""
+        call = functools.partial(
+            self.set_backorder_limit,
+            sku,
+            limit,
+            location=location,
+            expected_version=expected_version,
+            fencing_token=fencing_token,
+        )
+        return await _off_loop(call)
+
+    async def discontinue_async(
+        self,
+        sku: str,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """:meth:`discontinue` as an awaitable."""
+        call = functools.partial(
+            self.discontinue,
+            sku,
+            location=location,
+            expected_version=expected_version,
+            fencing_token=fencing_token,
+        )
+        return await _off_loop(call)
+
+    async def reinstate_async(
+        self,
+        sku: str,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """:meth:`reinstate` as an awaitable."""
+        call = functools.partial(
+            self.reinstate,
+            sku,
+            location=location,
+            expected_version=expected_version,
+            fencing_token=fencing_token,
+        )
+        return await _off_loop(call)
+
+    async def acquire_lease_async(
+        self,
+        resource: str,
+        ttl: TtlLike,
+        *,
+        location: str = DEFAULT_LOCATION,
+        owner: Optional[str] = None,
+    ) -> Lease:
+        """:meth:`acquire_lease` as an awaitable."""
+        call = functools.partial(self.acquire_lease, resource, ttl, location=location, owner=owner)
+        return await _off_loop(call)
+
+    async def renew_lease_async(self, lease: Lease, ttl: TtlLike) -> Lease:
+        """:meth:`renew_lease` as an awaitable."""
+        return await _off_loop(functools.partial(self.renew_lease, lease, ttl))
+
+    async def release_lease_async(self, lease: Lease) -> bool:
+        """:meth:`release_lease` as an awaitable."""
+        return await _off_loop(functools.partial(self.release_lease, lease))
 
     def stock(self, sku: str, *, location: str = DEFAULT_LOCATION) -> StockLevel:
         """The committed stock row (``NotFound`` if there is none)."""
@@ -517,10 +739,16 @@ class Engine:
         *,
         location: str = DEFAULT_LOCATION,
         expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
     ) -> StockLevel:
         """:meth:`restock` as an awaitable."""
         call = functools.partial(
-            self.restock, sku, qty, location=location, expected_version=expected_version
+            self.restock,
+            sku,
+            qty,
+            location=location,
+            expected_version=expected_version,
+            fencing_token=fencing_token,
         )
         return await _off_loop(call)
 
@@ -531,10 +759,16 @@ class Engine:
         *,
         location: str = DEFAULT_LOCATION,
         expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
     ) -> StockLevel:
         """:meth:`set_on_hand` as an awaitable."""
         call = functools.partial(
-            self.set_on_hand, sku, on_hand, location=location, expected_version=expected_version
+            self.set_on_hand,
+            sku,
+            on_hand,
+            location=location,
+            expected_version=expected_version,
+            fencing_token=fencing_token,
         )
         return await _off_loop(call)
 
@@ -552,9 +786,14 @@ class Engine:
         expected_version: Optional[int] = None,
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
+        fencing_token: Optional[int] = None,
     ) -> StockLevel:
-        """Sells ``qty`` units at once (no hold): on_hand falls if enough is available."""
-        args = _sell_args(sku, qty, location, strategy, expected_version, nowait, lock_timeout)
+        """Sells ``qty`` units at once (no hold): on_hand falls if enough is available.
+
+        With ``fencing_token`` (a lease's), it runs per request, like ``expected_version``."""
+        args = _sell_args(
+            sku, qty, location, strategy, expected_version, nowait, lock_timeout, fencing_token
+        )
         return StockLevel._from_core(self._core.sell(*args))
 
     async def sell_async(
@@ -567,9 +806,12 @@ class Engine:
         expected_version: Optional[int] = None,
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
+        fencing_token: Optional[int] = None,
     ) -> StockLevel:
         """:meth:`sell` as an awaitable."""
-        args = _sell_args(sku, qty, location, strategy, expected_version, nowait, lock_timeout)
+        args = _sell_args(
+            sku, qty, location, strategy, expected_version, nowait, lock_timeout, fencing_token
+        )
         return await self._bridges.call(self._core.submit_sell, StockLevel._from_core, args)
 
     # --- reservations ---

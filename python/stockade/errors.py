@@ -26,6 +26,9 @@ InvalidState             409     no         -            e.g. confirm a released
 LockNotAvailable         409     yes        1            NOWAIT found the lock taken
 LockTimeout              503     yes        1
 IdempotencyConflict      422     no         -            the key names another request
+Discontinued             410     no         -            the row was soft-deleted
+LeaseHeld                409     yes        1            another holder's lease is live
+FencingTokenStale        409     no         -            a newer lease superseded yours
 InDoubt                  503     yes        1            retry with the same key
 Overloaded               503     yes        1
 InvalidArgument          400     no         -
@@ -43,12 +46,15 @@ from typing import Optional
 
 __all__ = [
     "DatabaseError",
+    "Discontinued",
+    "FencingTokenStale",
     "IdempotencyConflict",
     "InDoubt",
     "InvalidArgument",
     "InvalidState",
     "InvalidType",
     "InvariantViolation",
+    "LeaseHeld",
     "LockNotAvailable",
     "LockTimeout",
     "NotFound",
@@ -170,6 +176,36 @@ class IdempotencyConflict(StockadeError):
     http_status = 422
 
 
+class Discontinued(StockadeError):
+    """The stock row was discontinued (soft-deleted with ``discontinue``): it is kept as a
+    tombstone, and new holds, sells and restocks are refused. HTTP 410 Gone: it existed,
+    unlike ``NotFound`` (404), and it was deleted rather than changed, unlike
+    ``VersionConflict`` (412). ``reinstate`` undoes it."""
+
+    code = "discontinued"
+    http_status = 410
+
+
+class LeaseHeld(StockadeError):
+    """Another holder's lease on the stock row is live (``acquire_lease``): writes need
+    its ``fencing_token`` until it is released or lapses. HTTP 409; retrying later may
+    succeed."""
+
+    code = "lease_held"
+    http_status = 409
+    retryable = True
+    retry_after_default = 1.0
+
+
+class FencingTokenStale(StockadeError):
+    """The ``fencing_token`` is not the row's latest lease's: a newer lease superseded it
+    (its holder paused past the TTL and someone else acquired), or, from ``renew_lease``,
+    the lease lapsed. Nothing was written. HTTP 409; acquire a new lease."""
+
+    code = "fencing_token_stale"
+    http_status = 409
+
+
 class InDoubt(StockadeError):
     """The commit's outcome is unknown (connection lost during COMMIT). Retry with the
     same idempotency key to learn it; never assume success or failure."""
@@ -210,8 +246,9 @@ class NotSupported(StockadeError, NotImplementedError):
 
 
 class InvariantViolation(StockadeError):
-    """A write would have broken ``0 <= reserved <= on_hand`` and was refused (the schema's
-    CHECK constraint, SQLSTATE 23514). This is a bug, never a normal outcome: report it."""
+    """A write would have broken ``0 <= reserved <= on_hand + backorder_limit`` and was
+    refused (the schema's CHECK constraint, SQLSTATE 23514). This is a bug, never a normal
+    outcome: report it."""
 
     code = "invariant_violation"
     http_status = 500
@@ -246,6 +283,9 @@ _BY_CODE: dict[str, type[StockadeError]] = {
         LockNotAvailable,
         LockTimeout,
         IdempotencyConflict,
+        Discontinued,
+        LeaseHeld,
+        FencingTokenStale,
         InDoubt,
         Overloaded,
         InvalidArgument,

@@ -14,6 +14,7 @@ from .errors import InvalidArgument, InvalidType
 
 __all__ = [
     "QUANTITY_MAX",
+    "Lease",
     "Reservation",
     "ReservationState",
     "StockLevel",
@@ -118,7 +119,15 @@ def _datetime(us: int) -> datetime:
 
 @dataclass(frozen=True, slots=True)
 class StockLevel:
-    """A stock row as committed."""
+    """A stock row as committed.
+
+    ``available`` is ``on_hand + backorder_limit - reserved``. With a ``backorder_limit``
+    (default 0), holds may pass on_hand and sells may take on_hand below zero (units
+    owed); ``backordered`` is how many units are promised beyond on_hand. A
+    ``discontinued`` row is a tombstone (soft-deleted): new holds, sells and restocks raise
+    ``Discontinued``. ``leased`` says a lease is live on the row (``acquire_lease``) until
+    ``lease_expires_at``.
+    """
 
     sku: str
     location: str
@@ -127,6 +136,11 @@ class StockLevel:
     available: int
     version: int
     updated_at: datetime
+    backorder_limit: int = 0
+    backordered: int = 0
+    discontinued: bool = False
+    leased: bool = False
+    lease_expires_at: Optional[datetime] = None
 
     @property
     def etag(self) -> str:
@@ -143,6 +157,40 @@ class StockLevel:
             s.available,
             s.version,
             _datetime(s.updated_at_us),
+            s.backorder_limit,
+            s.backordered,
+            s.discontinued,
+            s.leased,
+            _datetime(s.lease_expires_at_us) if s.leased else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease on one stock row (the offline lock), from :meth:`Engine.acquire_lease`.
+
+    ``token`` is its fencing token: tokens come from one database sequence and strictly
+    increase across every holder. Pass it as ``fencing_token=`` to ``restock``,
+    ``set_on_hand``, ``sell``, ``set_backorder_limit``, ``discontinue`` and ``reinstate``
+    while the lease is yours; once a newer lease exists, the store refuses it with
+    ``FencingTokenStale``. ``expires_at`` is on the store's clock (the database's).
+    """
+
+    resource: str
+    location: str
+    owner: str
+    token: int
+    expires_at: datetime
+
+    @property
+    def sku(self) -> str:
+        """The leased SKU (the same as ``resource``)."""
+        return self.resource
+
+    @classmethod
+    def _from_core(cls, lease: _core.Lease) -> Lease:
+        return cls(
+            lease.sku, lease.location, lease.owner, lease.token, _datetime(lease.expires_at_us)
         )
 
 

@@ -42,11 +42,30 @@ class DelegatingStore : public Store {
   // The inner store writes to this store's telemetry, as one store would.
   DelegatingStore() : inner_(make_memory_store(nullptr, shared_telemetry())) {}
   const char* backend_name() const noexcept override { return "delegating"; }
-  StockLevel restock(const SkuKey& k, Quantity q, std::optional<Version> v) override {
-    return inner_->restock(k, q, v);
+  StockLevel restock(const SkuKey& k, Quantity q, std::optional<Version> v,
+                     std::optional<FencingToken> t) override {
+    return inner_->restock(k, q, v, t);
   }
-  StockLevel set_on_hand(const SkuKey& k, Quantity q, std::optional<Version> v) override {
-    return inner_->set_on_hand(k, q, v);
+  StockLevel set_on_hand(const SkuKey& k, Quantity q, std::optional<Version> v,
+                         std::optional<FencingToken> t) override {
+    return inner_->set_on_hand(k, q, v, t);
+  }
+  StockLevel set_backorder_limit(const SkuKey& k, Quantity l, std::optional<Version> v,
+                                 std::optional<FencingToken> t) override {
+    return inner_->set_backorder_limit(k, l, v, t);
+  }
+  StockLevel set_discontinued(const SkuKey& k, bool d, std::optional<Version> v,
+                              std::optional<FencingToken> t) override {
+    return inner_->set_discontinued(k, d, v, t);
+  }
+  Lease acquire_lease(const SkuKey& k, std::int64_t ttl, const std::string& owner) override {
+    return inner_->acquire_lease(k, ttl, owner);
+  }
+  Lease renew_lease(const SkuKey& k, FencingToken t, std::int64_t ttl) override {
+    return inner_->renew_lease(k, t, ttl);
+  }
+  bool release_lease(const SkuKey& k, FencingToken t) override {
+    return inner_->release_lease(k, t);
   }
   StockLevel stock(const SkuKey& k) override { return inner_->stock(k); }
   StockLevel sell(const SellRequest& r) override { return inner_->sell(r); }
@@ -203,7 +222,7 @@ void run_faulty_race(const FaultPlan& plan, std::size_t threads, std::size_t per
                      Quantity units) {
   auto store = std::make_shared<FaultyStore>(plan);
   const SkuKey hot{"hot", "default"};
-  store->restock(hot, units, std::nullopt);
+  store->restock(hot, units, std::nullopt, std::nullopt);
   BatcherOptions options;
   options.shards = 2;
   options.batch_max = 64;
@@ -280,7 +299,7 @@ TEST(HotRowBatcher, gathers_requests_into_batches_while_a_commit_is_slow) {
   plan.slow = std::chrono::microseconds(5000);
   auto store = std::make_shared<FaultyStore>(plan);
   const SkuKey hot{"hot", "default"};
-  store->restock(hot, 1000, std::nullopt);
+  store->restock(hot, 1000, std::nullopt, std::nullopt);
   BatcherOptions options;
   options.shards = 1;
   HotRowBatcher batcher(store, options);
@@ -304,7 +323,7 @@ TEST(HotRowBatcher, gathers_requests_into_batches_while_a_commit_is_slow) {
 TEST(HotRowBatcher, flushes_a_lone_request_without_waiting_for_company) {
   auto store = std::make_shared<FaultyStore>(FaultPlan{});
   const SkuKey key{"cold", "default"};
-  store->restock(key, 5, std::nullopt);
+  store->restock(key, 5, std::nullopt, std::nullopt);
   HotRowBatcher batcher(store, BatcherOptions{});
   for (int i = 0; i < 3; ++i) {
     BatchItem item = reserve_item(key, 1);
@@ -322,7 +341,7 @@ TEST(HotRowBatcher, completes_async_requests_once_each_in_bulk) {
   plan.slow_percent = 30;
   auto store = std::make_shared<FaultyStore>(plan);
   const SkuKey hot{"hot", "default"};
-  store->restock(hot, 500, std::nullopt);
+  store->restock(hot, 500, std::nullopt, std::nullopt);
   HotRowBatcher batcher(store, BatcherOptions{});
   auto sink = std::make_shared<CollectingSink>();
   constexpr std::uint64_t requests = 2000;
@@ -371,7 +390,7 @@ class GatedStore final : public DelegatingStore {
 TEST(HotRowBatcher, a_full_queue_raises_overloaded_after_a_bounded_wait) {
   auto store = std::make_shared<GatedStore>();
   const SkuKey hot{"hot", "default"};
-  store->restock(hot, 100, std::nullopt);
+  store->restock(hot, 100, std::nullopt, std::nullopt);
   BatcherOptions options;
   options.shards = 1;
   options.batch_max = 4;
@@ -393,7 +412,7 @@ TEST(HotRowBatcher, a_full_queue_raises_overloaded_after_a_bounded_wait) {
 TEST(HotRowBatcher, close_drains_queued_requests_and_refuses_new_ones) {
   auto store = std::make_shared<GatedStore>();
   const SkuKey hot{"hot", "default"};
-  store->restock(hot, 100, std::nullopt);
+  store->restock(hot, 100, std::nullopt, std::nullopt);
   auto batcher = std::make_unique<HotRowBatcher>(store, BatcherOptions{});
   auto sink = std::make_shared<CollectingSink>();
   for (std::uint64_t token = 0; token < 50; ++token) {
@@ -418,7 +437,7 @@ TEST(HotRowBatcher, a_request_queued_while_close_begins_is_applied_not_stranded)
   auto store = std::make_shared<GatedStore>();
   store->open();
   const SkuKey hot{"hot", "default"};
-  store->restock(hot, 10, std::nullopt);
+  store->restock(hot, 10, std::nullopt, std::nullopt);
   BatcherOptions options;
   options.shards = 1;
   auto batcher = std::make_unique<HotRowBatcher>(store, options);
@@ -456,7 +475,7 @@ TEST(HotRowBatcher, close_racing_producers_answers_every_caller) {
     auto store = std::make_shared<GatedStore>();
     store->open();
     const SkuKey hot{"hot", "default"};
-    store->restock(hot, 1000, std::nullopt);
+    store->restock(hot, 1000, std::nullopt, std::nullopt);
     BatcherOptions options;
     options.shards = 1;
     auto batcher = std::make_unique<HotRowBatcher>(store, options);
@@ -486,7 +505,7 @@ TEST(HotRowBatcher, close_racing_producers_answers_every_caller) {
 TEST(HotRowBatcher, a_caller_whose_batch_hangs_gets_in_doubt_after_a_bound) {
   auto store = std::make_shared<GatedStore>();
   const SkuKey hot{"hot", "default"};
-  store->restock(hot, 10, std::nullopt);
+  store->restock(hot, 10, std::nullopt, std::nullopt);
   BatcherOptions options;
   options.shards = 1;
   options.batch_max = 1;

@@ -82,6 +82,105 @@ INSTANTIATE_TEST_SUITE_P(Memory, EveryStrategy,
                                            Strategy::advisory, Strategy::optimistic),
                          strategy_param_name);
 
+TEST_P(EveryStrategy, backorders_sell_out_exactly_on_hand_plus_the_limit) {
+  engine->restock(sku, 1500);
+  engine->set_backorder_limit(sku, 500);
+  CallOptions call;
+  call.strategy = GetParam();
+  Tally tally;
+  run_together(threads_count, [&](int) {
+    buy_until_sold_out(tally, [&] { engine->reserve(sku, 1, {}, {}, call); });
+  });
+  EXPECT_EQ(tally.granted.load(), 2000);
+  const StockLevel level = engine->stock(sku);
+  EXPECT_EQ(level.on_hand, 1500);
+  EXPECT_EQ(level.reserved, 2000);
+  EXPECT_EQ(level.backordered(), 500);
+  EXPECT_EQ(level.available(), 0);
+}
+
+// Threads race to lease the row; a winner writes with its token and releases, the others
+// write without one. At no moment do two threads hold the lease, no write is lost, and
+// every write without the token lands only while no lease is live.
+TEST_P(EveryStrategy, leases_have_one_holder_at_a_time_and_writes_add_up) {
+  engine->restock(sku, 1000000);
+  CallOptions call;
+  call.strategy = GetParam();
+  std::atomic<int> holders{0};
+  std::atomic<int> most_holders{0};
+  std::atomic<std::int64_t> sold{0};
+  std::atomic<std::int64_t> refused_for_lease{0};
+  run_together(threads_count, [&](int) {
+    for (int round = 0; round < 200; ++round) {
+      try {
+        const Lease lease = engine->acquire_lease(sku, 60LL * 1000 * 1000, "racer");
+        const int now_holding = holders.fetch_add(1) + 1;
+        int seen = most_holders.load();
+        while (now_holding > seen && !most_holders.compare_exchange_weak(seen, now_holding)) {
+        }
+        CallOptions fenced = call;
+        fenced.fencing_token = lease.token;
+        engine->sell(sku, 1, fenced);
+        sold.fetch_add(1);
+        std::this_thread::sleep_for(std::chrono::microseconds(200));  // others meet the lease
+        holders.fetch_sub(1);
+        EXPECT_TRUE(engine->release_lease(sku, lease.token));
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::lease_held) throw;
+        try {
+          engine->sell(sku, 1, call);
+          sold.fetch_add(1);
+        } catch (const Error& write) {
+          if (write.code() == ErrorCode::lease_held) {
+            refused_for_lease.fetch_add(1);
+          } else if (write.code() != ErrorCode::retries_exhausted) {
+            throw;
+          }
+        }
+      }
+    }
+  });
+  EXPECT_EQ(most_holders.load(), 1);
+  EXPECT_GT(refused_for_lease.load(), 0);
+  EXPECT_EQ(engine->stock(sku).on_hand, 1000000 - sold.load());
+}
+
+// One thread discontinues and reinstates the row while the others reserve: every grant
+// is counted in the row, and the row ends as the last toggle left it.
+TEST_P(EveryStrategy, discontinue_races_with_reserves_and_loses_no_update) {
+  engine->restock(sku, 1000000);
+  CallOptions call;
+  call.strategy = GetParam();
+  std::atomic<std::int64_t> granted{0};
+  std::atomic<std::int64_t> refused{0};
+  run_together(threads_count, [&](int i) {
+    for (int round = 0; round < 300; ++round) {
+      if (i == 0) {
+        if (round % 2 == 0) {
+          engine->discontinue(sku);
+        } else {
+          engine->reinstate(sku);
+        }
+        continue;
+      }
+      try {
+        engine->reserve(sku, 1, {}, {}, call);
+        granted.fetch_add(1);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::discontinued) {
+          refused.fetch_add(1);
+        } else if (e.code() != ErrorCode::retries_exhausted) {
+          throw;
+        }
+      }
+    }
+  });
+  const StockLevel level = engine->stock(sku);
+  EXPECT_EQ(level.reserved, granted.load());
+  EXPECT_TRUE(level.discontinued == false);  // round 299 reinstated it
+  EXPECT_GT(granted.load(), 0);
+}
+
 TEST_P(EveryStrategy, grants_exactly_the_units_there_are_to_racing_threads) {
   constexpr Quantity units = 2000;
   engine->restock(sku, units);

@@ -6,10 +6,15 @@ import time
 from datetime import datetime, timezone
 from typing import Callable
 
+import stockade
+
 # The strategies that serve each request in its own transaction, and all of them (batched
 # folds requests into shared transactions; auto picks atomic or batched per SKU).
 PER_REQUEST_STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic"]
 ALL_STRATEGIES = [*PER_REQUEST_STRATEGIES, "batched", "auto"]
+
+# The migrations in sql/, in order.
+MIGRATIONS = ["001_schema.sql", "002_retention.sql", "003_stock_row_patterns.sql"]
 
 # Every API test runs on each store.
 BACKENDS = ["memory", "postgres"]
@@ -35,3 +40,17 @@ def wait_for(check: Callable[[], bool], seconds: float = 15.0) -> bool:
             return True
         time.sleep(0.02)
     return check()
+
+
+def until_decided(call: Callable[[], object], attempts: int = 50) -> bool:
+    """True if the call was granted, False if refused (OutOfStock); retries a lost
+    optimistic race (RetriesExhausted), as a client would, at most `attempts` times."""
+    for _ in range(attempts):
+        try:
+            call()
+            return True
+        except stockade.OutOfStock:
+            return False
+        except stockade.RetriesExhausted:
+            continue
+    raise AssertionError(f"lost the optimistic race {attempts} times")

@@ -16,6 +16,7 @@ import stockade
 from stockade.tools.cli import main
 from stockade.tools.loadgen import NAIVE, flash_sale
 from stockade.tools.pgserver import run_sql
+from support import MIGRATIONS
 
 
 def demo_rows(out: str) -> dict[str, list[str]]:
@@ -242,12 +243,12 @@ def test_migrate_dry_run_prints_the_sql_and_changes_nothing(
     # Nothing ran: the same plan, and then the real thing, one migration at a time.
     assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
-    assert [p["name"] for p in plan] == ["(create schema)", "001_schema.sql", "002_retention.sql"]
+    assert [p["name"] for p in plan] == ["(create schema)", *MIGRATIONS]
     assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--to", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"schema": "shop", "applied": ["001_schema.sql"]}
     assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
-    assert [p["name"] for p in plan] == ["002_retention.sql"]
+    assert [p["name"] for p in plan] == MIGRATIONS[1:]
 
 
 def test_demo_json_and_the_schema_it_leaves_behind(

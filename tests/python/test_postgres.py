@@ -23,7 +23,7 @@ from pgproxy import CommitCuttingProxy
 from stockade import ReservationState
 from stockade.tools.pgserver import run_sql
 from stockade.tools.pytest_plugin import PostgresForTests
-from support import field
+from support import MIGRATIONS, field
 
 pytestmark = pytest.mark.postgres
 
@@ -62,11 +62,11 @@ def test_migrate_applies_each_file_once_and_records_it(empty_database: str) -> N
     with stockade.Engine.postgres(empty_database, pool_size=1) as eng:
         with pytest.raises(stockade.InvalidState, match="migrate"):
             eng.restock("s", 1)  # no schema yet: a clear error, not a crash
-        assert eng.migrate() == ["001_schema.sql", "002_retention.sql"]
+        assert eng.migrate() == MIGRATIONS
         assert eng.migrate() == []
         assert eng.restock("s", 1).on_hand == 1
     rows = sql(empty_database, "SELECT version, name FROM stockade.schema_migrations")
-    assert rows.splitlines() == ["1|001_schema.sql", "2|002_retention.sql"]
+    assert rows.splitlines() == [f"{n}|{name}" for n, name in enumerate(MIGRATIONS, 1)]
 
 
 def test_concurrent_migrations_apply_each_file_exactly_once(empty_database: str) -> None:
@@ -76,7 +76,7 @@ def test_concurrent_migrations_apply_each_file_exactly_once(empty_database: str)
         eng.close()
     assert out.errors == [None] * 4
     applied = sorted(name for names in out.results for name in names)
-    assert applied == ["001_schema.sql", "002_retention.sql"]
+    assert applied == MIGRATIONS
 
 
 def test_a_changed_migration_is_refused(stockade_database: str) -> None:
@@ -88,7 +88,7 @@ def test_a_changed_migration_is_refused(stockade_database: str) -> None:
 
 def test_schema_name_is_configurable_and_checked(stockade_database: str) -> None:
     with stockade.Engine.postgres(stockade_database, schema="shop_eu", pool_size=1) as eu:
-        assert eu.migrate() == ["001_schema.sql", "002_retention.sql"]
+        assert eu.migrate() == MIGRATIONS
         eu.restock("s", 7)
         with stockade.Engine.postgres(stockade_database, pool_size=1) as default:
             with pytest.raises(stockade.NotFound):
@@ -101,7 +101,7 @@ def test_check_constraint_refuses_an_oversold_row(stockade_database: str) -> Non
     # The last line of defense holds even for SQL that bypasses the engine.
     with stockade.Engine.postgres(stockade_database, pool_size=1) as eng:
         eng.restock("s", 5)
-    with pytest.raises(stockade.StockadeError, match="stock_reserved_within_on_hand"):
+    with pytest.raises(stockade.StockadeError, match="stock_reserved_within_limit"):
         sql(stockade_database, "UPDATE stockade.stock SET reserved = 6 WHERE sku = 's'")
 
 

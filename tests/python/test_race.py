@@ -9,30 +9,14 @@ as a client would, a bounded number of times.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import pytest
 
 import stockade
 from stockade.testing import naive_reserve, race
+from support import until_decided
 
 BUYERS = 256
 UNITS = 100
-ATTEMPTS_MAX = 50
-
-
-def until_decided(call: Callable[[], object]) -> bool:
-    """True if the call was granted, False if refused (OutOfStock); retries a lost
-    optimistic race (RetriesExhausted), as a client would, at most ATTEMPTS_MAX times."""
-    for _ in range(ATTEMPTS_MAX):
-        try:
-            call()
-            return True
-        except stockade.OutOfStock:
-            return False
-        except stockade.RetriesExhausted:
-            continue
-    raise AssertionError("lost the optimistic race ATTEMPTS_MAX times")
 
 
 def buy(engine: stockade.Engine, strategy: str) -> bool:

@@ -18,7 +18,7 @@ import pytest
 import stockade
 from stockade.tools.pgserver import run_sql
 from stockade.tools.pytest_plugin import PostgresForTests
-from support import wait_for
+from support import MIGRATIONS, wait_for
 
 LONG = timedelta(hours=1)
 
@@ -208,38 +208,62 @@ def version_one_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
     stockade_postgres.drop_database(name)
 
 
-def test_migration_002_upgrades_a_version_one_database_with_its_data(
+# What migrations 002 and 003 add, taken out again: what is left is the version-1 schema,
+# with data that the engine wrote.
+BACK_TO_VERSION_ONE = """
+DROP INDEX stockade.reservation_terminal_updated, stockade.idempotency_created;
+ALTER TABLE stockade.stock
+    DROP CONSTRAINT stock_reserved_within_limit,
+    DROP CONSTRAINT stock_backorder_limit_nonnegative,
+    DROP COLUMN backorder_limit, DROP COLUMN discontinued_at, DROP COLUMN lease_token,
+    DROP COLUMN lease_owner, DROP COLUMN lease_expires_at,
+    ADD CONSTRAINT stock_reserved_within_on_hand CHECK (reserved >= 0 AND reserved <= on_hand);
+DROP SEQUENCE stockade.lease_token;
+DELETE FROM stockade.schema_migrations WHERE version > 1;
+"""
+
+
+def test_migrations_upgrade_a_version_one_database_with_its_data(
     version_one_database: str,
 ) -> None:
     dsn = version_one_database
     with stockade.Engine.postgres(dsn) as eng:
         assert eng.migrate(to=1) == ["001_schema.sql"]
         assert eng.migrate(to=1) == []
-        # A service on version 1, with data in every table.
+        assert eng.migrate() == MIGRATIONS[1:]
+        # A service's data in every table; then the schema goes back to version 1.
         eng.restock("s", 50)
         hold = eng.reserve("s", 2, ttl=LONG, idempotency_key="k-hold")
         done = eng.confirm(eng.reserve("s", 3, ttl=LONG, idempotency_key="k-done").id)
         gone = eng.release(eng.reserve("s", 4, ttl=LONG).id)
         before = eng.stock("s")
+    run_sql(dsn, BACK_TO_VERSION_ONE)
 
     indexes = "SELECT string_agg(indexname, ',' ORDER BY indexname) FROM pg_indexes"
     where = " WHERE schemaname = 'stockade' AND indexname IN "
     names = "('reservation_terminal_updated', 'idempotency_created')"
     assert run_sql(dsn, indexes + where + names) == ""
+    columns = (
+        "SELECT count(*) FROM information_schema.columns"
+        " WHERE table_schema = 'stockade' AND table_name = 'stock'"
+    )
+    assert run_sql(dsn, columns) == "6"
 
     with stockade.Engine.postgres(dsn) as eng:
-        assert eng.migrate() == ["002_retention.sql"]
+        assert eng.migrate() == MIGRATIONS[1:]
         assert eng.migrate() == []
         made = run_sql(dsn, indexes + where + names)
         assert made == "idempotency_created,reservation_terminal_updated"
         versions = "SELECT string_agg(version::text, ',') FROM stockade.schema_migrations"
-        assert run_sql(dsn, versions) == "1,2"
+        assert run_sql(dsn, versions) == "1,2,3"
         # Every row came through, and behaves as before.
         assert eng.stock("s") == before
         assert eng.reservation(hold.id) == hold
         assert eng.reservation(done.id) == done
         assert eng.reserve("s", 3, ttl=LONG, idempotency_key="k-done").id == done.id
         assert eng.row_counts() == {"sku_count": 1, "reservation_count": 3, "held_count": 1}
+        # ... the new columns have their defaults, and the new CHECK holds.
+        assert eng.set_backorder_limit("s", 5).available == 50 - 2 - 3 + 5
         time.sleep(0.002)
         # ... and retention works on them.
         assert eng.purge(timedelta(0)) == 3  # k-done, its reservation, and the released one

@@ -48,6 +48,7 @@ struct CallOptions {
   bool nowait = false;
   std::optional<std::int64_t> lock_timeout_ms;
   std::optional<Version> expected_version;
+  std::optional<FencingToken> fencing_token;  // sell: runs per request, like expected_version
 };
 
 // Routing: `batched` sends reserve and sell through the hot-row batcher; `auto` asks the
@@ -83,9 +84,23 @@ class Engine {
   // one that made the engine, it only lets go of the engine (see check_process).
   void close();
 
-  StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected_version = {});
+  StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected_version = {},
+                     std::optional<FencingToken> fencing_token = {});
   StockLevel set_on_hand(const SkuKey& key, Quantity on_hand,
-                         std::optional<Version> expected_version = {});
+                         std::optional<Version> expected_version = {},
+                         std::optional<FencingToken> fencing_token = {});
+  StockLevel set_backorder_limit(const SkuKey& key, Quantity limit,
+                                 std::optional<Version> expected_version = {},
+                                 std::optional<FencingToken> fencing_token = {});
+  // Soft delete and its undo (Store::set_discontinued).
+  StockLevel discontinue(const SkuKey& key, std::optional<Version> expected_version = {},
+                         std::optional<FencingToken> fencing_token = {});
+  StockLevel reinstate(const SkuKey& key, std::optional<Version> expected_version = {},
+                       std::optional<FencingToken> fencing_token = {});
+  // Leases (Store::acquire_lease): ttl within validate_ttl_us, owner a short text.
+  Lease acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner);
+  Lease renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us);
+  bool release_lease(const SkuKey& key, FencingToken token);
   StockLevel stock(const SkuKey& key);
   StockLevel sell(const SkuKey& key, Quantity qty, const CallOptions& call = {});
 

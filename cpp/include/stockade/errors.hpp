@@ -29,6 +29,9 @@ namespace stockade {
   X(lock_not_available, "NOWAIT found the lock taken")                     \
   X(lock_timeout, "lock_timeout passed while waiting for a lock")          \
   X(idempotency_conflict, "the key belongs to a different request")        \
+  X(discontinued, "the stock row was discontinued (soft-deleted)")         \
+  X(lease_held, "another holder's lease on the row is live")               \
+  X(fencing_token_stale, "a newer lease superseded this fencing token")    \
   X(in_doubt, "the commit's outcome is unknown")                           \
   X(overloaded, "a bounded wait or retry budget ran out; nothing changed") \
   X(invalid_argument, "bad input from the caller; nothing changed")        \

@@ -6,7 +6,7 @@
 // implements every strategy of DESIGN.md section 1 in its own terms (SQL for PostgreSQL,
 // compare-and-set and locks for memory) and keeps the same semantics and errors: inputs
 // reach it already validated by the Engine, and it must never let a committed state break
-// 0 <= reserved <= on_hand.
+// 0 <= reserved <= on_hand + backorder_limit.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +29,9 @@ struct WriteOptions {
   Strategy strategy = Strategy::atomic;
   bool nowait = false;  // pessimistic/advisory: fail at once if the lock is held
   std::int64_t lock_timeout_ms = 10000;
-  int retries_max = 5;                      // optimistic: attempts after the first
-  std::optional<Version> expected_version;  // of the stock row
+  int retries_max = 5;                        // optimistic: attempts after the first
+  std::optional<Version> expected_version;    // of the stock row
+  std::optional<FencingToken> fencing_token;  // sell: the lease's token (check_writable)
 };
 
 struct ReserveRequest {
@@ -69,13 +70,36 @@ class Store {
 
   virtual const char* backend_name() const noexcept = 0;
 
-  // Stock rows.
+  // Stock rows. Every write to a row passes check_writable first (not discontinued, the
+  // lease, the expected version), except confirm, release, extend and expiry of holds
+  // that exist, which a discontinued or leased row still allows.
   virtual StockLevel restock(const SkuKey& key, Quantity qty,
-                             std::optional<Version> expected_version) = 0;
+                             std::optional<Version> expected_version,
+                             std::optional<FencingToken> fencing_token) = 0;
   virtual StockLevel set_on_hand(const SkuKey& key, Quantity on_hand,
-                                 std::optional<Version> expected_version) = 0;
+                                 std::optional<Version> expected_version,
+                                 std::optional<FencingToken> fencing_token) = 0;
   virtual StockLevel stock(const SkuKey& key) = 0;
   virtual StockLevel sell(const SellRequest& request) = 0;
+  // How many units may be held or sold beyond on_hand (>= 0). Lowering it below what is
+  // already promised beyond on_hand raises InvalidState.
+  virtual StockLevel set_backorder_limit(const SkuKey& key, Quantity limit,
+                                         std::optional<Version> expected_version,
+                                         std::optional<FencingToken> fencing_token) = 0;
+  // Soft delete (discontinued = true) and its undo. The row stays as a tombstone; setting
+  // the state it already has changes nothing. Holds that exist can still be confirmed or
+  // released.
+  virtual StockLevel set_discontinued(const SkuKey& key, bool discontinued,
+                                      std::optional<Version> expected_version,
+                                      std::optional<FencingToken> fencing_token) = 0;
+
+  // Leases (the offline lock with fencing tokens). acquire creates the row at zero if it
+  // does not exist, and raises LeaseHeld while another lease is live. renew extends a
+  // live lease whose token is still the row's (else FencingTokenStale). release ends it if
+  // it is still the row's live lease, and says whether it did. Each moves the row's version.
+  virtual Lease acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner) = 0;
+  virtual Lease renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) = 0;
+  virtual bool release_lease(const SkuKey& key, FencingToken token) = 0;
 
   // Reservations.
   virtual Reservation reserve(const ReserveRequest& request) = 0;

@@ -154,8 +154,14 @@ enum class Op : std::uint8_t {
   reservation,
   expire_due,
   purge,
+  set_backorder_limit,
+  discontinue,
+  reinstate,
+  acquire_lease,
+  renew_lease,
+  release_lease,
 };
-inline constexpr std::size_t op_count = 12;
+inline constexpr std::size_t op_count = 18;
 const char* op_name(Op op) noexcept;
 
 // Histogram bucket bounds (upper, inclusive): latency in microseconds (100 us .. 10 s, and

@@ -22,11 +22,15 @@ inline constexpr std::size_t cache_line_size = 64;
 
 using Quantity = std::int64_t;
 using Version = std::int64_t;  // PostgreSQL bigint; starts at 1 and grows on every change
+// A lease's fencing token: drawn from one sequence, so tokens strictly increase across
+// every holder, process and resource. 0 means "never leased".
+using FencingToken = std::int64_t;
 
 // Limits on input. Each is checked by validate_* below before anything is changed.
 inline constexpr std::size_t sku_bytes_max = 256;
 inline constexpr std::size_t location_bytes_max = 256;
 inline constexpr std::size_t idempotency_key_bytes_max = 256;
+inline constexpr std::size_t lease_owner_bytes_max = 256;
 inline constexpr std::size_t order_lines_max = 1000;
 inline constexpr std::size_t expire_batch_max = 100000;
 inline constexpr std::int64_t ttl_us_max = 366LL * 24 * 3600 * 1000 * 1000;
@@ -73,14 +77,35 @@ struct SkuKeyHash {
   std::size_t operator()(const SkuKey& key) const noexcept;
 };
 
+// A stock row. The invariant every committed row keeps (the schema's CHECK constraint):
+// 0 <= reserved <= on_hand + backorder_limit, with backorder_limit >= 0. With the default
+// backorder_limit of 0 that is 0 <= reserved <= on_hand. With backorders, holds may pass
+// on_hand, and sells and confirmations may take on_hand below zero (units owed), down to
+// -backorder_limit.
 struct StockLevel {
   SkuKey key;
   Quantity on_hand = 0;
   Quantity reserved = 0;
   Version version = 0;
   TimestampUs updated_at_us = 0;
+  Quantity backorder_limit = 0;
+  bool discontinued = false;            // soft-deleted: a tombstone that refuses new writes
+  FencingToken lease_token = 0;         // the token of the row's latest lease (0: never leased)
+  bool leased = false;                  // a lease is live right now
+  TimestampUs lease_expires_at_us = 0;  // when the live lease lapses (0: none live)
 
-  Quantity available() const { return on_hand - reserved; }
+  Quantity available() const { return on_hand + backorder_limit - reserved; }
+  // Units promised beyond the physical stock: held past on_hand, or sold below zero.
+  Quantity backordered() const { return reserved > on_hand ? reserved - on_hand : 0; }
+};
+
+// A lease on one stock row (the offline lock): while it is live, writes to the row need
+// its fencing token. Expiry runs on the store's clock (the database's on PostgreSQL).
+struct Lease {
+  SkuKey key;
+  std::string owner;
+  FencingToken token = 0;
+  TimestampUs expires_at_us = 0;
 };
 
 struct Reservation {
@@ -113,6 +138,8 @@ void validate_sku_key(const SkuKey& key);
 void validate_qty(Quantity qty, const char* field = "qty");
 void validate_ttl_us(std::int64_t ttl_us);
 void validate_idempotency_key(const std::string& key);
+void validate_lease_owner(const std::string& owner);
+void validate_fencing_token(const std::optional<FencingToken>& token);
 // The library version, from pyproject.toml (the one place it is written).
 const char* library_version() noexcept;
 

@@ -1,8 +1,8 @@
 // MemoryStore internals.
 //
 // What it guarantees: the semantics of DESIGN.md sections 2 and 4 without durability.
-// Committed stock rows never break 0 <= reserved <= on_hand, whatever the strategy, the
-// number of threads, or the mix of strategies on one row: every write to a row goes
+// Committed stock rows never break 0 <= reserved <= on_hand + backorder_limit, whatever the
+// strategy, the number of threads, or the mix of strategies on one row: every write to a row goes
 // through its RowCell latch, and every strategy decides on the values it then commits
 // (compare-and-set, or a decision made under the latch). Reservations change state under
 // their shard's mutex, together with the stock delta they imply, so a hold is confirmed,
@@ -79,6 +79,11 @@ class Decide {
 // else refuse with OutOfStock. Every reserve path, single or order, decides through it.
 RowValues hold_units(Telemetry& telemetry, StockRow& row, const RowValues& current, Quantity qty,
                      TimestampUs now);
+// now + ttl, or InvalidArgument (before anything is written) when `what` (a hold, a
+// lease) would outlive the last instant a timestamp can hold: a ManualClock near 9999.
+TimestampUs expiry_of(TimestampUs now, std::int64_t ttl_us, const char* what);
+// The row as a StockLevel at `now` (whether its lease is live depends on the time).
+StockLevel level_at(const SkuKey& key, const RowValues& v, TimestampUs now);
 
 class MemoryStore final : public Store, public TestHooks {
  public:
@@ -87,9 +92,17 @@ class MemoryStore final : public Store, public TestHooks {
 
   const char* backend_name() const noexcept override { return "memory"; }
 
-  StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected) override;
-  StockLevel set_on_hand(const SkuKey& key, Quantity on_hand,
-                         std::optional<Version> expected) override;
+  StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
+                     std::optional<FencingToken> token) override;
+  StockLevel set_on_hand(const SkuKey& key, Quantity on_hand, std::optional<Version> expected,
+                         std::optional<FencingToken> token) override;
+  StockLevel set_backorder_limit(const SkuKey& key, Quantity limit, std::optional<Version> expected,
+                                 std::optional<FencingToken> token) override;
+  StockLevel set_discontinued(const SkuKey& key, bool discontinued, std::optional<Version> expected,
+                              std::optional<FencingToken> token) override;
+  Lease acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner) override;
+  Lease renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) override;
+  bool release_lease(const SkuKey& key, FencingToken token) override;
   StockLevel stock(const SkuKey& key) override;
   StockLevel sell(const SellRequest& request) override;
 
@@ -143,7 +156,8 @@ class MemoryStore final : public Store, public TestHooks {
   // Inserts a row with `initial` unless one exists; returns it and whether it was new.
   std::pair<StockRow*, bool> insert_row(const SkuKey& key, const RowValues& initial);
   // Inserts the row with `initial`, or applies `decide` to the row that exists.
-  StockLevel upsert(const SkuKey& key, std::optional<Version> expected, const RowValues& initial,
+  StockLevel upsert(const SkuKey& key, std::optional<Version> expected,
+                    std::optional<FencingToken> token, const RowValues& initial,
                     const Decide& decide);
   RowValues apply(StockRow& row, const WriteOptions& options, const Decide& decide);
   RowValues compare_and_set(StockRow& row, const Decide& decide, StrategyCounters* counters);
@@ -188,6 +202,11 @@ class MemoryStore final : public Store, public TestHooks {
   std::unordered_map<std::string, IdempotencyEntry> idempotency_;
   std::deque<std::pair<TimestampUs, std::string>> keys_by_time_;  // as made; may hold stale
   std::deque<std::pair<TimestampUs, std::string>> keys_kept_;     // old, but not purgeable yet
+  // Leases: acquire, renew and release take lease_mutex_, so lease fields change one at a
+  // time; the owners of live leases are kept here (bounded by the rows).
+  std::mutex lease_mutex_;
+  std::unordered_map<SkuKey, std::string, SkuKeyHash> lease_owners_;
+  std::atomic<FencingToken> lease_tokens_{0};
   std::atomic<std::size_t> expire_cursor_{0};
   std::atomic<std::size_t> purge_cursor_{0};
   std::atomic<std::uint64_t> reservations_made_{0};

@@ -7,20 +7,15 @@
 #include "memory_store_impl.hpp"
 
 namespace stockade::detail {
-namespace {
 
-// now + ttl, or InvalidArgument (before anything is written) when a hold would outlive
-// the last instant a timestamp can hold: a ManualClock set near the year 9999.
-TimestampUs expiry_of(TimestampUs now, std::int64_t ttl_us) {
+TimestampUs expiry_of(TimestampUs now, std::int64_t ttl_us, const char* what) {
   if (now > timestamp_us_max - ttl_us) {
-    throw_invalid_argument(
-        "the hold would expire after 9999-12-31T23:59:59.999999Z, the last instant a "
-        "timestamp can hold (is a ManualClock set near the year 9999?)");
+    throw_invalid_argument(std::string(what) +
+                           " would expire after 9999-12-31T23:59:59.999999Z, the last instant a "
+                           "timestamp can hold (is a ManualClock set near the year 9999?)");
   }
   return now + ttl_us;
 }
-
-}  // namespace
 
 Reservation MemoryStore::new_reservation(const StockRow& row, Quantity qty, std::int64_t ttl_us,
                                          TimestampUs now,
@@ -31,7 +26,7 @@ Reservation MemoryStore::new_reservation(const StockRow& row, Quantity qty, std:
   r.qty = qty;
   r.state = ReservationState::held;
   r.version = 1;
-  r.expires_at_us = expiry_of(now, ttl_us);
+  r.expires_at_us = expiry_of(now, ttl_us, "the hold");
   r.created_at_us = now;
   r.updated_at_us = now;
   r.idempotency_key = key;
@@ -52,8 +47,12 @@ void MemoryStore::insert_reservation(const Reservation& reservation, StockRow* r
 void MemoryStore::release_stock(StockRow& row, Quantity qty, bool sold, TimestampUs now) {
   const auto decide = [&](const RowValues& v) {
     STOCKADE_ASSERT(qty > 0 && qty <= v.reserved);  // a held hold's units are reserved
-    const RowValues next{sold ? v.on_hand - qty : v.on_hand, v.reserved - qty, v.version + 1, now};
-    STOCKADE_ASSERT_ROW(next.on_hand, next.reserved);
+    RowValues next = v;
+    if (sold) next.on_hand -= qty;
+    next.reserved -= qty;
+    next.version += 1;
+    next.updated_at_us = now;
+    STOCKADE_ASSERT_ROW(next.on_hand, next.reserved, next.backorder_limit);
     return next;
   };
   compare_and_set(row, decide, nullptr);
@@ -66,7 +65,7 @@ Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& reques
   Reservation reservation =
       new_reservation(row, request.qty, request.ttl_us, now, request.idempotency_key);
   const auto decide = [&](const RowValues& v) {
-    check_expected(row.key, request.options.expected_version, v.version);
+    check_writable(level_at(row.key, v, now), request.options.expected_version, std::nullopt);
     return hold_units(telemetry(), row, v, request.qty, now);
   };
   apply(row, request.options, decide);
@@ -218,7 +217,7 @@ Reservation MemoryStore::transition(const Uuid& id, Transition kind, std::int64_
     expire_locked(shard, record, now);  // lazily, as the sweeper would have
     throw not_holdable(r);
   }
-  const TimestampUs extended = kind == Transition::extend ? expiry_of(now, ttl_us) : 0;
+  const TimestampUs extended = kind == Transition::extend ? expiry_of(now, ttl_us, "the hold") : 0;
   switch (kind) {
     case Transition::confirm:
       release_stock(*record.row, r.qty, /*sold=*/true, now);

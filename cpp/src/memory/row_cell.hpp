@@ -6,8 +6,9 @@
 // the latch can be taken conditionally, "only if nothing was written since I read"
 // (try_latch with the sequence number of the read). That is a compare-and-set over the
 // whole row: the memory equivalent of `UPDATE ... WHERE on_hand - reserved >= :q`, with no
-// window between the check and the write. Every publish checks 0 <= reserved <= on_hand
-// first, the memory store's CHECK constraint, so no strategy can commit an oversell.
+// window between the check and the write. Every publish checks 0 <= reserved <= on_hand +
+// backorder_limit first, the memory store's CHECK constraint, so no strategy can commit
+// an oversell.
 //
 // How. A sequence lock (seqlock): `seq_` is even when the row is stable and odd while a
 // writer holds the latch. Readers read seq, the fields, then seq again, and retry when it
@@ -30,11 +31,20 @@
 
 namespace stockade::detail {
 
+// A row's fields. Writers copy the values they read and change what they change, so a
+// write never resets a field it does not own (the backorder limit, the tombstone, the
+// lease). Every change moves the version.
 struct RowValues {
   Quantity on_hand = 0;
   Quantity reserved = 0;
   Version version = 0;
   TimestampUs updated_at_us = 0;
+  Quantity backorder_limit = 0;
+  std::int64_t discontinued = 0;  // 0 or 1
+  FencingToken lease_token = 0;
+  TimestampUs lease_expires_us = 0;  // 0: no lease (released, or never taken)
+
+  bool lease_live(TimestampUs now) const { return lease_expires_us > now; }
 };
 
 struct RowSnapshot {
@@ -97,15 +107,24 @@ class alignas(cache_line_size) RowCell {
 
  private:
   RowValues load_fields() const {
-    return RowValues{
-        on_hand_.load(std::memory_order_relaxed), reserved_.load(std::memory_order_relaxed),
-        version_.load(std::memory_order_relaxed), updated_at_us_.load(std::memory_order_relaxed)};
+    return RowValues{on_hand_.load(std::memory_order_relaxed),
+                     reserved_.load(std::memory_order_relaxed),
+                     version_.load(std::memory_order_relaxed),
+                     updated_at_us_.load(std::memory_order_relaxed),
+                     backorder_limit_.load(std::memory_order_relaxed),
+                     discontinued_.load(std::memory_order_relaxed),
+                     lease_token_.load(std::memory_order_relaxed),
+                     lease_expires_us_.load(std::memory_order_relaxed)};
   }
   void store_fields(const RowValues& v) {
     on_hand_.store(v.on_hand, std::memory_order_relaxed);
     reserved_.store(v.reserved, std::memory_order_relaxed);
     version_.store(v.version, std::memory_order_relaxed);
     updated_at_us_.store(v.updated_at_us, std::memory_order_relaxed);
+    backorder_limit_.store(v.backorder_limit, std::memory_order_relaxed);
+    discontinued_.store(v.discontinued, std::memory_order_relaxed);
+    lease_token_.store(v.lease_token, std::memory_order_relaxed);
+    lease_expires_us_.store(v.lease_expires_us, std::memory_order_relaxed);
   }
 
   std::atomic<std::uint64_t> seq_{0};
@@ -113,6 +132,10 @@ class alignas(cache_line_size) RowCell {
   std::atomic<Quantity> reserved_{0};
   std::atomic<Version> version_{0};
   std::atomic<TimestampUs> updated_at_us_{0};
+  std::atomic<Quantity> backorder_limit_{0};
+  std::atomic<std::int64_t> discontinued_{0};
+  std::atomic<FencingToken> lease_token_{0};
+  std::atomic<TimestampUs> lease_expires_us_{0};
 };
 
 [[noreturn]] void throw_invariant_violation(const RowValues& next, const SkuKey& key);
@@ -145,7 +168,10 @@ class RowLatch {
   // and releases the latch. A broken invariant is a bug in a caller: it raises
   // invariant_violation and leaves the row as it was.
   void publish(const RowValues& next, const SkuKey& key) {
-    if (next.reserved < 0 || next.reserved > next.on_hand) throw_invariant_violation(next, key);
+    if (next.backorder_limit < 0 || next.reserved < 0 ||
+        next.reserved > next.on_hand + next.backorder_limit) {
+      throw_invariant_violation(next, key);
+    }
     STOCKADE_ASSERT(next.version >= values_.version);  // versions never go back
     cell_->publish(next);
     cell_ = nullptr;

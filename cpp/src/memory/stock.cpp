@@ -43,6 +43,14 @@ std::unique_lock<TimedLock> acquire(TimedLock& mutex, const SkuKey& key,
   return lock;
 }
 
+// The row as it stands after a change by this write: every field kept, the version moved.
+RowValues changed(const RowValues& v, TimestampUs now) {
+  RowValues next = v;
+  next.version += 1;
+  next.updated_at_us = now;
+  return next;
+}
+
 class HeldLock final : public LockHold {
  public:
   explicit HeldLock(std::unique_lock<TimedLock> lock) : lock_(std::move(lock)) {}
@@ -55,23 +63,43 @@ class HeldLock final : public LockHold {
 
 void throw_invariant_violation(const RowValues& next, const SkuKey& key) {
   throw Error(ErrorCode::invariant_violation,
-              "refused a write that breaks 0 <= reserved <= on_hand on " + describe(key) +
-                  ": on_hand " + std::to_string(next.on_hand) + ", reserved " +
-                  std::to_string(next.reserved),
+              "refused a write that breaks 0 <= reserved <= on_hand + backorder_limit on " +
+                  describe(key) + ": on_hand " + std::to_string(next.on_hand) + ", reserved " +
+                  std::to_string(next.reserved) + ", backorder_limit " +
+                  std::to_string(next.backorder_limit),
               context_of(key));
+}
+
+StockLevel level_at(const SkuKey& key, const RowValues& v, TimestampUs now) {
+  StockLevel level{key, v.on_hand, v.reserved, v.version, v.updated_at_us};
+  level.backorder_limit = v.backorder_limit;
+  level.discontinued = v.discontinued != 0;
+  level.lease_token = v.lease_token;
+  level.leased = v.lease_live(now);
+  level.lease_expires_at_us = level.leased ? v.lease_expires_us : 0;
+  return level;
+}
+
+Quantity available_of(const RowValues& v) {
+  return v.on_hand + v.backorder_limit - v.reserved;
 }
 
 RowValues hold_units(Telemetry& telemetry, StockRow& row, const RowValues& current, Quantity qty,
                      TimestampUs now) {
   STOCKADE_ASSERT(qty > 0);
-  STOCKADE_ASSERT_ROW(current.on_hand, current.reserved);  // a consistent read
-  const Quantity available = current.on_hand - current.reserved;
+  // a consistent read
+  STOCKADE_ASSERT_ROW(current.on_hand, current.reserved, current.backorder_limit);
+  check_writable(level_at(row.key, current, now), std::nullopt, std::nullopt);
+  const Quantity available = available_of(current);
   if (available < qty) {
     telemetry.count(row.key, SkuEvent::refused);
     throw_out_of_stock(row.key, available, qty);
   }
-  const RowValues next{current.on_hand, current.reserved + qty, current.version + 1, now};
-  STOCKADE_ASSERT_ROW(next.on_hand, next.reserved);
+  RowValues next = current;
+  next.reserved += qty;
+  next.version += 1;
+  next.updated_at_us = now;
+  STOCKADE_ASSERT_ROW(next.on_hand, next.reserved, next.backorder_limit);
   return next;
 }
 
@@ -106,7 +134,7 @@ std::pair<StockRow*, bool> MemoryStore::insert_row(const SkuKey& key, const RowV
 }
 
 StockLevel MemoryStore::level_of(const StockRow& row, const RowValues& values) const {
-  return StockLevel{row.key, values.on_hand, values.reserved, values.version, values.updated_at_us};
+  return level_at(row.key, values, clock_->now_us());
 }
 
 RowValues MemoryStore::compare_and_set(StockRow& row, const Decide& decide,
@@ -188,10 +216,12 @@ RowValues MemoryStore::apply(StockRow& row, const WriteOptions& options, const D
 }
 
 StockLevel MemoryStore::upsert(const SkuKey& key, std::optional<Version> expected,
-                               const RowValues& initial, const Decide& decide) {
+                               std::optional<FencingToken> token, const RowValues& initial,
+                               const Decide& decide) {
   StockRow* row = find_row(key);
   if (row == nullptr) {
     if (expected) throw_stock_not_found(key);  // a version was expected: the row must exist
+    if (token) throw_stock_not_found(key);     // a token comes from a lease, which makes the row
     auto [created, inserted] = insert_row(key, initial);
     if (inserted) return level_of(*created, initial);
     row = created;  // another thread created it first: update theirs
@@ -199,30 +229,123 @@ StockLevel MemoryStore::upsert(const SkuKey& key, std::optional<Version> expecte
   return level_of(*row, compare_and_set(*row, decide, nullptr));
 }
 
-StockLevel MemoryStore::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected) {
+StockLevel MemoryStore::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
+                                std::optional<FencingToken> token) {
   const TimestampUs now = clock_->now_us();
   const auto decide = [&](const RowValues& v) {
-    check_expected(key, expected, v.version);
-    return RowValues{checked_add(v.on_hand, qty, "restock"), v.reserved, v.version + 1, now};
+    check_writable(level_at(key, v, now), expected, token);
+    RowValues next = changed(v, now);
+    next.on_hand = checked_add(v.on_hand, qty, "restock");
+    return next;
   };
-  return upsert(key, expected, RowValues{qty, 0, 1, now}, decide);
+  return upsert(key, expected, token, RowValues{qty, 0, 1, now}, decide);
 }
 
 StockLevel MemoryStore::set_on_hand(const SkuKey& key, Quantity on_hand,
-                                    std::optional<Version> expected) {
+                                    std::optional<Version> expected,
+                                    std::optional<FencingToken> token) {
   const TimestampUs now = clock_->now_us();
   const auto decide = [&](const RowValues& v) {
-    check_expected(key, expected, v.version);
-    if (on_hand < v.reserved) {
-      throw Error(ErrorCode::invalid_state,
-                  "on_hand " + std::to_string(on_hand) + " would fall below the " +
-                      std::to_string(v.reserved) + " units reserved on " + describe(key) +
-                      "; confirm or release holds first",
-                  context_of(key));
-    }
-    return RowValues{on_hand, v.reserved, v.version + 1, now};
+    check_writable(level_at(key, v, now), expected, token);
+    check_covers(key, on_hand, v.reserved, v.backorder_limit);
+    RowValues next = changed(v, now);
+    next.on_hand = on_hand;
+    return next;
   };
-  return upsert(key, expected, RowValues{on_hand, 0, 1, now}, decide);
+  return upsert(key, expected, token, RowValues{on_hand, 0, 1, now}, decide);
+}
+
+StockLevel MemoryStore::set_backorder_limit(const SkuKey& key, Quantity limit,
+                                            std::optional<Version> expected,
+                                            std::optional<FencingToken> token) {
+  StockRow& row = require_row(key);
+  const TimestampUs now = clock_->now_us();
+  const auto decide = [&](const RowValues& v) {
+    check_writable(level_at(key, v, now), expected, token);
+    check_covers(key, v.on_hand, v.reserved, limit);
+    RowValues next = changed(v, now);
+    next.backorder_limit = limit;
+    return next;
+  };
+  return level_of(row, compare_and_set(row, decide, nullptr));
+}
+
+StockLevel MemoryStore::set_discontinued(const SkuKey& key, bool discontinued,
+                                         std::optional<Version> expected,
+                                         std::optional<FencingToken> token) {
+  StockRow& row = require_row(key);
+  const TimestampUs now = clock_->now_us();
+  for (;;) {
+    const RowSnapshot seen = row.cell.read();
+    if ((seen.values.discontinued != 0) == discontinued) {
+      check_expected(key, expected, seen.values.version);
+      return level_of(row, seen.values);  // already so: nothing changes
+    }
+    StockLevel level = level_at(key, seen.values, now);
+    level.discontinued = false;  // reinstate is a write to a discontinued row
+    check_writable(level, expected, token);
+    if (!row.cell.try_latch(seen.seq)) continue;
+    RowLatch latch(row.cell, seen.values);
+    RowValues next = changed(seen.values, now);
+    next.discontinued = discontinued ? 1 : 0;
+    latch.publish(next, key);
+    return level_of(row, next);
+  }
+}
+
+Lease MemoryStore::acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner) {
+  std::lock_guard<std::mutex> lock(lease_mutex_);
+  const TimestampUs now = clock_->now_us();
+  StockRow* row = find_row(key);
+  if (row == nullptr) row = insert_row(key, RowValues{0, 0, 1, now}).first;
+  FencingToken token = 0;
+  const auto decide = [&](const RowValues& v) {
+    StockLevel level = level_at(key, v, now);
+    level.discontinued = false;  // a discontinued row can be leased (to reinstate it)
+    check_writable(level, std::nullopt, std::nullopt);  // LeaseHeld while one is live
+    token = lease_tokens_.fetch_add(1, std::memory_order_relaxed) + 1;
+    RowValues next = changed(v, now);
+    next.lease_token = token;
+    next.lease_expires_us = expiry_of(now, ttl_us, "the lease");
+    return next;
+  };
+  const RowValues next = compare_and_set(*row, decide, nullptr);
+  lease_owners_[key] = owner;
+  return Lease{key, owner, token, next.lease_expires_us};
+}
+
+Lease MemoryStore::renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) {
+  std::lock_guard<std::mutex> lock(lease_mutex_);
+  StockRow& row = require_row(key);
+  const TimestampUs now = clock_->now_us();
+  const auto decide = [&](const RowValues& v) {
+    StockLevel level = level_at(key, v, now);
+    level.discontinued = false;  // a lease outlives a discontinue
+    check_writable(level, std::nullopt, token);
+    if (!level.leased) throw_lease_lapsed(key, token);
+    RowValues next = changed(v, now);
+    next.lease_expires_us = expiry_of(now, ttl_us, "the lease");
+    return next;
+  };
+  const RowValues next = compare_and_set(row, decide, nullptr);
+  return Lease{key, lease_owners_[key], token, next.lease_expires_us};
+}
+
+bool MemoryStore::release_lease(const SkuKey& key, FencingToken token) {
+  std::lock_guard<std::mutex> lock(lease_mutex_);
+  StockRow& row = require_row(key);
+  const TimestampUs now = clock_->now_us();
+  // Lease fields change only under lease_mutex_, so this read of them stays true.
+  const RowValues seen = row.cell.read().values;
+  if (seen.lease_token != token || !seen.lease_live(now)) return false;
+  const auto decide = [&](const RowValues& v) {
+    RowValues next = changed(v, now);
+    next.lease_expires_us = 0;
+    return next;
+  };
+  compare_and_set(row, decide, nullptr);
+  lease_owners_.erase(key);
+  return true;
 }
 
 StockLevel MemoryStore::stock(const SkuKey& key) {
@@ -234,13 +357,15 @@ StockLevel MemoryStore::sell(const SellRequest& request) {
   StockRow& row = require_row(request.key);
   const TimestampUs now = clock_->now_us();
   const auto decide = [&](const RowValues& v) {
-    check_expected(row.key, request.options.expected_version, v.version);
-    if (v.on_hand - v.reserved < request.qty) {
+    check_writable(level_at(row.key, v, now), request.options.expected_version,
+                   request.options.fencing_token);
+    if (available_of(v) < request.qty) {
       telemetry().count(row.key, SkuEvent::refused);
-      throw_out_of_stock(row.key, v.on_hand - v.reserved, request.qty);
+      throw_out_of_stock(row.key, available_of(v), request.qty);
     }
-    const RowValues next{v.on_hand - request.qty, v.reserved, v.version + 1, now};
-    STOCKADE_ASSERT_ROW(next.on_hand, next.reserved);
+    RowValues next = changed(v, now);
+    next.on_hand -= request.qty;
+    STOCKADE_ASSERT_ROW(next.on_hand, next.reserved, next.backorder_limit);
     return next;
   };
   return level_of(row, apply(row, request.options, decide));
@@ -328,8 +453,9 @@ Reservation MemoryStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty, s
   const TimestampUs now = clock_->now_us();
   // UPDATE stock SET reserved = :value_computed_from_the_stale_read  (the lost update)
   RowLatch latch(row.cell, row.cell.latch());
-  const RowValues current = latch.values();
-  latch.publish(RowValues{current.on_hand, stale.reserved, current.version + 1, now}, key);
+  RowValues next = changed(latch.values(), now);
+  next.reserved = stale.reserved;
+  latch.publish(next, key);
   Reservation reservation = new_reservation(row, qty, ttl_us, now, std::nullopt);
   insert_reservation(reservation, &row);
   return reservation;

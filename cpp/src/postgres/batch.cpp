@@ -69,10 +69,22 @@ struct RowState {
   Quantity on_hand = 0;
   Quantity reserved = 0;
   Version version = 0;
+  Quantity backorder_limit = 0;
+  bool discontinued = false;
+  bool leased = false;
   Quantity sold = 0;
   Quantity held = 0;
   std::int64_t changes = 0;
 };
+
+// The row as the batch has decided it so far (its lease, if live, is not this batch's).
+StockLevel level_of(const SkuKey& key, const RowState& row) {
+  StockLevel level{key, row.on_hand, row.reserved, row.version + row.changes, 0};
+  level.backorder_limit = row.backorder_limit;
+  level.discontinued = row.discontinued;
+  level.leased = row.leased;
+  return level;
+}
 
 // A key's first request in the batch, and what the database said about the key.
 struct KeyClaim {
@@ -193,6 +205,7 @@ class BatchTx {
       state.on_hand = row[2].as<std::int64_t>() + state.sold;
       state.reserved = row[3].as<std::int64_t>() - state.held;
       state.version = row[4].as<std::int64_t>() - state.changes;
+      state.backorder_limit = row[6].as<std::int64_t>();
       state.sold = state.held = state.changes = 0;
       now_us_ = row[5].as<std::int64_t>();
     }
@@ -358,6 +371,9 @@ void BatchTx::lock_rows(Tx& tx) {
     state.reserved = row[3].as<std::int64_t>();
     state.version = row[4].as<std::int64_t>();
     now_us_ = row[5].as<std::int64_t>();
+    state.backorder_limit = row[6].as<std::int64_t>();
+    state.discontinued = row[7].as<bool>();
+    state.leased = row[8].as<bool>();
     found.emplace(SkuKey{row[0].as<std::string>(), row[1].as<std::string>()}, state);
   }
   rows_ = std::move(found);
@@ -378,9 +394,18 @@ void BatchTx::decide() {
       continue;
     }
     RowState& row = it->second;
-    STOCKADE_ASSERT_ROW(row.on_hand, row.reserved);  // as locked, or as decided so far
+    // as locked, or as decided so far
+    STOCKADE_ASSERT_ROW(row.on_hand, row.reserved, row.backorder_limit);
     STOCKADE_ASSERT(item.qty > 0);
-    const Quantity available = row.on_hand - row.reserved;
+    if (row.discontinued || row.leased) {  // batched calls carry no fencing token
+      try {
+        check_writable(level_of(item.key, row), std::nullopt, std::nullopt);
+      } catch (const Error& e) {
+        fail(item, e);
+        continue;
+      }
+    }
+    const Quantity available = row.on_hand + row.backorder_limit - row.reserved;
     if (available < item.qty) {
       fail(item, out_of_stock(item.key, available, item.qty));
       continue;
@@ -389,13 +414,13 @@ void BatchTx::decide() {
     if (item.op == BatchOp::sell) {
       row.on_hand -= item.qty;
       row.sold += item.qty;
-      STOCKADE_ASSERT_ROW(row.on_hand, row.reserved);
-      item.level =
-          StockLevel{item.key, row.on_hand, row.reserved, row.version + row.changes, now_us_};
+      STOCKADE_ASSERT_ROW(row.on_hand, row.reserved, row.backorder_limit);
+      item.level = level_of(item.key, row);
+      item.level.updated_at_us = now_us_;
     } else {
       row.reserved += item.qty;
       row.held += item.qty;
-      STOCKADE_ASSERT_ROW(row.on_hand, row.reserved);
+      STOCKADE_ASSERT_ROW(row.on_hand, row.reserved, row.backorder_limit);
       Reservation& r = item.reservation;
       r = Reservation{};
       r.id = ids_[i];
@@ -482,7 +507,7 @@ void BatchTx::decide_transition(BatchItem& item) {
     row.sold += r.qty;
   }
   ++row.changes;
-  STOCKADE_ASSERT_ROW(row.on_hand, row.reserved);
+  STOCKADE_ASSERT_ROW(row.on_hand, row.reserved, row.backorder_limit);
   r.state = it->second.lapsed             ? ReservationState::expired
             : item.op == BatchOp::confirm ? ReservationState::confirmed
                                           : ReservationState::released;

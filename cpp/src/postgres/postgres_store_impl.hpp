@@ -94,11 +94,19 @@ class PostgresStore final : public Store, public TestHooks {
 
   const char* backend_name() const noexcept override { return "postgres"; }
 
-  StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected) override;
-  StockLevel set_on_hand(const SkuKey& key, Quantity on_hand,
-                         std::optional<Version> expected) override;
+  StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
+                     std::optional<FencingToken> token) override;
+  StockLevel set_on_hand(const SkuKey& key, Quantity on_hand, std::optional<Version> expected,
+                         std::optional<FencingToken> token) override;
   StockLevel stock(const SkuKey& key) override;
   StockLevel sell(const SellRequest& request) override;
+  StockLevel set_backorder_limit(const SkuKey& key, Quantity limit, std::optional<Version> expected,
+                                 std::optional<FencingToken> token) override;
+  StockLevel set_discontinued(const SkuKey& key, bool discontinued, std::optional<Version> expected,
+                              std::optional<FencingToken> token) override;
+  Lease acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner) override;
+  Lease renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) override;
+  bool release_lease(const SkuKey& key, FencingToken token) override;
 
   Reservation reserve(const ReserveRequest& request) override;
   std::vector<Reservation> reserve_order(const OrderRequest& request) override;
@@ -168,10 +176,16 @@ class PostgresStore final : public Store, public TestHooks {
   // for optimistic, locked). Optimistic throws OptimisticRace when the version moved.
   StockLevel write_row(Tx& tx, const StockLevel& read, Quantity sold, Quantity held,
                        const WriteOptions& options);
-  // After a conditional write matched no row: NotFound, VersionConflict or OutOfStock.
+  // After a conditional write matched no row: NotFound, then check_writable's errors
+  // (Discontinued, FencingTokenStale, LeaseHeld, VersionConflict), else OutOfStock.
   [[noreturn]] void refuse(Tx& tx, const SkuKey& key, Quantity qty,
-                           const std::optional<Version>& expected);
-  StockLevel upsert(const SkuKey& key, Quantity value, bool add, std::optional<Version> expected);
+                           const std::optional<Version>& expected,
+                           const std::optional<FencingToken>& token);
+  StockLevel upsert(const SkuKey& key, Quantity value, bool add, std::optional<Version> expected,
+                    std::optional<FencingToken> token);
+  // Locks the row (NotFound if there is none), passes `check` on it, and runs `write`.
+  template <class Check, class Write>
+  StockLevel admin_write(const SkuKey& key, Check&& check, Write&& write);
   std::optional<Reservation> reserve_in_one_statement(const ReserveRequest& request,
                                                       const Uuid& id);
 

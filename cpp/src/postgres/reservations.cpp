@@ -151,9 +151,8 @@ std::vector<Reservation> PostgresStore::with_idempotency(
 }
 
 void PostgresStore::move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantity released) {
-  // on_hand -= sold, reserved -= released; the guard (available >= 0) cannot fail here.
-  const pqxx::result rows = tx.exec(Stmt::stock_delta, key.sku, key.location, sold, -released,
-                                    Quantity{0}, std::int64_t{-1});
+  // on_hand -= sold, reserved -= released: units the hold already has, on any row.
+  const pqxx::result rows = tx.exec(Stmt::stock_settle, key.sku, key.location, sold, released);
   if (rows.empty()) {
     throw Error(ErrorCode::invariant_violation,
                 "the stock row of a reservation is missing: " + describe(key), context_of(key));

@@ -11,8 +11,29 @@ std::string epoch_us(const std::string& column) {
   return "(extract(epoch FROM " + column + ") * 1000000)::bigint";
 }
 
+// A stock row as level_from reads it: the counts, then what check_writable needs.
 std::string stock_columns() {
-  return "on_hand, reserved, version, " + epoch_us("updated_at");
+  return "on_hand, reserved, version, " + epoch_us("updated_at") +
+         ", backorder_limit, discontinued_at IS NOT NULL, lease_token,"
+         " coalesce(lease_expires_at > now(), false),"
+         " CASE WHEN lease_expires_at > now() THEN " +
+         epoch_us("lease_expires_at") + " ELSE 0 END";
+}
+
+// The units a row can still promise (migration 003: backorders).
+const char* const room = "on_hand + backorder_limit - reserved";
+// Whether a write without a fencing token may change the row: not discontinued, and no
+// lease live (the rule of check_writable, which classifies a refusal afterwards).
+const char* const open_row =
+    "discontinued_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at <= now())";
+
+// The same with an optional fencing token in parameter $n (-1: none): a token must be the
+// row's latest lease's, live or lapsed.
+std::string open_row_for(int n) {
+  const std::string p = "$" + std::to_string(n) + "::bigint";
+  return "discontinued_at IS NULL AND CASE WHEN " + p +
+         " < 0 THEN (lease_expires_at IS NULL OR lease_expires_at <= now()) ELSE lease_token = " +
+         p + " END";
 }
 
 std::string reservation_columns() {
@@ -57,14 +78,48 @@ void Statements::add_stock_statements(const std::string& schema, Set& set) {
                                    " SET on_hand = $3, version = version + 1, updated_at = now()" +
                                    key + returning_stock);
   // The one conditional write: moves on_hand and reserved by deltas only while at least
-  // $5 units stay available and (if $6 >= 0) the version is $6. Every strategy but
-  // optimistic writes through it, so even a mix of strategies on one row cannot lose an
-  // update or oversell.
+  // $5 units stay available, the row is open to the writer (not discontinued; no lease
+  // live, or $7 is its fencing token) and (if $6 >= 0) the version is $6. Every strategy
+  // but optimistic writes through it, so even a mix of strategies on one row cannot lose
+  // an update or oversell.
   set(Stmt::stock_delta, "UPDATE " + stock +
                              " SET on_hand = on_hand - $3, reserved = reserved + $4,"
                              " version = version + 1, updated_at = now()" +
-                             key + " AND on_hand - reserved >= $5 AND ($6 < 0 OR version = $6)" +
-                             returning_stock);
+                             key + " AND " + room + " >= $5 AND ($6 < 0 OR version = $6) AND " +
+                             open_row_for(7) + returning_stock);
+  // Settles holds that exist (confirm, release, expiry): units they already hold, so no
+  // room check, and allowed on a discontinued or leased row.
+  set(Stmt::stock_settle, "UPDATE " + stock +
+                              " SET on_hand = on_hand - $3, reserved = reserved - $4,"
+                              " version = version + 1, updated_at = now()" +
+                              key + " RETURNING 1");
+  set(Stmt::stock_set_backorder_limit,
+      "UPDATE " + stock + " SET backorder_limit = $3, version = version + 1, updated_at = now()" +
+          key + returning_stock);
+  set(Stmt::stock_set_discontinued,
+      "UPDATE " + stock +
+          " SET discontinued_at = CASE WHEN $3 THEN now() ELSE NULL END,"
+          " version = version + 1, updated_at = now()" +
+          key + returning_stock);
+  // Leases: a new token from the sequence; expiry on the database clock ($4 microseconds).
+  set(Stmt::lease_acquire, "UPDATE " + stock + " SET lease_token = nextval('" + schema +
+                               ".lease_token'), lease_owner = $3,"
+                               " lease_expires_at = now() + $4::bigint * interval '1 microsecond',"
+                               " version = version + 1, updated_at = now()" +
+                               key + " RETURNING lease_token, " + epoch_us("lease_expires_at"));
+  set(Stmt::lease_renew,
+      "UPDATE " + stock +
+          " SET lease_expires_at = now() + $4::bigint * interval '1 microsecond',"
+          " version = version + 1, updated_at = now()" +
+          key +
+          " AND lease_token = $3 AND lease_expires_at > now() RETURNING coalesce(lease_owner, "
+          "''), " +
+          epoch_us("lease_expires_at"));
+  set(Stmt::lease_release,
+      "UPDATE " + stock +
+          " SET lease_owner = NULL, lease_expires_at = NULL, version = version + 1,"
+          " updated_at = now()" +
+          key + " AND lease_token = $3 AND lease_expires_at > now() RETURNING 1");
   // Optimistic: absolute values computed from a read, written only if the version is
   // still the one read.
   set(Stmt::stock_cas, "UPDATE " + stock +
@@ -78,7 +133,8 @@ void Statements::add_stock_statements(const std::string& schema, Set& set) {
   set(Stmt::hold_atomic,
       "WITH held AS (UPDATE " + stock +
           " SET reserved = reserved + $3, version = version + 1, updated_at = now()" + key +
-          " AND on_hand - reserved >= $3 AND ($4 < 0 OR version = $4) RETURNING sku, location)"
+          " AND " + room + " >= $3 AND ($4 < 0 OR version = $4) AND " + open_row +
+          " RETURNING sku, location)"
           " INSERT INTO " +
           reservation +
           " (id, sku, location, qty, state, version, expires_at, idempotency_key, created_at,"
@@ -202,10 +258,13 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
   set(Stmt::batch_keys_get,
       "SELECT key, request_fingerprint, array_to_string(reservation_ids, ',') FROM " + idempotency +
           " WHERE key = ANY($1::text[]) FOR KEY SHARE");
-  // Locks the touched rows in sorted key order, and reads the transaction's now().
+  // Locks the touched rows in sorted key order, and reads the transaction's now(), each
+  // row's backorder limit, and whether it is discontinued or leased.
   set(Stmt::batch_lock,
       "SELECT s.sku, s.location, s.on_hand, s.reserved, s.version, " + epoch_us("now()") +
-          " FROM " + schema +
+          ", s.backorder_limit, s.discontinued_at IS NOT NULL,"
+          " coalesce(s.lease_expires_at > now(), false) FROM " +
+          schema +
           ".stock s JOIN unnest($1::text[], $2::text[]) AS k(sku, location)"
           " ON s.sku = k.sku AND s.location = k.location"
           " ORDER BY s.sku COLLATE \"C\", s.location COLLATE \"C\" FOR UPDATE OF s");
@@ -246,7 +305,9 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
   set(Stmt::batch_fast,
       "WITH d AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],"
       " $5::bigint[]) AS d(sku, location, sold, held, changes)),"
-      " locked AS (SELECT s.sku, s.on_hand - s.reserved >= d.sold + d.held AS fits FROM " +
+      " locked AS (SELECT s.sku, s.on_hand + s.backorder_limit - s.reserved >= d.sold + d.held"
+      " AND s.discontinued_at IS NULL"
+      " AND (s.lease_expires_at IS NULL OR s.lease_expires_at <= now()) AS fits FROM " +
           schema +
           ".stock s JOIN d ON s.sku = d.sku AND s.location = d.location"
           " ORDER BY s.sku COLLATE \"C\", s.location COLLATE \"C\" FOR UPDATE OF s),"
@@ -257,7 +318,7 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
           ".stock AS s SET on_hand = s.on_hand - d.sold, reserved = s.reserved + d.held,"
           " version = s.version + d.changes, updated_at = now() FROM d, verdict"
           " WHERE verdict.all_fit AND s.sku = d.sku AND s.location = d.location"
-          " RETURNING s.sku, s.location, s.on_hand, s.reserved, s.version),"
+          " RETURNING s.sku, s.location, s.on_hand, s.reserved, s.version, s.backorder_limit),"
           " made AS (INSERT INTO " +
           schema +
           ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
@@ -266,7 +327,7 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
           " FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],"
           " $11::text[]) AS r(i, k, l, q, t, ik), verdict WHERE verdict.all_fit)"
           " SELECT sku, location, on_hand, reserved, version, " +
-          epoch_us("now()") + " FROM moved");
+          epoch_us("now()") + ", backorder_limit FROM moved");
   // The fast path for a batch on one row (the hot SKU): the guarded UPDATE takes the row
   // lock and checks the room itself, and the reservations are inserted only if it moved.
   // The keyed form ($10 keys, $11 fingerprints, $12 the ids of their reservations) moves
@@ -279,8 +340,10 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
       " moved AS (UPDATE " + schema +
       ".stock SET on_hand = on_hand - $3::bigint, reserved = reserved + $4::bigint,"
       " version = version + $5::bigint, updated_at = now()"
-      " WHERE sku = $1 AND location = $2 AND on_hand - reserved >= $3::bigint + $4::bigint";
-  const std::string moved_end = " RETURNING sku, location, on_hand, reserved, version),";
+      " WHERE sku = $1 AND location = $2 AND " +
+      std::string(room) + " >= $3::bigint + $4::bigint AND " + open_row;
+  const std::string moved_end =
+      " RETURNING sku, location, on_hand, reserved, version, backorder_limit),";
   const std::string made =
       " made AS (INSERT INTO " + schema +
       ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
@@ -288,8 +351,8 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
       " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()"
       " FROM unnest($6::text[], $7::bigint[], $8::bigint[], $9::text[]) AS r(i, q, t, ik)"
       " WHERE EXISTS (SELECT 1 FROM moved))";
-  const std::string answer =
-      " SELECT sku, location, on_hand, reserved, version, " + epoch_us("now()") + " FROM moved";
+  const std::string answer = " SELECT sku, location, on_hand, reserved, version, " +
+                             epoch_us("now()") + ", backorder_limit FROM moved";
   set(Stmt::batch_fast_one, "WITH" + moved + moved_end + made + answer);
   set(Stmt::batch_fast_one_keyed,
       "WITH taken AS (SELECT count(*) AS n FROM " + schema +
@@ -310,6 +373,12 @@ const char* Statements::name(Stmt s) {
       "stockade_stock_insert",
       "stockade_stock_set_on_hand",
       "stockade_stock_delta",
+      "stockade_stock_settle",
+      "stockade_stock_set_backorder_limit",
+      "stockade_stock_set_discontinued",
+      "stockade_lease_acquire",
+      "stockade_lease_renew",
+      "stockade_lease_release",
       "stockade_stock_cas",
       "stockade_stock_overwrite_reserved",
       "stockade_hold_atomic",

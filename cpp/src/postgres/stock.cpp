@@ -15,7 +15,12 @@ namespace {
 StockLevel level_from(const SkuKey& key, const pqxx::row& row) {
   StockLevel level{key, row[0].as<std::int64_t>(), row[1].as<std::int64_t>(),
                    row[2].as<std::int64_t>(), row[3].as<std::int64_t>()};
-  STOCKADE_ASSERT_ROW(level.on_hand, level.reserved);
+  level.backorder_limit = row[4].as<std::int64_t>();
+  level.discontinued = row[5].as<bool>();
+  level.lease_token = row[6].as<std::int64_t>();
+  level.leased = row[7].as<bool>();
+  level.lease_expires_at_us = row[8].as<std::int64_t>();
+  STOCKADE_ASSERT_ROW(level.on_hand, level.reserved, level.backorder_limit);
   return level;
 }
 
@@ -98,56 +103,139 @@ StockLevel PostgresStore::write_row(Tx& tx, const StockLevel& read, Quantity sol
   // Under the row lock (pessimistic) the guard always holds; under an advisory lock it
   // protects the row from writers that do not take that lock (another strategy).
   const Quantity qty = sold + held;
-  const pqxx::result rows = tx.exec(Stmt::stock_delta, key.sku, key.location, sold, held, qty,
-                                    options.expected_version.value_or(-1));
-  if (rows.empty()) refuse(tx, key, qty, options.expected_version);
+  const pqxx::result rows =
+      tx.exec(Stmt::stock_delta, key.sku, key.location, sold, held, qty,
+              options.expected_version.value_or(-1), options.fencing_token.value_or(-1));
+  if (rows.empty()) refuse(tx, key, qty, options.expected_version, options.fencing_token);
   return level_from(key, rows[0]);
 }
 
 void PostgresStore::refuse(Tx& tx, const SkuKey& key, Quantity qty,
-                           const std::optional<Version>& expected) {
+                           const std::optional<Version>& expected,
+                           const std::optional<FencingToken>& token) {
   const Level row = read_row(tx, Stmt::stock_get, key);
   if (!row) throw_stock_not_found(key);
-  check_expected(key, expected, row->version);
+  check_writable(*row, expected, token);
   telemetry().count(key, SkuEvent::refused);
   throw_out_of_stock(key, row->available(), qty);
 }
 
 StockLevel PostgresStore::upsert(const SkuKey& key, Quantity value, bool add,
-                                 std::optional<Version> expected) {
+                                 std::optional<Version> expected,
+                                 std::optional<FencingToken> token) {
   return run(nullptr, context_of(key), [&](Tx& tx) {
     for (;;) {
       const Level row = read_row(tx, Stmt::stock_lock, key);
       if (!row) {
-        if (expected) throw_stock_not_found(key);  // a version was expected: the row must exist
+        // A version was expected, or a token (a lease makes its row): the row must exist.
+        if (expected || token) throw_stock_not_found(key);
         const pqxx::result made = tx.exec(Stmt::stock_insert, key.sku, key.location, value);
         if (!made.empty()) return level_from(key, made[0]);
         continue;  // created by someone else since our read: update theirs
       }
-      check_expected(key, expected, row->version);
+      check_writable(*row, expected, token);
       Quantity on_hand = value;
       if (add) {
         on_hand = checked_add(row->on_hand, value, "restock");
-      } else if (value < row->reserved) {
-        throw Error(ErrorCode::invalid_state,
-                    "on_hand " + std::to_string(value) + " would fall below the " +
-                        std::to_string(row->reserved) + " units reserved on " + describe(key) +
-                        "; confirm or release holds first",
-                    context_of(key));
+      } else {
+        check_covers(key, value, row->reserved, row->backorder_limit);
       }
       return level_from(key, tx.exec(Stmt::stock_set_on_hand, key.sku, key.location, on_hand)[0]);
     }
   });
 }
 
-StockLevel PostgresStore::restock(const SkuKey& key, Quantity qty,
-                                  std::optional<Version> expected) {
-  return upsert(key, qty, /*add=*/true, expected);
+StockLevel PostgresStore::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
+                                  std::optional<FencingToken> token) {
+  return upsert(key, qty, /*add=*/true, expected, token);
 }
 
 StockLevel PostgresStore::set_on_hand(const SkuKey& key, Quantity on_hand,
-                                      std::optional<Version> expected) {
-  return upsert(key, on_hand, /*add=*/false, expected);
+                                      std::optional<Version> expected,
+                                      std::optional<FencingToken> token) {
+  return upsert(key, on_hand, /*add=*/false, expected, token);
+}
+
+template <class Check, class Write>
+StockLevel PostgresStore::admin_write(const SkuKey& key, Check&& check, Write&& write) {
+  return run(nullptr, context_of(key), [&](Tx& tx) {
+    const Level row = read_row(tx, Stmt::stock_lock, key);
+    if (!row) throw_stock_not_found(key);
+    if (!check(*row)) return *row;  // nothing to change
+    return level_from(key, write(tx)[0]);
+  });
+}
+
+StockLevel PostgresStore::set_backorder_limit(const SkuKey& key, Quantity limit,
+                                              std::optional<Version> expected,
+                                              std::optional<FencingToken> token) {
+  return admin_write(
+      key,
+      [&](const StockLevel& row) {
+        check_writable(row, expected, token);
+        check_covers(key, row.on_hand, row.reserved, limit);
+        return true;
+      },
+      [&](Tx& tx) {
+        return tx.exec(Stmt::stock_set_backorder_limit, key.sku, key.location, limit);
+      });
+}
+
+StockLevel PostgresStore::set_discontinued(const SkuKey& key, bool discontinued,
+                                           std::optional<Version> expected,
+                                           std::optional<FencingToken> token) {
+  return admin_write(
+      key,
+      [&](const StockLevel& row) {
+        if (row.discontinued == discontinued) {
+          check_expected(key, expected, row.version);
+          return false;  // already so
+        }
+        StockLevel open = row;
+        open.discontinued = false;  // reinstate is a write to a discontinued row
+        check_writable(open, expected, token);
+        return true;
+      },
+      [&](Tx& tx) {
+        return tx.exec(Stmt::stock_set_discontinued, key.sku, key.location, discontinued);
+      });
+}
+
+Lease PostgresStore::acquire_lease(const SkuKey& key, std::int64_t ttl_us,
+                                   const std::string& owner) {
+  return run(nullptr, context_of(key), [&](Tx& tx) {
+    for (;;) {
+      Level row = read_row(tx, Stmt::stock_lock, key);
+      if (!row) {  // a lease makes its row, at zero units; then lock it
+        tx.exec(Stmt::stock_insert, key.sku, key.location, Quantity{0});
+        continue;
+      }
+      row->discontinued = false;  // a discontinued row can be leased (to reinstate it)
+      check_writable(*row, std::nullopt, std::nullopt);  // LeaseHeld while one is live
+      const pqxx::row made = tx.exec(Stmt::lease_acquire, key.sku, key.location, owner, ttl_us)[0];
+      return Lease{key, owner, made[0].as<std::int64_t>(), made[1].as<std::int64_t>()};
+    }
+  });
+}
+
+Lease PostgresStore::renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) {
+  return run(nullptr, context_of(key), [&](Tx& tx) {
+    const pqxx::result renewed = tx.exec(Stmt::lease_renew, key.sku, key.location, token, ttl_us);
+    if (!renewed.empty()) {
+      return Lease{key, renewed[0][0].as<std::string>(), token, renewed[0][1].as<std::int64_t>()};
+    }
+    Level row = read_row(tx, Stmt::stock_get, key);
+    if (!row) throw_stock_not_found(key);
+    row->discontinued = false;
+    check_writable(*row, std::nullopt, token);  // FencingTokenStale: superseded
+    throw_lease_lapsed(key, token);
+  });
+}
+
+bool PostgresStore::release_lease(const SkuKey& key, FencingToken token) {
+  return run(nullptr, context_of(key), [&](Tx& tx) {
+    return !tx.exec(Stmt::lease_release, key.sku, key.location, token).empty();
+  });
 }
 
 StockLevel PostgresStore::stock(const SkuKey& key) {
@@ -167,12 +255,14 @@ StockLevel PostgresStore::sell(const SellRequest& request) {
       if (options.strategy == Strategy::atomic) {
         const pqxx::result rows =
             tx.exec(Stmt::stock_delta, key.sku, key.location, request.qty, Quantity{0}, request.qty,
-                    options.expected_version.value_or(-1));
-        if (rows.empty()) refuse(tx, key, request.qty, options.expected_version);
+                    options.expected_version.value_or(-1), options.fencing_token.value_or(-1));
+        if (rows.empty()) {
+          refuse(tx, key, request.qty, options.expected_version, options.fencing_token);
+        }
         return level_from(key, rows[0]);
       }
       const StockLevel read = lock_row(tx, key, options);
-      check_expected(key, options.expected_version, read.version);
+      check_writable(read, options.expected_version, options.fencing_token);
       if (read.available() < request.qty) {
         telemetry().count(key, SkuEvent::refused);
         throw_out_of_stock(key, read.available(), request.qty);
@@ -197,7 +287,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
     const pqxx::result rows =
         tx.exec(Stmt::hold_atomic, line.key.sku, line.key.location, line.qty,
                 options.expected_version.value_or(-1), ids.front().to_string(), ttl_us, key_name);
-    if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version);
+    if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version, std::nullopt);
     made.push_back(new_hold(ids.front(), line.key, line.qty, idempotency_key, rows[0]));
     return made;
   }
@@ -205,8 +295,8 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
     for (const OrderLine& line : lines) {  // sorted: rows are locked in key order
       const pqxx::result rows =
           tx.exec(Stmt::stock_delta, line.key.sku, line.key.location, Quantity{0}, line.qty,
-                  line.qty, options.expected_version.value_or(-1));
-      if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version);
+                  line.qty, options.expected_version.value_or(-1), std::int64_t{-1});
+      if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version, std::nullopt);
     }
   } else {
     // Read (and lock) every row first, in key order; decide on the reads; then write.
@@ -214,7 +304,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
     reads.reserve(lines.size());
     for (const OrderLine& line : lines) reads.push_back(lock_row(tx, line.key, options));
     for (std::size_t i = 0; i < lines.size(); ++i) {
-      check_expected(lines[i].key, options.expected_version, reads[i].version);
+      check_writable(reads[i], options.expected_version, std::nullopt);
       if (reads[i].available() < lines[i].qty) {
         telemetry().count(lines[i].key, SkuEvent::refused);
         throw_out_of_stock(lines[i].key, reads[i].available(), lines[i].qty);
@@ -286,7 +376,7 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
       });
   if (made) return made;
   return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
-    refuse(tx, key, request.qty, request.options.expected_version);  // always throws
+    refuse(tx, key, request.qty, request.options.expected_version, std::nullopt);  // throws
   });
 }
 
