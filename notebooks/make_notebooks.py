@@ -101,6 +101,84 @@ for strategy in ["atomic", "pessimistic", "advisory", "optimistic", "batched", "
     eng.reserve("mug", 1, strategy=strategy) if eng.stock("mug").available else None
 print(eng.stats()["strategies"]["auto"])
 eng.recommend("mug")  # a table: the strategy, and the answer to each question"""),
+    new_markdown_cell("""## Backorders and preorders
+
+A row may promise `backorder_limit` units beyond on_hand (default 0). `available` counts
+them; `backordered` says how many units are promised beyond what is on the shelf.
+Confirming them takes on_hand below zero: units sold but owed until the next restock."""),
+    new_code_cell("""eng.restock("console", 2)
+eng.set_backorder_limit("console", 3)
+pre = [eng.reserve("console", 1) for _ in range(5)]
+print(eng.stock("console"))
+try:
+    eng.reserve("console", 1)
+except stockade.OutOfStock as e:
+    print("OutOfStock:", e)
+for r in pre:
+    eng.confirm(r.id)
+level = eng.stock("console")
+print("on_hand", level.on_hand, "backordered", level.backordered)"""),
+    new_markdown_cell("""## Changed, deleted, never existed
+
+`discontinue` keeps the row as a tombstone and refuses new writes with `Discontinued`
+(HTTP 410), while holds that exist can still be confirmed or released. A conditional
+write tells the three cases apart, each with its HTTP status."""),
+    new_code_cell("""old = eng.restock("poster", 5)
+eng.restock("poster", 1)                       # the row changed since `old`
+keep = eng.reserve("poster", 1)
+eng.discontinue("poster")
+for attempt in (
+    lambda: eng.reserve("mug", 1, expected_version=1),          # changed: 412
+    lambda: eng.reserve("poster", 1, expected_version=old.version),  # deleted: 410
+    lambda: eng.reserve("never-was", 1, expected_version=1),    # never existed: 404
+):
+    try:
+        attempt()
+    except stockade.StockadeError as e:
+        print(f"{type(e).__name__:>16} {e.http_status}")
+print(eng.confirm(keep.id).state, eng.stock("poster").discontinued)
+print(eng.reinstate("poster").discontinued)"""),
+    new_markdown_cell("""## Leases with fencing tokens
+
+A lease is the lock for work longer than a transaction: a cycle count, a re-import.
+While it is live, writes need its token. A holder that paused past its TTL while someone
+else acquired finds its late write refused: the row remembers the newest token."""),
+    new_code_cell("""first = eng.acquire_lease("mug", timedelta(minutes=5), owner="counter-1")
+try:
+    eng.restock("mug", 1)
+except stockade.LeaseHeld as e:
+    print("LeaseHeld:", e)
+clock.advance(timedelta(minutes=6))            # counter-1 pauses past its lease
+second = eng.acquire_lease("mug", timedelta(minutes=5), owner="counter-2")
+try:
+    eng.set_on_hand("mug", 99, fencing_token=first.token)   # the late write
+except stockade.FencingTokenStale as e:
+    print("FencingTokenStale:", e)
+print(eng.set_on_hand("mug", 7, fencing_token=second.token).on_hand)
+eng.release_lease(second)"""),
+    new_markdown_cell("""## Purchase limits without write skew
+
+"At most 2 per customer across these SKUs." The naive check (sum the buyer's holds, then
+insert) lets a buyer racing on two SKUs past the limit: write skew. stockade counts each
+buyer in a parent row that both requests meet on. Eight threads of one buyer, each on
+its own SKU of the group, race both ways:"""),
+    new_code_cell("""from stockade.testing import limited_reserve_by_check, race
+
+drop = [f"drop-{i}" for i in range(8)]
+for sku in drop:
+    eng.restock(sku, 100)
+eng.set_purchase_limit("drop", per_buyer=2, skus=drop)
+
+
+def granted(call):
+    out = race(8, call)
+    return sum(1 for e in out.errors if e is None)
+
+
+naive = granted(lambda i: limited_reserve_by_check(
+    eng, drop[i], 1, buyer="naive-buyer", window=timedelta(milliseconds=20)))
+safe = granted(lambda i: eng.reserve(drop[i], 1, buyer="careful-buyer"))
+print(f"naive check-then-insert granted {naive} (limit 2); stockade granted {safe}")"""),
 ]
 
 CLAIM_TEST = [

@@ -277,26 +277,38 @@ void register_reservation_calls(py::class_<Engine>& c) {
        "reserve",
        [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
           OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
-          OptInt lock_timeout_ms, OptInt expected_version) {
-         return e.reserve({sku, location}, qty, ttl_us, std::move(idempotency_key),
-                          call_options(strategy, nowait, lock_timeout_ms, expected_version));
+          OptInt lock_timeout_ms, OptInt expected_version, OptStr buyer) {
+         CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
+         call.buyer = std::move(buyer);
+         return e.reserve({sku, location}, qty, ttl_us, std::move(idempotency_key), call);
        },
        py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("ttl_us"),
        py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
-       py::arg("lock_timeout_ms"), py::arg("expected_version"), Release())
+       py::arg("lock_timeout_ms"), py::arg("expected_version"), py::arg("buyer") = py::none(),
+       Release())
       .def(
           "reserve_order",
           [](Engine& e, const std::vector<std::tuple<std::string, std::string, Quantity>>& lines,
              OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
-             OptInt lock_timeout_ms) {
+             OptInt lock_timeout_ms, OptStr buyer) {
             std::vector<OrderLine> order;
             order.reserve(lines.size());
             for (const auto& [sku, location, qty] : lines) order.push_back({{sku, location}, qty});
-            return e.reserve_order(order, ttl_us, std::move(idempotency_key),
-                                   call_options(strategy, nowait, lock_timeout_ms, {}));
+            CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
+            call.buyer = std::move(buyer);
+            return e.reserve_order(order, ttl_us, std::move(idempotency_key), call);
           },
           py::arg("lines"), py::arg("ttl_us"), py::arg("idempotency_key"), py::arg("strategy"),
-          py::arg("nowait"), py::arg("lock_timeout_ms"), Release())
+          py::arg("nowait"), py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(), Release())
+      .def(
+          "set_purchase_limit",
+          [](Engine& e, const std::string& group, Quantity per_buyer,
+             const std::vector<std::string>& skus) {
+            e.set_purchase_limit(PurchaseLimit{group, per_buyer, skus});
+          },
+          py::arg("group"), py::arg("per_buyer"), py::arg("skus"), Release())
+      .def("remove_purchase_limit", &Engine::remove_purchase_limit, py::arg("group"), Release())
+      .def("buyer_held", &Engine::buyer_held, py::arg("group"), py::arg("buyer"), Release())
       .def(
           "confirm",
           [](Engine& e, const Uuid& id, OptInt expected_version) {
@@ -333,14 +345,17 @@ void register_async_calls(py::class_<Engine>& c) {
        "submit_reserve",
        [](Engine& e, Sink channel, std::uint64_t token, const std::string& sku,
           const std::string& location, Quantity qty, OptInt ttl_us, OptStr idempotency_key,
-          const OptStr& strategy, bool nowait, OptInt lock_timeout_ms, OptInt expected_version) {
-         e.submit_reserve({sku, location}, qty, ttl_us, std::move(idempotency_key),
-                          call_options(strategy, nowait, lock_timeout_ms, expected_version),
+          const OptStr& strategy, bool nowait, OptInt lock_timeout_ms, OptInt expected_version,
+          OptStr buyer) {
+         CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
+         call.buyer = std::move(buyer);
+         e.submit_reserve({sku, location}, qty, ttl_us, std::move(idempotency_key), call,
                           std::move(channel), token);
        },
        py::arg("channel"), py::arg("token"), py::arg("sku"), py::arg("location"), py::arg("qty"),
        py::arg("ttl_us"), py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
-       py::arg("lock_timeout_ms"), py::arg("expected_version"), Release())
+       py::arg("lock_timeout_ms"), py::arg("expected_version"), py::arg("buyer") = py::none(),
+       Release())
       .def(
           "submit_sell",
           [](Engine& e, Sink channel, std::uint64_t token, const std::string& sku,
@@ -358,17 +373,18 @@ void register_async_calls(py::class_<Engine>& c) {
           [](Engine& e, Sink channel, std::uint64_t token,
              const std::vector<std::tuple<std::string, std::string, Quantity>>& lines,
              OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
-             OptInt lock_timeout_ms) {
+             OptInt lock_timeout_ms, OptStr buyer) {
             std::vector<OrderLine> order;
             order.reserve(lines.size());
             for (const auto& [sku, location, qty] : lines) order.push_back({{sku, location}, qty});
-            e.submit_reserve_order(order, ttl_us, std::move(idempotency_key),
-                                   call_options(strategy, nowait, lock_timeout_ms, {}),
+            CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
+            call.buyer = std::move(buyer);
+            e.submit_reserve_order(order, ttl_us, std::move(idempotency_key), call,
                                    std::move(channel), token);
           },
           py::arg("channel"), py::arg("token"), py::arg("lines"), py::arg("ttl_us"),
           py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
-          py::arg("lock_timeout_ms"), Release());
+          py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(), Release());
   auto transition = [](Engine::Transition kind) {
     return [kind](Engine& e, Sink channel, std::uint64_t token, const Uuid& id,
                   OptInt expected_version) {

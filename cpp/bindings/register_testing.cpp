@@ -52,6 +52,16 @@ Reservation naive_reserve(Engine& e, const std::string& sku, const std::string& 
   return test_hooks(e.store()).naive_reserve_unsafe(key, qty, ttl_us, window_us);
 }
 
+Reservation limited_reserve(Engine& e, const std::string& sku, const std::string& location,
+                            Quantity qty, const std::string& buyer, bool serializable,
+                            std::int64_t window_us) {
+  const SkuKey key{sku, location};
+  validate_sku_key(key);
+  validate_qty(qty);
+  validate_buyer(buyer);
+  return test_hooks(e.store()).limited_reserve_by_check(key, qty, buyer, serializable, window_us);
+}
+
 LockHandle hold_lock(Engine& e, const std::string& sku, const std::string& location,
                      const std::string& kind, std::int64_t timeout_ms) {
   const SkuKey key{sku, location};
@@ -61,7 +71,8 @@ LockHandle hold_lock(Engine& e, const std::string& sku, const std::string& locat
 
 py::dict drive(Engine& engine, const std::vector<std::pair<std::string, std::string>>& skus,
                std::size_t clients, std::size_t window, std::int64_t duration_ms, Quantity qty,
-               std::int64_t ttl_us, const OptStr& strategy, bool keyed, bool confirm) {
+               std::int64_t ttl_us, const OptStr& strategy, bool keyed, bool confirm,
+               std::size_t buyers, bool sell, OptInt fencing_token) {
   LoadSpec spec;
   for (const auto& [sku, location] : skus) spec.keys.push_back({sku, location});
   spec.clients = clients;
@@ -72,6 +83,12 @@ py::dict drive(Engine& engine, const std::vector<std::pair<std::string, std::str
   spec.call = call_options(strategy, false, {}, {});
   spec.keyed = keyed;
   spec.confirm = confirm;
+  spec.buyers = buyers;
+  spec.sell = sell;
+  spec.call.fencing_token = fencing_token;
+  if (sell && (keyed || confirm || buyers > 0)) {
+    throw_invalid_argument("a sell load takes no keys, confirmations or buyers");
+  }
   LoadResult r;
   {
     py::gil_scoped_release release;
@@ -89,12 +106,18 @@ void register_testing(py::module_& m) {
   m.def("naive_reserve_unsafe", &naive_reserve, py::arg("engine"), py::arg("sku"),
         py::arg("location"), py::arg("qty"), py::arg("ttl_us"), py::arg("window_us"), Release(),
         "TEST CANARY: a deliberately broken read-modify-write that oversells under load.");
+  m.def("limited_reserve_by_check", &limited_reserve, py::arg("engine"), py::arg("sku"),
+        py::arg("location"), py::arg("qty"), py::arg("buyer"), py::arg("serializable"),
+        py::arg("window_us"), Release(),
+        "TEST CANARY (READ COMMITTED) or MEASURE (SERIALIZABLE): a purchase limit checked by "
+        "summing the buyer's reservations, with no parent row.");
   m.def("hold_lock", &hold_lock, py::arg("engine"), py::arg("sku"), py::arg("location"),
         py::arg("kind"), py::arg("timeout_ms"), Release(),
         "TEST FACILITY: holds the lock `kind` takes on a row, as another session would.");
   m.def("drive_load", &drive, py::arg("engine"), py::arg("skus"), py::arg("clients"),
         py::arg("window"), py::arg("duration_ms"), py::arg("qty"), py::arg("ttl_us"),
         py::arg("strategy"), py::arg("keyed") = false, py::arg("confirm") = false,
+        py::arg("buyers") = 0, py::arg("sell") = false, py::arg("fencing_token") = py::none(),
         "Drives reservations from C++ client threads (see stockade/tools/load.hpp); returns "
         "counts and latency percentiles.");
 }

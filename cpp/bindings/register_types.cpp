@@ -58,7 +58,9 @@ void register_types(py::module_& m) {
       .def_readonly("expires_at_us", &Reservation::expires_at_us)
       .def_readonly("created_at_us", &Reservation::created_at_us)
       .def_readonly("updated_at_us", &Reservation::updated_at_us)
-      .def_readonly("idempotency_key", &Reservation::idempotency_key);
+      .def_readonly("idempotency_key", &Reservation::idempotency_key)
+      .def_readonly("buyer", &Reservation::buyer)
+      .def_readonly("limit_group", &Reservation::limit_group);
 
   py::class_<Clock, std::shared_ptr<Clock>>(m, "Clock", "Where a memory store reads the time.");
   py::class_<ManualClock, Clock, std::shared_ptr<ManualClock>>(

@@ -45,6 +45,7 @@ void copy_input(BatchItem& to, const BatchItem& from) {
   to.qty = from.qty;
   to.ttl_us = from.ttl_us;
   to.idempotency_key = from.idempotency_key;
+  to.buyer = from.buyer;
   to.id = from.id;
   to.expected_version = from.expected_version;
   to.counted_as = from.counted_as;

@@ -39,6 +39,13 @@ BatchItem reserve_item(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
   return item;
 }
 
+// Purchase limits count holds: a sell takes no buyer.
+void refuse_buyer(const CallOptions& call) {
+  if (call.buyer) {
+    throw_invalid_argument("sell takes no buyer: purchase limits count holds (reserve)");
+  }
+}
+
 BatchItem sell_item(const SkuKey& key, Quantity qty, Strategy asked) {
   BatchItem item;
   item.op = BatchOp::sell;
@@ -266,6 +273,8 @@ WriteOptions Engine::resolve(const CallOptions& call) const {
   validate_expected_version(call.expected_version);
   validate_fencing_token(call.fencing_token);
   out.fencing_token = call.fencing_token;
+  if (call.buyer) validate_buyer(*call.buyer);
+  out.buyer = call.buyer;
   out.nowait = call.nowait;
   out.lock_timeout_ms = call.lock_timeout_ms.value_or(options_.lock_timeout_ms);
   out.retries_max = options_.retries_max;
@@ -393,6 +402,28 @@ Lease Engine::renew_lease(const SkuKey& key, FencingToken token, std::int64_t tt
   return observed(Op::renew_lease, [&] { return store_->renew_lease(key, token, ttl_us); });
 }
 
+void Engine::set_purchase_limit(const PurchaseLimit& limit) {
+  check_process();
+  validate_purchase_limit(limit);
+  observed(Op::set_purchase_limit, [&] {
+    store_->set_purchase_limit(limit);
+    return true;
+  });
+}
+
+bool Engine::remove_purchase_limit(const std::string& group) {
+  check_process();
+  validate_limit_group(group);
+  return observed(Op::remove_purchase_limit, [&] { return store_->remove_purchase_limit(group); });
+}
+
+Quantity Engine::buyer_held(const std::string& group, const std::string& buyer) {
+  check_process();
+  validate_limit_group(group);
+  validate_buyer(buyer);
+  return observed(Op::buyer_held, [&] { return store_->buyer_held(group, buyer); });
+}
+
 bool Engine::release_lease(const SkuKey& key, FencingToken token) {
   check_process();
   validate_sku_key(key);
@@ -421,6 +452,7 @@ StockLevel Engine::sell(const SkuKey& key, Quantity qty, const CallOptions& call
   check_process();
   validate_sku_key(key);
   validate_qty(qty);
+  refuse_buyer(call);
   return sell_checked(key, qty, route(key, call));
 }
 
@@ -429,6 +461,7 @@ Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_
                                     const Route& route) {
   if (route.batched) {
     BatchItem item = reserve_item(key, qty, ttl_us, idempotency_key, route.asked);
+    item.buyer = route.options.buyer;
     through_batcher(item, route, nullptr, 0);
     return std::move(item.reservation);
   }
@@ -623,6 +656,7 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
   const Route r = route(key, call);
   if (r.batched) {
     BatchItem item = reserve_item(key, qty, ttl, std::move(idempotency_key), r.asked);
+    item.buyer = r.options.buyer;
     through_batcher(item, r, std::move(sink), token);
     return;
   }
@@ -642,6 +676,7 @@ void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& cal
   check_process();
   validate_sku_key(key);
   validate_qty(qty);
+  refuse_buyer(call);
   if (!sink) throw_invalid_argument("an async call needs a completion sink");
   const Route r = route(key, call);
   if (r.batched) {

@@ -108,6 +108,16 @@ inline void check_covers(const SkuKey& key, Quantity on_hand, Quantity reserved,
               context_of(key));
 }
 
+// A reserve that would take `buyer` past the group's per_buyer.
+inline Error limit_exceeded(const SkuKey& key, const std::string& group, const std::string& buyer,
+                            Quantity held, Quantity per_buyer, Quantity qty) {
+  return Error(ErrorCode::limit_exceeded,
+               "purchase limit: buyer " + shown(buyer) + " holds " + std::to_string(held) +
+                   " of the " + std::to_string(per_buyer) + " units group " + shown(group) +
+                   " allows per buyer; " + std::to_string(qty) + " more asked for " + describe(key),
+               context_of(key));
+}
+
 inline ErrorContext context_of(const Reservation& reservation) {
   ErrorContext context = context_of(reservation.key);
   context.reservation_id = reservation.id;

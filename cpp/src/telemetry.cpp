@@ -62,7 +62,10 @@ const char* op_name(Op op) noexcept {
                                                           "reinstate",
                                                           "acquire_lease",
                                                           "renew_lease",
-                                                          "release_lease"};
+                                                          "release_lease",
+                                                          "set_purchase_limit",
+                                                          "remove_purchase_limit",
+                                                          "buyer_held"};
   return names[static_cast<std::size_t>(op)];
 }
 

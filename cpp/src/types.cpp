@@ -169,6 +169,34 @@ void validate_lease_owner(const std::string& owner) {
   validate_text(owner, "owner", lease_owner_bytes_max);
 }
 
+void validate_buyer(const std::string& buyer) {
+  validate_text(buyer, "buyer", buyer_bytes_max);
+}
+
+void validate_limit_group(const std::string& group) {
+  validate_text(group, "group", limit_group_bytes_max);
+}
+
+void validate_purchase_limit(const PurchaseLimit& limit) {
+  validate_limit_group(limit.group);
+  if (limit.per_buyer <= 0 || limit.per_buyer > quantity_max) {
+    throw_invalid_argument("per_buyer must be between 1 and " + std::to_string(quantity_max) +
+                           ", got " + std::to_string(limit.per_buyer));
+  }
+  if (limit.skus.empty() || limit.skus.size() > limit_group_skus_max) {
+    throw_invalid_argument("a purchase limit names 1 to " + std::to_string(limit_group_skus_max) +
+                           " skus, got " + std::to_string(limit.skus.size()));
+  }
+  std::vector<std::string> sorted = limit.skus;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    validate_text(sorted[i], "sku", sku_bytes_max);
+    if (i > 0 && sorted[i] == sorted[i - 1]) {
+      throw_invalid_argument("the purchase limit names sku " + shown(sorted[i]) + " twice");
+    }
+  }
+}
+
 void validate_fencing_token(const std::optional<FencingToken>& token) {
   if (token && *token <= 0) {
     throw_invalid_argument("fencing_token must be positive (a lease's token), got " +

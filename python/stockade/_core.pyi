@@ -74,6 +74,10 @@ class Reservation:
     def updated_at_us(self) -> int: ...
     @property
     def idempotency_key(self) -> Optional[str]: ...
+    @property
+    def buyer(self) -> Optional[str]: ...
+    @property
+    def limit_group(self) -> Optional[str]: ...
 
 class Clock:
     """Where a memory store reads the time."""
@@ -182,6 +186,9 @@ class Engine:
         expected_version: Optional[int],
         fencing_token: Optional[int],
     ) -> StockLevel: ...
+    def set_purchase_limit(self, group: str, per_buyer: int, skus: list[str]) -> None: ...
+    def remove_purchase_limit(self, group: str) -> bool: ...
+    def buyer_held(self, group: str, buyer: str) -> int: ...
     def acquire_lease(self, sku: str, location: str, ttl_us: int, owner: str) -> Lease: ...
     def renew_lease(self, sku: str, location: str, token: int, ttl_us: int) -> Lease: ...
     def release_lease(self, sku: str, location: str, token: int) -> bool: ...
@@ -208,6 +215,7 @@ class Engine:
         nowait: bool,
         lock_timeout_ms: Optional[int],
         expected_version: Optional[int],
+        buyer: Optional[str] = None,
     ) -> Reservation: ...
     def reserve_order(
         self,
@@ -217,6 +225,7 @@ class Engine:
         strategy: Optional[str],
         nowait: bool,
         lock_timeout_ms: Optional[int],
+        buyer: Optional[str] = None,
     ) -> list[Reservation]: ...
     def confirm(self, id: bytes, expected_version: Optional[int]) -> Reservation: ...
     def release(self, id: bytes, expected_version: Optional[int]) -> Reservation: ...
@@ -236,6 +245,7 @@ class Engine:
         nowait: bool,
         lock_timeout_ms: Optional[int],
         expected_version: Optional[int],
+        buyer: Optional[str] = None,
     ) -> None: ...
     def submit_sell(
         self,
@@ -260,6 +270,7 @@ class Engine:
         strategy: Optional[str],
         nowait: bool,
         lock_timeout_ms: Optional[int],
+        buyer: Optional[str] = None,
     ) -> None: ...
     def submit_confirm(
         self, channel: AsyncChannel, token: int, id: bytes, expected_version: Optional[int]
@@ -280,6 +291,15 @@ class Engine:
 def naive_reserve_unsafe(
     engine: Engine, sku: str, location: str, qty: int, ttl_us: int, window_us: int
 ) -> Reservation: ...
+def limited_reserve_by_check(
+    engine: Engine,
+    sku: str,
+    location: str,
+    qty: int,
+    buyer: str,
+    serializable: bool,
+    window_us: int,
+) -> Reservation: ...
 def hold_lock(
     engine: Engine, sku: str, location: str, kind: str, timeout_ms: int
 ) -> LockHandle: ...
@@ -294,6 +314,9 @@ def drive_load(
     strategy: Optional[str],
     keyed: bool = ...,
     confirm: bool = ...,
+    buyers: int = ...,
+    sell: bool = ...,
+    fencing_token: Optional[int] = ...,
 ) -> dict[str, Any]: ...
 def make_uuid_v7(unix_ms: int, shard_key: int) -> bytes: ...
 def uuid_shard_key(id: bytes) -> int: ...

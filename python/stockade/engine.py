@@ -12,7 +12,19 @@ import functools
 import os
 import socket
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union, cast
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    TypeVar,
+    Union,
+    cast,
+)
 
 from . import _core, logs
 from .aio import Bridges
@@ -189,8 +201,18 @@ def _reserve_args(
     expected_version: Optional[int],
     nowait: bool,
     lock_timeout: Optional[TtlLike],
+    buyer: Optional[str] = None,
 ) -> Tuple[
-    str, str, int, Optional[int], Optional[str], Optional[str], bool, Optional[int], Optional[int]
+    str,
+    str,
+    int,
+    Optional[int],
+    Optional[str],
+    Optional[str],
+    bool,
+    Optional[int],
+    Optional[int],
+    Optional[str],
 ]:
     return (
         check_str("sku", sku),
@@ -202,6 +224,7 @@ def _reserve_args(
         check_bool("nowait", nowait),
         optional_duration_ms("lock_timeout", lock_timeout),
         check_optional_int("expected_version", expected_version),
+        check_optional_str("buyer", buyer),
     )
 
 
@@ -213,8 +236,15 @@ def _order_args(
     strategy: Optional[StrategyLike],
     nowait: bool,
     lock_timeout: Optional[TtlLike],
+    buyer: Optional[str] = None,
 ) -> Tuple[
-    List[Tuple[str, str, int]], Optional[int], Optional[str], Optional[str], bool, Optional[int]
+    List[Tuple[str, str, int]],
+    Optional[int],
+    Optional[str],
+    Optional[str],
+    bool,
+    Optional[int],
+    Optional[str],
 ]:
     return (
         _order_lines(items, check_str("location", location)),
@@ -223,6 +253,7 @@ def _order_args(
         strategy_name(strategy),
         check_bool("nowait", nowait),
         optional_duration_ms("lock_timeout", lock_timeout),
+        check_optional_str("buyer", buyer),
     )
 
 
@@ -598,6 +629,53 @@ class Engine:
             )
         )
 
+    # --- purchase limits ---
+
+    def set_purchase_limit(self, group: str, per_buyer: int, skus: Iterable[str]) -> None:
+        """At most ``per_buyer`` units per buyer across ``skus`` (at every location): a
+        flash sale's "2 per customer across these 5 SKUs".
+
+        Creates the group or replaces its limit and SKU set. ``reserve`` and
+        ``reserve_order`` with ``buyer=`` count against it and raise ``LimitExceeded``
+        past the limit; releases and expiries give units back, confirmations keep
+        counting. It holds under every strategy, ``batched`` included, and without write
+        skew: each (group, buyer) has a parent row, locked before any stock row, that two
+        concurrent requests by one buyer meet on. A SKU belongs to one group at most
+        (``InvalidState`` otherwise, changing nothing). A call without ``buyer`` is not
+        limited."""
+        if isinstance(skus, (str, bytes)) or not isinstance(skus, Iterable):
+            raise InvalidType(f"skus must be an iterable of str, not {type(skus).__name__}")
+        self._core.set_purchase_limit(
+            group=check_str("group", group),
+            per_buyer=check_int("per_buyer", per_buyer),
+            skus=[check_str("sku", sku) for sku in skus],
+        )
+
+    def remove_purchase_limit(self, group: str) -> bool:
+        """Drops the group and its buyers' counts; returns whether it existed."""
+        return bool(self._core.remove_purchase_limit(group=check_str("group", group)))
+
+    def buyer_held(self, group: str, buyer: str) -> int:
+        """The units ``buyer`` holds or bought in ``group`` (what its limit counts)."""
+        return int(
+            self._core.buyer_held(group=check_str("group", group), buyer=check_str("buyer", buyer))
+        )
+
+    async def set_purchase_limit_async(
+        self, group: str, per_buyer: int, skus: Iterable[str]
+    ) -> None:
+        """:meth:`set_purchase_limit` as an awaitable."""
+        skus = list(skus) if not isinstance(skus, (str, bytes)) else skus
+        await _off_loop(functools.partial(self.set_purchase_limit, group, per_buyer, skus))
+
+    async def remove_purchase_limit_async(self, group: str) -> bool:
+        """:meth:`remove_purchase_limit` as an awaitable."""
+        return await _off_loop(functools.partial(self.remove_purchase_limit, group))
+
+    async def buyer_held_async(self, group: str, buyer: str) -> int:
+        """:meth:`buyer_held` as an awaitable."""
+        return await _off_loop(functools.partial(self.buyer_held, group, buyer))
+
     # --- leases ---
 
     def acquire_lease(
@@ -828,6 +906,7 @@ class Engine:
         expected_version: Optional[int] = None,
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
+        buyer: Optional[str] = None,
     ) -> Reservation:
         """Holds ``qty`` units for ``ttl`` (default: the engine's ``default_ttl``).
 
@@ -835,6 +914,8 @@ class Engine:
         request returns the same reservation; a different one raises ``IdempotencyConflict``.
         On PostgreSQL, a connection lost during COMMIT raises ``InDoubt``: retry with the
         same ``idempotency_key`` to get the reservation if it committed, or make it if not.
+        With a ``buyer``, the purchase limit of the SKU's group applies (``LimitExceeded``;
+        see :meth:`set_purchase_limit`).
         """
         args = _reserve_args(
             sku,
@@ -846,6 +927,7 @@ class Engine:
             expected_version,
             nowait,
             lock_timeout,
+            buyer,
         )
         return Reservation._from_core(self._core.reserve(*args))
 
@@ -861,6 +943,7 @@ class Engine:
         expected_version: Optional[int] = None,
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
+        buyer: Optional[str] = None,
     ) -> Reservation:
         """:meth:`reserve` as an awaitable."""
         args = _reserve_args(
@@ -873,6 +956,7 @@ class Engine:
             expected_version,
             nowait,
             lock_timeout,
+            buyer,
         )
         return await self._bridges.call(self._core.submit_reserve, Reservation._from_core, args)
 
@@ -886,13 +970,17 @@ class Engine:
         strategy: Optional[StrategyLike] = None,
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
+        buyer: Optional[str] = None,
     ) -> List[Reservation]:
         """Holds every line or none: ``{sku: qty}`` (or ``{(sku, location): qty}``).
 
         Rows are locked in sorted (sku, location) order, so concurrent orders cannot
-        deadlock. Returns one reservation per line, in the order of ``items``.
+        deadlock. Returns one reservation per line, in the order of ``items``. With a
+        ``buyer``, every line counts against the purchase limit of its SKU's group.
         """
-        args = _order_args(items, ttl, idempotency_key, location, strategy, nowait, lock_timeout)
+        args = _order_args(
+            items, ttl, idempotency_key, location, strategy, nowait, lock_timeout, buyer
+        )
         return _reservations(self._core.reserve_order(*args))
 
     async def reserve_order_async(
@@ -905,9 +993,12 @@ class Engine:
         strategy: Optional[StrategyLike] = None,
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
+        buyer: Optional[str] = None,
     ) -> List[Reservation]:
         """:meth:`reserve_order` as an awaitable."""
-        args = _order_args(items, ttl, idempotency_key, location, strategy, nowait, lock_timeout)
+        args = _order_args(
+            items, ttl, idempotency_key, location, strategy, nowait, lock_timeout, buyer
+        )
         return await self._bridges.call(self._core.submit_reserve_order, _reservations, args)
 
     def confirm(self, id: ReservationId, *, expected_version: Optional[int] = None) -> Reservation:

@@ -29,6 +29,7 @@ IdempotencyConflict      422     no         -            the key names another r
 Discontinued             410     no         -            the row was soft-deleted
 LeaseHeld                409     yes        1            another holder's lease is live
 FencingTokenStale        409     no         -            a newer lease superseded yours
+LimitExceeded            409     no         -            the buyer's purchase limit
 InDoubt                  503     yes        1            retry with the same key
 Overloaded               503     yes        1
 InvalidArgument          400     no         -
@@ -55,6 +56,7 @@ __all__ = [
     "InvalidType",
     "InvariantViolation",
     "LeaseHeld",
+    "LimitExceeded",
     "LockNotAvailable",
     "LockTimeout",
     "NotFound",
@@ -206,6 +208,15 @@ class FencingTokenStale(StockadeError):
     http_status = 409
 
 
+class LimitExceeded(StockadeError):
+    """The reservation would take the buyer past the purchase limit of the SKU's group
+    (``set_purchase_limit``); nothing was reserved. HTTP 409. Releases and expiries of
+    the buyer's holds give units back; confirmations keep counting."""
+
+    code = "limit_exceeded"
+    http_status = 409
+
+
 class InDoubt(StockadeError):
     """The commit's outcome is unknown (connection lost during COMMIT). Retry with the
     same idempotency key to learn it; never assume success or failure."""
@@ -286,6 +297,7 @@ _BY_CODE: dict[str, type[StockadeError]] = {
         Discontinued,
         LeaseHeld,
         FencingTokenStale,
+        LimitExceeded,
         InDoubt,
         Overloaded,
         InvalidArgument,

@@ -13,6 +13,7 @@ from .tools.testing import (
     RaceResult,
     flash_sale,
     hold_lock,
+    limited_reserve_by_check,
     naive_reserve,
     race,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "RaceResult",
     "flash_sale",
     "hold_lock",
+    "limited_reserve_by_check",
     "naive_reserve",
     "race",
 ]

@@ -196,7 +196,8 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """A reservation (a hold on stock) as committed."""
+    """A reservation (a hold on stock) as committed. ``buyer`` is the buyer whose
+    purchase limits it counts against, if it was made with one."""
 
     id: uuid.UUID
     sku: str
@@ -208,6 +209,7 @@ class Reservation:
     created_at: datetime
     updated_at: datetime
     idempotency_key: Optional[str]
+    buyer: Optional[str] = None
 
     @property
     def etag(self) -> str:
@@ -229,6 +231,7 @@ class Reservation:
             created,
             created if updated_us == created_us else _datetime(updated_us),
             r.idempotency_key,
+            r.buyer,
         )
 
 

@@ -67,6 +67,13 @@ class DelegatingStore : public Store {
   bool release_lease(const SkuKey& k, FencingToken t) override {
     return inner_->release_lease(k, t);
   }
+  void set_purchase_limit(const PurchaseLimit& l) override { inner_->set_purchase_limit(l); }
+  bool remove_purchase_limit(const std::string& g) override {
+    return inner_->remove_purchase_limit(g);
+  }
+  Quantity buyer_held(const std::string& g, const std::string& b) override {
+    return inner_->buyer_held(g, b);
+  }
   StockLevel stock(const SkuKey& k) override { return inner_->stock(k); }
   StockLevel sell(const SellRequest& r) override { return inner_->sell(r); }
   Reservation reserve(const ReserveRequest& r) override { return inner_->reserve(r); }

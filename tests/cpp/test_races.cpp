@@ -8,6 +8,7 @@
 // oversell, or the harness proves nothing.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -179,6 +180,42 @@ TEST_P(EveryStrategy, discontinue_races_with_reserves_and_loses_no_update) {
   EXPECT_EQ(level.reserved, granted.load());
   EXPECT_TRUE(level.discontinued == false);  // round 299 reinstated it
   EXPECT_GT(granted.load(), 0);
+}
+
+// Four threads per buyer reserve one unit at a time on the group's three SKUs until the
+// buyer's limit says no: each buyer ends with exactly its limit (no write skew), and
+// releases give units back that others of the same buyer then take.
+TEST_P(EveryStrategy, purchase_limits_hold_for_buyers_racing_on_many_skus) {
+  const std::vector<SkuKey> skus{{"a", "default"}, {"b", "default"}, {"c", "default"}};
+  for (const SkuKey& key : skus) engine->restock(key, 1000000);
+  engine->set_purchase_limit(PurchaseLimit{"drop", 50, {"a", "b", "c"}});
+  std::array<std::atomic<std::int64_t>, 4> granted{};
+  run_together(threads_count, [&](int i) {
+    CallOptions call;
+    call.strategy = GetParam();
+    call.buyer = "buyer-" + std::to_string(i % 4);
+    for (int attempt = 0; attempt < attempts_max; ++attempt) {
+      try {
+        const Reservation r = engine->reserve(skus[attempt % 3], 1, {}, {}, call);
+        if (attempt % 7 == 0) {
+          engine->release(r.id);
+        } else {
+          granted[i % 4].fetch_add(1);
+        }
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::limit_exceeded) return;
+        if (e.code() != ErrorCode::retries_exhausted) throw;
+      }
+    }
+    ADD_FAILURE() << "a buyer never reached its limit";
+  });
+  for (int b = 0; b < 4; ++b) {
+    EXPECT_EQ(granted[b].load(), 50);
+    EXPECT_EQ(engine->buyer_held("drop", "buyer-" + std::to_string(b)), 50);
+  }
+  Quantity reserved = 0;
+  for (const SkuKey& key : skus) reserved += engine->stock(key).reserved;
+  EXPECT_EQ(reserved, 200);
 }
 
 TEST_P(EveryStrategy, grants_exactly_the_units_there_are_to_racing_threads) {

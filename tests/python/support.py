@@ -14,7 +14,12 @@ PER_REQUEST_STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic"]
 ALL_STRATEGIES = [*PER_REQUEST_STRATEGIES, "batched", "auto"]
 
 # The migrations in sql/, in order.
-MIGRATIONS = ["001_schema.sql", "002_retention.sql", "003_stock_row_patterns.sql"]
+MIGRATIONS = [
+    "001_schema.sql",
+    "002_retention.sql",
+    "003_stock_row_patterns.sql",
+    "004_purchase_limits.sql",
+]
 
 # Every API test runs on each store.
 BACKENDS = ["memory", "postgres"]

@@ -92,3 +92,32 @@ def test_retention_benchmark_prints_every_section(tmp_path: Path) -> None:
     report = (tmp_path / "retention.json").read_text()
     for section in ("keyed_vs_keyless", "growth", "purge_under_load", "layout", "steady"):
         assert f'"{section}"' in report
+
+
+@pytest.mark.postgres
+def test_patterns_benchmark_prints_every_run(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "patterns.py"),
+            "--seconds",
+            "0.2",
+            "--clients",
+            "4",
+            "--skus",
+            "20",
+            "--buyers",
+            "50",
+            "--py-threads",
+            "2",
+            "--json",
+            str(tmp_path / "patterns.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    for label in ("reserve/patterns", "reserve/buyer", "sell/fenced", "wide/serializable"):
+        assert label in out.stdout
+    assert (tmp_path / "patterns.json").read_text().count('"rate"') == 13

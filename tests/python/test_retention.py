@@ -208,7 +208,7 @@ def version_one_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
     stockade_postgres.drop_database(name)
 
 
-# What migrations 002 and 003 add, taken out again: what is left is the version-1 schema,
+# What migrations 002 to 004 add, taken out again: what is left is the version-1 schema,
 # with data that the engine wrote.
 BACK_TO_VERSION_ONE = """
 DROP INDEX stockade.reservation_terminal_updated, stockade.idempotency_created;
@@ -219,6 +219,9 @@ ALTER TABLE stockade.stock
     DROP COLUMN lease_owner, DROP COLUMN lease_expires_at,
     ADD CONSTRAINT stock_reserved_within_on_hand CHECK (reserved >= 0 AND reserved <= on_hand);
 DROP SEQUENCE stockade.lease_token;
+DROP TABLE stockade.buyer_allowance, stockade.purchase_limit_sku, stockade.purchase_limit;
+ALTER TABLE stockade.reservation DROP COLUMN buyer, DROP COLUMN limit_group;
+DROP FUNCTION stockade.abort_statement();
 DELETE FROM stockade.schema_migrations WHERE version > 1;
 """
 
@@ -255,7 +258,7 @@ def test_migrations_upgrade_a_version_one_database_with_its_data(
         made = run_sql(dsn, indexes + where + names)
         assert made == "idempotency_created,reservation_terminal_updated"
         versions = "SELECT string_agg(version::text, ',') FROM stockade.schema_migrations"
-        assert run_sql(dsn, versions) == "1,2,3"
+        assert run_sql(dsn, versions) == "1,2,3,4"
         # Every row came through, and behaves as before.
         assert eng.stock("s") == before
         assert eng.reservation(hold.id) == hold

@@ -28,6 +28,7 @@ struct BatchItem {
   Quantity qty = 0;                            // reserve and sell
   std::int64_t ttl_us = 0;                     // reserve only
   std::optional<std::string> idempotency_key;  // reserve only
+  std::optional<std::string> buyer;            // reserve only: purchase limits apply
   Uuid id;                                     // confirm and release
   std::optional<Version> expected_version;     // confirm and release: the reservation's
   // The strategy the caller asked for, under which telemetry counts the outcome (reserve

@@ -49,6 +49,7 @@ struct CallOptions {
   std::optional<std::int64_t> lock_timeout_ms;
   std::optional<Version> expected_version;
   std::optional<FencingToken> fencing_token;  // sell: runs per request, like expected_version
+  std::optional<std::string> buyer;           // reserve, reserve_order: purchase limits
 };
 
 // Routing: `batched` sends reserve and sell through the hot-row batcher; `auto` asks the
@@ -101,6 +102,10 @@ class Engine {
   Lease acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner);
   Lease renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us);
   bool release_lease(const SkuKey& key, FencingToken token);
+  // Purchase limits (Store::set_purchase_limit).
+  void set_purchase_limit(const PurchaseLimit& limit);
+  bool remove_purchase_limit(const std::string& group);
+  Quantity buyer_held(const std::string& group, const std::string& buyer);
   StockLevel stock(const SkuKey& key);
   StockLevel sell(const SkuKey& key, Quantity qty, const CallOptions& call = {});
 

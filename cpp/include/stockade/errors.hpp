@@ -32,6 +32,7 @@ namespace stockade {
   X(discontinued, "the stock row was discontinued (soft-deleted)")         \
   X(lease_held, "another holder's lease on the row is live")               \
   X(fencing_token_stale, "a newer lease superseded this fencing token")    \
+  X(limit_exceeded, "the buyer's purchase limit for the group is reached") \
   X(in_doubt, "the commit's outcome is unknown")                           \
   X(overloaded, "a bounded wait or retry budget ran out; nothing changed") \
   X(invalid_argument, "bad input from the caller; nothing changed")        \

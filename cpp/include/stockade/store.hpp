@@ -32,6 +32,8 @@ struct WriteOptions {
   int retries_max = 5;                        // optimistic: attempts after the first
   std::optional<Version> expected_version;    // of the stock row
   std::optional<FencingToken> fencing_token;  // sell: the lease's token (check_writable)
+  // reserve and reserve_order: the buyer whose purchase limits apply (none: no limit).
+  std::optional<std::string> buyer;
 };
 
 struct ReserveRequest {
@@ -100,6 +102,17 @@ class Store {
   virtual Lease acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner) = 0;
   virtual Lease renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) = 0;
   virtual bool release_lease(const SkuKey& key, FencingToken token) = 0;
+
+  // Purchase limits. set_purchase_limit creates or replaces a group (its per_buyer and
+  // its SKUs; InvalidState, changing nothing, if a SKU is in another group). A reserve
+  // or order with WriteOptions::buyer counts its units in the group of each SKU it
+  // touches, against a parent row per (group, buyer) locked before any stock row, and
+  // raises LimitExceeded past per_buyer; releases and expiries give the units back,
+  // confirmations keep them. remove_purchase_limit drops a group and its counts, and
+  // says whether it existed. buyer_held is the units a buyer holds or bought in a group.
+  virtual void set_purchase_limit(const PurchaseLimit& limit) = 0;
+  virtual bool remove_purchase_limit(const std::string& group) = 0;
+  virtual Quantity buyer_held(const std::string& group, const std::string& buyer) = 0;
 
   // Reservations.
   virtual Reservation reserve(const ReserveRequest& request) = 0;

@@ -160,8 +160,11 @@ enum class Op : std::uint8_t {
   acquire_lease,
   renew_lease,
   release_lease,
+  set_purchase_limit,
+  remove_purchase_limit,
+  buyer_held,
 };
-inline constexpr std::size_t op_count = 18;
+inline constexpr std::size_t op_count = 21;
 const char* op_name(Op op) noexcept;
 
 // Histogram bucket bounds (upper, inclusive): latency in microseconds (100 us .. 10 s, and

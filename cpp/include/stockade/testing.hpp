@@ -31,6 +31,17 @@ class TestHooks {
   virtual Reservation naive_reserve_unsafe(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
                                            std::int64_t window_us) = 0;
 
+  // A purchase limit checked the naive way: sum the buyer's held and confirmed
+  // reservations on the SKUs of the group of `key`, refuse past per_buyer
+  // (LimitExceeded), wait window_us, then reserve (atomic), with no parent row. At READ
+  // COMMITTED (serializable = false) two requests by one buyer on two SKUs both pass the
+  // check: write skew, the canary that shows what the parent row prevents. With
+  // serializable = true it runs at SERIALIZABLE and retries serialization failures as
+  // every transaction does: the other way to prevent it, measured against the parent row
+  // (PostgreSQL only; the memory store raises NotSupported).
+  virtual Reservation limited_reserve_by_check(const SkuKey& key, Quantity qty,
+                                               const std::string& buyer, bool serializable,
+                                               std::int64_t window_us) = 0;
   // Takes the lock that `kind` (pessimistic: the row lock; advisory: the key's advisory
   // lock) would take, as another session would, and holds it until the result is
   // destroyed. Lets tests observe NOWAIT and lock_timeout.

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "stockade/clock.hpp"
 #include "stockade/uuid.hpp"
@@ -31,6 +32,9 @@ inline constexpr std::size_t sku_bytes_max = 256;
 inline constexpr std::size_t location_bytes_max = 256;
 inline constexpr std::size_t idempotency_key_bytes_max = 256;
 inline constexpr std::size_t lease_owner_bytes_max = 256;
+inline constexpr std::size_t buyer_bytes_max = 256;
+inline constexpr std::size_t limit_group_bytes_max = 256;
+inline constexpr std::size_t limit_group_skus_max = 10000;
 inline constexpr std::size_t order_lines_max = 1000;
 inline constexpr std::size_t expire_batch_max = 100000;
 inline constexpr std::int64_t ttl_us_max = 366LL * 24 * 3600 * 1000 * 1000;
@@ -118,6 +122,18 @@ struct Reservation {
   TimestampUs created_at_us = 0;
   TimestampUs updated_at_us = 0;
   std::optional<std::string> idempotency_key;
+  // The buyer it counts against, and the purchase-limit group it counts in (fixed when
+  // it is made, so that a release gives the units back where they were taken).
+  std::optional<std::string> buyer;
+  std::optional<std::string> limit_group;
+};
+
+// "At most per_buyer units per buyer across these SKUs" (at every location). A SKU
+// belongs to at most one group.
+struct PurchaseLimit {
+  std::string group;
+  Quantity per_buyer = 0;
+  std::vector<std::string> skus;
 };
 
 // The largest quantity one request may ask for (reserve, sell, restock, an order line):
@@ -139,6 +155,11 @@ void validate_qty(Quantity qty, const char* field = "qty");
 void validate_ttl_us(std::int64_t ttl_us);
 void validate_idempotency_key(const std::string& key);
 void validate_lease_owner(const std::string& owner);
+void validate_buyer(const std::string& buyer);
+// The group name, per_buyer (1..quantity_max) and the SKUs (1..limit_group_skus_max,
+// distinct, each a valid sku).
+void validate_purchase_limit(const PurchaseLimit& limit);
+void validate_limit_group(const std::string& group);
 void validate_fencing_token(const std::optional<FencingToken>& token);
 // The library version, from pyproject.toml (the one place it is written).
 const char* library_version() noexcept;

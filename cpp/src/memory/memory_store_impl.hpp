@@ -28,6 +28,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -103,6 +104,9 @@ class MemoryStore final : public Store, public TestHooks {
   Lease acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner) override;
   Lease renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) override;
   bool release_lease(const SkuKey& key, FencingToken token) override;
+  void set_purchase_limit(const PurchaseLimit& limit) override;
+  bool remove_purchase_limit(const std::string& group) override;
+  Quantity buyer_held(const std::string& group, const std::string& buyer) override;
   StockLevel stock(const SkuKey& key) override;
   StockLevel sell(const SellRequest& request) override;
 
@@ -122,6 +126,8 @@ class MemoryStore final : public Store, public TestHooks {
                                    std::int64_t window_us) override;
   std::unique_ptr<LockHold> hold_lock(const SkuKey& key, Strategy kind,
                                       std::int64_t timeout_ms) override;
+  Reservation limited_reserve_by_check(const SkuKey& key, Quantity qty, const std::string& buyer,
+                                       bool serializable, std::int64_t window_us) override;
 
  private:
   static constexpr std::size_t stock_shards = 64;
@@ -180,8 +186,19 @@ class MemoryStore final : public Store, public TestHooks {
                          std::optional<Version> expected);
   void expire_locked(ReservationShard& shard, ReservationRecord& record, TimestampUs now);
   void release_stock(StockRow& row, Quantity qty, bool sold, TimestampUs now);
-  Reservation reserve_now(StockRow& row, const ReserveRequest& request);
-  std::vector<Reservation> order_now(const OrderRequest& request);
+  // The purchase-limit group of each line (none if its SKU has no limit), in line order.
+  using LineGroups = std::vector<std::optional<std::string>>;
+  Reservation reserve_now(StockRow& row, const ReserveRequest& request,
+                          const std::optional<std::string>& group);
+  std::vector<Reservation> order_now(const OrderRequest& request, const LineGroups& groups);
+  // Runs make(groups) for `buyer` under the parent locks of (group, buyer) for every group
+  // the lines touch (stripes of buyer_stripes_, taken in index order), after checking
+  // that no group would pass its per_buyer (LimitExceeded); then counts the units.
+  std::vector<Reservation> within_limits(
+      const std::vector<OrderLine>& lines, const std::string& buyer,
+      const std::function<std::vector<Reservation>(const LineGroups&)>& make);
+  // A released or expired hold gives its units back to its buyer's count.
+  void give_back(const Reservation& r);
   std::vector<Reservation> with_idempotency(const std::string& key, const std::string& fingerprint,
                                             const WriteOptions& options,
                                             const std::function<std::vector<Reservation>()>& run);
@@ -205,6 +222,17 @@ class MemoryStore final : public Store, public TestHooks {
   // Leases: acquire, renew and release take lease_mutex_, so lease fields change one at a
   // time; the owners of live leases are kept here (bounded by the rows).
   std::mutex lease_mutex_;
+  // Purchase limits: the groups and their SKUs (limits_mutex_), and each buyer's units
+  // per group (allowance_mutex_, a leaf lock; an entry goes when it falls to zero), keyed
+  // by group + '\0' + buyer. A reserve with a buyer holds its stripes of buyer_stripes_
+  // from the check through the write: the memory form of the parent row's lock.
+  mutable std::shared_mutex limits_mutex_;
+  std::unordered_map<std::string, Quantity> group_limits_;
+  std::unordered_map<std::string, std::string> sku_group_;
+  std::mutex allowance_mutex_;
+  std::unordered_map<std::string, Quantity> allowances_;
+  std::unique_ptr<std::array<std::mutex, 256>> buyer_stripes_ =
+      std::make_unique<std::array<std::mutex, 256>>();
   std::unordered_map<SkuKey, std::string, SkuKeyHash> lease_owners_;
   std::atomic<FencingToken> lease_tokens_{0};
   std::atomic<std::size_t> expire_cursor_{0};

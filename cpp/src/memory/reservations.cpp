@@ -58,12 +58,15 @@ void MemoryStore::release_stock(StockRow& row, Quantity qty, bool sold, Timestam
   compare_and_set(row, decide, nullptr);
 }
 
-Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& request) {
+Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& request,
+                                     const std::optional<std::string>& group) {
   const TimestampUs now = clock_->now_us();
   // Made before the write, so that only the record's insertion (which fails only when
   // memory is exhausted) stands between the commit and the acknowledgement.
   Reservation reservation =
       new_reservation(row, request.qty, request.ttl_us, now, request.idempotency_key);
+  reservation.buyer = request.options.buyer;
+  reservation.limit_group = group;
   const auto decide = [&](const RowValues& v) {
     check_writable(level_at(row.key, v, now), request.options.expected_version, std::nullopt);
     return hold_units(telemetry(), row, v, request.qty, now);
@@ -76,13 +79,112 @@ Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& reques
 Reservation MemoryStore::reserve(const ReserveRequest& request) {
   StockRow& row = require_row(request.key);
   purge_as_you_go();
-  if (!request.idempotency_key) return reserve_now(row, request);
-  return with_idempotency(*request.idempotency_key, fingerprint(request), request.options,
-                          [&] { return std::vector<Reservation>{reserve_now(row, request)}; })
+  const auto run = [&] {
+    if (!request.options.buyer) {
+      return std::vector<Reservation>{reserve_now(row, request, std::nullopt)};
+    }
+    return within_limits({OrderLine{request.key, request.qty}}, *request.options.buyer,
+                         [&](const LineGroups& groups) {
+                           return std::vector<Reservation>{reserve_now(row, request, groups[0])};
+                         });
+  };
+  if (!request.idempotency_key) return run().front();
+  return with_idempotency(*request.idempotency_key, fingerprint(request), request.options, run)
       .front();
 }
 
-std::vector<Reservation> MemoryStore::order_now(const OrderRequest& request) {
+std::vector<Reservation> MemoryStore::within_limits(
+    const std::vector<OrderLine>& lines, const std::string& buyer,
+    const std::function<std::vector<Reservation>(const LineGroups&)>& make) {
+  LineGroups groups(lines.size());
+  std::map<std::string, std::pair<Quantity, Quantity>> asked;  // group: (units, per_buyer)
+  std::map<std::string, const SkuKey*> first_key;
+  {
+    std::shared_lock<std::shared_mutex> lock(limits_mutex_);
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      auto it = sku_group_.find(lines[i].key.sku);
+      if (it == sku_group_.end()) continue;
+      groups[i] = it->second;
+      auto& [units, per_buyer] = asked[it->second];
+      units += lines[i].qty;
+      per_buyer = group_limits_.at(it->second);
+      first_key.emplace(it->second, &lines[i].key);
+    }
+  }
+  if (asked.empty()) return make(groups);
+  std::vector<std::size_t> stripes;
+  for (const auto& [group, units] : asked) {
+    stripes.push_back(stable_hash64({group, buyer}) % buyer_stripes_->size());
+  }
+  std::sort(stripes.begin(), stripes.end());
+  stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+  std::vector<std::unique_lock<std::mutex>> held_stripes;
+  for (std::size_t stripe : stripes) held_stripes.emplace_back((*buyer_stripes_)[stripe]);
+  {
+    std::lock_guard<std::mutex> lock(allowance_mutex_);
+    for (const auto& [group, limit] : asked) {
+      auto it = allowances_.find(group + '\0' + buyer);
+      const Quantity held = it == allowances_.end() ? 0 : it->second;
+      if (held + limit.first > limit.second) {
+        telemetry().count(*first_key.at(group), SkuEvent::refused);
+        throw limit_exceeded(*first_key.at(group), group, buyer, held, limit.second, limit.first);
+      }
+    }
+  }
+  std::vector<Reservation> made = make(groups);  // throws: nothing was counted
+  std::lock_guard<std::mutex> lock(allowance_mutex_);
+  for (const auto& [group, limit] : asked) allowances_[group + '\0' + buyer] += limit.first;
+  return made;
+}
+
+void MemoryStore::give_back(const Reservation& r) {
+  if (!r.buyer || !r.limit_group) return;
+  std::lock_guard<std::mutex> lock(allowance_mutex_);
+  auto it = allowances_.find(*r.limit_group + '\0' + *r.buyer);
+  if (it == allowances_.end()) return;  // the group was removed since
+  it->second -= std::min(it->second, r.qty);
+  if (it->second == 0) allowances_.erase(it);
+}
+
+void MemoryStore::set_purchase_limit(const PurchaseLimit& limit) {
+  std::unique_lock<std::shared_mutex> lock(limits_mutex_);
+  for (const std::string& sku : limit.skus) {
+    auto it = sku_group_.find(sku);
+    if (it != sku_group_.end() && it->second != limit.group) {
+      throw Error(ErrorCode::invalid_state,
+                  "sku " + shown(sku) + " is already in purchase-limit group " + shown(it->second) +
+                      "; a sku is in one group at most");
+    }
+  }
+  for (auto it = sku_group_.begin(); it != sku_group_.end();) {
+    it = it->second == limit.group ? sku_group_.erase(it) : std::next(it);
+  }
+  for (const std::string& sku : limit.skus) sku_group_[sku] = limit.group;
+  group_limits_[limit.group] = limit.per_buyer;
+}
+
+bool MemoryStore::remove_purchase_limit(const std::string& group) {
+  std::unique_lock<std::shared_mutex> lock(limits_mutex_);
+  if (group_limits_.erase(group) == 0) return false;
+  for (auto it = sku_group_.begin(); it != sku_group_.end();) {
+    it = it->second == group ? sku_group_.erase(it) : std::next(it);
+  }
+  std::lock_guard<std::mutex> counts(allowance_mutex_);
+  const std::string prefix = group + '\0';
+  for (auto it = allowances_.begin(); it != allowances_.end();) {
+    it = it->first.compare(0, prefix.size(), prefix) == 0 ? allowances_.erase(it) : std::next(it);
+  }
+  return true;
+}
+
+Quantity MemoryStore::buyer_held(const std::string& group, const std::string& buyer) {
+  std::lock_guard<std::mutex> lock(allowance_mutex_);
+  auto it = allowances_.find(group + '\0' + buyer);
+  return it == allowances_.end() ? 0 : it->second;
+}
+
+std::vector<Reservation> MemoryStore::order_now(const OrderRequest& request,
+                                                const LineGroups& groups) {
   // Lock order is sorted (sku, location); results come back in the caller's line order.
   std::vector<std::size_t> order(request.lines.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -100,6 +202,8 @@ std::vector<Reservation> MemoryStore::order_now(const OrderRequest& request) {
   for (std::size_t k = 0; k < order.size(); ++k) {
     made[order[k]] =
         new_reservation(*rows[k], qtys[k], request.ttl_us, now, request.idempotency_key);
+    made[order[k]].buyer = request.options.buyer;
+    made[order[k]].limit_group = groups[order[k]];
   }
   apply_order(rows, qtys, request.options, now);
   for (std::size_t k = 0; k < order.size(); ++k) insert_reservation(made[order[k]], rows[k]);
@@ -109,10 +213,14 @@ std::vector<Reservation> MemoryStore::order_now(const OrderRequest& request) {
 std::vector<Reservation> MemoryStore::reserve_order(const OrderRequest& request) {
   for (const auto& line : request.lines) require_row(line.key);  // NotFound before any write
   purge_as_you_go();
-  if (!request.idempotency_key) return order_now(request);
+  const auto run = [&] {
+    if (!request.options.buyer) return order_now(request, LineGroups(request.lines.size()));
+    return within_limits(request.lines, *request.options.buyer,
+                         [&](const LineGroups& groups) { return order_now(request, groups); });
+  };
+  if (!request.idempotency_key) return run();
   std::vector<Reservation> made =
-      with_idempotency(*request.idempotency_key, fingerprint(request), request.options,
-                       [&] { return order_now(request); });
+      with_idempotency(*request.idempotency_key, fingerprint(request), request.options, run);
   // A replay returns the reservations in this call's line order, whatever the first
   // call's order was (the fingerprint ignores line order).
   std::vector<Reservation> out;
@@ -191,6 +299,7 @@ void MemoryStore::expire_locked(ReservationShard& shard, ReservationRecord& reco
                                 TimestampUs now) {
   Reservation& r = record.value;
   release_stock(*record.row, r.qty, /*sold=*/false, now);
+  give_back(r);
   shard.held_by_expiry.erase({r.expires_at_us, r.id});
   r.state = ReservationState::expired;
   r.version += 1;
@@ -226,6 +335,7 @@ Reservation MemoryStore::transition(const Uuid& id, Transition kind, std::int64_
       break;
     case Transition::release:
       release_stock(*record.row, r.qty, /*sold=*/false, now);
+      give_back(r);
       shard.held_by_expiry.erase({r.expires_at_us, r.id});
       r.state = ReservationState::released;
       break;
@@ -322,10 +432,12 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
     item->clear_outcome();
     try {
       switch (item->op) {
-        case BatchOp::reserve:
-          item->reservation = reserve(
-              ReserveRequest{item->key, item->qty, item->ttl_us, item->idempotency_key, write});
+        case BatchOp::reserve: {
+          ReserveRequest request{item->key, item->qty, item->ttl_us, item->idempotency_key, write};
+          request.options.buyer = item->buyer;
+          item->reservation = reserve(request);
           break;
+        }
         case BatchOp::sell:
           item->level = sell(SellRequest{item->key, item->qty, write});
           break;

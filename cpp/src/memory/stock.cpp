@@ -461,6 +461,41 @@ Reservation MemoryStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty, s
   return reservation;
 }
 
+Reservation MemoryStore::limited_reserve_by_check(const SkuKey& key, Quantity qty,
+                                                  const std::string& buyer, bool serializable,
+                                                  std::int64_t window_us) {
+  if (serializable) {
+    throw Error(ErrorCode::not_supported, "SERIALIZABLE is a PostgreSQL isolation level");
+  }
+  StockRow& row = require_row(key);
+  std::string group;
+  Quantity per_buyer = 0;
+  {
+    std::shared_lock<std::shared_mutex> lock(limits_mutex_);
+    auto it = sku_group_.find(key.sku);
+    if (it == sku_group_.end()) throw_invalid_argument("sku " + shown(key.sku) + " has no limit");
+    group = it->second;
+    per_buyer = group_limits_.at(group);
+  }
+  // SELECT sum(qty) FROM reservation WHERE buyer = :buyer AND sku IN (the group's skus)
+  Quantity held = 0;
+  for (ReservationShard& shard : *reservations_) {
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    for (const auto& [id, record] : shard.records) {
+      const Reservation& r = record.value;
+      if (r.buyer == buyer && r.limit_group == group &&
+          (r.state == ReservationState::held || r.state == ReservationState::confirmed)) {
+        held += r.qty;
+      }
+    }
+  }
+  if (held + qty > per_buyer) throw limit_exceeded(key, group, buyer, held, per_buyer, qty);
+  if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
+  ReserveRequest request{key, qty, 15LL * 60 * 1000 * 1000, std::nullopt, WriteOptions{}};
+  request.options.buyer = buyer;
+  return reserve_now(row, request, group);
+}
+
 std::unique_ptr<LockHold> MemoryStore::hold_lock(const SkuKey& key, Strategy kind,
                                                  std::int64_t timeout_ms) {
   StockRow& row = require_row(key);

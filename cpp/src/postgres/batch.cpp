@@ -38,10 +38,7 @@
 #include "stockade/hash.hpp"
 
 namespace stockade::detail::pg {
-namespace {
 
-// A PostgreSQL array literal: every element double-quoted, with backslashes and quotes
-// escaped, so any text but NUL (which validation already refuses) survives.
 std::string text_array(const std::vector<std::string>& values) {
   std::string out = "{";
   for (std::size_t i = 0; i < values.size(); ++i) {
@@ -64,6 +61,8 @@ std::string int_array(const std::vector<std::int64_t>& values) {
   }
   return out + "}";
 }
+
+namespace {
 
 struct RowState {
   Quantity on_hand = 0;
@@ -166,13 +165,17 @@ class BatchTx {
   bool needs_full_path() const {
     std::set<std::string_view> names;
     bool one_row = true;
+    bool buyers = false;
     for (std::size_t i = 0; i < items_.size(); ++i) {
       if (is_transition(items_[i]->op)) return true;
+      buyers = buyers || items_[i]->buyer.has_value();
       one_row = one_row && items_[i]->key == items_.front()->key;
       if (keyed(i) && (!one_row || !names.insert(*items_[i]->idempotency_key).second)) {
         return true;
       }
     }
+    // Buyers (purchase limits): the one-row statement takes their allowances, without keys.
+    if (buyers && (!one_row || !names.empty())) return true;
     return !names.empty() && !one_row;
   }
 
@@ -211,6 +214,14 @@ class BatchTx {
     }
     std::fill(decided_.begin(), decided_.end(), false);
     decide();
+    // The limited one-row statement names the SKU's purchase-limit group last.
+    if (moved[0].size() > 7 && !moved[0][7].as<std::string>().empty()) {
+      for (BatchItem* item : items_) {
+        if (item->ok && item->op == BatchOp::reserve && item->buyer) {
+          item->reservation.limit_group = moved[0][7].as<std::string>();
+        }
+      }
+    }
     return true;
   }
 
@@ -218,6 +229,7 @@ class BatchTx {
     reset();
     claim_keys(store, tx);
     lock_reservations(tx);
+    lock_allowances(tx);
     lock_rows(tx);
     decide();
     // affected_rows() is an int in libpqxx 7 and unsigned in 6.4.
@@ -230,6 +242,7 @@ class BatchTx {
                       std::to_string(reservations_written_) + " reservations; rolled back");
     }
     write_transitions(tx);
+    write_allowances(tx);
     unclaim_refused(tx);
     settle_duplicates();
   }
@@ -241,6 +254,8 @@ class BatchTx {
     keys_.clear();
     holds_.clear();
     transitions_.clear();
+    limits_.clear();
+    allowances_.clear();
     std::fill(decided_.begin(), decided_.end(), false);
     for (BatchItem* item : items_) item->clear_outcome();
   }
@@ -252,6 +267,10 @@ class BatchTx {
   void claim_keys(PostgresStore& store, Tx& tx);
   void replay(PostgresStore& store, Tx& tx, const std::vector<std::string>& names);
   void lock_reservations(Tx& tx);
+  void lock_allowances(Tx& tx);
+  void write_allowances(Tx& tx);
+  // Purchase limits for a reserve with a buyer: LimitExceeded (true) or room (false).
+  bool limit_refuses(BatchItem& item);
   void lock_rows(Tx& tx);
   void decide();
   void decide_transition(BatchItem& item);
@@ -269,6 +288,14 @@ class BatchTx {
   std::map<SkuKey, RowState> rows_;
   std::map<Uuid, Hold> holds_;  // the reservations transitions are about, as locked
   std::vector<std::pair<Uuid, const char*>> transitions_;  // new states to write
+  // Purchase limits: each limited SKU's (group, per_buyer), and each (group, buyer) parent
+  // row as locked, with the change this batch makes to it.
+  struct Allowance {
+    Quantity held = 0;
+    Quantity delta = 0;
+  };
+  std::map<std::string, std::pair<std::string, Quantity>> limits_;
+  std::map<std::pair<std::string, std::string>, Allowance> allowances_;
   TimestampUs now_us_ = 0;
   std::size_t reservations_written_ = 0;
 };
@@ -278,8 +305,10 @@ void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
   for (std::size_t i = 0; i < items_.size(); ++i) {
     if (!keyed(i)) continue;
     const BatchItem& item = *items_[i];
-    prints_[i] = fingerprint(
-        ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, WriteOptions{}});
+    WriteOptions options;
+    options.buyer = item.buyer;
+    prints_[i] =
+        fingerprint(ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, options});
     const std::string& print = prints_[i];
     auto [it, first] = keys_.try_emplace(*item.idempotency_key);
     if (!first) {
@@ -397,6 +426,7 @@ void BatchTx::decide() {
     // as locked, or as decided so far
     STOCKADE_ASSERT_ROW(row.on_hand, row.reserved, row.backorder_limit);
     STOCKADE_ASSERT(item.qty > 0);
+    if (item.op == BatchOp::reserve && item.buyer && limit_refuses(item)) continue;
     if (row.discontinued || row.leased) {  // batched calls carry no fencing token
       try {
         check_writable(level_of(item.key, row), std::nullopt, std::nullopt);
@@ -430,6 +460,13 @@ void BatchTx::decide() {
       r.expires_at_us = now_us_ + item.ttl_us;
       r.created_at_us = r.updated_at_us = now_us_;
       r.idempotency_key = item.idempotency_key;
+      r.buyer = item.buyer;
+      if (item.buyer) {
+        if (auto limit = limits_.find(item.key.sku); limit != limits_.end()) {
+          r.limit_group = limit->second.first;
+          allowances_[{limit->second.first, *item.buyer}].delta += item.qty;
+        }
+      }
     }
     item.ok = true;
   }
@@ -448,7 +485,7 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
     held.push_back(row.held);
     changes.push_back(row.changes);
   }
-  std::vector<std::string> ids, r_skus, r_locations, r_keys;
+  std::vector<std::string> ids, r_skus, r_locations, r_keys, r_buyers, r_groups;
   std::vector<std::int64_t> qtys, ttls;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     const BatchItem& item = *items_[i];
@@ -457,6 +494,8 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
     r_skus.push_back(item.key.sku);
     r_locations.push_back(item.key.location);
     r_keys.push_back(item.idempotency_key.value_or(std::string()));
+    r_buyers.push_back(item.reservation.buyer.value_or(std::string()));
+    r_groups.push_back(item.reservation.limit_group.value_or(std::string()));
     qtys.push_back(item.qty);
     ttls.push_back(item.ttl_us);
   }
@@ -465,7 +504,8 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
   return tx.exec(statement, text_array(skus), text_array(locations), int_array(sold),
                  int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
                  text_array(r_locations), int_array(qtys), int_array(ttls), text_array(r_keys),
-                 static_cast<std::int64_t>(skus.size()));
+                 static_cast<std::int64_t>(skus.size()), text_array(r_buyers),
+                 text_array(r_groups));
 }
 
 // A confirm or release, by the per-request rules: NotFound, VersionConflict, a hold no
@@ -500,6 +540,11 @@ void BatchTx::decide_transition(BatchItem& item) {
   RowState& row = found->second;
   STOCKADE_ASSERT(r.qty > 0 && r.qty <= row.reserved);  // a held hold's units are reserved
   const bool sold = item.op == BatchOp::confirm && !it->second.lapsed;
+  if (!sold && r.buyer && r.limit_group) {  // released or expired: the units go back
+    if (auto a = allowances_.find({*r.limit_group, *r.buyer}); a != allowances_.end()) {
+      a->second.delta -= r.qty;
+    }
+  }
   row.reserved -= r.qty;
   row.held -= r.qty;
   if (sold) {
@@ -522,6 +567,75 @@ void BatchTx::decide_transition(BatchItem& item) {
   item.ok = true;
 }
 
+// The parent rows of every (group, buyer) the batch touches: those of reserves with a
+// buyer on a limited SKU (made if new), and those of the holds it releases or expires.
+// Locked in sorted order after the reservation rows and before any stock row.
+void BatchTx::lock_allowances(Tx& tx) {
+  std::vector<std::string> skus;
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    const BatchItem& item = *items_[i];
+    if (!decided_[i] && item.op == BatchOp::reserve && item.buyer) skus.push_back(item.key.sku);
+  }
+  if (!skus.empty()) {
+    for (const auto& row : tx.exec(Stmt::limit_lookup, text_array(skus))) {
+      limits_.emplace(row[0].as<std::string>(),
+                      std::make_pair(row[1].as<std::string>(), row[2].as<std::int64_t>()));
+    }
+  }
+  std::set<std::pair<std::string, std::string>> made, existing;
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    const BatchItem& item = *items_[i];
+    if (decided_[i] || item.op != BatchOp::reserve || !item.buyer) continue;
+    if (auto it = limits_.find(item.key.sku); it != limits_.end()) {
+      made.emplace(it->second.first, *item.buyer);
+    }
+  }
+  for (const auto& [id, hold] : holds_) {
+    const Reservation& r = hold.reservation;
+    if (r.buyer && r.limit_group) existing.emplace(*r.limit_group, *r.buyer);
+  }
+  if (made.empty() && existing.empty()) return;
+  std::vector<std::string> groups, buyers;
+  for (const auto& [group, buyer] : made) {
+    groups.push_back(group);
+    buyers.push_back(buyer);
+  }
+  if (!groups.empty()) tx.exec(Stmt::batch_allowance_make, text_array(groups), text_array(buyers));
+  for (const auto& [group, buyer] : existing) {
+    if (made.count({group, buyer}) != 0) continue;
+    groups.push_back(group);
+    buyers.push_back(buyer);
+  }
+  for (const auto& row :
+       tx.exec(Stmt::batch_allowance_lock, text_array(groups), text_array(buyers))) {
+    allowances_[{row[0].as<std::string>(), row[1].as<std::string>()}].held =
+        row[2].as<std::int64_t>();
+  }
+}
+
+bool BatchTx::limit_refuses(BatchItem& item) {
+  auto limit = limits_.find(item.key.sku);
+  if (limit == limits_.end()) return false;
+  const auto& [group, per_buyer] = limit->second;
+  const Allowance& a = allowances_[{group, *item.buyer}];
+  if (a.held + a.delta + item.qty <= per_buyer) return false;
+  fail(item, limit_exceeded(item.key, group, *item.buyer, a.held + a.delta, per_buyer, item.qty));
+  return true;
+}
+
+void BatchTx::write_allowances(Tx& tx) {
+  std::vector<std::string> groups, buyers;
+  std::vector<std::int64_t> deltas;
+  for (const auto& [pair, a] : allowances_) {
+    if (a.delta == 0) continue;
+    groups.push_back(pair.first);
+    buyers.push_back(pair.second);
+    deltas.push_back(a.delta);
+  }
+  if (groups.empty()) return;
+  tx.exec(Stmt::batch_allowance_write, text_array(groups), text_array(buyers), int_array(deltas));
+}
+
 void BatchTx::write_transitions(Tx& tx) {
   if (transitions_.empty()) return;
   std::vector<Uuid> ids;
@@ -542,17 +656,30 @@ void BatchTx::write_transitions(Tx& tx) {
 // write() for a batch on one row, through batch_fast_one: the key travels once.
 pqxx::result BatchTx::write_one(Tx& tx) {
   const auto& [key, row] = *rows_.begin();
-  std::vector<std::string> ids, r_keys;
+  std::vector<std::string> ids, r_keys, buyers;
   std::vector<std::int64_t> qtys, ttls;
+  bool any_buyer = false;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     const BatchItem& item = *items_[i];
     if (!item.ok || item.op != BatchOp::reserve) continue;
     ids.push_back(ids_[i].to_string());
     r_keys.push_back(item.idempotency_key.value_or(std::string()));
+    buyers.push_back(item.buyer.value_or(std::string()));
+    any_buyer = any_buyer || item.buyer.has_value();
     qtys.push_back(item.qty);
     ttls.push_back(item.ttl_us);
   }
   reservations_written_ = ids.size();
+  if (any_buyer) {  // needs_full_path() sent keyed batches with buyers the long way
+    try {
+      return tx.exec(Stmt::batch_fast_one_limited, key.sku, key.location, row.sold, row.held,
+                     row.changes, text_array(ids), int_array(qtys), int_array(ttls),
+                     text_array(r_keys), text_array(buyers));
+    } catch (const pqxx::sql_error& e) {
+      if (e.sqlstate() == statement_aborted) throw FastMiss{};  // rolled back in full
+      throw;
+    }
+  }
   if (!any_keyed()) {
     return tx.exec(Stmt::batch_fast_one, key.sku, key.location, row.sold, row.held, row.changes,
                    text_array(ids), int_array(qtys), int_array(ttls), text_array(r_keys));

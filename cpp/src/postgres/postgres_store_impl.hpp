@@ -107,6 +107,9 @@ class PostgresStore final : public Store, public TestHooks {
   Lease acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner) override;
   Lease renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) override;
   bool release_lease(const SkuKey& key, FencingToken token) override;
+  void set_purchase_limit(const PurchaseLimit& limit) override;
+  bool remove_purchase_limit(const std::string& group) override;
+  Quantity buyer_held(const std::string& group, const std::string& buyer) override;
 
   Reservation reserve(const ReserveRequest& request) override;
   std::vector<Reservation> reserve_order(const OrderRequest& request) override;
@@ -133,6 +136,8 @@ class PostgresStore final : public Store, public TestHooks {
                                    std::int64_t window_us) override;
   std::unique_ptr<LockHold> hold_lock(const SkuKey& key, Strategy kind,
                                       std::int64_t timeout_ms) override;
+  Reservation limited_reserve_by_check(const SkuKey& key, Quantity qty, const std::string& buyer,
+                                       bool serializable, std::int64_t window_us) override;
 
   // The reservations with these ids, in this order (NotFound if one is missing). Used by
   // idempotent replays, per request and inside batches.
@@ -188,10 +193,24 @@ class PostgresStore final : public Store, public TestHooks {
   StockLevel admin_write(const SkuKey& key, Check&& check, Write&& write);
   std::optional<Reservation> reserve_in_one_statement(const ReserveRequest& request,
                                                       const Uuid& id);
+  // The same for a keyless atomic reserve with a buyer: allowance, row and reservation in
+  // one statement (batch_fast_one_limited); nothing if it could not apply in full (the
+  // transaction path then decides and says why).
+  std::optional<Reservation> reserve_limited_in_one_statement(const ReserveRequest& request,
+                                                              const Uuid& id);
 
   // Reservations inside a transaction.
   Reservation insert_reservation(Tx& tx, const Uuid& id, const SkuKey& key, Quantity qty,
-                                 std::int64_t ttl_us, const std::optional<std::string>& key_name);
+                                 std::int64_t ttl_us, const std::optional<std::string>& key_name,
+                                 const std::optional<std::string>& buyer = std::nullopt,
+                                 const std::optional<std::string>& group = std::nullopt);
+  // Purchase limits inside a transaction. take_allowances counts the lines' units against
+  // `buyer` in each group they touch (parent rows locked in group order, before any stock
+  // row) or raises LimitExceeded; it returns each line's group. give_back returns a
+  // released or expired hold's units.
+  using LineGroups = std::vector<std::optional<std::string>>;
+  LineGroups take_allowances(Tx& tx, const std::vector<OrderLine>& lines, const std::string& buyer);
+  void give_back(Tx& tx, const Reservation& r);
   std::vector<Reservation> hold(Tx& tx, const std::vector<OrderLine>& sorted_lines,
                                 const std::vector<Uuid>& ids, std::int64_t ttl_us,
                                 const std::optional<std::string>& idempotency_key,
@@ -253,7 +272,13 @@ ReservationState parse_state(const std::string& name);
 // A new hold as inserted; `times` holds its expires_at and created_at (epoch us).
 Reservation new_hold(const Uuid& id, const SkuKey& key, Quantity qty,
                      const std::optional<std::string>& idempotency_key, const pqxx::row& times);
+// The SQLSTATE of abort_statement() (migration 004): a one-statement write undid itself.
+inline constexpr const char* statement_aborted = "SK001";
 std::string uuid_array(const std::vector<Uuid>& ids);
+// PostgreSQL array literals. Text elements are double-quoted, with backslashes and quotes
+// escaped, so any text but NUL (which validation already refuses) survives.
+std::string text_array(const std::vector<std::string>& values);
+std::string int_array(const std::vector<std::int64_t>& values);
 // The reservations of `rows` (reservation_columns()) in the order of `ids`; NotFound if one
 // is missing.
 std::vector<Reservation> in_order(const pqxx::result& rows, const std::vector<Uuid>& ids);

@@ -1,5 +1,6 @@
 // PostgresStore: reservations, their lifecycle, expiry, idempotency keys and the sweeper.
 #include <chrono>
+#include <map>
 
 #include "postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
@@ -28,6 +29,8 @@ Reservation read_reservation(const pqxx::row& row, bool* lapsed_out) {
   r.updated_at_us = row[8].as<std::int64_t>();
   if (!row[9].is_null()) r.idempotency_key = row[9].as<std::string>();
   if (lapsed_out != nullptr) *lapsed_out = row[10].as<bool>();
+  if (!row[11].is_null()) r.buyer = row[11].as<std::string>();
+  if (!row[12].is_null()) r.limit_group = row[12].as<std::string>();
   return r;
 }
 
@@ -104,10 +107,81 @@ std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids
 
 Reservation PostgresStore::insert_reservation(Tx& tx, const Uuid& id, const SkuKey& key,
                                               Quantity qty, std::int64_t ttl_us,
-                                              const std::optional<std::string>& key_name) {
+                                              const std::optional<std::string>& key_name,
+                                              const std::optional<std::string>& buyer,
+                                              const std::optional<std::string>& group) {
   const pqxx::result rows = tx.exec(Stmt::reservation_insert, id.to_string(), key.sku, key.location,
-                                    qty, ttl_us, key_name.value_or(std::string()));
-  return new_hold(id, key, qty, key_name, rows[0]);
+                                    qty, ttl_us, key_name.value_or(std::string()),
+                                    buyer.value_or(std::string()), group.value_or(std::string()));
+  Reservation r = new_hold(id, key, qty, key_name, rows[0]);
+  r.buyer = buyer;
+  r.limit_group = group;
+  return r;
+}
+
+PostgresStore::LineGroups PostgresStore::take_allowances(Tx& tx,
+                                                         const std::vector<OrderLine>& lines,
+                                                         const std::string& buyer) {
+  std::vector<std::string> skus;
+  for (const OrderLine& line : lines) skus.push_back(line.key.sku);
+  std::map<std::string, std::pair<std::string, Quantity>> limits;  // sku: (group, per_buyer)
+  for (const auto& row : tx.exec(Stmt::limit_lookup, text_array(skus))) {
+    limits.emplace(row[0].as<std::string>(),
+                   std::make_pair(row[1].as<std::string>(), row[2].as<std::int64_t>()));
+  }
+  LineGroups groups(lines.size());
+  std::map<std::string, std::pair<Quantity, Quantity>> asked;  // group: (units, per_buyer)
+  std::map<std::string, const SkuKey*> first_key;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    auto it = limits.find(lines[i].key.sku);
+    if (it == limits.end()) continue;
+    const auto& [group, per_buyer] = it->second;
+    groups[i] = group;
+    asked[group].first += lines[i].qty;
+    asked[group].second = per_buyer;
+    first_key.emplace(group, &lines[i].key);
+  }
+  // Sorted by group: every transaction locks the parent rows in the same order, and
+  // before any stock row.
+  for (const auto& [group, limit] : asked) {
+    const auto [units, per_buyer] = limit;
+    if (!tx.exec(Stmt::allowance_take, group, buyer, units, per_buyer).empty()) continue;
+    const pqxx::result held = tx.exec(Stmt::allowance_get, group, buyer);
+    telemetry().count(*first_key.at(group), SkuEvent::refused);
+    throw limit_exceeded(*first_key.at(group), group, buyer,
+                         held.empty() ? 0 : held[0][0].as<std::int64_t>(), per_buyer, units);
+  }
+  return groups;
+}
+
+void PostgresStore::give_back(Tx& tx, const Reservation& r) {
+  if (r.buyer && r.limit_group) tx.exec(Stmt::allowance_give, *r.limit_group, *r.buyer, r.qty);
+}
+
+void PostgresStore::set_purchase_limit(const PurchaseLimit& limit) {
+  run(nullptr, ErrorContext{}, [&](Tx& tx) {
+    tx.exec(Stmt::limit_upsert, limit.group, limit.per_buyer);
+    const pqxx::result joined = tx.exec(Stmt::limit_skus_set, limit.group, text_array(limit.skus));
+    if (static_cast<std::size_t>(joined.size()) == limit.skus.size()) return 0;
+    const pqxx::result owner = tx.exec(Stmt::limit_sku_owner, limit.group, text_array(limit.skus));
+    throw Error(ErrorCode::invalid_state,
+                "sku " + shown(owner.empty() ? std::string("?") : owner[0][0].as<std::string>()) +
+                    " is already in purchase-limit group " +
+                    shown(owner.empty() ? std::string("?") : owner[0][1].as<std::string>()) +
+                    "; a sku is in one group at most");
+  });
+}
+
+bool PostgresStore::remove_purchase_limit(const std::string& group) {
+  return run(nullptr, ErrorContext{},
+             [&](Tx& tx) { return !tx.exec(Stmt::limit_delete, group).empty(); });
+}
+
+Quantity PostgresStore::buyer_held(const std::string& group, const std::string& buyer) {
+  return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    const pqxx::result held = tx.exec(Stmt::allowance_get, group, buyer);
+    return held.empty() ? Quantity{0} : Quantity{held[0][0].as<std::int64_t>()};
+  });
 }
 
 std::vector<Reservation> PostgresStore::fetch(Tx& tx, const std::vector<Uuid>& ids) {
@@ -171,6 +245,7 @@ Reservation PostgresStore::transition(const Uuid& id, Transition kind, std::int6
     check_expected(r, expected);
     if (r.state != ReservationState::held) throw not_holdable(r);
     if (lapsed) {  // expire it lazily, as the sweeper would have, and say so
+      give_back(tx, r);
       move_stock(tx, r.key, 0, r.qty);
       r = read_reservation(tx.exec(Stmt::reservation_set, id.to_string(), std::string("expired"),
                                    std::int64_t{0})[0]);
@@ -183,6 +258,7 @@ Reservation PostgresStore::transition(const Uuid& id, Transition kind, std::int6
         next = "confirmed";
         break;
       case Transition::release:
+        give_back(tx, r);
         move_stock(tx, r.key, 0, r.qty);
         next = "released";
         break;
@@ -225,11 +301,21 @@ std::size_t PostgresStore::expire_due(std::size_t limit) {
 std::size_t PostgresStore::expire_in(Tx& tx, std::size_t limit) {
   const pqxx::result groups = tx.exec(Stmt::expire_pick, static_cast<std::int64_t>(limit));
   std::size_t expired = 0;
-  for (const auto& group : groups) {  // sorted by (sku, location): stock lock order
-    const SkuKey key{group[0].as<std::string>(), group[1].as<std::string>()};
-    move_stock(tx, key, 0, group[2].as<std::int64_t>());
+  // Units back to the buyers' counts first, then to the stock rows: each in sorted order,
+  // parent rows before stock rows, as a reserve locks them.
+  std::map<std::pair<std::string, std::string>, Quantity> allowances;
+  std::map<SkuKey, Quantity> rows;
+  for (const auto& group : groups) {
+    const Quantity qty = group[2].as<std::int64_t>();
+    rows[SkuKey{group[0].as<std::string>(), group[1].as<std::string>()}] += qty;
     expired += group[3].as<std::size_t>();
+    const std::string limit_group = group[4].as<std::string>();
+    if (!limit_group.empty()) allowances[{limit_group, group[5].as<std::string>()}] += qty;
   }
+  for (const auto& [pair, qty] : allowances) {
+    tx.exec(Stmt::allowance_give, pair.first, pair.second, qty);
+  }
+  for (const auto& [key, qty] : rows) move_stock(tx, key, 0, qty);
   return expired;
 }
 

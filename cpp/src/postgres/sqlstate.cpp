@@ -10,7 +10,7 @@ using C = ErrorCode;
 
 // Every SQLSTATE the store treats specially. Anything else is a DatabaseError that
 // carries its SQLSTATE.
-constexpr std::array<SqlStateRule, 14> rules{{
+constexpr std::array<SqlStateRule, 15> rules{{
     {"40001", A::retry, C::overloaded, "serialization failures"},
     {"40P01", A::retry, C::overloaded, "deadlocks"},
     {"55P03", A::lock, C::lock_timeout, "lock not available"},
@@ -24,6 +24,8 @@ constexpr std::array<SqlStateRule, 14> rules{{
     {"22003", A::raise, C::invalid_argument, "a quantity would overflow a 64-bit value"},
     {"42P01", A::raise, C::invalid_state, "the schema is missing or not migrated"},
     {"3F000", A::raise, C::invalid_state, "the schema is missing or not migrated"},
+    {"42703", A::raise, C::invalid_state,
+     "the schema is older than this version of stockade (a column is missing)"},
     {"53300", A::raise, C::unavailable, "the database is unavailable"},
     {"57P01", A::raise, C::unavailable, "the database is unavailable"},
     {"57P02", A::raise, C::unavailable, "the database is unavailable"},

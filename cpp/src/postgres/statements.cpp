@@ -39,7 +39,7 @@ std::string open_row_for(int n) {
 std::string reservation_columns() {
   return "id::text, sku, location, qty, state, version, " + epoch_us("expires_at") + ", " +
          epoch_us("created_at") + ", " + epoch_us("updated_at") +
-         ", idempotency_key, expires_at <= now()";
+         ", idempotency_key, expires_at <= now(), buyer, limit_group";
 }
 
 std::string ttl_from_now(int param) {
@@ -150,9 +150,11 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
   set(Stmt::reservation_insert,
       "INSERT INTO " + reservation +
           " (id, sku, location, qty, state, version, expires_at, idempotency_key, created_at,"
-          " updated_at) VALUES ($1::uuid, $2, $3, $4, 'held', 1, " +
-          ttl_from_now(5) + ", NULLIF($6, ''), now(), now()) RETURNING " + epoch_us("expires_at") +
-          ", " + epoch_us("created_at"));
+          " updated_at, buyer, limit_group) VALUES ($1::uuid, $2, $3, $4, 'held', 1, " +
+          ttl_from_now(5) +
+          ", NULLIF($6, ''), now(), now(), NULLIF($7, ''), NULLIF($8, ''))"
+          " RETURNING " +
+          epoch_us("expires_at") + ", " + epoch_us("created_at"));
   const std::string reservation_get =
       "SELECT " + reservation_columns() + " FROM " + reservation + " WHERE id = $1::uuid";
   set(Stmt::reservation_get, reservation_get);
@@ -174,8 +176,9 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
           " done AS (UPDATE " +
           reservation +
           " r SET state = 'expired', version = r.version + 1, updated_at = now() FROM due"
-          " WHERE r.id = due.id RETURNING r.sku, r.location, r.qty)"
-          " SELECT sku, location, sum(qty)::bigint, count(*) FROM done GROUP BY sku, location"
+          " WHERE r.id = due.id RETURNING r.sku, r.location, r.qty, r.limit_group, r.buyer)"
+          " SELECT sku, location, sum(qty)::bigint, count(*), coalesce(limit_group, ''),"
+          " coalesce(buyer, '') FROM done GROUP BY sku, location, limit_group, buyer"
           " ORDER BY sku COLLATE \"C\", location COLLATE \"C\"");
   // Retention, oldest first through the indexes of migration 002. $1: the horizon's age
   // in microseconds on the database clock; $2: at most this many keys (or reservations);
@@ -239,8 +242,67 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
       "SELECT request_fingerprint, array_to_string(reservation_ids, ',')"
       " FROM " +
           schema + ".idempotency WHERE key = $1 FOR KEY SHARE");
+  add_limit_statements(schema, set);
   set(Stmt::advisory_lock, "SELECT pg_advisory_xact_lock($1::bigint)");
   set(Stmt::advisory_try_lock, "SELECT pg_try_advisory_xact_lock($1::bigint)");
+}
+
+// Purchase limits (migration 004): the groups, and the parent row per (group, buyer).
+template <class Set>
+void Statements::add_limit_statements(const std::string& schema, Set& set) {
+  const std::string allowance = schema + ".buyer_allowance";
+  set(Stmt::limit_lookup, "SELECT s.sku, s.group_name, l.per_buyer FROM " + schema +
+                              ".purchase_limit_sku s JOIN " + schema +
+                              ".purchase_limit l ON l.group_name = s.group_name"
+                              " WHERE s.sku = ANY($1::text[])");
+  // Takes $3 units of (group $1, buyer $2) if that keeps it within $4, locking its row
+  // (made at $3 if it is new); no row back means the limit would be passed.
+  set(Stmt::allowance_take,
+      "INSERT INTO " + allowance +
+          " AS a (group_name, buyer, held) SELECT $1, $2, $3::bigint"
+          " WHERE $3::bigint <= $4::bigint ON CONFLICT (group_name, buyer) DO UPDATE"
+          " SET held = a.held + EXCLUDED.held WHERE a.held + EXCLUDED.held <= $4::bigint"
+          " RETURNING held");
+  set(Stmt::allowance_get,
+      "SELECT held FROM " + allowance + " WHERE group_name = $1 AND buyer = $2");
+  // Gives $3 units back; never below zero (a group removed and made again starts afresh).
+  set(Stmt::allowance_give, "UPDATE " + allowance +
+                                " SET held = held - least(held, $3::bigint)"
+                                " WHERE group_name = $1 AND buyer = $2");
+  set(Stmt::limit_upsert,
+      "INSERT INTO " + schema +
+          ".purchase_limit (group_name, per_buyer) VALUES ($1, $2)"
+          " ON CONFLICT (group_name) DO UPDATE SET per_buyer = EXCLUDED.per_buyer");
+  // The group's SKUs become $2: those it no longer names go, the new ones join. A SKU of
+  // another group is left alone and missing from the rows returned.
+  set(Stmt::limit_skus_set,
+      "WITH gone AS (DELETE FROM " + schema +
+          ".purchase_limit_sku WHERE group_name = $1 AND NOT (sku = ANY($2::text[])))"
+          " INSERT INTO " +
+          schema +
+          ".purchase_limit_sku AS s (sku, group_name) SELECT unnest($2::text[]), $1"
+          " ON CONFLICT (sku) DO UPDATE SET group_name = EXCLUDED.group_name"
+          " WHERE s.group_name = EXCLUDED.group_name RETURNING sku");
+  set(Stmt::limit_sku_owner, "SELECT sku, group_name FROM " + schema +
+                                 ".purchase_limit_sku WHERE sku = ANY($2::text[])"
+                                 " AND group_name <> $1 LIMIT 1");
+  set(Stmt::limit_delete, "WITH counts AS (DELETE FROM " + allowance +
+                              " WHERE group_name = $1) DELETE FROM " + schema +
+                              ".purchase_limit WHERE group_name = $1 RETURNING 1");
+  // Batches: make the rows of new (group, buyer) pairs, then lock them all, sorted; then
+  // write each pair's net change.
+  const std::string pairs = " unnest($1::text[], $2::text[]) AS t(g, b)";
+  set(Stmt::batch_allowance_make,
+      "INSERT INTO " + allowance + " (group_name, buyer, held) SELECT g, b, 0 FROM" + pairs +
+          " ORDER BY g COLLATE \"C\", b COLLATE \"C\" ON CONFLICT (group_name, buyer) DO NOTHING");
+  set(Stmt::batch_allowance_lock,
+      "SELECT a.group_name, a.buyer, a.held FROM " + allowance + " a JOIN" + pairs +
+          " ON a.group_name = t.g AND a.buyer = t.b"
+          " ORDER BY a.group_name COLLATE \"C\", a.buyer COLLATE \"C\" FOR UPDATE OF a");
+  set(Stmt::batch_allowance_write,
+      "UPDATE " + allowance +
+          " AS a SET held = greatest(a.held + d.delta, 0) FROM unnest($1::text[], $2::text[],"
+          " $3::bigint[]) AS d(g, b, delta) WHERE a.group_name = d.g AND a.buyer = d.b");
 }
 
 // The hot-row batcher's statements: each takes arrays (one element per request or per
@@ -279,10 +341,11 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
           " INSERT INTO " +
           schema +
           ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
-          " created_at, updated_at) SELECT i::uuid, k, l, q, 'held', 1,"
-          " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()"
-          " FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],"
-          " $11::text[]) AS r(i, k, l, q, t, ik) WHERE (SELECT count(*) FROM moved) = $12");
+          " created_at, updated_at, buyer, limit_group) SELECT i::uuid, k, l, q, 'held', 1,"
+          " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now(), NULLIF(rb, ''),"
+          " NULLIF(rg, '') FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[],"
+          " $10::bigint[], $11::text[], $13::text[], $14::text[]) AS r(i, k, l, q, t, ik, rb, rg) "
+          "WHERE (SELECT count(*) FROM moved) = $12");
   set(Stmt::batch_unclaim, "DELETE FROM " + idempotency + " WHERE key = ANY($1::text[])");
   // Confirms and releases: their reservation rows, locked in id order before any stock row
   // (the order a per-request transition keeps), and their new states, written at once.
@@ -322,10 +385,11 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
           " made AS (INSERT INTO " +
           schema +
           ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
-          " created_at, updated_at) SELECT i::uuid, k, l, q, 'held', 1,"
-          " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()"
-          " FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],"
-          " $11::text[]) AS r(i, k, l, q, t, ik), verdict WHERE verdict.all_fit)"
+          " created_at, updated_at, buyer, limit_group) SELECT i::uuid, k, l, q, 'held', 1,"
+          " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now(), NULLIF(rb, ''),"
+          " NULLIF(rg, '') FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[],"
+          " $10::bigint[], $11::text[], $13::text[], $14::text[]) AS r(i, k, l, q, t, ik, rb, rg), "
+          "verdict WHERE verdict.all_fit)"
           " SELECT sku, location, on_hand, reserved, version, " +
           epoch_us("now()") + ", backorder_limit FROM moved");
   // The fast path for a batch on one row (the hot SKU): the guarded UPDATE takes the row
@@ -354,6 +418,39 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
   const std::string answer = " SELECT sku, location, on_hand, reserved, version, " +
                              epoch_us("now()") + ", backorder_limit FROM moved";
   set(Stmt::batch_fast_one, "WITH" + moved + moved_end + made + answer);
+  // The one-row form with buyers ($10, '' for none): in one statement, each buyer's units
+  // in the SKU's purchase-limit group are taken from its parent row (locked, sorted,
+  // before the stock row) if they stay within the limit; the row moves only if every
+  // buyer's did; and a statement that took allowances but could not move the row aborts
+  // itself (SK001), so it never leaves a count without its reservations. No row back, or
+  // SK001: the caller decides the long way. The last column is the group's name.
+  set(Stmt::batch_fast_one_limited,
+      "WITH lim AS (SELECT l.group_name AS g, l.per_buyer AS cap FROM " + schema +
+          ".purchase_limit_sku s JOIN " + schema +
+          ".purchase_limit l ON l.group_name = s.group_name WHERE s.sku = $1),"
+          " req AS (SELECT * FROM unnest($6::text[], $7::bigint[], $8::bigint[], $9::text[],"
+          " $10::text[]) AS r(i, q, t, ik, b)),"
+          " asks AS (SELECT b, sum(q)::bigint AS q FROM req WHERE b <> '' AND EXISTS"
+          " (SELECT 1 FROM lim) GROUP BY b),"
+          " taken AS (INSERT INTO " +
+          schema +
+          ".buyer_allowance AS a (group_name, buyer, held) SELECT lim.g, asks.b, asks.q"
+          " FROM lim, asks WHERE asks.q <= lim.cap ORDER BY asks.b COLLATE \"C\""
+          " ON CONFLICT (group_name, buyer) DO UPDATE SET held = a.held + EXCLUDED.held"
+          " WHERE a.held + EXCLUDED.held <= (SELECT cap FROM lim) RETURNING 1)," +
+          moved + " AND (SELECT count(*) FROM taken) = (SELECT count(*) FROM asks)" + moved_end +
+          " made AS (INSERT INTO " + schema +
+          ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
+          " created_at, updated_at, buyer, limit_group) SELECT i::uuid, $1, $2, q, 'held', 1,"
+          " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now(), NULLIF(b, ''),"
+          " CASE WHEN b <> '' THEN (SELECT g FROM lim) END FROM req"
+          " WHERE EXISTS (SELECT 1 FROM moved))"
+          " SELECT m.sku, m.location, m.on_hand, m.reserved, m.version, " +
+          epoch_us("now()") +
+          ", m.backorder_limit, coalesce((SELECT g FROM lim), '')"
+          " FROM (SELECT 1) AS one LEFT JOIN moved m ON true WHERE CASE WHEN m.sku IS NOT NULL"
+          " THEN true WHEN EXISTS (SELECT 1 FROM taken) THEN " +
+          schema + ".abort_statement() ELSE false END");
   set(Stmt::batch_fast_one_keyed,
       "WITH taken AS (SELECT count(*) AS n FROM " + schema +
           ".idempotency WHERE key = ANY($10::text[]))," + moved + " AND (SELECT n FROM taken) = 0" +
@@ -393,6 +490,17 @@ const char* Statements::name(Stmt s) {
       "stockade_counts_estimate",
       "stockade_idempotency_claim",
       "stockade_idempotency_get",
+      "stockade_limit_lookup",
+      "stockade_allowance_take",
+      "stockade_allowance_get",
+      "stockade_allowance_give",
+      "stockade_limit_upsert",
+      "stockade_limit_skus_set",
+      "stockade_limit_sku_owner",
+      "stockade_limit_delete",
+      "stockade_batch_allowance_make",
+      "stockade_batch_allowance_lock",
+      "stockade_batch_allowance_write",
       "stockade_advisory_lock",
       "stockade_advisory_try_lock",
       "stockade_batch_claim",
@@ -403,6 +511,7 @@ const char* Statements::name(Stmt s) {
       "stockade_batch_fast",
       "stockade_batch_fast_one",
       "stockade_batch_fast_one_keyed",
+      "stockade_batch_fast_one_limited",
       "stockade_batch_lock_reservations",
       "stockade_batch_transition",
   };

@@ -38,6 +38,17 @@ enum class Stmt : std::size_t {
   counts_estimate,
   idempotency_claim,
   idempotency_get,
+  limit_lookup,
+  allowance_take,
+  allowance_get,
+  allowance_give,
+  limit_upsert,
+  limit_skus_set,
+  limit_sku_owner,
+  limit_delete,
+  batch_allowance_make,
+  batch_allowance_lock,
+  batch_allowance_write,
   advisory_lock,
   advisory_try_lock,
   batch_claim,
@@ -48,6 +59,7 @@ enum class Stmt : std::size_t {
   batch_fast,
   batch_fast_one,
   batch_fast_one_keyed,
+  batch_fast_one_limited,
   batch_lock_reservations,
   batch_transition,
   count_
@@ -67,6 +79,8 @@ class Statements {
   void add_stock_statements(const std::string& schema, Set& set);
   template <class Set>
   void add_reservation_statements(const std::string& schema, Set& set);
+  template <class Set>
+  void add_limit_statements(const std::string& schema, Set& set);
   template <class Set>
   void add_batch_statements(const std::string& schema, Set& set);
   template <class Set>

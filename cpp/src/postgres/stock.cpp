@@ -281,7 +281,10 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
   std::vector<Reservation> made;
   made.reserve(lines.size());
   const std::string key_name = idempotency_key.value_or(std::string());
-  if (options.strategy == Strategy::atomic && lines.size() == 1) {
+  // Purchase limits first: the parent rows are locked before any stock row.
+  const LineGroups groups =
+      options.buyer ? take_allowances(tx, lines, *options.buyer) : LineGroups(lines.size());
+  if (options.strategy == Strategy::atomic && lines.size() == 1 && !options.buyer) {
     // One statement: the conditional UPDATE and the reservation row together.
     const OrderLine& line = lines.front();
     const pqxx::result rows =
@@ -315,8 +318,8 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
     }
   }
   for (std::size_t i = 0; i < lines.size(); ++i) {
-    made.push_back(
-        insert_reservation(tx, ids[i], lines[i].key, lines[i].qty, ttl_us, idempotency_key));
+    made.push_back(insert_reservation(tx, ids[i], lines[i].key, lines[i].qty, ttl_us,
+                                      idempotency_key, options.buyer, groups[i]));
   }
   return made;
 }
@@ -345,7 +348,15 @@ Reservation PostgresStore::reserve(const ReserveRequest& request) {
                          if (options.strategy == Strategy::optimistic) {
                            return optimistic_retry(&request.key, options, attempt);
                          }
-                         if (options.strategy == Strategy::atomic && !request.idempotency_key) {
+                         if (options.strategy == Strategy::atomic && !request.idempotency_key &&
+                             options.buyer && !options.expected_version) {
+                           if (std::optional<Reservation> made =
+                                   reserve_limited_in_one_statement(request, ids.front())) {
+                             return std::vector<Reservation>{*made};
+                           }
+                         }
+                         if (options.strategy == Strategy::atomic && !request.idempotency_key &&
+                             !options.buyer) {
                            if (std::optional<Reservation> made =
                                    reserve_in_one_statement(request, ids.front())) {
                              return std::vector<Reservation>{*made};
@@ -378,6 +389,40 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
   return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
     refuse(tx, key, request.qty, request.options.expected_version, std::nullopt);  // throws
   });
+}
+
+std::optional<Reservation> PostgresStore::reserve_limited_in_one_statement(
+    const ReserveRequest& request, const Uuid& id) {
+  const SkuKey& key = request.key;
+  const std::string ids = text_array({id.to_string()});
+  const std::string qtys = int_array({request.qty});
+  const std::string ttls = int_array({request.ttl_us});
+  const std::string buyers = text_array({*request.options.buyer});
+  try {
+    return run<RunMode::one_statement>(
+        &request.options, context_of(key), [&](Tx& tx) -> std::optional<Reservation> {
+          const pqxx::result rows =
+              tx.exec(Stmt::batch_fast_one_limited, key.sku, key.location, Quantity{0}, request.qty,
+                      std::int64_t{1}, ids, qtys, ttls, text_array({""}), buyers);
+          if (rows.empty()) return std::nullopt;
+          // The row's values right after this hold, and the database's now().
+          Reservation r;
+          r.id = id;
+          r.key = key;
+          r.qty = request.qty;
+          r.state = ReservationState::held;
+          r.version = 1;
+          r.created_at_us = r.updated_at_us = rows[0][5].as<std::int64_t>();
+          r.expires_at_us = r.created_at_us + request.ttl_us;
+          r.buyer = request.options.buyer;
+          const std::string group = rows[0][7].as<std::string>();
+          if (!group.empty()) r.limit_group = group;
+          return r;
+        });
+  } catch (const Error& e) {
+    if (e.context().sqlstate == statement_aborted) return std::nullopt;
+    throw;
+  }
 }
 
 std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& request) {

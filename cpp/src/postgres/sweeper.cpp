@@ -23,6 +23,13 @@ void PostgresStore::sweep_loop() {
   bool elected = false;
   bool was_leader = false;
   bool told_unmigrated = false;
+  const auto note_unmigrated = [&](bool& told) {
+    if (told) return;
+    log(LogLevel::info, "stockade.sweeper",
+        "the schema '" + options_.schema +
+            "' is not migrated to this version yet; sweeping once migrate() has run");
+    told = true;
+  };
   LogLimiter round_errors(60'000'000);  // a sweeper that cannot reach the database: once a minute
   std::unique_lock<std::mutex> lock(sweeper_mutex_);
   while (!stopping_) {
@@ -50,13 +57,10 @@ void PostgresStore::sweep_loop() {
     } catch (const pqxx::undefined_table&) {
       // The schema is not migrated yet (an engine opened before migrate()): nothing to
       // sweep, and not a failure. The session, and the election, stay.
-      if (!told_unmigrated) {
-        log(LogLevel::info, "stockade.sweeper",
-            "the schema '" + options_.schema +
-                "' has no tables yet; sweeping once migrate() "
-                "has made them");
-        told_unmigrated = true;
-      }
+      note_unmigrated(told_unmigrated);
+    } catch (const pqxx::undefined_column&) {
+      // Migrations are running (or a newer stockade runs on an older schema): the same.
+      note_unmigrated(told_unmigrated);
     } catch (const std::exception& e) {
       error = e.what();
       leader.reset();  // closing the session also gives up the election

@@ -42,6 +42,14 @@ std::optional<std::string> next_key(const LoadSpec& spec, std::mt19937_64& rng) 
   return key;
 }
 
+// The call options of the next request: a random buyer's, when the spec has buyers.
+const CallOptions& next_call(const LoadSpec& spec, std::minstd_rand& rng, CallOptions& scratch) {
+  if (spec.buyers == 0) return spec.call;
+  scratch = spec.call;
+  scratch.buyer = "buyer-" + std::to_string(rng() % spec.buyers);
+  return scratch;
+}
+
 double micros_since(Steady::time_point start) {
   return std::chrono::duration<double, std::micro>(Steady::now() - start).count();
 }
@@ -74,14 +82,20 @@ void blocking_client(Engine& engine, const LoadSpec& spec, std::size_t id,
   std::minstd_rand rng(spec.seed + static_cast<std::uint32_t>(id) * 7919u);
   std::mt19937_64 key_rng(std::random_device{}() ^ id);
   std::uniform_int_distribution<std::size_t> pick(0, spec.keys.size() - 1);
+  CallOptions scratch;
   while (!stop.load(std::memory_order_relaxed)) {
     auto start = Steady::now();
     std::optional<Uuid> held;
     try {
-      held = engine
-                 .reserve(spec.keys[pick(rng)], spec.qty, spec.ttl_us, next_key(spec, key_rng),
-                          spec.call)
-                 .id;
+      const SkuKey& key = spec.keys[pick(rng)];
+      if (spec.sell) {
+        engine.sell(key, spec.qty, spec.call);
+      } else {
+        held = engine
+                   .reserve(key, spec.qty, spec.ttl_us, next_key(spec, key_rng),
+                            next_call(spec, rng, scratch))
+                   .id;
+      }
       tally.count(nullptr);
     } catch (const Error& e) {
       tally.count(&e);
@@ -109,14 +123,20 @@ void windowed_client(Engine& engine, const LoadSpec& spec, std::size_t id,
   std::vector<std::uint64_t> free_tokens;
   for (std::uint64_t t = 0; t < spec.window; ++t) free_tokens.push_back(t);
   std::vector<Completion> done;
+  CallOptions scratch;
   std::size_t in_flight = 0;
   while (!stop.load(std::memory_order_relaxed) || in_flight > 0) {
     while (!stop.load(std::memory_order_relaxed) && !free_tokens.empty()) {
       const std::uint64_t token = free_tokens.back();
       started[token] = Steady::now();
       try {
-        engine.submit_reserve(spec.keys[pick(rng)], spec.qty, spec.ttl_us, next_key(spec, key_rng),
-                              spec.call, sink, token);
+        const SkuKey& key = spec.keys[pick(rng)];
+        if (spec.sell) {
+          engine.submit_sell(key, spec.qty, spec.call, sink, token);
+        } else {
+          engine.submit_reserve(key, spec.qty, spec.ttl_us, next_key(spec, key_rng),
+                                next_call(spec, rng, scratch), sink, token);
+        }
       } catch (const Error& e) {  // could not be queued
         tally.count(&e);
         tally.latencies_us.push_back(micros_since(started[token]));

@@ -19,6 +19,7 @@ from ..values import (
     Strategy,
     StrategyLike,
     TtlLike,
+    check_bool,
     check_int,
     check_str,
     duration_ms,
@@ -26,7 +27,7 @@ from ..values import (
     strategy_name,
 )
 
-__all__ = ["hold_lock", "naive_reserve"]
+__all__ = ["hold_lock", "limited_reserve_by_check", "naive_reserve"]
 
 
 def naive_reserve(
@@ -47,6 +48,37 @@ def naive_reserve(
             location=check_str("location", location),
             qty=check_int("qty", qty),
             ttl_us=duration_us("ttl", ttl),
+            window_us=duration_us("window", window),
+        )
+    )
+
+
+def limited_reserve_by_check(
+    engine: Engine,
+    sku: str,
+    qty: int,
+    *,
+    buyer: str,
+    location: str = DEFAULT_LOCATION,
+    serializable: bool = False,
+    window: TtlLike = timedelta(microseconds=200),
+) -> Reservation:
+    """A purchase limit checked the naive way, with no parent row: sum the buyer's held
+    and confirmed reservations on the group's SKUs, raise ``LimitExceeded`` past the
+    limit, wait ``window``, then reserve.
+
+    UNSAFE at READ COMMITTED (``serializable=False``, the default): two requests by one
+    buyer on two SKUs both pass the check (write skew). A canary for tests. With
+    ``serializable=True`` (PostgreSQL only) it runs at SERIALIZABLE and retries
+    serialization failures: the alternative to the parent row, for the benchmark."""
+    return Reservation._from_core(
+        _core.limited_reserve_by_check(
+            engine._core,
+            sku=check_str("sku", sku),
+            location=check_str("location", location),
+            qty=check_int("qty", qty),
+            buyer=check_str("buyer", buyer),
+            serializable=check_bool("serializable", serializable),
             window_us=duration_us("window", window),
         )
     )

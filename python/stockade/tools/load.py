@@ -21,6 +21,7 @@ from ..values import (
     TtlLike,
     check_bool,
     check_int,
+    check_optional_int,
     duration_ms,
     duration_us,
     strategy_name,
@@ -65,14 +66,21 @@ def drive_load(
     strategy: Optional[StrategyLike] = None,
     keyed: bool = False,
     confirm: bool = False,
+    buyers: int = 0,
+    sell: bool = False,
+    fencing_token: Optional[int] = None,
 ) -> LoadResult:
     """Drives ``clients`` C++ threads for ``seconds``; each request reserves ``qty`` of a
     SKU picked uniformly from ``skus`` (names, or ``(sku, location)`` pairs), with
     ``strategy`` (default: the engine's). ``keyed`` gives every reservation a fresh random
     idempotency key; ``confirm`` (blocking clients, ``window=1``) confirms every granted
-    hold at once, and counts each confirmation as a request."""
+    hold at once, and counts each confirmation as a request. ``buyers`` makes each
+    reservation for one of that many buyers, at random (purchase limits apply); ``sell``
+    sells instead of reserving, with ``fencing_token`` if given."""
     if not isinstance(engine, Engine):
         raise InvalidType(f"engine must be a stockade.Engine, not {type(engine).__name__}")
+    if check_int("buyers", buyers) < 0:
+        raise InvalidArgument(f"buyers must not be negative, got {buyers}")
     keys = [(s, DEFAULT_LOCATION) if isinstance(s, str) else (str(s[0]), str(s[1])) for s in skus]
     if not keys:
         raise InvalidArgument("drive_load needs at least one sku")
@@ -87,6 +95,9 @@ def drive_load(
         strategy_name(strategy),
         check_bool("keyed", keyed),
         check_bool("confirm", confirm),
+        check_int("buyers", buyers),
+        check_bool("sell", sell),
+        check_optional_int("fencing_token", fencing_token),
     )
     return LoadResult(
         requests=int(out["requests"]),

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Generic, List, Optional, TypeVar
 
 from ..values import check_int
-from .hooks import hold_lock, naive_reserve
+from .hooks import hold_lock, limited_reserve_by_check, naive_reserve
 from .loadgen import FlashSaleReport, LoadInvariantError, flash_sale
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "RaceResult",
     "flash_sale",
     "hold_lock",
+    "limited_reserve_by_check",
     "naive_reserve",
     "race",
 ]

@@ -30,6 +30,11 @@ struct LoadSpec {
   // Blocking clients only: each granted hold is confirmed at once (reserve, then confirm,
   // as a checkout does); a confirmation counts as a request of its own.
   bool confirm = false;
+  // Each reservation is made for one of `buyers` buyers, picked at random ("buyer-<n>"),
+  // so that purchase limits apply (0: no buyer).
+  std::size_t buyers = 0;
+  // Sell instead of reserve (with spec.call, a fencing_token included).
+  bool sell = false;
 };
 
 inline constexpr std::size_t load_clients_max = 4096;
