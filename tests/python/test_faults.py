@@ -49,16 +49,18 @@ def assert_ledger(eng: stockade.Engine, sku: str, acknowledged: List[stockade.Re
 # --- a connection cut while its write waits for a row lock ---
 
 
-@pytest.mark.parametrize("keyed", [False, True], ids=["keyless", "keyed"])
+@pytest.mark.parametrize("mode", ["keyless", "keyed", "buyer"])
 @pytest.mark.parametrize("strategy", ALL_STRATEGIES)
 def test_a_write_cut_while_it_waits_for_a_row_lock_is_answered_exactly_once(
-    proxy: CommitCuttingProxy, stockade_database: str, strategy: str, keyed: bool
+    proxy: CommitCuttingProxy, stockade_database: str, strategy: str, mode: str
 ) -> None:
     # The proxy cuts the connection while the write waits for a lock another session
     # holds. The server does not notice a dead client while it waits, so the write is
     # still running when the engine goes looking for it: the engine must end that session
     # first, or the original commits behind its back (once a key conflict for a request
     # that had no key, and all of a batch's rows committed under a definite failure).
+    # With buyers, each buyer's purchase-limit count must match its reservations: a write
+    # that ran once more must not have counted twice.
     callers = 16 if strategy == "batched" else 1
     dbname = field(stockade_database, "dbname")
     kind = "advisory" if strategy == "advisory" else "pessimistic"
@@ -69,11 +71,15 @@ def test_a_write_cut_while_it_waits_for_a_row_lock_is_answered_exactly_once(
         stockade.Engine.postgres(proxy.dsn(dbname), pool_size=4, batch_lock_slice=10) as eng,
     ):
         eng.restock("hot", 100)
+        eng.set_purchase_limit("drop", 1000, ["hot"])
 
         def call(i: int) -> None:
             try:
-                key = f"order-{i}" if keyed else None
-                outcomes[i] = eng.reserve("hot", 2, strategy=strategy, idempotency_key=key)
+                key = f"order-{i}" if mode == "keyed" else None
+                buyer = f"buyer-{i % 3}" if mode == "buyer" else None
+                outcomes[i] = eng.reserve(
+                    "hot", 2, strategy=strategy, idempotency_key=key, buyer=buyer
+                )
             except stockade.StockadeError as e:
                 outcomes[i] = e
 
@@ -92,6 +98,9 @@ def test_a_write_cut_while_it_waits_for_a_row_lock_is_answered_exactly_once(
         made = [o for o in outcomes.values() if isinstance(o, stockade.Reservation)]
         assert len(made) == callers
         assert_ledger(eng, "hot", made)
+        for b in range(3):
+            held = sum(r.qty for r in made if r.buyer == f"buyer-{b}")
+            assert eng.buyer_held("drop", f"buyer-{b}") == held
 
 
 @pytest.mark.parametrize("cut", ["after", "stalled"])
