@@ -8,10 +8,14 @@ compare the ratios, not the absolute numbers. Sections:
   2. hot SKU, 64 C++ clients keeping --window async requests each in flight (batched, auto);
   3. hot SKU, asyncio tasks in Python awaiting reserve_async (batched, auto): 64 of them,
      and --asyncio-tasks of them;
-  4. --cold-skus SKUs under uniform load, 64 C++ clients: atomic against auto.
+  4. --cold-skus SKUs under uniform load, 64 C++ clients: atomic against auto;
+  5. replicas: the hot SKU from --replicas processes sharing the --clients (4 x 16),
+     against one process with all of them (1 x 64), batched and auto; each process is an
+     engine of its own, as gunicorn workers or pods are.
 
     python benchmarks/hot_sku.py [--seconds 3] [--clients 64] [--window 16]
-                                 [--asyncio-tasks 1024] [--cold-skus 10000] [--json FILE]
+                                 [--asyncio-tasks 1024] [--cold-skus 10000]
+                                 [--replicas 4] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.
 """
@@ -21,6 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -92,6 +98,56 @@ def asyncio_load(
     return asyncio.run(_asyncio_load(eng, sku, strategy, tasks, seconds))
 
 
+# One replica: an engine in its own process, started at a shared instant, driving the hot
+# SKU from C++ threads; prints its figures as JSON. The DSN comes in the environment.
+REPLICA = """
+import json, os, sys, time
+import stockade
+from stockade.tools import drive_load
+sku, strategy, clients, seconds, start_at = sys.argv[1:6]
+with stockade.Engine.postgres(os.environ["STOCKADE_DSN"], pool_size=int(clients)) as eng:
+    eng.stock(sku)  # connected before the start
+    time.sleep(max(0.0, float(start_at) - time.time()))
+    r = drive_load(eng, [sku], clients=int(clients), seconds=float(seconds), strategy=strategy)
+    batcher = eng.stats()["batcher"]
+    print(json.dumps({"granted": r.granted, "failed": r.failed, "seconds": r.seconds,
+                      "p50_us": r.p50_us, "p99_us": r.p99_us,
+                      "batch_size_mean": batcher["batch_size_mean"]}))
+"""
+
+
+def replicas_load(
+    dsn: str, sku: str, strategy: str, processes: int, clients: int, seconds: float
+) -> Dict[str, Any]:
+    """`processes` replicas with clients // processes C++ clients each, started together."""
+    start_at = time.time() + 3.0  # time to start Python and connect
+    env = {**os.environ, "STOCKADE_DSN": dsn}
+    argv = [sku, strategy, str(clients // processes), str(seconds), str(start_at)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", REPLICA, *argv], stdout=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(processes)
+    ]
+    outs = []
+    for child in children:
+        stdout, _ = child.communicate(timeout=seconds + 120)
+        if child.returncode != 0:
+            raise SystemExit(f"a replica failed (exit {child.returncode})")
+        outs.append(json.loads(stdout))
+    elapsed = max(o["seconds"] for o in outs)
+    granted = sum(o["granted"] for o in outs)
+    return {
+        "granted": granted,
+        "failed": sum(o["failed"] for o in outs),
+        "seconds": elapsed,
+        "rate": granted / elapsed,
+        "p50_us": sum(o["p50_us"] for o in outs) / len(outs),
+        "p99_us": max(o["p99_us"] for o in outs),
+        "batch_size_mean": sum(o["batch_size_mean"] for o in outs) / len(outs),
+    }
+
+
 def table(title: str, rows: List[Dict[str, Any]], base: Optional[float] = None) -> None:
     print(f"\n### {title}\n")
     print("| case | reservations/s | p50 ms | p99 ms | failed | vs atomic |")
@@ -105,7 +161,9 @@ def table(title: str, rows: List[Dict[str, Any]], base: Optional[float] = None) 
     sys.stdout.flush()
 
 
-def run(eng: stockade.Engine, pg_sql: Any, args: argparse.Namespace) -> Dict[str, Any]:
+def run(
+    eng: stockade.Engine, pg_sql: Any, args: argparse.Namespace, dsn: str = ""
+) -> Dict[str, Any]:
     def fresh_sku(eng: stockade.Engine, name: str) -> str:
         # Every case starts from a checkpoint, so none pays for the WAL an earlier one wrote.
         pg_sql("CHECKPOINT")
@@ -173,6 +231,26 @@ def run(eng: stockade.Engine, pg_sql: Any, args: argparse.Namespace) -> Dict[str
     )
     report["cold"] = cold
 
+    replicas = []
+    replica_ratios = {}
+    for strategy in ["batched", "auto"]:
+        rates = []
+        for processes in [1, args.replicas]:
+            sku = fresh_sku(eng, f"hot-replicas-{strategy}-{processes}")
+            r = replicas_load(dsn, sku, strategy, processes, args.clients, args.seconds)
+            per = args.clients // processes
+            replicas.append({"case": f"{strategy}, {processes} x {per} clients", **r})
+            rates.append(r["rate"])
+        replica_ratios[f"replicas_{args.replicas}_vs_1_{strategy}"] = rates[1] / rates[0]
+    table(
+        f"5. one hot SKU, {args.clients} C++ clients in 1 process and in {args.replicas}",
+        replicas,
+        atomic,
+    )
+    for r in replicas:
+        print(f"- {r['case']}: batches of {r['batch_size_mean']:.1f} requests on average")
+    report["hot_replicas"] = replicas
+
     batched = hot[STRATEGIES.index("batched")]["rate"]
     auto_hot = hot[STRATEGIES.index("auto")]["rate"]
     ratios = {
@@ -183,6 +261,7 @@ def run(eng: stockade.Engine, pg_sql: Any, args: argparse.Namespace) -> Dict[str
         "asyncio_batched_many_tasks_per_s": aio[1]["rate"],
         "auto_vs_atomic_cold_p50_latency": cold[1]["p50_us"] / cold[0]["p50_us"],
         "auto_vs_atomic_cold_throughput": cold[1]["rate"] / cold[0]["rate"],
+        **replica_ratios,
     }
     report["ratios"] = ratios
     print("\n### ratios\n")
@@ -205,6 +284,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--asyncio-tasks", type=int, default=1024, help="the second asyncio case: this many tasks"
     )
     parser.add_argument("--cold-skus", type=int, default=10_000)
+    parser.add_argument(
+        "--replicas", type=int, default=4, help="section 5: processes sharing the clients"
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     print(
@@ -215,7 +297,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         dsn = pg.dsn()
         with stockade.Engine.postgres(dsn, pool_size=args.clients) as eng:
             eng.migrate()
-            report = run(eng, lambda sql: pg.sql(sql), args)
+            report = run(eng, lambda sql: pg.sql(sql), args, dsn)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -27,6 +27,8 @@ def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
             "16",
             "--cold-skus",
             "50",
+            "--replicas",
+            "2",
             "--json",
             str(tmp_path / "hot.json"),
         ],
@@ -35,11 +37,13 @@ def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    for title in ("1. one hot SKU", "2. one hot SKU", "3. one hot SKU", "4. 50 cold SKUs"):
+    titles = ("1. one hot SKU", "2. one hot SKU", "3. one hot SKU", "4. 50 cold SKUs")
+    for title in (*titles, "5. one hot SKU, 8 C++ clients in 1 process and in 2"):
         assert title in out.stdout
     for strategy in ("atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"):
         assert f"| {strategy} |" in out.stdout
-    assert (tmp_path / "hot.json").read_text().count("rate") >= 12
+    assert (tmp_path / "hot.json").read_text().count("rate") >= 16
+    assert "replicas_2_vs_1_batched" in out.stdout
 
 
 @pytest.mark.postgres
