@@ -88,6 +88,7 @@ void register_types(py::module_& m) {
       },
       py::arg("sku"), py::arg("location"), "The stable 64-bit hash of (sku, location).");
   m.attr("QUANTITY_MAX") = quantity_max;
+  m.attr("LIMIT_GROUP_SKUS_MAX") = limit_group_skus_max;
   // The largest value of each count option, so that Python refuses a value out of range
   // with InvalidArgument before it reaches a C++ integer.
   py::dict limits;

@@ -5,6 +5,7 @@ from typing import Any, Optional
 __version__: str
 ERROR_CODES: tuple[str, ...]
 QUANTITY_MAX: int
+LIMIT_GROUP_SKUS_MAX: int
 OPTION_LIMITS: dict[str, int]
 
 def parse_conninfo(dsn: str) -> list[tuple[str, str]]: ...

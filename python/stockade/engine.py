@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import os
 import socket
 from datetime import datetime, timedelta, timezone
@@ -645,10 +646,16 @@ class Engine:
         limited."""
         if isinstance(skus, (str, bytes)) or not isinstance(skus, Iterable):
             raise InvalidType(f"skus must be an iterable of str, not {type(skus).__name__}")
+        # Read one past the bound at most: an endless iterable is refused, not consumed.
+        bounded = list(itertools.islice(skus, _core.LIMIT_GROUP_SKUS_MAX + 1))
+        if len(bounded) > _core.LIMIT_GROUP_SKUS_MAX:
+            raise InvalidArgument(
+                f"a purchase limit names at most {_core.LIMIT_GROUP_SKUS_MAX} skus"
+            )
         self._core.set_purchase_limit(
             group=check_str("group", group),
             per_buyer=check_int("per_buyer", per_buyer),
-            skus=[check_str("sku", sku) for sku in skus],
+            skus=[check_str("sku", sku) for sku in bounded],
         )
 
     def remove_purchase_limit(self, group: str) -> bool:
@@ -665,7 +672,6 @@ class Engine:
         self, group: str, per_buyer: int, skus: Iterable[str]
     ) -> None:
         """:meth:`set_purchase_limit` as an awaitable."""
-        skus = list(skus) if not isinstance(skus, (str, bytes)) else skus
         await _off_loop(functools.partial(self.set_purchase_limit, group, per_buyer, skus))
 
     async def remove_purchase_limit_async(self, group: str) -> bool:

@@ -8,6 +8,7 @@ buyer) must not, under every strategy, batched included.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
 from datetime import timedelta
 from typing import List
@@ -148,6 +149,10 @@ def test_groups_are_replaced_removed_and_checked(engine: stockade.Engine) -> Non
             bad()
     with pytest.raises(stockade.InvalidType):
         engine.set_purchase_limit("g", 1, "drop-a")  # a str is not a list of SKUs
+    endless = (f"sku-{i}" for i in itertools.count())
+    with pytest.raises(stockade.InvalidArgument, match="at most 10000 skus"):
+        engine.set_purchase_limit("g", 1, endless)  # refused, not consumed
+    assert engine.reserve("drop-a", 1, buyer="ann").qty == 1  # nothing changed: no limit
 
 
 def _buyers_race(engine: stockade.Engine, reserve_one: object, buyers: int = 8) -> Counter[str]:
