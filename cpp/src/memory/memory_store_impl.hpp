@@ -36,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../limits.hpp"
 #include "row_cell.hpp"
 #include "stockade/clock.hpp"
 #include "stockade/hash.hpp"
@@ -83,6 +84,12 @@ RowValues hold_units(Telemetry& telemetry, StockRow& row, const RowValues& curre
 // now + ttl, or InvalidArgument (before anything is written) when `what` (a hold, a
 // lease) would outlive the last instant a timestamp can hold: a ManualClock near 9999.
 TimestampUs expiry_of(TimestampUs now, std::int64_t ttl_us, const char* what);
+// The row as it stands after a change by a write: every field kept, the version moved.
+RowValues changed(const RowValues& v, TimestampUs now);
+// check_writable on a row read at `now`, without building a StockLevel when the row is
+// open (not discontinued, no lease live) and no token is given: the hot path.
+void check_row(const SkuKey& key, const RowValues& v, TimestampUs now,
+               const std::optional<Version>& expected, const std::optional<FencingToken>& token);
 // The row as a StockLevel at `now` (whether its lease is live depends on the time).
 StockLevel level_at(const SkuKey& key, const RowValues& v, TimestampUs now);
 
@@ -186,8 +193,6 @@ class MemoryStore final : public Store, public TestHooks {
                          std::optional<Version> expected);
   void expire_locked(ReservationShard& shard, ReservationRecord& record, TimestampUs now);
   void release_stock(StockRow& row, Quantity qty, bool sold, TimestampUs now);
-  // The purchase-limit group of each line (none if its SKU has no limit), in line order.
-  using LineGroups = std::vector<std::optional<std::string>>;
   Reservation reserve_now(StockRow& row, const ReserveRequest& request,
                           const std::optional<std::string>& group);
   std::vector<Reservation> order_now(const OrderRequest& request, const LineGroups& groups);

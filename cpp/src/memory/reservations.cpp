@@ -47,11 +47,9 @@ void MemoryStore::insert_reservation(const Reservation& reservation, StockRow* r
 void MemoryStore::release_stock(StockRow& row, Quantity qty, bool sold, TimestampUs now) {
   const auto decide = [&](const RowValues& v) {
     STOCKADE_ASSERT(qty > 0 && qty <= v.reserved);  // a held hold's units are reserved
-    RowValues next = v;
+    RowValues next = changed(v, now);
     if (sold) next.on_hand -= qty;
     next.reserved -= qty;
-    next.version += 1;
-    next.updated_at_us = now;
     STOCKADE_ASSERT_ROW(next.on_hand, next.reserved, next.backorder_limit);
     return next;
   };
@@ -68,7 +66,7 @@ Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& reques
   reservation.buyer = request.options.buyer;
   reservation.limit_group = group;
   const auto decide = [&](const RowValues& v) {
-    check_writable(level_at(row.key, v, now), request.options.expected_version, std::nullopt);
+    check_row(row.key, v, now, request.options.expected_version, std::nullopt);
     return hold_units(telemetry(), row, v, request.qty, now);
   };
   apply(row, request.options, decide);
@@ -96,24 +94,22 @@ Reservation MemoryStore::reserve(const ReserveRequest& request) {
 std::vector<Reservation> MemoryStore::within_limits(
     const std::vector<OrderLine>& lines, const std::string& buyer,
     const std::function<std::vector<Reservation>(const LineGroups&)>& make) {
-  LineGroups groups(lines.size());
-  std::map<std::string, std::pair<Quantity, Quantity>> asked;  // group: (units, per_buyer)
-  std::map<std::string, const SkuKey*> first_key;
+  LineGroups groups;
+  std::map<std::string, GroupAsk> asks;
   {
     std::shared_lock<std::shared_mutex> lock(limits_mutex_);
-    for (std::size_t i = 0; i < lines.size(); ++i) {
-      auto it = sku_group_.find(lines[i].key.sku);
-      if (it == sku_group_.end()) continue;
-      groups[i] = it->second;
-      auto& [units, per_buyer] = asked[it->second];
-      units += lines[i].qty;
-      per_buyer = group_limits_.at(it->second);
-      first_key.emplace(it->second, &lines[i].key);
-    }
+    asks = group_asks(
+        lines,
+        [&](const std::string& sku) -> std::optional<std::pair<std::string, Quantity>> {
+          auto it = sku_group_.find(sku);
+          if (it == sku_group_.end()) return std::nullopt;
+          return std::make_pair(it->second, group_limits_.at(it->second));
+        },
+        groups);
   }
-  if (asked.empty()) return make(groups);
+  if (asks.empty()) return make(groups);
   std::vector<std::size_t> stripes;
-  for (const auto& [group, units] : asked) {
+  for (const auto& [group, ask] : asks) {
     stripes.push_back(stable_hash64({group, buyer}) % buyer_stripes_->size());
   }
   std::sort(stripes.begin(), stripes.end());
@@ -122,18 +118,18 @@ std::vector<Reservation> MemoryStore::within_limits(
   for (std::size_t stripe : stripes) held_stripes.emplace_back((*buyer_stripes_)[stripe]);
   {
     std::lock_guard<std::mutex> lock(allowance_mutex_);
-    for (const auto& [group, limit] : asked) {
+    for (const auto& [group, ask] : asks) {
       auto it = allowances_.find(group + '\0' + buyer);
       const Quantity held = it == allowances_.end() ? 0 : it->second;
-      if (held + limit.first > limit.second) {
-        telemetry().count(*first_key.at(group), SkuEvent::refused);
-        throw limit_exceeded(*first_key.at(group), group, buyer, held, limit.second, limit.first);
+      if (held + ask.units > ask.per_buyer) {
+        telemetry().count(*ask.first, SkuEvent::refused);
+        throw limit_exceeded(*ask.first, group, buyer, held, ask.per_buyer, ask.units);
       }
     }
   }
   std::vector<Reservation> made = make(groups);  // throws: nothing was counted
   std::lock_guard<std::mutex> lock(allowance_mutex_);
-  for (const auto& [group, limit] : asked) allowances_[group + '\0' + buyer] += limit.first;
+  for (const auto& [group, ask] : asks) allowances_[group + '\0' + buyer] += ask.units;
   return made;
 }
 

@@ -43,14 +43,6 @@ std::unique_lock<TimedLock> acquire(TimedLock& mutex, const SkuKey& key,
   return lock;
 }
 
-// The row as it stands after a change by this write: every field kept, the version moved.
-RowValues changed(const RowValues& v, TimestampUs now) {
-  RowValues next = v;
-  next.version += 1;
-  next.updated_at_us = now;
-  return next;
-}
-
 class HeldLock final : public LockHold {
  public:
   explicit HeldLock(std::unique_lock<TimedLock> lock) : lock_(std::move(lock)) {}
@@ -80,6 +72,22 @@ StockLevel level_at(const SkuKey& key, const RowValues& v, TimestampUs now) {
   return level;
 }
 
+RowValues changed(const RowValues& v, TimestampUs now) {
+  RowValues next = v;
+  next.version += 1;
+  next.updated_at_us = now;
+  return next;
+}
+
+void check_row(const SkuKey& key, const RowValues& v, TimestampUs now,
+               const std::optional<Version>& expected, const std::optional<FencingToken>& token) {
+  if (v.discontinued == 0 && !token && !v.lease_live(now)) {  // the common case: open
+    check_expected(key, expected, v.version);
+    return;
+  }
+  check_writable(level_at(key, v, now), expected, token);
+}
+
 Quantity available_of(const RowValues& v) {
   return v.on_hand + v.backorder_limit - v.reserved;
 }
@@ -89,16 +97,14 @@ RowValues hold_units(Telemetry& telemetry, StockRow& row, const RowValues& curre
   STOCKADE_ASSERT(qty > 0);
   // a consistent read
   STOCKADE_ASSERT_ROW(current.on_hand, current.reserved, current.backorder_limit);
-  check_writable(level_at(row.key, current, now), std::nullopt, std::nullopt);
+  check_row(row.key, current, now, std::nullopt, std::nullopt);
   const Quantity available = available_of(current);
   if (available < qty) {
     telemetry.count(row.key, SkuEvent::refused);
     throw_out_of_stock(row.key, available, qty);
   }
-  RowValues next = current;
+  RowValues next = changed(current, now);
   next.reserved += qty;
-  next.version += 1;
-  next.updated_at_us = now;
   STOCKADE_ASSERT_ROW(next.on_hand, next.reserved, next.backorder_limit);
   return next;
 }
@@ -233,7 +239,7 @@ StockLevel MemoryStore::restock(const SkuKey& key, Quantity qty, std::optional<V
                                 std::optional<FencingToken> token) {
   const TimestampUs now = clock_->now_us();
   const auto decide = [&](const RowValues& v) {
-    check_writable(level_at(key, v, now), expected, token);
+    check_row(key, v, now, expected, token);
     RowValues next = changed(v, now);
     next.on_hand = checked_add(v.on_hand, qty, "restock");
     return next;
@@ -246,7 +252,7 @@ StockLevel MemoryStore::set_on_hand(const SkuKey& key, Quantity on_hand,
                                     std::optional<FencingToken> token) {
   const TimestampUs now = clock_->now_us();
   const auto decide = [&](const RowValues& v) {
-    check_writable(level_at(key, v, now), expected, token);
+    check_row(key, v, now, expected, token);
     check_covers(key, on_hand, v.reserved, v.backorder_limit);
     RowValues next = changed(v, now);
     next.on_hand = on_hand;
@@ -261,7 +267,7 @@ StockLevel MemoryStore::set_backorder_limit(const SkuKey& key, Quantity limit,
   StockRow& row = require_row(key);
   const TimestampUs now = clock_->now_us();
   const auto decide = [&](const RowValues& v) {
-    check_writable(level_at(key, v, now), expected, token);
+    check_row(key, v, now, expected, token);
     check_covers(key, v.on_hand, v.reserved, limit);
     RowValues next = changed(v, now);
     next.backorder_limit = limit;
@@ -357,8 +363,7 @@ StockLevel MemoryStore::sell(const SellRequest& request) {
   StockRow& row = require_row(request.key);
   const TimestampUs now = clock_->now_us();
   const auto decide = [&](const RowValues& v) {
-    check_writable(level_at(row.key, v, now), request.options.expected_version,
-                   request.options.fencing_token);
+    check_row(row.key, v, now, request.options.expected_version, request.options.fencing_token);
     if (available_of(v) < request.qty) {
       telemetry().count(row.key, SkuEvent::refused);
       throw_out_of_stock(row.key, available_of(v), request.qty);

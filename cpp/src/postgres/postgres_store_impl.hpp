@@ -32,6 +32,7 @@
 
 #include "../backoff.hpp"
 #include "../error_helpers.hpp"
+#include "../limits.hpp"
 #include "dsn.hpp"
 #include "pool.hpp"
 #include "sqlstate.hpp"
@@ -208,7 +209,6 @@ class PostgresStore final : public Store, public TestHooks {
   // `buyer` in each group they touch (parent rows locked in group order, before any stock
   // row) or raises LimitExceeded; it returns each line's group. give_back returns a
   // released or expired hold's units.
-  using LineGroups = std::vector<std::optional<std::string>>;
   LineGroups take_allowances(Tx& tx, const std::vector<OrderLine>& lines, const std::string& buyer);
   void give_back(Tx& tx, const Reservation& r);
   std::vector<Reservation> hold(Tx& tx, const std::vector<OrderLine>& sorted_lines,

@@ -119,9 +119,8 @@ Reservation PostgresStore::insert_reservation(Tx& tx, const Uuid& id, const SkuK
   return r;
 }
 
-PostgresStore::LineGroups PostgresStore::take_allowances(Tx& tx,
-                                                         const std::vector<OrderLine>& lines,
-                                                         const std::string& buyer) {
+LineGroups PostgresStore::take_allowances(Tx& tx, const std::vector<OrderLine>& lines,
+                                          const std::string& buyer) {
   std::vector<std::string> skus;
   for (const OrderLine& line : lines) skus.push_back(line.key.sku);
   std::map<std::string, std::pair<std::string, Quantity>> limits;  // sku: (group, per_buyer)
@@ -129,27 +128,23 @@ PostgresStore::LineGroups PostgresStore::take_allowances(Tx& tx,
     limits.emplace(row[0].as<std::string>(),
                    std::make_pair(row[1].as<std::string>(), row[2].as<std::int64_t>()));
   }
-  LineGroups groups(lines.size());
-  std::map<std::string, std::pair<Quantity, Quantity>> asked;  // group: (units, per_buyer)
-  std::map<std::string, const SkuKey*> first_key;
-  for (std::size_t i = 0; i < lines.size(); ++i) {
-    auto it = limits.find(lines[i].key.sku);
-    if (it == limits.end()) continue;
-    const auto& [group, per_buyer] = it->second;
-    groups[i] = group;
-    asked[group].first += lines[i].qty;
-    asked[group].second = per_buyer;
-    first_key.emplace(group, &lines[i].key);
-  }
+  LineGroups groups;
+  const auto asks = group_asks(
+      lines,
+      [&](const std::string& sku) -> std::optional<std::pair<std::string, Quantity>> {
+        auto it = limits.find(sku);
+        if (it == limits.end()) return std::nullopt;
+        return it->second;
+      },
+      groups);
   // Sorted by group: every transaction locks the parent rows in the same order, and
   // before any stock row.
-  for (const auto& [group, limit] : asked) {
-    const auto [units, per_buyer] = limit;
-    if (!tx.exec(Stmt::allowance_take, group, buyer, units, per_buyer).empty()) continue;
+  for (const auto& [group, ask] : asks) {
+    if (!tx.exec(Stmt::allowance_take, group, buyer, ask.units, ask.per_buyer).empty()) continue;
     const pqxx::result held = tx.exec(Stmt::allowance_get, group, buyer);
-    telemetry().count(*first_key.at(group), SkuEvent::refused);
-    throw limit_exceeded(*first_key.at(group), group, buyer,
-                         held.empty() ? 0 : held[0][0].as<std::int64_t>(), per_buyer, units);
+    telemetry().count(*ask.first, SkuEvent::refused);
+    throw limit_exceeded(*ask.first, group, buyer, held.empty() ? 0 : held[0][0].as<std::int64_t>(),
+                         ask.per_buyer, ask.units);
   }
   return groups;
 }
