@@ -1,7 +1,8 @@
 # stockade: the two commands of the README, and their parts.
 #   make demo   set up what is missing, build, and run the flash-sale demo
 #   make test   set up what is missing, build, and run every check (ruff, clang-format,
-#               ctest, TSan, ASan+UBSan with the fuzz targets' smoke runs, pytest)
+#               ctest, TSan, ASan+UBSan with the fuzz targets' smoke runs, pytest, and
+#               pytest's PostgreSQL tests again through PgBouncer in transaction mode)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -12,7 +13,7 @@ CTEST  := $(VENV)/bin/ctest
 JOBS   ?= 2
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DSTOCKADE_BUILD_TESTS=ON -DSTOCKADE_WERROR=ON
 
-.PHONY: demo test lint bench bench-hot notebooks system-deps install test-cpp test-tsan test-asan test-python format wheel clean
+.PHONY: demo test lint bench bench-hot notebooks system-deps install test-cpp test-tsan test-asan test-python test-pooled format wheel clean
 
 # Every C++ source clang-format checks (pinned below, so every machine formats alike).
 CXX_SOURCES = $(wildcard cpp/include/stockade/*.hpp cpp/src/*.[ch]pp cpp/src/memory/*.[ch]pp \
@@ -23,7 +24,7 @@ PY_SOURCES = python tests benchmarks examples notebooks/make_notebooks.py
 demo: install
 	$(VENV)/bin/stockade demo
 
-test: lint install test-cpp test-tsan test-asan test-python
+test: lint install test-cpp test-tsan test-asan test-python test-pooled
 
 # ruff (lint and format) and clang-format, as checks: `make format` fixes what they find.
 lint: $(VENV)/.tools-stamp
@@ -71,6 +72,11 @@ test-asan: system-deps $(VENV)/.tools-stamp
 
 test-python: install
 	$(PY) -m pytest
+
+# Every PostgreSQL test (contract, races, faults) once more, with the engines connecting
+# through a throwaway PgBouncer in transaction mode (see the pytest plugin).
+test-pooled: install
+	$(PY) -m pytest -m postgres --stockade-pooler pgbouncer
 
 # The memory store's strategies side by side, driven from C++ (a benchmark, not a test).
 bench: system-deps $(VENV)/.tools-stamp

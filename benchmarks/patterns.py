@@ -37,13 +37,12 @@ import random
 import sys
 import threading
 import time
-from dataclasses import asdict
 from datetime import timedelta
 from typing import Any, Callable, Dict, List
 
 import stockade
+from common import measure
 from stockade.testing import limited_reserve_by_check
-from stockade.tools import drive_load
 from stockade.tools.pgserver import TemporaryPostgres
 
 UNITS = 10**9
@@ -53,9 +52,7 @@ LIMIT = 10**9  # never reached: the runs measure the mechanism, not refusals
 def run(
     eng: stockade.Engine, skus: List[str], seconds: float, clients: int, **kw: Any
 ) -> Dict[str, Any]:
-    out: Dict[str, Any] = asdict(drive_load(eng, skus, clients=clients, seconds=seconds, **kw))
-    out["rate"] = out["granted"] / out["seconds"]
-    return out
+    return measure(eng, skus, clients=clients, seconds=seconds, **kw)
 
 
 def layout(

@@ -6,7 +6,9 @@ set -euo pipefail
 # postgresql brings initdb/pg_ctl (the test suite and the demo start their own server) and
 # the postgres system user they drop to when run as root; psql comes with it.
 # redis-server (with redis-benchmark) lets `stockade bench --peers` measure Redis too.
-packages=(g++ make pkg-config libboost-dev libgtest-dev libpqxx-dev postgresql redis-server)
+# pgbouncer: the suite runs its PostgreSQL tests a second time through one in transaction
+# mode (it starts its own; the package's service is not used).
+packages=(g++ make pkg-config libboost-dev libgtest-dev libpqxx-dev postgresql redis-server pgbouncer)
 # A Python without ensurepip (Debian's own python3) needs python3-venv for `make`'s venv.
 python3 -c "import ensurepip" 2>/dev/null || packages+=(python3-venv)
 

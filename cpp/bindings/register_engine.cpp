@@ -86,6 +86,7 @@ py::dict stats_dict(const StoreStats& s) {
   pool["in_use"] = s.pool.in_use;
   pool["idle"] = s.pool.idle;
   pool["waiting"] = s.pool.waiting;
+  pool["pooled"] = s.pool.pooled;
   out["pool"] = pool;
   py::dict batcher;
   batcher["started"] = s.batcher.started;
@@ -175,16 +176,14 @@ std::unique_ptr<Engine> make_memory(const std::string& strategy, int retries_max
   return Engine::memory(common.engine(), std::move(clock), memory);
 }
 
-std::unique_ptr<Engine> make_postgres(const std::string& dsn, const std::string& schema,
-                                      std::size_t pool_size, std::int64_t pool_timeout_ms,
-                                      std::int64_t resolve_timeout_ms,
-                                      const std::string& application_name, bool sweeper,
-                                      std::int64_t sweep_interval_ms, std::size_t sweep_batch,
-                                      std::int64_t retention_ms, std::size_t purge_batch,
-                                      const std::string& strategy, int retries_max,
-                                      std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
-                                      std::size_t batch_max, std::size_t batch_shards,
-                                      std::int64_t batch_lock_slice_ms, std::size_t async_workers) {
+std::unique_ptr<Engine> make_postgres(
+    const std::string& dsn, const std::string& schema, std::size_t pool_size,
+    std::int64_t pool_timeout_ms, std::int64_t resolve_timeout_ms,
+    const std::string& application_name, const std::string& pooler, bool sweeper,
+    std::int64_t sweep_interval_ms, std::size_t sweep_batch, std::int64_t retention_ms,
+    std::size_t purge_batch, const std::string& strategy, int retries_max,
+    std::int64_t lock_timeout_ms, std::int64_t default_ttl_us, std::size_t batch_max,
+    std::size_t batch_shards, std::int64_t batch_lock_slice_ms, std::size_t async_workers) {
   PostgresOptions postgres;
   postgres.dsn = dsn;
   postgres.schema = schema;
@@ -192,6 +191,7 @@ std::unique_ptr<Engine> make_postgres(const std::string& dsn, const std::string&
   postgres.pool_timeout_ms = pool_timeout_ms;
   postgres.resolve_timeout_ms = resolve_timeout_ms;
   postgres.application_name = application_name;
+  postgres.pooler = pooler_from_name(pooler);
   postgres.sweeper = sweeper;
   postgres.sweep_interval_ms = sweep_interval_ms;
   postgres.sweep_batch = sweep_batch;
@@ -453,12 +453,12 @@ void register_engine(py::module_& m) {
                "An engine over an in-process memory store.")
       .def_static("postgres", &make_postgres, py::arg("dsn"), py::arg("schema"),
                   py::arg("pool_size"), py::arg("pool_timeout_ms"), py::arg("resolve_timeout_ms"),
-                  py::arg("application_name"), py::arg("sweeper"), py::arg("sweep_interval_ms"),
-                  py::arg("sweep_batch"), py::arg("retention_ms"), py::arg("purge_batch"),
-                  py::arg("strategy"), py::arg("retries_max"), py::arg("lock_timeout_ms"),
-                  py::arg("default_ttl_us"), py::arg("batch_max"), py::arg("batch_shards"),
-                  py::arg("batch_lock_slice_ms"), py::arg("async_workers"), Release(),
-                  "An engine over PostgreSQL (connects at once).")
+                  py::arg("application_name"), py::arg("pooler"), py::arg("sweeper"),
+                  py::arg("sweep_interval_ms"), py::arg("sweep_batch"), py::arg("retention_ms"),
+                  py::arg("purge_batch"), py::arg("strategy"), py::arg("retries_max"),
+                  py::arg("lock_timeout_ms"), py::arg("default_ttl_us"), py::arg("batch_max"),
+                  py::arg("batch_shards"), py::arg("batch_lock_slice_ms"), py::arg("async_workers"),
+                  Release(), "An engine over PostgreSQL (connects at once).")
       .def("migrate", &Engine::migrate, py::arg("up_to"), Release())
       .def("migration_plan", &Engine::migration_plan, py::arg("up_to"), Release())
       .def("drop_schema", &Engine::drop_schema, Release())

@@ -128,6 +128,7 @@ class Engine:
         pool_timeout_ms: int,
         resolve_timeout_ms: int,
         application_name: str,
+        pooler: str,
         sweeper: bool,
         sweep_interval_ms: int,
         sweep_batch: int,

@@ -359,6 +359,7 @@ class Engine:
         pool_timeout: TtlLike = timedelta(seconds=5),
         resolve_timeout: TtlLike = timedelta(seconds=5),
         application_name: str = "stockade",
+        pooler: str = "auto",
         sweeper: bool = False,
         sweep_interval: TtlLike = timedelta(seconds=1),
         sweep_batch: int = 1000,
@@ -378,7 +379,15 @@ class Engine:
         write cannot commit later) and looks for what it wrote, spending at most
         ``resolve_timeout`` on it before it raises ``InDoubt`` (see the README's
         Guarantees). Every connection carries ``application_name`` (unless the DSN or
-        ``PGAPPNAME`` sets one), so that operators find them in ``pg_stat_activity``. Call
+        ``PGAPPNAME`` sets one), so that operators find them in ``pg_stat_activity``.
+        ``pooler`` says whether a connection pooler in transaction mode (PgBouncer's
+        ``pool_mode = transaction``) may stand in between: ``"pgbouncer-transaction"``
+        runs without session state (unnamed statements, ``SET LOCAL lock_timeout``, the
+        sweeper elected per transaction), and a commit whose connection is lost stays
+        ``InDoubt``, since no server session can be ended to settle it; ``"none"`` keeps
+        session state (direct, or a pooler in session mode); ``"auto"`` (the default)
+        decides per connection, and takes a pooler to be there when the cancel key's PID
+        differs from the server's. See the README's "Scaling out". Call
         :meth:`migrate` once to create the schema. With ``sweeper=True`` a background
         thread expires due holds every ``sweep_interval``, ``sweep_batch`` per transaction;
         of all engines on one database, one sweeps at a time. With ``retention`` set (it
@@ -389,6 +398,7 @@ class Engine:
         :meth:`memory`; each batch
         flusher holds one pooled connection while it applies a batch.
         """
+        logs.start()  # first, so that what the core logs while connecting is delivered
         core = _core.Engine.postgres(
             dsn=check_str("dsn", dsn),
             schema=check_str("schema", schema),
@@ -396,6 +406,7 @@ class Engine:
             pool_timeout_ms=duration_ms("pool_timeout", pool_timeout),
             resolve_timeout_ms=duration_ms("resolve_timeout", resolve_timeout),
             application_name=check_str("application_name", application_name),
+            pooler=check_str("pooler", pooler),
             sweeper=check_bool("sweeper", sweeper),
             sweep_interval_ms=duration_ms("sweep_interval", sweep_interval),
             sweep_batch=_positive("sweep_batch", sweep_batch),

@@ -16,6 +16,8 @@ STOCKADE_DEFAULT_TTL            default_ttl                         seconds
 STOCKADE_SWEEPER                sweeper                             1/0, true/false, yes/no
 STOCKADE_RETENTION              retention (needs the sweeper)       seconds
 STOCKADE_APPLICATION_NAME       application_name                    text
+STOCKADE_POOLER                 pooler                              auto, none or
+                                                                    pgbouncer-transaction
 ==============================  ==================================  =========================
 """
 
@@ -86,6 +88,7 @@ _OPTIONS: Dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "STOCKADE_SWEEPER": ("sweeper", _flag),
     "STOCKADE_RETENTION": ("retention", _seconds),
     "STOCKADE_APPLICATION_NAME": ("application_name", _text),
+    "STOCKADE_POOLER": ("pooler", _text),
 }
 
 

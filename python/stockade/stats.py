@@ -75,6 +75,7 @@ class PoolStats(TypedDict):
     in_use: int
     idle: int
     waiting: int
+    pooled: bool  # connections run without session state (a transaction-mode pooler)
 
 
 class EngineStats(TypedDict):

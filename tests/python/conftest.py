@@ -67,6 +67,12 @@ def wait(backend: str, clock: stockade.ManualClock) -> Wait:
     return advance
 
 
+@pytest.fixture
+def pooled(stockade_postgres: PostgresForTests) -> bool:
+    """Whether the suite runs its engines through a transaction-mode PgBouncer."""
+    return stockade_postgres.pooled
+
+
 @pytest.fixture(params=PER_REQUEST_STRATEGIES)
 def strategy(request: pytest.FixtureRequest) -> str:
     return str(request.param)

@@ -37,6 +37,15 @@ def field(dsn: str, name: str) -> str:
     return dsn.split(f"{name}=")[1].split()[0]
 
 
+def in_doubt_after_cut(pooled: bool, cut: str) -> bool:
+    """Whether a write whose connection a CommitCuttingProxy cut ``cut`` its COMMIT must end
+    InDoubt. Directly, the engine ends the lost server session and then looks, so it
+    always knows. Behind a transaction-mode pooler (``--stockade-pooler pgbouncer``) it
+    cannot end the session: a write that landed (cut after) is found and answered, one
+    that did not (cut before) may still land for all the engine knows."""
+    return pooled and cut == "before"
+
+
 def wait_for(check: Callable[[], bool], seconds: float = 15.0) -> bool:
     """Polls ``check`` until it holds or ``seconds`` pass; returns its last answer."""
     deadline = time.monotonic() + seconds

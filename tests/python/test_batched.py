@@ -20,7 +20,7 @@ import stockade
 from pgproxy import CommitCuttingProxy
 from stockade import Reservation
 from stockade.testing import race
-from support import field
+from support import field, in_doubt_after_cut
 
 HOT = ["batched", "auto"]
 
@@ -290,16 +290,30 @@ def test_quantities_past_quantity_max_are_refused_so_no_batch_sum_can_overflow(
     ],
 )
 def test_a_one_statement_write_cut_around_its_statement_still_answers_exactly_once(
-    proxy: CommitCuttingProxy, stockade_database: str, cut: str, strategy: str, statement: str
+    proxy: CommitCuttingProxy,
+    stockade_database: str,
+    pooled: bool,
+    cut: str,
+    strategy: str,
+    statement: str,
 ) -> None:
     # A statement in autocommit commits at its Sync; the proxy cuts the connection just
     # before the statement reaches the server, or just after the server committed it. The
     # engine learns which from the reservation the statement would have written: it
-    # answers with the reservation either way, and never writes it twice.
+    # answers with the reservation either way, and never writes it twice. (Behind a
+    # transaction-mode pooler the statement runs in a transaction of its own: its COMMIT
+    # is cut, and a write that did not land stays InDoubt.)
     dbname = field(stockade_database, "dbname")
     with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
         eng.restock("hot", 10)
-        proxy.arm(cut, statement=statement)
+        proxy.arm(cut, statement=None if pooled else statement)
+        if in_doubt_after_cut(pooled, cut):
+            with pytest.raises(stockade.InDoubt, match="pooler"):
+                eng.reserve("hot", 3, strategy=strategy)
+            assert proxy.cuts == 1
+            assert eng.stock("hot").reserved == 0  # it did not land: COMMIT never arrived
+            assert eng.row_counts()["reservation_count"] == 0
+            return
         r = eng.reserve("hot", 3, strategy=strategy)
         assert proxy.cuts == 1
         assert eng.reservation(r.id) == r
@@ -308,12 +322,12 @@ def test_a_one_statement_write_cut_around_its_statement_still_answers_exactly_on
 
 
 def test_a_sell_only_fast_batch_cut_after_commit_is_in_doubt(
-    proxy: CommitCuttingProxy, stockade_database: str
+    proxy: CommitCuttingProxy, stockade_database: str, pooled: bool
 ) -> None:
     dbname = field(stockade_database, "dbname")
     with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
         eng.restock("hot", 10)
-        proxy.arm("after", statement="stockade_batch_fast_one")
+        proxy.arm("after", statement=None if pooled else "stockade_batch_fast_one")
         with pytest.raises(stockade.InDoubt):
             eng.sell("hot", 4, strategy="batched")
         assert eng.stock("hot").on_hand == 6  # it did commit; nothing said it had
@@ -322,7 +336,7 @@ def test_a_sell_only_fast_batch_cut_after_commit_is_in_doubt(
 @pytest.mark.parametrize("cut", ["after", "before"])
 @pytest.mark.parametrize("path", ["fast", "full"])
 def test_a_keyed_batch_cut_at_commit_is_resolved_by_the_engine(
-    proxy: CommitCuttingProxy, stockade_database: str, cut: str, path: str
+    proxy: CommitCuttingProxy, stockade_database: str, pooled: bool, cut: str, path: str
 ) -> None:
     # A keyed batch on one row runs the keyed fast statement (autocommit); after a miss of
     # the fast path it runs the full path, a transaction. Its statement or its COMMIT is
@@ -335,7 +349,17 @@ def test_a_keyed_batch_cut_at_commit_is_resolved_by_the_engine(
         if path == "full":
             with pytest.raises(stockade.OutOfStock):  # a miss: the next batches skip fast
                 eng.reserve("hot", 11, strategy="batched")
-        proxy.arm(cut, statement="stockade_batch_fast_one_keyed" if path == "fast" else None)
+        fast_statement = path == "fast" and not pooled  # pooled: in a transaction, cut COMMIT
+        proxy.arm(cut, statement="stockade_batch_fast_one_keyed" if fast_statement else None)
+        if in_doubt_after_cut(pooled, cut):
+            with pytest.raises(stockade.InDoubt, match="pooler"):
+                eng.reserve("hot", 3, idempotency_key="order-1", strategy="batched")
+            assert proxy.cuts == 1 and eng.stock("hot").reserved == 0
+            # The retry with the key, as InDoubt advises, makes it once.
+            r = eng.reserve("hot", 3, idempotency_key="order-1", strategy="batched")
+            assert eng.stock("hot").reserved == 3 and eng.reservation(r.id) == r
+            assert eng.row_counts()["reservation_count"] == 1
+            return
         r = eng.reserve("hot", 3, idempotency_key="order-1", strategy="batched")
         assert proxy.cuts == 1
         assert eng.stock("hot").reserved == 3 and eng.reservation(r.id) == r

@@ -125,3 +125,34 @@ def test_patterns_benchmark_prints_every_run(tmp_path: Path) -> None:
     for label in ("reserve/patterns", "reserve/buyer", "sell/fenced", "wide/serializable"):
         assert label in out.stdout
     assert (tmp_path / "patterns.json").read_text().count('"rate"') == 13
+
+
+@pytest.mark.postgres
+def test_pooler_benchmark_prints_every_route(tmp_path: Path) -> None:
+    from stockade.tools.pgbouncer import find_pgbouncer
+
+    if find_pgbouncer() is None:
+        pytest.skip("pgbouncer is not installed (Debian package pgbouncer)")
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "pooler.py"),
+            "--seconds",
+            "0.2",
+            "--clients",
+            "4",
+            "--skus",
+            "20",
+            "--server-pool",
+            "2",
+            "--json",
+            str(tmp_path / "pooler.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    for label in ("direct/stateless", "pgbouncer/2", "hot/auto", "wide/keyed"):
+        assert label in out.stdout
+    assert (tmp_path / "pooler.json").read_text().count('"rate"') == 16

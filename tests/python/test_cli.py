@@ -161,10 +161,10 @@ def empty_db(stockade_postgres: object) -> object:
 
     assert isinstance(stockade_postgres, PostgresForTests)
     name = "stockade_cli_migrate"
-    stockade_postgres.sql(f"DROP DATABASE IF EXISTS {name}")
+    stockade_postgres.drop_database(name)
     stockade_postgres.sql(f"CREATE DATABASE {name}")
     yield stockade_postgres.dsn(name)
-    stockade_postgres.sql(f"DROP DATABASE {name}")
+    stockade_postgres.drop_database(name)  # WITH (FORCE): a pooler may hold connections
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ def test_with_dbname_accepts_key_value_and_uri_dsns() -> None:
 def test_a_uri_in_stockade_test_dsn_runs_a_users_suite(
     stockade_postgres: PostgresForTests, tmp_path: Path
 ) -> None:
-    admin = stockade_postgres.dsn("postgres")
+    admin = stockade_postgres.admin_dsn("postgres")  # the server itself, pooler or not
     host, port, user = field(admin, "host"), field(admin, "port"), field(admin, "user")
     uri = f"postgresql://{user}@{host}:{port}/postgres?sslmode=disable"
     (tmp_path / "test_user.py").write_text(USER_TEST)
@@ -58,8 +58,8 @@ def test_a_uri_in_stockade_test_dsn_runs_a_users_suite(
 def test_two_sessions_on_one_server_use_their_own_templates(
     stockade_postgres: PostgresForTests,
 ) -> None:
-    first = PostgresForTests(stockade_postgres.dsn)
-    second = PostgresForTests(stockade_postgres.dsn)
+    first = PostgresForTests(stockade_postgres.admin_dsn)
+    second = PostgresForTests(stockade_postgres.admin_dsn)
     try:
         assert first.template != second.template
         a, b = first.new_database(), second.new_database()

@@ -23,7 +23,7 @@ from pgproxy import CommitCuttingProxy
 from stockade import ReservationState
 from stockade.tools.pgserver import run_sql
 from stockade.tools.pytest_plugin import PostgresForTests
-from support import MIGRATIONS, field
+from support import MIGRATIONS, field, in_doubt_after_cut
 
 pytestmark = pytest.mark.postgres
 
@@ -288,15 +288,21 @@ def test_serialization_failures_are_retried_within_bounds(
 
 @pytest.mark.parametrize("cut", ["after", "before"])
 def test_a_reserve_whose_commit_is_cut_is_resolved_by_the_engine(
-    proxy: CommitCuttingProxy, stockade_database: str, cut: str, strategy: str
+    proxy: CommitCuttingProxy, stockade_database: str, pooled: bool, cut: str, strategy: str
 ) -> None:
     # COMMIT reached the server or it did not. The engine ends the lost session, so the
     # outcome is final, and looks for the reservation it was making: there, it answers
-    # with it; absent, nothing changed and it runs the reservation once more.
+    # with it; absent, nothing changed and it runs the reservation once more. Behind a
+    # transaction-mode pooler it cannot end the session: found, it answers; absent, the
+    # write may still land, so InDoubt, and the retry with the key settles it.
     dbname = field(stockade_database, "dbname")
     with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=1) as eng:
         eng.restock("s", 10)
         proxy.arm(cut)
+        if in_doubt_after_cut(pooled, cut):
+            with pytest.raises(stockade.InDoubt, match="pooler"):
+                eng.reserve("s", 3, idempotency_key="order-1", strategy=strategy, ttl=60)
+            assert proxy.cuts == 1 and eng.stock("s").reserved == 0
         r = eng.reserve("s", 3, idempotency_key="order-1", strategy=strategy, ttl=60)
         assert proxy.cuts == 1
         assert r.state is ReservationState.HELD and r.qty == 3
@@ -309,7 +315,7 @@ def test_a_reserve_whose_commit_is_cut_is_resolved_by_the_engine(
 
 @pytest.mark.parametrize("cut", ["after", "before"])
 def test_a_cut_commit_the_engine_cannot_settle_is_in_doubt_and_a_retry_resolves_it(
-    proxy: CommitCuttingProxy, stockade_database: str, cut: str, strategy: str
+    proxy: CommitCuttingProxy, stockade_database: str, pooled: bool, cut: str, strategy: str
 ) -> None:
     # The server cannot be reached after the cut, so the engine cannot end the lost
     # session within resolve_timeout: it says InDoubt, never a definite outcome.
@@ -322,7 +328,7 @@ def test_a_cut_commit_the_engine_cannot_settle_is_in_doubt_and_a_retry_resolves_
             eng.reserve("s", 3, idempotency_key="order-1", strategy=strategy, ttl=60)
         proxy.refuse_new = False
         assert proxy.cuts == 1 and info.value.sku == "s"
-        assert "could not be ended" in str(info.value)
+        assert ("pooler" if pooled else "could not be ended") in str(info.value)
         # The proxy did what it says: COMMIT reached the server or it did not.
         assert eng.stock("s").reserved == (3 if cut == "after" else 0)
         # The retry with the same key learns the outcome: the original reservation if
@@ -396,7 +402,12 @@ def test_expire_due_works_in_bounded_batches(stockade_engine: stockade.Engine) -
     assert stockade_engine.stock("a").reserved == stockade_engine.stock("b").reserved == 0
 
 
-def test_the_sweeper_expires_due_holds_and_one_engine_sweeps(stockade_database: str) -> None:
+def test_the_sweeper_expires_due_holds_and_one_engine_sweeps(
+    stockade_database: str, pooled: bool
+) -> None:
+    # Directly, one engine's session holds the election lock and that engine sweeps.
+    # Behind a transaction-mode pooler each sweeper transaction takes the lock for itself,
+    # so the engines may take turns: still each hold expires exactly once.
     options = dict(sweeper=True, sweep_interval=0.05, pool_size=2)
     with (
         stockade.Engine.postgres(stockade_database, **options) as a,
@@ -411,9 +422,12 @@ def test_the_sweeper_expires_due_holds_and_one_engine_sweeps(stockade_database: 
         assert {a.reservation(r.id).state for r in held} == {ReservationState.EXPIRED}
         sweepers = [a.stats()["sweeper"], b.stats()["sweeper"]]
         assert [s["enabled"] for s in sweepers] == [True, True]
-        assert sorted(s["leader"] for s in sweepers) == [False, True]
         assert sum(s["expired"] for s in sweepers) == 4
         assert [s["errors"] for s in sweepers] == [0, 0]
+        assert [a.stats()["pool"]["pooled"], b.stats()["pool"]["pooled"]] == [pooled, pooled]
+        if pooled:
+            return
+        assert sorted(s["leader"] for s in sweepers) == [False, True]
         leaders = sql(
             stockade_database,
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
@@ -529,8 +543,13 @@ def test_reservation_ids_are_uuid_v7(stockade_engine: stockade.Engine) -> None:
 
 
 def test_connections_carry_an_application_name(
-    stockade_database: str, monkeypatch: pytest.MonkeyPatch
+    stockade_database: str, pooled: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if pooled:
+        pytest.skip(
+            "behind a transaction-mode pooler a server session shows the application_name "
+            "of whichever client ran on it last (the pooler's), not one engine's"
+        )
     monkeypatch.delenv("PGAPPNAME", raising=False)
     count = (
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "

@@ -17,6 +17,24 @@
 
 namespace stockade {
 
+// Whether a connection pooler in transaction mode (PgBouncer's pool_mode = transaction)
+// may stand between the engine and the server. Behind one, consecutive transactions of one
+// client connection run on different server sessions, so nothing may rest on session
+// state: the store then sends unnamed statements instead of prepared ones, sets
+// lock_timeout with SET LOCAL in each transaction, elects the sweeper with a
+// transaction-scoped advisory lock each round, and cannot end the server session of a
+// commit whose connection was lost (that outcome stays InDoubt).
+enum class Pooler {
+  detect,       // per connection: a pooler is there when the cancel key's PID that libpq
+                // got differs from the server's pg_backend_pid() (PgBouncer issues its own)
+  none,         // direct, or a pooler in session mode: session state is safe
+  transaction,  // always run as behind a transaction-mode pooler
+};
+
+// "auto", "none" or "pgbouncer-transaction"; InvalidArgument otherwise.
+Pooler pooler_from_name(const std::string& name);
+const char* pooler_name(Pooler pooler) noexcept;
+
 struct PostgresOptions {
   std::string dsn;                      // a libpq connection string or URI
   std::string schema = "stockade";      // [a-z_][a-z0-9_]*, at most 63 bytes
@@ -39,6 +57,7 @@ struct PostgresOptions {
   // in pg_stat_activity. Printable ASCII, at most 63 bytes; an application_name in the
   // DSN or in PGAPPNAME wins over it.
   std::string application_name = "stockade";
+  Pooler pooler = Pooler::detect;
 };
 
 inline constexpr std::size_t pool_size_max = 1024;

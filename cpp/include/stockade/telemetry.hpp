@@ -118,6 +118,9 @@ struct PoolStats {
   std::uint64_t in_use = 0;  // leased, or being opened
   std::uint64_t idle = 0;
   std::uint64_t waiting = 0;  // callers waiting for a connection
+  // PostgreSQL: its connections run without session state, behind a transaction-mode
+  // pooler (the pooler option, or one detected on a connection opened so far).
+  bool pooled = false;
 };
 
 // What one purge deleted.

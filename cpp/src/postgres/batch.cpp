@@ -784,8 +784,8 @@ void PostgresStore::run_full_resolving(BatchTx& batch, const WriteOptions& write
       return;
     } catch (const LostCommit& e) {
       const std::optional<Uuid> probe = batch.made_reservation_id();
-      if (!e.settled || lost > 0 || !probe) throw;
-      if (!find_landed({*probe}, e, context).empty()) return;
+      if (lost > 0 || !probe) throw;
+      if (!find_landed({*probe}, e, context).empty()) return;  // unsettled: found, or InDoubt
     }
   }
 }
@@ -801,7 +801,8 @@ void PostgresStore::run_full_resolving(BatchTx& batch, const WriteOptions& write
 std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const LostCommit& lost,
                                                 const ErrorContext& context) {
   const std::optional<Uuid> probe = batch.first_reservation_id();
-  if (!probe || !lost.settled) throw lost;
+  if (!probe) throw lost;
+  // Unsettled, find_landed answers only if the batch is there already; InDoubt otherwise.
   if (find_landed({*probe}, lost, context).empty()) return std::nullopt;
   run<RunMode::read>(nullptr, context, [&](Tx& tx) {
     batch.adopt_landed(*this, tx, lost);

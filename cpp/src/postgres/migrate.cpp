@@ -120,31 +120,34 @@ void PostgresStore::drop_schema() {
   log(LogLevel::info, "stockade.postgres", "dropped schema '" + s + "'");
 }
 
-// Two processes migrating at once serialize on a session advisory lock; each file runs in
-// a transaction with the row that records it, so a failed file leaves nothing behind.
+// Each file runs in a transaction of its own, together with the row that records it, so a
+// failed file leaves nothing behind. Two processes migrating at once serialize on a
+// transaction-scoped advisory lock that each of these transactions takes first, then read
+// what is applied: no session state, so migrate() works through a transaction-mode pooler
+// too.
 std::vector<std::string> PostgresStore::migrate(int up_to) {
   const std::string& s = options_.schema;
   const std::string lock_key =
       std::to_string(static_cast<std::int64_t>(stable_hash64({"stockade-migrate", s})));
   std::unique_ptr<pqxx::connection> conn = connect(options_.dsn);
   std::vector<std::string> applied;
-  // One transaction object at a time per connection: each statement outside a file's
-  // transaction runs in a short-lived nontransaction (autocommit).
-  auto autocommit = [&](const std::string& sql) {
-    pqxx::nontransaction session(*conn);
-    return session.exec(sql);
-  };
   try {
-    autocommit("SELECT pg_advisory_lock(" + lock_key + ")");
-    autocommit(bookkeeping_sql(s));
-    std::map<int, std::pair<std::string, std::string>> done;
-    for (const auto& row :
-         autocommit("SELECT version, name, checksum FROM " + s + ".schema_migrations")) {
-      done[row[0].as<int>()] = {row[1].as<std::string>(), row[2].as<std::string>()};
-    }
-    for (const Migration* m : pending(done, up_to)) {
-      const std::string name = m->name;
+    for (;;) {
       pqxx::work work(*conn);
+      work.exec("SELECT pg_advisory_xact_lock(" + lock_key + ")");
+      work.exec(bookkeeping_sql(s));
+      std::map<int, std::pair<std::string, std::string>> done;
+      for (const auto& row :
+           work.exec("SELECT version, name, checksum FROM " + s + ".schema_migrations")) {
+        done[row[0].as<int>()] = {row[1].as<std::string>(), row[2].as<std::string>()};
+      }
+      const std::vector<const Migration*> next = pending(done, up_to);
+      if (next.empty()) {
+        work.commit();  // the bookkeeping table, if this made it
+        break;
+      }
+      const Migration* m = next.front();
+      const std::string name = m->name;
       work.exec(with_schema(m->sql, s));
       work.exec("INSERT INTO " + s + ".schema_migrations (version, name, checksum) VALUES (" +
                 std::to_string(version_of(name)) + ", " + work.quote(name) + ", " +
@@ -154,7 +157,6 @@ std::vector<std::string> PostgresStore::migrate(int up_to) {
       log(LogLevel::info, "stockade.postgres",
           "applied migration " + name + " to schema '" + s + "'");
     }
-    autocommit("SELECT pg_advisory_unlock(" + lock_key + ")");
   } catch (const pqxx::sql_error& e) {
     throw translate(e, Failure{nullptr, ErrorContext{}, s});
   } catch (const pqxx::broken_connection& e) {
@@ -163,7 +165,6 @@ std::vector<std::string> PostgresStore::migrate(int up_to) {
   } catch (const pqxx::failure& e) {
     throw Error(ErrorCode::database_error, std::string("migration failed: ") + e.what());
   }
-  // A failure above closes the connection, which releases the session lock with it.
   return applied;
 }
 

@@ -57,7 +57,8 @@ pqxx::result exec_for(pqxx::nontransaction& session, const std::string& sql, con
 
 }  // namespace
 
-Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements> statements)
+Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements> statements,
+                       Pooler pooler)
     : conn_(connect(dsn)), statements_(std::move(statements)) {
   try {
     pqxx::nontransaction session(*conn_);
@@ -70,6 +71,12 @@ Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements>
     throw Error(ErrorCode::unavailable,
                 std::string("cannot set up a PostgreSQL connection: ") + e.what());
   }
+  // libpq's backendpid() is the PID of the cancel key the server side of the connection
+  // sent. A pooler answers the client itself with a key of its own (PgBouncer: random),
+  // so it differs from the PID of the server session that ran the query above.
+  pooled_ = pooler == Pooler::transaction ||
+            (pooler == Pooler::detect && conn_->backendpid() != backend_.pid);
+  if (pooled_) backend_ = Backend{};  // the next transaction may run on another session
 }
 
 bool end_session(const std::string& dsn, const Backend& backend, std::int64_t timeout_ms) {
@@ -104,16 +111,59 @@ bool Connection::is_open() const {
 }
 
 void Connection::set_lock_timeout(std::int64_t ms) {
-  if (ms == lock_timeout_ms_) return;
+  if (pooled_) {
+    lock_timeout_ms_ = ms;  // begin() sets it in each transaction
+    return;
+  }
+  if (session_set_ && ms == lock_timeout_ms_) return;
   std::string sql = "SET lock_timeout = " + std::to_string(ms);
   // Once per connection, with its first setting: generic plans for the prepared
   // statements. Each is a primary-key lookup or a join with unnested arrays, whose best
   // plan does not depend on the values, and a custom plan is planned afresh on every
   // execution (about 13% of a hot batch's time, measured with benchmarks/hot_sku.py).
-  if (lock_timeout_ms_ < 0) sql += "; SET plan_cache_mode = force_generic_plan";
+  if (!session_set_) sql += "; SET plan_cache_mode = force_generic_plan";
   pqxx::nontransaction session(*conn_);
   session.exec(sql);
   lock_timeout_ms_ = ms;
+  session_set_ = true;
+}
+
+std::string Connection::begin_sql() const {
+  std::string sql = "BEGIN";
+  if (lock_timeout_ms_ > 0) sql += "; SET LOCAL lock_timeout = " + std::to_string(lock_timeout_ms_);
+  return sql;
+}
+
+TransactionByHand::TransactionByHand(pqxx::nontransaction& session, Connection& conn)
+    : session_(session), conn_(conn) {
+  conn_.statement_failed_ = false;
+  session_.exec(conn.begin_sql());
+  open_ = true;
+}
+
+TransactionByHand::~TransactionByHand() {
+  if (!open_) return;
+  try {
+    session_.exec("ROLLBACK");
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a broken connection; run() discards it
+  }
+}
+
+void TransactionByHand::commit() {
+  if (conn_.statement_failed_) {  // the destructor rolls back
+    throw Error(ErrorCode::database_error,
+                "a statement of the transaction had failed, so it was rolled back; nothing "
+                "was changed");
+  }
+  open_ = false;  // whatever COMMIT answers, the transaction is over
+  session_.exec("COMMIT");
+}
+
+void Connection::begin(pqxx::transaction_base& work) {
+  // Behind a transaction-mode pooler a session-level SET would stay on whichever server
+  // session ran it, for other clients to inherit, and be missing from the next one.
+  if (pooled_ && lock_timeout_ms_ > 0)
+    work.exec("SET LOCAL lock_timeout = " + std::to_string(lock_timeout_ms_));
 }
 
 void Connection::prepare(Stmt s) {
@@ -124,11 +174,12 @@ void Connection::prepare(Stmt s) {
 }
 
 Pool::Pool(std::string dsn, std::shared_ptr<const Statements> statements, std::size_t size,
-           std::int64_t timeout_ms)
+           std::int64_t timeout_ms, Pooler pooler)
     : dsn_(std::move(dsn)),
       statements_(std::move(statements)),
       size_(size),
-      timeout_ms_(timeout_ms) {}
+      timeout_ms_(timeout_ms),
+      pooler_(pooler) {}
 
 Pool::~Pool() {
   close();
@@ -163,7 +214,12 @@ Pool::Lease Pool::acquire() {
   ++open_;
   lock.unlock();
   try {
-    return Lease(this, std::make_unique<Connection>(dsn_, statements_));
+    auto conn = std::make_unique<Connection>(dsn_, statements_, pooler_);
+    if (conn->pooled()) {
+      std::lock_guard<std::mutex> seen(mutex_);
+      pooled_seen_ = true;
+    }
+    return Lease(this, std::move(conn));
   } catch (...) {
     lock.lock();
     --open_;
@@ -198,7 +254,7 @@ std::size_t Pool::drop_idle() {
 
 PoolGauges Pool::gauges() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return PoolGauges{size_, open_ - idle_.size(), idle_.size(), waiting_};
+  return PoolGauges{size_, open_ - idle_.size(), idle_.size(), waiting_, pooled_seen_};
 }
 
 void Pool::close() {

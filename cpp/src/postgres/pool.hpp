@@ -14,6 +14,7 @@
 
 #include "statements.hpp"
 #include "stockade/errors.hpp"
+#include "stockade/postgres_store.hpp"
 
 namespace stockade::detail::pg {
 
@@ -24,20 +25,46 @@ struct Backend {
   std::int64_t started_us = 0;
 };
 
+// A connection, direct or through a pooler (see Pooler). Directly, it prepares each
+// statement once and keeps its settings in the session. `pooled()`: a transaction-mode
+// pooler may be in between, so it keeps no session state at all. Its statements go
+// unnamed (parsed with their parameters in one round trip), its lock_timeout is set with
+// SET LOCAL by begin() in each transaction, and it has no server session to end
+// (backend() is empty).
 class Connection {
  public:
-  Connection(const std::string& dsn, std::shared_ptr<const Statements> statements);
+  Connection(const std::string& dsn, std::shared_ptr<const Statements> statements, Pooler pooler);
 
   pqxx::connection& raw() { return *conn_; }
   bool is_open() const;
+  bool pooled() const { return pooled_; }
   const Backend& backend() const { return backend_; }
 
-  // Sets the session's lock_timeout, only when it differs from the last value set.
+  // The lock_timeout of the next transactions. Directly, it is set on the session, only
+  // when it differs from the last value set; pooled, begin() sets it in each transaction.
   void set_lock_timeout(std::int64_t ms);
+  // Call first in every transaction that may wait for a lock. Pooled: SET LOCAL
+  // lock_timeout (one round trip); directly: nothing (the session has it).
+  void begin(pqxx::transaction_base& work);
+  // What a pooled transaction begins with: BEGIN and SET LOCAL lock_timeout, one round trip.
+  std::string begin_sql() const;
 
-  // Runs a prepared statement inside `work` (preparing it first on this connection).
+  // Runs a statement inside `work`: prepared on this connection, or unnamed when pooled.
   template <class... Args>
   pqxx::result exec(pqxx::transaction_base& work, Stmt s, Args&&... args) {
+    if (pooled_) {
+      try {
+#if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
+        // libpqxx 7.10 (Debian 13) deprecates exec_params for exec(sql, params).
+        return work.exec(statements_->sql(s), pqxx::params{std::forward<Args>(args)...});
+#else
+        return work.exec_params(statements_->sql(s), std::forward<Args>(args)...);  // 6.4
+#endif
+      } catch (...) {
+        statement_failed_ = true;  // TransactionByHand::commit() must not send COMMIT
+        throw;
+      }
+    }
     prepare(s);
 #if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
     // libpqxx 7.10 (Debian 13) deprecates exec_prepared for exec(prepped, params).
@@ -54,7 +81,11 @@ class Connection {
   std::shared_ptr<const Statements> statements_;
   std::array<bool, stmt_count> prepared_{};
   std::int64_t lock_timeout_ms_ = -1;
+  bool session_set_ = false;  // direct: the session has lock_timeout_ms_ and generic plans
+  bool pooled_ = false;
+  bool statement_failed_ = false;  // pooled: since the last TransactionByHand began
   Backend backend_;
+  friend class TransactionByHand;
 };
 
 // Opens a connection, turning failure into Error(unavailable).
@@ -67,12 +98,34 @@ std::unique_ptr<pqxx::connection> connect(const std::string& dsn);
 // the session would not end in time).
 bool end_session(const std::string& dsn, const Backend& backend, std::int64_t timeout_ms);
 
+// A transaction run by hand on a nontransaction, for pooled connections on the hot path:
+// BEGIN and SET LOCAL lock_timeout travel as one simple query (pqxx::work sends BEGIN
+// alone, and SET LOCAL would cost a second round trip). commit() refuses to send COMMIT
+// after a statement of the transaction failed (the server would answer ROLLBACK to it,
+// which libpqxx 6.4 does not let us read, and a caller that swallowed the error would be
+// told of a commit that did not happen). Destroyed without commit(), it sends ROLLBACK;
+// if that fails, the connection is broken, and the caller discards it.
+class TransactionByHand {
+ public:
+  TransactionByHand(pqxx::nontransaction& session, Connection& conn);
+  TransactionByHand(const TransactionByHand&) = delete;
+  TransactionByHand& operator=(const TransactionByHand&) = delete;
+  ~TransactionByHand();
+  void commit();
+
+ private:
+  pqxx::nontransaction& session_;
+  Connection& conn_;
+  bool open_ = false;
+};
+
 // What the pool holds right now: `open` counts connections leased or being opened.
 struct PoolGauges {
   std::size_t size = 0;
   std::size_t in_use = 0;
   std::size_t idle = 0;
   std::size_t waiting = 0;  // callers waiting for a connection
+  bool pooled = false;      // a connection opened so far runs as Connection::pooled()
 };
 
 // A bounded pool. acquire() hands out an idle connection, opens a new one while fewer than
@@ -80,7 +133,7 @@ struct PoolGauges {
 class Pool {
  public:
   Pool(std::string dsn, std::shared_ptr<const Statements> statements, std::size_t size,
-       std::int64_t timeout_ms);
+       std::int64_t timeout_ms, Pooler pooler);
   ~Pool();
 
   class Lease {
@@ -117,11 +170,13 @@ class Pool {
   const std::shared_ptr<const Statements> statements_;
   const std::size_t size_;
   const std::int64_t timeout_ms_;
+  const Pooler pooler_;
   mutable std::mutex mutex_;
   std::condition_variable returned_;
   std::size_t waiting_ = 0;
   std::vector<std::unique_ptr<Connection>> idle_;
   std::size_t open_ = 0;  // idle, leased, and being opened
+  bool pooled_seen_ = false;
   bool closed_ = false;
 };
 

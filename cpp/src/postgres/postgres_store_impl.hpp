@@ -126,7 +126,7 @@ class PostgresStore final : public Store, public TestHooks {
   StoreCounts exact_counts() const override;
   PoolStats pool_stats() const override {
     const PoolGauges g = pool_.gauges();
-    return PoolStats{g.size, g.in_use, g.idle, g.waiting};
+    return PoolStats{g.size, g.in_use, g.idle, g.waiting, g.pooled};
   }
   std::vector<std::string> migrate(int up_to) override;
   std::vector<std::pair<std::string, std::string>> migration_plan(int up_to) override;
@@ -225,9 +225,15 @@ class PostgresStore final : public Store, public TestHooks {
   // Expires at most `limit` due holds inside `tx`; returns how many.
   std::size_t expire_in(Tx& tx, std::size_t limit);
   // One sweeper transaction on the leader's own session (the one holding the election
-  // lock): expires at most sweep_batch due holds; returns how many.
-  std::size_t sweep_batch(Connection& leader);
-  void purge_on_leader(Connection& leader);
+  // lock): expires at most sweep_batch due holds; returns how many. Behind a
+  // transaction-mode pooler there is no session to hold the lock: the transaction takes
+  // `election_key` as a transaction-scoped advisory lock first, and returns nullopt
+  // (having done nothing) when another engine holds it.
+  std::optional<std::size_t> sweep_batch(Connection& leader, std::int64_t election_key);
+  void purge_on_leader(Connection& leader, std::int64_t election_key);
+  // Pooled: takes the sweeper's election lock for this transaction, if free.
+  static bool elected_for(pqxx::transaction_base& work, const Connection& leader,
+                          std::int64_t election_key);
   // Purges batch by batch (keys with their reservations, then reservations without a
   // key; purge_batch per statement) until `limit` keys and keyless reservations are gone,
   // nothing old is left, or stop() says so. `delete_some(statement, n, cursor)` runs one
@@ -243,8 +249,9 @@ class PostgresStore final : public Store, public TestHooks {
   std::optional<bool> resolve_fast(BatchTx& batch, const LostCommit& lost,
                                    const ErrorContext& context);
   void run_full_resolving(BatchTx& batch, const WriteOptions& write, const ErrorContext& context);
-  // After a settled lost commit: the reservations `ids` if the write landed (all of them),
-  // none if it did not. A read that fails leaves the call in doubt (throws `lost`).
+  // After a lost commit: the reservations `ids` if the write landed (all of them). If not,
+  // none when the loss is settled (the write can no longer land), and `lost` (InDoubt)
+  // when it is not. A read that fails leaves the call in doubt (throws `lost`).
   std::vector<Reservation> find_landed(const std::vector<Uuid>& ids, const LostCommit& lost,
                                        const ErrorContext& context);
   void sweep_loop();
@@ -310,28 +317,47 @@ template <RunMode Mode, class Fn>
 auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context, Fn&& fn)
     -> std::invoke_result_t<Fn&, Tx&> {
   using Result = std::invoke_result_t<Fn&, Tx&>;
-  using Transaction =
-      std::conditional_t<Mode == RunMode::transaction, pqxx::work, pqxx::nontransaction>;
   const Failure failure{options, context, options_.schema};
   bool reconnected = false;
   for (int attempt = 0;; ++attempt) {
     Pool::Lease lease = pool_.acquire();
     bool committing = false;
+    // A one-statement write behind a transaction-mode pooler runs in a transaction of its
+    // own after all. That is where SET LOCAL can bound its lock wait, and it keeps the
+    // outcome of a cut connection certain: the engine cannot end a session it cannot see
+    // behind the pooler, but a transaction whose COMMIT was never sent cannot commit,
+    // whereas an autocommit statement cut while it waits for a lock still may.
+    const bool in_transaction =
+        Mode == RunMode::transaction || (Mode == RunMode::one_statement && lease->pooled());
     try {
       lease->set_lock_timeout(options != nullptr ? options->lock_timeout_ms
                                                  : options_.lock_timeout_ms);
-      Transaction work(lease->raw());
+      // Pooled, a transaction runs by hand: BEGIN and SET LOCAL lock_timeout in one round
+      // trip (see TransactionByHand).
+      const bool by_hand = in_transaction && lease->pooled();
+      std::optional<pqxx::work> transaction;
+      std::optional<pqxx::nontransaction> autocommit;
+      pqxx::transaction_base& work =
+          in_transaction && !by_hand
+              ? static_cast<pqxx::transaction_base&>(transaction.emplace(lease->raw()))
+              : autocommit.emplace(lease->raw());
+      std::optional<TransactionByHand> manual;
+      if (by_hand) manual.emplace(*autocommit, *lease);
       Tx tx{work, *lease};
       std::optional<Result> result;
       std::optional<Error> deferred;
-      committing = Mode == RunMode::one_statement;  // its statement is its commit
+      committing = !in_transaction && Mode == RunMode::one_statement;  // its statement commits
       try {
         result.emplace(fn(tx));
       } catch (CommitThenRaise& raise) {
         deferred.emplace(std::move(raise.error));
       }
       committing = true;
-      work.commit();
+      if (manual) {
+        manual->commit();
+      } else {
+        work.commit();
+      }
       if (deferred) throw Error(*deferred);
       return std::move(*result);
     } catch (const pqxx::in_doubt_error& e) {
@@ -371,7 +397,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
         back_off_or_give_up(options, context, state, attempt, e.what());
         continue;
       }
-      if (committing && Mode == RunMode::transaction) lease.discard();
+      if (committing && in_transaction) lease.discard();
       throw translate(e, failure);
     } catch (const pqxx::failure& e) {  // any other libpqxx failure: never a bare exception
       lease.discard();
@@ -389,7 +415,9 @@ std::vector<Reservation> PostgresStore::run_resolving(const std::vector<Uuid>& i
     try {
       return attempt();
     } catch (const LostCommit& e) {
-      if (!e.settled || lost > 0) throw;
+      if (lost > 0) throw;
+      // Unsettled (the session could not be ended, or a pooler hides it), only a write
+      // that is there already is a certain answer: find_landed raises InDoubt otherwise.
       std::vector<Reservation> landed = find_landed(ids, e, context);
       if (!landed.empty()) return landed;
     }

@@ -70,13 +70,17 @@ std::vector<Uuid> parse_ids(const std::string& list) {
 
 LostCommit PostgresStore::lost_commit(const Backend& backend, const ErrorContext& context,
                                       const char* cause) const {
-  const bool settled = end_session(options_.dsn, backend, options_.resolve_timeout_ms);
-  LostCommit lost(in_doubt(context, cause, settled), settled);
+  const bool pooled = backend.pid == 0;  // Connection::pooled(): no session to end
+  const bool settled = !pooled && end_session(options_.dsn, backend, options_.resolve_timeout_ms);
+  LostCommit lost(in_doubt(context, cause, settled, pooled), settled);
   log(LogLevel::warning, "stockade.postgres",
       std::string("a write lost its connection before its outcome arrived; ") +
-          (settled ? "its server session was ended, so the outcome is settled and the engine "
-                     "looks for it"
-                   : "its server session could not be ended in time: in doubt") +
+          (settled  ? "its server session was ended, so the outcome is settled and the engine "
+                      "looks for it"
+           : pooled ? "a pooler hides its server session, which cannot be ended: in doubt "
+                      "unless it is found"
+                    : "its server session could not be ended in time: in doubt unless it "
+                      "is found") +
           " (" + lost.what() + ")");
   return lost;
 }
@@ -93,9 +97,15 @@ std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids
     throw lost;
   }
   log(LogLevel::info, "stockade.postgres",
-      std::string("a lost write ") + (rows.empty() ? "did not land: it runs once more"
-                                                   : "landed: its reservations are returned"));
-  if (rows.empty()) return {};
+      std::string("a lost write ") +
+          (!rows.empty()  ? "landed: its reservations are returned"
+           : lost.settled ? "did not land: it runs once more"
+                          : "is not there, and its session could not be ended, so it may "
+                            "still land: in doubt"));
+  if (rows.empty()) {
+    if (!lost.settled) throw lost;
+    return {};
+  }
   if (rows.size() != ids.size()) {  // one transaction makes all of them or none
     throw Error(ErrorCode::invariant_violation,
                 std::to_string(rows.size()) + " of the " + std::to_string(ids.size()) +

@@ -54,16 +54,22 @@ inline std::string rollback_sqlstate(const pqxx::transaction_rollback& e) {
 }
 
 // `settled`: the server session that ran the write has ended, so a read shows whether it
-// committed; otherwise even a read may not show the final outcome yet.
-inline Error in_doubt(const ErrorContext& context, const std::string& cause, bool settled) {
-  return Error(ErrorCode::in_doubt,
-               std::string("the connection was lost during COMMIT; the outcome is unknown. ") +
-                   (settled ? "The server session has ended, so the outcome is final: read the "
-                              "reservation back, or retry with the same idempotency key: "
-                            : "The server session could not be ended in time, so the write may "
-                              "still complete: retry later with the same idempotency key: ") +
-                   cause,
-               context);
+// committed; otherwise even a read may not show the final outcome yet. `pooled`: the
+// session was never known, since a transaction-mode pooler stands in between.
+inline Error in_doubt(const ErrorContext& context, const std::string& cause, bool settled,
+                      bool pooled = false) {
+  const char* why =
+      settled  ? "The server session has ended, so the outcome is final: read the reservation "
+                 "back, or retry with the same idempotency key: "
+      : pooled ? "A connection pooler stands between the engine and the server session, which "
+                 "therefore cannot be ended, so the write may still complete: retry later with "
+                 "the same idempotency key: "
+               : "The server session could not be ended in time, so the write may still "
+                 "complete: retry later with the same idempotency key: ";
+  return Error(
+      ErrorCode::in_doubt,
+      std::string("the connection was lost during COMMIT; the outcome is unknown. ") + why + cause,
+      context);
 }
 
 }  // namespace stockade::detail::pg

@@ -143,10 +143,17 @@ PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry>
     : Store(std::move(shared)),
       options_(with_effective_dsn(std::move(options))),
       statements_(std::make_shared<Statements>(options_.schema)),
-      pool_(options_.dsn, statements_, options_.pool_size, options_.pool_timeout_ms) {
+      pool_(options_.dsn, statements_, options_.pool_size, options_.pool_timeout_ms,
+            options_.pooler) {
   {
-    Pool::Lease first = pool_.acquire();
-  }  // fail fast on a bad DSN or a server that is down
+    Pool::Lease first = pool_.acquire();  // fail fast on a bad DSN or a server that is down
+    if (first->pooled() && options_.pooler == Pooler::detect) {
+      log(LogLevel::info, "stockade.postgres",
+          "a connection pooler stands between this engine and PostgreSQL (the cancel key's "
+          "PID is not the server's): running without session state, as for "
+          "pooler='pgbouncer-transaction'");
+    }
+  }
   telemetry().sweeper_enabled(options_.sweeper);
   if (options_.sweeper) sweeper_ = std::thread([this] { sweep_loop(); });
 }
@@ -225,6 +232,26 @@ StoreCounts PostgresStore::exact_counts() const {
 }  // namespace stockade::detail::pg
 
 namespace stockade {
+
+Pooler pooler_from_name(const std::string& name) {
+  if (name == "auto") return Pooler::detect;
+  if (name == "none") return Pooler::none;
+  if (name == "pgbouncer-transaction") return Pooler::transaction;
+  throw_invalid_argument("pooler must be 'auto', 'none' or 'pgbouncer-transaction', got " +
+                         shown(name));
+}
+
+const char* pooler_name(Pooler pooler) noexcept {
+  switch (pooler) {
+    case Pooler::detect:
+      return "auto";
+    case Pooler::none:
+      return "none";
+    case Pooler::transaction:
+      return "pgbouncer-transaction";
+  }
+  return "auto";
+}
 
 void validate_postgres_options(const PostgresOptions& options) {
   if (options.dsn.find('\0') != std::string::npos) {

@@ -9,13 +9,15 @@
 namespace stockade::detail::pg {
 
 // One sweeper per database: the engine whose session holds the sweeper's advisory lock
-// leads, and it sweeps in that very session. So leadership follows the lock: if the
-// leader's session is terminated, its next sweep fails on the dead connection before it
-// expires anything, and the engine stands for election again on a fresh one (and loses
-// if another engine took the lock meanwhile). An engine never sweeps from a session that
-// does not hold the lock. Errors never stop the loop: they are counted (stats().sweeper),
-// and the next round runs on a fresh connection. A schema that migrate() has not made
-// yet is no error: the rounds find nothing to do until it has.
+// leads, and it sweeps in that very session. (Behind a transaction-mode pooler, where no
+// session lasts, each sweeper transaction takes the same key as a transaction-scoped lock
+// instead: engines may then take turns round by round, never two at once.) So leadership follows
+// the lock: if the leader's session is terminated, its next sweep fails on the dead connection
+// before it expires anything, and the engine stands for election again on a fresh one (and loses if
+// another engine took the lock meanwhile). An engine never sweeps from a session that does not hold
+// the lock. Errors never stop the loop: they are counted (stats().sweeper), and the next round runs
+// on a fresh connection. A schema that migrate() has not made yet is no error: the rounds find
+// nothing to do until it has.
 void PostgresStore::sweep_loop() {
   const std::int64_t election_key =
       static_cast<std::int64_t>(stable_hash64({options_.schema, "stockade-sweeper"}));
@@ -39,21 +41,27 @@ void PostgresStore::sweep_loop() {
     try {
       if (!leader || !leader->is_open()) {
         elected = false;
-        leader = std::make_unique<Connection>(options_.dsn, statements_);
+        leader = std::make_unique<Connection>(options_.dsn, statements_, options_.pooler);
         leader->set_lock_timeout(options_.lock_timeout_ms);
       }
-      if (!elected) {
+      if (leader->pooled()) {
+        elected = true;  // until a transaction finds the lock taken
+      } else if (!elected) {
         pqxx::nontransaction session(leader->raw());
         const std::string sql = "SELECT pg_try_advisory_lock(" + std::to_string(election_key) + ")";
         elected = session.exec(sql)[0][0].as<bool>();
       }
       for (bool more = elected; more;) {
-        const std::size_t n = sweep_batch(*leader);
-        expired += n;
+        const std::optional<std::size_t> n = sweep_batch(*leader, election_key);
+        if (!n) {
+          elected = false;
+          break;
+        }
+        expired += *n;
         std::lock_guard<std::mutex> check(sweeper_mutex_);
-        more = n == options_.sweep_batch && !stopping_;
+        more = *n == options_.sweep_batch && !stopping_;
       }
-      if (elected && options_.retention_ms > 0) purge_on_leader(*leader);
+      if (elected && options_.retention_ms > 0) purge_on_leader(*leader, election_key);
     } catch (const pqxx::undefined_table&) {
       // The schema is not migrated yet (an engine opened before migrate()): nothing to
       // sweep, and not a failure. The session, and the election, stay.
@@ -71,7 +79,8 @@ void PostgresStore::sweep_loop() {
                        "a sweeper round failed; the next one runs on a fresh connection: " + error);
     }
     if (elected != was_leader) {
-      log(LogLevel::info, "stockade.sweeper",
+      // Pooled engines may take turns round by round: that is no news worth an info line.
+      log(leader && leader->pooled() ? LogLevel::debug : LogLevel::info, "stockade.sweeper",
           elected ? "this engine now sweeps the schema '" + options_.schema + "' (elected)"
                   : "this engine no longer sweeps the schema '" + options_.schema + "'");
       was_leader = elected;
@@ -94,11 +103,17 @@ void PostgresStore::sweep_loop() {
 // statement took (a two-thirds duty cycle), so a backlog drains at about two thirds of the
 // speed of an explicit purge() and slows by itself when the database is busy, leaving the
 // hot path more of the machine.
-void PostgresStore::purge_on_leader(Connection& leader) {
+void PostgresStore::purge_on_leader(Connection& leader, std::int64_t election_key) {
   const std::int64_t older_than_us = options_.retention_ms * 1000;
+  bool outvoted = false;  // pooled: another engine holds the election lock now
   const auto delete_some = [&](Stmt statement, std::uint64_t n, std::int64_t cursor) {
     const auto started = std::chrono::steady_clock::now();
     pqxx::work work(leader.raw());
+    leader.begin(work);
+    if (!elected_for(work, leader, election_key)) {
+      outvoted = true;
+      return PurgeStep{0, 0, cursor};
+    }
     Tx tx{work, leader};
     const PurgeStep step = purge_step(tx, statement, older_than_us, n, cursor);
     work.commit();
@@ -109,9 +124,9 @@ void PostgresStore::purge_on_leader(Connection& leader) {
     }
     return step;
   };
-  const auto stop = [this] {
+  const auto stop = [&] {
     std::lock_guard<std::mutex> check(sweeper_mutex_);
-    return stopping_;
+    return stopping_ || outvoted;
   };
   const PurgeCounts purged =
       purge_with(std::numeric_limits<std::uint64_t>::max(), delete_some, stop);
@@ -122,8 +137,18 @@ void PostgresStore::purge_on_leader(Connection& leader) {
   }
 }
 
-std::size_t PostgresStore::sweep_batch(Connection& leader) {
+bool PostgresStore::elected_for(pqxx::transaction_base& work, const Connection& leader,
+                                std::int64_t election_key) {
+  if (!leader.pooled()) return true;  // the session holds the lock
+  return work.exec("SELECT pg_try_advisory_xact_lock(" + std::to_string(election_key) + ")")[0][0]
+      .as<bool>();
+}
+
+std::optional<std::size_t> PostgresStore::sweep_batch(Connection& leader,
+                                                      std::int64_t election_key) {
   pqxx::work work(leader.raw());
+  leader.begin(work);
+  if (!elected_for(work, leader, election_key)) return std::nullopt;
   Tx tx{work, leader};
   const std::size_t n = expire_in(tx, options_.sweep_batch);
   work.commit();

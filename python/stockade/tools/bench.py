@@ -181,9 +181,18 @@ def pgbench_script(strategy: str, schema: str) -> str:
 
 
 def run_pgbench(
-    dsn: str, schema: str, strategy: str, *, skus: int, clients: int, seconds: float
+    dsn: str,
+    schema: str,
+    strategy: str,
+    *,
+    skus: int,
+    clients: int,
+    seconds: float,
+    prepared: bool = True,
 ) -> BenchCase:
-    """pgbench running ``strategy``'s SQL with ``clients`` connections for ``seconds``."""
+    """pgbench running ``strategy``'s SQL with ``clients`` connections for ``seconds``:
+    prepared statements, or (``prepared=False``, as behind a transaction-mode pooler that
+    keeps none) the extended protocol with unnamed ones, as stockade then sends."""
     prefix = f"pgbench-{strategy}-{time.monotonic_ns()}-"
     run_sql(
         dsn,
@@ -199,7 +208,7 @@ def run_pgbench(
                 str(find_bindir() / "pgbench"),
                 "-n",
                 "-M",
-                "prepared",
+                "prepared" if prepared else "extended",
                 "-c",
                 str(clients),
                 "-j",

@@ -266,7 +266,8 @@ def bench(args: argparse.Namespace) -> int:
                     )
                 )
             if args.peers and dsn is not None:
-                cases += _peers(dsn, schema, args, progress, redis)
+                pooled = engine.stats()["pool"]["pooled"]
+                cases += _peers(dsn, schema, args, progress, redis, pooled)
             progress.finish()
     except (StockadeError, RuntimeError) as exc:  # RuntimeError: a peer tool failed
         print(f"stockade bench: {exc}", file=sys.stderr)
@@ -292,14 +293,25 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def _peers(
-    dsn: str, schema: str, args: argparse.Namespace, progress: benchmod.Progress, redis: bool
+    dsn: str,
+    schema: str,
+    args: argparse.Namespace,
+    progress: benchmod.Progress,
+    redis: bool,
+    pooled: bool,
 ) -> List[benchmod.BenchCase]:
     cases = []
     for strategy in benchmod.PGBENCH_STRATEGIES:
         progress.step(f"pgbench {strategy}")
         cases.append(
             benchmod.run_pgbench(
-                dsn, schema, strategy, skus=args.skus, clients=args.clients, seconds=args.seconds
+                dsn,
+                schema,
+                strategy,
+                skus=args.skus,
+                clients=args.clients,
+                seconds=args.seconds,
+                prepared=not pooled,  # a transaction-mode pooler keeps no prepared statements
             )
         )
     if redis:

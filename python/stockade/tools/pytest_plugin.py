@@ -23,7 +23,13 @@ Installing stockade makes these fixtures available to every test suite:
 Options (``pytest --help``, section "stockade"): ``--stockade-dsn`` (else
 ``$STOCKADE_TEST_DSN``, else the ini option ``stockade_dsn``) points the suite at a server
 of yours; ``--stockade-fsync=off`` (ini ``stockade_fsync``) runs the throwaway server with
-fsync and synchronous_commit off, faster where durability does not matter.
+fsync and synchronous_commit off, faster where durability does not matter;
+``--stockade-pooler=pgbouncer`` (ini ``stockade_pooler``, env ``STOCKADE_TEST_POOLER``)
+puts a throwaway PgBouncer in transaction mode
+(:class:`stockade.tools.pgbouncer.TemporaryPgBouncer`) between the engines and the server:
+the DSNs the fixtures hand out then lead through it, while the suite's own administration
+(templates, ``CREATE``/``DROP DATABASE``, ``PostgresForTests.sql``) goes to the server
+directly.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 import pytest
 
 from ..engine import Engine
+from .pgbouncer import TemporaryPgBouncer
 from .pgserver import TemporaryPostgres, conninfo_with, quote_ident, run_sql
 
 __all__ = [
@@ -67,7 +74,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fsync and synchronous_commit of the throwaway server (default: the "
         "stockade_fsync ini option, else on)",
     )
+    group.addoption(
+        "--stockade-pooler",
+        choices=["none", "pgbouncer"],
+        default=None,
+        help="pgbouncer: run the engines of the fixtures through a throwaway PgBouncer in "
+        "transaction mode (default: the stockade_pooler ini option, else "
+        "$STOCKADE_TEST_POOLER, else none)",
+    )
     parser.addini("stockade_dsn", "the server for the stockade fixtures (see --stockade-dsn)")
+    parser.addini("stockade_pooler", "none or pgbouncer (see --stockade-pooler)", default="")
     parser.addini("stockade_fsync", "on or off: durability of the throwaway server", default="on")
 
 
@@ -81,11 +97,20 @@ class PostgresForTests:
     """A server with a migrated template database, handing out clones of it.
 
     ``dsn_of(dbname)`` gives the connection string of a database on the server; the
-    server's ``postgres`` database is used for administration.
+    server's ``postgres`` database is used for administration. With a pooler in front,
+    ``dsn_of`` leads through it and ``admin_dsn_of`` straight to the server (templates and
+    administration must not go through the pooler, whose idle server connections would
+    keep a template busy); ``pooled`` then says so.
     """
 
-    def __init__(self, dsn_of: Callable[[str], str]) -> None:
+    def __init__(
+        self,
+        dsn_of: Callable[[str], str],
+        admin_dsn_of: Optional[Callable[[str], str]] = None,
+    ) -> None:
         self.dsn = dsn_of
+        self.admin_dsn = admin_dsn_of or dsn_of
+        self.pooled = admin_dsn_of is not None
         self._names = itertools.count(1)
         self._lock = threading.Lock()
         self._prefix = f"stockade_t{os.getpid()}_{uuid.uuid4().hex[:6]}_"
@@ -93,12 +118,12 @@ class PostgresForTests:
         # shared server (STOCKADE_TEST_DSN) never collide on it.
         self.template = f"{TEMPLATE_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self.sql(f"CREATE DATABASE {self.template}")
-        with Engine.postgres(dsn_of(self.template), pool_size=1) as eng:
+        with Engine.postgres(self.admin_dsn(self.template), pool_size=1) as eng:
             eng.migrate()
 
     def sql(self, statement: str, dbname: str = "postgres") -> str:
-        """Runs one SQL statement on ``dbname`` with psql."""
-        return run_sql(self.dsn(dbname), statement)
+        """Runs one SQL statement on ``dbname`` with psql (straight to the server)."""
+        return run_sql(self.admin_dsn(dbname), statement)
 
     def new_database(self, *, migrated: bool = True) -> str:
         """Creates a database, cloned from the migrated template unless ``migrated`` is
@@ -138,6 +163,14 @@ def stockade_postgres(pytestconfig: pytest.Config) -> Iterator[PostgresForTests]
     fsync = _option(pytestconfig, "--stockade-fsync", "stockade_fsync")
     if fsync not in ("on", "off"):
         raise pytest.UsageError(f"stockade_fsync must be on or off, got {fsync!r}")
+    pooler = _option(pytestconfig, "--stockade-pooler", "stockade_pooler", "STOCKADE_TEST_POOLER")
+    if pooler not in ("", "none", "pgbouncer"):
+        raise pytest.UsageError(f"stockade_pooler must be none or pgbouncer, got {pooler!r}")
+    if pooler == "pgbouncer" and external:
+        raise pytest.UsageError(
+            "--stockade-pooler=pgbouncer starts its PgBouncer in front of the throwaway "
+            "server; it does not combine with --stockade-dsn (point that at your pooler)"
+        )
     if external:
         pg = PostgresForTests(lambda dbname: _with_dbname(external, dbname))
         try:
@@ -147,6 +180,14 @@ def stockade_postgres(pytestconfig: pytest.Config) -> Iterator[PostgresForTests]
         return
     settings = {} if fsync == "on" else {"fsync": "off", "synchronous_commit": "off"}
     with TemporaryPostgres(settings=settings) as server:
+        if pooler == "pgbouncer":
+            with TemporaryPgBouncer(server) as bouncer:
+                pg = PostgresForTests(bouncer.dsn, server.dsn)
+                try:
+                    yield pg
+                finally:
+                    pg.close()
+            return
         pg = PostgresForTests(server.dsn)
         try:
             yield pg
