@@ -11,32 +11,37 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.postgres
-def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
+def run_benchmark(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Runs benchmarks/<script> with `args` (bounded: 300 s); it must exit 0."""
     out = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "hot_sku.py"),
-            "--seconds",
-            "0.2",
-            "--clients",
-            "8",
-            "--window",
-            "2",
-            "--asyncio-tasks",
-            "16",
-            "--cold-skus",
-            "50",
-            "--replicas",
-            "2",
-            "--json",
-            str(tmp_path / "hot.json"),
-        ],
+        [sys.executable, str(REPO / "benchmarks" / script), *args],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+@pytest.mark.postgres
+def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
+    out = run_benchmark(
+        "hot_sku.py",
+        "--seconds",
+        "0.2",
+        "--clients",
+        "8",
+        "--window",
+        "2",
+        "--asyncio-tasks",
+        "16",
+        "--cold-skus",
+        "50",
+        "--replicas",
+        "2",
+        "--json",
+        str(tmp_path / "hot.json"),
+    )
     titles = ("1. one hot SKU", "2. one hot SKU", "3. one hot SKU", "4. 50 cold SKUs")
     for title in (*titles, "5. one hot SKU, 8 C++ clients in 1 process and in 2"):
         assert title in out.stdout
@@ -48,49 +53,35 @@ def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 def test_refused_memory_benchmark_prints_both_stores() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "refused_memory.py"),
-            "--requests",
-            "2000",
-            "--threads",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = run_benchmark(
+        "refused_memory.py",
+        "--requests",
+        "2000",
+        "--threads",
+        "2",
     )
-    assert out.returncode == 0, out.stderr[-2000:]
     assert "| memory | 2,000 |" in out.stdout and "| postgres | 2,000 |" in out.stdout
 
 
 @pytest.mark.postgres
 def test_retention_benchmark_prints_every_section(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "retention.py"),
-            "--seconds",
-            "0.2",
-            "--old-rows",
-            "2000",
-            "--warm-skus",
-            "20",
-            "--layout-rows",
-            "2000",
-            "--steady-seconds",
-            "1",
-            "--retention",
-            "0.2",
-            "--json",
-            str(tmp_path / "retention.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = run_benchmark(
+        "retention.py",
+        "--seconds",
+        "0.2",
+        "--old-rows",
+        "2000",
+        "--warm-skus",
+        "20",
+        "--layout-rows",
+        "2000",
+        "--steady-seconds",
+        "1",
+        "--retention",
+        "0.2",
+        "--json",
+        str(tmp_path / "retention.json"),
     )
-    assert out.returncode == 0, out.stderr[-2000:]
     for title in ("### 1.", "### 2.", "### 3.", "### 3b.", "### 4.", "### 5.", "### 6."):
         assert title in out.stdout
     report = (tmp_path / "retention.json").read_text()
@@ -100,28 +91,21 @@ def test_retention_benchmark_prints_every_section(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 def test_patterns_benchmark_prints_every_run(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "patterns.py"),
-            "--seconds",
-            "0.2",
-            "--clients",
-            "4",
-            "--skus",
-            "20",
-            "--buyers",
-            "50",
-            "--py-threads",
-            "2",
-            "--json",
-            str(tmp_path / "patterns.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = run_benchmark(
+        "patterns.py",
+        "--seconds",
+        "0.2",
+        "--clients",
+        "4",
+        "--skus",
+        "20",
+        "--buyers",
+        "50",
+        "--py-threads",
+        "2",
+        "--json",
+        str(tmp_path / "patterns.json"),
     )
-    assert out.returncode == 0, out.stderr[-2000:]
     for label in ("reserve/patterns", "reserve/buyer", "sell/fenced", "wide/serializable"):
         assert label in out.stdout
     assert (tmp_path / "patterns.json").read_text().count('"rate"') == 13
@@ -133,26 +117,19 @@ def test_pooler_benchmark_prints_every_route(tmp_path: Path) -> None:
 
     if find_pgbouncer() is None:
         pytest.skip("pgbouncer is not installed (Debian package pgbouncer)")
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "pooler.py"),
-            "--seconds",
-            "0.2",
-            "--clients",
-            "4",
-            "--skus",
-            "20",
-            "--server-pool",
-            "2",
-            "--json",
-            str(tmp_path / "pooler.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = run_benchmark(
+        "pooler.py",
+        "--seconds",
+        "0.2",
+        "--clients",
+        "4",
+        "--skus",
+        "20",
+        "--server-pool",
+        "2",
+        "--json",
+        str(tmp_path / "pooler.json"),
     )
-    assert out.returncode == 0, out.stderr[-2000:]
     for label in ("direct/stateless", "pgbouncer/2", "hot/auto", "wide/keyed"):
         assert label in out.stdout
     assert (tmp_path / "pooler.json").read_text().count('"rate"') == 16
