@@ -11,7 +11,10 @@ compare the ratios, not the absolute numbers. Sections:
   4. --cold-skus SKUs under uniform load, 64 C++ clients: atomic against auto;
   5. replicas: the hot SKU from --replicas processes sharing the --clients (4 x 16),
      against one process with all of them (1 x 64), batched and auto; each process is an
-     engine of its own, as gunicorn workers or pods are.
+     engine of its own, as gunicorn workers or pods are. Two more cases bound what
+     hot-row slots (k rows for one SKU) could gain here: the same processes each on a
+     SKU of its own (one row per process, no shared row lock), and one process whose
+     clients spread over --replicas SKUs.
 
     python benchmarks/hot_sku.py [--seconds 3] [--clients 64] [--window 16]
                                  [--asyncio-tasks 1024] [--cold-skus 10000]
@@ -31,7 +34,7 @@ import sys
 import time
 from dataclasses import asdict
 from datetime import timedelta
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import stockade
 from stockade.tools import drive_load
@@ -117,17 +120,21 @@ with stockade.Engine.postgres(os.environ["STOCKADE_DSN"], pool_size=int(clients)
 
 
 def replicas_load(
-    dsn: str, sku: str, strategy: str, processes: int, clients: int, seconds: float
+    dsn: str, skus: List[str], strategy: str, clients: int, seconds: float
 ) -> Dict[str, Any]:
-    """`processes` replicas with clients // processes C++ clients each, started together."""
+    """One replica per entry of `skus` (the SKU it drives), with clients // len(skus) C++
+    clients each, started together."""
     start_at = time.time() + 3.0  # time to start Python and connect
     env = {**os.environ, "STOCKADE_DSN": dsn}
-    argv = [sku, strategy, str(clients // processes), str(seconds), str(start_at)]
+    per = str(clients // len(skus))
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", REPLICA, *argv], stdout=subprocess.PIPE, text=True, env=env
+            [sys.executable, "-c", REPLICA, sku, strategy, per, str(seconds), str(start_at)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
         )
-        for _ in range(processes)
+        for sku in skus
     ]
     outs = []
     for child in children:
@@ -233,22 +240,40 @@ def run(
 
     replicas = []
     replica_ratios = {}
+    n, per = args.replicas, args.clients // args.replicas
     for strategy in ["batched", "auto"]:
-        rates = []
-        for processes in [1, args.replicas]:
-            sku = fresh_sku(eng, f"hot-replicas-{strategy}-{processes}")
-            r = replicas_load(dsn, sku, strategy, processes, args.clients, args.seconds)
-            per = args.clients // processes
-            replicas.append({"case": f"{strategy}, {processes} x {per} clients", **r})
-            rates.append(r["rate"])
-        replica_ratios[f"replicas_{args.replicas}_vs_1_{strategy}"] = rates[1] / rates[0]
+        one = fresh_sku(eng, f"hot-replicas-{strategy}-1")
+        shared = fresh_sku(eng, f"hot-replicas-{strategy}-{n}")
+        own = [fresh_sku(eng, f"hot-replicas-{strategy}-own-{i}") for i in range(n)]
+        spread = [fresh_sku(eng, f"hot-replicas-{strategy}-spread-{i}") for i in range(n)]
+        # (case, the SKU of each replica process; or None and the SKUs of this process)
+        loads: List[Tuple[str, Optional[List[str]], List[str]]] = [
+            (f"{strategy}, 1 x {args.clients} clients", [one], []),
+            (f"{strategy}, {n} x {per} clients", [shared] * n, []),
+            (f"{strategy}, {n} x {per} clients, a SKU per process", own, []),
+            (f"{strategy}, 1 x {args.clients} clients over {n} SKUs", None, spread),
+        ]
+        cases = []
+        for case, processes, local in loads:
+            pg_sql("CHECKPOINT")  # each case starts from a checkpoint, as fresh_sku's do
+            if processes is not None:
+                r = replicas_load(dsn, processes, strategy, args.clients, args.seconds)
+            else:
+                r = c_load(eng, local, strategy, args.clients, 1, args.seconds)
+            cases.append((case, r))
+        replicas += [{"case": case, **r} for case, r in cases]
+        base = cases[0][1]["rate"]
+        replica_ratios[f"replicas_{n}_vs_1_{strategy}"] = cases[1][1]["rate"] / base
+        replica_ratios[f"replicas_{n}_own_skus_vs_1_{strategy}"] = cases[2][1]["rate"] / base
+        replica_ratios[f"one_process_{n}_skus_vs_1_{strategy}"] = cases[3][1]["rate"] / base
     table(
         f"5. one hot SKU, {args.clients} C++ clients in 1 process and in {args.replicas}",
         replicas,
         atomic,
     )
     for r in replicas:
-        print(f"- {r['case']}: batches of {r['batch_size_mean']:.1f} requests on average")
+        if "batch_size_mean" in r:
+            print(f"- {r['case']}: batches of {r['batch_size_mean']:.1f} requests on average")
     report["hot_replicas"] = replicas
 
     batched = hot[STRATEGIES.index("batched")]["rate"]

@@ -49,6 +49,11 @@ def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
         assert f"| {strategy} |" in out.stdout
     assert (tmp_path / "hot.json").read_text().count("rate") >= 16
     assert "replicas_2_vs_1_batched" in out.stdout
+    # the ceiling of hot-row slots: a row per process, and one process over several rows
+    assert "| auto, 2 x 4 clients, a SKU per process |" in out.stdout
+    assert "| batched, 1 x 8 clients over 2 SKUs |" in out.stdout
+    assert "replicas_2_own_skus_vs_1_auto" in out.stdout
+    assert "one_process_2_skus_vs_1_batched" in out.stdout
 
 
 @pytest.mark.postgres
