@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 from dataclasses import asdict
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Iterable, Optional, Sequence
 
 import stockade
 from stockade.tools import drive_load
@@ -15,6 +17,77 @@ def measure(eng: stockade.Engine, skus: Sequence[str], **kw: Any) -> Dict[str, A
     out: Dict[str, Any] = asdict(drive_load(eng, skus, **kw))
     out["rate"] = out["granted"] / out["seconds"]
     return out
+
+
+def run_cases(
+    eng: stockade.Engine, prefix: str, cases: Iterable[str], args: argparse.Namespace
+) -> Dict[str, Any]:
+    """Measures each case, "<hot|wide>/<auto|atomic|keyed>": one SKU or --skus of them
+    (10**9 units each, restocked first), --clients blocking clients for --seconds, under
+    auto, atomic, or auto with an idempotency key on every request."""
+    out: Dict[str, Any] = {}
+    for case in cases:
+        layout, how = case.split("/")
+        skus = [f"{prefix}-{case}-{i}" for i in range(1 if layout == "hot" else args.skus)]
+        for sku in skus:
+            eng.restock(sku, 10**9)
+        kw: Dict[str, Any] = {"clients": args.clients, "seconds": args.seconds}
+        if how == "atomic":
+            kw["strategy"] = "atomic"
+        if how == "keyed":
+            kw["keyed"] = True
+        out[case] = measure(eng, skus, **kw)
+    return out
+
+
+def run_routes(
+    routes: Dict[str, Dict[str, Any]], cases: Iterable[str], args: argparse.Namespace
+) -> Dict[str, Any]:
+    """For each route (a name, and the keyword arguments of Engine.postgres: dsn and
+    options), an engine of --clients connections on a schema of its own, migrated, and
+    run_cases on it; the figures by route."""
+    report: Dict[str, Any] = {}
+    for route, options in routes.items():
+        schema = "b_" + route.replace("/", "_")
+        with stockade.Engine.postgres(pool_size=args.clients, schema=schema, **options) as eng:
+            eng.migrate()
+            report[route] = run_cases(eng, schema, cases, args)
+    return report
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The options every side-by-side script takes: --seconds, --clients, --skus (the
+    wide cases) and --json; a script adds its own."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--skus", type=int, default=10_000)
+    ap.add_argument("--json", help="also write the figures to this file")
+    return ap
+
+
+def route_table(
+    report: Dict[str, Any], routes: Iterable[str], cases: Iterable[str], base: str
+) -> None:
+    """Prints each case's rate per route (report[route][case]["rate"]), with its ratio to
+    route `base` in the same run and its failed requests."""
+    routes = list(routes)
+    print(f"\n  {'case':12}" + "".join(f"{route:>26}" for route in routes))
+    for case in cases:
+        cells = []
+        for route in routes:
+            r = report[route][case]
+            ratio = r["rate"] / report[base][case]["rate"]
+            cells.append(f"{r['rate']:>12,.0f}/s {ratio:5.2f}x f{r['failed']:<2}")
+        print(f"  {case:12}" + "".join(f"{c:>26}" for c in cells))
+    print(f"\n  (ratio: against {base} in this run; f: failed requests)")
+
+
+def write_json(path: Optional[str], report: Dict[str, Any]) -> None:
+    """Writes the figures to `path` (--json), if one was given."""
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
 
 
 def rss_mb() -> float:

@@ -32,7 +32,6 @@ It is a benchmark, not a test: it prints figures and ratios and checks no target
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import threading
@@ -41,7 +40,7 @@ from datetime import timedelta
 from typing import Any, Callable, Dict, List
 
 import stockade
-from common import measure
+from common import measure, parser, write_json
 from stockade.testing import limited_reserve_by_check
 from stockade.tools.pgserver import TemporaryPostgres
 
@@ -149,13 +148,9 @@ def limit_methods(eng: stockade.Engine, args: argparse.Namespace) -> Dict[str, A
 
 
 def main(argv: List[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--skus", type=int, default=10_000)
+    ap = parser(__doc__)
     ap.add_argument("--buyers", type=int, default=10_000)
     ap.add_argument("--py-threads", type=int, default=32)
-    ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)
 
     report: Dict[str, Any] = {"args": vars(args)}
@@ -192,9 +187,7 @@ def main(argv: List[str]) -> int:
                     f"  limited {r['limited']}  gave up (Overloaded) {r['overloaded']}"
                     f"  failed {r['failed']}"
                 )
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
+    write_json(args.json, report)
     return 0
 
 

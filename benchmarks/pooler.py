@@ -29,44 +29,19 @@ same run) and checks no target. It needs the Debian package `pgbouncer`.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from typing import Any, Dict, List
 
-import stockade
-from common import measure
+from common import parser, route_table, run_routes, write_json
 from stockade.tools.pgbouncer import TemporaryPgBouncer
 from stockade.tools.pgserver import TemporaryPostgres
 
-UNITS = 10**9
 CASES = ("hot/auto", "hot/atomic", "wide/auto", "wide/keyed")
 
 
-def cases(eng: stockade.Engine, prefix: str, args: argparse.Namespace) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for case in CASES:
-        layout, how = case.split("/")
-        n = 1 if layout == "hot" else args.skus
-        skus = [f"{prefix}-{case}-{i}" for i in range(n)]
-        for sku in skus:
-            eng.restock(sku, UNITS)
-        kw: Dict[str, Any] = {"clients": args.clients, "seconds": args.seconds}
-        if how == "atomic":
-            kw["strategy"] = "atomic"
-        if how == "keyed":
-            kw["keyed"] = True
-        out[case] = measure(eng, skus, **kw)
-    return out
-
-
 def main(argv: List[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--skus", type=int, default=10_000)
+    ap = parser(__doc__)
     ap.add_argument("--server-pool", type=int, default=16)
-    ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)
 
     report: Dict[str, Any] = {"args": vars(args)}
@@ -76,36 +51,20 @@ def main(argv: List[str]) -> int:
             TemporaryPgBouncer(pg, pool_size=args.clients) as wide_bouncer,
             TemporaryPgBouncer(pg, pool_size=args.server_pool) as narrow_bouncer,
         ):
+            stateless = "pgbouncer-transaction"
             routes = {
-                "direct": (pg.dsn(), "none"),
-                "direct/stateless": (pg.dsn(), "pgbouncer-transaction"),
-                "pgbouncer": (wide_bouncer.dsn(), "pgbouncer-transaction"),
-                f"pgbouncer/{args.server_pool}": (narrow_bouncer.dsn(), "pgbouncer-transaction"),
+                "direct": {"dsn": pg.dsn(), "pooler": "none"},
+                "direct/stateless": {"dsn": pg.dsn(), "pooler": stateless},
+                "pgbouncer": {"dsn": wide_bouncer.dsn(), "pooler": stateless},
+                f"pgbouncer/{args.server_pool}": {"dsn": narrow_bouncer.dsn(), "pooler": stateless},
             }
             print(
                 f"PostgreSQL {server}, {args.clients} C++ clients, {args.seconds} s a run, "
                 f"PgBouncer in transaction mode"
             )
-            for route, (dsn, pooler) in routes.items():
-                schema = "b_" + route.replace("/", "_")
-                with stockade.Engine.postgres(
-                    dsn, pool_size=args.clients, pooler=pooler, schema=schema
-                ) as eng:
-                    eng.migrate()
-                    report[route] = cases(eng, schema, args)
-    base = report["direct"]
-    print(f"\n  {'case':12}" + "".join(f"{route:>26}" for route in routes))
-    for case in CASES:
-        cells = []
-        for route in routes:
-            r = report[route][case]
-            ratio = r["rate"] / base[case]["rate"]
-            cells.append(f"{r['rate']:>12,.0f}/s {ratio:5.2f}x f{r['failed']:<2}")
-        print(f"  {case:12}" + "".join(f"{c:>26}" for c in cells))
-    print("\n  (ratio: against direct in this run; f: failed requests)")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
+            report.update(run_routes(routes, CASES, args))
+    route_table(report, routes, CASES, "direct")
+    write_json(args.json, report)
     return 0
 
 

@@ -179,11 +179,12 @@ std::unique_ptr<Engine> make_memory(const std::string& strategy, int retries_max
 std::unique_ptr<Engine> make_postgres(
     const std::string& dsn, const std::string& schema, std::size_t pool_size,
     std::int64_t pool_timeout_ms, std::int64_t resolve_timeout_ms,
-    const std::string& application_name, const std::string& pooler, bool sweeper,
-    std::int64_t sweep_interval_ms, std::size_t sweep_batch, std::int64_t retention_ms,
-    std::size_t purge_batch, const std::string& strategy, int retries_max,
-    std::int64_t lock_timeout_ms, std::int64_t default_ttl_us, std::size_t batch_max,
-    std::size_t batch_shards, std::int64_t batch_lock_slice_ms, std::size_t async_workers) {
+    const std::string& application_name, const std::string& pooler, const std::string& layout,
+    bool sweeper, std::int64_t sweep_interval_ms, std::size_t sweep_batch,
+    std::int64_t retention_ms, std::size_t purge_batch, const std::string& strategy,
+    int retries_max, std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
+    std::size_t batch_max, std::size_t batch_shards, std::int64_t batch_lock_slice_ms,
+    std::size_t async_workers) {
   PostgresOptions postgres;
   postgres.dsn = dsn;
   postgres.schema = schema;
@@ -192,6 +193,7 @@ std::unique_ptr<Engine> make_postgres(
   postgres.resolve_timeout_ms = resolve_timeout_ms;
   postgres.application_name = application_name;
   postgres.pooler = pooler_from_name(pooler);
+  postgres.layout = layout_from_name(layout);
   postgres.sweeper = sweeper;
   postgres.sweep_interval_ms = sweep_interval_ms;
   postgres.sweep_batch = sweep_batch;
@@ -453,12 +455,13 @@ void register_engine(py::module_& m) {
                "An engine over an in-process memory store.")
       .def_static("postgres", &make_postgres, py::arg("dsn"), py::arg("schema"),
                   py::arg("pool_size"), py::arg("pool_timeout_ms"), py::arg("resolve_timeout_ms"),
-                  py::arg("application_name"), py::arg("pooler"), py::arg("sweeper"),
-                  py::arg("sweep_interval_ms"), py::arg("sweep_batch"), py::arg("retention_ms"),
-                  py::arg("purge_batch"), py::arg("strategy"), py::arg("retries_max"),
-                  py::arg("lock_timeout_ms"), py::arg("default_ttl_us"), py::arg("batch_max"),
-                  py::arg("batch_shards"), py::arg("batch_lock_slice_ms"), py::arg("async_workers"),
-                  Release(), "An engine over PostgreSQL (connects at once).")
+                  py::arg("application_name"), py::arg("pooler"), py::arg("layout"),
+                  py::arg("sweeper"), py::arg("sweep_interval_ms"), py::arg("sweep_batch"),
+                  py::arg("retention_ms"), py::arg("purge_batch"), py::arg("strategy"),
+                  py::arg("retries_max"), py::arg("lock_timeout_ms"), py::arg("default_ttl_us"),
+                  py::arg("batch_max"), py::arg("batch_shards"), py::arg("batch_lock_slice_ms"),
+                  py::arg("async_workers"), Release(),
+                  "An engine over PostgreSQL (connects at once).")
       .def("migrate", &Engine::migrate, py::arg("up_to"), Release())
       .def("migration_plan", &Engine::migration_plan, py::arg("up_to"), Release())
       .def("drop_schema", &Engine::drop_schema, Release())

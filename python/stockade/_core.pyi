@@ -129,6 +129,7 @@ class Engine:
         resolve_timeout_ms: int,
         application_name: str,
         pooler: str,
+        layout: str,
         sweeper: bool,
         sweep_interval_ms: int,
         sweep_batch: int,

@@ -360,6 +360,7 @@ class Engine:
         resolve_timeout: TtlLike = timedelta(seconds=5),
         application_name: str = "stockade",
         pooler: str = "auto",
+        layout: str = "plain",
         sweeper: bool = False,
         sweep_interval: TtlLike = timedelta(seconds=1),
         sweep_batch: int = 1000,
@@ -387,7 +388,12 @@ class Engine:
         ``InDoubt``, since no server session can be ended to settle it; ``"none"`` keeps
         session state (direct, or a pooler in session mode); ``"auto"`` (the default)
         decides per connection, and takes a pooler to be there when the cancel key's PID
-        differs from the server's. See the README's "Scaling out". Call
+        differs from the server's. ``layout="citus"`` is for a Citus coordinator:
+        :meth:`migrate` then distributes the tables on a shard key and every statement
+        names the shard key it touches (connections run without session state, as for
+        ``"pgbouncer-transaction"``, since Citus carries no session ``SET`` to its
+        workers); purchase limits, :meth:`purge` and orders whose SKUs lie on different
+        shards raise ``NotSupported`` there. See the README's "Scaling out". Call
         :meth:`migrate` once to create the schema. With ``sweeper=True`` a background
         thread expires due holds every ``sweep_interval``, ``sweep_batch`` per transaction;
         of all engines on one database, one sweeps at a time. With ``retention`` set (it
@@ -407,6 +413,7 @@ class Engine:
             resolve_timeout_ms=duration_ms("resolve_timeout", resolve_timeout),
             application_name=check_str("application_name", application_name),
             pooler=check_str("pooler", pooler),
+            layout=check_str("layout", layout),
             sweeper=check_bool("sweeper", sweeper),
             sweep_interval_ms=duration_ms("sweep_interval", sweep_interval),
             sweep_batch=_positive("sweep_batch", sweep_batch),

@@ -18,6 +18,7 @@ STOCKADE_RETENTION              retention (needs the sweeper)       seconds
 STOCKADE_APPLICATION_NAME       application_name                    text
 STOCKADE_POOLER                 pooler                              auto, none or
                                                                     pgbouncer-transaction
+STOCKADE_LAYOUT                 layout                              plain or citus
 ==============================  ==================================  =========================
 """
 
@@ -89,6 +90,7 @@ _OPTIONS: Dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "STOCKADE_RETENTION": ("retention", _seconds),
     "STOCKADE_APPLICATION_NAME": ("application_name", _text),
     "STOCKADE_POOLER": ("pooler", _text),
+    "STOCKADE_LAYOUT": ("layout", _text),
 }
 
 

@@ -87,6 +87,45 @@ TEST(Statements, EveryStatementNamesTheSchemaOrALockFunction) {
   EXPECT_NE(statements.sql(Stmt::expire_pick).find("SKIP LOCKED"), std::string::npos);
 }
 
+TEST(Statements, ShardMarkersVanishOnThePlainLayoutAndPinOnCitus) {
+  bool pinned = true;
+  const std::string sql = "UPDATE t SET a = $3 WHERE k = $1 AND l = $2@PIN";
+  EXPECT_EQ(render_shard_markers(sql, false, &pinned),
+            "UPDATE t SET a = $3 WHERE k = $1 AND l = $2");
+  EXPECT_FALSE(pinned);
+  EXPECT_EQ(render_shard_markers(sql, true, &pinned),
+            "UPDATE t SET a = $3 WHERE k = $1 AND l = $2 AND shard_key = $4::int");
+  EXPECT_TRUE(pinned);
+  EXPECT_EQ(render_shard_markers("INSERT INTO t (a@SKC) VALUES ($1@SKV) ON CONFLICT (@SKFa) "
+                                 "DO NOTHING RETURNING (SELECT 1 FROM u s WHERE s.a = $1@PIN(s))",
+                                 true, &pinned),
+            "INSERT INTO t (a, shard_key) VALUES ($1, $2::int) ON CONFLICT (shard_key, a) DO "
+            "NOTHING RETURNING (SELECT 1 FROM u s WHERE s.a = $1 AND s.shard_key = $2::int)");
+  EXPECT_EQ(render_shard_markers("SELECT 1 WHERE x = $1", true, &pinned), "SELECT 1 WHERE x = $1");
+  EXPECT_FALSE(pinned);  // no marker: takes no shard key
+  // No statement keeps a marker; on Citus every stock and reservation statement is pinned,
+  // and the plain layout's statements take no shard key at all.
+  const Statements plain("shop", false);
+  const Statements citus("shop", true);
+  for (std::size_t i = 0; i < stmt_count; ++i) {
+    const auto s = static_cast<Stmt>(i);
+    EXPECT_EQ(plain.sql(s).find('@'), std::string::npos) << Statements::name(s);
+    EXPECT_EQ(citus.sql(s).find('@'), std::string::npos) << Statements::name(s);
+    EXPECT_FALSE(plain.pinned(s)) << Statements::name(s);
+    if (s != Stmt::due_shards) {  // only the Citus sweeper runs that one
+      EXPECT_EQ(plain.sql(s).find("shard_key"), std::string::npos) << Statements::name(s);
+    }
+  }
+  for (Stmt s :
+       {Stmt::stock_get, Stmt::stock_lock, Stmt::stock_delta, Stmt::stock_settle, Stmt::hold_atomic,
+        Stmt::reservation_insert, Stmt::reservation_lock, Stmt::reservation_set,
+        Stmt::idempotency_claim, Stmt::idempotency_get, Stmt::expire_lock, Stmt::expire_set,
+        Stmt::batch_lock, Stmt::batch_write, Stmt::batch_fast, Stmt::batch_fast_one,
+        Stmt::batch_fast_one_keyed, Stmt::batch_lock_reservations, Stmt::batch_transition}) {
+    EXPECT_TRUE(citus.pinned(s)) << Statements::name(s);
+  }
+}
+
 TEST(Migrations, AreCompiledInInOrderWithTheSchemaPlaceholder) {
   ASSERT_FALSE(migrations().empty());
   EXPECT_STREQ(migrations().front().name, "001_schema.sql");

@@ -138,3 +138,17 @@ def test_pooler_benchmark_prints_every_route(tmp_path: Path) -> None:
     for label in ("direct/stateless", "pgbouncer/2", "hot/auto", "wide/keyed"):
         assert label in out.stdout
     assert (tmp_path / "pooler.json").read_text().count('"rate"') == 16
+
+
+@pytest.mark.citus
+def test_citus_benchmark_prints_every_route(citus_cluster: object) -> None:
+    # citus_cluster (conftest) skips this where the Citus build does not fit; the script
+    # starts a cluster of its own.
+    out = run_benchmark(
+        "citus.py", "--seconds", "0.3", "--clients", "4", "--skus", "20", "--shards", "4"
+    )
+    for route in ("single", "single/stateless", "citus"):
+        assert route in out.stdout
+    for case in ("hot/auto", "wide/auto", "wide/keyed"):
+        assert case in out.stdout
+    assert " f0 " in out.stdout and " f1" not in out.stdout

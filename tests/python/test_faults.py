@@ -196,7 +196,13 @@ def test_close_racing_batched_callers_answers_every_one(
     if backend == "memory":  # the memory store still answers reads after close
         assert engine.stock("hot").reserved == len(made)
         return
-    with stockade.Engine.postgres(request.getfixturevalue("stockade_database")) as check:
+    if backend == "citus":
+        check = stockade.Engine.postgres(
+            request.getfixturevalue("citus_dsn"), layout="citus", schema=engine._schema
+        )
+    else:
+        check = stockade.Engine.postgres(request.getfixturevalue("stockade_database"))
+    with check:
         assert check.stock("hot").reserved == len(made)
         assert check.row_counts()["reservation_count"] == len(made)
 

@@ -35,6 +35,19 @@ enum class Pooler {
 Pooler pooler_from_name(const std::string& name);
 const char* pooler_name(Pooler pooler) noexcept;
 
+// The physical layout of the tables. `citus`: stock, reservation and idempotency carry a
+// shard_key column (a 16-bit stable hash of the SKU and location, which reservation ids
+// carry too), are distributed on it by Citus and co-located, and every statement on them
+// names the shard key it touches, so that the work for one SKU runs on one shard.
+enum class Layout {
+  plain,  // one PostgreSQL server
+  citus,  // a Citus coordinator and its workers
+};
+
+// "plain" or "citus"; InvalidArgument otherwise.
+Layout layout_from_name(const std::string& name);
+const char* layout_name(Layout layout) noexcept;
+
 struct PostgresOptions {
   std::string dsn;                      // a libpq connection string or URI
   std::string schema = "stockade";      // [a-z_][a-z0-9_]*, at most 63 bytes
@@ -58,6 +71,7 @@ struct PostgresOptions {
   // DSN or in PGAPPNAME wins over it.
   std::string application_name = "stockade";
   Pooler pooler = Pooler::detect;
+  Layout layout = Layout::plain;
 };
 
 inline constexpr std::size_t pool_size_max = 1024;

@@ -115,7 +115,11 @@ void fail(BatchItem& item, Error error) {
 class BatchTx {
  public:
   BatchTx(const std::vector<BatchItem*>& items, std::int64_t now_ms)
-      : items_(items), ids_(items.size()), prints_(items.size()), decided_(items.size(), false) {
+      : items_(items),
+        ids_(items.size()),
+        prints_(items.size()),
+        decided_(items.size(), false),
+        shard_(items.empty() ? 0 : items.front()->shard_key()) {
     for (std::size_t i = 0; i < items.size(); ++i) {
       items[i]->clear_outcome();
       ids_[i] = make_uuid_v7(now_ms, shard_key_of(items[i]->key.sku, items[i]->key.location));
@@ -298,6 +302,9 @@ class BatchTx {
   std::map<std::pair<std::string, std::string>, Allowance> allowances_;
   TimestampUs now_us_ = 0;
   std::size_t reservations_written_ = 0;
+  // The shard key of the batch's rows: on the Citus layout, apply_batch gives a BatchTx the
+  // requests of one shard key only, so that each statement runs on one shard.
+  std::uint16_t shard_ = 0;
 };
 
 void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
@@ -321,8 +328,8 @@ void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
     ids.push_back(ids_[i].to_string());
   }
   if (names.empty()) return;
-  const pqxx::result claimed =
-      tx.exec(Stmt::batch_claim, text_array(names), text_array(fingerprints), text_array(ids));
+  const pqxx::result claimed = tx.exec_on(shard_, Stmt::batch_claim, text_array(names),
+                                          text_array(fingerprints), text_array(ids));
   for (const auto& row : claimed) keys_.at(row[0].as<std::string>()).claimed = true;
   std::vector<std::string> taken;
   for (const auto& [name, claim] : keys_) {
@@ -334,7 +341,7 @@ void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
 // Keys committed before this batch: the same request replays its reservation, a different
 // one is a conflict.
 void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string>& names) {
-  const pqxx::result found = tx.exec(Stmt::batch_keys_get, text_array(names));
+  const pqxx::result found = tx.exec_on(shard_, Stmt::batch_keys_get, text_array(names));
   for (const auto& row : found) {
     KeyClaim& claim = keys_.at(row[0].as<std::string>());
     BatchItem& item = *items_[claim.first];
@@ -370,7 +377,7 @@ void BatchTx::lock_reservations(Tx& tx) {
     if (is_transition(item->op)) ids.push_back(item->id);
   }
   if (ids.empty()) return;
-  for (const auto& row : tx.exec(Stmt::batch_lock_reservations, uuid_array(ids))) {
+  for (const auto& row : tx.exec_on(shard_, Stmt::batch_lock_reservations, uuid_array(ids))) {
     Hold hold;
     hold.reservation = read_reservation(row, &hold.lapsed);
     holds_.emplace(hold.reservation.id, std::move(hold));
@@ -393,7 +400,8 @@ void BatchTx::lock_rows(Tx& tx) {
     locations.push_back(key.location);
   }
   std::map<SkuKey, RowState> found;
-  const pqxx::result rows = tx.exec(Stmt::batch_lock, text_array(skus), text_array(locations));
+  const pqxx::result rows =
+      tx.exec_on(shard_, Stmt::batch_lock, text_array(skus), text_array(locations));
   for (const auto& row : rows) {
     RowState state;
     state.on_hand = row[2].as<std::int64_t>();
@@ -501,11 +509,11 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
   }
   reservations_written_ = ids.size();
   if (skus.empty()) return pqxx::result();
-  return tx.exec(statement, text_array(skus), text_array(locations), int_array(sold),
-                 int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
-                 text_array(r_locations), int_array(qtys), int_array(ttls), text_array(r_keys),
-                 static_cast<std::int64_t>(skus.size()), text_array(r_buyers),
-                 text_array(r_groups));
+  return tx.exec_on(shard_, statement, text_array(skus), text_array(locations), int_array(sold),
+                    int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
+                    text_array(r_locations), int_array(qtys), int_array(ttls), text_array(r_keys),
+                    static_cast<std::int64_t>(skus.size()), text_array(r_buyers),
+                    text_array(r_groups));
 }
 
 // A confirm or release, by the per-request rules: NotFound, VersionConflict, a hold no
@@ -645,7 +653,8 @@ void BatchTx::write_transitions(Tx& tx) {
     states.emplace_back(state);
   }
   const auto written = static_cast<std::size_t>(
-      tx.exec(Stmt::batch_transition, uuid_array(ids), text_array(states)).affected_rows());
+      tx.exec_on(shard_, Stmt::batch_transition, uuid_array(ids), text_array(states))
+          .affected_rows());
   if (written != ids.size()) {
     throw Error(ErrorCode::invariant_violation, "a batch changed " + std::to_string(written) +
                                                     " of " + std::to_string(ids.size()) +
@@ -672,17 +681,18 @@ pqxx::result BatchTx::write_one(Tx& tx) {
   reservations_written_ = ids.size();
   if (any_buyer) {  // needs_full_path() sent keyed batches with buyers the long way
     try {
-      return tx.exec(Stmt::batch_fast_one_limited, key.sku, key.location, row.sold, row.held,
-                     row.changes, text_array(ids), int_array(qtys), int_array(ttls),
-                     text_array(r_keys), text_array(buyers));
+      return tx.exec_on(shard_, Stmt::batch_fast_one_limited, key.sku, key.location, row.sold,
+                        row.held, row.changes, text_array(ids), int_array(qtys), int_array(ttls),
+                        text_array(r_keys), text_array(buyers));
     } catch (const pqxx::sql_error& e) {
       if (e.sqlstate() == statement_aborted) throw FastMiss{};  // rolled back in full
       throw;
     }
   }
   if (!any_keyed()) {
-    return tx.exec(Stmt::batch_fast_one, key.sku, key.location, row.sold, row.held, row.changes,
-                   text_array(ids), int_array(qtys), int_array(ttls), text_array(r_keys));
+    return tx.exec_on(shard_, Stmt::batch_fast_one, key.sku, key.location, row.sold, row.held,
+                      row.changes, text_array(ids), int_array(qtys), int_array(ttls),
+                      text_array(r_keys));
   }
   std::vector<std::string> names, prints, claim_ids;
   for (std::size_t i = 0; i < items_.size(); ++i) {
@@ -694,10 +704,10 @@ pqxx::result BatchTx::write_one(Tx& tx) {
     claim_ids.push_back(ids_[i].to_string());
   }
   try {
-    return tx.exec(Stmt::batch_fast_one_keyed, key.sku, key.location, row.sold, row.held,
-                   row.changes, text_array(ids), int_array(qtys), int_array(ttls),
-                   text_array(r_keys), text_array(names), text_array(prints),
-                   text_array(claim_ids));
+    return tx.exec_on(shard_, Stmt::batch_fast_one_keyed, key.sku, key.location, row.sold, row.held,
+                      row.changes, text_array(ids), int_array(qtys), int_array(ttls),
+                      text_array(r_keys), text_array(names), text_array(prints),
+                      text_array(claim_ids));
   } catch (const pqxx::unique_violation&) {
     throw FastMiss{};  // a key was claimed elsewhere meanwhile: the statement rolled back
   }
@@ -708,7 +718,7 @@ void BatchTx::unclaim_refused(Tx& tx) {
   for (const auto& [name, claim] : keys_) {
     if (claim.claimed && !items_[claim.first]->ok) names.push_back(name);
   }
-  if (!names.empty()) tx.exec(Stmt::batch_unclaim, text_array(names));
+  if (!names.empty()) tx.exec_on(shard_, Stmt::batch_unclaim, text_array(names));
 }
 
 // Requests that repeat a key already seen in this batch. The key's request is the one
@@ -737,6 +747,24 @@ void BatchTx::settle_duplicates() {
 
 void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) {
   if (items.empty()) return;
+  if (statements_->citus()) {
+    // Citus runs a statement on one shard only when it names one shard key: a batch whose
+    // requests span several runs as one batch per shard key, each in arrival order.
+    std::map<std::uint16_t, std::vector<BatchItem*>> by_shard;
+    for (BatchItem* item : items) {
+      item->clear_outcome();
+      if (item->buyer) {
+        fail(*item, citus_not_built("a reservation for a buyer (purchase limits)"));
+      } else {
+        by_shard[item->shard_key()].push_back(item);
+      }
+    }
+    const bool whole = by_shard.size() == 1 && by_shard.begin()->second.size() == items.size();
+    if (!whole) {  // each group runs alone (and passes here whole)
+      for (const auto& [shard, group] : by_shard) apply_batch(group, options);
+      return;
+    }
+  }
   WriteOptions write;
   write.strategy = Strategy::batched;
   write.lock_timeout_ms = options.lock_timeout_ms;

@@ -25,9 +25,17 @@ std::string with_schema(std::string sql, const std::string& schema) {
   return sql;
 }
 
+// The files of the Citus layout, applied only to a schema opened with layout='citus'.
+constexpr const char* citus_prefix = "citus/";
+
+bool citus_only(const std::string& name) {
+  return name.rfind(citus_prefix, 0) == 0;
+}
+
 int version_of(const std::string& name) {
   int version = 0;
-  for (char c : name) {
+  for (char c :
+       citus_only(name) ? name.substr(std::char_traits<char>::length(citus_prefix)) : name) {
     if (c < '0' || c > '9') break;
     version = version * 10 + (c - '0');
   }
@@ -49,6 +57,7 @@ std::vector<const Migration*> PostgresStore::pending(
   std::vector<const Migration*> out;
   for (const Migration& m : migrations()) {
     const std::string name = m.name;
+    if (citus_only(name) && options_.layout != Layout::citus) continue;
     const int version = version_of(name);
     if (up_to > 0 && version > up_to) break;
     auto it = applied.find(version);

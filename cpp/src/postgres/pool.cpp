@@ -130,6 +130,9 @@ void Connection::set_lock_timeout(std::int64_t ms) {
 
 std::string Connection::begin_sql() const {
   std::string sql = "BEGIN";
+  // Citus carries a SET LOCAL to the workers, where the row locks are taken, only when
+  // told to (a session SET on the coordinator does not reach them at all).
+  if (statements_->citus()) sql += "; SET LOCAL citus.propagate_set_commands = 'local'";
   if (lock_timeout_ms_ > 0) sql += "; SET LOCAL lock_timeout = " + std::to_string(lock_timeout_ms_);
   return sql;
 }

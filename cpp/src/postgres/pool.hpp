@@ -38,6 +38,7 @@ class Connection {
   pqxx::connection& raw() { return *conn_; }
   bool is_open() const;
   bool pooled() const { return pooled_; }
+  const Statements& statements() const { return *statements_; }
   const Backend& backend() const { return backend_; }
 
   // The lock_timeout of the next transactions. Directly, it is set on the session, only

@@ -37,6 +37,7 @@
 #include "pool.hpp"
 #include "sqlstate.hpp"
 #include "statements.hpp"
+#include "stockade/hash.hpp"
 #include "stockade/log.hpp"
 #include "stockade/postgres_store.hpp"
 #include "stockade/testing.hpp"
@@ -53,11 +54,38 @@ struct Tx {
   pqxx::transaction_base& work;
   Connection& conn;
 
+  // A statement that names no shard key.
   template <class... Args>
   pqxx::result exec(Stmt s, Args&&... args) {
+    if (conn.statements().pinned(s)) {
+      throw Error(ErrorCode::invariant_violation,
+                  std::string("statement ") + Statements::name(s) +
+                      " needs the shard key it touches (Citus layout)");
+    }
+    return conn.exec(work, s, std::forward<Args>(args)...);
+  }
+  // A statement on the rows of one shard key: on the Citus layout the key goes last, so
+  // that Citus routes it to one shard; the plain layout's SQL does not take it.
+  template <class... Args>
+  pqxx::result exec_on(std::uint16_t shard, Stmt s, Args&&... args) {
+    if (conn.statements().pinned(s)) {
+      return conn.exec(work, s, std::forward<Args>(args)..., static_cast<int>(shard));
+    }
     return conn.exec(work, s, std::forward<Args>(args)...);
   }
 };
+
+inline std::uint16_t shard_of(const SkuKey& key) {
+  return shard_key_of(key.sku, key.location);
+}
+
+// What the Citus layout does not run yet: NotSupported, before anything is written.
+inline Error citus_not_built(const std::string& what) {
+  return Error(ErrorCode::not_supported,
+               what +
+                   " is not built on the Citus layout yet (layout='citus'); it runs on the "
+                   "plain layout");
+}
 
 // Thrown inside a transaction to commit what it did and then raise `error` (a lapsed hold
 // is expired on the way to ReservationExpired).

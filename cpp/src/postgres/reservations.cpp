@@ -91,7 +91,8 @@ std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids
   pqxx::result rows;
   try {
     rows = run<RunMode::read>(nullptr, context, [&](Tx& tx) {
-      return tx.exec(Stmt::reservation_get_many, uuid_array(ids));
+      // The ids of one write share its shard key (the Citus layout writes one shard at once)
+      return tx.exec_on(ids.at(0).shard_key(), Stmt::reservation_get_many, uuid_array(ids));
     });
   } catch (const Error&) {
     throw lost;
@@ -120,9 +121,10 @@ Reservation PostgresStore::insert_reservation(Tx& tx, const Uuid& id, const SkuK
                                               const std::optional<std::string>& key_name,
                                               const std::optional<std::string>& buyer,
                                               const std::optional<std::string>& group) {
-  const pqxx::result rows = tx.exec(Stmt::reservation_insert, id.to_string(), key.sku, key.location,
-                                    qty, ttl_us, key_name.value_or(std::string()),
-                                    buyer.value_or(std::string()), group.value_or(std::string()));
+  const pqxx::result rows =
+      tx.exec_on(id.shard_key(), Stmt::reservation_insert, id.to_string(), key.sku, key.location,
+                 qty, ttl_us, key_name.value_or(std::string()), buyer.value_or(std::string()),
+                 group.value_or(std::string()));
   Reservation r = new_hold(id, key, qty, key_name, rows[0]);
   r.buyer = buyer;
   r.limit_group = group;
@@ -164,6 +166,7 @@ void PostgresStore::give_back(Tx& tx, const Reservation& r) {
 }
 
 void PostgresStore::set_purchase_limit(const PurchaseLimit& limit) {
+  if (statements_->citus()) throw citus_not_built("set_purchase_limit");
   run(nullptr, ErrorContext{}, [&](Tx& tx) {
     tx.exec(Stmt::limit_upsert, limit.group, limit.per_buyer);
     const pqxx::result joined = tx.exec(Stmt::limit_skus_set, limit.group, text_array(limit.skus));
@@ -190,7 +193,10 @@ Quantity PostgresStore::buyer_held(const std::string& group, const std::string& 
 }
 
 std::vector<Reservation> PostgresStore::fetch(Tx& tx, const std::vector<Uuid>& ids) {
-  return in_order(tx.exec(Stmt::reservation_get_many, uuid_array(ids)), ids);
+  if (ids.empty()) return {};
+  // The ids of one key share its shard key (the Citus layout writes one shard at once)
+  return in_order(tx.exec_on(ids.front().shard_key(), Stmt::reservation_get_many, uuid_array(ids)),
+                  ids);
 }
 
 std::vector<Reservation> in_order(const pqxx::result& rows, const std::vector<Uuid>& ids) {
@@ -216,11 +222,14 @@ std::vector<Reservation> in_order(const pqxx::result& rows, const std::vector<Uu
 std::vector<Reservation> PostgresStore::with_idempotency(
     Tx& tx, const std::string& key, const std::string& fingerprint, const std::vector<Uuid>& ids,
     const std::function<std::vector<Reservation>()>& body) {
+  // The key lives with the request's rows: the shard key of the SKU (of an order's lines,
+  // which share one on the Citus layout), which the new reservations' ids carry.
+  const std::uint16_t shard = ids.at(0).shard_key();
   for (;;) {
-    if (!tx.exec(Stmt::idempotency_claim, key, fingerprint, uuid_array(ids)).empty()) {
+    if (!tx.exec_on(shard, Stmt::idempotency_claim, key, fingerprint, uuid_array(ids)).empty()) {
       return body();
     }
-    const pqxx::result found = tx.exec(Stmt::idempotency_get, key);
+    const pqxx::result found = tx.exec_on(shard, Stmt::idempotency_get, key);
     if (found.empty()) continue;  // the holder rolled back between our two statements
     if (found[0][0].as<std::string>() != fingerprint) {
       throw idempotency_conflict(key);
@@ -231,7 +240,8 @@ std::vector<Reservation> PostgresStore::with_idempotency(
 
 void PostgresStore::move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantity released) {
   // on_hand -= sold, reserved -= released: units the hold already has, on any row.
-  const pqxx::result rows = tx.exec(Stmt::stock_settle, key.sku, key.location, sold, released);
+  const pqxx::result rows =
+      tx.exec_on(shard_of(key), Stmt::stock_settle, key.sku, key.location, sold, released);
   if (rows.empty()) {
     throw Error(ErrorCode::invariant_violation,
                 "the stock row of a reservation is missing: " + describe(key), context_of(key));
@@ -243,7 +253,7 @@ Reservation PostgresStore::transition(const Uuid& id, Transition kind, std::int6
   ErrorContext context;
   context.reservation_id = id;
   return run(nullptr, context, [&](Tx& tx) {
-    const pqxx::result rows = tx.exec(Stmt::reservation_lock, id.to_string());
+    const pqxx::result rows = tx.exec_on(id.shard_key(), Stmt::reservation_lock, id.to_string());
     if (rows.empty()) throw_reservation_not_found(id);
     bool lapsed = false;
     Reservation r = read_reservation(rows[0], &lapsed);
@@ -252,8 +262,8 @@ Reservation PostgresStore::transition(const Uuid& id, Transition kind, std::int6
     if (lapsed) {  // expire it lazily, as the sweeper would have, and say so
       give_back(tx, r);
       move_stock(tx, r.key, 0, r.qty);
-      r = read_reservation(tx.exec(Stmt::reservation_set, id.to_string(), std::string("expired"),
-                                   std::int64_t{0})[0]);
+      r = read_reservation(tx.exec_on(id.shard_key(), Stmt::reservation_set, id.to_string(),
+                                      std::string("expired"), std::int64_t{0})[0]);
       throw CommitThenRaise{not_holdable(r)};
     }
     std::string next;
@@ -271,8 +281,8 @@ Reservation PostgresStore::transition(const Uuid& id, Transition kind, std::int6
         next = "held";
         break;
     }
-    return read_reservation(tx.exec(Stmt::reservation_set, id.to_string(), next,
-                                    kind == Transition::extend ? ttl_us : std::int64_t{0})[0]);
+    return read_reservation(tx.exec_on(id.shard_key(), Stmt::reservation_set, id.to_string(), next,
+                                       kind == Transition::extend ? ttl_us : std::int64_t{0})[0]);
   });
 }
 
@@ -293,7 +303,7 @@ Reservation PostgresStore::get_reservation(const Uuid& id) {
   ErrorContext context;
   context.reservation_id = id;
   return run<RunMode::read>(nullptr, context, [&](Tx& tx) {
-    const pqxx::result rows = tx.exec(Stmt::reservation_get, id.to_string());
+    const pqxx::result rows = tx.exec_on(id.shard_key(), Stmt::reservation_get, id.to_string());
     if (rows.empty()) throw_reservation_not_found(id);
     return read_reservation(rows[0]);
   });
@@ -304,18 +314,41 @@ std::size_t PostgresStore::expire_due(std::size_t limit) {
 }
 
 std::size_t PostgresStore::expire_in(Tx& tx, std::size_t limit) {
-  const pqxx::result groups = tx.exec(Stmt::expire_pick, static_cast<std::int64_t>(limit));
   std::size_t expired = 0;
   // Units back to the buyers' counts first, then to the stock rows: each in sorted order,
   // parent rows before stock rows, as a reserve locks them.
   std::map<std::pair<std::string, std::string>, Quantity> allowances;
   std::map<SkuKey, Quantity> rows;
-  for (const auto& group : groups) {
-    const Quantity qty = group[2].as<std::int64_t>();
-    rows[SkuKey{group[0].as<std::string>(), group[1].as<std::string>()}] += qty;
-    expired += group[3].as<std::size_t>();
-    const std::string limit_group = group[4].as<std::string>();
-    if (!limit_group.empty()) allowances[{limit_group, group[5].as<std::string>()}] += qty;
+  // Units a reservation (or a group of them) of this row, limit group and buyer held.
+  const auto give = [&](const pqxx::row& r, int qty_at, int group_at) {
+    const Quantity qty = r[qty_at].as<std::int64_t>();
+    rows[SkuKey{r[0].as<std::string>(), r[1].as<std::string>()}] += qty;
+    const std::string limit_group = r[group_at].as<std::string>();
+    if (!limit_group.empty()) allowances[{limit_group, r[group_at + 1].as<std::string>()}] += qty;
+  };
+  if (statements_->citus()) {
+    // Citus refuses FOR UPDATE across shards: the shard keys with due holds first (a read
+    // without locks), then each shard's due holds, locked and expired.
+    std::size_t left = limit;
+    for (const auto& shard_row : tx.exec(Stmt::due_shards)) {
+      if (left == 0) break;
+      const auto shard = static_cast<std::uint16_t>(shard_row[0].as<int>());
+      std::vector<Uuid> ids;
+      for (const auto& r : tx.exec_on(shard, Stmt::expire_lock, static_cast<std::int64_t>(left))) {
+        ids.push_back(Uuid::parse(r[0].c_str()));
+      }
+      if (ids.empty()) continue;
+      for (const auto& r : tx.exec_on(shard, Stmt::expire_set, uuid_array(ids))) {
+        give(r, 2, 3);  // sku, location, qty, limit group, buyer
+        ++expired;
+      }
+      left -= std::min(left, ids.size());
+    }
+  } else {
+    for (const auto& group : tx.exec(Stmt::expire_pick, static_cast<std::int64_t>(limit))) {
+      give(group, 2, 4);  // sku, location, sum(qty), count, limit group, buyer
+      expired += group[3].as<std::size_t>();
+    }
   }
   for (const auto& [pair, qty] : allowances) {
     tx.exec(Stmt::allowance_give, pair.first, pair.second, qty);

@@ -42,6 +42,7 @@ PurgeStep PostgresStore::purge_step(Tx& tx, Stmt statement, std::int64_t older_t
 }
 
 PurgeCounts PostgresStore::purge(std::int64_t older_than_us, std::uint64_t limit) {
+  if (statements_->citus()) throw citus_not_built("purge");
   const auto delete_some = [&](Stmt statement, std::uint64_t n, std::int64_t cursor) {
     return run<RunMode::one_statement>(nullptr, ErrorContext{}, [&](Tx& tx) {
       return purge_step(tx, statement, older_than_us, n, cursor);

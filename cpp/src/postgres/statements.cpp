@@ -42,18 +42,98 @@ std::string reservation_columns() {
          ", idempotency_key, expires_at <= now(), buyer, limit_group";
 }
 
+// `write` (an INSERT or UPDATE of stock, without RETURNING) returning the columns of
+// stock_columns(). They are computed over a CTE, not in RETURNING: lease liveness compares
+// with now(), and Citus refuses non-immutable functions in RETURNING.
+std::string returning_stock(const std::string& write) {
+  return "WITH w AS (" + write + " RETURNING *) SELECT " + stock_columns() + " FROM w";
+}
+
 std::string ttl_from_now(int param) {
   return "now() + $" + std::to_string(param) + "::bigint * interval '1 microsecond'";
 }
 
+// The highest $n in `sql`.
+int last_parameter(const std::string& sql) {
+  int last = 0;
+  for (std::size_t i = 0; i < sql.size(); ++i) {
+    if (sql[i] != '$') continue;
+    int n = 0;
+    std::size_t j = i + 1;
+    while (j < sql.size() && sql[j] >= '0' && sql[j] <= '9') n = n * 10 + (sql[j++] - '0');
+    if (j > i + 1 && n > last) last = n;
+  }
+  return last;
+}
+
 }  // namespace
 
-Statements::Statements(const std::string& schema) {
-  auto set = [&](Stmt s, std::string sql) { sql_[static_cast<std::size_t>(s)] = std::move(sql); };
+std::string render_shard_markers(const std::string& sql, bool citus, bool* pinned) {
+  const std::string k = "$" + std::to_string(last_parameter(sql) + 1) + "::int";
+  std::string out;
+  out.reserve(sql.size() + 64);
+  bool any = false;
+  for (std::size_t i = 0; i < sql.size();) {
+    if (sql[i] != '@') {
+      out += sql[i++];
+      continue;
+    }
+    const std::string rest = sql.substr(i + 1, 3);
+    if (rest == "PIN") {
+      std::size_t end = i + 4;
+      std::string alias;
+      if (end < sql.size() && sql[end] == '(') {
+        const std::size_t close = sql.find(')', end);
+        alias = sql.substr(end + 1, close - end - 1) + ".";
+        end = close + 1;
+      }
+      if (citus) out += " AND " + alias + "shard_key = " + k;
+      i = end;
+    } else if (rest == "SKC") {
+      if (citus) out += ", shard_key";
+      i += 4;
+    } else if (rest == "SKV") {
+      if (citus) out += ", " + k;
+      i += 4;
+    } else if (rest == "SKF") {
+      if (citus) out += "shard_key, ";
+      i += 4;
+    } else {
+      out += sql[i++];
+      continue;
+    }
+    any = true;
+  }
+  if (pinned != nullptr) *pinned = citus && any;
+  return out;
+}
+
+Statements::Statements(const std::string& schema, bool citus) : citus_(citus) {
+  auto set = [&](Stmt s, const std::string& sql) {
+    const auto i = static_cast<std::size_t>(s);
+    bool pinned = false;
+    sql_[i] = render_shard_markers(sql, citus, &pinned);
+    pinned_[i] = pinned;
+  };
   add_stock_statements(schema, set);
   add_reservation_statements(schema, set);
   add_batch_statements(schema, set);
   add_batch_fast_statements(schema, set);
+  // Citus: the shard keys that have due holds, so that the sweeper expires them shard by
+  // shard (Citus refuses FOR UPDATE across shards). A read without locks, across shards.
+  // (Its LIMIT is a constant: Citus cannot plan a parameter there across shards.)
+  set(Stmt::due_shards, "SELECT DISTINCT shard_key FROM " + schema +
+                            ".reservation WHERE state = 'held' AND expires_at <= now() LIMIT 256");
+  // Then each shard's pick in two statements: Citus could not plan expire_pick's CTE
+  // with parameters from libpq ("could not create distributed plan").
+  set(Stmt::expire_lock, "SELECT id::text FROM " + schema +
+                             ".reservation WHERE state = 'held' AND expires_at <= now()@PIN"
+                             " ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED");
+  set(Stmt::expire_set, "UPDATE " + schema +
+                            ".reservation r SET state = 'expired', version = r.version + 1,"
+                            " updated_at = now() WHERE r.id = ANY($1::uuid[])@PIN(r)"
+                            " RETURNING r.sku, r.location, r.qty, coalesce(r.limit_group, ''),"
+                            " coalesce(r.buyer, '')");
 }
 
 // Stock rows, and the atomic hold that writes a row and its reservation in one statement.
@@ -61,32 +141,31 @@ template <class Set>
 void Statements::add_stock_statements(const std::string& schema, Set& set) {
   const std::string stock = schema + ".stock";
   const std::string reservation = schema + ".reservation";
-  const std::string key = " WHERE sku = $1 AND location = $2";
+  const std::string key = " WHERE sku = $1 AND location = $2@PIN";
   const std::string stock_get = "SELECT " + stock_columns() + " FROM " + stock + key;
-  const std::string returning_stock = " RETURNING " + stock_columns();
 
   set(Stmt::stock_get, stock_get);
   set(Stmt::stock_lock, stock_get + " FOR UPDATE");
   set(Stmt::stock_lock_nowait, stock_get + " FOR UPDATE NOWAIT");
   set(Stmt::stock_lock_skip, stock_get + " FOR UPDATE SKIP LOCKED");
-  set(Stmt::stock_insert, "INSERT INTO " + stock +
-                              " (sku, location, on_hand, reserved, version, updated_at)"
-                              " VALUES ($1, $2, $3, 0, 1, now())"
-                              " ON CONFLICT (sku, location) DO NOTHING" +
-                              returning_stock);
-  set(Stmt::stock_set_on_hand, "UPDATE " + stock +
-                                   " SET on_hand = $3, version = version + 1, updated_at = now()" +
-                                   key + returning_stock);
+  set(Stmt::stock_insert, returning_stock("INSERT INTO " + stock +
+                                          " (sku, location, on_hand, reserved, version,"
+                                          " updated_at@SKC) VALUES ($1, $2, $3, 0, 1, now()@SKV)"
+                                          " ON CONFLICT (@SKFsku, location) DO NOTHING"));
+  set(Stmt::stock_set_on_hand,
+      returning_stock("UPDATE " + stock +
+                      " SET on_hand = $3, version = version + 1, updated_at = now()" + key));
   // The one conditional write: moves on_hand and reserved by deltas only while at least
   // $5 units stay available, the row is open to the writer (not discontinued; no lease
   // live, or $7 is its fencing token) and (if $6 >= 0) the version is $6. Every strategy
   // but optimistic writes through it, so even a mix of strategies on one row cannot lose
   // an update or oversell.
-  set(Stmt::stock_delta, "UPDATE " + stock +
-                             " SET on_hand = on_hand - $3, reserved = reserved + $4,"
-                             " version = version + 1, updated_at = now()" +
-                             key + " AND " + room + " >= $5 AND ($6 < 0 OR version = $6) AND " +
-                             open_row_for(7) + returning_stock);
+  set(Stmt::stock_delta,
+      returning_stock("UPDATE " + stock +
+                      " SET on_hand = on_hand - $3, reserved = reserved + $4,"
+                      " version = version + 1, updated_at = now()" +
+                      key + " AND " + room + " >= $5 AND ($6 < 0 OR version = $6) AND " +
+                      open_row_for(7)));
   // Settles holds that exist (confirm, release, expiry): units they already hold, so no
   // room check, and allowed on a discontinued or leased row.
   set(Stmt::stock_settle, "UPDATE " + stock +
@@ -94,27 +173,34 @@ void Statements::add_stock_statements(const std::string& schema, Set& set) {
                               " version = version + 1, updated_at = now()" +
                               key + " RETURNING 1");
   set(Stmt::stock_set_backorder_limit,
-      "UPDATE " + stock + " SET backorder_limit = $3, version = version + 1, updated_at = now()" +
-          key + returning_stock);
+      returning_stock("UPDATE " + stock +
+                      " SET backorder_limit = $3, version = version + 1, updated_at = now()" +
+                      key));
   set(Stmt::stock_set_discontinued,
-      "UPDATE " + stock +
-          " SET discontinued_at = CASE WHEN $3 THEN now() ELSE NULL END,"
-          " version = version + 1, updated_at = now()" +
-          key + returning_stock);
-  // Leases: a new token from the sequence; expiry on the database clock ($4 microseconds).
-  set(Stmt::lease_acquire, "UPDATE " + stock + " SET lease_token = nextval('" + schema +
-                               ".lease_token'), lease_owner = $3,"
+      returning_stock("UPDATE " + stock +
+                      " SET discontinued_at = CASE WHEN $3 THEN now() ELSE NULL END,"
+                      " version = version + 1, updated_at = now()" +
+                      key));
+  // Leases: a new token ($5) from the sequence, drawn by lease_next_token in the same
+  // transaction (Citus refuses a volatile function in an UPDATE of a distributed table);
+  // expiry on the database clock ($4 microseconds). Timestamps leave through a CTE:
+  // Citus refuses non-immutable functions in RETURNING.
+  set(Stmt::lease_next_token, "SELECT nextval('" + schema + ".lease_token')");
+  set(Stmt::lease_acquire, "WITH w AS (UPDATE " + stock +
+                               " SET lease_token = $5, lease_owner = $3,"
                                " lease_expires_at = now() + $4::bigint * interval '1 microsecond',"
                                " version = version + 1, updated_at = now()" +
-                               key + " RETURNING lease_token, " + epoch_us("lease_expires_at"));
+                               key +
+                               " RETURNING lease_token, lease_expires_at) SELECT lease_token, " +
+                               epoch_us("lease_expires_at") + " FROM w");
   set(Stmt::lease_renew,
-      "UPDATE " + stock +
+      "WITH w AS (UPDATE " + stock +
           " SET lease_expires_at = now() + $4::bigint * interval '1 microsecond',"
           " version = version + 1, updated_at = now()" +
           key +
-          " AND lease_token = $3 AND lease_expires_at > now() RETURNING coalesce(lease_owner, "
-          "''), " +
-          epoch_us("lease_expires_at"));
+          " AND lease_token = $3 AND lease_expires_at > now() RETURNING lease_owner,"
+          " lease_expires_at) SELECT coalesce(lease_owner, ''), " +
+          epoch_us("lease_expires_at") + " FROM w");
   set(Stmt::lease_release,
       "UPDATE " + stock +
           " SET lease_owner = NULL, lease_expires_at = NULL, version = version + 1,"
@@ -122,10 +208,10 @@ void Statements::add_stock_statements(const std::string& schema, Set& set) {
           key + " AND lease_token = $3 AND lease_expires_at > now() RETURNING 1");
   // Optimistic: absolute values computed from a read, written only if the version is
   // still the one read.
-  set(Stmt::stock_cas, "UPDATE " + stock +
-                           " SET on_hand = $3, reserved = $4, version = version + 1,"
-                           " updated_at = now()" +
-                           key + " AND version = $5" + returning_stock);
+  set(Stmt::stock_cas, returning_stock("UPDATE " + stock +
+                                       " SET on_hand = $3, reserved = $4, version = version + 1,"
+                                       " updated_at = now()" +
+                                       key + " AND version = $5"));
   // The naive canary's lost update: an absolute value from a stale read, unconditionally.
   set(Stmt::stock_overwrite_reserved,
       "UPDATE " + stock + " SET reserved = $3, version = version + 1, updated_at = now()" + key);
@@ -138,8 +224,8 @@ void Statements::add_stock_statements(const std::string& schema, Set& set) {
           " INSERT INTO " +
           reservation +
           " (id, sku, location, qty, state, version, expires_at, idempotency_key, created_at,"
-          " updated_at) SELECT $5::uuid, sku, location, $3, 'held', 1, " +
-          ttl_from_now(6) + ", NULLIF($7, ''), now(), now() FROM held RETURNING " +
+          " updated_at@SKC) SELECT $5::uuid, sku, location, $3, 'held', 1, " +
+          ttl_from_now(6) + ", NULLIF($7, ''), now(), now()@SKV FROM held RETURNING " +
           epoch_us("expires_at") + ", " + epoch_us("created_at"));
 }
 
@@ -148,35 +234,35 @@ template <class Set>
 void Statements::add_reservation_statements(const std::string& schema, Set& set) {
   const std::string reservation = schema + ".reservation";
   set(Stmt::reservation_insert,
-      "INSERT INTO " + reservation +
+      "WITH w AS (INSERT INTO " + reservation +
           " (id, sku, location, qty, state, version, expires_at, idempotency_key, created_at,"
-          " updated_at, buyer, limit_group) VALUES ($1::uuid, $2, $3, $4, 'held', 1, " +
+          " updated_at, buyer, limit_group@SKC) VALUES ($1::uuid, $2, $3, $4, 'held', 1, " +
           ttl_from_now(5) +
-          ", NULLIF($6, ''), now(), now(), NULLIF($7, ''), NULLIF($8, ''))"
-          " RETURNING " +
-          epoch_us("expires_at") + ", " + epoch_us("created_at"));
+          ", NULLIF($6, ''), now(), now(), NULLIF($7, ''), NULLIF($8, '')@SKV)"
+          " RETURNING expires_at, created_at) SELECT " +
+          epoch_us("expires_at") + ", " + epoch_us("created_at") + " FROM w");
   const std::string reservation_get =
-      "SELECT " + reservation_columns() + " FROM " + reservation + " WHERE id = $1::uuid";
+      "SELECT " + reservation_columns() + " FROM " + reservation + " WHERE id = $1::uuid@PIN";
   set(Stmt::reservation_get, reservation_get);
   set(Stmt::reservation_lock, reservation_get + " FOR UPDATE");
   set(Stmt::reservation_set,
-      "UPDATE " + reservation +
+      "WITH w AS (UPDATE " + reservation +
           " SET state = $2, version = version + 1, updated_at = now(), expires_at = CASE WHEN"
           " $3::bigint > 0 THEN " +
-          ttl_from_now(3) + " ELSE expires_at END WHERE id = $1::uuid RETURNING " +
-          reservation_columns());
-  set(Stmt::reservation_get_many,
-      "SELECT " + reservation_columns() + " FROM " + reservation + " WHERE id = ANY($1::uuid[])");
+          ttl_from_now(3) + " ELSE expires_at END WHERE id = $1::uuid@PIN RETURNING *) SELECT " +
+          reservation_columns() + " FROM w");
+  set(Stmt::reservation_get_many, "SELECT " + reservation_columns() + " FROM " + reservation +
+                                      " WHERE id = ANY($1::uuid[])@PIN");
   // The sweeper's pick: due holds in expiry order, skipping rows a transition has locked,
   // expired in place; the units to return come back per row, sorted for lock order.
   set(Stmt::expire_pick,
       "WITH due AS (SELECT id FROM " + reservation +
-          " WHERE state = 'held' AND expires_at <= now() ORDER BY expires_at LIMIT $1"
+          " WHERE state = 'held' AND expires_at <= now()@PIN ORDER BY expires_at LIMIT $1"
           " FOR UPDATE SKIP LOCKED),"
           " done AS (UPDATE " +
           reservation +
           " r SET state = 'expired', version = r.version + 1, updated_at = now() FROM due"
-          " WHERE r.id = due.id RETURNING r.sku, r.location, r.qty, r.limit_group, r.buyer)"
+          " WHERE r.id = due.id@PIN(r) RETURNING r.sku, r.location, r.qty, r.limit_group, r.buyer)"
           " SELECT sku, location, sum(qty)::bigint, count(*), coalesce(limit_group, ''),"
           " coalesce(buyer, '') FROM done GROUP BY sku, location, limit_group, buyer"
           " ORDER BY sku COLLATE \"C\", location COLLATE \"C\"");
@@ -191,32 +277,34 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
   // too). So a replay never finds its reservations missing.
   const std::string horizon = "now() - $1::bigint * interval '1 microsecond'";
   const std::string cursor = "'epoch'::timestamptz + $3::bigint * interval '1 microsecond'";
-  set(Stmt::purge_keys,
-      "WITH doomed AS (SELECT i.key, i.reservation_ids, i.created_at FROM " + schema +
-          ".idempotency i WHERE i.created_at < " + horizon + " AND i.created_at >= " + cursor +
-          " AND NOT EXISTS (SELECT 1 FROM " + reservation +
-          " r WHERE r.id = ANY(i.reservation_ids) AND (r.state = 'held' OR r.updated_at >= " +
-          horizon +
-          ")) ORDER BY i.created_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
-          " keys AS (DELETE FROM " +
-          schema +
-          ".idempotency i USING doomed d WHERE i.key = d.key RETURNING 1),"
-          " gone AS (DELETE FROM " +
-          reservation +
-          " r USING (SELECT unnest(reservation_ids) AS id FROM doomed) AS d WHERE r.id = d.id"
-          " RETURNING 1)"
-          " SELECT (SELECT count(*) FROM keys), (SELECT count(*) FROM gone),"
-          " coalesce((SELECT max(" +
-          epoch_us("created_at") + ") FROM doomed), $3::bigint)");
+  set(Stmt::purge_keys, "WITH doomed AS (SELECT i.key, i.reservation_ids, i.created_at FROM " +
+                            schema + ".idempotency i WHERE i.created_at < " + horizon +
+                            " AND i.created_at >= " + cursor +
+                            "@PIN(i) AND NOT EXISTS (SELECT 1 FROM " + reservation +
+                            " r WHERE r.id = ANY(i.reservation_ids)@PIN(r) AND (r.state = 'held' "
+                            "OR r.updated_at >= " +
+                            horizon +
+                            ")) ORDER BY i.created_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
+                            " keys AS (DELETE FROM " +
+                            schema +
+                            ".idempotency i USING doomed d WHERE i.key = d.key@PIN(i) RETURNING 1),"
+                            " gone AS (DELETE FROM " +
+                            reservation +
+                            " r USING (SELECT unnest(reservation_ids) AS id FROM doomed) AS d "
+                            "WHERE r.id = d.id@PIN(r)"
+                            " RETURNING 1)"
+                            " SELECT (SELECT count(*) FROM keys), (SELECT count(*) FROM gone),"
+                            " coalesce((SELECT max(" +
+                            epoch_us("created_at") + ") FROM doomed), $3::bigint)");
   set(Stmt::purge_reservations,
       "WITH doomed AS (SELECT r.id, r.updated_at FROM " + reservation +
           " r WHERE r.state <> 'held' AND r.updated_at < " + horizon + " AND r.updated_at >= " +
-          cursor + " AND (r.idempotency_key IS NULL OR NOT EXISTS (SELECT 1 FROM " + schema +
-          ".idempotency i WHERE i.key = r.idempotency_key))"
+          cursor + "@PIN(r) AND (r.idempotency_key IS NULL OR NOT EXISTS (SELECT 1 FROM " + schema +
+          ".idempotency i WHERE i.key = r.idempotency_key@PIN(i)))"
           " ORDER BY r.updated_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
           " gone AS (DELETE FROM " +
           reservation +
-          " r USING doomed d WHERE r.id = d.id RETURNING 1)"
+          " r USING doomed d WHERE r.id = d.id@PIN(r) RETURNING 1)"
           " SELECT 0::bigint, (SELECT count(*) FROM gone), coalesce((SELECT max(" +
           epoch_us("updated_at") + ") FROM doomed), $3::bigint)");
   // stats(): live-tuple figures of the statistics collector (O(1), refreshed within about
@@ -234,14 +322,14 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
           reservation + " WHERE state = 'held' LIMIT $1) AS h)");
   set(Stmt::idempotency_claim, "INSERT INTO " + schema +
                                    ".idempotency (key, request_fingerprint, reservation_ids,"
-                                   " created_at) VALUES ($1, $2, $3::uuid[], now())"
-                                   " ON CONFLICT (key) DO NOTHING RETURNING 1");
+                                   " created_at@SKC) VALUES ($1, $2, $3::uuid[], now()@SKV)"
+                                   " ON CONFLICT (@SKFkey) DO NOTHING RETURNING 1");
   // A replay reads its key FOR KEY SHARE, so that a purge (FOR UPDATE SKIP LOCKED) passes
   // the key by, and with it its reservations, until the replay has read them.
   set(Stmt::idempotency_get,
       "SELECT request_fingerprint, array_to_string(reservation_ids, ',')"
       " FROM " +
-          schema + ".idempotency WHERE key = $1 FOR KEY SHARE");
+          schema + ".idempotency WHERE key = $1@PIN FOR KEY SHARE");
   add_limit_statements(schema, set);
   set(Stmt::advisory_lock, "SELECT pg_advisory_xact_lock($1::bigint)");
   set(Stmt::advisory_try_lock, "SELECT pg_try_advisory_xact_lock($1::bigint)");
@@ -314,12 +402,12 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
   // another transaction holds is waited for, and comes back missing if it committed.
   set(Stmt::batch_claim,
       "INSERT INTO " + idempotency +
-          " (key, request_fingerprint, reservation_ids, created_at)"
-          " SELECT k, f, ARRAY[i::uuid], now() FROM unnest($1::text[], $2::text[], $3::text[])"
-          " AS t(k, f, i) ORDER BY k COLLATE \"C\" ON CONFLICT (key) DO NOTHING RETURNING key");
+          " (key, request_fingerprint, reservation_ids, created_at@SKC)"
+          " SELECT k, f, ARRAY[i::uuid], now()@SKV FROM unnest($1::text[], $2::text[], $3::text[])"
+          " AS t(k, f, i) ORDER BY k COLLATE \"C\" ON CONFLICT (@SKFkey) DO NOTHING RETURNING key");
   set(Stmt::batch_keys_get,
       "SELECT key, request_fingerprint, array_to_string(reservation_ids, ',') FROM " + idempotency +
-          " WHERE key = ANY($1::text[]) FOR KEY SHARE");
+          " WHERE key = ANY($1::text[])@PIN FOR KEY SHARE");
   // Locks the touched rows in sorted key order, and reads the transaction's now(), each
   // row's backorder limit, and whether it is discontinued or leased.
   set(Stmt::batch_lock,
@@ -328,7 +416,7 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
           " coalesce(s.lease_expires_at > now(), false) FROM " +
           schema +
           ".stock s JOIN unnest($1::text[], $2::text[]) AS k(sku, location)"
-          " ON s.sku = k.sku AND s.location = k.location"
+          " ON s.sku = k.sku AND s.location = k.location@PIN(s)"
           " ORDER BY s.sku COLLATE \"C\", s.location COLLATE \"C\" FOR UPDATE OF s");
   // One statement writes the summed deltas of every row and inserts every reservation.
   set(Stmt::batch_write,
@@ -337,25 +425,25 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
           " version = s.version + d.changes, updated_at = now()"
           " FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[])"
           " AS d(sku, location, sold, held, changes)"
-          " WHERE s.sku = d.sku AND s.location = d.location RETURNING 1)"
+          " WHERE s.sku = d.sku AND s.location = d.location@PIN(s) RETURNING 1)"
           " INSERT INTO " +
           schema +
           ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
-          " created_at, updated_at, buyer, limit_group) SELECT i::uuid, k, l, q, 'held', 1,"
+          " created_at, updated_at, buyer, limit_group@SKC) SELECT i::uuid, k, l, q, 'held', 1,"
           " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now(), NULLIF(rb, ''),"
-          " NULLIF(rg, '') FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[],"
+          " NULLIF(rg, '')@SKV FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[],"
           " $10::bigint[], $11::text[], $13::text[], $14::text[]) AS r(i, k, l, q, t, ik, rb, rg) "
           "WHERE (SELECT count(*) FROM moved) = $12");
-  set(Stmt::batch_unclaim, "DELETE FROM " + idempotency + " WHERE key = ANY($1::text[])");
+  set(Stmt::batch_unclaim, "DELETE FROM " + idempotency + " WHERE key = ANY($1::text[])@PIN");
   // Confirms and releases: their reservation rows, locked in id order before any stock row
   // (the order a per-request transition keeps), and their new states, written at once.
   set(Stmt::batch_lock_reservations, "SELECT " + reservation_columns() + " FROM " + schema +
-                                         ".reservation WHERE id = ANY($1::uuid[])"
+                                         ".reservation WHERE id = ANY($1::uuid[])@PIN"
                                          " ORDER BY id FOR UPDATE");
   set(Stmt::batch_transition,
       "UPDATE " + schema +
           ".reservation AS r SET state = u.state, version = r.version + 1, updated_at = now()"
-          " FROM unnest($1::uuid[], $2::text[]) AS u(id, state) WHERE r.id = u.id");
+          " FROM unnest($1::uuid[], $2::text[]) AS u(id, state) WHERE r.id = u.id@PIN(r)");
 }
 
 // The batch fast paths: one statement in autocommit each.
@@ -372,7 +460,7 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
       " AND s.discontinued_at IS NULL"
       " AND (s.lease_expires_at IS NULL OR s.lease_expires_at <= now()) AS fits FROM " +
           schema +
-          ".stock s JOIN d ON s.sku = d.sku AND s.location = d.location"
+          ".stock s JOIN d ON s.sku = d.sku AND s.location = d.location@PIN(s)"
           " ORDER BY s.sku COLLATE \"C\", s.location COLLATE \"C\" FOR UPDATE OF s),"
           " verdict AS (SELECT count(*) = $12 AND coalesce(bool_and(fits), false) AS all_fit"
           " FROM locked),"
@@ -380,14 +468,14 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
           schema +
           ".stock AS s SET on_hand = s.on_hand - d.sold, reserved = s.reserved + d.held,"
           " version = s.version + d.changes, updated_at = now() FROM d, verdict"
-          " WHERE verdict.all_fit AND s.sku = d.sku AND s.location = d.location"
+          " WHERE verdict.all_fit AND s.sku = d.sku AND s.location = d.location@PIN(s)"
           " RETURNING s.sku, s.location, s.on_hand, s.reserved, s.version, s.backorder_limit),"
           " made AS (INSERT INTO " +
           schema +
           ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
-          " created_at, updated_at, buyer, limit_group) SELECT i::uuid, k, l, q, 'held', 1,"
+          " created_at, updated_at, buyer, limit_group@SKC) SELECT i::uuid, k, l, q, 'held', 1,"
           " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now(), NULLIF(rb, ''),"
-          " NULLIF(rg, '') FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[],"
+          " NULLIF(rg, '')@SKV FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[],"
           " $10::bigint[], $11::text[], $13::text[], $14::text[]) AS r(i, k, l, q, t, ik, rb, rg), "
           "verdict WHERE verdict.all_fit)"
           " SELECT sku, location, on_hand, reserved, version, " +
@@ -404,15 +492,15 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
       " moved AS (UPDATE " + schema +
       ".stock SET on_hand = on_hand - $3::bigint, reserved = reserved + $4::bigint,"
       " version = version + $5::bigint, updated_at = now()"
-      " WHERE sku = $1 AND location = $2 AND " +
+      " WHERE sku = $1 AND location = $2@PIN AND " +
       std::string(room) + " >= $3::bigint + $4::bigint AND " + open_row;
   const std::string moved_end =
       " RETURNING sku, location, on_hand, reserved, version, backorder_limit),";
   const std::string made =
       " made AS (INSERT INTO " + schema +
       ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
-      " created_at, updated_at) SELECT i::uuid, $1, $2, q, 'held', 1,"
-      " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()"
+      " created_at, updated_at@SKC) SELECT i::uuid, $1, $2, q, 'held', 1,"
+      " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()@SKV"
       " FROM unnest($6::text[], $7::bigint[], $8::bigint[], $9::text[]) AS r(i, q, t, ik)"
       " WHERE EXISTS (SELECT 1 FROM moved))";
   const std::string answer = " SELECT sku, location, on_hand, reserved, version, " +
@@ -441,9 +529,9 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
           moved + " AND (SELECT count(*) FROM taken) = (SELECT count(*) FROM asks)" + moved_end +
           " made AS (INSERT INTO " + schema +
           ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
-          " created_at, updated_at, buyer, limit_group) SELECT i::uuid, $1, $2, q, 'held', 1,"
+          " created_at, updated_at, buyer, limit_group@SKC) SELECT i::uuid, $1, $2, q, 'held', 1,"
           " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now(), NULLIF(b, ''),"
-          " CASE WHEN b <> '' THEN (SELECT g FROM lim) END FROM req"
+          " CASE WHEN b <> '' THEN (SELECT g FROM lim) END@SKV FROM req"
           " WHERE EXISTS (SELECT 1 FROM moved))"
           " SELECT m.sku, m.location, m.on_hand, m.reserved, m.version, " +
           epoch_us("now()") +
@@ -453,10 +541,12 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
           schema + ".abort_statement() ELSE false END");
   set(Stmt::batch_fast_one_keyed,
       "WITH taken AS (SELECT count(*) AS n FROM " + schema +
-          ".idempotency WHERE key = ANY($10::text[]))," + moved + " AND (SELECT n FROM taken) = 0" +
-          moved_end + made + ", claim AS (INSERT INTO " + schema +
-          ".idempotency (key, request_fingerprint, reservation_ids, created_at)"
-          " SELECT k, f, ARRAY[i::uuid], now() FROM unnest($10::text[], $11::text[], $12::text[])"
+          ".idempotency WHERE key = ANY($10::text[])@PIN)," + moved +
+          " AND (SELECT n FROM taken) = 0" + moved_end + made + ", claim AS (INSERT INTO " +
+          schema +
+          ".idempotency (key, request_fingerprint, reservation_ids, created_at@SKC)"
+          " SELECT k, f, ARRAY[i::uuid], now()@SKV FROM unnest($10::text[], $11::text[], "
+          "$12::text[])"
           " AS t(k, f, i) WHERE EXISTS (SELECT 1 FROM moved))" +
           answer);
 }
@@ -473,6 +563,7 @@ const char* Statements::name(Stmt s) {
       "stockade_stock_settle",
       "stockade_stock_set_backorder_limit",
       "stockade_stock_set_discontinued",
+      "stockade_lease_next_token",
       "stockade_lease_acquire",
       "stockade_lease_renew",
       "stockade_lease_release",
@@ -514,6 +605,9 @@ const char* Statements::name(Stmt s) {
       "stockade_batch_fast_one_limited",
       "stockade_batch_lock_reservations",
       "stockade_batch_transition",
+      "stockade_due_shards",
+      "stockade_expire_lock",
+      "stockade_expire_set",
   };
   return names[static_cast<std::size_t>(s)];
 }

@@ -21,6 +21,7 @@ enum class Stmt : std::size_t {
   stock_settle,
   stock_set_backorder_limit,
   stock_set_discontinued,
+  lease_next_token,
   lease_acquire,
   lease_renew,
   lease_release,
@@ -62,16 +63,28 @@ enum class Stmt : std::size_t {
   batch_fast_one_limited,
   batch_lock_reservations,
   batch_transition,
+  due_shards,
+  expire_lock,
+  expire_set,
   count_
 };
 
 inline constexpr std::size_t stmt_count = static_cast<std::size_t>(Stmt::count_);
 
 // The SQL of every statement, with the schema name filled in.
+//
+// Statements are written once, with markers where the Citus layout names the shard key:
+// `@PIN` (` AND shard_key = $k`), `@PIN(a)` (the same on alias a), `@SKC` and `@SKV` (the
+// column and its value in an INSERT) and `@SKF` (first in an ON CONFLICT target). $k is
+// one past the statement's last parameter. The plain layout drops the markers, so its
+// SQL is what it was before the Citus layout existed.
 class Statements {
  public:
-  explicit Statements(const std::string& schema);
+  explicit Statements(const std::string& schema, bool citus = false);
   const std::string& sql(Stmt s) const { return sql_[static_cast<std::size_t>(s)]; }
+  // Whether the statement takes the shard key as its last parameter (Citus layout only).
+  bool pinned(Stmt s) const { return pinned_[static_cast<std::size_t>(s)]; }
+  bool citus() const { return citus_; }
   static const char* name(Stmt s);
 
  private:
@@ -87,6 +100,12 @@ class Statements {
   void add_batch_fast_statements(const std::string& schema, Set& set);
 
   std::array<std::string, stmt_count> sql_;
+  std::array<bool, stmt_count> pinned_{};
+  bool citus_ = false;
 };
+
+// `sql` with its shard-key markers rendered for the layout; sets *pinned when the result
+// takes the shard key as a parameter. Exposed for tests.
+std::string render_shard_markers(const std::string& sql, bool citus, bool* pinned);
 
 }  // namespace stockade::detail::pg

@@ -37,7 +37,7 @@ std::int64_t PostgresStore::advisory_key(const SkuKey& key) const {
 }
 
 PostgresStore::Level PostgresStore::read_row(Tx& tx, Stmt s, const SkuKey& key) {
-  const pqxx::result rows = tx.exec(s, key.sku, key.location);
+  const pqxx::result rows = tx.exec_on(shard_of(key), s, key.sku, key.location);
   if (rows.empty()) return std::nullopt;
   return level_from(key, rows[0]);
 }
@@ -95,8 +95,8 @@ StockLevel PostgresStore::write_row(Tx& tx, const StockLevel& read, Quantity sol
   const SkuKey& key = read.key;
   if (options.strategy == Strategy::optimistic) {
     // UPDATE ... SET <values computed from the read> WHERE version = :read_version
-    const pqxx::result rows = tx.exec(Stmt::stock_cas, key.sku, key.location, read.on_hand - sold,
-                                      read.reserved + held, read.version);
+    const pqxx::result rows = tx.exec_on(shard_of(key), Stmt::stock_cas, key.sku, key.location,
+                                         read.on_hand - sold, read.reserved + held, read.version);
     if (rows.empty()) throw OptimisticRace{};
     return level_from(key, rows[0]);
   }
@@ -104,8 +104,8 @@ StockLevel PostgresStore::write_row(Tx& tx, const StockLevel& read, Quantity sol
   // protects the row from writers that do not take that lock (another strategy).
   const Quantity qty = sold + held;
   const pqxx::result rows =
-      tx.exec(Stmt::stock_delta, key.sku, key.location, sold, held, qty,
-              options.expected_version.value_or(-1), options.fencing_token.value_or(-1));
+      tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location, sold, held, qty,
+                 options.expected_version.value_or(-1), options.fencing_token.value_or(-1));
   if (rows.empty()) refuse(tx, key, qty, options.expected_version, options.fencing_token);
   return level_from(key, rows[0]);
 }
@@ -129,7 +129,8 @@ StockLevel PostgresStore::upsert(const SkuKey& key, Quantity value, bool add,
       if (!row) {
         // A version was expected, or a token (a lease makes its row): the row must exist.
         if (expected || token) throw_stock_not_found(key);
-        const pqxx::result made = tx.exec(Stmt::stock_insert, key.sku, key.location, value);
+        const pqxx::result made =
+            tx.exec_on(shard_of(key), Stmt::stock_insert, key.sku, key.location, value);
         if (!made.empty()) return level_from(key, made[0]);
         continue;  // created by someone else since our read: update theirs
       }
@@ -140,7 +141,8 @@ StockLevel PostgresStore::upsert(const SkuKey& key, Quantity value, bool add,
       } else {
         check_covers(key, value, row->reserved, row->backorder_limit);
       }
-      return level_from(key, tx.exec(Stmt::stock_set_on_hand, key.sku, key.location, on_hand)[0]);
+      return level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_on_hand, key.sku,
+                                        key.location, on_hand)[0]);
     }
   });
 }
@@ -177,7 +179,8 @@ StockLevel PostgresStore::set_backorder_limit(const SkuKey& key, Quantity limit,
         return true;
       },
       [&](Tx& tx) {
-        return tx.exec(Stmt::stock_set_backorder_limit, key.sku, key.location, limit);
+        return tx.exec_on(shard_of(key), Stmt::stock_set_backorder_limit, key.sku, key.location,
+                          limit);
       });
 }
 
@@ -197,7 +200,8 @@ StockLevel PostgresStore::set_discontinued(const SkuKey& key, bool discontinued,
         return true;
       },
       [&](Tx& tx) {
-        return tx.exec(Stmt::stock_set_discontinued, key.sku, key.location, discontinued);
+        return tx.exec_on(shard_of(key), Stmt::stock_set_discontinued, key.sku, key.location,
+                          discontinued);
       });
 }
 
@@ -207,12 +211,14 @@ Lease PostgresStore::acquire_lease(const SkuKey& key, std::int64_t ttl_us,
     for (;;) {
       Level row = read_row(tx, Stmt::stock_lock, key);
       if (!row) {  // a lease makes its row, at zero units; then lock it
-        tx.exec(Stmt::stock_insert, key.sku, key.location, Quantity{0});
+        tx.exec_on(shard_of(key), Stmt::stock_insert, key.sku, key.location, Quantity{0});
         continue;
       }
       row->discontinued = false;  // a discontinued row can be leased (to reinstate it)
       check_writable(*row, std::nullopt, std::nullopt);  // LeaseHeld while one is live
-      const pqxx::row made = tx.exec(Stmt::lease_acquire, key.sku, key.location, owner, ttl_us)[0];
+      const std::int64_t token = tx.exec(Stmt::lease_next_token)[0][0].as<std::int64_t>();
+      const pqxx::row made = tx.exec_on(shard_of(key), Stmt::lease_acquire, key.sku, key.location,
+                                        owner, ttl_us, token)[0];
       return Lease{key, owner, made[0].as<std::int64_t>(), made[1].as<std::int64_t>()};
     }
   });
@@ -220,7 +226,8 @@ Lease PostgresStore::acquire_lease(const SkuKey& key, std::int64_t ttl_us,
 
 Lease PostgresStore::renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) {
   return run(nullptr, context_of(key), [&](Tx& tx) {
-    const pqxx::result renewed = tx.exec(Stmt::lease_renew, key.sku, key.location, token, ttl_us);
+    const pqxx::result renewed =
+        tx.exec_on(shard_of(key), Stmt::lease_renew, key.sku, key.location, token, ttl_us);
     if (!renewed.empty()) {
       return Lease{key, renewed[0][0].as<std::string>(), token, renewed[0][1].as<std::int64_t>()};
     }
@@ -234,7 +241,7 @@ Lease PostgresStore::renew_lease(const SkuKey& key, FencingToken token, std::int
 
 bool PostgresStore::release_lease(const SkuKey& key, FencingToken token) {
   return run(nullptr, context_of(key), [&](Tx& tx) {
-    return !tx.exec(Stmt::lease_release, key.sku, key.location, token).empty();
+    return !tx.exec_on(shard_of(key), Stmt::lease_release, key.sku, key.location, token).empty();
   });
 }
 
@@ -253,9 +260,9 @@ StockLevel PostgresStore::sell(const SellRequest& request) {
   auto attempt = [&] {
     return run(&options, context_of(key), [&](Tx& tx) {
       if (options.strategy == Strategy::atomic) {
-        const pqxx::result rows =
-            tx.exec(Stmt::stock_delta, key.sku, key.location, request.qty, Quantity{0}, request.qty,
-                    options.expected_version.value_or(-1), options.fencing_token.value_or(-1));
+        const pqxx::result rows = tx.exec_on(
+            shard_of(key), Stmt::stock_delta, key.sku, key.location, request.qty, Quantity{0},
+            request.qty, options.expected_version.value_or(-1), options.fencing_token.value_or(-1));
         if (rows.empty()) {
           refuse(tx, key, request.qty, options.expected_version, options.fencing_token);
         }
@@ -284,21 +291,24 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
   // Purchase limits first: the parent rows are locked before any stock row.
   const LineGroups groups =
       options.buyer ? take_allowances(tx, lines, *options.buyer) : LineGroups(lines.size());
-  if (options.strategy == Strategy::atomic && lines.size() == 1 && !options.buyer) {
-    // One statement: the conditional UPDATE and the reservation row together.
+  if (options.strategy == Strategy::atomic && lines.size() == 1 && !options.buyer &&
+      !statements_->citus()) {
+    // One statement: the conditional UPDATE and the reservation row together. (Citus
+    // would run its INSERT ... SELECT by pulling the row to the coordinator first, at
+    // half the speed of the two statements below, in one transaction there.)
     const OrderLine& line = lines.front();
-    const pqxx::result rows =
-        tx.exec(Stmt::hold_atomic, line.key.sku, line.key.location, line.qty,
-                options.expected_version.value_or(-1), ids.front().to_string(), ttl_us, key_name);
+    const pqxx::result rows = tx.exec_on(
+        shard_of(line.key), Stmt::hold_atomic, line.key.sku, line.key.location, line.qty,
+        options.expected_version.value_or(-1), ids.front().to_string(), ttl_us, key_name);
     if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version, std::nullopt);
     made.push_back(new_hold(ids.front(), line.key, line.qty, idempotency_key, rows[0]));
     return made;
   }
   if (options.strategy == Strategy::atomic) {
     for (const OrderLine& line : lines) {  // sorted: rows are locked in key order
-      const pqxx::result rows =
-          tx.exec(Stmt::stock_delta, line.key.sku, line.key.location, Quantity{0}, line.qty,
-                  line.qty, options.expected_version.value_or(-1), std::int64_t{-1});
+      const pqxx::result rows = tx.exec_on(shard_of(line.key), Stmt::stock_delta, line.key.sku,
+                                           line.key.location, Quantity{0}, line.qty, line.qty,
+                                           options.expected_version.value_or(-1), std::int64_t{-1});
       if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version, std::nullopt);
     }
   } else {
@@ -326,6 +336,9 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
 
 Reservation PostgresStore::reserve(const ReserveRequest& request) {
   const WriteOptions& options = request.options;
+  if (statements_->citus() && options.buyer) {
+    throw citus_not_built("a reservation for a buyer (purchase limits)");
+  }
   telemetry().count(request.key, SkuEvent::request);
   const std::vector<OrderLine> lines{{request.key, request.qty}};
   const std::vector<Uuid> ids{make_uuid_v7(SystemClock().now_us() / 1000,
@@ -355,8 +368,9 @@ Reservation PostgresStore::reserve(const ReserveRequest& request) {
                              return std::vector<Reservation>{*made};
                            }
                          }
+                         // (Not on Citus: see hold(), which runs it as two statements there.)
                          if (options.strategy == Strategy::atomic && !request.idempotency_key &&
-                             !options.buyer) {
+                             !options.buyer && !statements_->citus()) {
                            if (std::optional<Reservation> made =
                                    reserve_in_one_statement(request, ids.front())) {
                              return std::vector<Reservation>{*made};
@@ -380,8 +394,9 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
   const std::int64_t expected = request.options.expected_version.value_or(-1);
   const std::optional<Reservation> made = run<RunMode::one_statement>(
       &request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
-        const pqxx::result rows = tx.exec(Stmt::hold_atomic, key.sku, key.location, request.qty,
-                                          expected, id.to_string(), request.ttl_us, std::string());
+        const pqxx::result rows =
+            tx.exec_on(shard_of(key), Stmt::hold_atomic, key.sku, key.location, request.qty,
+                       expected, id.to_string(), request.ttl_us, std::string());
         if (rows.empty()) return std::nullopt;
         return new_hold(id, key, request.qty, std::nullopt, rows[0]);
       });
@@ -401,9 +416,9 @@ std::optional<Reservation> PostgresStore::reserve_limited_in_one_statement(
   try {
     return run<RunMode::one_statement>(
         &request.options, context_of(key), [&](Tx& tx) -> std::optional<Reservation> {
-          const pqxx::result rows =
-              tx.exec(Stmt::batch_fast_one_limited, key.sku, key.location, Quantity{0}, request.qty,
-                      std::int64_t{1}, ids, qtys, ttls, text_array({""}), buyers);
+          const pqxx::result rows = tx.exec_on(
+              shard_of(key), Stmt::batch_fast_one_limited, key.sku, key.location, Quantity{0},
+              request.qty, std::int64_t{1}, ids, qtys, ttls, text_array({""}), buyers);
           if (rows.empty()) return std::nullopt;
           // The row's values right after this hold, and the database's now().
           Reservation r;
@@ -427,6 +442,14 @@ std::optional<Reservation> PostgresStore::reserve_limited_in_one_statement(
 
 std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& request) {
   const WriteOptions& options = request.options;
+  if (statements_->citus()) {
+    if (options.buyer) throw citus_not_built("a reservation for a buyer (purchase limits)");
+    for (const OrderLine& line : request.lines) {
+      if (shard_of(line.key) != shard_of(request.lines.front().key)) {
+        throw citus_not_built("an order whose SKUs lie on different shards");
+      }
+    }
+  }
   // Locks go in sorted (sku, location) order; results come back in the caller's order.
   std::vector<std::size_t> order(request.lines.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;

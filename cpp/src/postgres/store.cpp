@@ -142,9 +142,12 @@ PostgresOptions with_effective_dsn(PostgresOptions options) {
 PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry> shared)
     : Store(std::move(shared)),
       options_(with_effective_dsn(std::move(options))),
-      statements_(std::make_shared<Statements>(options_.schema)),
+      statements_(std::make_shared<Statements>(options_.schema, options_.layout == Layout::citus)),
+      // Citus carries no session SET to its workers, and could not plan our statements
+      // as generic plans of prepared statements: the Citus layout runs without session
+      // state, SET LOCAL in each transaction, as behind a transaction-mode pooler.
       pool_(options_.dsn, statements_, options_.pool_size, options_.pool_timeout_ms,
-            options_.pooler) {
+            options_.layout == Layout::citus ? Pooler::transaction : options_.pooler) {
   {
     Pool::Lease first = pool_.acquire();  // fail fast on a bad DSN or a server that is down
     if (first->pooled() && options_.pooler == Pooler::detect) {
@@ -233,6 +236,16 @@ StoreCounts PostgresStore::exact_counts() const {
 
 namespace stockade {
 
+Layout layout_from_name(const std::string& name) {
+  if (name == "plain") return Layout::plain;
+  if (name == "citus") return Layout::citus;
+  throw_invalid_argument("layout must be 'plain' or 'citus', got " + shown(name));
+}
+
+const char* layout_name(Layout layout) noexcept {
+  return layout == Layout::citus ? "citus" : "plain";
+}
+
 Pooler pooler_from_name(const std::string& name) {
   if (name == "auto") return Pooler::detect;
   if (name == "none") return Pooler::none;
@@ -301,6 +314,10 @@ void validate_postgres_options(const PostgresOptions& options) {
     throw_invalid_argument("purge_batch must be between 1 and " + std::to_string(expire_batch_max));
   }
   if (options.retention_ms < 0) throw_invalid_argument("retention must not be negative");
+  if (options.retention_ms > 0 && options.layout == Layout::citus) {
+    throw Error(ErrorCode::not_supported,
+                "retention (purge) is not built on the Citus layout yet (layout='citus')");
+  }
   if (options.retention_ms > 0 && !options.sweeper) {
     throw_invalid_argument(
         "retention needs sweeper=True: the sweeper is what purges (or call purge() yourself)");

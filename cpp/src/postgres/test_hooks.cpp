@@ -18,7 +18,8 @@ Reservation PostgresStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty,
     if (read->available() < qty) throw_out_of_stock(key, read->available(), qty);
     if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
     // UPDATE stock SET reserved = :value_computed_from_the_stale_read  (the lost update)
-    tx.exec(Stmt::stock_overwrite_reserved, key.sku, key.location, read->reserved + qty);
+    tx.exec_on(shard_of(key), Stmt::stock_overwrite_reserved, key.sku, key.location,
+               read->reserved + qty);
     return insert_reservation(tx, id, key, qty, ttl_us, std::nullopt);
   });
 }
@@ -45,8 +46,8 @@ Reservation PostgresStore::limited_reserve_by_check(const SkuKey& key, Quantity 
             .as<std::int64_t>();
     if (held + qty > per_buyer) throw limit_exceeded(key, group, buyer, held, per_buyer, qty);
     if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
-    const pqxx::result rows = tx.exec(Stmt::stock_delta, key.sku, key.location, Quantity{0}, qty,
-                                      qty, std::int64_t{-1}, std::int64_t{-1});
+    const pqxx::result rows = tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location,
+                                         Quantity{0}, qty, qty, std::int64_t{-1}, std::int64_t{-1});
     if (rows.empty()) refuse(tx, key, qty, std::nullopt, std::nullopt);
     return insert_reservation(tx, id, key, qty, 15LL * 60 * 1000 * 1000, std::nullopt, buyer,
                               group);
@@ -89,6 +90,9 @@ std::unique_ptr<LockHold> PostgresStore::hold_lock(const SkuKey& key, Strategy k
     const pqxx::result row =
         work.exec("SELECT 1 FROM " + options_.schema + ".stock WHERE sku = " + work.quote(key.sku) +
                   " AND location = " + work.quote(key.location) +
+                  (statements_->citus()
+                       ? " AND shard_key = " + std::to_string(shard_key_of(key.sku, key.location))
+                       : std::string()) +
                   (kind == Strategy::pessimistic ? " FOR UPDATE" : ""));
     if (row.empty()) throw_stock_not_found(key);
     if (kind == Strategy::advisory) {

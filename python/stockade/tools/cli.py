@@ -331,7 +331,9 @@ def _peers(
 
 def migrate(args: argparse.Namespace) -> int:
     try:
-        with Engine.postgres(args.dsn, schema=args.schema, pool_size=1) as engine:
+        with Engine.postgres(
+            args.dsn, schema=args.schema, pool_size=1, layout=args.layout
+        ) as engine:
             if args.dry_run:
                 plan = engine.migration_plan(to=args.to)
             else:
@@ -513,6 +515,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     m.add_argument("--dsn", help=DSN_HELP)
     m.add_argument("--schema", default="stockade", help="the schema to create or upgrade")
     m.add_argument("--to", type=int, default=None, help="stop after this migration number")
+    m.add_argument(
+        "--layout",
+        choices=["plain", "citus"],
+        default="plain",
+        help="citus: distribute the tables on a Citus coordinator (sql/citus/)",
+    )
     m.add_argument(
         "--dry-run", action="store_true", help="print the SQL that would run; change nothing"
     )

@@ -1,0 +1,165 @@
+"""A throwaway three-node Citus cluster on loopback, for the Citus layout's tests.
+
+It uses the prebuilt Citus of the directory beside the project (``../shared/citus``, or
+``$STOCKADE_CITUS_DIR``): ``install.sh`` copies the extension into the PostgreSQL 15
+server's directories (it exits 3 where the build does not fit, for example another
+PostgreSQL version: :func:`citus_available` then says why), and ``cluster.sh`` starts a
+coordinator and two workers on free loopback ports, as the ``postgres`` system user when
+run as root. :meth:`TemporaryCitus.stop` stops the three servers with ``pg_ctl`` and then
+ends any that is left by the PID in its ``postmaster.pid``, and removes their directory.
+
+    >>> with TemporaryCitus() as cluster:  # doctest: +SKIP
+    ...     eng = stockade.Engine.postgres(cluster.dsn(), layout="citus", schema="shop")
+    ...     eng.migrate()
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from ..errors import Unavailable
+from .pgserver import _free_port
+
+__all__ = ["TemporaryCitus", "citus_available", "find_citus_dir"]
+
+# install.sh's exit code for "this Citus build does not fit this machine".
+NOT_AVAILABLE = 3
+
+
+def find_citus_dir() -> Optional[Path]:
+    """``$STOCKADE_CITUS_DIR``, else ``shared/citus`` beside the project's checkout (the
+    directory above it); None if neither holds ``install.sh`` and ``cluster.sh``."""
+    env = os.environ.get("STOCKADE_CITUS_DIR")
+    here = Path(__file__).resolve()
+    candidates = [Path(env)] if env else []
+    candidates += [parent / "shared" / "citus" for parent in here.parents]
+    candidates.append(Path.cwd().parent / "shared" / "citus")
+    for c in candidates:
+        if (c / "install.sh").is_file() and (c / "cluster.sh").is_file():
+            return c
+    return None
+
+
+def citus_available() -> Tuple[bool, str]:
+    """Runs ``install.sh`` (idempotent) and says whether a cluster can start here, and if
+    not, why."""
+    directory = find_citus_dir()
+    if directory is None:
+        return False, "no Citus build found (../shared/citus or $STOCKADE_CITUS_DIR)"
+    try:
+        out = subprocess.run(
+            ["bash", str(directory / "install.sh")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"install.sh did not run: {type(exc).__name__}"
+    if out.returncode == NOT_AVAILABLE:
+        reason = (out.stdout + out.stderr).strip().splitlines()
+        return False, "install.sh exit 3, Citus not available here: " + " / ".join(reason[-3:])
+    if out.returncode != 0:
+        return False, f"install.sh failed (exit {out.returncode}): {out.stderr.strip()[-300:]}"
+    return True, "installed"
+
+
+class TemporaryCitus:
+    """A coordinator and two workers from ``cluster.sh``, removed by :meth:`stop`."""
+
+    def __init__(self) -> None:
+        self.directory = find_citus_dir()
+        self.port = 0
+        self._base: Optional[Path] = None
+
+    def start(self) -> TemporaryCitus:
+        if self._base is not None:
+            return self
+        if self.directory is None:
+            raise Unavailable("no Citus build found (../shared/citus or $STOCKADE_CITUS_DIR)")
+        atexit.register(self.stop)
+        error = ""
+        # It needs three consecutive free ports, and another process may take one between
+        # the check and the bind: a failed start is stopped, and tried again on new ones.
+        for _ in range(3):
+            root = Path(tempfile.mkdtemp(prefix="stockade-citus-"))
+            root.chmod(0o755)  # the servers run as the postgres user
+            self._base = root / "cluster"
+            self.port = _free_port()
+            if self.port <= 65530:
+                out = self._cluster("start")
+                if out.returncode == 0:
+                    return self
+                error = out.stderr.strip()[-500:]
+            self.stop()
+        raise Unavailable(f"the Citus cluster did not start: {error}")
+
+    def stop(self) -> None:
+        if self._base is None:
+            return
+        base, self._base = self._base, None
+        try:
+            if self.directory is not None:
+                subprocess.run(
+                    ["bash", str(self.directory / "cluster.sh"), "stop", str(base), str(self.port)],
+                    capture_output=True,
+                    timeout=120,
+                )
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        for pid in self._pids(base):  # whatever pg_ctl left running
+            try:
+                os.kill(pid, signal.SIGQUIT)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in self._pids(base)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        shutil.rmtree(base.parent, ignore_errors=True)
+
+    def __enter__(self) -> TemporaryCitus:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        """The coordinator's libpq URI (user postgres, trust authentication)."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def _cluster(self, action: str) -> subprocess.CompletedProcess[str]:
+        assert self.directory is not None and self._base is not None
+        return subprocess.run(
+            ["bash", str(self.directory / "cluster.sh"), action, str(self._base), str(self.port)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    @staticmethod
+    def _pids(base: Path) -> List[int]:
+        pids = []
+        for node in ("coordinator", "worker1", "worker2"):
+            try:
+                first = (base / node / "postmaster.pid").read_text().split("\n", 1)[0]
+                pids.append(int(first))
+            except (OSError, ValueError):
+                pass
+        return [p for p in pids if _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

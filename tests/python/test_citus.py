@@ -1,0 +1,208 @@
+"""The Citus layout (layout='citus') on a real three-node cluster: a coordinator and two
+workers on loopback, started from the prebuilt Citus beside the project
+(stockade.tools.citus). Where that build does not fit the machine (install.sh exits 3,
+for example another PostgreSQL version) the module is skipped with install.sh's reason.
+
+Each test gets a schema of its own on the cluster's one database: Citus needs its
+extension and the node registration in a database, so the suite's database-per-test
+templates do not carry over. The contract tests run here too, through the `engine`
+fixture's "citus" backend (conftest); this module holds what is particular to the
+layout."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from datetime import timedelta
+from typing import List
+
+import pytest
+
+import stockade
+from stockade import NotSupported, OutOfStock
+from stockade.tools import drive_load
+
+pytestmark = pytest.mark.citus
+
+STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]
+_schemas = itertools.count(1)
+
+
+@pytest.fixture
+def dsn(citus_dsn: str) -> str:
+    """The coordinator of the session's cluster (conftest: citus_cluster)."""
+    return citus_dsn
+
+
+@pytest.fixture
+def schema() -> str:
+    return f"citus_own_{next(_schemas)}"
+
+
+@pytest.fixture
+def engine(citus_engine: stockade.Engine) -> stockade.Engine:
+    return citus_engine
+
+
+def test_migrate_distributes_the_three_tables_co_located(engine: stockade.Engine) -> None:
+    plan = engine.migration_plan()
+    assert plan == []  # everything applied, citus/100_distribute.sql included
+    counts = engine.row_counts()
+    assert counts["sku_count"] == 0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_each_strategy_reserves_and_settles(engine: stockade.Engine, strategy: str) -> None:
+    engine.restock("tee", 10)
+    held = engine.reserve("tee", 3, strategy=strategy)
+    assert engine.stock("tee").reserved == 3
+    confirmed = engine.confirm(held.id)
+    assert confirmed.state.value == "confirmed"
+    other = engine.reserve("tee", 2, strategy=strategy)
+    engine.release(other.id)
+    level = engine.stock("tee")
+    assert (level.on_hand, level.reserved, level.available) == (7, 0, 7)
+    with pytest.raises(OutOfStock):
+        engine.reserve("tee", 8, strategy=strategy)
+    sold = engine.sell("tee", 7, strategy=strategy)
+    assert sold.on_hand == 0
+
+
+def test_idempotent_replay_and_conflict(engine: stockade.Engine) -> None:
+    engine.restock("cap", 5)
+    first = engine.reserve("cap", 1, idempotency_key="k-1")
+    again = engine.reserve("cap", 1, idempotency_key="k-1")
+    assert again.id == first.id
+    assert engine.stock("cap").reserved == 1
+    with pytest.raises(stockade.IdempotencyConflict):
+        engine.reserve("cap", 2, idempotency_key="k-1")
+    batched = engine.reserve("cap", 1, idempotency_key="k-2", strategy="batched")
+    assert engine.reserve("cap", 1, idempotency_key="k-2", strategy="batched").id == batched.id
+    assert engine.stock("cap").reserved == 2
+
+
+def test_row_patterns_on_one_shard(engine: stockade.Engine) -> None:
+    engine.restock("mug", 4)
+    lease = engine.acquire_lease("mug", owner="importer", ttl=timedelta(seconds=30))
+    with pytest.raises(stockade.LeaseHeld):
+        engine.restock("mug", 1)
+    engine.restock("mug", 1, fencing_token=lease.token)
+    engine.release_lease(lease)
+    engine.set_backorder_limit("mug", 2)
+    engine.reserve("mug", 7)
+    assert engine.stock("mug").backordered == 2
+    engine.discontinue("mug")
+    with pytest.raises(stockade.Discontinued):
+        engine.reserve("mug", 1)
+    engine.reinstate("mug")
+    assert not engine.stock("mug").discontinued
+
+
+def test_the_sweeper_expires_holds_shard_by_shard(dsn: str, schema: str) -> None:
+    with stockade.Engine.postgres(
+        dsn,
+        layout="citus",
+        schema=schema,
+        sweeper=True,
+        sweep_interval=timedelta(milliseconds=100),
+    ) as eng:
+        eng.migrate()
+        skus = [f"sock-{i}" for i in range(12)]  # several shard keys, on both workers
+        for s in skus:
+            eng.restock(s, 3)
+        holds = [eng.reserve(s, 2, ttl=timedelta(milliseconds=200)) for s in skus]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if all(eng.reservation(h.id).state.value == "expired" for h in holds):
+                break
+            time.sleep(0.2)
+        assert [eng.reservation(h.id).state.value for h in holds] == ["expired"] * len(holds)
+        assert all(eng.stock(s).reserved == 0 for s in skus)
+        eng.drop_schema(confirm=schema)
+
+
+def test_what_is_not_built_says_so_and_changes_nothing(engine: stockade.Engine) -> None:
+    engine.restock("a", 5)
+    engine.restock("b", 5)
+    with pytest.raises(NotSupported, match="Citus layout"):
+        engine.purge(timedelta(days=1))
+    with pytest.raises(NotSupported, match="Citus layout"):
+        engine.set_purchase_limit("g", per_buyer=1, skus=["a"])
+    with pytest.raises(NotSupported, match="buyer"):
+        engine.reserve("a", 1, buyer="ann")
+    # Two SKUs whose shard keys differ (a and b do): NotSupported, nothing held.
+    with pytest.raises(NotSupported, match="different shards"):
+        engine.reserve_order({"a": 1, "b": 1})
+    assert engine.stock("a").reserved == 0 and engine.stock("b").reserved == 0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_racing_threads_sell_out_exactly(engine: stockade.Engine, strategy: str) -> None:
+    units = 60
+    engine.restock("hot", units)
+    granted: List[str] = []
+    refused = [0]
+    lock = threading.Lock()
+
+    def buyer() -> None:
+        # Until sold out; an optimistic attempt that lost every race tries again.
+        for _ in range(200):
+            try:
+                r = engine.reserve("hot", 1, strategy=strategy)
+            except OutOfStock:
+                with lock:
+                    refused[0] += 1
+                return
+            except stockade.RetriesExhausted:
+                continue
+            with lock:
+                granted.append(str(r.id))
+
+    threads = [threading.Thread(target=buyer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    level = engine.stock("hot")
+    assert len(granted) == len(set(granted)) == units
+    assert refused[0] == 8  # each buyer stopped at OutOfStock
+    assert (level.on_hand, level.reserved, level.available) == (units, units, 0)
+
+
+def test_two_engines_and_the_batcher_sell_out_exactly(dsn: str, schema: str) -> None:
+    with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=16) as one:
+        one.migrate()
+        skus = [f"drop-{i}" for i in range(6)]
+        for s in skus:
+            one.restock(s, 50)
+        with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=16) as two:
+            results = []
+
+            def run(eng: stockade.Engine) -> None:
+                results.append(drive_load(eng, skus, clients=8, seconds=2.0, strategy="auto"))
+
+            threads = [threading.Thread(target=run, args=(e,)) for e in (one, two)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert sum(r.failed for r in results) == 0
+        assert sum(r.granted for r in results) == 6 * 50
+        for s in skus:
+            level = one.stock(s)
+            assert (level.reserved, level.available) == (50, 0)
+        one.drop_schema(confirm=schema)
+
+
+def test_the_layout_option_is_checked_before_connecting() -> None:
+    # Nothing listens on port 1: each refusal comes before any connection is tried.
+    with pytest.raises(stockade.InvalidArgument, match="layout must be 'plain' or 'citus'"):
+        stockade.Engine.postgres("postgresql://127.0.0.1:1/x", layout="sharded")
+    with pytest.raises(NotSupported, match="retention"):
+        stockade.Engine.postgres(
+            "postgresql://127.0.0.1:1/x",
+            layout="citus",
+            sweeper=True,
+            retention=timedelta(days=7),
+        )
