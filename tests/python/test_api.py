@@ -162,7 +162,6 @@ def test_sell_is_a_direct_conditional_decrement(engine: stockade.Engine) -> None
         engine.sell("s", 1)
 
 
-@pytest.mark.not_on_citus("orders whose SKUs lie on different shards")
 def test_reserve_order_is_all_or_nothing_in_caller_order(engine: stockade.Engine) -> None:
     engine.restock("sku-1", 5)
     engine.restock("sku-2", 2)
@@ -178,7 +177,6 @@ def test_reserve_order_is_all_or_nothing_in_caller_order(engine: stockade.Engine
     ]
 
 
-@pytest.mark.not_on_citus("orders whose SKUs lie on different shards")
 def test_an_order_replays_in_the_line_order_of_the_replay(engine: stockade.Engine) -> None:
     engine.restock("a", 5)
     engine.restock("b", 5)
@@ -360,7 +358,6 @@ def test_blocking_calls_release_the_gil(engine: stockade.Engine) -> None:
     assert ticks > 1000
 
 
-@pytest.mark.not_on_citus("orders whose SKUs lie on different shards")
 def test_every_awaitable_twin_does_what_its_blocking_call_does(engine: stockade.Engine) -> None:
     import asyncio
 

@@ -131,10 +131,27 @@ def test_what_is_not_built_says_so_and_changes_nothing(engine: stockade.Engine) 
         engine.set_purchase_limit("g", per_buyer=1, skus=["a"])
     with pytest.raises(NotSupported, match="buyer"):
         engine.reserve("a", 1, buyer="ann")
-    # Two SKUs whose shard keys differ (a and b do): NotSupported, nothing held.
-    with pytest.raises(NotSupported, match="different shards"):
-        engine.reserve_order({"a": 1, "b": 1})
+    with pytest.raises(NotSupported, match="buyer"):
+        engine.reserve_order({"a": 1, "b": 1}, buyer="ann")
     assert engine.stock("a").reserved == 0 and engine.stock("b").reserved == 0
+
+
+def test_an_order_across_shards_is_all_or_nothing_and_replays(engine: stockade.Engine) -> None:
+    # a, b and c lie on different shard keys: one transaction across shards (two-phase
+    # commit), its rows locked one statement each, in key order.
+    for sku in ("a", "b", "c"):
+        engine.restock(sku, 2)
+    with pytest.raises(OutOfStock):
+        engine.reserve_order({"a": 1, "b": 1, "c": 3})
+    assert [engine.stock(s).reserved for s in ("a", "b", "c")] == [0, 0, 0]
+    held = engine.reserve_order({"c": 2, "a": 1, "b": 2}, idempotency_key="order-1")
+    assert [r.sku for r in held] == ["c", "a", "b"]
+    again = engine.reserve_order({"b": 2, "c": 2, "a": 1}, idempotency_key="order-1")
+    assert sorted(r.id for r in again) == sorted(r.id for r in held)
+    assert [engine.stock(s).reserved for s in ("a", "b", "c")] == [1, 2, 2]
+    for r in held:
+        engine.confirm(r.id)
+    assert [engine.stock(s).on_hand for s in ("a", "b", "c")] == [1, 0, 0]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -171,6 +171,7 @@ class PostgresStore final : public Store, public TestHooks {
   // The reservations with these ids, in this order (NotFound if one is missing). Used by
   // idempotent replays, per request and inside batches.
   std::vector<Reservation> fetch(Tx& tx, const std::vector<Uuid>& ids);
+  std::vector<Reservation> read_many(Tx& tx, const std::vector<Uuid>& ids);
 
  private:
   enum class Transition { confirm, release, extend };
@@ -316,7 +317,9 @@ std::string text_array(const std::vector<std::string>& values);
 std::string int_array(const std::vector<std::int64_t>& values);
 // The reservations of `rows` (reservation_columns()) in the order of `ids`; NotFound if one
 // is missing.
-std::vector<Reservation> in_order(const pqxx::result& rows, const std::vector<Uuid>& ids);
+// The reservations `found` in the order of `ids`; NotFound for one that is missing.
+std::vector<Reservation> in_order(const std::vector<Reservation>& found,
+                                  const std::vector<Uuid>& ids);
 // The ids of array_to_string(uuid[], ','), as the idempotency table returns them.
 std::vector<Uuid> parse_ids(const std::string& list);
 bool valid_schema_name(const std::string& schema);

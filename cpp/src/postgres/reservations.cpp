@@ -85,15 +85,26 @@ LostCommit PostgresStore::lost_commit(const Backend& backend, const ErrorContext
   return lost;
 }
 
+// The reservations of `ids` that exist, in no order: one statement per shard key among
+// them (one in all on the plain layout, whose statement takes none).
+std::vector<Reservation> PostgresStore::read_many(Tx& tx, const std::vector<Uuid>& ids) {
+  std::map<std::uint16_t, std::vector<Uuid>> by_shard;
+  for (const Uuid& id : ids) by_shard[statements_->citus() ? id.shard_key() : 0].push_back(id);
+  std::vector<Reservation> found;
+  for (const auto& [shard, some] : by_shard) {
+    for (const auto& row : tx.exec_on(shard, Stmt::reservation_get_many, uuid_array(some))) {
+      found.push_back(read_reservation(row));
+    }
+  }
+  return found;
+}
+
 std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids,
                                                     const LostCommit& lost,
                                                     const ErrorContext& context) {
-  pqxx::result rows;
+  std::vector<Reservation> rows;
   try {
-    rows = run<RunMode::read>(nullptr, context, [&](Tx& tx) {
-      // The ids of one write share its shard key (the Citus layout writes one shard at once)
-      return tx.exec_on(ids.at(0).shard_key(), Stmt::reservation_get_many, uuid_array(ids));
-    });
+    rows = run<RunMode::read>(nullptr, context, [&](Tx& tx) { return read_many(tx, ids); });
   } catch (const Error&) {
     throw lost;
   }
@@ -106,6 +117,11 @@ std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids
   if (rows.empty()) {
     if (!lost.settled) throw lost;
     return {};
+  }
+  if (rows.size() != ids.size() && statements_->citus()) {
+    // A transaction across shards commits on each worker in turn (two-phase commit): a
+    // lost one may be seen part-way, and Citus finishes it later. Not a certain answer.
+    throw lost;
   }
   if (rows.size() != ids.size()) {  // one transaction makes all of them or none
     throw Error(ErrorCode::invariant_violation,
@@ -194,17 +210,13 @@ Quantity PostgresStore::buyer_held(const std::string& group, const std::string& 
 
 std::vector<Reservation> PostgresStore::fetch(Tx& tx, const std::vector<Uuid>& ids) {
   if (ids.empty()) return {};
-  // The ids of one key share its shard key (the Citus layout writes one shard at once)
-  return in_order(tx.exec_on(ids.front().shard_key(), Stmt::reservation_get_many, uuid_array(ids)),
-                  ids);
+  return in_order(read_many(tx, ids), ids);
 }
 
-std::vector<Reservation> in_order(const pqxx::result& rows, const std::vector<Uuid>& ids) {
+std::vector<Reservation> in_order(const std::vector<Reservation>& found,
+                                  const std::vector<Uuid>& ids) {
   std::unordered_map<Uuid, Reservation, UuidHash> by_id;
-  for (const auto& row : rows) {
-    Reservation r = read_reservation(row);
-    by_id.emplace(r.id, std::move(r));
-  }
+  for (const Reservation& r : found) by_id.emplace(r.id, r);
   std::vector<Reservation> out;
   out.reserve(ids.size());
   for (const Uuid& id : ids) {
@@ -222,8 +234,8 @@ std::vector<Reservation> in_order(const pqxx::result& rows, const std::vector<Uu
 std::vector<Reservation> PostgresStore::with_idempotency(
     Tx& tx, const std::string& key, const std::string& fingerprint, const std::vector<Uuid>& ids,
     const std::function<std::vector<Reservation>()>& body) {
-  // The key lives with the request's rows: the shard key of the SKU (of an order's lines,
-  // which share one on the Citus layout), which the new reservations' ids carry.
+  // The key lives with the request's rows: the shard key of its SKU (of an order, of its
+  // first line in key order, as a replay sorts them too), which the first id carries.
   const std::uint16_t shard = ids.at(0).shard_key();
   for (;;) {
     if (!tx.exec_on(shard, Stmt::idempotency_claim, key, fingerprint, uuid_array(ids)).empty()) {
