@@ -22,6 +22,7 @@ import pytest
 import stockade
 from stockade import NotSupported, OutOfStock
 from stockade.tools import drive_load
+from stockade.tools.citus import TemporaryCitus
 
 pytestmark = pytest.mark.citus
 
@@ -223,3 +224,39 @@ def test_the_layout_option_is_checked_before_connecting() -> None:
             sweeper=True,
             retention=timedelta(days=7),
         )
+
+
+def test_a_write_for_one_sku_runs_on_one_worker_with_a_plain_commit(
+    citus_cluster: TemporaryCitus, dsn: str, schema: str
+) -> None:
+    # citus.log_remote_commands makes the coordinator log each command it sends to a
+    # worker, with the worker's address: between two marks (reads of SKUs that do not
+    # exist), every command of a reserve and its confirm goes to one worker, and none
+    # is a PREPARE TRANSACTION (no two-phase commit).
+    logged = dsn + "%20-c%20citus.log_remote_commands%3Don%20-c%20log_min_messages%3Dnotice"
+    with stockade.Engine.postgres(logged, layout="citus", schema=schema, pool_size=1) as eng:
+        eng.migrate()
+        eng.restock("solo", 100)
+
+        def mark(name: str) -> None:
+            with pytest.raises(stockade.NotFound):
+                eng.stock(name)
+
+        for strategy in STRATEGIES:
+            mark(f"mark-{strategy}-start")
+            r = eng.reserve("solo", 1, strategy=strategy)
+            eng.confirm(r.id)
+            mark(f"mark-{strategy}-end")
+            text = citus_cluster.log_text()
+            lines = text[
+                text.index(f"mark-{strategy}-start") : text.index(f"mark-{strategy}-end")
+            ].splitlines()
+            # from after the start mark's own read (its DETAIL line names its worker)
+            lines = lines[next(i for i, line in enumerate(lines) if "on server " in line) + 1 :]
+            issued = [line for line in lines if "issuing" in line]
+            details = [line for line in lines if "on server " in line]
+            servers = {line.split("on server ")[1].split()[0] for line in details}
+            assert any("UPDATE" in line for line in issued), strategy
+            assert len(servers) == 1, (strategy, servers)
+            assert not any("PREPARE TRANSACTION" in line for line in issued), strategy
+        eng.drop_schema(confirm=schema)

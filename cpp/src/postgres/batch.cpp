@@ -104,6 +104,58 @@ struct Hold {
 // the full path decides the batch.
 struct FastMiss {};
 
+// The Citus layout's multi-row INSERT ... VALUES of new reservations, and of their keys,
+// with every value quoted into the SQL (see citus_move_one in statements.cpp): Citus routes
+// them to the one shard their shard key names. Empty strings stand for NULL, as in the
+// statements' NULLIF. Keys go in sorted bytewise, as batch_claim claims them. The times
+// are the batch's `now_us` (from the statement that locked or moved its row): a now() in
+// the INSERT would be the worker's, which Citus began later than the coordinator's.
+std::string citus_holds_sql(
+    pqxx::transaction_base& w, const std::string& schema, std::uint16_t shard, std::int64_t now_us,
+    const std::vector<std::string>& ids, const std::vector<std::string>& skus,
+    const std::vector<std::string>& locations, const std::vector<std::int64_t>& qtys,
+    const std::vector<std::int64_t>& ttls, const std::vector<std::string>& keys,
+    const std::vector<std::string>& buyers, const std::vector<std::string>& groups) {
+  const auto text_or_null = [&](const std::string& v) { return v.empty() ? "NULL" : w.quote(v); };
+  const std::string now =
+      "('epoch'::timestamptz + " + std::to_string(now_us) + " * interval '1 microsecond')";
+  std::string sql = "INSERT INTO " + schema +
+                    ".reservation (id, sku, location, qty, state, version, expires_at,"
+                    " idempotency_key, created_at, updated_at, buyer, limit_group, shard_key)"
+                    " VALUES ";
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    sql += (i == 0 ? "(" : ", (") + w.quote(ids[i]) + "::uuid, " + w.quote(skus[i]) + ", " +
+           w.quote(locations[i]) + ", " + std::to_string(qtys[i]) + ", 'held', 1, " + now + " + " +
+           std::to_string(ttls[i]) + " * interval '1 microsecond', " + text_or_null(keys[i]) +
+           ", " + now + ", " + now + ", " +
+           text_or_null(buyers.empty() ? std::string() : buyers[i]) + ", " +
+           text_or_null(groups.empty() ? std::string() : groups[i]) + ", " + std::to_string(shard) +
+           ")";
+  }
+  return sql;
+}
+
+std::string citus_keys_sql(pqxx::transaction_base& w, const std::string& schema,
+                           std::uint16_t shard, const std::vector<std::string>& names,
+                           const std::vector<std::string>& prints,
+                           const std::vector<std::string>& ids, bool skip_taken) {
+  std::vector<std::size_t> order(names.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return names[a] < names[b];  // std::string compares bytewise, as COLLATE "C"
+  });
+  std::string sql = "INSERT INTO " + schema +
+                    ".idempotency (key, request_fingerprint, reservation_ids, created_at,"
+                    " shard_key) VALUES ";
+  for (std::size_t n = 0; n < order.size(); ++n) {
+    const std::size_t i = order[n];
+    sql += (n == 0 ? "(" : ", (") + w.quote(names[i]) + ", " + w.quote(prints[i]) + ", ARRAY[" +
+           w.quote(ids[i]) + "::uuid], now(), " + std::to_string(shard) + ")";
+  }
+  if (skip_taken) sql += " ON CONFLICT (shard_key, key) DO NOTHING RETURNING key";
+  return sql;
+}
+
 void fail(BatchItem& item, Error error) {
   item.ok = false;
   item.error = std::move(error);
@@ -181,6 +233,14 @@ class BatchTx {
     // Buyers (purchase limits): the one-row statement takes their allowances, without keys.
     if (buyers && (!one_row || !names.empty())) return true;
     return !names.empty() && !one_row;
+  }
+
+  // Whether every request of the batch is for one row.
+  bool one_row() const {
+    for (const BatchItem* item : items_) {
+      if (is_transition(item->op) || !(item->key == items_.front()->key)) return false;
+    }
+    return true;
   }
 
   bool any_keyed() const {
@@ -328,8 +388,13 @@ void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
     ids.push_back(ids_[i].to_string());
   }
   if (names.empty()) return;
-  const pqxx::result claimed = tx.exec_on(shard_, Stmt::batch_claim, text_array(names),
-                                          text_array(fingerprints), text_array(ids));
+  const Statements& statements = tx.conn.statements();
+  const pqxx::result claimed =
+      statements.citus()
+          ? tx.conn.exec_sql(tx.work, citus_keys_sql(tx.work, statements.schema(), shard_, names,
+                                                     fingerprints, ids, true))
+          : tx.exec_on(shard_, Stmt::batch_claim, text_array(names), text_array(fingerprints),
+                       text_array(ids));
   for (const auto& row : claimed) keys_.at(row[0].as<std::string>()).claimed = true;
   std::vector<std::string> taken;
   for (const auto& [name, claim] : keys_) {
@@ -509,6 +574,22 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
   }
   reservations_written_ = ids.size();
   if (skus.empty()) return pqxx::result();
+  if (tx.conn.statements().citus() && statement == Stmt::batch_write) {
+    // Two statements there (see citus_move_one in statements.cpp); the rows are locked.
+    const auto moved = static_cast<std::size_t>(
+        tx.exec_on(shard_, Stmt::citus_move, text_array(skus), text_array(locations),
+                   int_array(sold), int_array(held), int_array(changes))
+            .affected_rows());
+    if (moved != skus.size()) {
+      throw Error(ErrorCode::invariant_violation, "a batch moved " + std::to_string(moved) +
+                                                      " of its " + std::to_string(skus.size()) +
+                                                      " locked rows; rolled back");
+    }
+    if (ids.empty()) return pqxx::result();
+    return tx.conn.exec_sql(
+        tx.work, citus_holds_sql(tx.work, tx.conn.statements().schema(), shard_, now_us_, ids,
+                                 r_skus, r_locations, qtys, ttls, r_keys, r_buyers, r_groups));
+  }
   return tx.exec_on(shard_, statement, text_array(skus), text_array(locations), int_array(sold),
                     int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
                     text_array(r_locations), int_array(qtys), int_array(ttls), text_array(r_keys),
@@ -689,7 +770,7 @@ pqxx::result BatchTx::write_one(Tx& tx) {
       throw;
     }
   }
-  if (!any_keyed()) {
+  if (!any_keyed() && !tx.conn.statements().citus()) {
     return tx.exec_on(shard_, Stmt::batch_fast_one, key.sku, key.location, row.sold, row.held,
                       row.changes, text_array(ids), int_array(qtys), int_array(ttls),
                       text_array(r_keys));
@@ -702,6 +783,33 @@ pqxx::result BatchTx::write_one(Tx& tx) {
     prints.push_back(fingerprint(
         ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, WriteOptions{}}));
     claim_ids.push_back(ids_[i].to_string());
+  }
+  if (tx.conn.statements().citus()) {
+    // The same writes as separate statements of one transaction (see citus_move_one).
+    if (!names.empty() &&
+        tx.exec_on(shard_, Stmt::citus_keys_taken, text_array(names))[0][0].as<std::int64_t>() >
+            0) {
+      return pqxx::result();  // a replay or a conflict: the full path decides
+    }
+    pqxx::result moved = tx.exec_on(shard_, Stmt::citus_move_one, key.sku, key.location, row.sold,
+                                    row.held, row.changes);
+    if (moved.empty()) return moved;
+    const std::string& schema = tx.conn.statements().schema();
+    if (!ids.empty()) {
+      const std::vector<std::string> skus(ids.size(), key.sku), locations(ids.size(), key.location);
+      const std::int64_t now_us = moved[0][5].as<std::int64_t>();  // the move's now()
+      tx.conn.exec_sql(tx.work, citus_holds_sql(tx.work, schema, shard_, now_us, ids, skus,
+                                                locations, qtys, ttls, r_keys, {}, {}));
+    }
+    if (!names.empty()) {
+      try {
+        tx.conn.exec_sql(tx.work,
+                         citus_keys_sql(tx.work, schema, shard_, names, prints, claim_ids, false));
+      } catch (const pqxx::unique_violation&) {
+        throw FastMiss{};  // claimed elsewhere meanwhile: the transaction rolls back
+      }
+    }
+    return moved;
   }
   try {
     return tx.exec_on(shard_, Stmt::batch_fast_one_keyed, key.sku, key.location, row.sold, row.held,
@@ -775,7 +883,10 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
   int skips = fast_skips_.load(std::memory_order_relaxed);
   while (skips > 0 && !fast_skips_.compare_exchange_weak(skips, skips - 1)) {
   }
-  const bool fast = skips == 0 && !batch.needs_full_path();
+  // (On Citus a batch on several rows takes the full path: batch_fast is one statement
+  // that Citus would run as a two-phase transaction; see citus_move_one.)
+  const bool fast =
+      skips == 0 && !batch.needs_full_path() && (!statements_->citus() || batch.one_row());
   if (fast) {
     std::optional<bool> done;
     try {

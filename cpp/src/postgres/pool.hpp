@@ -50,6 +50,16 @@ class Connection {
   // What a pooled transaction begins with: BEGIN and SET LOCAL lock_timeout, one round trip.
   std::string begin_sql() const;
 
+  // Runs SQL built for this call (its values quoted into it) inside `work`, unnamed.
+  pqxx::result exec_sql(pqxx::transaction_base& work, const std::string& sql) {
+    try {
+      return work.exec(sql);
+    } catch (...) {
+      statement_failed_ = true;  // TransactionByHand::commit() must not send COMMIT
+      throw;
+    }
+  }
+
   // Runs a statement inside `work`: prepared on this connection, or unnamed when pooled.
   template <class... Args>
   pqxx::result exec(pqxx::transaction_base& work, Stmt s, Args&&... args) {

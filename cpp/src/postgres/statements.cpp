@@ -108,7 +108,7 @@ std::string render_shard_markers(const std::string& sql, bool citus, bool* pinne
   return out;
 }
 
-Statements::Statements(const std::string& schema, bool citus) : citus_(citus) {
+Statements::Statements(const std::string& schema, bool citus) : citus_(citus), schema_(schema) {
   auto set = [&](Stmt s, const std::string& sql) {
     const auto i = static_cast<std::size_t>(s);
     bool pinned = false;
@@ -435,6 +435,13 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
           " $10::bigint[], $11::text[], $13::text[], $14::text[]) AS r(i, k, l, q, t, ik, rb, rg) "
           "WHERE (SELECT count(*) FROM moved) = $12");
   set(Stmt::batch_unclaim, "DELETE FROM " + idempotency + " WHERE key = ANY($1::text[])@PIN");
+  // batch_write's deltas on Citus, as a statement of their own (see citus_move_one).
+  set(Stmt::citus_move, "UPDATE " + schema +
+                            ".stock AS s SET on_hand = s.on_hand - d.sold, reserved = s.reserved +"
+                            " d.held, version = s.version + d.changes, updated_at = now()"
+                            " FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],"
+                            " $5::bigint[]) AS d(sku, location, sold, held, changes)"
+                            " WHERE s.sku = d.sku AND s.location = d.location@PIN(s)");
   // Confirms and releases: their reservation rows, locked in id order before any stock row
   // (the order a per-request transition keeps), and their new states, written at once.
   set(Stmt::batch_lock_reservations, "SELECT " + reservation_columns() + " FROM " + schema +
@@ -506,6 +513,17 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
   const std::string answer = " SELECT sku, location, on_hand, reserved, version, " +
                              epoch_us("now()") + ", backorder_limit FROM moved";
   set(Stmt::batch_fast_one, "WITH" + moved + moved_end + made + answer);
+  // Citus runs a CTE that writes through another CTE's rows by sending them to every
+  // worker as an intermediate result, and an INSERT ... SELECT of many rows through COPY;
+  // either makes the transaction two-phase. There the row moves first ($1..$5 as above),
+  // in a statement of its own; then, only if it moved, its reservations and keys go in
+  // as multi-row INSERT ... VALUES built for the batch (BatchTx::citus_insert), which
+  // Citus routes to the one shard: one worker, a plain COMMIT.
+  set(Stmt::citus_move_one, "WITH" + moved + moved_end.substr(0, moved_end.size() - 1) +
+                                " SELECT sku, location, on_hand, reserved, version, " +
+                                epoch_us("now()") + ", backorder_limit FROM moved");
+  set(Stmt::citus_keys_taken,
+      "SELECT count(*) FROM " + schema + ".idempotency WHERE key = ANY($1::text[])@PIN");
   // The one-row form with buyers ($10, '' for none): in one statement, each buyer's units
   // in the SKU's purchase-limit group are taken from its parent row (locked, sorted,
   // before the stock row) if they stay within the limit; the row moves only if every
@@ -606,6 +624,9 @@ const char* Statements::name(Stmt s) {
       "stockade_batch_lock_reservations",
       "stockade_batch_transition",
       "stockade_due_shards",
+      "stockade_citus_move_one",
+      "stockade_citus_keys_taken",
+      "stockade_citus_move",
       "stockade_expire_lock",
       "stockade_expire_set",
   };

@@ -64,6 +64,9 @@ enum class Stmt : std::size_t {
   batch_lock_reservations,
   batch_transition,
   due_shards,
+  citus_move_one,
+  citus_keys_taken,
+  citus_move,
   expire_lock,
   expire_set,
   count_
@@ -85,6 +88,7 @@ class Statements {
   // Whether the statement takes the shard key as its last parameter (Citus layout only).
   bool pinned(Stmt s) const { return pinned_[static_cast<std::size_t>(s)]; }
   bool citus() const { return citus_; }
+  const std::string& schema() const { return schema_; }
   static const char* name(Stmt s);
 
  private:
@@ -102,6 +106,7 @@ class Statements {
   std::array<std::string, stmt_count> sql_;
   std::array<bool, stmt_count> pinned_{};
   bool citus_ = false;
+  std::string schema_;
 };
 
 // `sql` with its shard-key markers rendered for the layout; sets *pinned when the result

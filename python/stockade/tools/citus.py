@@ -134,6 +134,15 @@ class TemporaryCitus:
         """The coordinator's libpq URI (user postgres, trust authentication)."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
+    def log_text(self, node: str = "coordinator") -> str:
+        """The server log of ``node`` (coordinator, worker1 or worker2) so far."""
+        if self._base is None:
+            return ""
+        try:
+            return (self._base / node / "server.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
     def _cluster(self, action: str) -> subprocess.CompletedProcess[str]:
         assert self.directory is not None and self._base is not None
         return subprocess.run(
