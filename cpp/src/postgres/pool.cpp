@@ -131,10 +131,17 @@ void Connection::set_lock_timeout(std::int64_t ms) {
 std::string Connection::begin_sql() const {
   std::string sql = "BEGIN";
   // Citus carries a SET LOCAL to the workers, where the row locks are taken, only when
-  // told to (a session SET on the coordinator does not reach them at all).
-  if (statements_->citus()) sql += "; SET LOCAL citus.propagate_set_commands = 'local'";
-  if (lock_timeout_ms_ > 0) sql += "; SET LOCAL lock_timeout = " + std::to_string(lock_timeout_ms_);
+  // told to (a session SET on the coordinator does not reach them at all). It sends the
+  // text of the query that held the SET, so there lock_timeout goes in a query of its own
+  // (lock_timeout_sql): sent with this BEGIN, it would send a BEGIN inside the worker's
+  // transaction, which the worker logs as a warning each time.
+  if (statements_->citus()) return sql + "; SET LOCAL citus.propagate_set_commands = 'local'";
+  if (lock_timeout_ms_ > 0) sql += "; " + lock_timeout_sql();
   return sql;
+}
+
+std::string Connection::lock_timeout_sql() const {
+  return "SET LOCAL lock_timeout = " + std::to_string(lock_timeout_ms_);
 }
 
 TransactionByHand::TransactionByHand(pqxx::nontransaction& session, Connection& conn)
@@ -142,6 +149,9 @@ TransactionByHand::TransactionByHand(pqxx::nontransaction& session, Connection& 
   conn_.statement_failed_ = false;
   session_.exec(conn.begin_sql());
   open_ = true;
+  if (conn.statements().citus() && conn.lock_timeout_ms_ > 0) {
+    session_.exec(conn.lock_timeout_sql());
+  }
 }
 
 TransactionByHand::~TransactionByHand() {
@@ -165,8 +175,9 @@ void TransactionByHand::commit() {
 void Connection::begin(pqxx::transaction_base& work) {
   // Behind a transaction-mode pooler a session-level SET would stay on whichever server
   // session ran it, for other clients to inherit, and be missing from the next one.
-  if (pooled_ && lock_timeout_ms_ > 0)
-    work.exec("SET LOCAL lock_timeout = " + std::to_string(lock_timeout_ms_));
+  if (pooled_ && statements_->citus())
+    work.exec("SET LOCAL citus.propagate_set_commands = 'local'");
+  if (pooled_ && lock_timeout_ms_ > 0) work.exec(lock_timeout_sql());
 }
 
 void Connection::prepare(Stmt s) {

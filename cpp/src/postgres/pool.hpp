@@ -49,6 +49,7 @@ class Connection {
   void begin(pqxx::transaction_base& work);
   // What a pooled transaction begins with: BEGIN and SET LOCAL lock_timeout, one round trip.
   std::string begin_sql() const;
+  std::string lock_timeout_sql() const;
 
   // Runs SQL built for this call (its values quoted into it) inside `work`, unnamed.
   pqxx::result exec_sql(pqxx::transaction_base& work, const std::string& sql) {
