@@ -46,11 +46,13 @@ def engine(citus_engine: stockade.Engine) -> stockade.Engine:
     return citus_engine
 
 
-def test_migrate_distributes_the_three_tables_co_located(engine: stockade.Engine) -> None:
-    plan = engine.migration_plan()
-    assert plan == []  # everything applied, citus/100_distribute.sql included
-    counts = engine.row_counts()
-    assert counts["sku_count"] == 0
+def test_migrate_distributes_the_three_tables_co_located(engine: stockade.Engine, dsn: str) -> None:
+    assert engine.migration_plan() == []  # everything applied, citus/100_distribute.sql too
+    assert engine.row_counts()["sku_count"] == 0
+    # A plain engine on that schema is told which layout it has, before anything runs.
+    with stockade.Engine.postgres(dsn, schema=engine._schema, pool_size=1) as plain:
+        with pytest.raises(stockade.InvalidState, match="layout='citus'"):
+            plain.migrate()
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -55,6 +55,13 @@ std::string bookkeeping_sql(const std::string& s) {
 std::vector<const Migration*> PostgresStore::pending(
     const std::map<int, std::pair<std::string, std::string>>& applied, int up_to) const {
   std::vector<const Migration*> out;
+  for (const auto& [version, done] : applied) {
+    if (citus_only(done.first) && options_.layout != Layout::citus) {
+      throw Error(ErrorCode::invalid_state, "schema '" + options_.schema +
+                                                "' has the Citus layout (" + done.first +
+                                                " is applied): open it with layout='citus'");
+    }
+  }
   for (const Migration& m : migrations()) {
     const std::string name = m.name;
     if (citus_only(name) && options_.layout != Layout::citus) continue;

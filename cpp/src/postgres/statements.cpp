@@ -82,8 +82,8 @@ std::string render_shard_markers(const std::string& sql, bool citus, bool* pinne
     if (rest == "PIN") {
       std::size_t end = i + 4;
       std::string alias;
-      if (end < sql.size() && sql[end] == '(') {
-        const std::size_t close = sql.find(')', end);
+      const std::size_t close = end < sql.size() && sql[end] == '(' ? sql.find(')', end) : end;
+      if (close != end && close != std::string::npos) {
         alias = sql.substr(end + 1, close - end - 1) + ".";
         end = close + 1;
       }
