@@ -23,6 +23,7 @@ import stockade
 from stockade import NotSupported, OutOfStock
 from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus
+from stockade.tools.pgserver import run_sql
 
 pytestmark = pytest.mark.citus
 
@@ -46,9 +47,39 @@ def engine(citus_engine: stockade.Engine) -> stockade.Engine:
     return citus_engine
 
 
-def test_migrate_distributes_the_three_tables_co_located(engine: stockade.Engine, dsn: str) -> None:
+def test_migrate_distributes_the_three_tables_co_located(
+    engine: stockade.Engine, citus_cluster: TemporaryCitus, dsn: str
+) -> None:
     assert engine.migration_plan() == []  # everything applied, citus/100_distribute.sql too
-    assert engine.row_counts()["sku_count"] == 0
+    schema = engine._schema
+    # Citus's metadata: the three tables hash-distributed on shard_key, in one co-location
+    # group; the purchase-limit tables are not distributed.
+    tables = run_sql(
+        citus_cluster.dsn(),
+        "SELECT logicalrelid::text || ' ' || partmethod::text || ' ' || colocationid || ' ' ||"
+        " column_to_column_name(logicalrelid, partkey) FROM pg_dist_partition"
+        f" WHERE logicalrelid::text LIKE '{schema}.%' ORDER BY 1",
+    ).splitlines()
+    assert [t.split()[0] for t in tables] == [
+        f"{schema}.idempotency",
+        f"{schema}.reservation",
+        f"{schema}.stock",
+    ]
+    assert {t.split()[1] for t in tables} == {"h"}
+    assert len({t.split()[2] for t in tables}) == 1
+    assert {t.split()[3] for t in tables} == {"shard_key"}
+    # A SKU's row, its reservation and its key lie on shards of one placement.
+    engine.restock("tee", 3)
+    engine.reserve("tee", 1, idempotency_key="k")
+    nodes = run_sql(
+        citus_cluster.dsn(),
+        "SELECT count(DISTINCT pl.groupid) || ' ' || count(*) FROM (SELECT"
+        " get_shard_id_for_distribution_column(t::regclass, k.shard_key) AS shardid FROM"
+        f" unnest(ARRAY['{schema}.stock', '{schema}.reservation', '{schema}.idempotency']) t,"
+        f" (SELECT shard_key FROM {schema}.stock WHERE sku = 'tee') k) x"
+        " JOIN pg_dist_placement pl USING (shardid)",
+    )
+    assert nodes == "1 3", nodes  # three shards (one per table), on one node
     # A plain engine on that schema is told which layout it has, before anything runs.
     with stockade.Engine.postgres(dsn, schema=engine._schema, pool_size=1) as plain:
         with pytest.raises(stockade.InvalidState, match="layout='citus'"):
