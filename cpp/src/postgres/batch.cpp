@@ -220,19 +220,16 @@ class BatchTx {
   // row and its keys are distinct: then the keyed fast statement claims them all or none.
   bool needs_full_path() const {
     std::set<std::string_view> names;
-    bool one_row = true;
     bool buyers = false;
     for (std::size_t i = 0; i < items_.size(); ++i) {
       if (is_transition(items_[i]->op)) return true;
       buyers = buyers || items_[i]->buyer.has_value();
-      one_row = one_row && items_[i]->key == items_.front()->key;
-      if (keyed(i) && (!one_row || !names.insert(*items_[i]->idempotency_key).second)) {
-        return true;
-      }
+      if (keyed(i) && !names.insert(*items_[i]->idempotency_key).second) return true;
     }
+    const bool one = one_row();
     // Buyers (purchase limits): the one-row statement takes their allowances, without keys.
-    if (buyers && (!one_row || !names.empty())) return true;
-    return !names.empty() && !one_row;
+    if (buyers && (!one || !names.empty())) return true;
+    return !names.empty() && !one;
   }
 
   // Whether every request of the batch is for one row.

@@ -84,7 +84,6 @@ class TemporaryCitus:
             return self
         if self.directory is None:
             raise Unavailable("no Citus build found (../shared/citus or $STOCKADE_CITUS_DIR)")
-        atexit.register(self.stop)
         error = ""
         # It needs three consecutive free ports, and another process may take one between
         # the check and the bind: a failed start is stopped, and tried again on new ones.
@@ -92,6 +91,7 @@ class TemporaryCitus:
             root = Path(tempfile.mkdtemp(prefix="stockade-citus-"))
             root.chmod(0o755)  # the servers run as the postgres user
             self._base = root / "cluster"
+            atexit.register(self.stop)  # no server outlives this process on a normal exit
             self.port = _free_port()
             if self.port <= 65530:
                 out = self._cluster("start")
@@ -105,6 +105,7 @@ class TemporaryCitus:
         if self._base is None:
             return
         base, self._base = self._base, None
+        atexit.unregister(self.stop)
         try:
             if self.directory is not None:
                 subprocess.run(
