@@ -7,7 +7,11 @@ blocking calls. Figures from one run share the machine's noise: compare the rati
 
   1. keyed vs keyless: one hot SKU, batched, with and without an idempotency key each;
   2. growth: hot SKU batched (keyless, keyed) and --warm-skus SKUs under auto, on fresh
-     tables, then again after --old-rows old reservations and as many old keys;
+     tables, then again after --old-rows old reservations and as many old keys; each case
+     runs twice: --seconds right after a CHECKPOINT (the worst moment: the first write to
+     each index page after a checkpoint logs the whole page), and one whole checkpoint
+     cycle (checkpoint_timeout = --cycle seconds, a sixth of the default), what a service
+     sees on average;
   3. purge under load: engine.purge() of that backlog while the hot SKU runs, against
      the same load without it (rows/s, and the load's ratio);
   4. layout: dropping a time partition against batched deletes of the same rows;
@@ -16,7 +20,7 @@ blocking calls. Figures from one run share the machine's noise: compare the rati
      the sweeper purging; table size and process RSS sampled as it runs.
 
     python benchmarks/retention.py [--seconds 5] [--old-rows 3000000]
-        [--warm-skus 2000] [--steady-seconds 120] [--retention 5] [--json FILE]
+        [--warm-skus 2000] [--cycle 50] [--steady-seconds 120] [--retention 5] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.
 """
@@ -115,8 +119,15 @@ def fill_old(sql: Sql, rows: int) -> None:
 
 
 def growth_cases(
-    eng: stockade.Engine, sql: Sql, seconds: float, warm: List[str], tag: str
+    eng: stockade.Engine,
+    sql: Sql,
+    seconds: float,
+    warm: List[str],
+    tag: str,
+    cycle: float,
 ) -> Dict[str, Dict[str, Any]]:
+    """Each case right after a CHECKPOINT for `seconds`, then (if `cycle`) for one whole
+    checkpoint cycle of `cycle` seconds, starting at a CHECKPOINT."""
     out = {}
     for case, skus, strategy, keyed in [
         ("hot SKU, batched, keyless", [f"hot-{tag}-a"], "batched", False),
@@ -127,6 +138,13 @@ def growth_cases(
             eng.restock(s, UNITS)
         sql("CHECKPOINT")
         out[case] = load(eng, skus, strategy, seconds, keyed=keyed)
+        if cycle:
+            sql(f"ALTER SYSTEM SET checkpoint_timeout = '{cycle:g}s'")
+            sql("SELECT pg_reload_conf()")
+            sql("CHECKPOINT")
+            out[f"{case}, one checkpoint cycle"] = load(eng, skus, strategy, cycle, keyed=keyed)
+            sql("ALTER SYSTEM RESET checkpoint_timeout")
+            sql("SELECT pg_reload_conf()")
     return out
 
 
@@ -333,6 +351,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="per load case")
     parser.add_argument("--old-rows", type=int, default=3_000_000)
     parser.add_argument("--warm-skus", type=int, default=2000)
+    parser.add_argument(
+        "--cycle",
+        type=float,
+        default=50.0,
+        help="section 2: also run each case for one checkpoint cycle this long (0: no)",
+    )
     parser.add_argument("--layout-rows", type=int, default=3_000_000)
     parser.add_argument("--steady-seconds", type=float, default=120.0)
     parser.add_argument("--retention", type=float, default=5.0, help="seconds (section 6)")
@@ -373,11 +397,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "ratio": keyed["rate"] / keyless["rate"],
                 }
             if "2" in args.sections:
-                before = growth_cases(eng, sql, args.seconds, warm, "fresh")
+                before = growth_cases(eng, sql, args.seconds, warm, "fresh", args.cycle)
                 t0 = time.perf_counter()
                 fill_old(sql, args.old_rows)
                 filled = time.perf_counter() - t0
-                after = growth_cases(eng, sql, args.seconds, warm, "grown")
+                after = growth_cases(eng, sql, args.seconds, warm, "grown", args.cycle)
                 header(
                     f"2. growth: fresh tables, then {args.old_rows:,} old reservations and "
                     f"{args.old_rows:,} old keys (filled in {filled:.0f} s; tables now "

@@ -80,6 +80,8 @@ def test_retention_benchmark_prints_every_section(tmp_path: Path) -> None:
         "20",
         "--layout-rows",
         "2000",
+        "--cycle",
+        "0",
         "--steady-seconds",
         "1",
         "--retention",
