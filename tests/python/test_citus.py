@@ -24,6 +24,7 @@ from stockade import NotSupported, OutOfStock
 from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus
 from stockade.tools.pgserver import run_sql
+from support import wait_for
 
 pytestmark = pytest.mark.citus
 
@@ -156,11 +157,67 @@ def test_the_sweeper_expires_holds_shard_by_shard(dsn: str, schema: str) -> None
         eng.drop_schema(confirm=schema)
 
 
+def test_the_sweeper_purges_shard_by_shard_with_retention(dsn: str, schema: str) -> None:
+    # Keyed and keyless reservations on a dozen shard keys, an order whose key and lines
+    # lie on different shards, and a hold: retention takes everything but the hold, and
+    # the order's key only once every line of it is terminal.
+    long = timedelta(hours=1)
+    with stockade.Engine.postgres(
+        dsn,
+        layout="citus",
+        schema=schema,
+        sweeper=True,
+        sweep_interval=timedelta(milliseconds=50),
+        retention=timedelta(milliseconds=300),
+        purge_batch=5,
+    ) as eng:
+        eng.migrate()
+        skus = [f"sock-{i}" for i in range(12)]
+        for s in skus:
+            eng.restock(s, 10)
+        for n, s in enumerate(skus):
+            eng.confirm(eng.reserve(s, 1, ttl=long, idempotency_key=f"k{n}").id)
+            eng.release(eng.reserve(s, 1, ttl=long).id)
+        for s in ("a", "b", "c"):  # three shard keys (test_an_order_across_shards...)
+            eng.restock(s, 5)
+        order = eng.reserve_order({"a": 1, "b": 1, "c": 1}, ttl=long, idempotency_key="cart")
+        by_sku = {r.sku: r for r in order}
+        eng.confirm(by_sku["a"].id)
+        eng.confirm(by_sku["b"].id)
+        hold = eng.reserve("sock-0", 1, ttl=long, idempotency_key="held")
+        assert wait_for(lambda: eng.row_counts()["reservation_count"] == 4)
+        time.sleep(0.5)  # past the window again: the order's key still waits for its hold
+        assert eng.row_counts()["reservation_count"] == 4
+        again = eng.reserve_order({"a": 1, "b": 1, "c": 1}, ttl=long, idempotency_key="cart")
+        assert sorted(r.id for r in again) == sorted(r.id for r in order)
+        eng.release(by_sku["c"].id)
+        assert wait_for(lambda: eng.row_counts()["reservation_count"] == 1)
+        assert eng.reservation(hold.id) == hold
+        assert eng.reserve("sock-0", 1, ttl=long, idempotency_key="held").id == hold.id
+        assert wait_for(lambda: eng.stats()["sweeper"]["purged_keys"] == 13)
+        assert eng.stats()["sweeper"]["purged_reservations"] == 27
+        assert [eng.stock(s).on_hand for s in ("a", "b", "c")] == [4, 4, 5]
+        eng.drop_schema(confirm=schema)
+
+
+def test_stats_estimates_sum_the_workers_shards(engine: stockade.Engine) -> None:
+    # The coordinator's statistics see none of the workers' rows: stats() sums the shards'
+    # live-tuple figures, which a worker flushes within about ten seconds of a commit.
+    for n in range(12):
+        engine.restock(f"sock-{n}", 5)
+        engine.reserve(f"sock-{n}", 1)
+    engine.confirm(engine.reserve("sock-0", 1).id)
+    assert wait_for(
+        lambda: (engine.stats()["sku_count"], engine.stats()["reservation_count"]) == (12, 13),
+        seconds=30,
+    )
+    stats = engine.stats()
+    assert (stats["held_count"], stats["counts_exact"]) == (12, False)
+
+
 def test_what_is_not_built_says_so_and_changes_nothing(engine: stockade.Engine) -> None:
     engine.restock("a", 5)
     engine.restock("b", 5)
-    with pytest.raises(NotSupported, match="Citus layout"):
-        engine.purge(timedelta(days=1))
     with pytest.raises(NotSupported, match="Citus layout"):
         engine.set_purchase_limit("g", per_buyer=1, skus=["a"])
     with pytest.raises(NotSupported, match="buyer"):
@@ -250,13 +307,6 @@ def test_the_layout_option_is_checked_before_connecting() -> None:
     # Nothing listens on port 1: each refusal comes before any connection is tried.
     with pytest.raises(stockade.InvalidArgument, match="layout must be 'plain' or 'citus'"):
         stockade.Engine.postgres("postgresql://127.0.0.1:1/x", layout="sharded")
-    with pytest.raises(NotSupported, match="retention"):
-        stockade.Engine.postgres(
-            "postgresql://127.0.0.1:1/x",
-            layout="citus",
-            sweeper=True,
-            retention=timedelta(days=7),
-        )
 
 
 def test_a_write_for_one_sku_runs_on_one_worker_with_a_plain_commit(

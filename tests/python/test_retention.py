@@ -26,10 +26,9 @@ LONG = timedelta(hours=1)
 def settle(backend: str, wait: Callable[[float], None]) -> None:
     """Lets the store's clock move past what was just written, so that a horizon of
     "now" (older_than=0) lies after it."""
-    wait(0.002 if backend == "postgres" else 0.001)
+    wait(0.001 if backend == "memory" else 0.002)
 
 
-@pytest.mark.not_on_citus("purge")
 def test_purge_takes_terminal_reservations_and_never_a_hold(
     engine: stockade.Engine, backend: str, wait: Callable[[float], None]
 ) -> None:
@@ -57,7 +56,6 @@ def test_purge_takes_terminal_reservations_and_never_a_hold(
     assert (swept["purged_reservations"], swept["purged_keys"]) == (3, 0)
 
 
-@pytest.mark.not_on_citus("purge")
 def test_a_key_replays_until_it_is_purged_then_runs_afresh(
     engine: stockade.Engine, backend: str, wait: Callable[[float], None]
 ) -> None:
@@ -77,7 +75,6 @@ def test_a_key_replays_until_it_is_purged_then_runs_afresh(
     assert engine.stock("s").reserved == 2
 
 
-@pytest.mark.not_on_citus("purge")
 def test_a_key_stays_while_its_reservation_changed_within_the_window(
     engine: stockade.Engine, wait: Callable[[float], None]
 ) -> None:
@@ -91,7 +88,6 @@ def test_a_key_stays_while_its_reservation_changed_within_the_window(
     assert engine.purge(timedelta(seconds=0.2)) == 2
 
 
-@pytest.mark.not_on_citus("purge")
 def test_a_key_with_a_hold_keeps_the_whole_order(
     engine: stockade.Engine, backend: str, wait: Callable[[float], None]
 ) -> None:
@@ -112,7 +108,6 @@ def test_a_key_with_a_hold_keeps_the_whole_order(
     assert engine.row_counts()["reservation_count"] == 0
 
 
-@pytest.mark.not_on_citus("purge")
 def test_purge_stops_at_its_limit(
     engine: stockade.Engine, backend: str, wait: Callable[[float], None]
 ) -> None:

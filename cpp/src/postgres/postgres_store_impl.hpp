@@ -272,6 +272,12 @@ class PostgresStore final : public Store, public TestHooks {
                          const std::function<bool()>& stop);
   PurgeStep purge_step(Tx& tx, Stmt statement, std::int64_t older_than_us, std::uint64_t n,
                        std::int64_t cursor);
+  // purge_step on the Citus layout: shard by shard, at most n keys or reservations.
+  PurgeStep purge_step_citus(Tx& tx, Stmt statement, std::int64_t older_than_us, std::uint64_t n);
+  void purge_keys_on(Tx& tx, std::uint16_t shard, std::int64_t older_than_us, std::uint64_t n,
+                     PurgeStep& out);
+  void purge_reservations_on(Tx& tx, std::uint16_t shard, std::int64_t older_than_us,
+                             std::uint64_t n, PurgeStep& out);
 
   std::int64_t advisory_key(const SkuKey& key) const;
   void count_batch(const std::vector<BatchItem*>& items);

@@ -134,6 +134,64 @@ Statements::Statements(const std::string& schema, bool citus) : citus_(citus), s
                             " updated_at = now() WHERE r.id = ANY($1::uuid[])@PIN(r)"
                             " RETURNING r.sku, r.location, r.qty, coalesce(r.limit_group, ''),"
                             " coalesce(r.buyer, '')");
+  // Retention on Citus, which plans neither purge_keys' nor purge_reservations' CTEs, and
+  // where an order's reservations may lie on other shards than its key: the shard keys
+  // with old entries first, in order past $2 (a read without locks; $1 the horizon's age
+  // as in purge_keys), then each shard's entries in steps of their own, each statement on
+  // one shard.
+  const std::string old_horizon = "now() - $1::bigint * interval '1 microsecond'";
+  set(Stmt::purge_key_shards, "SELECT DISTINCT shard_key FROM " + schema +
+                                  ".idempotency WHERE created_at < " + old_horizon +
+                                  " AND shard_key > $2 ORDER BY shard_key LIMIT 256");
+  set(Stmt::purge_reservation_shards,
+      "SELECT DISTINCT shard_key FROM " + schema + ".reservation WHERE state <> 'held' AND " +
+          "updated_at < " + old_horizon + " AND shard_key > $2 ORDER BY shard_key LIMIT 256");
+  // A shard's old keys ($2 at most) whose reservations on this shard are all terminal and
+  // old, locked as purge_keys locks them; their reservation ids, for the caller to check
+  // those on other shards (purge_blockers) and to delete them all.
+  set(Stmt::purge_keys_lock,
+      "SELECT i.key, array_to_string(i.reservation_ids, ',') FROM " + schema +
+          ".idempotency i WHERE i.created_at < " + old_horizon + "@PIN(i) AND NOT EXISTS" +
+          " (SELECT 1 FROM " + schema + ".reservation r WHERE r.id = ANY(i.reservation_ids)" +
+          "@PIN(r) AND (r.state = 'held' OR r.updated_at >= " + old_horizon + "))" +
+          " ORDER BY i.created_at LIMIT $2 FOR UPDATE OF i SKIP LOCKED");
+  // How many of the reservations $2 on this shard still keep their key: held, or changed
+  // since the horizon. Locked (FOR SHARE) so that they stay so until the purge commits.
+  set(Stmt::purge_blockers,
+      "SELECT count(*) FROM (SELECT 1 FROM " + schema +
+          ".reservation WHERE id = ANY($2::uuid[])@PIN AND (state = 'held' OR updated_at >= " +
+          old_horizon + ") FOR SHARE) AS b");
+  set(Stmt::purge_keys_delete,
+      "DELETE FROM " + schema + ".idempotency WHERE key = ANY($1::text[])@PIN");
+  // A shard's old terminal reservations ($2 at most) without a key on this shard: their
+  // ids and keys ('' for none); a key may still be on another shard (purge_keys_present).
+  set(Stmt::purge_reservations_lock,
+      "SELECT r.id::text, coalesce(r.idempotency_key, '') FROM " + schema +
+          ".reservation r WHERE r.state <> 'held' AND r.updated_at < " + old_horizon +
+          "@PIN(r) AND (r.idempotency_key IS NULL OR NOT EXISTS (SELECT 1 FROM " + schema +
+          ".idempotency i WHERE i.key = r.idempotency_key@PIN(i)))"
+          " ORDER BY r.updated_at LIMIT $2 FOR UPDATE OF r SKIP LOCKED");
+  // Which of the keys $1 exist on any shard (a read of every shard).
+  set(Stmt::purge_keys_present,
+      "SELECT key FROM " + schema + ".idempotency WHERE key = ANY($1::text[])");
+  set(Stmt::purge_reservations_delete,
+      "DELETE FROM " + schema +
+          ".reservation WHERE id = ANY($1::uuid[]) AND state <> 'held'@PIN RETURNING 1");
+  if (citus) {
+    // stats() on Citus: the coordinator's statistics see none of the workers' rows, so the
+    // live-tuple figures of every shard are summed, one command per shard, run in parallel
+    // (a worker flushes its figures within about ten seconds of a commit). Holds are
+    // counted as on one server.
+    const auto live = [&](const std::string& table) {
+      return "(SELECT coalesce(sum(result::bigint), 0) FROM run_command_on_shards('" + schema +
+             "." + table +
+             "', $$SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = '%s'::regclass$$)"
+             " WHERE success)";
+    };
+    set(Stmt::counts_estimate, "SELECT " + live("stock") + ", " + live("reservation") +
+                                   ", (SELECT count(*) FROM (SELECT 1 FROM " + schema +
+                                   ".reservation WHERE state = 'held' LIMIT $1) AS h)");
+  }
 }
 
 // Stock rows, and the atomic hold that writes a row and its reservation in one statement.
@@ -629,6 +687,14 @@ const char* Statements::name(Stmt s) {
       "stockade_citus_move",
       "stockade_expire_lock",
       "stockade_expire_set",
+      "stockade_purge_key_shards",
+      "stockade_purge_reservation_shards",
+      "stockade_purge_keys_lock",
+      "stockade_purge_blockers",
+      "stockade_purge_keys_delete",
+      "stockade_purge_reservations_lock",
+      "stockade_purge_keys_present",
+      "stockade_purge_reservations_delete",
   };
   return names[static_cast<std::size_t>(s)];
 }

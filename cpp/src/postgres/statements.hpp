@@ -69,6 +69,14 @@ enum class Stmt : std::size_t {
   citus_move,
   expire_lock,
   expire_set,
+  purge_key_shards,
+  purge_reservation_shards,
+  purge_keys_lock,
+  purge_blockers,
+  purge_keys_delete,
+  purge_reservations_lock,
+  purge_keys_present,
+  purge_reservations_delete,
   count_
 };
 

@@ -132,8 +132,13 @@ bool reserved_schema_name(const std::string& schema) {
 
 namespace {
 
-PostgresOptions with_effective_dsn(PostgresOptions options) {
+// The options as the store runs them. Citus carries no session SET to its workers, and
+// could not plan our statements as generic plans of prepared statements: the Citus layout
+// runs without session state, SET LOCAL in each transaction, as behind a transaction-mode
+// pooler, on every connection (the pool's and the sweeper's).
+PostgresOptions effective(PostgresOptions options) {
   options.dsn = with_application_name(options.dsn, options.application_name);
+  if (options.layout == Layout::citus) options.pooler = Pooler::transaction;
   return options;
 }
 
@@ -141,13 +146,10 @@ PostgresOptions with_effective_dsn(PostgresOptions options) {
 
 PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry> shared)
     : Store(std::move(shared)),
-      options_(with_effective_dsn(std::move(options))),
+      options_(effective(std::move(options))),
       statements_(std::make_shared<Statements>(options_.schema, options_.layout == Layout::citus)),
-      // Citus carries no session SET to its workers, and could not plan our statements
-      // as generic plans of prepared statements: the Citus layout runs without session
-      // state, SET LOCAL in each transaction, as behind a transaction-mode pooler.
       pool_(options_.dsn, statements_, options_.pool_size, options_.pool_timeout_ms,
-            options_.layout == Layout::citus ? Pooler::transaction : options_.pooler) {
+            options_.pooler) {
   {
     Pool::Lease first = pool_.acquire();  // fail fast on a bad DSN or a server that is down
     if (first->pooled() && options_.pooler == Pooler::detect) {
@@ -310,10 +312,6 @@ void validate_postgres_options(const PostgresOptions& options) {
     throw_invalid_argument("purge_batch must be between 1 and " + std::to_string(expire_batch_max));
   }
   if (options.retention_ms < 0) throw_invalid_argument("retention must not be negative");
-  if (options.retention_ms > 0 && options.layout == Layout::citus) {
-    throw Error(ErrorCode::not_supported,
-                "retention (purge) is not built on the Citus layout yet (layout='citus')");
-  }
   if (options.retention_ms > 0 && !options.sweeper) {
     throw_invalid_argument(
         "retention needs sweeper=True: the sweeper is what purges (or call purge() yourself)");
