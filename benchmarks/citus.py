@@ -17,11 +17,14 @@ Each runs --clients blocking C++ clients (64) for --seconds (3) on:
   wide/auto     --skus SKUs (10,000) picked uniformly (auto stays atomic)
   wide/keyed    the same with an idempotency key on every request
 
+and then purge: --purge-skus SKUs (64) reserved and confirmed with a key each, batched,
+for --seconds, then engine.purge() of all of it (keys and reservations, rows/s).
+
 All three nodes of the cluster share this machine's cores with the clients, so the
 figures show what the distribution costs per request, not what more machines would add.
 
     python benchmarks/citus.py [--seconds 3] [--clients 64] [--skus 10000] [--shards 32]
-                               [--json FILE]
+                               [--purge-skus 64] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios (each against single, in the
 same run) and checks no target. It needs the Citus build beside the project
@@ -31,18 +34,40 @@ same run) and checks no target. It needs the Citus build beside the project
 from __future__ import annotations
 
 import sys
+import time
+from datetime import timedelta
 from typing import Any, Dict, List
 
+import stockade
 from common import parser, route_table, run_routes, write_json
+from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus, citus_available
 from stockade.tools.pgserver import TemporaryPostgres
 
 CASES = ("hot/auto", "wide/auto", "wide/keyed")
 
 
+def purge_rate(options: Dict[str, Any], schema: str, args: Any) -> Dict[str, float]:
+    """Keyed reserve+confirm over --purge-skus SKUs for --seconds, then one purge() of it."""
+    with stockade.Engine.postgres(pool_size=args.clients, schema=schema, **options) as eng:
+        eng.migrate()
+        skus = [f"p-{i}" for i in range(args.purge_skus)]
+        for s in skus:
+            eng.restock(s, 10**12)
+        drive_load(eng, skus, clients=args.clients, seconds=args.seconds, strategy="batched",
+                   keyed=True, confirm=True)
+        rows = eng.row_counts()["reservation_count"]
+        time.sleep(0.01)
+        started = time.perf_counter()
+        purged = eng.purge(timedelta(0))
+        took = time.perf_counter() - started
+        return {"rows": purged, "reservations": rows, "seconds": took, "rate": purged / took}
+
+
 def main(argv: List[str]) -> int:
     ap = parser(__doc__)
     ap.add_argument("--shards", type=int, default=32, help="citus.shard_count of each table")
+    ap.add_argument("--purge-skus", type=int, default=64, help="SKUs of the purge case")
     args = ap.parse_args(argv)
     ok, why = citus_available()
     if not ok:
@@ -63,7 +88,18 @@ def main(argv: List[str]) -> int:
             f"{args.shards} shards per table; {args.clients} C++ clients, {args.seconds} s a run"
         )
         report.update(run_routes(routes, CASES, args))
+        report["purge"] = {
+            route: purge_rate(options, "p_" + route.replace("/", "_"), args)
+            for route, options in routes.items()
+        }
     route_table(report, routes, CASES, "single")
+    base = report["purge"]["single"]["rate"]
+    print("\n  purge() of keyed, confirmed reservations (keys and reservations):")
+    for route, p in report["purge"].items():
+        print(
+            f"  {route:18} {p['rows']:>9,} rows in {p['seconds']:6.2f} s ="
+            f" {p['rate']:>9,.0f} rows/s {p['rate'] / base:5.2f}x"
+        )
     write_json(args.json, report)
     return 0
 

@@ -361,14 +361,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--steady-seconds", type=float, default=120.0)
     parser.add_argument("--retention", type=float, default=5.0, help="seconds (section 6)")
     parser.add_argument("--sections", default="123456", help="which sections to run")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a server setting for the throwaway PostgreSQL (repeatable)",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
+    settings = dict(item.split("=", 1) for item in args.setting)
     print(
         f"# stockade retention benchmark: {CLIENTS} clients, {args.seconds:g} s per case, "
-        "fsync and synchronous_commit on"
+        "fsync and synchronous_commit on" + "".join(f", {k} = {v}" for k, v in settings.items())
     )
     report: Dict[str, Any] = {}
-    with TemporaryPostgres() as pg:
+    with TemporaryPostgres(settings=settings) as pg:
         dsn = pg.dsn()
 
         def sql(statement: str) -> str:

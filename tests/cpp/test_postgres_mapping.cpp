@@ -87,6 +87,25 @@ TEST(Statements, EveryStatementNamesTheSchemaOrALockFunction) {
   EXPECT_NE(statements.sql(Stmt::expire_pick).find("SKIP LOCKED"), std::string::npos);
 }
 
+// The statements only the Citus layout runs that name shard keys without a marker: the
+// reads of which shard keys have work, and retention's statements on one Citus shard.
+bool citus_only(Stmt s) {
+  switch (s) {
+    case Stmt::due_shards:
+    case Stmt::purge_key_shards:
+    case Stmt::purge_reservation_shards:
+    case Stmt::citus_shard_groups:
+    case Stmt::purge_keys_lock:
+    case Stmt::purge_blockers:
+    case Stmt::purge_keys_delete:
+    case Stmt::purge_reservations_lock:
+    case Stmt::purge_reservations_delete:
+      return true;
+    default:
+      return false;
+  }
+}
+
 TEST(Statements, ShardMarkersVanishOnThePlainLayoutAndPinOnCitus) {
   bool pinned = true;
   const std::string sql = "UPDATE t SET a = $3 WHERE k = $1 AND l = $2@PIN";
@@ -112,11 +131,23 @@ TEST(Statements, ShardMarkersVanishOnThePlainLayoutAndPinOnCitus) {
     EXPECT_EQ(plain.sql(s).find('@'), std::string::npos) << Statements::name(s);
     EXPECT_EQ(citus.sql(s).find('@'), std::string::npos) << Statements::name(s);
     EXPECT_FALSE(plain.pinned(s)) << Statements::name(s);
-    // Only the Citus layout runs these: they read which shard keys have work.
-    if (s != Stmt::due_shards && s != Stmt::purge_key_shards &&
-        s != Stmt::purge_reservation_shards) {
+    // Only the Citus layout runs these: they read which shard keys have work, or name
+    // the shard keys of one Citus shard as an array.
+    if (!citus_only(s)) {
       EXPECT_EQ(plain.sql(s).find("shard_key"), std::string::npos) << Statements::name(s);
     }
+  }
+  // Retention's statements on one Citus shard name its shard keys for both tables they
+  // read: the outer one and the one under NOT EXISTS.
+  for (Stmt s : {Stmt::purge_keys_lock, Stmt::purge_reservations_lock}) {
+    const std::string& text = citus.sql(s);
+    const std::string group = "shard_key = ANY($5::int[])";
+    std::size_t count = 0;
+    for (std::size_t at = text.find(group); at != std::string::npos;
+         at = text.find(group, at + 1)) {
+      ++count;
+    }
+    EXPECT_EQ(count, 2u) << Statements::name(s);
   }
   for (Stmt s : {Stmt::stock_get,
                  Stmt::stock_lock,
@@ -130,11 +161,6 @@ TEST(Statements, ShardMarkersVanishOnThePlainLayoutAndPinOnCitus) {
                  Stmt::idempotency_get,
                  Stmt::expire_lock,
                  Stmt::expire_set,
-                 Stmt::purge_keys_lock,
-                 Stmt::purge_blockers,
-                 Stmt::purge_keys_delete,
-                 Stmt::purge_reservations_lock,
-                 Stmt::purge_reservations_delete,
                  Stmt::batch_lock,
                  Stmt::batch_write,
                  Stmt::batch_fast,

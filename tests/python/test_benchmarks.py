@@ -147,10 +147,21 @@ def test_citus_benchmark_prints_every_route(citus_cluster: object) -> None:
     # citus_cluster (conftest) skips this where the Citus build does not fit; the script
     # starts a cluster of its own.
     out = run_benchmark(
-        "citus.py", "--seconds", "0.3", "--clients", "4", "--skus", "20", "--shards", "4"
+        "citus.py",
+        "--seconds",
+        "0.3",
+        "--clients",
+        "4",
+        "--skus",
+        "20",
+        "--shards",
+        "4",
+        "--purge-skus",
+        "8",
     )
     for route in ("single", "single/stateless", "citus"):
         assert route in out.stdout
     for case in ("hot/auto", "wide/auto", "wide/keyed"):
         assert case in out.stdout
     assert " f0 " in out.stdout and " f1" not in out.stdout
+    assert "purge() of keyed" in out.stdout and out.stdout.count(" rows/s ") == 3

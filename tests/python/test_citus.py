@@ -200,6 +200,27 @@ def test_the_sweeper_purges_shard_by_shard_with_retention(dsn: str, schema: str)
         eng.drop_schema(confirm=schema)
 
 
+def test_purge_walks_every_old_entry_past_one_read(engine: stockade.Engine) -> None:
+    # More old entries than one step reads (256) across many shard keys, and an order
+    # whose 20 lines (and their shared time) spread over shard keys: one purge takes all,
+    # a limit stops it exactly, and a second purge finishes.
+    long = timedelta(hours=1)
+    skus = [f"sock-{i}" for i in range(30)]
+    for s in skus:
+        engine.restock(s, 100)
+    for n in range(300):
+        engine.release(engine.reserve(skus[n % 30], 1, ttl=long).id)
+    order = engine.reserve_order({s: 1 for s in skus[:20]}, ttl=long, idempotency_key="cart")
+    for r in order:
+        engine.confirm(r.id)
+    time.sleep(0.01)
+    # The limit counts keys and keyless reservations; a key's reservations go with it.
+    assert engine.purge(timedelta(0), limit=250) == 1 + 20 + 249
+    assert engine.purge(timedelta(0)) == 51
+    assert engine.row_counts()["reservation_count"] == 0
+    assert [engine.stock(s).on_hand for s in skus] == [99] * 20 + [100] * 10
+
+
 def test_stats_estimates_sum_the_workers_shards(engine: stockade.Engine) -> None:
     # The coordinator's statistics see none of the workers' rows: stats() sums the shards'
     # live-tuple figures, which a worker flushes within about ten seconds of a commit.

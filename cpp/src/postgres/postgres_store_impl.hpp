@@ -272,12 +272,17 @@ class PostgresStore final : public Store, public TestHooks {
                          const std::function<bool()>& stop);
   PurgeStep purge_step(Tx& tx, Stmt statement, std::int64_t older_than_us, std::uint64_t n,
                        std::int64_t cursor);
-  // purge_step on the Citus layout: shard by shard, at most n keys or reservations.
-  PurgeStep purge_step_citus(Tx& tx, Stmt statement, std::int64_t older_than_us, std::uint64_t n);
-  void purge_keys_on(Tx& tx, std::uint16_t shard, std::int64_t older_than_us, std::uint64_t n,
-                     PurgeStep& out);
-  void purge_reservations_on(Tx& tx, std::uint16_t shard, std::int64_t older_than_us,
-                             std::uint64_t n, PurgeStep& out);
+  // purge_step on the Citus layout: at most n keys or reservations, one Citus shard at a
+  // time, from `cursor` on; [from, upto] is the window of times (epoch us) purged now,
+  // `group` the shard keys of one Citus shard (`shard`) that have entries in it.
+  PurgeStep purge_step_citus(Tx& tx, Stmt statement, std::int64_t older_than_us,
+                             std::uint64_t n, std::int64_t cursor);
+  void purge_keys_on(Tx& tx, std::int64_t shard, const std::vector<std::int64_t>& group,
+                     std::int64_t older_than_us, std::uint64_t n, std::int64_t from,
+                     std::int64_t upto, PurgeStep& out);
+  void purge_reservations_on(Tx& tx, const std::vector<std::int64_t>& group,
+                             std::int64_t older_than_us, std::uint64_t n, std::int64_t from,
+                             std::int64_t upto, PurgeStep& out);
 
   std::int64_t advisory_key(const SkuKey& key) const;
   void count_batch(const std::vector<BatchItem*>& items);

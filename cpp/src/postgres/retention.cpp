@@ -7,12 +7,14 @@
 // that are dropped whole were measured against this; see benchmarks/retention.py and
 // docs/design.md for why the deletes were kept.)
 //
-// On the Citus layout each step walks the shard keys that have old entries, in order, and
-// purges each shard's in statements pinned to it (purge_step_citus): Citus plans neither
-// CTE of the plain statements, and an order's reservations may lie on other shards than
-// its key, which those statements would not see.
+// On the Citus layout each step reads the next old entries in time order from every
+// shard, then purges their shards' entries up to the last one's time, in statements that
+// each run on one shard (purge_step_citus): Citus plans neither CTE of the plain
+// statements, and an order's reservations may lie on other shards than its key, which
+// those statements would not see.
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "postgres_store_impl.hpp"
 
@@ -44,53 +46,91 @@ PurgeCounts PostgresStore::purge_with(std::uint64_t limit, const PurgeStatement&
 
 PurgeStep PostgresStore::purge_step(Tx& tx, Stmt statement, std::int64_t older_than_us,
                                     std::uint64_t n, std::int64_t cursor) {
-  if (statements_->citus()) return purge_step_citus(tx, statement, older_than_us, n);
+  if (statements_->citus()) return purge_step_citus(tx, statement, older_than_us, n, cursor);
   const pqxx::result r = tx.exec(statement, older_than_us, static_cast<std::int64_t>(n), cursor);
   return PurgeStep{r[0][0].as<std::uint64_t>(), r[0][1].as<std::uint64_t>(),
                    r[0][2].as<std::int64_t>()};
 }
 
-PurgeStep PostgresStore::purge_step_citus(Tx& tx, Stmt statement, std::int64_t older_than_us,
-                                          std::uint64_t n) {
-  const bool keys = statement == Stmt::purge_keys;
-  PurgeStep out;
-  out.cursor = purge_cursor_start;  // each step walks the shards from the first
-  const auto done = [&] { return (keys ? out.keys : out.reservations) >= n; };
-  int after = -1;  // the last shard key walked
-  for (;;) {
-    const pqxx::result shards = tx.exec(
-        keys ? Stmt::purge_key_shards : Stmt::purge_reservation_shards, older_than_us, after);
-    for (const auto& row : shards) {
-      if (done()) return out;
-      after = row[0].as<int>();
-      const auto shard = static_cast<std::uint16_t>(after);
-      if (keys) {
-        purge_keys_on(tx, shard, older_than_us, n - out.keys, out);
-      } else {
-        purge_reservations_on(tx, shard, older_than_us, n - out.reservations, out);
-      }
-    }
-    if (shards.size() < 256 || done()) return out;
+namespace {
+
+// The shard keys `keys` by the Citus shard that holds them: a statement that names only
+// one group's shard keys runs on that one shard.
+std::map<std::int64_t, std::vector<std::int64_t>> citus_groups(Tx& tx,
+                                                               const std::set<std::int64_t>& keys) {
+  std::map<std::int64_t, std::vector<std::int64_t>> groups;
+  if (keys.empty()) return groups;
+  const std::vector<std::int64_t> list(keys.begin(), keys.end());
+  for (const auto& row : tx.exec(Stmt::citus_shard_groups, int_array(list))) {
+    groups[row[1].as<std::int64_t>()].push_back(row[0].as<std::int64_t>());
   }
+  return groups;
 }
 
-void PostgresStore::purge_keys_on(Tx& tx, std::uint16_t shard, std::int64_t older_than_us,
-                                  std::uint64_t n, PurgeStep& out) {
-  std::vector<std::string> doomed;
-  std::map<std::uint16_t, std::vector<Uuid>> ids;  // their reservations, by shard key
-  const pqxx::result picked =
-      tx.exec_on(shard, Stmt::purge_keys_lock, older_than_us, static_cast<std::int64_t>(n));
-  for (const auto& row : picked) {
-    const std::vector<Uuid> own = parse_ids(row[1].as<std::string>());
-    // An order's reservations on other shards than its key's: this shard's statement did
-    // not see them, so the key stays while one of them is held or changed since.
-    std::map<std::uint16_t, std::vector<Uuid>> elsewhere;
-    for (const Uuid& id : own) {
-      if (id.shard_key() != shard) elsewhere[id.shard_key()].push_back(id);
+}  // namespace
+
+PurgeStep PostgresStore::purge_step_citus(Tx& tx, Stmt statement, std::int64_t older_than_us,
+                                          std::uint64_t n, std::int64_t cursor) {
+  const bool keys = statement == Stmt::purge_keys;
+  PurgeStep out;
+  out.cursor = cursor;
+  const auto done = [&] { return keys ? out.keys : out.reservations; };
+  while (done() < n) {
+    // The next old entries in time order, from every shard: their shard keys, and the
+    // time of the last one, up to which each of those shards is purged now.
+    const pqxx::result next = tx.exec(
+        keys ? Stmt::purge_key_shards : Stmt::purge_reservation_shards, older_than_us, out.cursor);
+    if (next.empty()) break;
+    const std::int64_t upto = next[next.size() - 1][1].as<std::int64_t>();
+    std::set<std::int64_t> shard_keys;
+    for (const auto& row : next) shard_keys.insert(row[0].as<std::int64_t>());
+    const std::uint64_t before = done();
+    for (const auto& [shard, group] : citus_groups(tx, shard_keys)) {
+      if (done() >= n) break;
+      if (keys) {
+        purge_keys_on(tx, shard, group, older_than_us, n - done(), out.cursor, upto, out);
+      } else {
+        purge_reservations_on(tx, group, older_than_us, n - done(), out.cursor, upto, out);
+      }
     }
+    if (done() >= n) break;  // the next step starts at this cursor again
+    if (next.size() < static_cast<std::size_t>(purge_read_citus)) break;  // nothing more
+    // What could go up to `upto` went, but entries of that very time on shard keys not
+    // read (a batch writes many rows at one time) may remain: read from `upto` again
+    // while that frees something, past it once nothing more goes (what stays is held up,
+    // as the plain statements skip it).
+    out.cursor = done() > before ? upto : upto + 1;
+  }
+  return out;
+}
+
+void PostgresStore::purge_keys_on(Tx& tx, std::int64_t shard,
+                                  const std::vector<std::int64_t>& group,
+                                  std::int64_t older_than_us, std::uint64_t n, std::int64_t from,
+                                  std::int64_t upto, PurgeStep& out) {
+  const std::set<std::int64_t> here(group.begin(), group.end());
+  std::vector<std::string> doomed;
+  // The reservations to delete, by the Citus shard that holds them, with their shard keys.
+  std::map<std::int64_t, std::pair<std::vector<Uuid>, std::set<std::int64_t>>> gone;
+  const pqxx::result picked =
+      tx.exec(Stmt::purge_keys_lock, older_than_us, static_cast<std::int64_t>(n), from, upto,
+              int_array(group));
+  for (const auto& row : picked) {
+    const std::vector<Uuid> ids = parse_ids(row[1].as<std::string>());
+    // An order's reservations in other shards than its key's: the statement did not see
+    // them, so the key stays while one of them is held or changed since the horizon.
+    std::set<std::int64_t> elsewhere;
+    for (const Uuid& id : ids) {
+      if (here.count(id.shard_key()) == 0) elsewhere.insert(id.shard_key());
+    }
+    const auto other_groups = citus_groups(tx, elsewhere);
     bool kept = false;
-    for (const auto& [other, list] : elsewhere) {
-      if (tx.exec_on(other, Stmt::purge_blockers, older_than_us, uuid_array(list))[0][0]
+    for (const auto& [other, keys] : other_groups) {
+      std::vector<Uuid> there;
+      for (const Uuid& id : ids) {
+        if (std::find(keys.begin(), keys.end(), id.shard_key()) != keys.end()) there.push_back(id);
+      }
+      if (tx.exec(Stmt::purge_blockers, older_than_us, uuid_array(there), int_array(keys))[0][0]
               .as<std::int64_t>() > 0) {
         kept = true;
         break;
@@ -98,22 +138,33 @@ void PostgresStore::purge_keys_on(Tx& tx, std::uint16_t shard, std::int64_t olde
     }
     if (kept) continue;
     doomed.push_back(row[0].as<std::string>());
-    for (const Uuid& id : own) ids[id.shard_key()].push_back(id);
+    for (const Uuid& id : ids) {
+      std::int64_t where = shard;
+      for (const auto& [other, keys] : other_groups) {
+        if (std::find(keys.begin(), keys.end(), id.shard_key()) != keys.end()) where = other;
+      }
+      gone[where].first.push_back(id);
+      gone[where].second.insert(id.shard_key());
+    }
   }
   if (doomed.empty()) return;
-  tx.exec_on(shard, Stmt::purge_keys_delete, text_array(doomed));
+  tx.exec(Stmt::purge_keys_delete, text_array(doomed), int_array(group));
   out.keys += doomed.size();
-  for (const auto& [where, list] : ids) {
-    out.reservations += tx.exec_on(where, Stmt::purge_reservations_delete, uuid_array(list)).size();
+  for (const auto& [where, entry] : gone) {
+    const std::vector<std::int64_t> keys(entry.second.begin(), entry.second.end());
+    out.reservations +=
+        tx.exec(Stmt::purge_reservations_delete, uuid_array(entry.first), int_array(keys)).size();
   }
 }
 
-void PostgresStore::purge_reservations_on(Tx& tx, std::uint16_t shard, std::int64_t older_than_us,
-                                          std::uint64_t n, PurgeStep& out) {
+void PostgresStore::purge_reservations_on(Tx& tx, const std::vector<std::int64_t>& group,
+                                          std::int64_t older_than_us, std::uint64_t n,
+                                          std::int64_t from, std::int64_t upto, PurgeStep& out) {
   std::vector<Uuid> doomed;
-  std::vector<std::pair<Uuid, std::string>> keyed;  // a key that may be on another shard
+  std::vector<std::pair<Uuid, std::string>> keyed;  // a key that may be in another group
   const pqxx::result picked =
-      tx.exec_on(shard, Stmt::purge_reservations_lock, older_than_us, static_cast<std::int64_t>(n));
+      tx.exec(Stmt::purge_reservations_lock, older_than_us, static_cast<std::int64_t>(n), from,
+              upto, int_array(group));
   for (const auto& row : picked) {
     const Uuid id = Uuid::parse(row[0].c_str());
     std::string key = row[1].as<std::string>();
@@ -137,14 +188,16 @@ void PostgresStore::purge_reservations_on(Tx& tx, std::uint16_t shard, std::int6
     }
   }
   if (doomed.empty()) return;
-  out.reservations += tx.exec_on(shard, Stmt::purge_reservations_delete, uuid_array(doomed)).size();
+  out.reservations +=
+      tx.exec(Stmt::purge_reservations_delete, uuid_array(doomed), int_array(group)).size();
 }
 
 PurgeCounts PostgresStore::purge(std::int64_t older_than_us, std::uint64_t limit) {
   const auto delete_some = [&](Stmt statement, std::uint64_t n, std::int64_t cursor) {
-    return run<RunMode::one_statement>(nullptr, ErrorContext{}, [&](Tx& tx) {
-      return purge_step(tx, statement, older_than_us, n, cursor);
-    });
+    const auto step = [&](Tx& tx) { return purge_step(tx, statement, older_than_us, n, cursor); };
+    // On Citus a step is a transaction of several statements.
+    if (statements_->citus()) return run(nullptr, ErrorContext{}, step);
+    return run<RunMode::one_statement>(nullptr, ErrorContext{}, step);
   };
   return purge_with(limit, delete_some, nullptr);
 }

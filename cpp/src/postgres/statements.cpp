@@ -135,48 +135,69 @@ Statements::Statements(const std::string& schema, bool citus) : citus_(citus), s
                             " RETURNING r.sku, r.location, r.qty, coalesce(r.limit_group, ''),"
                             " coalesce(r.buyer, '')");
   // Retention on Citus, which plans neither purge_keys' nor purge_reservations' CTEs, and
-  // where an order's reservations may lie on other shards than its key: the shard keys
-  // with old entries first, in order past $2 (a read without locks; $1 the horizon's age
-  // as in purge_keys), then each shard's entries in steps of their own, each statement on
-  // one shard.
+  // where an order's reservations may lie on other shards than its key. Each step first
+  // reads the next old entries in time order from every shard (a read without locks; $1
+  // the horizon's age and $2 the cursor, as in purge_keys), for their shard keys and the
+  // time of the last one; groups those shard keys by the Citus shard that holds them
+  // (citus_shard_groups); then purges each group's entries up to that time, in statements
+  // that name the group's shard keys ($5: a statement whose shard keys all lie in one
+  // shard runs on that shard alone; $3 the cursor, $4 that time). Only the Citus layout
+  // runs these (their shard keys are arrays, not @PIN markers).
   const std::string old_horizon = "now() - $1::bigint * interval '1 microsecond'";
-  set(Stmt::purge_key_shards, "SELECT DISTINCT shard_key FROM " + schema +
+  const auto at_us = [](const std::string& param) {
+    return "'epoch'::timestamptz + " + param + "::bigint * interval '1 microsecond'";
+  };
+  set(Stmt::purge_key_shards, "SELECT shard_key, " + epoch_us("created_at") + " FROM " + schema +
                                   ".idempotency WHERE created_at < " + old_horizon +
-                                  " AND shard_key > $2 ORDER BY shard_key LIMIT 256");
+                                  " AND created_at >= " + at_us("$2") + " ORDER BY created_at" +
+                                  " LIMIT " + std::to_string(purge_read_citus));
   set(Stmt::purge_reservation_shards,
-      "SELECT DISTINCT shard_key FROM " + schema + ".reservation WHERE state <> 'held' AND " +
-          "updated_at < " + old_horizon + " AND shard_key > $2 ORDER BY shard_key LIMIT 256");
-  // A shard's old keys ($2 at most) whose reservations on this shard are all terminal and
+      "SELECT shard_key, " + epoch_us("updated_at") + " FROM " + schema +
+          ".reservation WHERE state <> 'held' AND updated_at < " + old_horizon +
+          " AND updated_at >= " + at_us("$2") + " ORDER BY updated_at LIMIT " +
+          std::to_string(purge_read_citus));
+  // The Citus shard of each shard key $1 (co-located tables share their shards' ranges).
+  set(Stmt::citus_shard_groups, "SELECT k, get_shard_id_for_distribution_column('" + schema +
+                                    ".idempotency', k) FROM unnest($1::int[]) AS k");
+  // A group's old keys ($2 at most) whose reservations in the group are all terminal and
   // old, locked as purge_keys locks them; their reservation ids, for the caller to check
-  // those on other shards (purge_blockers) and to delete them all.
+  // those in other groups (purge_blockers) and to delete them all.
   set(Stmt::purge_keys_lock,
       "SELECT i.key, array_to_string(i.reservation_ids, ',') FROM " + schema +
-          ".idempotency i WHERE i.created_at < " + old_horizon + "@PIN(i) AND NOT EXISTS" +
-          " (SELECT 1 FROM " + schema + ".reservation r WHERE r.id = ANY(i.reservation_ids)" +
-          "@PIN(r) AND (r.state = 'held' OR r.updated_at >= " + old_horizon + "))" +
-          " ORDER BY i.created_at LIMIT $2 FOR UPDATE OF i SKIP LOCKED");
-  // How many of the reservations $2 on this shard still keep their key: held, or changed
-  // since the horizon. Locked (FOR SHARE) so that they stay so until the purge commits.
+          ".idempotency i WHERE i.shard_key = ANY($5::int[]) AND i.created_at < " + old_horizon +
+          " AND i.created_at >= " + at_us("$3") + " AND i.created_at <= " + at_us("$4") +
+          " AND NOT EXISTS (SELECT 1 FROM " + schema +
+          ".reservation r WHERE r.id = ANY(i.reservation_ids) AND r.shard_key = ANY($5::int[])"
+          " AND (r.state = 'held' OR r.updated_at >= " +
+          old_horizon + ")) ORDER BY i.created_at LIMIT $2 FOR UPDATE OF i SKIP LOCKED");
+  // How many of the reservations $2 (in the group $3) still keep their key: held, or
+  // changed since the horizon. Locked (FOR SHARE) so that they stay so until the purge
+  // commits.
   set(Stmt::purge_blockers,
       "SELECT count(*) FROM (SELECT 1 FROM " + schema +
-          ".reservation WHERE id = ANY($2::uuid[])@PIN AND (state = 'held' OR updated_at >= " +
+          ".reservation WHERE id = ANY($2::uuid[]) AND shard_key = ANY($3::int[]) AND"
+          " (state = 'held' OR updated_at >= " +
           old_horizon + ") FOR SHARE) AS b");
-  set(Stmt::purge_keys_delete,
-      "DELETE FROM " + schema + ".idempotency WHERE key = ANY($1::text[])@PIN");
-  // A shard's old terminal reservations ($2 at most) without a key on this shard: their
-  // ids and keys ('' for none); a key may still be on another shard (purge_keys_present).
+  set(Stmt::purge_keys_delete, "DELETE FROM " + schema +
+                                   ".idempotency WHERE key = ANY($1::text[])"
+                                   " AND shard_key = ANY($2::int[])");
+  // A group's old terminal reservations ($2 at most) without a key in the group: their ids
+  // and keys ('' for none); a key may still be in another group (purge_keys_present).
   set(Stmt::purge_reservations_lock,
       "SELECT r.id::text, coalesce(r.idempotency_key, '') FROM " + schema +
-          ".reservation r WHERE r.state <> 'held' AND r.updated_at < " + old_horizon +
-          "@PIN(r) AND (r.idempotency_key IS NULL OR NOT EXISTS (SELECT 1 FROM " + schema +
-          ".idempotency i WHERE i.key = r.idempotency_key@PIN(i)))"
+          ".reservation r WHERE r.shard_key = ANY($5::int[]) AND r.state <> 'held' AND"
+          " r.updated_at < " +
+          old_horizon + " AND r.updated_at >= " + at_us("$3") + " AND r.updated_at <= " +
+          at_us("$4") + " AND (r.idempotency_key IS NULL OR NOT EXISTS (SELECT 1 FROM " + schema +
+          ".idempotency i WHERE i.key = r.idempotency_key AND i.shard_key = ANY($5::int[])))"
           " ORDER BY r.updated_at LIMIT $2 FOR UPDATE OF r SKIP LOCKED");
-  // Which of the keys $1 exist on any shard (a read of every shard).
+  // Which of the keys $1 exist in any shard (a read of every shard).
   set(Stmt::purge_keys_present,
       "SELECT key FROM " + schema + ".idempotency WHERE key = ANY($1::text[])");
   set(Stmt::purge_reservations_delete,
       "DELETE FROM " + schema +
-          ".reservation WHERE id = ANY($1::uuid[]) AND state <> 'held'@PIN RETURNING 1");
+          ".reservation WHERE id = ANY($1::uuid[]) AND shard_key = ANY($2::int[])"
+          " AND state <> 'held' RETURNING 1");
   if (citus) {
     // stats() on Citus: the coordinator's statistics see none of the workers' rows, so the
     // live-tuple figures of every shard are summed, one command per shard, run in parallel
@@ -688,6 +709,7 @@ const char* Statements::name(Stmt s) {
       "stockade_expire_lock",
       "stockade_expire_set",
       "stockade_purge_key_shards",
+      "stockade_citus_shard_groups",
       "stockade_purge_reservation_shards",
       "stockade_purge_keys_lock",
       "stockade_purge_blockers",

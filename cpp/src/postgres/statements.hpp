@@ -70,6 +70,7 @@ enum class Stmt : std::size_t {
   expire_lock,
   expire_set,
   purge_key_shards,
+  citus_shard_groups,
   purge_reservation_shards,
   purge_keys_lock,
   purge_blockers,
@@ -81,6 +82,8 @@ enum class Stmt : std::size_t {
 };
 
 inline constexpr std::size_t stmt_count = static_cast<std::size_t>(Stmt::count_);
+// How many old entries one read of a Citus purge step takes (purge_key_shards).
+inline constexpr int purge_read_citus = 2048;
 
 // The SQL of every statement, with the schema name filled in.
 //
