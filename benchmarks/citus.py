@@ -54,8 +54,15 @@ def purge_rate(options: Dict[str, Any], schema: str, args: Any) -> Dict[str, flo
         skus = [f"p-{i}" for i in range(args.purge_skus)]
         for s in skus:
             eng.restock(s, 10**12)
-        drive_load(eng, skus, clients=args.clients, seconds=args.seconds, strategy="batched",
-                   keyed=True, confirm=True)
+        drive_load(
+            eng,
+            skus,
+            clients=args.clients,
+            seconds=args.seconds,
+            strategy="batched",
+            keyed=True,
+            confirm=True,
+        )
         rows = eng.row_counts()["reservation_count"]
         time.sleep(0.01)
         started = time.perf_counter()

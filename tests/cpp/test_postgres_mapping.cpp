@@ -149,25 +149,12 @@ TEST(Statements, ShardMarkersVanishOnThePlainLayoutAndPinOnCitus) {
     }
     EXPECT_EQ(count, 2u) << Statements::name(s);
   }
-  for (Stmt s : {Stmt::stock_get,
-                 Stmt::stock_lock,
-                 Stmt::stock_delta,
-                 Stmt::stock_settle,
-                 Stmt::hold_atomic,
-                 Stmt::reservation_insert,
-                 Stmt::reservation_lock,
-                 Stmt::reservation_set,
-                 Stmt::idempotency_claim,
-                 Stmt::idempotency_get,
-                 Stmt::expire_lock,
-                 Stmt::expire_set,
-                 Stmt::batch_lock,
-                 Stmt::batch_write,
-                 Stmt::batch_fast,
-                 Stmt::batch_fast_one,
-                 Stmt::batch_fast_one_keyed,
-                 Stmt::batch_lock_reservations,
-                 Stmt::batch_transition}) {
+  for (Stmt s :
+       {Stmt::stock_get, Stmt::stock_lock, Stmt::stock_delta, Stmt::stock_settle, Stmt::hold_atomic,
+        Stmt::reservation_insert, Stmt::reservation_lock, Stmt::reservation_set,
+        Stmt::idempotency_claim, Stmt::idempotency_get, Stmt::expire_lock, Stmt::expire_set,
+        Stmt::batch_lock, Stmt::batch_write, Stmt::batch_fast, Stmt::batch_fast_one,
+        Stmt::batch_fast_one_keyed, Stmt::batch_lock_reservations, Stmt::batch_transition}) {
     EXPECT_TRUE(citus.pinned(s)) << Statements::name(s);
   }
 }

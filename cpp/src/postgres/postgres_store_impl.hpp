@@ -275,8 +275,8 @@ class PostgresStore final : public Store, public TestHooks {
   // purge_step on the Citus layout: at most n keys or reservations, one Citus shard at a
   // time, from `cursor` on; [from, upto] is the window of times (epoch us) purged now,
   // `group` the shard keys of one Citus shard (`shard`) that have entries in it.
-  PurgeStep purge_step_citus(Tx& tx, Stmt statement, std::int64_t older_than_us,
-                             std::uint64_t n, std::int64_t cursor);
+  PurgeStep purge_step_citus(Tx& tx, Stmt statement, std::int64_t older_than_us, std::uint64_t n,
+                             std::int64_t cursor);
   void purge_keys_on(Tx& tx, std::int64_t shard, const std::vector<std::int64_t>& group,
                      std::int64_t older_than_us, std::uint64_t n, std::int64_t from,
                      std::int64_t upto, PurgeStep& out);

@@ -112,9 +112,8 @@ void PostgresStore::purge_keys_on(Tx& tx, std::int64_t shard,
   std::vector<std::string> doomed;
   // The reservations to delete, by the Citus shard that holds them, with their shard keys.
   std::map<std::int64_t, std::pair<std::vector<Uuid>, std::set<std::int64_t>>> gone;
-  const pqxx::result picked =
-      tx.exec(Stmt::purge_keys_lock, older_than_us, static_cast<std::int64_t>(n), from, upto,
-              int_array(group));
+  const pqxx::result picked = tx.exec(Stmt::purge_keys_lock, older_than_us,
+                                      static_cast<std::int64_t>(n), from, upto, int_array(group));
   for (const auto& row : picked) {
     const std::vector<Uuid> ids = parse_ids(row[1].as<std::string>());
     // An order's reservations in other shards than its key's: the statement did not see
@@ -162,9 +161,8 @@ void PostgresStore::purge_reservations_on(Tx& tx, const std::vector<std::int64_t
                                           std::int64_t from, std::int64_t upto, PurgeStep& out) {
   std::vector<Uuid> doomed;
   std::vector<std::pair<Uuid, std::string>> keyed;  // a key that may be in another group
-  const pqxx::result picked =
-      tx.exec(Stmt::purge_reservations_lock, older_than_us, static_cast<std::int64_t>(n), from,
-              upto, int_array(group));
+  const pqxx::result picked = tx.exec(Stmt::purge_reservations_lock, older_than_us,
+                                      static_cast<std::int64_t>(n), from, upto, int_array(group));
   for (const auto& row : picked) {
     const Uuid id = Uuid::parse(row[0].c_str());
     std::string key = row[1].as<std::string>();
