@@ -392,7 +392,7 @@ class Engine:
         :meth:`migrate` then distributes the tables on a shard key and every statement
         names the shard key it touches (connections run without session state, as for
         ``"pgbouncer-transaction"``, since Citus carries no session ``SET`` to its
-        workers); purchase limits raise ``NotSupported`` there. See the
+        workers). See the
         README's "Scaling out". Call
         :meth:`migrate` once to create the schema. With ``sweeper=True`` a background
         thread expires due holds every ``sweep_interval``, ``sweep_batch`` per transaction;

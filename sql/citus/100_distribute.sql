@@ -9,7 +9,8 @@
 -- A key is therefore unique per shard key, not in the whole database: a retry of a
 -- request finds its key (same SKU, same shard key), but a key reused for a SKU of
 -- another shard key is not reported as a conflict. Purchase-limit tables stay local to
--- the coordinator; purchase limits are not built on this layout yet (NotSupported).
+-- the coordinator; purchase limits and purge are not built on this layout yet
+-- (NotSupported).
 
 ALTER TABLE {{schema}}.stock ADD COLUMN shard_key integer NOT NULL;
 ALTER TABLE {{schema}}.stock DROP CONSTRAINT stock_pkey;

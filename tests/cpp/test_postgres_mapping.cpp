@@ -3,9 +3,13 @@
 // from pytest (tests/python/test_postgres.py), which starts one.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <map>
+
 #include "postgres/postgres_store_impl.hpp"
 #include "postgres/sqlstate.hpp"
 #include "postgres/statements.hpp"
+#include "stockade/hash.hpp"
 #include "stockade/postgres_store.hpp"
 #include "test_support.hpp"
 
@@ -122,7 +126,8 @@ TEST(Statements, ShardMarkersVanishOnThePlainLayoutAndPinOnCitus) {
             "NOTHING RETURNING (SELECT 1 FROM u s WHERE s.a = $1 AND s.shard_key = $2::int)");
   EXPECT_EQ(render_shard_markers("SELECT 1 WHERE x = $1", true, &pinned), "SELECT 1 WHERE x = $1");
   EXPECT_FALSE(pinned);  // no marker: takes no shard key
-  // No statement keeps a marker; on Citus every stock and reservation statement is pinned,
+  // No statement keeps a marker; on Citus every stock, reservation and buyer-count
+  // statement is pinned,
   // and the plain layout's statements take no shard key at all.
   const Statements plain("shop", false);
   const Statements citus("shop", true);
@@ -149,14 +154,57 @@ TEST(Statements, ShardMarkersVanishOnThePlainLayoutAndPinOnCitus) {
     }
     EXPECT_EQ(count, 2u) << Statements::name(s);
   }
-  for (Stmt s :
-       {Stmt::stock_get, Stmt::stock_lock, Stmt::stock_delta, Stmt::stock_settle, Stmt::hold_atomic,
-        Stmt::reservation_insert, Stmt::reservation_lock, Stmt::reservation_set,
-        Stmt::idempotency_claim, Stmt::idempotency_get, Stmt::expire_lock, Stmt::expire_set,
-        Stmt::batch_lock, Stmt::batch_write, Stmt::batch_fast, Stmt::batch_fast_one,
-        Stmt::batch_fast_one_keyed, Stmt::batch_lock_reservations, Stmt::batch_transition}) {
+  for (Stmt s : {Stmt::stock_get,
+                 Stmt::stock_lock,
+                 Stmt::stock_delta,
+                 Stmt::stock_settle,
+                 Stmt::hold_atomic,
+                 Stmt::reservation_insert,
+                 Stmt::reservation_lock,
+                 Stmt::reservation_set,
+                 Stmt::idempotency_claim,
+                 Stmt::idempotency_get,
+                 Stmt::expire_lock,
+                 Stmt::expire_set,
+                 Stmt::allowance_take,
+                 Stmt::allowance_get,
+                 Stmt::allowance_give,
+                 Stmt::allowance_make_one,
+                 Stmt::batch_allowance_make,
+                 Stmt::batch_allowance_lock,
+                 Stmt::batch_allowance_write,
+                 Stmt::batch_lock,
+                 Stmt::batch_write,
+                 Stmt::batch_fast,
+                 Stmt::batch_fast_one,
+                 Stmt::batch_fast_one_keyed,
+                 Stmt::batch_lock_reservations,
+                 Stmt::batch_transition}) {
     EXPECT_TRUE(citus.pinned(s)) << Statements::name(s);
   }
+}
+
+// Every migration file with the checksum migrate() records for it (migrate.cpp:
+// stable_hash64 of "migration" and its text). A released file must never change: migrate()
+// refuses every database that applied it otherwise. A new file adds its line here.
+TEST(Migrations, ReleasedFilesNeverChange) {
+  const std::map<std::string, std::uint64_t> released = {
+      {"001_schema.sql", 0xb0a3d3154b039d92ULL},
+      {"002_retention.sql", 0xe1f982a97acac968ULL},
+      {"003_stock_row_patterns.sql", 0xb8ae961f03f09017ULL},
+      {"004_purchase_limits.sql", 0x2142ec0eecc65a83ULL},
+      {"citus/100_distribute.sql", 0x05af1c14c51e7c4cULL},
+      {"citus/101_purchase_limits.sql", 0x19188da109cfd6feULL},
+  };
+  for (const Migration& m : migrations()) {
+    const std::uint64_t sum = stable_hash64({"migration", m.sql});
+    char shown[32];
+    std::snprintf(shown, sizeof(shown), "0x%016llxULL", static_cast<unsigned long long>(sum));
+    const auto it = released.find(m.name);
+    ASSERT_NE(it, released.end()) << m.name << " is not listed (its checksum: " << shown << ")";
+    EXPECT_EQ(sum, it->second) << m.name << " changed (its checksum now: " << shown << ")";
+  }
+  EXPECT_EQ(migrations().size(), released.size());
 }
 
 TEST(Migrations, AreCompiledInInOrderWithTheSchemaPlaceholder) {

@@ -20,7 +20,7 @@ from typing import List
 import pytest
 
 import stockade
-from stockade import NotSupported, OutOfStock
+from stockade import OutOfStock
 from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus
 from stockade.tools.pgserver import run_sql
@@ -48,27 +48,26 @@ def engine(citus_engine: stockade.Engine) -> stockade.Engine:
     return citus_engine
 
 
-def test_migrate_distributes_the_three_tables_co_located(
+def test_migrate_distributes_the_tables_co_located(
     engine: stockade.Engine, citus_cluster: TemporaryCitus, dsn: str
 ) -> None:
-    assert engine.migration_plan() == []  # everything applied, citus/100_distribute.sql too
+    assert engine.migration_plan() == []  # everything applied, the citus/ files too
     schema = engine._schema
-    # Citus's metadata: the three tables hash-distributed on shard_key, in one co-location
-    # group; the purchase-limit tables are not distributed.
+    # Citus's metadata: four tables hash-distributed on shard_key, in one co-location
+    # group; the purchase-limit groups and their SKUs are reference tables.
     tables = run_sql(
         citus_cluster.dsn(),
         "SELECT logicalrelid::text || ' ' || partmethod::text || ' ' || colocationid || ' ' ||"
-        " column_to_column_name(logicalrelid, partkey) FROM pg_dist_partition"
+        " coalesce(column_to_column_name(logicalrelid, partkey), '-') FROM pg_dist_partition"
         f" WHERE logicalrelid::text LIKE '{schema}.%' ORDER BY 1",
     ).splitlines()
-    assert [t.split()[0] for t in tables] == [
-        f"{schema}.idempotency",
-        f"{schema}.reservation",
-        f"{schema}.stock",
-    ]
-    assert {t.split()[1] for t in tables} == {"h"}
-    assert len({t.split()[2] for t in tables}) == 1
-    assert {t.split()[3] for t in tables} == {"shard_key"}
+    by_table = {t.split()[0].split(".")[1]: t.split()[1:] for t in tables}
+    distributed = ["buyer_allowance", "idempotency", "reservation", "stock"]
+    assert sorted(by_table) == sorted([*distributed, "purchase_limit", "purchase_limit_sku"])
+    assert {by_table[t][0] for t in distributed} == {"h"}
+    assert len({by_table[t][1] for t in distributed}) == 1
+    assert {by_table[t][2] for t in distributed} == {"shard_key"}
+    assert {by_table[t][0] for t in ("purchase_limit", "purchase_limit_sku")} == {"n"}
     # A SKU's row, its reservation and its key lie on shards of one placement.
     engine.restock("tee", 3)
     engine.reserve("tee", 1, idempotency_key="k")
@@ -236,18 +235,6 @@ def test_stats_estimates_sum_the_workers_shards(engine: stockade.Engine) -> None
     assert (stats["held_count"], stats["counts_exact"]) == (12, False)
 
 
-def test_what_is_not_built_says_so_and_changes_nothing(engine: stockade.Engine) -> None:
-    engine.restock("a", 5)
-    engine.restock("b", 5)
-    with pytest.raises(NotSupported, match="Citus layout"):
-        engine.set_purchase_limit("g", per_buyer=1, skus=["a"])
-    with pytest.raises(NotSupported, match="buyer"):
-        engine.reserve("a", 1, buyer="ann")
-    with pytest.raises(NotSupported, match="buyer"):
-        engine.reserve_order({"a": 1, "b": 1}, buyer="ann")
-    assert engine.stock("a").reserved == 0 and engine.stock("b").reserved == 0
-
-
 def test_an_order_across_shards_is_all_or_nothing_and_replays(engine: stockade.Engine) -> None:
     # a, b and c lie on different shard keys: one transaction across shards (two-phase
     # commit), its rows locked one statement each, in key order.
@@ -367,4 +354,52 @@ def test_a_write_for_one_sku_runs_on_one_worker_with_a_plain_commit(
             # transaction (which the worker would log as a warning each time)
             assert any("SET LOCAL lock_timeout" in line for line in issued), strategy
             assert not any("already a transaction in progress" in line for line in lines)
+        eng.drop_schema(confirm=schema)
+
+
+def test_a_buyers_count_and_reservation_commit_together(
+    citus_cluster: TemporaryCitus, dsn: str, schema: str
+) -> None:
+    # A buyer's count in a group lies on the shard of its own shard key (group, buyer):
+    # when that shard is on another worker than the SKU's row, the reserve commits in two
+    # phases (PREPARE TRANSACTION on both), so the count and the reservation land together
+    # or not at all; on the same worker it is a plain commit there.
+    from stockade import _core
+
+    logged = dsn + "%20-c%20citus.log_remote_commands%3Don%20-c%20log_min_messages%3Dnotice"
+
+    def node(table: str, shard_key: int) -> str:
+        return run_sql(
+            citus_cluster.dsn(),
+            "SELECT nodeport FROM citus_shards WHERE shardid ="
+            f" get_shard_id_for_distribution_column('{schema}.{table}', {shard_key})",
+        )
+
+    with stockade.Engine.postgres(logged, layout="citus", schema=schema, pool_size=1) as eng:
+        eng.migrate()
+        eng.restock("solo", 100)
+        eng.set_purchase_limit("g", per_buyer=5, skus=["solo"])
+        row_node = node("stock", _core.shard_key_of("solo", "default"))
+        buyers = [f"buyer-{i}" for i in range(64)]
+        by_node = {b: node("buyer_allowance", _core.shard_key_of("g", b)) for b in buyers}
+        apart = next(b for b in buyers if by_node[b] != row_node)
+        together = next(b for b in buyers if by_node[b] == row_node)
+        for buyer, two_phase in ((apart, True), (together, False)):
+            for strategy in ("atomic", "pessimistic", "batched"):
+                start, end = f"mark-{buyer}-{strategy}-start", f"mark-{buyer}-{strategy}-end"
+                with pytest.raises(stockade.NotFound):
+                    eng.stock(start)
+                eng.reserve("solo", 1, buyer=buyer, strategy=strategy)
+                with pytest.raises(stockade.NotFound):
+                    eng.stock(end)
+                text = citus_cluster.log_text()
+                issued = [
+                    line
+                    for line in text[text.index(start) : text.index(end)].splitlines()
+                    if "issuing" in line
+                ]
+                prepared = any("PREPARE TRANSACTION" in line for line in issued)
+                assert prepared is two_phase, (buyer, strategy)
+        assert eng.buyer_held("g", apart) == 3 and eng.buyer_held("g", together) == 3
+        assert eng.stock("solo").reserved == 6
         eng.drop_schema(confirm=schema)

@@ -19,8 +19,6 @@ import stockade
 from stockade.testing import limited_reserve_by_check, race
 from support import ALL_STRATEGIES, Wait
 
-pytestmark = pytest.mark.not_on_citus("purchase limits")
-
 DROP = ["drop-a", "drop-b", "drop-c", "drop-d", "drop-e"]
 LONG = timedelta(minutes=10)
 

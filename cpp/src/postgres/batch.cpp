@@ -232,6 +232,11 @@ class BatchTx {
     return !names.empty() && !one;
   }
 
+  bool has_buyer() const {
+    return std::any_of(items_.begin(), items_.end(),
+                       [](const BatchItem* item) { return item->buyer.has_value(); });
+  }
+
   // Whether every request of the batch is for one row.
   bool one_row() const {
     for (const BatchItem* item : items_) {
@@ -330,6 +335,10 @@ class BatchTx {
   void lock_reservations(Tx& tx);
   void lock_allowances(Tx& tx);
   void write_allowances(Tx& tx);
+  std::vector<pqxx::result> allowance_statement(Tx& tx, Stmt statement,
+                                                const std::vector<std::string>& groups,
+                                                const std::vector<std::string>& buyers,
+                                                const std::vector<std::int64_t>& deltas);
   // Purchase limits for a reserve with a buyer: LimitExceeded (true) or room (false).
   bool limit_refuses(BatchItem& item);
   void lock_rows(Tx& tx);
@@ -686,17 +695,54 @@ void BatchTx::lock_allowances(Tx& tx) {
     groups.push_back(group);
     buyers.push_back(buyer);
   }
-  if (!groups.empty()) tx.exec(Stmt::batch_allowance_make, text_array(groups), text_array(buyers));
+  if (!groups.empty()) allowance_statement(tx, Stmt::batch_allowance_make, groups, buyers, {});
   for (const auto& [group, buyer] : existing) {
     if (made.count({group, buyer}) != 0) continue;
     groups.push_back(group);
     buyers.push_back(buyer);
   }
-  for (const auto& row :
-       tx.exec(Stmt::batch_allowance_lock, text_array(groups), text_array(buyers))) {
-    allowances_[{row[0].as<std::string>(), row[1].as<std::string>()}].held =
-        row[2].as<std::int64_t>();
+  for (const auto& rows : allowance_statement(tx, Stmt::batch_allowance_lock, groups, buyers, {})) {
+    for (const auto& row : rows) {
+      allowances_[{row[0].as<std::string>(), row[1].as<std::string>()}].held =
+          row[2].as<std::int64_t>();
+    }
   }
+}
+
+// Runs a batch_allowance_* statement on the pairs (groups[i], buyers[i]) (and `deltas`,
+// if given): once for all of them on one server; on Citus, where each pair's row lies on
+// the shard of its own shard key, once per pair, in (group, buyer) order, which is the
+// order every path locks them in.
+std::vector<pqxx::result> BatchTx::allowance_statement(Tx& tx, Stmt statement,
+                                                       const std::vector<std::string>& groups,
+                                                       const std::vector<std::string>& buyers,
+                                                       const std::vector<std::int64_t>& deltas) {
+  std::vector<pqxx::result> out;
+  const auto run_on = [&](std::uint16_t shard, const std::vector<std::string>& g,
+                          const std::vector<std::string>& b, const std::vector<std::int64_t>& d) {
+    out.push_back(d.empty()
+                      ? tx.exec_on(shard, statement, text_array(g), text_array(b))
+                      : tx.exec_on(shard, statement, text_array(g), text_array(b), int_array(d)));
+  };
+  if (!tx.conn.statements().citus()) {
+    run_on(0, groups, buyers, deltas);
+    return out;
+  }
+  std::vector<std::size_t> order(groups.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return std::tie(groups[a], buyers[a]) < std::tie(groups[b], buyers[b]);
+  });
+  for (const std::size_t i : order) {
+    const std::uint16_t shard = shard_key_of(groups[i], buyers[i]);
+    if (statement == Stmt::batch_allowance_make) {  // VALUES: see allowance_make_one
+      out.push_back(tx.exec_on(shard, Stmt::allowance_make_one, groups[i], buyers[i]));
+      continue;
+    }
+    run_on(shard, {groups[i]}, {buyers[i]},
+           deltas.empty() ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{deltas[i]});
+  }
+  return out;
 }
 
 bool BatchTx::limit_refuses(BatchItem& item) {
@@ -719,7 +765,7 @@ void BatchTx::write_allowances(Tx& tx) {
     deltas.push_back(a.delta);
   }
   if (groups.empty()) return;
-  tx.exec(Stmt::batch_allowance_write, text_array(groups), text_array(buyers), int_array(deltas));
+  allowance_statement(tx, Stmt::batch_allowance_write, groups, buyers, deltas);
 }
 
 void BatchTx::write_transitions(Tx& tx) {
@@ -858,11 +904,7 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
     std::map<std::uint16_t, std::vector<BatchItem*>> by_shard;
     for (BatchItem* item : items) {
       item->clear_outcome();
-      if (item->buyer) {
-        fail(*item, citus_not_built("a reservation for a buyer (purchase limits)"));
-      } else {
-        by_shard[item->shard_key()].push_back(item);
-      }
+      by_shard[item->shard_key()].push_back(item);
     }
     const bool whole = by_shard.size() == 1 && by_shard.begin()->second.size() == items.size();
     if (!whole) {  // each group runs alone (and passes here whole)
@@ -881,9 +923,10 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
   while (skips > 0 && !fast_skips_.compare_exchange_weak(skips, skips - 1)) {
   }
   // (On Citus a batch on several rows takes the full path: batch_fast is one statement
-  // that Citus would run as a two-phase transaction; see citus_move_one.)
-  const bool fast =
-      skips == 0 && !batch.needs_full_path() && (!statements_->citus() || batch.one_row());
+  // that Citus would run as a two-phase transaction; see citus_move_one. So does a batch
+  // with buyers: their counts lie on the shards of their own shard keys.)
+  const bool fast = skips == 0 && !batch.needs_full_path() &&
+                    (!statements_->citus() || (batch.one_row() && !batch.has_buyer()));
   if (fast) {
     std::optional<bool> done;
     try {

@@ -79,14 +79,6 @@ inline std::uint16_t shard_of(const SkuKey& key) {
   return shard_key_of(key.sku, key.location);
 }
 
-// What the Citus layout does not run yet: NotSupported, before anything is written.
-inline Error citus_not_built(const std::string& what) {
-  return Error(ErrorCode::not_supported,
-               what +
-                   " is not built on the Citus layout yet (layout='citus'); it runs on the "
-                   "plain layout");
-}
-
 // Thrown inside a transaction to commit what it did and then raise `error` (a lapsed hold
 // is expired on the way to ReservationExpired).
 struct CommitThenRaise {

@@ -168,8 +168,12 @@ LineGroups PostgresStore::take_allowances(Tx& tx, const std::vector<OrderLine>& 
   // Sorted by group: every transaction locks the parent rows in the same order, and
   // before any stock row.
   for (const auto& [group, ask] : asks) {
-    if (!tx.exec(Stmt::allowance_take, group, buyer, ask.units, ask.per_buyer).empty()) continue;
-    const pqxx::result held = tx.exec(Stmt::allowance_get, group, buyer);
+    const std::uint16_t shard = shard_key_of(group, buyer);
+    if (ask.units <= ask.per_buyer &&
+        !tx.exec_on(shard, Stmt::allowance_take, group, buyer, ask.units, ask.per_buyer).empty()) {
+      continue;
+    }
+    const pqxx::result held = tx.exec_on(shard, Stmt::allowance_get, group, buyer);
     telemetry().count(*ask.first, SkuEvent::refused);
     throw limit_exceeded(*ask.first, group, buyer, held.empty() ? 0 : held[0][0].as<std::int64_t>(),
                          ask.per_buyer, ask.units);
@@ -178,11 +182,13 @@ LineGroups PostgresStore::take_allowances(Tx& tx, const std::vector<OrderLine>& 
 }
 
 void PostgresStore::give_back(Tx& tx, const Reservation& r) {
-  if (r.buyer && r.limit_group) tx.exec(Stmt::allowance_give, *r.limit_group, *r.buyer, r.qty);
+  if (r.buyer && r.limit_group) {
+    tx.exec_on(shard_key_of(*r.limit_group, *r.buyer), Stmt::allowance_give, *r.limit_group,
+               *r.buyer, r.qty);
+  }
 }
 
 void PostgresStore::set_purchase_limit(const PurchaseLimit& limit) {
-  if (statements_->citus()) throw citus_not_built("set_purchase_limit");
   run(nullptr, ErrorContext{}, [&](Tx& tx) {
     tx.exec(Stmt::limit_upsert, limit.group, limit.per_buyer);
     const pqxx::result joined = tx.exec(Stmt::limit_skus_set, limit.group, text_array(limit.skus));
@@ -197,13 +203,20 @@ void PostgresStore::set_purchase_limit(const PurchaseLimit& limit) {
 }
 
 bool PostgresStore::remove_purchase_limit(const std::string& group) {
-  return run(nullptr, ErrorContext{},
-             [&](Tx& tx) { return !tx.exec(Stmt::limit_delete, group).empty(); });
+  return run(nullptr, ErrorContext{}, [&](Tx& tx) {
+    // On Citus the counts' DELETE reaches every shard; run in parallel, it would
+    // bar the change to the (reference) group table in the same transaction.
+    if (statements_->citus()) {
+      tx.conn.exec_sql(tx.work, "SET LOCAL citus.multi_shard_modify_mode = 'sequential'");
+    }
+    return !tx.exec(Stmt::limit_delete, group).empty();
+  });
 }
 
 Quantity PostgresStore::buyer_held(const std::string& group, const std::string& buyer) {
   return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
-    const pqxx::result held = tx.exec(Stmt::allowance_get, group, buyer);
+    const pqxx::result held =
+        tx.exec_on(shard_key_of(group, buyer), Stmt::allowance_get, group, buyer);
     return held.empty() ? Quantity{0} : Quantity{held[0][0].as<std::int64_t>()};
   });
 }
@@ -363,7 +376,8 @@ std::size_t PostgresStore::expire_in(Tx& tx, std::size_t limit) {
     }
   }
   for (const auto& [pair, qty] : allowances) {
-    tx.exec(Stmt::allowance_give, pair.first, pair.second, qty);
+    tx.exec_on(shard_key_of(pair.first, pair.second), Stmt::allowance_give, pair.first, pair.second,
+               qty);
   }
   for (const auto& [key, qty] : rows) move_stock(tx, key, 0, qty);
   return expired;

@@ -423,53 +423,62 @@ void Statements::add_limit_statements(const std::string& schema, Set& set) {
                               ".purchase_limit l ON l.group_name = s.group_name"
                               " WHERE s.sku = ANY($1::text[])");
   // Takes $3 units of (group $1, buyer $2) if that keeps it within $4, locking its row
-  // (made at $3 if it is new); no row back means the limit would be passed.
+  // (made at $3 if it is new, which the caller does only when $3 <= $4); no row back means
+  // the limit would be passed. (VALUES, not a SELECT: Citus runs an INSERT ... SELECT
+  // through an intermediate result, whose ON CONFLICT on the worker lacks the parameters.)
   set(Stmt::allowance_take,
       "INSERT INTO " + allowance +
-          " AS a (group_name, buyer, held) SELECT $1, $2, $3::bigint"
-          " WHERE $3::bigint <= $4::bigint ON CONFLICT (group_name, buyer) DO UPDATE"
+          " AS a (group_name, buyer, held@SKC) VALUES ($1::text, $2::text, $3::bigint@SKV)"
+          " ON CONFLICT (@SKFgroup_name, buyer) DO UPDATE"
           " SET held = a.held + EXCLUDED.held WHERE a.held + EXCLUDED.held <= $4::bigint"
           " RETURNING held");
   set(Stmt::allowance_get,
-      "SELECT held FROM " + allowance + " WHERE group_name = $1 AND buyer = $2");
+      "SELECT held FROM " + allowance + " WHERE group_name = $1::text AND buyer = $2::text@PIN");
   // Gives $3 units back; never below zero (a group removed and made again starts afresh).
   set(Stmt::allowance_give, "UPDATE " + allowance +
                                 " SET held = held - least(held, $3::bigint)"
-                                " WHERE group_name = $1 AND buyer = $2");
+                                " WHERE group_name = $1::text AND buyer = $2::text@PIN");
   set(Stmt::limit_upsert,
       "INSERT INTO " + schema +
-          ".purchase_limit (group_name, per_buyer) VALUES ($1, $2)"
+          ".purchase_limit (group_name, per_buyer) VALUES ($1::text, $2::bigint)"
           " ON CONFLICT (group_name) DO UPDATE SET per_buyer = EXCLUDED.per_buyer");
   // The group's SKUs become $2: those it no longer names go, the new ones join. A SKU of
   // another group is left alone and missing from the rows returned.
   set(Stmt::limit_skus_set,
       "WITH gone AS (DELETE FROM " + schema +
-          ".purchase_limit_sku WHERE group_name = $1 AND NOT (sku = ANY($2::text[])))"
+          ".purchase_limit_sku WHERE group_name = $1::text AND NOT (sku = ANY($2::text[])))"
           " INSERT INTO " +
           schema +
-          ".purchase_limit_sku AS s (sku, group_name) SELECT unnest($2::text[]), $1"
+          ".purchase_limit_sku AS s (sku, group_name) SELECT unnest($2::text[]), $1::text"
           " ON CONFLICT (sku) DO UPDATE SET group_name = EXCLUDED.group_name"
           " WHERE s.group_name = EXCLUDED.group_name RETURNING sku");
   set(Stmt::limit_sku_owner, "SELECT sku, group_name FROM " + schema +
                                  ".purchase_limit_sku WHERE sku = ANY($2::text[])"
-                                 " AND group_name <> $1 LIMIT 1");
+                                 " AND group_name <> $1::text LIMIT 1");
   set(Stmt::limit_delete, "WITH counts AS (DELETE FROM " + allowance +
-                              " WHERE group_name = $1) DELETE FROM " + schema +
-                              ".purchase_limit WHERE group_name = $1 RETURNING 1");
+                              " WHERE group_name = $1::text) DELETE FROM " + schema +
+                              ".purchase_limit WHERE group_name = $1::text RETURNING 1");
   // Batches: make the rows of new (group, buyer) pairs, then lock them all, sorted; then
   // write each pair's net change.
   const std::string pairs = " unnest($1::text[], $2::text[]) AS t(g, b)";
-  set(Stmt::batch_allowance_make,
-      "INSERT INTO " + allowance + " (group_name, buyer, held) SELECT g, b, 0 FROM" + pairs +
-          " ORDER BY g COLLATE \"C\", b COLLATE \"C\" ON CONFLICT (group_name, buyer) DO NOTHING");
+  set(Stmt::batch_allowance_make, "INSERT INTO " + allowance +
+                                      " (group_name, buyer, held@SKC) SELECT g, b, 0@SKV FROM" +
+                                      pairs +
+                                      " ORDER BY g COLLATE \"C\", b COLLATE \"C\" ON CONFLICT "
+                                      "(@SKFgroup_name, buyer) DO NOTHING");
+  // One pair's row, made if new, for Citus (an INSERT ... SELECT there runs through an
+  // intermediate result, which makes the transaction two-phase even on one worker).
+  set(Stmt::allowance_make_one, "INSERT INTO " + allowance +
+                                    " (group_name, buyer, held@SKC) VALUES ($1::text, $2::text,"
+                                    " 0@SKV) ON CONFLICT (@SKFgroup_name, buyer) DO NOTHING");
   set(Stmt::batch_allowance_lock,
       "SELECT a.group_name, a.buyer, a.held FROM " + allowance + " a JOIN" + pairs +
-          " ON a.group_name = t.g AND a.buyer = t.b"
+          " ON a.group_name = t.g AND a.buyer = t.b@PIN(a)"
           " ORDER BY a.group_name COLLATE \"C\", a.buyer COLLATE \"C\" FOR UPDATE OF a");
   set(Stmt::batch_allowance_write,
       "UPDATE " + allowance +
           " AS a SET held = greatest(a.held + d.delta, 0) FROM unnest($1::text[], $2::text[],"
-          " $3::bigint[]) AS d(g, b, delta) WHERE a.group_name = d.g AND a.buyer = d.b");
+          " $3::bigint[]) AS d(g, b, delta) WHERE a.group_name = d.g AND a.buyer = d.b@PIN(a)");
 }
 
 // The hot-row batcher's statements: each takes arrays (one element per request or per
@@ -687,6 +696,7 @@ const char* Statements::name(Stmt s) {
       "stockade_limit_sku_owner",
       "stockade_limit_delete",
       "stockade_batch_allowance_make",
+      "stockade_allowance_make_one",
       "stockade_batch_allowance_lock",
       "stockade_batch_allowance_write",
       "stockade_advisory_lock",

@@ -48,6 +48,7 @@ enum class Stmt : std::size_t {
   limit_sku_owner,
   limit_delete,
   batch_allowance_make,
+  allowance_make_one,
   batch_allowance_lock,
   batch_allowance_write,
   advisory_lock,

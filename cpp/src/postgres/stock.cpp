@@ -336,9 +336,6 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
 
 Reservation PostgresStore::reserve(const ReserveRequest& request) {
   const WriteOptions& options = request.options;
-  if (statements_->citus() && options.buyer) {
-    throw citus_not_built("a reservation for a buyer (purchase limits)");
-  }
   telemetry().count(request.key, SkuEvent::request);
   const std::vector<OrderLine> lines{{request.key, request.qty}};
   const std::vector<Uuid> ids{make_uuid_v7(SystemClock().now_us() / 1000,
@@ -361,8 +358,10 @@ Reservation PostgresStore::reserve(const ReserveRequest& request) {
                          if (options.strategy == Strategy::optimistic) {
                            return optimistic_retry(&request.key, options, attempt);
                          }
+                         // (Not on Citus, which cannot run that statement on one shard: the
+                         // buyer's count may lie on another.)
                          if (options.strategy == Strategy::atomic && !request.idempotency_key &&
-                             options.buyer && !options.expected_version) {
+                             options.buyer && !options.expected_version && !statements_->citus()) {
                            if (std::optional<Reservation> made =
                                    reserve_limited_in_one_statement(request, ids.front())) {
                              return std::vector<Reservation>{*made};
@@ -442,9 +441,6 @@ std::optional<Reservation> PostgresStore::reserve_limited_in_one_statement(
 
 std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& request) {
   const WriteOptions& options = request.options;
-  if (statements_->citus() && options.buyer) {
-    throw citus_not_built("a reservation for a buyer (purchase limits)");
-  }
   // Locks go in sorted (sku, location) order; results come back in the caller's order.
   std::vector<std::size_t> order(request.lines.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
