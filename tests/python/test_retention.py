@@ -9,9 +9,10 @@ window, and a replay never finds its reservations missing.
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
-from typing import Callable, Iterator
+from typing import Callable, Iterator, List
 
 import pytest
 
@@ -119,6 +120,65 @@ def test_purge_stops_at_its_limit(
     assert engine.row_counts()["reservation_count"] == 7
     assert engine.purge(timedelta(0), limit=100) == 7
     assert engine.purge(timedelta(0)) == 0
+
+
+def test_purge_racing_replays_never_strands_a_key(
+    engine: stockade.Engine, backend: str, wait: Callable[[float], None]
+) -> None:
+    # Threads reserve, confirm and replay keyed requests while another purges everything
+    # older than now, over and over. A replay finds its key with its reservation, or no
+    # key at all (then it runs afresh); never a key whose reservation is gone. Stock adds
+    # up: every confirmed unit is sold, every fresh hold released.
+    engine.restock("s", 10**6)
+    stop = threading.Event()
+    errors: List[BaseException] = []
+    confirmed = [0] * 3
+    replays = {"same": 0, "fresh": 0}
+    lock = threading.Lock()
+
+    def buyer(n: int) -> None:
+        try:
+            for i in range(10**6):
+                if stop.is_set():
+                    return
+                key = f"k-{n}-{i}"
+                first = engine.reserve("s", 1, ttl=LONG, idempotency_key=key)
+                engine.confirm(first.id)
+                confirmed[n] += 1
+                again = engine.reserve("s", 1, ttl=LONG, idempotency_key=key)
+                if again.id == first.id:
+                    assert again.state is stockade.ReservationState.CONFIRMED
+                    outcome = "same"
+                else:  # purged in between: a fresh hold, given back
+                    assert again.state is stockade.ReservationState.HELD
+                    engine.release(again.id)
+                    outcome = "fresh"
+                with lock:
+                    replays[outcome] += 1
+        except BaseException as e:
+            errors.append(e)
+
+    def purger() -> None:
+        try:
+            while not stop.is_set():
+                settle(backend, wait)
+                engine.purge(timedelta(0))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=buyer, args=(n,)) for n in range(3)]
+    threads.append(threading.Thread(target=purger))
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert sum(confirmed) > 0 and replays["same"] + replays["fresh"] > 0
+    assert engine.stats()["sweeper"]["purged_keys"] > 0  # the purge did race the replays
+    level = engine.stock("s")
+    assert (level.on_hand, level.reserved) == (10**6 - sum(confirmed), 0)
 
 
 @pytest.mark.parametrize(
