@@ -370,6 +370,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
+    if 0 < args.cycle < 30:
+        parser.error("--cycle is 0 (none) or at least 30 s, checkpoint_timeout's minimum")
+    if any("=" not in item for item in args.setting):
+        parser.error("--setting takes NAME=VALUE")
     settings = dict(item.split("=", 1) for item in args.setting)
     print(
         f"# stockade retention benchmark: {CLIENTS} clients, {args.seconds:g} s per case, "
