@@ -14,11 +14,13 @@ compare the ratios, not the absolute numbers. Sections:
      engine of its own, as gunicorn workers or pods are. Two more cases bound what
      hot-row slots (k rows for one SKU) could gain here: the same processes each on a
      SKU of its own (one row per process, no shared row lock), and one process whose
-     clients spread over --replicas SKUs.
+     clients spread over --replicas SKUs. And the hot SKU with --replicas hot-row slots
+     (Engine.set_slots), each process on a slot of its own (home_slot), with one
+     process for comparison.
 
     python benchmarks/hot_sku.py [--seconds 3] [--clients 64] [--window 16]
                                  [--asyncio-tasks 1024] [--cold-skus 10000]
-                                 [--replicas 4] [--json FILE]
+                                 [--replicas 4] [--sections 1,2,3,4,5] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.
 """
@@ -107,8 +109,11 @@ REPLICA = """
 import json, os, sys, time
 import stockade
 from stockade.tools import drive_load
-sku, strategy, clients, seconds, start_at = sys.argv[1:6]
-with stockade.Engine.postgres(os.environ["STOCKADE_DSN"], pool_size=int(clients)) as eng:
+sku, strategy, clients, seconds, start_at, home = sys.argv[1:7]
+home_slot = None if home == "-" else int(home)
+with stockade.Engine.postgres(
+    os.environ["STOCKADE_DSN"], pool_size=int(clients), home_slot=home_slot
+) as eng:
     eng.stock(sku)  # connected before the start
     time.sleep(max(0.0, float(start_at) - time.time()))
     r = drive_load(eng, [sku], clients=int(clients), seconds=float(seconds), strategy=strategy)
@@ -120,21 +125,31 @@ with stockade.Engine.postgres(os.environ["STOCKADE_DSN"], pool_size=int(clients)
 
 
 def replicas_load(
-    dsn: str, skus: List[str], strategy: str, clients: int, seconds: float
+    dsn: str, skus: List[str], strategy: str, clients: int, seconds: float, slots: bool = False
 ) -> Dict[str, Any]:
     """One replica per entry of `skus` (the SKU it drives), with clients // len(skus) C++
-    clients each, started together."""
+    clients each, started together; with `slots`, replica i has home_slot i."""
     start_at = time.time() + 3.0  # time to start Python and connect
     env = {**os.environ, "STOCKADE_DSN": dsn}
     per = str(clients // len(skus))
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", REPLICA, sku, strategy, per, str(seconds), str(start_at)],
+            [
+                sys.executable,
+                "-c",
+                REPLICA,
+                sku,
+                strategy,
+                per,
+                str(seconds),
+                str(start_at),
+                str(i) if slots else "-",
+            ],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
         )
-        for sku in skus
+        for i, sku in enumerate(skus)
     ]
     outs = []
     for child in children:
@@ -178,6 +193,34 @@ def run(
         return name
 
     report: Dict[str, Any] = {"seconds": args.seconds, "clients": args.clients}
+    sections = {int(x) for x in args.sections.split(",")}
+    ratios: Dict[str, float] = {}
+    atomic = 0.0
+    if 1 in sections or 2 in sections or 3 in sections:
+        atomic = hot_sections(eng, args, fresh_sku, report, ratios)
+    if 4 in sections:
+        cold_section(eng, pg_sql, args, report, ratios)
+    if 5 in sections:
+        replicas_section(eng, pg_sql, args, dsn, fresh_sku, report, ratios, atomic)
+    report["ratios"] = ratios
+    print("\n### ratios\n")
+    for name, value in ratios.items():
+        print(f"- {name}: {value:,.2f}")
+    stats = eng.stats()["batcher"]
+    print(
+        f"\nbatcher: {stats['batches']:,} batches, {stats['requests']:,} requests, "
+        f"mean {stats['batch_size_mean']:.1f}, max {stats['batch_size_max']}"
+    )
+    return report
+
+
+def hot_sections(
+    eng: stockade.Engine,
+    args: argparse.Namespace,
+    fresh_sku: Any,
+    report: Dict[str, Any],
+    ratios: Dict[str, float],
+) -> float:
     hot: List[Dict[str, Any]] = []
     for strategy in STRATEGIES:
         r = c_load(
@@ -220,6 +263,27 @@ def run(
     table("3. one hot SKU, asyncio tasks in one Python event loop", aio, atomic)
     report["hot_asyncio"] = aio
 
+    batched = hot[STRATEGIES.index("batched")]["rate"]
+    auto_hot = hot[STRATEGIES.index("auto")]["rate"]
+    ratios.update(
+        {
+            "batched_vs_atomic_hot": batched / atomic,
+            "auto_vs_batched_hot": auto_hot / batched,
+            "cpp_windowed_batched_per_s": windowed[0]["rate"],
+            "asyncio_batched_per_s": aio[0]["rate"],
+            "asyncio_batched_many_tasks_per_s": aio[1]["rate"],
+        }
+    )
+    return atomic
+
+
+def cold_section(
+    eng: stockade.Engine,
+    pg_sql: Any,
+    args: argparse.Namespace,
+    report: Dict[str, Any],
+    ratios: Dict[str, float],
+) -> None:
     pg_sql(
         f"INSERT INTO stockade.stock (sku, location, on_hand) SELECT 'cold-' || i, "
         f"'default', {UNITS} FROM generate_series(1, {args.cold_skus}) AS i"
@@ -237,67 +301,64 @@ def run(
         cold[0]["rate"],
     )
     report["cold"] = cold
+    ratios["auto_vs_atomic_cold_p50_latency"] = cold[1]["p50_us"] / cold[0]["p50_us"]
+    ratios["auto_vs_atomic_cold_throughput"] = cold[1]["rate"] / cold[0]["rate"]
 
+
+def replicas_section(
+    eng: stockade.Engine,
+    pg_sql: Any,
+    args: argparse.Namespace,
+    dsn: str,
+    fresh_sku: Any,
+    report: Dict[str, Any],
+    ratios: Dict[str, float],
+    atomic: float,
+) -> None:
     replicas = []
-    replica_ratios = {}
     n, per = args.replicas, args.clients // args.replicas
     for strategy in ["batched", "auto"]:
         one = fresh_sku(eng, f"hot-replicas-{strategy}-1")
         shared = fresh_sku(eng, f"hot-replicas-{strategy}-{n}")
         own = [fresh_sku(eng, f"hot-replicas-{strategy}-own-{i}") for i in range(n)]
         spread = [fresh_sku(eng, f"hot-replicas-{strategy}-spread-{i}") for i in range(n)]
-        # (case, the SKU of each replica process; or None and the SKUs of this process)
-        loads: List[Tuple[str, Optional[List[str]], List[str]]] = [
-            (f"{strategy}, 1 x {args.clients} clients", [one], []),
-            (f"{strategy}, {n} x {per} clients", [shared] * n, []),
-            (f"{strategy}, {n} x {per} clients, a SKU per process", own, []),
-            (f"{strategy}, 1 x {args.clients} clients over {n} SKUs", None, spread),
+        slotted = fresh_sku(eng, f"hot-replicas-{strategy}-slots")
+        eng.set_slots(slotted, n)
+        # (case, the SKU of each replica process or None (then this process drives the
+        # SKUs listed), and whether replica i runs on slot i)
+        loads: List[Tuple[str, Optional[List[str]], List[str], bool]] = [
+            (f"{strategy}, 1 x {args.clients} clients", [one], [], False),
+            (f"{strategy}, {n} x {per} clients", [shared] * n, [], False),
+            (f"{strategy}, {n} x {per} clients, a SKU per process", own, [], False),
+            (f"{strategy}, 1 x {args.clients} clients over {n} SKUs", None, spread, False),
+            (f"{strategy}, {n} x {per} clients, {n} slots", [slotted] * n, [], True),
         ]
         cases = []
-        for case, processes, local in loads:
+        for case, processes, local, slots in loads:
             pg_sql("CHECKPOINT")  # each case starts from a checkpoint, as fresh_sku's do
             if processes is not None:
-                r = replicas_load(dsn, processes, strategy, args.clients, args.seconds)
+                r = replicas_load(dsn, processes, strategy, args.clients, args.seconds, slots)
             else:
                 r = c_load(eng, local, strategy, args.clients, 1, args.seconds)
             cases.append((case, r))
         replicas += [{"case": case, **r} for case, r in cases]
         base = cases[0][1]["rate"]
-        replica_ratios[f"replicas_{n}_vs_1_{strategy}"] = cases[1][1]["rate"] / base
-        replica_ratios[f"replicas_{n}_own_skus_vs_1_{strategy}"] = cases[2][1]["rate"] / base
-        replica_ratios[f"one_process_{n}_skus_vs_1_{strategy}"] = cases[3][1]["rate"] / base
+        ratios[f"replicas_{n}_vs_1_{strategy}"] = cases[1][1]["rate"] / base
+        ratios[f"replicas_{n}_own_skus_vs_1_{strategy}"] = cases[2][1]["rate"] / base
+        ratios[f"one_process_{n}_skus_vs_1_{strategy}"] = cases[3][1]["rate"] / base
+        ratios[f"replicas_{n}_slots_vs_1_{strategy}"] = cases[4][1]["rate"] / base
+        ratios[f"replicas_{n}_slots_vs_{n}_shared_{strategy}"] = (
+            cases[4][1]["rate"] / cases[1][1]["rate"]
+        )
     table(
         f"5. one hot SKU, {args.clients} C++ clients in 1 process and in {args.replicas}",
         replicas,
-        atomic,
+        atomic or None,
     )
     for r in replicas:
         if "batch_size_mean" in r:
             print(f"- {r['case']}: batches of {r['batch_size_mean']:.1f} requests on average")
     report["hot_replicas"] = replicas
-
-    batched = hot[STRATEGIES.index("batched")]["rate"]
-    auto_hot = hot[STRATEGIES.index("auto")]["rate"]
-    ratios = {
-        "batched_vs_atomic_hot": batched / atomic,
-        "auto_vs_batched_hot": auto_hot / batched,
-        "cpp_windowed_batched_per_s": windowed[0]["rate"],
-        "asyncio_batched_per_s": aio[0]["rate"],
-        "asyncio_batched_many_tasks_per_s": aio[1]["rate"],
-        "auto_vs_atomic_cold_p50_latency": cold[1]["p50_us"] / cold[0]["p50_us"],
-        "auto_vs_atomic_cold_throughput": cold[1]["rate"] / cold[0]["rate"],
-        **replica_ratios,
-    }
-    report["ratios"] = ratios
-    print("\n### ratios\n")
-    for name, value in ratios.items():
-        print(f"- {name}: {value:,.2f}")
-    stats = eng.stats()["batcher"]
-    print(
-        f"\nbatcher: {stats['batches']:,} batches, {stats['requests']:,} requests, "
-        f"mean {stats['batch_size_mean']:.1f}, max {stats['batch_size_max']}"
-    )
-    return report
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -311,6 +372,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--cold-skus", type=int, default=10_000)
     parser.add_argument(
         "--replicas", type=int, default=4, help="section 5: processes sharing the clients"
+    )
+    parser.add_argument(
+        "--sections", default="1,2,3,4,5", help="which sections to run (1-3 run together)"
     )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)

@@ -99,6 +99,8 @@ void register_types(py::module_& m) {
   limits["batch_max"] = batch_size_limit;
   limits["batch_shards"] = batcher_shards_max;
   limits["async_workers"] = async_workers_max;
+  limits["slots"] = slots_max;
+  limits["slot_directory"] = slot_directory_max;
   limits["expire_limit"] = expire_batch_max;
   m.attr("OPTION_LIMITS") = limits;
   m.def(

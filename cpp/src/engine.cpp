@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include "engine_calls.hpp"
 #include "error_helpers.hpp"
 #include "fork.hpp"
+#include "slot_directory.hpp"
 
 #include <set>
 
@@ -96,6 +98,14 @@ void validate_engine_options(const EngineOptions& options) {
     throw_invalid_argument("async_workers must be between 1 and " +
                            std::to_string(async_workers_max));
   }
+  if (options.home_slot < -1 || options.home_slot >= slots_max) {
+    throw_invalid_argument("home_slot must be between 0 and " + std::to_string(slots_max - 1) +
+                           ", or -1 (from the process id)");
+  }
+  if (options.slot_directory < 1 || options.slot_directory > slot_directory_max) {
+    throw_invalid_argument("slot_directory must be between 1 and " +
+                           std::to_string(slot_directory_max));
+  }
   if (options.async_queue_max < 1 || options.async_queue_max > batcher_queue_capacity_max) {
     throw_invalid_argument("async_queue_max must be between 1 and " +
                            std::to_string(batcher_queue_capacity_max));
@@ -134,7 +144,10 @@ Engine::Engine(std::shared_ptr<Store> store, EngineOptions options)
       store_(std::move(store)),
       options_((validate_engine_options(options), options)),
       telemetry_(telemetry_of(store_, options_)),
-      tracker_(telemetry_->contention()) {}
+      tracker_(telemetry_->contention()),
+      slot_directory_(std::make_unique<detail::SlotDirectory>(options_.slot_directory)),
+      home_(options_.home_slot >= 0 ? options_.home_slot
+                                    : static_cast<int>(creator_pid_ % slots_max)) {}
 
 Engine::~Engine() {
   if (forked_away()) {
@@ -213,7 +226,13 @@ void Engine::close() {
     std::lock_guard<std::mutex> lock(lazy_mutex_);
     closed_ = true;
   }
-  if (batcher_) batcher_->close();    // applies every queued request first
+  // Applies every queued request first; a refusal among them may still ask the executor
+  // to look for the SKU's hot-row slots, so the executor closes after.
+  if (batcher_) batcher_->close();
+  {
+    std::lock_guard<std::mutex> lock(lazy_mutex_);
+    executor_closed_ = true;
+  }
   if (executor_) executor_->close();  // runs every queued call first
   store_->close();
 }
@@ -230,7 +249,7 @@ HotRowBatcher& Engine::batcher() {
 AsyncExecutor& Engine::executor() {
   std::lock_guard<std::mutex> lock(lazy_mutex_);
   if (!executor_) {
-    if (closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
+    if (executor_closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
     executor_ = std::make_unique<AsyncExecutor>(options_.async_workers, options_.async_queue_max,
                                                 options_.batcher.enqueue_timeout_ms);
   }
@@ -282,36 +301,6 @@ WriteOptions Engine::resolve(const CallOptions& call) const {
   return out;
 }
 
-// Counts the outcome of one strategy-routed call.
-template <class Result, class Fn>
-Result Engine::counted(Op op, Strategy strategy, Fn&& fn) {
-  bump(telemetry_->of(strategy).requests);
-  const std::int64_t started = steady_now_us();
-  try {
-    Result result = fn();
-    telemetry_->count_outcome(strategy, nullptr);
-    telemetry_->record_call(op, strategy, nullptr, steady_now_us() - started);
-    return result;
-  } catch (const Error& e) {
-    telemetry_->count_outcome(strategy, &e);
-    telemetry_->record_call(op, strategy, &e, steady_now_us() - started);
-    throw;
-  }
-}
-
-template <class Fn>
-auto Engine::observed(Op op, Fn&& fn) -> decltype(fn()) {
-  const std::int64_t started = steady_now_us();
-  try {
-    auto result = fn();
-    telemetry_->record_call(op, std::nullopt, nullptr, steady_now_us() - started);
-    return result;
-  } catch (const Error& e) {
-    telemetry_->record_call(op, std::nullopt, &e, steady_now_us() - started);
-    throw;
-  }
-}
-
 // Decides where a reserve or sell on `key` runs, and enters the contention tracker (the
 // caller leaves it when the call ends).
 Route Engine::route(const SkuKey& key, const CallOptions& call) {
@@ -328,29 +317,6 @@ Route Engine::route(const SkuKey& key, const CallOptions& call) {
   return r;
 }
 
-StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
-                           std::optional<FencingToken> token) {
-  check_process();
-  validate_sku_key(key);
-  validate_qty(qty);
-  validate_expected_version(expected);
-  validate_fencing_token(token);
-  return observed(Op::restock, [&] { return store_->restock(key, qty, expected, token); });
-}
-
-StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand, std::optional<Version> expected,
-                               std::optional<FencingToken> token) {
-  check_process();
-  validate_sku_key(key);
-  if (on_hand < 0) {
-    throw_invalid_argument("on_hand must not be negative, got " + std::to_string(on_hand));
-  }
-  validate_expected_version(expected);
-  validate_fencing_token(token);
-  return observed(Op::set_on_hand,
-                  [&] { return store_->set_on_hand(key, on_hand, expected, token); });
-}
-
 StockLevel Engine::set_backorder_limit(const SkuKey& key, Quantity limit,
                                        std::optional<Version> expected,
                                        std::optional<FencingToken> token) {
@@ -362,8 +328,10 @@ StockLevel Engine::set_backorder_limit(const SkuKey& key, Quantity limit,
   }
   validate_expected_version(expected);
   validate_fencing_token(token);
-  return observed(Op::set_backorder_limit,
-                  [&] { return store_->set_backorder_limit(key, limit, expected, token); });
+  return observed(Op::set_backorder_limit, [&] {
+    refuse_on_slots(key, "a backorder limit");
+    return store_->set_backorder_limit(key, limit, expected, token);
+  });
 }
 
 StockLevel Engine::discontinue(const SkuKey& key, std::optional<Version> expected,
@@ -372,8 +340,10 @@ StockLevel Engine::discontinue(const SkuKey& key, std::optional<Version> expecte
   validate_sku_key(key);
   validate_expected_version(expected);
   validate_fencing_token(token);
-  return observed(Op::discontinue,
-                  [&] { return store_->set_discontinued(key, true, expected, token); });
+  return observed(Op::discontinue, [&] {
+    refuse_on_slots(key, "discontinuing");
+    return store_->set_discontinued(key, true, expected, token);
+  });
 }
 
 StockLevel Engine::reinstate(const SkuKey& key, std::optional<Version> expected,
@@ -391,7 +361,10 @@ Lease Engine::acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::s
   validate_sku_key(key);
   validate_ttl_us(ttl_us);
   validate_lease_owner(owner);
-  return observed(Op::acquire_lease, [&] { return store_->acquire_lease(key, ttl_us, owner); });
+  return observed(Op::acquire_lease, [&] {
+    refuse_on_slots(key, "a lease");
+    return store_->acquire_lease(key, ttl_us, owner);
+  });
 }
 
 Lease Engine::renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) {
@@ -431,29 +404,15 @@ bool Engine::release_lease(const SkuKey& key, FencingToken token) {
   return observed(Op::release_lease, [&] { return store_->release_lease(key, token); });
 }
 
-StockLevel Engine::stock(const SkuKey& key) {
-  check_process();
-  validate_sku_key(key);
-  return observed(Op::stock, [&] { return store_->stock(key); });
-}
-
 StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& route) {
   if (route.batched) {
     BatchItem item = sell_item(key, qty, route.asked);
     through_batcher(item, route, nullptr, 0);
     return std::move(item.level);
   }
-  InFlight in_flight(tracker_, shard_key_of(key.sku, key.location));
+  InFlight in_flight(tracker_, row_shard_key(key.sku, key.location));
   SellRequest request{key, qty, route.options};
   return counted<StockLevel>(Op::sell, route.asked, [&] { return store_->sell(request); });
-}
-
-StockLevel Engine::sell(const SkuKey& key, Quantity qty, const CallOptions& call) {
-  check_process();
-  validate_sku_key(key);
-  validate_qty(qty);
-  refuse_buyer(call);
-  return sell_checked(key, qty, route(key, call));
 }
 
 Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
@@ -465,20 +424,9 @@ Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_
     through_batcher(item, route, nullptr, 0);
     return std::move(item.reservation);
   }
-  InFlight in_flight(tracker_, shard_key_of(key.sku, key.location));
+  InFlight in_flight(tracker_, row_shard_key(key.sku, key.location));
   ReserveRequest request{key, qty, ttl_us, idempotency_key, route.options};
   return counted<Reservation>(Op::reserve, route.asked, [&] { return store_->reserve(request); });
-}
-
-Reservation Engine::reserve(const SkuKey& key, Quantity qty, std::optional<std::int64_t> ttl_us,
-                            std::optional<std::string> idempotency_key, const CallOptions& call) {
-  check_process();
-  validate_sku_key(key);
-  validate_qty(qty);
-  if (ttl_us) validate_ttl_us(*ttl_us);
-  if (idempotency_key) validate_idempotency_key(*idempotency_key);
-  return reserve_checked(key, qty, ttl_us.value_or(options_.default_ttl_us), idempotency_key,
-                         route(key, call));
 }
 
 OrderRequest Engine::order_request(const std::vector<OrderLine>& lines,
@@ -519,8 +467,7 @@ std::vector<Reservation> Engine::reserve_order(const std::vector<OrderLine>& lin
   if (asked == Strategy::batched || asked == Strategy::automatic) {
     request.options.strategy = Strategy::atomic;
   }
-  return counted<std::vector<Reservation>>(Op::reserve_order, asked,
-                                           [&] { return store_->reserve_order(request); });
+  return order_on_slots(request, asked);
 }
 
 // Whether a confirm or release of a reservation of the row with `shard_key` goes through
@@ -559,23 +506,31 @@ Reservation Engine::transition(BatchOp op, const Uuid& id, std::optional<Version
 }
 
 Reservation Engine::confirm(const Uuid& id, std::optional<Version> expected) {
-  return transition(BatchOp::confirm, id, expected);
+  Reservation out = transition(BatchOp::confirm, id, expected);
+  detail::unslot(out);
+  return out;
 }
 
 Reservation Engine::release(const Uuid& id, std::optional<Version> expected) {
-  return transition(BatchOp::release, id, expected);
+  Reservation out = transition(BatchOp::release, id, expected);
+  detail::unslot(out);
+  return out;
 }
 
 Reservation Engine::extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) {
   check_process();
   validate_ttl_us(ttl_us);
   validate_expected_version(expected);
-  return observed(Op::extend, [&] { return store_->extend(id, ttl_us, expected); });
+  Reservation out = observed(Op::extend, [&] { return store_->extend(id, ttl_us, expected); });
+  detail::unslot(out);
+  return out;
 }
 
 Reservation Engine::get_reservation(const Uuid& id) {
   check_process();
-  return observed(Op::reservation, [&] { return store_->get_reservation(id); });
+  Reservation out = observed(Op::reservation, [&] { return store_->get_reservation(id); });
+  detail::unslot(out);
+  return out;
 }
 
 std::size_t Engine::expire_due(std::size_t limit) {
@@ -617,7 +572,22 @@ StoreStats Engine::stats(std::size_t sku_limit) const {
 Advice Engine::recommend(const SkuKey& key) const {
   check_process();
   validate_sku_key(key);
-  return advise(key, tracker_.heat(key), options_.automatic);
+  Advice advice = advise(key, tracker_.heat(key), options_.automatic);
+  const int slots = known_slots(key);
+  if (slots > 1) {
+    advice.reasons.push_back("slots: its units are spread over " + std::to_string(slots) +
+                             " rows; this engine reserves and sells on slot " +
+                             std::to_string(home_of(slots)));
+  } else if (advice.strategy == Strategy::batched) {
+    // What this process cannot see is whether others batch the same row: say when it pays.
+    advice.reasons.push_back(
+        "slots: if several processes batch this SKU at once, their batches take turns at "
+        "one row lock, one commit flush each; set_slots(k), k the number of processes, "
+        "gives each its own row. It pays where a commit flush is slow against CPU (network "
+        "disks, many cores); on a host whose cores run out first it costs (README, "
+        "Scaling out)");
+  }
+  return advice;
 }
 
 // --- async ---
@@ -653,6 +623,26 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
   if (idempotency_key) validate_idempotency_key(*idempotency_key);
   if (!sink) throw_invalid_argument("an async call needs a completion sink");
   const std::int64_t ttl = ttl_us.value_or(options_.default_ttl_us);
+  if (known_slots(key) > 1 || call.expected_version) {
+    // A slotted SKU, or If-Match (which may name a slotted SKU's summed version): the
+    // blocking path, on a worker, which knows slots.
+    (void)resolve(call);  // bad options raise here, not in the sink
+    run_async(std::move(sink), token, [this, key, qty, ttl_us, idempotency_key, call] {
+      return reserve(key, qty, ttl_us, idempotency_key, call);
+    });
+    return;
+  }
+  // A refusal may come from a SKU with slots this engine has not seen yet: the sink
+  // checks before it answers.
+  sink = slot_checked_sink(
+      std::move(sink), key,
+      [this, key, qty, ttl_us, idempotency_key, call](
+          std::uint64_t t, std::shared_ptr<CompletionSink> inner, const Error& refusal) {
+        run_async(std::move(inner), t, [this, key, qty, ttl_us, idempotency_key, call, refusal] {
+          if (learn_slots(key).size() <= 1) throw refusal;
+          return reserve(key, qty, ttl_us, idempotency_key, call);
+        });
+      });
   const Route r = route(key, call);
   if (r.batched) {
     BatchItem item = reserve_item(key, qty, ttl, std::move(idempotency_key), r.asked);
@@ -678,6 +668,20 @@ void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& cal
   validate_qty(qty);
   refuse_buyer(call);
   if (!sink) throw_invalid_argument("an async call needs a completion sink");
+  if (known_slots(key) > 1 || call.expected_version) {  // as submit_reserve
+    (void)resolve(call);
+    run_async(std::move(sink), token, [this, key, qty, call] { return sell(key, qty, call); });
+    return;
+  }
+  sink = slot_checked_sink(
+      std::move(sink), key,
+      [this, key, qty, call](std::uint64_t t, std::shared_ptr<CompletionSink> inner,
+                             const Error& refusal) {
+        run_async(std::move(inner), t, [this, key, qty, call, refusal] {
+          if (learn_slots(key).size() <= 1) throw refusal;
+          return sell(key, qty, call);
+        });
+      });
   const Route r = route(key, call);
   if (r.batched) {
     BatchItem item = sell_item(key, qty, r.asked);

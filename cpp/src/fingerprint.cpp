@@ -19,7 +19,10 @@ std::string hex64(std::uint64_t value) {
 std::string fingerprint(const ReserveRequest& request) {
   const std::string qty = std::to_string(request.qty);
   const std::string ttl = std::to_string(request.ttl_us);
-  std::uint64_t h = stable_hash64({"reserve", request.key.sku, request.key.location, qty, ttl});
+  // A hot-row slot's row prints as its SKU: a replay may reach another slot than the
+  // first request did, and is the same request.
+  const SkuKey key = base_key(request.key);
+  std::uint64_t h = stable_hash64({"reserve", key.sku, key.location, qty, ttl});
   // A buyer joins the print only when there is one, so keys made without one still replay.
   if (request.options.buyer) h = stable_hash64({hex64(h), "buyer", *request.options.buyer});
   return "r1:" + hex64(h);
@@ -34,7 +37,8 @@ std::string fingerprint(const OrderRequest& request) {
   for (const auto* line : lines) {
     const std::string qty = std::to_string(line->qty);
     const std::string prev = hex64(h);
-    h = stable_hash64({prev, line->key.sku, line->key.location, qty});
+    const SkuKey key = base_key(line->key);
+    h = stable_hash64({prev, key.sku, key.location, qty});
   }
   if (request.options.buyer) h = stable_hash64({hex64(h), "buyer", *request.options.buyer});
   return "o1:" + hex64(h);

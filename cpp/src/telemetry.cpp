@@ -65,7 +65,8 @@ const char* op_name(Op op) noexcept {
                                                           "release_lease",
                                                           "set_purchase_limit",
                                                           "remove_purchase_limit",
-                                                          "buyer_held"};
+                                                          "buyer_held",
+                                                          "set_slots"};
   return names[static_cast<std::size_t>(op)];
 }
 
@@ -180,7 +181,11 @@ void Telemetry::count_outcome(Strategy strategy, const Error* error) {
   bump(c.failed);
 }
 
-void Telemetry::count(const SkuKey& key, SkuEvent event, std::uint64_t n) {
+void Telemetry::count(const SkuKey& row_key, SkuEvent event, std::uint64_t n) {
+  // A hot-row slot's row counts under its SKU: callers never see a slot's location.
+  const bool slot_row = row_key.location.find(slot_mark) != std::string::npos;
+  const SkuKey base = slot_row ? base_key(row_key) : SkuKey{};
+  const SkuKey& key = slot_row ? base : row_key;
   // Tag 0 marks a free slot, so a key whose hash is 0 counts under 1.
   const std::uint64_t tag = std::max<std::uint64_t>(1, stable_hash64({key.sku, key.location}));
   SkuTable::Bucket& bucket = skus_->buckets[tag & (skus_->buckets.size() - 1)];

@@ -319,6 +319,8 @@ class Engine:
         batch_lock_slice: TtlLike = timedelta(milliseconds=50),
         async_workers: int = 8,
         retention: Optional[TtlLike] = None,
+        home_slot: Optional[int] = None,
+        slot_directory: int = 4096,
     ) -> Engine:
         """An engine over the embedded in-process store: real semantics, no durability.
 
@@ -331,7 +333,12 @@ class Engine:
 
         With ``retention`` set, the store purges as it goes (see :meth:`purge`): every 64th
         reservation purges up to 256 rows older than ``retention``. Without it nothing is
-        ever purged unless you call :meth:`purge`."""
+        ever purged unless you call :meth:`purge`.
+
+        ``home_slot`` is the slot this engine sends reserves and sells of a SKU with
+        hot-row slots to (:meth:`set_slots`; ``None``: from the process id, so that
+        replicas started one after another take different slots), modulo the SKU's slot
+        count; ``slot_directory`` bounds how many slotted SKUs it remembers."""
         if clock is not None and not isinstance(clock, ManualClock):
             raise InvalidType(f"clock must be a ManualClock, not {type(clock).__name__}")
         core = _core.Engine.memory(
@@ -341,7 +348,9 @@ class Engine:
             default_ttl_us=duration_us("default_ttl", default_ttl),
             clock=clock._core if clock is not None else None,
             retention_us=_retention_us(retention),
-            **_layer_options(batch_max, batch_shards, batch_lock_slice, async_workers),
+            **_layer_options(
+                batch_max, batch_shards, batch_lock_slice, async_workers, home_slot, slot_directory
+            ),
         )
         return cls(core)
 
@@ -370,6 +379,8 @@ class Engine:
         batch_shards: int = 4,
         batch_lock_slice: TtlLike = timedelta(milliseconds=50),
         async_workers: int = 8,
+        home_slot: Optional[int] = None,
+        slot_directory: int = 4096,
     ) -> Engine:
         """An engine over PostgreSQL: the durable store.
 
@@ -400,8 +411,8 @@ class Engine:
         needs ``sweeper=True``) the sweeper also purges what is older than ``retention``
         each round, ``purge_batch`` rows per transaction (see :meth:`purge`); without it
         nothing is ever purged unless you call :meth:`purge`. ``batch_max``,
-        ``batch_shards``, ``batch_lock_slice`` and ``async_workers`` are as for
-        :meth:`memory`; each batch
+        ``batch_shards``, ``batch_lock_slice``, ``async_workers``, ``home_slot`` and
+        ``slot_directory`` are as for :meth:`memory`; each batch
         flusher holds one pooled connection while it applies a batch.
         """
         logs.start()  # first, so that what the core logs while connecting is delivered
@@ -423,7 +434,9 @@ class Engine:
             retries_max=_counted("retries_max", retries_max, 0),
             lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
             default_ttl_us=duration_us("default_ttl", default_ttl),
-            **_layer_options(batch_max, batch_shards, batch_lock_slice, async_workers),
+            **_layer_options(
+                batch_max, batch_shards, batch_lock_slice, async_workers, home_slot, slot_directory
+            ),
         )
         logs.LOGGER.info(
             "connected to PostgreSQL (%s), schema %s, pool_size %d",
@@ -829,10 +842,52 @@ class Engine:
         return await _off_loop(functools.partial(self.release_lease, lease))
 
     def stock(self, sku: str, *, location: str = DEFAULT_LOCATION) -> StockLevel:
-        """The committed stock row (``NotFound`` if there is none)."""
+        """The committed stock row (``NotFound`` if there is none). For a SKU with
+        hot-row slots, its rows summed from one snapshot; ``version`` is the sum of their
+        versions, which every write moves."""
         return StockLevel._from_core(
             self._core.stock(sku=check_str("sku", sku), location=check_str("location", location))
         )
+
+    def set_slots(self, sku: str, slots: int, *, location: str = DEFAULT_LOCATION) -> StockLevel:
+        """Spreads the SKU's free units over ``slots`` rows (hot-row slots, 1 to 64), so
+        that as many batches, one per replica, can each hold a row lock and commit at
+        once. Reserves and sells then go to the engine's ``home_slot``; a slot without
+        room takes free units from the others (every row locked, in order) before it
+        refuses, so ``OutOfStock`` still means the SKU as a whole is short. ``stock()``
+        sums the rows; ``restock`` and ``set_on_hand`` spread over them; If-Match
+        (``expected_version``) names the summed version. Slots only grow (fewer raises
+        ``InvalidArgument``). A SKU with a live lease or a backorder limit cannot take
+        slots (``InvalidState``); leases, backorder limits and ``discontinue`` raise
+        ``NotSupported`` on a slotted SKU. Returns the SKU's summed level. They pay where
+        several processes send one SKU batches and a commit flush is slow against CPU;
+        see the README's "Scaling out" for what they measured."""
+        return StockLevel._from_core(
+            self._core.set_slots(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                slots=check_int("slots", slots),
+            )
+        )
+
+    def slot_count(self, sku: str, *, location: str = DEFAULT_LOCATION) -> int:
+        """How many rows the SKU's units are spread over: 1 without slots, 0 if the SKU
+        has no row."""
+        return int(
+            self._core.slot_count(
+                sku=check_str("sku", sku), location=check_str("location", location)
+            )
+        )
+
+    async def set_slots_async(
+        self, sku: str, slots: int, *, location: str = DEFAULT_LOCATION
+    ) -> StockLevel:
+        """:meth:`set_slots` as an awaitable."""
+        return await _off_loop(functools.partial(self.set_slots, sku, slots, location=location))
+
+    async def slot_count_async(self, sku: str, *, location: str = DEFAULT_LOCATION) -> int:
+        """:meth:`slot_count` as an awaitable."""
+        return await _off_loop(functools.partial(self.slot_count, sku, location=location))
 
     async def restock_async(
         self,
@@ -1190,11 +1245,26 @@ async def _off_loop(call: Callable[[], _T]) -> _T:
 
 
 def _layer_options(
-    batch_max: int, batch_shards: int, batch_lock_slice: TtlLike, async_workers: int
+    batch_max: int,
+    batch_shards: int,
+    batch_lock_slice: TtlLike,
+    async_workers: int,
+    home_slot: Optional[int],
+    slot_directory: int,
 ) -> Dict[str, int]:
+    home = -1
+    if home_slot is not None:
+        home = check_int("home_slot", home_slot)
+        if not 0 <= home < _core.OPTION_LIMITS["slots"]:
+            raise InvalidArgument(
+                f"home_slot must be None or between 0 and {_core.OPTION_LIMITS['slots'] - 1},"
+                f" got {home}"
+            )
     return {
         "batch_max": _positive("batch_max", batch_max),
         "batch_shards": _positive("batch_shards", batch_shards),
         "batch_lock_slice_ms": duration_ms("batch_lock_slice", batch_lock_slice),
         "async_workers": _positive("async_workers", async_workers),
+        "home_slot": home,
+        "slot_directory": _positive("slot_directory", slot_directory),
     }

@@ -113,6 +113,14 @@ def version_from_etag(etag: str) -> int:
     return version
 
 
+def _sku_location(location: str) -> str:
+    """A hot-row slot's row (its location carries the slot mark, U+001F) is shown as its
+    SKU's: the engine maps what it returns, and an async completion of a slot's row that
+    reaches Python unmapped is mapped here."""
+    mark = location.find("\x1f")
+    return location if mark < 0 else location[:mark]
+
+
 def _datetime(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
 
@@ -151,7 +159,7 @@ class StockLevel:
     def _from_core(cls, s: _core.StockLevel) -> StockLevel:
         return cls(
             s.sku,
-            s.location,
+            _sku_location(s.location),
             s.on_hand,
             s.reserved,
             s.available,
@@ -223,7 +231,7 @@ class Reservation:
         return cls(
             uuid.UUID(bytes=r.id),
             r.sku,
-            r.location,
+            _sku_location(r.location),
             r.qty,
             _STATES[r.state],
             r.version,

@@ -46,6 +46,11 @@ class DelegatingStore : public Store {
                      std::optional<FencingToken> t) override {
     return inner_->restock(k, q, v, t);
   }
+  std::vector<StockLevel> sku_rows(const SkuKey& k) override { return inner_->sku_rows(k); }
+  std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create, std::int64_t ms,
+                                  const ReshapePlan& plan) override {
+    return inner_->reshape(rows, create, ms, plan);
+  }
   StockLevel set_on_hand(const SkuKey& k, Quantity q, std::optional<Version> v,
                          std::optional<FencingToken> t) override {
     return inner_->set_on_hand(k, q, v, t);

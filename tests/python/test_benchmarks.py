@@ -54,6 +54,9 @@ def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
     assert "| batched, 1 x 8 clients over 2 SKUs |" in out.stdout
     assert "replicas_2_own_skus_vs_1_auto" in out.stdout
     assert "one_process_2_skus_vs_1_batched" in out.stdout
+    # hot-row slots: each replica on a slot of its own
+    assert "| batched, 2 x 4 clients, 2 slots |" in out.stdout
+    assert "replicas_2_slots_vs_1_auto" in out.stdout
 
 
 @pytest.mark.postgres

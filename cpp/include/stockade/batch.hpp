@@ -54,7 +54,7 @@ struct BatchItem {
   // The 16-bit shard key of the row this request is about: from its SKU, or from the
   // reservation id, which carries it.
   std::uint16_t shard_key() const {
-    return is_transition(op) ? id.shard_key() : shard_key_of(key.sku, key.location);
+    return is_transition(op) ? id.shard_key() : row_shard_key(key.sku, key.location);
   }
 };
 

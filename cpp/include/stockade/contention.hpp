@@ -77,9 +77,9 @@ class ContentionTracker {
   SkuHeat heat(std::uint16_t shard_key) const;
   // The mode `auto` runs the row in right now, without counting a request.
   Strategy mode(std::uint16_t shard_key) const;
-  Strategy enter(const SkuKey& key) { return enter(shard_key_of(key.sku, key.location)); }
-  void leave(const SkuKey& key) { leave(shard_key_of(key.sku, key.location)); }
-  SkuHeat heat(const SkuKey& key) const { return heat(shard_key_of(key.sku, key.location)); }
+  Strategy enter(const SkuKey& key) { return enter(row_shard_key(key.sku, key.location)); }
+  void leave(const SkuKey& key) { leave(row_shard_key(key.sku, key.location)); }
+  SkuHeat heat(const SkuKey& key) const { return heat(row_shard_key(key.sku, key.location)); }
   const AutoOptions& options() const { return options_; }
 
  private:

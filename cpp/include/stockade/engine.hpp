@@ -4,6 +4,7 @@
 // Error(invalid_argument) and changes nothing.
 #pragma once
 
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -30,7 +31,19 @@ struct EngineOptions {
   std::size_t sku_slots = 1024;   // per-SKU counters kept at most (Telemetry)
   std::size_t async_workers = 8;  // C++ threads for async calls that run per request
   std::size_t async_queue_max = 65536;
+  // Hot-row slots: which slot of a slotted SKU this engine sends its reserves and sells
+  // to (its home; -1: the process id's, so that replicas forked one after another take
+  // different slots), and how many slotted SKUs it remembers (routing hints only: a
+  // forgotten SKU is found again on its first refusal).
+  int home_slot = -1;
+  std::size_t slot_directory = 4096;
 };
+
+inline constexpr std::size_t slot_directory_max = 1 << 20;
+
+namespace detail {
+class SlotDirectory;
+}
 
 inline constexpr std::size_t async_workers_max = 1024;
 
@@ -107,6 +120,19 @@ class Engine {
   bool remove_purchase_limit(const std::string& group);
   Quantity buyer_held(const std::string& group, const std::string& buyer);
   StockLevel stock(const SkuKey& key);
+  // Hot-row slots (docs/design.md, section 10): spreads the SKU's free units over `slots`
+  // rows (1..slots_max; the SKU's own row is slot 0), so that up to that many batches,
+  // one per replica, can each hold a row lock and commit together. Reserves and sells
+  // then go to this engine's home slot; a slot without room takes free units from the
+  // others (every row locked, in order) before it may refuse, so OutOfStock stays true
+  // for the SKU as a whole. stock() sums the rows (version: the sum of their versions);
+  // restock and set_on_hand spread over them. Slots only grow (fewer than the SKU has
+  // raises InvalidArgument); a SKU with a lease, a backorder limit or discontinued
+  // cannot take them (InvalidState), and those features raise NotSupported on a slotted
+  // SKU. Returns the SKU's summed level.
+  StockLevel set_slots(const SkuKey& key, int slots);
+  // How many rows the SKU's units are spread over (1: not slotted; 0: no such SKU).
+  int slot_count(const SkuKey& key);
   StockLevel sell(const SkuKey& key, Quantity qty, const CallOptions& call = {});
 
   Reservation reserve(const SkuKey& key, Quantity qty, std::optional<std::int64_t> ttl_us = {},
@@ -162,6 +188,21 @@ class Engine {
   // Runs any other store call and records it (strategy: none).
   template <class Fn>
   auto observed(Op op, Fn&& fn) -> decltype(fn());
+  // Hot-row slots (slots.cpp).
+  int known_slots(const SkuKey& key) const;
+  int home_of(int slots) const;
+  std::vector<StockLevel> learn_slots(const SkuKey& key);
+  void refuse_on_slots(const SkuKey& key, const char* feature);
+  std::vector<StockLevel> fill_slot(const SkuKey& key, const std::vector<StockLevel>& rows,
+                                    int target, Quantity qty,
+                                    const std::optional<Version>& expected);
+  template <class Result, class Attempt>
+  Result on_slots(const SkuKey& key, Quantity qty, const std::optional<Version>& expected,
+                  Attempt&& attempt);
+  std::vector<Reservation> order_on_slots(OrderRequest& request, Strategy asked);
+  std::shared_ptr<CompletionSink> slot_checked_sink(
+      std::shared_ptr<CompletionSink> sink, const SkuKey& key,
+      std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)> retry);
   Reservation reserve_checked(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
                               const std::optional<std::string>& idempotency_key,
                               const Route& route);
@@ -197,7 +238,10 @@ class Engine {
   mutable std::mutex lazy_mutex_;         // guards starting the batcher and the executor
   std::unique_ptr<HotRowBatcher> batcher_;
   std::unique_ptr<AsyncExecutor> executor_;
-  bool closed_ = false;
+  bool closed_ = false;           // no new batcher
+  bool executor_closed_ = false;  // no new executor (set once the batcher has drained)
+  std::unique_ptr<detail::SlotDirectory> slot_directory_;
+  int home_ = 0;
 };
 
 // Checks engine-wide options; throws InvalidArgument.

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -113,6 +114,21 @@ class Store {
   virtual void set_purchase_limit(const PurchaseLimit& limit) = 0;
   virtual bool remove_purchase_limit(const std::string& group) = 0;
   virtual Quantity buyer_held(const std::string& group, const std::string& buyer) = 0;
+
+  // Hot-row slots (Engine::set_slots; every other method sees a slot's row as an ordinary
+  // row). sku_rows reads `base` and its slots' rows (slot_key) that exist, as one
+  // snapshot (one statement), in slot order.
+  virtual std::vector<StockLevel> sku_rows(const SkuKey& base) = 0;
+  // In one transaction: makes each of `rows` that is missing (at zero, when `create`),
+  // locks them in sorted order (waiting at most lock_timeout_ms), hands their levels (in
+  // the order of `rows`) to `plan`, and sets each row's on_hand to what plan returns for
+  // it (a row whose on_hand stays keeps its version). plan may throw an Error to refuse,
+  // and then nothing changes; an on_hand below a row's reserved is an invariant_violation.
+  // Returns the rows as they stand after. Rows are of one SKU: `rows` <= slots_max.
+  using ReshapePlan = std::function<std::vector<Quantity>(const std::vector<StockLevel>&)>;
+  virtual std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create,
+                                          std::int64_t lock_timeout_ms,
+                                          const ReshapePlan& plan) = 0;
 
   // Reservations.
   virtual Reservation reserve(const ReserveRequest& request) = 0;

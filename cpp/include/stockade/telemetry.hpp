@@ -166,8 +166,9 @@ enum class Op : std::uint8_t {
   set_purchase_limit,
   remove_purchase_limit,
   buyer_held,
+  set_slots,
 };
-inline constexpr std::size_t op_count = 21;
+inline constexpr std::size_t op_count = 22;
 const char* op_name(Op op) noexcept;
 
 // Histogram bucket bounds (upper, inclusive): latency in microseconds (100 us .. 10 s, and

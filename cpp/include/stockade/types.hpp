@@ -77,6 +77,19 @@ struct SkuKey {
   }
 };
 
+// Hot-row slots (Engine::set_slots): a slotted SKU keeps its units in its own row and in
+// up to slots_max - 1 more rows of `stock`, each an ordinary row whose location is the
+// SKU's followed by the slot mark and two digits ("default\x1f01"). Callers' locations
+// may not contain the mark, so no caller can name a slot's row.
+inline constexpr char slot_mark = '\x1f';
+inline constexpr int slots_max = 64;
+// The row of slot `slot` (0: the SKU's own row) of `base`.
+SkuKey slot_key(const SkuKey& base, int slot);
+// The SKU a row belongs to: `key` itself, or the SKU whose slot it is.
+SkuKey base_key(const SkuKey& key);
+// Which slot of its SKU the row is (0: the SKU's own row).
+int slot_of(const SkuKey& key);
+
 struct SkuKeyHash {
   std::size_t operator()(const SkuKey& key) const noexcept;
 };

@@ -49,7 +49,7 @@ namespace stockade::detail {
 
 struct StockRow {
   StockRow(SkuKey k, const RowValues& initial)
-      : key(std::move(k)), shard_key(shard_key_of(key.sku, key.location)), cell(initial) {}
+      : key(std::move(k)), shard_key(row_shard_key(key.sku, key.location)), cell(initial) {}
   const SkuKey key;
   const std::uint16_t shard_key;  // carried by the ids of this row's reservations
   RowCell cell;
@@ -115,6 +115,9 @@ class MemoryStore final : public Store, public TestHooks {
   bool remove_purchase_limit(const std::string& group) override;
   Quantity buyer_held(const std::string& group, const std::string& buyer) override;
   StockLevel stock(const SkuKey& key) override;
+  std::vector<StockLevel> sku_rows(const SkuKey& base) override;
+  std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create,
+                                  std::int64_t lock_timeout_ms, const ReshapePlan& plan) override;
   StockLevel sell(const SellRequest& request) override;
 
   Reservation reserve(const ReserveRequest& request) override;

@@ -163,6 +163,7 @@ class RowLatch {
   ~RowLatch() { release(); }
 
   const RowValues& values() const { return values_; }
+  bool held() const { return cell_ != nullptr; }
 
   // Checks the row invariant (the CHECK constraint of the schema), then writes `next`
   // and releases the latch. A broken invariant is a bug in a caller: it raises

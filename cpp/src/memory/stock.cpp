@@ -359,6 +359,103 @@ StockLevel MemoryStore::stock(const SkuKey& key) {
   return level_of(row, row.cell.read().values);
 }
 
+std::vector<StockLevel> MemoryStore::sku_rows(const SkuKey& base) {
+  // Slot rows are made together (reshape), so the first missing one ends them.
+  std::vector<StockRow*> rows;
+  for (int slot = 0; slot < slots_max; ++slot) {
+    StockRow* row = find_row(slot_key(base, slot));
+    if (row == nullptr) break;
+    rows.push_back(row);
+  }
+  // One snapshot: every row's latch at once, taken in slot order (which is key order).
+  std::vector<RowLatch> latches;
+  latches.reserve(rows.size());
+  for (StockRow* row : rows) latches.emplace_back(row->cell, row->cell.latch());
+  const TimestampUs now = clock_->now_us();
+  std::vector<StockLevel> out;
+  out.reserve(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    out.push_back(level_at(rows[i]->key, latches[i].values(), now));
+  }
+  return out;  // the latches release unchanged
+}
+
+std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bool create,
+                                             std::int64_t lock_timeout_ms,
+                                             const ReshapePlan& plan) {
+  const TimestampUs now = clock_->now_us();
+  std::vector<std::size_t> order(keys.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return keys[a] < keys[b]; });
+  WriteOptions wait;
+  wait.strategy = Strategy::pessimistic;
+  wait.lock_timeout_ms = lock_timeout_ms;
+  std::vector<StockRow*> rows(keys.size(), nullptr);
+  std::vector<std::unique_lock<TimedLock>> locks;
+  std::vector<RowLatch> latches(keys.size());
+  // The rows' FOR UPDATE locks, then their latches, in key order: no deadlock with an
+  // order, and every other writer waits or fails its compare-and-set meanwhile.
+  const auto take = [&](std::size_t i) {
+    locks.push_back(acquire(rows[i]->row_lock, keys[i], wait, nullptr, nullptr));
+    latches[i] = RowLatch(rows[i]->cell, rows[i]->cell.latch());
+  };
+  std::vector<std::size_t> missing;
+  for (std::size_t i : order) {
+    rows[i] = find_row(keys[i]);
+    if (rows[i] == nullptr) {
+      if (!create) throw_stock_not_found(keys[i]);
+      missing.push_back(i);
+    } else if (missing.empty()) {
+      take(i);
+    } else {
+      missing.push_back(i);  // after a missing one in key order: taken with those
+    }
+  }
+  const auto levels_now = [&] {
+    std::vector<StockLevel> levels;
+    levels.reserve(rows.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      levels.push_back(rows[i] != nullptr && latches[i].held()
+                           ? level_at(keys[i], latches[i].values(), now)
+                           : level_at(keys[i], RowValues{0, 0, 1, now}, now));
+    }
+    return levels;
+  };
+  // The plan decides before any row is made, so a refusal leaves nothing behind (as a
+  // rolled-back INSERT does); rows made after are zero until it is applied.
+  std::vector<Quantity> on_hand = plan(levels_now());
+  if (!missing.empty()) {
+    for (std::size_t i : missing) {
+      if (rows[i] == nullptr) rows[i] = insert_row(keys[i], RowValues{0, 0, 1, now}).first;
+      take(i);
+    }
+    on_hand = plan(levels_now());  // on what the new rows hold now (zero, unless another made them)
+  }
+  if (on_hand.size() != rows.size()) {
+    throw Error(ErrorCode::invariant_violation,
+                "a reshape plan returned " + std::to_string(on_hand.size()) + " quantities for " +
+                    std::to_string(rows.size()) + " rows");
+  }
+  std::vector<RowValues> next(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    next[i] = latches[i].values();
+    if (on_hand[i] == next[i].on_hand) continue;
+    next[i] = changed(next[i], now);
+    next[i].on_hand = on_hand[i];
+    if (next[i].reserved > next[i].on_hand + next[i].backorder_limit) {
+      throw_invariant_violation(next[i], keys[i]);  // before any row is written
+    }
+  }
+  std::vector<StockLevel> out;
+  out.reserve(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    out.push_back(level_at(keys[i], next[i], now));
+    if (next[i].version != latches[i].values().version) latches[i].publish(next[i], keys[i]);
+  }
+  return out;
+}
+
 StockLevel MemoryStore::sell(const SellRequest& request) {
   StockRow& row = require_row(request.key);
   const TimestampUs now = clock_->now_us();

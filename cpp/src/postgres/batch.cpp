@@ -174,7 +174,7 @@ class BatchTx {
         shard_(items.empty() ? 0 : items.front()->shard_key()) {
     for (std::size_t i = 0; i < items.size(); ++i) {
       items[i]->clear_outcome();
-      ids_[i] = make_uuid_v7(now_ms, shard_key_of(items[i]->key.sku, items[i]->key.location));
+      ids_[i] = make_uuid_v7(now_ms, row_shard_key(items[i]->key.sku, items[i]->key.location));
     }
   }
 

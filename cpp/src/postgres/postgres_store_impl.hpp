@@ -76,7 +76,7 @@ struct Tx {
 };
 
 inline std::uint16_t shard_of(const SkuKey& key) {
-  return shard_key_of(key.sku, key.location);
+  return row_shard_key(key.sku, key.location);
 }
 
 // Thrown inside a transaction to commit what it did and then raise `error` (a lapsed hold
@@ -120,6 +120,9 @@ class PostgresStore final : public Store, public TestHooks {
   StockLevel set_on_hand(const SkuKey& key, Quantity on_hand, std::optional<Version> expected,
                          std::optional<FencingToken> token) override;
   StockLevel stock(const SkuKey& key) override;
+  std::vector<StockLevel> sku_rows(const SkuKey& base) override;
+  std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create,
+                                  std::int64_t lock_timeout_ms, const ReshapePlan& plan) override;
   StockLevel sell(const SellRequest& request) override;
   StockLevel set_backorder_limit(const SkuKey& key, Quantity limit, std::optional<Version> expected,
                                  std::optional<FencingToken> token) override;

@@ -225,6 +225,10 @@ void Statements::add_stock_statements(const std::string& schema, Set& set) {
 
   set(Stmt::stock_get, stock_get);
   set(Stmt::stock_lock, stock_get + " FOR UPDATE");
+  // A SKU's own row and its hot-row slots' rows ($3 is its location and the slot mark),
+  // in one snapshot; its slots share its shard key.
+  set(Stmt::sku_rows, "SELECT " + stock_columns() + ", location FROM " + stock +
+                          " WHERE sku = $1 AND (location = $2 OR starts_with(location, $3))@PIN");
   set(Stmt::stock_lock_nowait, stock_get + " FOR UPDATE NOWAIT");
   set(Stmt::stock_lock_skip, stock_get + " FOR UPDATE SKIP LOCKED");
   set(Stmt::stock_insert, returning_stock("INSERT INTO " + stock +
@@ -727,6 +731,7 @@ const char* Statements::name(Stmt s) {
       "stockade_purge_reservations_lock",
       "stockade_purge_keys_present",
       "stockade_purge_reservations_delete",
+      "stockade_sku_rows",
   };
   return names[static_cast<std::size_t>(s)];
 }

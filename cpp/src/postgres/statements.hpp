@@ -79,6 +79,7 @@ enum class Stmt : std::size_t {
   purge_reservations_lock,
   purge_keys_present,
   purge_reservations_delete,
+  sku_rows,
   count_
 };
 

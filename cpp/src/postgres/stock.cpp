@@ -158,6 +158,76 @@ StockLevel PostgresStore::set_on_hand(const SkuKey& key, Quantity on_hand,
   return upsert(key, on_hand, /*add=*/false, expected, token);
 }
 
+std::vector<StockLevel> PostgresStore::sku_rows(const SkuKey& base) {
+  const std::string prefix = base.location + slot_mark;
+  return run<RunMode::read>(nullptr, context_of(base), [&](Tx& tx) {
+    const pqxx::result rows =
+        tx.exec_on(shard_of(base), Stmt::sku_rows, base.sku, base.location, prefix);
+    std::vector<StockLevel> out;
+    for (const auto& row : rows) {
+      SkuKey key{base.sku, row[9].as<std::string>()};
+      if (key != base && (slot_of(key) == 0 || slot_key(base, slot_of(key)) != key)) continue;
+      out.push_back(level_from(key, row));
+    }
+    std::sort(out.begin(), out.end(),
+              [](const StockLevel& a, const StockLevel& b) { return a.key < b.key; });
+    return out;
+  });
+}
+
+std::vector<StockLevel> PostgresStore::reshape(const std::vector<SkuKey>& keys, bool create,
+                                               std::int64_t lock_timeout_ms,
+                                               const ReshapePlan& plan) {
+  WriteOptions wait;
+  wait.strategy = Strategy::pessimistic;
+  wait.lock_timeout_ms = lock_timeout_ms;
+  std::vector<std::size_t> order(keys.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return keys[a] < keys[b]; });
+  return run(&wait, context_of(keys.front()), [&](Tx& tx) {
+    std::vector<StockLevel> levels(keys.size());
+    for (std::size_t i : order) {  // each row locked by a statement of its own, in key order
+      const SkuKey& key = keys[i];
+      Level row = read_row(tx, Stmt::stock_lock, key);
+      while (!row && create) {
+        const pqxx::result made =
+            tx.exec_on(shard_of(key), Stmt::stock_insert, key.sku, key.location, 0);
+        if (!made.empty()) {
+          row = level_from(key, made[0]);  // ours until we commit
+        } else {
+          row = read_row(tx, Stmt::stock_lock, key);  // made by another since our read
+        }
+      }
+      if (!row) throw_stock_not_found(key);
+      levels[i] = *row;
+    }
+    const std::vector<Quantity> on_hand = plan(levels);
+    if (on_hand.size() != keys.size()) {
+      throw Error(ErrorCode::invariant_violation,
+                  "a reshape plan returned " + std::to_string(on_hand.size()) + " quantities for " +
+                      std::to_string(keys.size()) + " rows");
+    }
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const StockLevel& l = levels[i];
+      if (on_hand[i] != l.on_hand && l.reserved > on_hand[i] + l.backorder_limit) {
+        throw Error(ErrorCode::invariant_violation,
+                    "a reshape would leave " + describe(keys[i]) + " with " +
+                        std::to_string(l.reserved) + " units reserved and " +
+                        std::to_string(on_hand[i]) + " on hand",
+                    context_of(keys[i]));
+      }
+    }
+    for (std::size_t i : order) {
+      if (on_hand[i] == levels[i].on_hand) continue;
+      const SkuKey& key = keys[i];
+      levels[i] = level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_on_hand, key.sku,
+                                             key.location, on_hand[i])[0]);
+    }
+    return levels;
+  });
+}
+
 template <class Check, class Write>
 StockLevel PostgresStore::admin_write(const SkuKey& key, Check&& check, Write&& write) {
   return run(nullptr, context_of(key), [&](Tx& tx) {
@@ -339,7 +409,7 @@ Reservation PostgresStore::reserve(const ReserveRequest& request) {
   telemetry().count(request.key, SkuEvent::request);
   const std::vector<OrderLine> lines{{request.key, request.qty}};
   const std::vector<Uuid> ids{make_uuid_v7(SystemClock().now_us() / 1000,
-                                           shard_key_of(request.key.sku, request.key.location))};
+                                           row_shard_key(request.key.sku, request.key.location))};
   const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
   auto attempt = [&] {
     return run(&options, context_of(request.key), [&](Tx& tx) {
@@ -454,7 +524,7 @@ std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& reques
     const OrderLine& line = request.lines[i];
     telemetry().count(line.key, SkuEvent::request);
     sorted.push_back(line);
-    ids.push_back(make_uuid_v7(now_ms, shard_key_of(line.key.sku, line.key.location)));
+    ids.push_back(make_uuid_v7(now_ms, row_shard_key(line.key.sku, line.key.location)));
   }
   const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
   auto attempt = [&] {

@@ -10,7 +10,7 @@ namespace stockade::detail::pg {
 
 Reservation PostgresStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty,
                                                 std::int64_t ttl_us, std::int64_t window_us) {
-  const Uuid id = make_uuid_v7(SystemClock().now_us() / 1000, shard_key_of(key.sku, key.location));
+  const Uuid id = make_uuid_v7(SystemClock().now_us() / 1000, row_shard_key(key.sku, key.location));
   return run(nullptr, context_of(key), [&](Tx& tx) {
     // SELECT on_hand, reserved ...; the application decides on what it read.
     const Level read = read_row(tx, Stmt::stock_get, key);
@@ -27,7 +27,7 @@ Reservation PostgresStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty,
 Reservation PostgresStore::limited_reserve_by_check(const SkuKey& key, Quantity qty,
                                                     const std::string& buyer, bool serializable,
                                                     std::int64_t window_us) {
-  const Uuid id = make_uuid_v7(SystemClock().now_us() / 1000, shard_key_of(key.sku, key.location));
+  const Uuid id = make_uuid_v7(SystemClock().now_us() / 1000, row_shard_key(key.sku, key.location));
   WriteOptions options;  // counted as atomic; serialization failures are retried by run()
   return run(&options, context_of(key), [&](Tx& tx) {
     if (serializable) tx.work.exec("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE");
@@ -91,7 +91,7 @@ std::unique_ptr<LockHold> PostgresStore::hold_lock(const SkuKey& key, Strategy k
         work.exec("SELECT 1 FROM " + options_.schema + ".stock WHERE sku = " + work.quote(key.sku) +
                   " AND location = " + work.quote(key.location) +
                   (statements_->citus()
-                       ? " AND shard_key = " + std::to_string(shard_key_of(key.sku, key.location))
+                       ? " AND shard_key = " + std::to_string(row_shard_key(key.sku, key.location))
                        : std::string()) +
                   (kind == Strategy::pessimistic ? " FOR UPDATE" : ""));
     if (row.empty()) throw_stock_not_found(key);

@@ -1,0 +1,441 @@
+// Hot-row slots, the engine's half (docs/design.md, section 10).
+//
+// A slotted SKU keeps its units in its own row and in slot rows of `stock`, each an
+// ordinary row (types.hpp: slot_key), so every store path, invariant, lock order, batch,
+// transition and expiry works on them unchanged and no row can oversell. What is new is
+// here, above the stores: where a reserve or sell goes (this engine's home slot), what
+// happens when that slot is short (free units move into it from the SKU's other rows, all
+// locked in key order, in one transaction that also decides whether the SKU as a whole
+// has them), and the SKU-level answers (stock() sums the rows; restock and set_on_hand
+// spread over them; If-Match names the sum of the rows' versions).
+#include <algorithm>
+
+#include "engine_calls.hpp"
+#include "error_helpers.hpp"
+#include "slot_directory.hpp"
+#include "stockade/engine.hpp"
+
+namespace stockade {
+namespace detail {
+namespace {
+
+StockLevel summed(const SkuKey& key, const std::vector<StockLevel>& rows) {
+  StockLevel out = rows.front();  // the SKU's own row: its limit, tombstone and lease
+  out.key = key;
+  if (rows.size() == 1) return out;
+  out.on_hand = 0;
+  out.reserved = 0;
+  out.version = 0;
+  for (const StockLevel& row : rows) {
+    out.on_hand += row.on_hand;
+    out.reserved += row.reserved;
+    out.version += row.version;  // every write moves one row's: the sum moves on every write
+    out.updated_at_us = std::max(out.updated_at_us, row.updated_at_us);
+  }
+  return out;
+}
+
+// `total` units over `n` rows: `target` gets at least `least` (and at least its fair
+// share), the others the rest, evenly.
+std::vector<Quantity> spread(Quantity total, std::size_t n, std::size_t target, Quantity least) {
+  std::vector<Quantity> out(n, 0);
+  const Quantity count = static_cast<Quantity>(n);
+  Quantity mine = std::min(total, std::max(least, total / count + total % count));
+  if (n == 1) mine = total;
+  out[target] = mine;
+  Quantity rest = total - mine;
+  const Quantity others = count - 1;
+  for (std::size_t i = 0, seen = 0; i < n && others > 0; ++i) {
+    if (i == target) continue;
+    out[i] = rest / others + (static_cast<Quantity>(seen) < rest % others ? 1 : 0);
+    ++seen;
+  }
+  return out;
+}
+
+// The units of a row that may move: those neither held nor owed.
+Quantity movable(const StockLevel& row) {
+  return std::max<Quantity>(0, row.on_hand - row.reserved);
+}
+
+// New on_hand for each row so that the movable units are spread as spread() says; the
+// sum of on_hand stays what it was.
+std::vector<Quantity> respread(const std::vector<StockLevel>& rows, std::size_t target,
+                               Quantity least, Quantity add) {
+  Quantity total = add;
+  for (const StockLevel& row : rows) total += movable(row);
+  const std::vector<Quantity> share = spread(total, rows.size(), target, least);
+  std::vector<Quantity> out(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    out[i] = rows[i].on_hand - movable(rows[i]) + share[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+Error unslotted(const Error& e, const SkuKey& key) {
+  const ErrorContext& c = e.context();
+  if (c.location.find(slot_mark) == std::string::npos) return e;
+  ErrorContext context = c;
+  context.location = key.location;
+  std::string message = e.what();
+  const std::string row = shown(c.location);
+  const std::string sku = shown(key.location);
+  for (std::size_t at = message.find(row); at != std::string::npos;
+       at = message.find(row, at + sku.size())) {
+    message.replace(at, row.size(), sku);
+  }
+  return Error(e.code(), message, std::move(context));
+}
+
+void unslot(Reservation& r) {
+  if (r.key.location.find(slot_mark) != std::string::npos) r.key = base_key(r.key);
+}
+
+namespace {
+
+// Passes completions on to `inner`, except a refusal, which `retry` checks against the
+// SKU's slots (and answers itself).
+class SlotCheckedSink final : public CompletionSink {
+ public:
+  using Retry = std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)>;
+  SlotCheckedSink(std::shared_ptr<CompletionSink> inner, Retry retry)
+      : inner_(std::move(inner)), retry_(std::move(retry)) {}
+
+  void post(std::vector<Completion>& completions) override {
+    std::vector<Completion> pass;
+    pass.reserve(completions.size());
+    for (Completion& c : completions) {
+      if (c.error && c.error->code() == ErrorCode::out_of_stock) {
+        try {
+          retry_(c.token, inner_, *c.error);
+          continue;
+        } catch (const Error& e) {
+          c.error = Error(ErrorCode::overloaded,
+                          std::string("a refusal could not be checked against the SKU's "
+                                      "hot-row slots (") +
+                              e.what() + "); nothing was reserved or sold");
+        }
+      }
+      if (auto* r = std::get_if<Reservation>(&c.value)) unslot(*r);
+      pass.push_back(std::move(c));
+    }
+    completions.clear();
+    if (!pass.empty()) inner_->post(pass);
+  }
+
+ private:
+  std::shared_ptr<CompletionSink> inner_;
+  Retry retry_;
+};
+
+}  // namespace
+}  // namespace detail
+
+int Engine::known_slots(const SkuKey& key) const {
+  return slot_directory_->get(key);
+}
+
+int Engine::home_of(int slots) const {
+  return home_ % slots;
+}
+
+std::vector<StockLevel> Engine::learn_slots(const SkuKey& key) {
+  std::vector<StockLevel> rows = store_->sku_rows(key);
+  slot_directory_->put(key, static_cast<int>(rows.size()));
+  return rows;
+}
+
+void Engine::refuse_on_slots(const SkuKey& key, const char* feature) {
+  const std::size_t rows = learn_slots(key).size();
+  if (rows <= 1) return;
+  throw Error(ErrorCode::not_supported,
+              std::string(feature) + " is not built for a SKU with hot-row slots; " +
+                  detail::describe(key) + " spreads its units over " + std::to_string(rows) +
+                  " rows",
+              detail::context_of(key));
+}
+
+std::vector<StockLevel> Engine::fill_slot(const SkuKey& key, const std::vector<StockLevel>& rows,
+                                          int target, Quantity qty,
+                                          const std::optional<Version>& expected) {
+  std::vector<SkuKey> keys;
+  keys.reserve(rows.size());
+  for (const StockLevel& row : rows) keys.push_back(row.key);
+  const auto plan = [&](const std::vector<StockLevel>& levels) {
+    Version version = 0;
+    Quantity free = 0;
+    for (const StockLevel& row : levels) {
+      version += row.version;
+      free += detail::movable(row);
+    }
+    detail::check_expected(key, expected, version);
+    if (free < qty) {  // every row is locked: true of the SKU at this instant
+      telemetry_->count(key, SkuEvent::refused);
+      detail::throw_out_of_stock(key, free, qty);
+    }
+    return detail::respread(levels, static_cast<std::size_t>(target), qty, 0);
+  };
+  return store_->reshape(keys, /*create=*/false, options_.lock_timeout_ms, plan);
+}
+
+StockLevel Engine::set_slots(const SkuKey& key, int slots) {
+  check_process();
+  validate_sku_key(key);
+  if (slots < 1 || slots > slots_max) {
+    throw_invalid_argument("slots must be between 1 and " + std::to_string(slots_max) + ", got " +
+                           std::to_string(slots));
+  }
+  return observed(Op::set_slots, [&] {
+    const std::size_t have = learn_slots(key).size();
+    if (static_cast<std::size_t>(slots) < have) {
+      throw_invalid_argument(detail::describe(key) + " already spreads its units over " +
+                             std::to_string(have) +
+                             " rows; slots only grow (taking them "
+                             "away is not built)");
+    }
+    std::vector<SkuKey> keys;
+    for (int i = 0; i < slots; ++i) keys.push_back(slot_key(key, i));
+    const auto plan = [&](const std::vector<StockLevel>& levels) {
+      const StockLevel& own = levels.front();
+      if (own.discontinued) {
+        throw Error(ErrorCode::discontinued, detail::describe(key) + " is discontinued",
+                    detail::context_of(key));
+      }
+      if (slots > 1 && own.leased) {
+        throw Error(ErrorCode::invalid_state,
+                    detail::describe(key) +
+                        " is leased; hot-row slots are not built for a "
+                        "leased SKU",
+                    detail::context_of(key));
+      }
+      if (slots > 1 && own.backorder_limit > 0) {
+        throw Error(ErrorCode::invalid_state,
+                    detail::describe(key) +
+                        " has a backorder limit; hot-row slots are not "
+                        "built for backorders",
+                    detail::context_of(key));
+      }
+      return detail::respread(levels, 0, 0, 0);
+    };
+    const std::vector<StockLevel> rows =
+        store_->reshape(keys, /*create=*/true, options_.lock_timeout_ms, plan);
+    slot_directory_->put(key, slots);
+    return detail::summed(key, rows);
+  });
+}
+
+int Engine::slot_count(const SkuKey& key) {
+  check_process();
+  validate_sku_key(key);
+  return observed(Op::stock, [&] { return static_cast<int>(learn_slots(key).size()); });
+}
+
+// Runs `attempt(row, expected)` on this engine's slot of `key` (the SKU's own row while
+// it is not known to have slots). When that row is short, the SKU's rows are read: with
+// none but its own, the refusal stands; else free units move into the slot from the
+// others (fill_slot, which refuses for the SKU as a whole when they are short too) and
+// the attempt runs again, a bounded number of times. With `expected` (If-Match: the sum
+// of the rows' versions), the rows are checked and filled first, and the attempt takes
+// the slot's own version after that.
+template <class Result, class Attempt>
+Result Engine::on_slots(const SkuKey& key, Quantity qty, const std::optional<Version>& expected,
+                        Attempt&& attempt) {
+  int k = known_slots(key);
+  std::optional<Version> row_expected = expected;
+  if (expected) {
+    const std::vector<StockLevel> rows = learn_slots(key);
+    k = std::max<int>(1, static_cast<int>(rows.size()));
+    if (k > 1) {
+      const int target = home_of(k);
+      row_expected = fill_slot(key, rows, target, qty, expected)[target].version;
+    }
+  }
+  const int rounds = std::max(2, options_.retries_max + 1);
+  for (int round = 1;; ++round) {
+    std::optional<Error> refusal;
+    try {
+      return attempt(k > 1 ? slot_key(key, home_of(k)) : key, row_expected);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::out_of_stock || expected) throw detail::unslotted(e, key);
+      refusal = e;
+    }
+    // The row is short. Is the SKU?
+    const std::vector<StockLevel> rows = learn_slots(key);
+    if (rows.size() <= 1) throw *refusal;  // not slotted: the row's refusal is the SKU's
+    if (round >= rounds) {
+      throw Error(ErrorCode::overloaded,
+                  "units were moved into this engine's slot of " + detail::describe(key) + " " +
+                      std::to_string(round - 1) +
+                      " times and taken by others each time; nothing was reserved or sold",
+                  detail::context_of(key));
+    }
+    k = static_cast<int>(rows.size());
+    try {
+      fill_slot(key, rows, home_of(k), qty, std::nullopt);
+    } catch (const Error& e) {
+      // A refusal over every row the read found is the SKU's, unless slots were added
+      // since (their units were not counted): then the next round reads them.
+      if (e.code() != ErrorCode::out_of_stock) throw;
+      const std::size_t now = learn_slots(key).size();
+      if (now == rows.size()) throw;
+      k = static_cast<int>(now);
+    }
+  }
+}
+
+Reservation Engine::reserve(const SkuKey& key, Quantity qty, std::optional<std::int64_t> ttl_us,
+                            std::optional<std::string> idempotency_key, const CallOptions& call) {
+  check_process();
+  validate_sku_key(key);
+  validate_qty(qty);
+  if (ttl_us) validate_ttl_us(*ttl_us);
+  if (idempotency_key) validate_idempotency_key(*idempotency_key);
+  const std::int64_t ttl = ttl_us.value_or(options_.default_ttl_us);
+  const Route first = route(key, call);  // entered the tracker
+  bool entered = true;                   // and no call has taken that over yet
+  const auto attempt = [&](const SkuKey& row, const std::optional<Version>& expected) {
+    if (!entered) tracker_.enter(key);
+    entered = false;  // reserve_checked leaves the tracker however it ends
+    Route r = first;
+    r.options.expected_version = expected;
+    return reserve_checked(row, qty, ttl, idempotency_key, r);
+  };
+  try {
+    Reservation out = on_slots<Reservation>(key, qty, first.options.expected_version, attempt);
+    detail::unslot(out);
+    return out;
+  } catch (...) {
+    if (entered) tracker_.leave(key);
+    throw;
+  }
+}
+
+StockLevel Engine::sell(const SkuKey& key, Quantity qty, const CallOptions& call) {
+  check_process();
+  validate_sku_key(key);
+  validate_qty(qty);
+  if (call.buyer) {
+    throw_invalid_argument("sell takes no buyer: purchase limits count holds (reserve)");
+  }
+  const Route first = route(key, call);
+  bool entered = true;
+  const auto attempt = [&](const SkuKey& row, const std::optional<Version>& expected) {
+    if (!entered) tracker_.enter(key);
+    entered = false;
+    Route r = first;
+    r.options.expected_version = expected;
+    return sell_checked(row, qty, r);
+  };
+  try {
+    StockLevel out = on_slots<StockLevel>(key, qty, first.options.expected_version, attempt);
+    // A slot's row (the SKU's own row too) is a part of the SKU: answer with the SKU,
+    // read right after the sale. (An engine that has not seen the SKU's slots yet answers
+    // with the row it sold from.)
+    if (known_slots(key) > 1) out = detail::summed(key, learn_slots(key));
+    out.key = key;
+    return out;
+  } catch (...) {
+    if (entered) tracker_.leave(key);
+    throw;
+  }
+}
+
+std::vector<Reservation> Engine::order_on_slots(OrderRequest& request, Strategy asked) {
+  const int rounds = std::max(2, options_.retries_max + 1);
+  for (int round = 1;; ++round) {
+    try {
+      return counted<std::vector<Reservation>>(Op::reserve_order, asked,
+                                               [&] { return store_->reserve_order(request); });
+    } catch (const Error& e) {
+      // The order takes every line from the SKU's own row: a line short there takes
+      // units from its slots, if it has any, and the order runs again.
+      if (e.code() != ErrorCode::out_of_stock || round >= rounds) throw;
+      const SkuKey line{e.context().sku, e.context().location};
+      auto it = std::find_if(request.lines.begin(), request.lines.end(),
+                             [&](const OrderLine& l) { return l.key == line; });
+      if (it == request.lines.end()) throw;
+      const std::vector<StockLevel> rows = learn_slots(line);
+      if (rows.size() <= 1) throw;
+      fill_slot(line, rows, 0, it->qty, std::nullopt);
+    }
+  }
+}
+
+std::shared_ptr<CompletionSink> Engine::slot_checked_sink(
+    std::shared_ptr<CompletionSink> sink, const SkuKey& key,
+    std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)> retry) {
+  (void)key;
+  return std::make_shared<detail::SlotCheckedSink>(std::move(sink), std::move(retry));
+}
+
+StockLevel Engine::stock(const SkuKey& key) {
+  check_process();
+  validate_sku_key(key);
+  return observed(Op::stock, [&] {
+    const std::vector<StockLevel> rows = learn_slots(key);
+    if (rows.empty()) detail::throw_stock_not_found(key);
+    return detail::summed(key, rows);
+  });
+}
+
+StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
+                           std::optional<FencingToken> token) {
+  check_process();
+  validate_sku_key(key);
+  validate_qty(qty);
+  validate_expected_version(expected);
+  validate_fencing_token(token);
+  return observed(Op::restock, [&] {
+    // Units added to the SKU's own row are the SKU's, slotted or not (a short slot takes
+    // them from there); only If-Match, a token, or a SKU known to have slots looks further.
+    std::vector<StockLevel> rows;
+    if (expected || token || known_slots(key) > 1) rows = learn_slots(key);
+    if (rows.size() <= 1) return store_->restock(key, qty, expected, token);
+    if (token) refuse_on_slots(key, "a fencing token (leases)");
+    std::vector<SkuKey> keys;
+    for (const StockLevel& row : rows) keys.push_back(row.key);
+    const auto plan = [&](const std::vector<StockLevel>& levels) {
+      Version version = 0;
+      for (const StockLevel& row : levels) version += row.version;
+      detail::check_expected(key, expected, version);
+      if (levels.front().discontinued) {
+        throw Error(ErrorCode::discontinued, detail::describe(key) + " is discontinued",
+                    detail::context_of(key));
+      }
+      return detail::respread(levels, 0, 0, qty);
+    };
+    return detail::summed(key, store_->reshape(keys, false, options_.lock_timeout_ms, plan));
+  });
+}
+
+StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand, std::optional<Version> expected,
+                               std::optional<FencingToken> token) {
+  check_process();
+  validate_sku_key(key);
+  if (on_hand < 0) {
+    throw_invalid_argument("on_hand must not be negative, got " + std::to_string(on_hand));
+  }
+  validate_expected_version(expected);
+  validate_fencing_token(token);
+  return observed(Op::set_on_hand, [&] {
+    const std::vector<StockLevel> rows = learn_slots(key);
+    if (rows.size() <= 1) return store_->set_on_hand(key, on_hand, expected, token);
+    if (token) refuse_on_slots(key, "a fencing token (leases)");
+    std::vector<SkuKey> keys;
+    for (const StockLevel& row : rows) keys.push_back(row.key);
+    const auto plan = [&](const std::vector<StockLevel>& levels) {
+      const StockLevel sum = detail::summed(key, levels);
+      detail::check_expected(key, expected, sum.version);
+      detail::check_covers(key, on_hand, sum.reserved, 0);
+      // Every row keeps what it holds; the free units are spread anew.
+      std::vector<StockLevel> held = levels;
+      for (StockLevel& row : held) row.on_hand = row.reserved;
+      return detail::respread(held, 0, 0, on_hand - sum.reserved);
+    };
+    return detail::summed(key, store_->reshape(keys, false, options_.lock_timeout_ms, plan));
+  });
+}
+
+}  // namespace stockade

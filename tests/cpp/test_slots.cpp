@@ -1,0 +1,125 @@
+// Hot-row slots on the memory store: the slot rows' keys and shard keys, the store's
+// reshape (all or nothing), and replicas (engines with other home slots over one store)
+// that sell a slotted SKU out exactly.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "stockade/engine.hpp"
+#include "stockade/hash.hpp"
+#include "test_support.hpp"
+
+namespace stockade {
+namespace {
+
+TEST(SlotKeys, name_rows_that_callers_cannot_name_and_map_back) {
+  const SkuKey base{"sku-1", "eu"};
+  EXPECT_EQ(slot_key(base, 0), base);
+  const SkuKey seven = slot_key(base, 7);
+  EXPECT_EQ(seven.location, std::string("eu\x1f"
+                                        "07"));
+  EXPECT_EQ(slot_of(seven), 7);
+  EXPECT_EQ(slot_of(base), 0);
+  EXPECT_EQ(base_key(seven), base);
+  EXPECT_EQ(slot_of(slot_key(base, slots_max - 1)), slots_max - 1);
+  // Slot order is key order, so locking in key order locks the SKU's own row first.
+  for (int i = 0; i + 1 < slots_max; ++i) EXPECT_LT(slot_key(base, i), slot_key(base, i + 1));
+  // A SKU's slots share its shard key (one shard on Citus, one batcher shard, one cell).
+  EXPECT_EQ(row_shard_key(seven.sku, seven.location), shard_key_of(base.sku, base.location));
+  EXPECT_EQ(row_shard_key(base.sku, base.location), shard_key_of(base.sku, base.location));
+  EXPECT_STOCKADE_ERROR(validate_sku_key(seven), ErrorCode::invalid_argument);
+}
+
+class Slots : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    EngineOptions options;
+    options.home_slot = 1;
+    store = make_memory_store(nullptr, std::make_shared<Telemetry>(telemetry_options(options)));
+    engine = std::make_unique<Engine>(store, options);
+  }
+  std::shared_ptr<Store> store;
+  std::unique_ptr<Engine> engine;
+  const SkuKey sku{"hot", "default"};
+};
+
+TEST_F(Slots, reshape_refused_by_its_plan_changes_and_makes_nothing) {
+  engine->restock(sku, 10);
+  const std::vector<SkuKey> rows{sku, slot_key(sku, 1), slot_key(sku, 2)};
+  EXPECT_STOCKADE_ERROR(store->reshape(rows, true, 1000,
+                                       [&](const std::vector<StockLevel>& levels) {
+                                         EXPECT_EQ(levels.size(), 3u);
+                                         EXPECT_EQ(levels[0].on_hand, 10);
+                                         EXPECT_EQ(levels[1].on_hand, 0);
+                                         throw Error(ErrorCode::invalid_state, "no");
+                                         return std::vector<Quantity>{};
+                                       }),
+                        ErrorCode::invalid_state);
+  EXPECT_EQ(store->sku_rows(sku).size(), 1u);  // no slot row was made
+  EXPECT_EQ(engine->stock(sku).version, 1);
+}
+
+TEST_F(Slots, reshape_that_would_break_a_row_writes_no_row) {
+  engine->set_slots(sku, 2);
+  engine->restock(sku, 10);
+  const Reservation held = engine->reserve(sku, 4);  // on slot 1, this engine's home
+  const std::vector<StockLevel> before = store->sku_rows(sku);
+  const std::vector<SkuKey> rows{sku, slot_key(sku, 1)};
+  EXPECT_STOCKADE_ERROR(store->reshape(rows, false, 1000,
+                                       [&](const std::vector<StockLevel>& levels) {
+                                         // all units to the own row: slot 1 keeps 4 held
+                                         return std::vector<Quantity>{
+                                             levels[0].on_hand + levels[1].on_hand, 0};
+                                       }),
+                        ErrorCode::invariant_violation);
+  const std::vector<StockLevel> after = store->sku_rows(sku);
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].on_hand, before[i].on_hand);
+    EXPECT_EQ(after[i].version, before[i].version);
+  }
+  EXPECT_EQ(held.key, sku);
+}
+
+TEST_F(Slots, replicas_on_every_slot_sell_out_exactly) {
+  engine->restock(sku, 5000);
+  engine->set_slots(sku, 4);
+  std::vector<std::unique_ptr<Engine>> replicas;
+  for (int i = 0; i < 4; ++i) {
+    EngineOptions options;
+    options.home_slot = i;
+    options.default_strategy = i % 2 == 0 ? Strategy::batched : Strategy::atomic;
+    replicas.push_back(std::make_unique<Engine>(store, options));
+  }
+  std::atomic<Quantity> granted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      Engine& e = *replicas[static_cast<std::size_t>(t % 4)];
+      const Quantity qty = 1 + t % 3;
+      for (;;) {
+        try {
+          e.reserve(sku, qty);
+          granted += qty;
+        } catch (const Error& err) {
+          if (err.code() == ErrorCode::out_of_stock) return;
+          if (err.code() != ErrorCode::overloaded) throw;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const StockLevel level = engine->stock(sku);
+  EXPECT_EQ(level.reserved, granted.load());
+  EXPECT_LE(level.reserved, 5000);
+  EXPECT_EQ(level.available(), 0);  // the one-unit buyers stopped only at a true refusal
+  for (const StockLevel& row : store->sku_rows(sku)) {
+    EXPECT_LE(row.reserved, row.on_hand);
+  }
+  for (auto& r : replicas) r->close();
+}
+
+}  // namespace
+}  // namespace stockade

@@ -1,0 +1,302 @@
+"""Hot-row slots (Engine.set_slots): a SKU's units spread over several stock rows, each
+with its own lock, on every backend (memory, PostgreSQL, Citus).
+
+What must hold: no row ever oversells and the SKU sells out exactly, whichever engine
+(home slot) takes the units; nobody is told OutOfStock while the SKU's rows together have
+the units; callers see the SKU, never a slot's row; If-Match names the SKU's summed
+version; what slots do not support is refused, typed, before anything changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Callable, Iterator, List
+
+import pytest
+
+import stockade
+from stockade.testing import race
+
+Sibling = Callable[..., stockade.Engine]
+
+
+@pytest.fixture
+def sibling(
+    backend: str, engine: stockade.Engine, request: pytest.FixtureRequest
+) -> Iterator[Sibling]:
+    """More engines over the `engine`'s own store, each with its own home slot: replicas.
+    The memory store lives in one engine, so there the `engine` itself stands in."""
+    made: List[stockade.Engine] = []
+
+    def make(home_slot: int, **options: object) -> stockade.Engine:
+        if backend == "memory":
+            return engine
+        if backend == "postgres":
+            dsn = request.getfixturevalue("stockade_database")
+            eng = stockade.Engine.postgres(dsn, home_slot=home_slot, **options)  # type: ignore[arg-type]
+        else:
+            eng = stockade.Engine.postgres(
+                request.getfixturevalue("citus_dsn"),
+                layout="citus",
+                schema=engine._schema or "stockade",
+                home_slot=home_slot,
+                **options,  # type: ignore[arg-type]
+            )
+        made.append(eng)
+        return eng
+
+    yield make
+    for eng in made:
+        eng.close()
+
+
+def test_set_slots_spreads_units_and_stock_sums_them(engine: stockade.Engine) -> None:
+    engine.restock("hot", 103)
+    level = engine.set_slots("hot", 4)
+    assert (level.sku, level.location) == ("hot", "default")
+    assert (level.on_hand, level.reserved, level.available) == (103, 0, 103)
+    assert engine.slot_count("hot") == 4
+    assert engine.slot_count("absent") == 0
+    assert engine.slot_count(engine.restock("plain", 1).sku) == 1
+    stock = engine.stock("hot")
+    assert (stock.on_hand, stock.available, stock.version) == (103, 103, level.version)
+    # The rows are real rows: row_counts sees them.
+    assert engine.row_counts()["sku_count"] == 1 + 4
+
+
+def test_reservations_of_a_slot_name_the_sku(engine: stockade.Engine) -> None:
+    engine.restock("hot", 40, location="eu")
+    engine.set_slots("hot", 4, location="eu")
+    held = engine.reserve("hot", 3, location="eu", idempotency_key="k-1")
+    assert (held.sku, held.location) == ("hot", "eu")
+    assert engine.reservation(held.id).location == "eu"
+    assert engine.confirm(held.id).location == "eu"
+    other = engine.reserve("hot", 2, location="eu")
+    assert engine.release(other.id).location == "eu"
+    assert engine.reserve("hot", 3, location="eu", idempotency_key="k-1").id == held.id
+    sold = engine.sell("hot", 5, location="eu")
+    assert (sold.location, sold.on_hand, sold.reserved) == ("eu", 32, 0)  # 3 confirmed, 5 sold
+    stock = engine.stock("hot", location="eu")
+    assert (stock.on_hand, stock.reserved, stock.available) == (32, 0, 32)
+    hottest = engine.stats()["hottest_skus"]
+    assert [(h["sku"], h["location"]) for h in hottest] == [("hot", "eu")]
+
+
+def test_no_out_of_stock_while_the_rows_together_have_the_units(engine: stockade.Engine) -> None:
+    engine.restock("hot", 10)
+    engine.set_slots("hot", 4)  # 3, 3, 2, 2: no row alone has 10
+    whole = engine.reserve("hot", 10, strategy="atomic")
+    assert whole.qty == 10
+    with pytest.raises(stockade.OutOfStock) as refused:
+        engine.reserve("hot", 1)
+    assert "'hot'" in str(refused.value) and "\x1f" not in str(refused.value)
+    assert refused.value.location == "default"
+    engine.release(whole.id)
+    # Every strategy, and sells, take from the other rows too.
+    for strategy in ["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]:
+        r = engine.reserve("hot", 7, strategy=strategy)
+        engine.release(r.id)
+    assert engine.sell("hot", 9).on_hand == 1
+    with pytest.raises(stockade.OutOfStock):
+        engine.sell("hot", 2)
+    assert engine.stock("hot").on_hand == 1
+
+
+@pytest.mark.parametrize("strategy", ["batched", "auto", "atomic"])
+def test_four_replicas_sell_out_exactly(
+    engine: stockade.Engine, sibling: Sibling, strategy: str
+) -> None:
+    units, buyers = 300, 16
+    engine.restock("drop", units)
+    engine.set_slots("drop", 4)
+    replicas = [sibling(home_slot=i, strategy=strategy) for i in range(4)]
+    granted = [0] * buyers
+
+    def buy(i: int) -> None:
+        eng = replicas[i % 4]
+        while True:
+            try:
+                eng.reserve("drop", 1)
+            except stockade.OutOfStock:
+                return
+            except stockade.Overloaded:
+                continue  # units moved into this slot were taken first: try again
+            granted[i] += 1
+
+    out = race(buyers, buy)
+    assert out.errors == [None] * buyers
+    assert sum(granted) == units
+    level = engine.stock("drop")
+    assert (level.reserved, level.available) == (units, 0)
+    assert engine.row_counts()["reservation_count"] == units
+
+
+def test_replicas_learn_slots_from_their_first_refusal(
+    engine: stockade.Engine, sibling: Sibling
+) -> None:
+    first = sibling(home_slot=1)
+    first.restock("hot", 8)
+    # Another replica slots the SKU; `late` has never seen it, so it starts on the own row.
+    engine.set_slots("hot", 4)
+    late = sibling(home_slot=3, strategy="batched")
+    got = [late.reserve("hot", 1) for _ in range(8)]
+    assert len(got) == 8
+    with pytest.raises(stockade.OutOfStock):
+        late.reserve("hot", 1)
+    assert engine.stock("hot").available == 0
+
+
+def test_async_reserve_on_slots_is_exact(engine: stockade.Engine, sibling: Sibling) -> None:
+    engine.restock("hot", 50)
+    engine.set_slots("hot", 4)
+    late = sibling(home_slot=2, strategy="batched")
+
+    async def main() -> List[object]:
+        calls = [late.reserve_async("hot", 1) for _ in range(60)]
+        return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    outcomes = asyncio.run(main())
+    made = [o for o in outcomes if isinstance(o, stockade.Reservation)]
+    refused = [o for o in outcomes if isinstance(o, stockade.OutOfStock)]
+    assert len(made) == 50 and len(refused) == 10, outcomes
+    assert all(r.location == "default" for r in made)
+    assert engine.stock("hot").available == 0
+
+
+def test_keyed_replay_on_another_replica_finds_the_first(
+    engine: stockade.Engine, sibling: Sibling
+) -> None:
+    engine.restock("hot", 20)
+    engine.set_slots("hot", 4)
+    a, b = sibling(home_slot=0), sibling(home_slot=3)
+    first = a.reserve("hot", 2, idempotency_key="order-7")
+    again = b.reserve("hot", 2, idempotency_key="order-7")
+    assert again.id == first.id
+    with pytest.raises(stockade.IdempotencyConflict):
+        b.reserve("hot", 3, idempotency_key="order-7")
+    assert engine.stock("hot").reserved == 2
+
+
+def test_if_match_names_the_summed_version(engine: stockade.Engine) -> None:
+    engine.restock("hot", 12)
+    level = engine.set_slots("hot", 3)
+    r = engine.reserve("hot", 9, expected_version=level.version)
+    assert r.qty == 9
+    with pytest.raises(stockade.VersionConflict):
+        engine.reserve("hot", 1, expected_version=level.version)
+    now = engine.stock("hot")
+    assert engine.restock("hot", 3, expected_version=now.version).on_hand == 15
+    with pytest.raises(stockade.VersionConflict):
+        engine.set_on_hand("hot", 20, expected_version=now.version)
+    assert engine.stock("hot").on_hand == 15
+
+
+def test_set_on_hand_and_restock_keep_their_meaning(engine: stockade.Engine) -> None:
+    engine.restock("hot", 10)
+    engine.set_slots("hot", 4)
+    held = engine.reserve("hot", 6, strategy="atomic")
+    with pytest.raises(stockade.InvalidState):
+        engine.set_on_hand("hot", 5)  # 6 are held
+    assert engine.stock("hot").on_hand == 10
+    level = engine.set_on_hand("hot", 30)
+    assert (level.on_hand, level.reserved, level.available) == (30, 6, 24)
+    assert engine.restock("hot", 4).on_hand == 34
+    engine.confirm(held.id)
+    assert (engine.stock("hot").on_hand, engine.stock("hot").reserved) == (28, 0)
+
+
+def test_an_order_with_a_slotted_line_takes_units_from_its_slots(engine: stockade.Engine) -> None:
+    engine.restock("hot", 12)
+    engine.set_slots("hot", 4)
+    engine.restock("cold", 5)
+    lines = engine.reserve_order({"hot": 11, "cold": 5})
+    assert sorted((r.sku, r.location, r.qty) for r in lines) == [
+        ("cold", "default", 5),
+        ("hot", "default", 11),
+    ]
+    with pytest.raises(stockade.OutOfStock):
+        engine.reserve_order({"hot": 2})
+    assert engine.stock("hot").available == 1
+
+
+def test_what_slots_do_not_support_is_refused(engine: stockade.Engine) -> None:
+    engine.restock("hot", 10)
+    engine.set_slots("hot", 2)
+    for call in [
+        lambda: engine.discontinue("hot"),
+        lambda: engine.set_backorder_limit("hot", 5),
+        lambda: engine.acquire_lease("hot", ttl=60, owner="ops"),
+    ]:
+        with pytest.raises(stockade.NotSupported, match="hot-row slots"):
+            call()
+    with pytest.raises(stockade.InvalidArgument, match="only grow"):
+        engine.set_slots("hot", 1)
+    for bad in [0, 65]:
+        with pytest.raises(stockade.InvalidArgument):
+            engine.set_slots("hot", bad)
+    with pytest.raises(stockade.InvalidArgument, match="U\\+001F"):
+        engine.set_slots("hot", 2, location="eu\x1f01")
+    with pytest.raises(stockade.InvalidArgument, match="U\\+001F"):
+        engine.reserve("hot", 1, location="default\x1f01")
+    level = engine.stock("hot")
+    assert (level.on_hand, level.reserved, level.discontinued, level.leased) == (
+        10,
+        0,
+        False,
+        False,
+    )
+
+    engine.restock("leased", 5)
+    engine.acquire_lease("leased", ttl=60, owner="ops")
+    with pytest.raises(stockade.InvalidState, match="leased"):
+        engine.set_slots("leased", 2)
+    engine.restock("owed", 5)
+    engine.set_backorder_limit("owed", 3)
+    with pytest.raises(stockade.InvalidState, match="backorder"):
+        engine.set_slots("owed", 2)
+    engine.restock("gone", 5)
+    engine.discontinue("gone")
+    with pytest.raises(stockade.Discontinued):
+        engine.set_slots("gone", 2)
+    for sku in ["leased", "owed", "gone"]:
+        assert engine.slot_count(sku) == 1
+
+
+def test_holds_on_a_slot_expire_back_into_it(
+    memory_engine: stockade.Engine, clock: stockade.ManualClock
+) -> None:
+    from datetime import timedelta
+
+    memory_engine.restock("hot", 8)
+    memory_engine.set_slots("hot", 4)
+    held = memory_engine.reserve("hot", 8, ttl=timedelta(seconds=30))
+    clock.advance(timedelta(seconds=31))
+    assert memory_engine.expire_due() == 1
+    assert memory_engine.reservation(held.id).state == stockade.ReservationState.EXPIRED
+    assert memory_engine.stock("hot").available == 8
+    assert memory_engine.reserve("hot", 8).qty == 8
+
+
+def test_threads_on_one_engine_sell_out_exactly_across_slots(engine: stockade.Engine) -> None:
+    engine.restock("hot", 200)
+    engine.set_slots("hot", 8)
+    sold = []
+    lock = threading.Lock()
+
+    def buy(i: int) -> None:
+        while True:
+            try:
+                engine.reserve("hot", 1 + i % 3)
+            except stockade.OutOfStock:
+                return
+            except stockade.Overloaded:
+                continue
+            with lock:
+                sold.append(1 + i % 3)
+
+    out = race(32, buy)
+    assert out.errors == [None] * 32
+    level = engine.stock("hot")
+    assert level.reserved == sum(sold) and level.reserved <= 200
+    assert level.available < 3  # nobody left while 3 units were free
