@@ -15,8 +15,8 @@ compare the ratios, not the absolute numbers. Sections:
      hot-row slots (k rows for one SKU) could gain here: the same processes each on a
      SKU of its own (one row per process, no shared row lock), and one process whose
      clients spread over --replicas SKUs. And the hot SKU with --replicas hot-row slots
-     (Engine.set_slots), each process on a slot of its own (home_slot), with one
-     process for comparison.
+     (Engine.set_slots), each process on a slot of its own (home_slot), and one process
+     on that SKU (all its clients on its one home slot: what slots cost a single process).
 
     python benchmarks/hot_sku.py [--seconds 3] [--clients 64] [--window 16]
                                  [--asyncio-tasks 1024] [--cold-skus 10000]
@@ -332,6 +332,7 @@ def replicas_section(
             (f"{strategy}, {n} x {per} clients, a SKU per process", own, [], False),
             (f"{strategy}, 1 x {args.clients} clients over {n} SKUs", None, spread, False),
             (f"{strategy}, {n} x {per} clients, {n} slots", [slotted] * n, [], True),
+            (f"{strategy}, 1 x {args.clients} clients, {n} slots", None, [slotted], False),
         ]
         cases = []
         for case, processes, local, slots in loads:
@@ -350,6 +351,7 @@ def replicas_section(
         ratios[f"replicas_{n}_slots_vs_{n}_shared_{strategy}"] = (
             cases[4][1]["rate"] / cases[1][1]["rate"]
         )
+        ratios[f"one_process_{n}_slots_vs_1_{strategy}"] = cases[5][1]["rate"] / base
     table(
         f"5. one hot SKU, {args.clients} C++ clients in 1 process and in {args.replicas}",
         replicas,

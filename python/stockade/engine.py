@@ -1228,7 +1228,8 @@ class Engine:
 
         Measured in this process: how many requests for the row arrived while another
         was in flight (the Claim Test's "odds", per row), and the peak in flight. This is
-        what ``auto`` acts on."""
+        what ``auto`` acts on. For a hot SKU it also says when hot-row slots
+        (:meth:`set_slots`) would pay, and for a slotted SKU which slot this engine uses."""
         strategy, reasons = self._core.recommend(
             sku=check_str("sku", sku), location=check_str("location", location)
         )

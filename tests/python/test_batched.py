@@ -191,7 +191,9 @@ def test_auto_batches_a_hot_sku_and_leaves_a_cold_one_atomic(
     assert engine.stats()["batcher"]["requests"] > 0
     hot, cold = engine.recommend("hot"), engine.recommend("cold")
     assert hot.strategy is stockade.Strategy.BATCHED and "in flight" in str(hot)
+    assert "set_slots(k)" in str(hot)  # when slots would pay, for a SKU several batch
     assert cold.strategy is stockade.Strategy.ATOMIC
+    assert "slots" not in str(cold)
     assert engine.stats()["strategies"]["auto"]["granted"] == 67
 
 

@@ -79,6 +79,7 @@ def test_reservations_of_a_slot_name_the_sku(engine: stockade.Engine) -> None:
     assert (sold.location, sold.on_hand, sold.reserved) == ("eu", 32, 0)  # 3 confirmed, 5 sold
     stock = engine.stock("hot", location="eu")
     assert (stock.on_hand, stock.reserved, stock.available) == (32, 0, 32)
+    assert "spread over 4 rows" in str(engine.recommend("hot", location="eu"))
     hottest = engine.stats()["hottest_skus"]
     assert [(h["sku"], h["location"]) for h in hottest] == [("hot", "eu")]
 
