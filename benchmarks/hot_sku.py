@@ -17,10 +17,12 @@ compare the ratios, not the absolute numbers. Sections:
      clients spread over --replicas SKUs. And the hot SKU with --replicas hot-row slots
      (Engine.set_slots), each process on a slot of its own (home_slot), and one process
      on that SKU (all its clients on its one home slot: what slots cost a single process).
+  6. a sold-out SKU under the same 64 clients: refusals per second, on a plain row and on
+     a SKU with --replicas slots (a refusal there reads every row of the SKU).
 
     python benchmarks/hot_sku.py [--seconds 3] [--clients 64] [--window 16]
                                  [--asyncio-tasks 1024] [--cold-skus 10000]
-                                 [--replicas 4] [--sections 1,2,3,4,5] [--json FILE]
+                                 [--replicas 4] [--sections 1,2,3,4,5,6] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.
 """
@@ -202,6 +204,8 @@ def run(
         cold_section(eng, pg_sql, args, report, ratios)
     if 5 in sections:
         replicas_section(eng, pg_sql, args, dsn, fresh_sku, report, ratios, atomic)
+    if 6 in sections:
+        sold_out_section(eng, pg_sql, args, report, ratios)
     report["ratios"] = ratios
     print("\n### ratios\n")
     for name, value in ratios.items():
@@ -363,6 +367,40 @@ def replicas_section(
     report["hot_replicas"] = replicas
 
 
+def sold_out_section(
+    eng: stockade.Engine,
+    pg_sql: Any,
+    args: argparse.Namespace,
+    report: Dict[str, Any],
+    ratios: Dict[str, float],
+) -> None:
+    rows = []
+    for strategy in ["batched", "atomic"]:
+        for slots in [1, args.replicas]:
+            sku = f"sold-out-{strategy}-{slots}"
+            eng.restock(sku, 1)
+            if slots > 1:
+                eng.set_slots(sku, slots)
+            eng.reserve(sku, 1)
+            pg_sql("CHECKPOINT")
+            r = c_load(eng, [sku], strategy, args.clients, 1, args.seconds)
+            r["rate"] = r["refused"] / r["seconds"]
+            where = "a plain row" if slots == 1 else f"{slots} slots"
+            rows.append({"case": f"{strategy}, sold out, {where}", **r})
+        ratios[f"sold_out_{args.replicas}_slots_vs_plain_{strategy}"] = (
+            rows[-1]["rate"] / rows[-2]["rate"]
+        )
+    print(f"\n### 6. a sold-out SKU, {args.clients} C++ clients, blocking calls\n")
+    print("| case | refusals/s | p50 ms | p99 ms |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['case']} | {r['rate']:,.0f} | {r['p50_us'] / 1000:.2f} | "
+            f"{r['p99_us'] / 1000:.2f} |"
+        )
+    report["sold_out"] = rows
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="per case")
@@ -376,7 +414,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--replicas", type=int, default=4, help="section 5: processes sharing the clients"
     )
     parser.add_argument(
-        "--sections", default="1,2,3,4,5", help="which sections to run (1-3 run together)"
+        "--sections", default="1,2,3,4,5,6", help="which sections to run (1-3 run together)"
     )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)

@@ -146,6 +146,7 @@ Engine::Engine(std::shared_ptr<Store> store, EngineOptions options)
       telemetry_(telemetry_of(store_, options_)),
       tracker_(telemetry_->contention()),
       slot_directory_(std::make_unique<detail::SlotDirectory>(options_.slot_directory)),
+      slot_probes_(std::make_unique<detail::SlotProbes>(slot_probe_entries)),
       home_(options_.home_slot >= 0 ? options_.home_slot
                                     : static_cast<int>(creator_pid_ % slots_max)) {}
 
@@ -623,37 +624,40 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
   if (idempotency_key) validate_idempotency_key(*idempotency_key);
   if (!sink) throw_invalid_argument("an async call needs a completion sink");
   const std::int64_t ttl = ttl_us.value_or(options_.default_ttl_us);
-  if (known_slots(key) > 1 || call.expected_version) {
-    // A slotted SKU, or If-Match (which may name a slotted SKU's summed version): the
-    // blocking path, on a worker, which knows slots.
+  if (call.expected_version) {
+    // If-Match may name a slotted SKU's summed version: the blocking path, on a worker,
+    // which knows slots.
     (void)resolve(call);  // bad options raise here, not in the sink
     run_async(std::move(sink), token, [this, key, qty, ttl_us, idempotency_key, call] {
       return reserve(key, qty, ttl_us, idempotency_key, call);
     });
     return;
   }
-  // A refusal may come from a SKU with slots this engine has not seen yet: the sink
-  // checks before it answers.
+  // This engine's slot of a slotted SKU (else the SKU's own row). A refusal there, or
+  // from a SKU with slots this engine has not seen yet, is checked by the sink before
+  // it answers: the blocking path then fills the slot and runs again.
+  const int slots = known_slots(key);
+  const SkuKey row = slots > 1 ? slot_key(key, home_of(slots)) : key;
   sink = slot_checked_sink(
       std::move(sink), key,
       [this, key, qty, ttl_us, idempotency_key, call](
           std::uint64_t t, std::shared_ptr<CompletionSink> inner, const Error& refusal) {
         run_async(std::move(inner), t, [this, key, qty, ttl_us, idempotency_key, call, refusal] {
-          if (learn_slots(key).size() <= 1) throw refusal;
+          if (slots_after_refusal(key, refusal.context().actual_version) <= 1) throw refusal;
           return reserve(key, qty, ttl_us, idempotency_key, call);
         });
       });
   const Route r = route(key, call);
   if (r.batched) {
-    BatchItem item = reserve_item(key, qty, ttl, std::move(idempotency_key), r.asked);
+    BatchItem item = reserve_item(row, qty, ttl, std::move(idempotency_key), r.asked);
     item.buyer = r.options.buyer;
     through_batcher(item, r, std::move(sink), token);
     return;
   }
   try {  // reserve_checked leaves the tracker when the call ends
     run_async(std::move(sink), token,
-              [this, key, qty, ttl, idempotency_key = std::move(idempotency_key), r] {
-                return reserve_checked(key, qty, ttl, idempotency_key, r);
+              [this, row, qty, ttl, idempotency_key = std::move(idempotency_key), r] {
+                return reserve_checked(row, qty, ttl, idempotency_key, r);
               });
   } catch (...) {
     tracker_.leave(key);
@@ -678,7 +682,7 @@ void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& cal
       [this, key, qty, call](std::uint64_t t, std::shared_ptr<CompletionSink> inner,
                              const Error& refusal) {
         run_async(std::move(inner), t, [this, key, qty, call, refusal] {
-          if (learn_slots(key).size() <= 1) throw refusal;
+          if (slots_after_refusal(key, refusal.context().actual_version) <= 1) throw refusal;
           return sell(key, qty, call);
         });
       });

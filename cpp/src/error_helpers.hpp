@@ -28,15 +28,21 @@ inline Error stock_not_found(const SkuKey& key) {
   throw stock_not_found(key);
 }
 
-inline Error out_of_stock(const SkuKey& key, Quantity available, Quantity qty) {
+// `version`: the row's version the refusal was decided at (or a later one), when known:
+// the engine uses it to tell, without a read, that a SKU had no hot-row slots then.
+inline Error out_of_stock(const SkuKey& key, Quantity available, Quantity qty,
+                          std::optional<Version> version = std::nullopt) {
+  ErrorContext context = context_of(key);
+  context.actual_version = version;
   return Error(ErrorCode::out_of_stock,
                "out of stock: " + describe(key) + " has " + std::to_string(available) +
                    " available, " + std::to_string(qty) + " requested",
-               context_of(key));
+               std::move(context));
 }
 
-[[noreturn]] inline void throw_out_of_stock(const SkuKey& key, Quantity available, Quantity qty) {
-  throw out_of_stock(key, available, qty);
+[[noreturn]] inline void throw_out_of_stock(const SkuKey& key, Quantity available, Quantity qty,
+                                            std::optional<Version> version = std::nullopt) {
+  throw out_of_stock(key, available, qty, version);
 }
 
 inline Error idempotency_conflict(const std::string& key) {

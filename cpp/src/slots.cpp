@@ -147,6 +147,14 @@ std::vector<StockLevel> Engine::learn_slots(const SkuKey& key) {
   return rows;
 }
 
+int Engine::slots_after_refusal(const SkuKey& key, std::optional<Version> refused_at) {
+  return slot_probes_->count_after(key, refused_at, [&] {
+    const std::vector<StockLevel> rows = learn_slots(key);
+    return std::make_pair(static_cast<int>(rows.size()),
+                          rows.empty() ? Version{0} : rows.front().version);
+  });
+}
+
 void Engine::refuse_on_slots(const SkuKey& key, const char* feature) {
   const std::size_t rows = learn_slots(key).size();
   if (rows <= 1) return;
@@ -177,7 +185,8 @@ std::vector<StockLevel> Engine::fill_slot(const SkuKey& key, const std::vector<S
     }
     return detail::respread(levels, static_cast<std::size_t>(target), qty, 0);
   };
-  return store_->reshape(keys, /*create=*/false, options_.lock_timeout_ms, plan);
+  return store_->reshape(keys, /*create=*/false, /*write_all=*/false, options_.lock_timeout_ms,
+                         plan);
 }
 
 StockLevel Engine::set_slots(const SkuKey& key, int slots) {
@@ -220,7 +229,7 @@ StockLevel Engine::set_slots(const SkuKey& key, int slots) {
       return detail::respread(levels, 0, 0, 0);
     };
     const std::vector<StockLevel> rows =
-        store_->reshape(keys, /*create=*/true, options_.lock_timeout_ms, plan);
+        store_->reshape(keys, /*create=*/true, /*write_all=*/true, options_.lock_timeout_ms, plan);
     slot_directory_->put(key, slots);
     return detail::summed(key, rows);
   });
@@ -261,9 +270,13 @@ Result Engine::on_slots(const SkuKey& key, Quantity qty, const std::optional<Ver
       if (e.code() != ErrorCode::out_of_stock || expected) throw detail::unslotted(e, key);
       refusal = e;
     }
-    // The row is short. Is the SKU?
+    // The row is short. Is the SKU? Not slotted (as far as this engine knew), the row's
+    // refusal is the SKU's unless a read since finds slot rows.
+    if (k <= 1 && slots_after_refusal(key, refusal->context().actual_version) <= 1) {
+      throw *refusal;
+    }
     const std::vector<StockLevel> rows = learn_slots(key);
-    if (rows.size() <= 1) throw *refusal;  // not slotted: the row's refusal is the SKU's
+    if (rows.size() <= 1) throw *refusal;
     if (round >= rounds) {
       throw Error(ErrorCode::overloaded,
                   "units were moved into this engine's slot of " + detail::describe(key) + " " +
@@ -272,9 +285,26 @@ Result Engine::on_slots(const SkuKey& key, Quantity qty, const std::optional<Ver
                   detail::context_of(key));
     }
     k = static_cast<int>(rows.size());
+    // The read is one snapshot of every row: when they are short together, the SKU was
+    // short at that instant, and no lock is needed to say so (a sold-out slotted SKU
+    // under a flood of requests).
+    Quantity free = 0;
+    for (const StockLevel& row : rows) free += detail::movable(row);
+    if (free < qty) {
+      telemetry_->count(key, SkuEvent::refused);
+      detail::throw_out_of_stock(key, free, qty);
+    }
     try {
       fill_slot(key, rows, home_of(k), qty, std::nullopt);
     } catch (const Error& e) {
+      if (e.code() == ErrorCode::in_doubt) {
+        // Only units moved between the SKU's rows, if anything: nothing was reserved
+        // or sold, and no unit was lost either way.
+        throw Error(ErrorCode::unavailable,
+                    "moving units between the hot-row slots of " + detail::describe(key) +
+                        " lost its connection; nothing was reserved or sold: " + e.what(),
+                    detail::context_of(key));
+      }
       // A refusal over every row the read found is the SKU's, unless slots were added
       // since (their units were not counted): then the next round reads them.
       if (e.code() != ErrorCode::out_of_stock) throw;
@@ -356,6 +386,9 @@ std::vector<Reservation> Engine::order_on_slots(OrderRequest& request, Strategy 
       auto it = std::find_if(request.lines.begin(), request.lines.end(),
                              [&](const OrderLine& l) { return l.key == line; });
       if (it == request.lines.end()) throw;
+      if (known_slots(line) <= 1 && slots_after_refusal(line, e.context().actual_version) <= 1) {
+        throw;
+      }
       const std::vector<StockLevel> rows = learn_slots(line);
       if (rows.size() <= 1) throw;
       fill_slot(line, rows, 0, it->qty, std::nullopt);
@@ -406,7 +439,7 @@ StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Versio
       }
       return detail::respread(levels, 0, 0, qty);
     };
-    return detail::summed(key, store_->reshape(keys, false, options_.lock_timeout_ms, plan));
+    return detail::summed(key, store_->reshape(keys, false, false, options_.lock_timeout_ms, plan));
   });
 }
 
@@ -434,7 +467,7 @@ StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand, std::optiona
       for (StockLevel& row : held) row.on_hand = row.reserved;
       return detail::respread(held, 0, 0, on_hand - sum.reserved);
     };
-    return detail::summed(key, store_->reshape(keys, false, options_.lock_timeout_ms, plan));
+    return detail::summed(key, store_->reshape(keys, false, false, options_.lock_timeout_ms, plan));
   });
 }
 

@@ -47,9 +47,9 @@ class DelegatingStore : public Store {
     return inner_->restock(k, q, v, t);
   }
   std::vector<StockLevel> sku_rows(const SkuKey& k) override { return inner_->sku_rows(k); }
-  std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create, std::int64_t ms,
-                                  const ReshapePlan& plan) override {
-    return inner_->reshape(rows, create, ms, plan);
+  std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create, bool write_all,
+                                  std::int64_t ms, const ReshapePlan& plan) override {
+    return inner_->reshape(rows, create, write_all, ms, plan);
   }
   StockLevel set_on_hand(const SkuKey& k, Quantity q, std::optional<Version> v,
                          std::optional<FencingToken> t) override {

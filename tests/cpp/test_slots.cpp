@@ -49,7 +49,7 @@ class Slots : public ::testing::Test {
 TEST_F(Slots, reshape_refused_by_its_plan_changes_and_makes_nothing) {
   engine->restock(sku, 10);
   const std::vector<SkuKey> rows{sku, slot_key(sku, 1), slot_key(sku, 2)};
-  EXPECT_STOCKADE_ERROR(store->reshape(rows, true, 1000,
+  EXPECT_STOCKADE_ERROR(store->reshape(rows, true, false, 1000,
                                        [&](const std::vector<StockLevel>& levels) {
                                          EXPECT_EQ(levels.size(), 3u);
                                          EXPECT_EQ(levels[0].on_hand, 10);
@@ -68,7 +68,7 @@ TEST_F(Slots, reshape_that_would_break_a_row_writes_no_row) {
   const Reservation held = engine->reserve(sku, 4);  // on slot 1, this engine's home
   const std::vector<StockLevel> before = store->sku_rows(sku);
   const std::vector<SkuKey> rows{sku, slot_key(sku, 1)};
-  EXPECT_STOCKADE_ERROR(store->reshape(rows, false, 1000,
+  EXPECT_STOCKADE_ERROR(store->reshape(rows, false, false, 1000,
                                        [&](const std::vector<StockLevel>& levels) {
                                          // all units to the own row: slot 1 keeps 4 held
                                          return std::vector<Quantity>{
@@ -81,6 +81,37 @@ TEST_F(Slots, reshape_that_would_break_a_row_writes_no_row) {
     EXPECT_EQ(after[i].version, before[i].version);
   }
   EXPECT_EQ(held.key, sku);
+}
+
+TEST_F(Slots, making_slot_rows_moves_the_own_rows_version) {
+  // The engine proves "no slots" from a refusal's version alone: slot rows must never
+  // appear while the own row keeps its version, even when no unit moves.
+  engine->restock(sku, 1);
+  engine->reserve(sku, 1);
+  const StockLevel sold_out = engine->stock(sku);
+  EXPECT_STOCKADE_ERROR(engine->reserve(sku, 1), ErrorCode::out_of_stock);
+  try {
+    engine->reserve(sku, 1);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.context().actual_version, sold_out.version);  // refusals carry it
+  }
+  const std::vector<SkuKey> rows{sku, slot_key(sku, 1)};
+  const std::vector<StockLevel> after =
+      store->reshape(rows, true, false, 1000, [](const std::vector<StockLevel>& levels) {
+        return std::vector<Quantity>{levels[0].on_hand, levels[1].on_hand};  // nothing moves
+      });
+  EXPECT_GT(after[0].version, sold_out.version);
+  EXPECT_EQ(after[0].on_hand, 1);
+  // The engine, which found the own row alone at the old version, finds the slot: units
+  // put there are granted, not refused.
+  store->reshape(rows, false, false, 1000, [](const std::vector<StockLevel>& levels) {
+    return std::vector<Quantity>{levels[0].on_hand + 3, levels[1].on_hand};
+  });
+  store->reshape(rows, false, false, 1000, [](const std::vector<StockLevel>& levels) {
+    return std::vector<Quantity>{levels[0].on_hand - 3, levels[1].on_hand + 3};
+  });
+  EXPECT_EQ(engine->reserve(sku, 3).qty, 3);
+  EXPECT_EQ(engine->slot_count(sku), 2);
 }
 
 TEST_F(Slots, replicas_on_every_slot_sell_out_exactly) {

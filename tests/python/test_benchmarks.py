@@ -57,6 +57,8 @@ def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
     # hot-row slots: each replica on a slot of its own
     assert "| batched, 2 x 4 clients, 2 slots |" in out.stdout
     assert "replicas_2_slots_vs_1_auto" in out.stdout
+    assert "| batched, sold out, 2 slots |" in out.stdout
+    assert "sold_out_2_slots_vs_plain_atomic" in out.stdout
 
 
 @pytest.mark.postgres

@@ -40,10 +40,13 @@ struct EngineOptions {
 };
 
 inline constexpr std::size_t slot_directory_max = 1 << 20;
+// Entries of the table through which refusals share their reads of a SKU's rows.
+inline constexpr std::size_t slot_probe_entries = 256;
 
 namespace detail {
 class SlotDirectory;
-}
+class SlotProbes;
+}  // namespace detail
 
 inline constexpr std::size_t async_workers_max = 1024;
 
@@ -192,6 +195,11 @@ class Engine {
   int known_slots(const SkuKey& key) const;
   int home_of(int slots) const;
   std::vector<StockLevel> learn_slots(const SkuKey& key);
+  // After a refusal on the SKU's own row (decided at version `refused_at`, if known):
+  // how many rows the SKU has, from a read that started after the refusal (shared by the
+  // callers refused meanwhile), or 1 without a read when an earlier read found none
+  // beside the own row at that very version (slot rows never appear without moving it).
+  int slots_after_refusal(const SkuKey& key, std::optional<Version> refused_at);
   void refuse_on_slots(const SkuKey& key, const char* feature);
   std::vector<StockLevel> fill_slot(const SkuKey& key, const std::vector<StockLevel>& rows,
                                     int target, Quantity qty,
@@ -241,6 +249,7 @@ class Engine {
   bool closed_ = false;           // no new batcher
   bool executor_closed_ = false;  // no new executor (set once the batcher has drained)
   std::unique_ptr<detail::SlotDirectory> slot_directory_;
+  std::unique_ptr<detail::SlotProbes> slot_probes_;
   int home_ = 0;
 };
 

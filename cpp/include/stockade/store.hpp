@@ -122,12 +122,15 @@ class Store {
   // In one transaction: makes each of `rows` that is missing (at zero, when `create`),
   // locks them in sorted order (waiting at most lock_timeout_ms), hands their levels (in
   // the order of `rows`) to `plan`, and sets each row's on_hand to what plan returns for
-  // it (a row whose on_hand stays keeps its version). plan may throw an Error to refuse,
-  // and then nothing changes; an on_hand below a row's reserved is an invariant_violation.
-  // Returns the rows as they stand after. Rows are of one SKU: `rows` <= slots_max.
+  // it (a row whose on_hand stays keeps its version, unless `write_all`). plan may throw
+  // an Error to refuse, and then nothing changes; an on_hand below a row's reserved is an
+  // invariant_violation. Returns the rows as they stand after. Rows are of one SKU:
+  // `rows` <= slots_max. Whenever rows are made, the first row in key order (the SKU's
+  // own) gets a new version in the same transaction: the engine relies on a SKU's slot
+  // rows never appearing while its own row keeps its version.
   using ReshapePlan = std::function<std::vector<Quantity>(const std::vector<StockLevel>&)>;
   virtual std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create,
-                                          std::int64_t lock_timeout_ms,
+                                          bool write_all, std::int64_t lock_timeout_ms,
                                           const ReshapePlan& plan) = 0;
 
   // Reservations.

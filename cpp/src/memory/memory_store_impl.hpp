@@ -116,7 +116,7 @@ class MemoryStore final : public Store, public TestHooks {
   Quantity buyer_held(const std::string& group, const std::string& buyer) override;
   StockLevel stock(const SkuKey& key) override;
   std::vector<StockLevel> sku_rows(const SkuKey& base) override;
-  std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create,
+  std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create, bool write_all,
                                   std::int64_t lock_timeout_ms, const ReshapePlan& plan) override;
   StockLevel sell(const SellRequest& request) override;
 

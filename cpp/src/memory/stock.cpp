@@ -101,7 +101,7 @@ RowValues hold_units(Telemetry& telemetry, StockRow& row, const RowValues& curre
   const Quantity available = available_of(current);
   if (available < qty) {
     telemetry.count(row.key, SkuEvent::refused);
-    throw_out_of_stock(row.key, available, qty);
+    throw_out_of_stock(row.key, available, qty, current.version);
   }
   RowValues next = changed(current, now);
   next.reserved += qty;
@@ -381,7 +381,7 @@ std::vector<StockLevel> MemoryStore::sku_rows(const SkuKey& base) {
 }
 
 std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bool create,
-                                             std::int64_t lock_timeout_ms,
+                                             bool write_all, std::int64_t lock_timeout_ms,
                                              const ReshapePlan& plan) {
   const TimestampUs now = clock_->now_us();
   std::vector<std::size_t> order(keys.size());
@@ -425,13 +425,28 @@ std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bo
   // The plan decides before any row is made, so a refusal leaves nothing behind (as a
   // rolled-back INSERT does); rows made after are zero until it is applied.
   std::vector<Quantity> on_hand = plan(levels_now());
+  bool made = false;
   if (!missing.empty()) {
     for (std::size_t i : missing) {
-      if (rows[i] == nullptr) rows[i] = insert_row(keys[i], RowValues{0, 0, 1, now}).first;
+      if (rows[i] == nullptr) {
+        auto [row, inserted] = insert_row(keys[i], RowValues{0, 0, 1, now});
+        rows[i] = row;
+        made = made || inserted;
+      }
       take(i);
     }
-    on_hand = plan(levels_now());  // on what the new rows hold now (zero, unless another made them)
+    try {
+      on_hand = plan(levels_now());  // on what the new rows hold (zero, unless another made them)
+    } catch (...) {
+      // Rows were made: the first row in key order moves its version all the same.
+      const std::size_t first = order.front();
+      if (made && latches[first].held()) {
+        latches[first].publish(changed(latches[first].values(), now), keys[first]);
+      }
+      throw;
+    }
   }
+  write_all = write_all || made;
   if (on_hand.size() != rows.size()) {
     throw Error(ErrorCode::invariant_violation,
                 "a reshape plan returned " + std::to_string(on_hand.size()) + " quantities for " +
@@ -440,7 +455,7 @@ std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bo
   std::vector<RowValues> next(rows.size());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     next[i] = latches[i].values();
-    if (on_hand[i] == next[i].on_hand) continue;
+    if (on_hand[i] == next[i].on_hand && !write_all) continue;
     next[i] = changed(next[i], now);
     next[i].on_hand = on_hand[i];
     if (next[i].reserved > next[i].on_hand + next[i].backorder_limit) {
@@ -463,7 +478,7 @@ StockLevel MemoryStore::sell(const SellRequest& request) {
     check_row(row.key, v, now, request.options.expected_version, request.options.fencing_token);
     if (available_of(v) < request.qty) {
       telemetry().count(row.key, SkuEvent::refused);
-      throw_out_of_stock(row.key, available_of(v), request.qty);
+      throw_out_of_stock(row.key, available_of(v), request.qty, v.version);
     }
     RowValues next = changed(v, now);
     next.on_hand -= request.qty;

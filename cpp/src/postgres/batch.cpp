@@ -516,7 +516,7 @@ void BatchTx::decide() {
     }
     const Quantity available = row.on_hand + row.backorder_limit - row.reserved;
     if (available < item.qty) {
-      fail(item, out_of_stock(item.key, available, item.qty));
+      fail(item, out_of_stock(item.key, available, item.qty, row.version));
       continue;
     }
     ++row.changes;

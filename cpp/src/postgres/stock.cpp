@@ -117,7 +117,7 @@ void PostgresStore::refuse(Tx& tx, const SkuKey& key, Quantity qty,
   if (!row) throw_stock_not_found(key);
   check_writable(*row, expected, token);
   telemetry().count(key, SkuEvent::refused);
-  throw_out_of_stock(key, row->available(), qty);
+  throw_out_of_stock(key, row->available(), qty, row->version);
 }
 
 StockLevel PostgresStore::upsert(const SkuKey& key, Quantity value, bool add,
@@ -176,7 +176,7 @@ std::vector<StockLevel> PostgresStore::sku_rows(const SkuKey& base) {
 }
 
 std::vector<StockLevel> PostgresStore::reshape(const std::vector<SkuKey>& keys, bool create,
-                                               std::int64_t lock_timeout_ms,
+                                               bool write_all, std::int64_t lock_timeout_ms,
                                                const ReshapePlan& plan) {
   WriteOptions wait;
   wait.strategy = Strategy::pessimistic;
@@ -187,14 +187,16 @@ std::vector<StockLevel> PostgresStore::reshape(const std::vector<SkuKey>& keys, 
             [&](std::size_t a, std::size_t b) { return keys[a] < keys[b]; });
   return run(&wait, context_of(keys.front()), [&](Tx& tx) {
     std::vector<StockLevel> levels(keys.size());
+    bool made = false;
     for (std::size_t i : order) {  // each row locked by a statement of its own, in key order
       const SkuKey& key = keys[i];
       Level row = read_row(tx, Stmt::stock_lock, key);
       while (!row && create) {
-        const pqxx::result made =
+        const pqxx::result inserted =
             tx.exec_on(shard_of(key), Stmt::stock_insert, key.sku, key.location, 0);
-        if (!made.empty()) {
-          row = level_from(key, made[0]);  // ours until we commit
+        if (!inserted.empty()) {
+          made = true;
+          row = level_from(key, inserted[0]);  // ours until we commit
         } else {
           row = read_row(tx, Stmt::stock_lock, key);  // made by another since our read
         }
@@ -219,7 +221,8 @@ std::vector<StockLevel> PostgresStore::reshape(const std::vector<SkuKey>& keys, 
       }
     }
     for (std::size_t i : order) {
-      if (on_hand[i] == levels[i].on_hand) continue;
+      // Rows made: every row is written, so the first in key order moves its version.
+      if (on_hand[i] == levels[i].on_hand && !write_all && !made) continue;
       const SkuKey& key = keys[i];
       levels[i] = level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_on_hand, key.sku,
                                              key.location, on_hand[i])[0]);
@@ -342,7 +345,7 @@ StockLevel PostgresStore::sell(const SellRequest& request) {
       check_writable(read, options.expected_version, options.fencing_token);
       if (read.available() < request.qty) {
         telemetry().count(key, SkuEvent::refused);
-        throw_out_of_stock(key, read.available(), request.qty);
+        throw_out_of_stock(key, read.available(), request.qty, read.version);
       }
       return write_row(tx, read, request.qty, 0, options);
     });
@@ -390,7 +393,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
       check_writable(reads[i], options.expected_version, std::nullopt);
       if (reads[i].available() < lines[i].qty) {
         telemetry().count(lines[i].key, SkuEvent::refused);
-        throw_out_of_stock(lines[i].key, reads[i].available(), lines[i].qty);
+        throw_out_of_stock(lines[i].key, reads[i].available(), lines[i].qty, reads[i].version);
       }
     }
     for (std::size_t i = 0; i < lines.size(); ++i) {
