@@ -356,6 +356,10 @@ def replicas_section(
             cases[4][1]["rate"] / cases[1][1]["rate"]
         )
         ratios[f"one_process_{n}_slots_vs_1_{strategy}"] = cases[5][1]["rate"] / base
+        # the same SKU and slots, all clients in one process: the stricter baseline
+        ratios[f"replicas_{n}_slots_vs_1_slotted_{strategy}"] = (
+            cases[4][1]["rate"] / cases[5][1]["rate"]
+        )
     table(
         f"5. one hot SKU, {args.clients} C++ clients in 1 process and in {args.replicas}",
         replicas,

@@ -643,7 +643,7 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
       [this, key, qty, ttl_us, idempotency_key, call](
           std::uint64_t t, std::shared_ptr<CompletionSink> inner, const Error& refusal) {
         run_async(std::move(inner), t, [this, key, qty, ttl_us, idempotency_key, call, refusal] {
-          if (slots_after_refusal(key, refusal.context().actual_version) <= 1) throw refusal;
+          if (rows_after_refusal(key, refusal.context().actual_version).size() <= 1) throw refusal;
           return reserve(key, qty, ttl_us, idempotency_key, call);
         });
       });
@@ -682,7 +682,7 @@ void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& cal
       [this, key, qty, call](std::uint64_t t, std::shared_ptr<CompletionSink> inner,
                              const Error& refusal) {
         run_async(std::move(inner), t, [this, key, qty, call, refusal] {
-          if (slots_after_refusal(key, refusal.context().actual_version) <= 1) throw refusal;
+          if (rows_after_refusal(key, refusal.context().actual_version).size() <= 1) throw refusal;
           return sell(key, qty, call);
         });
       });

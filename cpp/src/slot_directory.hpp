@@ -59,29 +59,29 @@ class SlotDirectory {
   std::deque<SkuKey> order_;  // insertion order, for eviction
 };
 
-// Shared reads of a SKU's row count after refusals. A refusal on a SKU's own row is the
-// SKU's when the SKU has no slot rows; slots only grow, so a read that *started after*
-// the refusal and found none proves it. Refusals come in floods (a sold-out hot SKU), so
-// the callers refused at about the same time share one such read: each waits for a read
-// that began after its call did, or starts one. A fixed table of entries (by the key's
-// hash) bounds the memory; a collision only makes callers wait their turn.
+// Shared reads of a SKU's rows after refusals. A refusal on a row is the SKU's when the
+// SKU has no other rows, or when its rows together were short: a snapshot of them taken
+// *after* the refusal shows either (slots only grow). Refusals come in floods (a sold-out
+// hot SKU), so the callers refused at about the same time share one such read: each waits
+// for a read that began after its call did, or starts one. And a read that found the own
+// row alone at version V proves, without another read, every later refusal decided at V
+// (slot rows appear only together with a new version of the own row). A fixed table of
+// entries (by the key's hash) bounds the memory; a collision only makes callers wait.
 class SlotProbes {
  public:
   explicit SlotProbes(std::size_t entries) {
     for (std::size_t i = 0; i < entries; ++i) entries_.push_back(std::make_unique<Entry>());
   }
 
-  // The SKU's row count from a read (`read`: the count and the own row's version) that
-  // started after this call began; or 1 at once if a read found the own row alone at
-  // `refused_at`, the version the refusal was decided at (slot rows appear only
-  // together with a new version of the own row, so none existed at that version).
-  int count_after(const SkuKey& key, std::optional<Version> refused_at,
-                  const std::function<std::pair<int, Version>()>& read) {
+  // The SKU's rows from a read (`read`, one snapshot) that started after this call
+  // began; or none at all (empty) when a read found the own row alone at `refused_at`.
+  std::vector<StockLevel> rows_after(const SkuKey& key, std::optional<Version> refused_at,
+                                     const std::function<std::vector<StockLevel>()>& read) {
     Entry& e = *entries_[SkuKeyHash{}(key) % entries_.size()];
     const std::uint64_t called = clock_.fetch_add(1, std::memory_order_acq_rel) + 1;
     std::unique_lock<std::mutex> lock(e.mutex);
     for (;;) {
-      if (refused_at && e.alone_key == key && e.alone_at == *refused_at) return 1;
+      if (refused_at && e.alone_key == key && e.alone_at == *refused_at) return {};
       if (e.key == key && e.done_started > called) return e.rows;
       if (e.busy) {  // a read runs: wait for it (ours if it started after us, else its end)
         e.done.wait(lock);
@@ -91,7 +91,7 @@ class SlotProbes {
       e.key = key;
       e.started = clock_.fetch_add(1, std::memory_order_acq_rel) + 1;
       lock.unlock();
-      std::pair<int, Version> found{0, 0};
+      std::vector<StockLevel> found;
       try {
         found = read();
       } catch (...) {
@@ -103,13 +103,13 @@ class SlotProbes {
       lock.lock();
       e.busy = false;
       e.done_started = e.started;
-      e.rows = found.first;
-      if (found.first == 1) {
+      e.rows = found;
+      if (found.size() == 1) {
         e.alone_key = key;
-        e.alone_at = found.second;
+        e.alone_at = found.front().version;
       }
       e.done.notify_all();
-      return found.first;
+      return found;
     }
   }
 
@@ -121,7 +121,7 @@ class SlotProbes {
     bool busy = false;
     std::uint64_t started = 0;       // of the read running now
     std::uint64_t done_started = 0;  // of the last read that finished
-    int rows = 0;                    // what it found
+    std::vector<StockLevel> rows;    // what it found
     SkuKey alone_key{"", ""};        // a SKU a read found without slot rows,
     Version alone_at = 0;            // and its own row's version then
   };

@@ -147,12 +147,9 @@ std::vector<StockLevel> Engine::learn_slots(const SkuKey& key) {
   return rows;
 }
 
-int Engine::slots_after_refusal(const SkuKey& key, std::optional<Version> refused_at) {
-  return slot_probes_->count_after(key, refused_at, [&] {
-    const std::vector<StockLevel> rows = learn_slots(key);
-    return std::make_pair(static_cast<int>(rows.size()),
-                          rows.empty() ? Version{0} : rows.front().version);
-  });
+std::vector<StockLevel> Engine::rows_after_refusal(const SkuKey& key,
+                                                   std::optional<Version> refused_at) {
+  return slot_probes_->rows_after(key, refused_at, [&] { return learn_slots(key); });
 }
 
 void Engine::refuse_on_slots(const SkuKey& key, const char* feature) {
@@ -270,13 +267,11 @@ Result Engine::on_slots(const SkuKey& key, Quantity qty, const std::optional<Ver
       if (e.code() != ErrorCode::out_of_stock || expected) throw detail::unslotted(e, key);
       refusal = e;
     }
-    // The row is short. Is the SKU? Not slotted (as far as this engine knew), the row's
-    // refusal is the SKU's unless a read since finds slot rows.
-    if (k <= 1 && slots_after_refusal(key, refusal->context().actual_version) <= 1) {
-      throw *refusal;
-    }
-    const std::vector<StockLevel> rows = learn_slots(key);
-    if (rows.size() <= 1) throw *refusal;
+    // The row is short. Is the SKU? A read since the refusal says (the version of a
+    // refusal on the own row may prove at once that it has no slot rows).
+    const std::vector<StockLevel> rows =
+        rows_after_refusal(key, k <= 1 ? refusal->context().actual_version : std::nullopt);
+    if (rows.size() <= 1) throw *refusal;  // not slotted: the row's refusal is the SKU's
     if (round >= rounds) {
       throw Error(ErrorCode::overloaded,
                   "units were moved into this engine's slot of " + detail::describe(key) + " " +
@@ -386,10 +381,8 @@ std::vector<Reservation> Engine::order_on_slots(OrderRequest& request, Strategy 
       auto it = std::find_if(request.lines.begin(), request.lines.end(),
                              [&](const OrderLine& l) { return l.key == line; });
       if (it == request.lines.end()) throw;
-      if (known_slots(line) <= 1 && slots_after_refusal(line, e.context().actual_version) <= 1) {
-        throw;
-      }
-      const std::vector<StockLevel> rows = learn_slots(line);
+      const std::vector<StockLevel> rows = rows_after_refusal(
+          line, known_slots(line) <= 1 ? e.context().actual_version : std::nullopt);
       if (rows.size() <= 1) throw;
       fill_slot(line, rows, 0, it->qty, std::nullopt);
     }

@@ -195,11 +195,11 @@ class Engine {
   int known_slots(const SkuKey& key) const;
   int home_of(int slots) const;
   std::vector<StockLevel> learn_slots(const SkuKey& key);
-  // After a refusal on the SKU's own row (decided at version `refused_at`, if known):
-  // how many rows the SKU has, from a read that started after the refusal (shared by the
-  // callers refused meanwhile), or 1 without a read when an earlier read found none
-  // beside the own row at that very version (slot rows never appear without moving it).
-  int slots_after_refusal(const SkuKey& key, std::optional<Version> refused_at);
+  // After a refusal on one of the SKU's rows (decided at version `refused_at` of its own
+  // row, if known): the SKU's rows from one snapshot read after the refusal (shared by
+  // the callers refused meanwhile; SlotProbes), or none when an earlier read found the
+  // own row alone at that very version (slot rows never appear without moving it).
+  std::vector<StockLevel> rows_after_refusal(const SkuKey& key, std::optional<Version> refused_at);
   void refuse_on_slots(const SkuKey& key, const char* feature);
   std::vector<StockLevel> fill_slot(const SkuKey& key, const std::vector<StockLevel>& rows,
                                     int target, Quantity qty,
