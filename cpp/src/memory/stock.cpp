@@ -394,24 +394,30 @@ std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bo
   std::vector<StockRow*> rows(keys.size(), nullptr);
   std::vector<std::unique_lock<TimedLock>> locks;
   std::vector<RowLatch> latches(keys.size());
-  // The rows' FOR UPDATE locks, then their latches, in key order: no deadlock with an
-  // order, and every other writer waits or fails its compare-and-set meanwhile.
+  // The rows' FOR UPDATE locks, then their latches, each in key order: no deadlock with
+  // an order, and every other writer waits or fails its compare-and-set meanwhile. (No
+  // latch is held while a lock is awaited: readers spin on a latch.)
   const auto take = [&](std::size_t i) {
     locks.push_back(acquire(rows[i]->row_lock, keys[i], wait, nullptr, nullptr));
     latches[i] = RowLatch(rows[i]->cell, rows[i]->cell.latch());
   };
   std::vector<std::size_t> missing;
+  std::vector<std::size_t> present;
   for (std::size_t i : order) {
     rows[i] = find_row(keys[i]);
     if (rows[i] == nullptr) {
       if (!create) throw_stock_not_found(keys[i]);
       missing.push_back(i);
     } else if (missing.empty()) {
-      take(i);
+      present.push_back(i);
     } else {
       missing.push_back(i);  // after a missing one in key order: taken with those
     }
   }
+  for (std::size_t i : present) {
+    locks.push_back(acquire(rows[i]->row_lock, keys[i], wait, nullptr, nullptr));
+  }
+  for (std::size_t i : present) latches[i] = RowLatch(rows[i]->cell, rows[i]->cell.latch());
   const auto levels_now = [&] {
     std::vector<StockLevel> levels;
     levels.reserve(rows.size());
