@@ -639,7 +639,7 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
   const int slots = known_slots(key);
   const SkuKey row = slots > 1 ? slot_key(key, home_of(slots)) : key;
   sink = slot_checked_sink(
-      std::move(sink), key,
+      std::move(sink),
       [this, key, qty, ttl_us, idempotency_key, call](
           std::uint64_t t, std::shared_ptr<CompletionSink> inner, const Error& refusal) {
         run_async(std::move(inner), t, [this, key, qty, ttl_us, idempotency_key, call, refusal] {
@@ -678,7 +678,7 @@ void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& cal
     return;
   }
   sink = slot_checked_sink(
-      std::move(sink), key,
+      std::move(sink),
       [this, key, qty, call](std::uint64_t t, std::shared_ptr<CompletionSink> inner,
                              const Error& refusal) {
         run_async(std::move(inner), t, [this, key, qty, call, refusal] {

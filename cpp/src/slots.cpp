@@ -53,6 +53,13 @@ std::vector<Quantity> spread(Quantity total, std::size_t n, std::size_t target, 
   return out;
 }
 
+std::vector<SkuKey> keys_of(const std::vector<StockLevel>& rows) {
+  std::vector<SkuKey> keys;
+  keys.reserve(rows.size());
+  for (const StockLevel& row : rows) keys.push_back(row.key);
+  return keys;
+}
+
 // The units of a row that may move: those neither held nor owed.
 Quantity movable(const StockLevel& row) {
   return std::max<Quantity>(0, row.on_hand - row.reserved);
@@ -165,25 +172,18 @@ void Engine::refuse_on_slots(const SkuKey& key, const char* feature) {
 std::vector<StockLevel> Engine::fill_slot(const SkuKey& key, const std::vector<StockLevel>& rows,
                                           int target, Quantity qty,
                                           const std::optional<Version>& expected) {
-  std::vector<SkuKey> keys;
-  keys.reserve(rows.size());
-  for (const StockLevel& row : rows) keys.push_back(row.key);
   const auto plan = [&](const std::vector<StockLevel>& levels) {
-    Version version = 0;
+    detail::check_expected(key, expected, detail::summed(key, levels).version);
     Quantity free = 0;
-    for (const StockLevel& row : levels) {
-      version += row.version;
-      free += detail::movable(row);
-    }
-    detail::check_expected(key, expected, version);
+    for (const StockLevel& row : levels) free += detail::movable(row);
     if (free < qty) {  // every row is locked: true of the SKU at this instant
       telemetry_->count(key, SkuEvent::refused);
       detail::throw_out_of_stock(key, free, qty);
     }
     return detail::respread(levels, static_cast<std::size_t>(target), qty, 0);
   };
-  return store_->reshape(keys, /*create=*/false, /*write_all=*/false, options_.lock_timeout_ms,
-                         plan);
+  return store_->reshape(detail::keys_of(rows), /*create=*/false, /*write_all=*/false,
+                         options_.lock_timeout_ms, plan);
 }
 
 StockLevel Engine::set_slots(const SkuKey& key, int slots) {
@@ -390,9 +390,8 @@ std::vector<Reservation> Engine::order_on_slots(OrderRequest& request, Strategy 
 }
 
 std::shared_ptr<CompletionSink> Engine::slot_checked_sink(
-    std::shared_ptr<CompletionSink> sink, const SkuKey& key,
+    std::shared_ptr<CompletionSink> sink,
     std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)> retry) {
-  (void)key;
   return std::make_shared<detail::SlotCheckedSink>(std::move(sink), std::move(retry));
 }
 
@@ -420,19 +419,16 @@ StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Versio
     if (expected || token || known_slots(key) > 1) rows = learn_slots(key);
     if (rows.size() <= 1) return store_->restock(key, qty, expected, token);
     if (token) refuse_on_slots(key, "a fencing token (leases)");
-    std::vector<SkuKey> keys;
-    for (const StockLevel& row : rows) keys.push_back(row.key);
     const auto plan = [&](const std::vector<StockLevel>& levels) {
-      Version version = 0;
-      for (const StockLevel& row : levels) version += row.version;
-      detail::check_expected(key, expected, version);
+      detail::check_expected(key, expected, detail::summed(key, levels).version);
       if (levels.front().discontinued) {
         throw Error(ErrorCode::discontinued, detail::describe(key) + " is discontinued",
                     detail::context_of(key));
       }
       return detail::respread(levels, 0, 0, qty);
     };
-    return detail::summed(key, store_->reshape(keys, false, false, options_.lock_timeout_ms, plan));
+    return detail::summed(
+        key, store_->reshape(detail::keys_of(rows), false, false, options_.lock_timeout_ms, plan));
   });
 }
 
@@ -449,8 +445,6 @@ StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand, std::optiona
     const std::vector<StockLevel> rows = learn_slots(key);
     if (rows.size() <= 1) return store_->set_on_hand(key, on_hand, expected, token);
     if (token) refuse_on_slots(key, "a fencing token (leases)");
-    std::vector<SkuKey> keys;
-    for (const StockLevel& row : rows) keys.push_back(row.key);
     const auto plan = [&](const std::vector<StockLevel>& levels) {
       const StockLevel sum = detail::summed(key, levels);
       detail::check_expected(key, expected, sum.version);
@@ -460,7 +454,8 @@ StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand, std::optiona
       for (StockLevel& row : held) row.on_hand = row.reserved;
       return detail::respread(held, 0, 0, on_hand - sum.reserved);
     };
-    return detail::summed(key, store_->reshape(keys, false, false, options_.lock_timeout_ms, plan));
+    return detail::summed(
+        key, store_->reshape(detail::keys_of(rows), false, false, options_.lock_timeout_ms, plan));
   });
 }
 

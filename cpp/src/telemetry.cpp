@@ -182,15 +182,15 @@ void Telemetry::count_outcome(Strategy strategy, const Error* error) {
 }
 
 void Telemetry::count(const SkuKey& row_key, SkuEvent event, std::uint64_t n) {
-  // A hot-row slot's row counts under its SKU: callers never see a slot's location.
-  const bool slot_row = row_key.location.find(slot_mark) != std::string::npos;
-  const SkuKey base = slot_row ? base_key(row_key) : SkuKey{};
-  const SkuKey& key = slot_row ? base : row_key;
+  // A hot-row slot's row counts under its SKU: callers never see a slot's location. The
+  // SKU's location is a prefix of the row's, so nothing is copied unless an entry is made.
+  std::string_view location = row_key.location;
+  location = location.substr(0, location.find(slot_mark));
   // Tag 0 marks a free slot, so a key whose hash is 0 counts under 1.
-  const std::uint64_t tag = std::max<std::uint64_t>(1, stable_hash64({key.sku, key.location}));
+  const std::uint64_t tag = std::max<std::uint64_t>(1, stable_hash64({row_key.sku, location}));
   SkuTable::Bucket& bucket = skus_->buckets[tag & (skus_->buckets.size() - 1)];
   SkuTable::Slot* slot = SkuTable::find(bucket, tag);
-  if (slot == nullptr) slot = &SkuTable::take(bucket, tag, key);
+  if (slot == nullptr) slot = &SkuTable::take(bucket, tag, base_key(row_key));
   switch (event) {
     case SkuEvent::request:
       bump(slot->requests, n);

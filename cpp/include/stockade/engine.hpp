@@ -209,7 +209,7 @@ class Engine {
                   Attempt&& attempt);
   std::vector<Reservation> order_on_slots(OrderRequest& request, Strategy asked);
   std::shared_ptr<CompletionSink> slot_checked_sink(
-      std::shared_ptr<CompletionSink> sink, const SkuKey& key,
+      std::shared_ptr<CompletionSink> sink,
       std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)> retry);
   Reservation reserve_checked(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
                               const std::optional<std::string>& idempotency_key,
