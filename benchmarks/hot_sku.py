@@ -17,6 +17,8 @@ compare the ratios, not the absolute numbers. Sections:
      clients spread over --replicas SKUs. And the hot SKU with --replicas hot-row slots
      (Engine.set_slots), each process on a slot of its own (home_slot), and one process
      on that SKU (all its clients on its one home slot: what slots cost a single process).
+     Last, the shared row again with batch_linger=0: what the flushers' wait on a row that
+     other processes write too adds.
   6. a sold-out SKU under the same 64 clients: refusals per second, on a plain row and on
      a SKU with --replicas slots (a refusal there reads every row of the SKU).
 
@@ -111,10 +113,11 @@ REPLICA = """
 import json, os, sys, time
 import stockade
 from stockade.tools import drive_load
-sku, strategy, clients, seconds, start_at, home = sys.argv[1:7]
+sku, strategy, clients, seconds, start_at, home, linger = sys.argv[1:8]
 home_slot = None if home == "-" else int(home)
+options = {} if linger == "-" else {"batch_linger": float(linger)}
 with stockade.Engine.postgres(
-    os.environ["STOCKADE_DSN"], pool_size=int(clients), home_slot=home_slot
+    os.environ["STOCKADE_DSN"], pool_size=int(clients), home_slot=home_slot, **options
 ) as eng:
     eng.stock(sku)  # connected before the start
     time.sleep(max(0.0, float(start_at) - time.time()))
@@ -122,15 +125,23 @@ with stockade.Engine.postgres(
     batcher = eng.stats()["batcher"]
     print(json.dumps({"granted": r.granted, "failed": r.failed, "seconds": r.seconds,
                       "p50_us": r.p50_us, "p99_us": r.p99_us,
-                      "batch_size_mean": batcher["batch_size_mean"]}))
+                      "batch_size_mean": batcher["batch_size_mean"],
+                      "lingered": batcher["lingered_batches"], "batches": batcher["batches"]}))
 """
 
 
 def replicas_load(
-    dsn: str, skus: List[str], strategy: str, clients: int, seconds: float, slots: bool = False
+    dsn: str,
+    skus: List[str],
+    strategy: str,
+    clients: int,
+    seconds: float,
+    slots: bool = False,
+    linger: Optional[float] = None,
 ) -> Dict[str, Any]:
     """One replica per entry of `skus` (the SKU it drives), with clients // len(skus) C++
-    clients each, started together; with `slots`, replica i has home_slot i."""
+    clients each, started together; with `slots`, replica i has home_slot i; `linger`
+    (seconds) sets batch_linger, else the default."""
     start_at = time.time() + 3.0  # time to start Python and connect
     env = {**os.environ, "STOCKADE_DSN": dsn}
     per = str(clients // len(skus))
@@ -146,6 +157,7 @@ def replicas_load(
                 str(seconds),
                 str(start_at),
                 str(i) if slots else "-",
+                "-" if linger is None else repr(linger),
             ],
             stdout=subprocess.PIPE,
             text=True,
@@ -169,6 +181,9 @@ def replicas_load(
         "p50_us": sum(o["p50_us"] for o in outs) / len(outs),
         "p99_us": max(o["p99_us"] for o in outs),
         "batch_size_mean": sum(o["batch_size_mean"] for o in outs) / len(outs),
+        "lingered_share": (
+            sum(o["lingered"] for o in outs) / max(1, sum(o["batches"] for o in outs))
+        ),
     }
 
 
@@ -328,27 +343,35 @@ def replicas_section(
         spread = [fresh_sku(eng, f"hot-replicas-{strategy}-spread-{i}") for i in range(n)]
         slotted = fresh_sku(eng, f"hot-replicas-{strategy}-slots")
         eng.set_slots(slotted, n)
+        unlingered = fresh_sku(eng, f"hot-replicas-{strategy}-{n}-no-linger")
         # (case, the SKU of each replica process or None (then this process drives the
-        # SKUs listed), and whether replica i runs on slot i)
-        loads: List[Tuple[str, Optional[List[str]], List[str], bool]] = [
-            (f"{strategy}, 1 x {args.clients} clients", [one], [], False),
-            (f"{strategy}, {n} x {per} clients", [shared] * n, [], False),
-            (f"{strategy}, {n} x {per} clients, a SKU per process", own, [], False),
-            (f"{strategy}, 1 x {args.clients} clients over {n} SKUs", None, spread, False),
-            (f"{strategy}, {n} x {per} clients, {n} slots", [slotted] * n, [], True),
-            (f"{strategy}, 1 x {args.clients} clients, {n} slots", None, [slotted], False),
+        # SKUs listed), whether replica i runs on slot i, and its batch_linger)
+        loads: List[Tuple[str, Optional[List[str]], List[str], bool, Optional[float]]] = [
+            (f"{strategy}, 1 x {args.clients} clients", [one], [], False, None),
+            (f"{strategy}, {n} x {per} clients", [shared] * n, [], False, None),
+            (f"{strategy}, {n} x {per} clients, a SKU per process", own, [], False, None),
+            (f"{strategy}, 1 x {args.clients} clients over {n} SKUs", None, spread, False, None),
+            (f"{strategy}, {n} x {per} clients, {n} slots", [slotted] * n, [], True, None),
+            (f"{strategy}, 1 x {args.clients} clients, {n} slots", None, [slotted], False, None),
+            (f"{strategy}, {n} x {per} clients, batch_linger=0", [unlingered] * n, [], False, 0.0),
         ]
         cases = []
-        for case, processes, local, slots in loads:
+        for case, processes, local, slots, linger in loads:
             pg_sql("CHECKPOINT")  # each case starts from a checkpoint, as fresh_sku's do
             if processes is not None:
-                r = replicas_load(dsn, processes, strategy, args.clients, args.seconds, slots)
+                r = replicas_load(
+                    dsn, processes, strategy, args.clients, args.seconds, slots, linger
+                )
             else:
                 r = c_load(eng, local, strategy, args.clients, 1, args.seconds)
             cases.append((case, r))
         replicas += [{"case": case, **r} for case, r in cases]
         base = cases[0][1]["rate"]
         ratios[f"replicas_{n}_vs_1_{strategy}"] = cases[1][1]["rate"] / base
+        ratios[f"replicas_{n}_no_linger_vs_1_{strategy}"] = cases[6][1]["rate"] / base
+        ratios[f"replicas_{n}_linger_vs_no_linger_{strategy}"] = (
+            cases[1][1]["rate"] / cases[6][1]["rate"]
+        )
         ratios[f"replicas_{n}_own_skus_vs_1_{strategy}"] = cases[2][1]["rate"] / base
         ratios[f"one_process_{n}_skus_vs_1_{strategy}"] = cases[3][1]["rate"] / base
         ratios[f"replicas_{n}_slots_vs_1_{strategy}"] = cases[4][1]["rate"] / base
@@ -367,7 +390,11 @@ def replicas_section(
     )
     for r in replicas:
         if "batch_size_mean" in r:
-            print(f"- {r['case']}: batches of {r['batch_size_mean']:.1f} requests on average")
+            lingered = r.get("lingered_share")
+            print(
+                f"- {r['case']}: batches of {r['batch_size_mean']:.1f} requests on average"
+                + ("" if lingered is None else f", {lingered:.0%} of them lingered")
+            )
     report["hot_replicas"] = replicas
 
 

@@ -95,6 +95,8 @@ py::dict stats_dict(const StoreStats& s) {
   batcher["requests"] = s.batcher.requests;
   batcher["failed_batches"] = s.batcher.failed_batches;
   batcher["batch_size_max"] = s.batcher.batch_size_max;
+  batcher["shared_row_batches"] = s.batcher.shared_row_batches;
+  batcher["lingered_batches"] = s.batcher.lingered_batches;
   batcher["batch_size_mean"] = s.batcher.batches == 0 ? 0.0
                                                       : static_cast<double>(s.batcher.requests) /
                                                             static_cast<double>(s.batcher.batches);
@@ -147,6 +149,7 @@ struct CommonOptions {
   std::size_t batch_max;
   std::size_t batch_shards;
   std::int64_t batch_lock_slice_ms;
+  std::int64_t batch_linger_us;
   std::size_t async_workers;
   int home_slot;
   std::size_t slot_directory;
@@ -160,6 +163,7 @@ struct CommonOptions {
     options.batcher.batch_max = batch_max;
     options.batcher.shards = batch_shards;
     options.batcher.lock_slice_ms = batch_lock_slice_ms;
+    options.batcher.contended_linger_us = batch_linger_us;
     options.batcher.queue_capacity = std::max(options.batcher.queue_capacity, batch_max);
     options.async_workers = async_workers;
     options.home_slot = home_slot;
@@ -172,11 +176,12 @@ std::unique_ptr<Engine> make_memory(const std::string& strategy, int retries_max
                                     std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
                                     std::shared_ptr<Clock> clock, std::int64_t retention_us,
                                     std::size_t batch_max, std::size_t batch_shards,
-                                    std::int64_t batch_lock_slice_ms, std::size_t async_workers,
-                                    int home_slot, std::size_t slot_directory) {
-  const CommonOptions common{strategy,  retries_max,   lock_timeout_ms,     default_ttl_us,
-                             batch_max, batch_shards,  batch_lock_slice_ms, async_workers,
-                             home_slot, slot_directory};
+                                    std::int64_t batch_lock_slice_ms, std::int64_t batch_linger_us,
+                                    std::size_t async_workers, int home_slot,
+                                    std::size_t slot_directory) {
+  const CommonOptions common{strategy,      retries_max,  lock_timeout_ms,     default_ttl_us,
+                             batch_max,     batch_shards, batch_lock_slice_ms, batch_linger_us,
+                             async_workers, home_slot,    slot_directory};
   MemoryOptions memory;
   memory.retention_us = retention_us;
   return Engine::memory(common.engine(), std::move(clock), memory);
@@ -190,7 +195,8 @@ std::unique_ptr<Engine> make_postgres(
     std::int64_t retention_ms, std::size_t purge_batch, const std::string& strategy,
     int retries_max, std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
     std::size_t batch_max, std::size_t batch_shards, std::int64_t batch_lock_slice_ms,
-    std::size_t async_workers, int home_slot, std::size_t slot_directory) {
+    std::int64_t batch_linger_us, std::size_t async_workers, int home_slot,
+    std::size_t slot_directory) {
   PostgresOptions postgres;
   postgres.dsn = dsn;
   postgres.schema = schema;
@@ -205,9 +211,9 @@ std::unique_ptr<Engine> make_postgres(
   postgres.sweep_batch = sweep_batch;
   postgres.retention_ms = retention_ms;
   postgres.purge_batch = purge_batch;
-  const CommonOptions common{strategy,  retries_max,   lock_timeout_ms,     default_ttl_us,
-                             batch_max, batch_shards,  batch_lock_slice_ms, async_workers,
-                             home_slot, slot_directory};
+  const CommonOptions common{strategy,      retries_max,  lock_timeout_ms,     default_ttl_us,
+                             batch_max,     batch_shards, batch_lock_slice_ms, batch_linger_us,
+                             async_workers, home_slot,    slot_directory};
   return Engine::postgres(std::move(postgres), common.engine());
 }
 
@@ -470,8 +476,9 @@ void register_engine(py::module_& m) {
   c.def_static("memory", &make_memory, py::arg("strategy"), py::arg("retries_max"),
                py::arg("lock_timeout_ms"), py::arg("default_ttl_us"), py::arg("clock"),
                py::arg("retention_us"), py::arg("batch_max"), py::arg("batch_shards"),
-               py::arg("batch_lock_slice_ms"), py::arg("async_workers"), py::arg("home_slot"),
-               py::arg("slot_directory"), "An engine over an in-process memory store.")
+               py::arg("batch_lock_slice_ms"), py::arg("batch_linger_us"), py::arg("async_workers"),
+               py::arg("home_slot"), py::arg("slot_directory"),
+               "An engine over an in-process memory store.")
       .def_static("postgres", &make_postgres, py::arg("dsn"), py::arg("schema"),
                   py::arg("pool_size"), py::arg("pool_timeout_ms"), py::arg("resolve_timeout_ms"),
                   py::arg("application_name"), py::arg("pooler"), py::arg("layout"),
@@ -479,8 +486,9 @@ void register_engine(py::module_& m) {
                   py::arg("retention_ms"), py::arg("purge_batch"), py::arg("strategy"),
                   py::arg("retries_max"), py::arg("lock_timeout_ms"), py::arg("default_ttl_us"),
                   py::arg("batch_max"), py::arg("batch_shards"), py::arg("batch_lock_slice_ms"),
-                  py::arg("async_workers"), py::arg("home_slot"), py::arg("slot_directory"),
-                  Release(), "An engine over PostgreSQL (connects at once).")
+                  py::arg("batch_linger_us"), py::arg("async_workers"), py::arg("home_slot"),
+                  py::arg("slot_directory"), Release(),
+                  "An engine over PostgreSQL (connects at once).")
       .def("migrate", &Engine::migrate, py::arg("up_to"), Release())
       .def("migration_plan", &Engine::migration_plan, py::arg("up_to"), Release())
       .def("drop_schema", &Engine::drop_schema, Release())

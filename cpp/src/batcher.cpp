@@ -86,6 +86,8 @@ void validate_batcher_options(const BatcherOptions& o) {
   check(
       o.lock_slice_ms >= 1 && o.lock_slice_ms <= lock_timeout_ms_max,
       "the batch lock slice must be between 1 and " + std::to_string(lock_timeout_ms_max) + " ms");
+  check(o.contended_linger_us >= 0 && o.contended_linger_us <= batch_linger_us_max,
+        "the batch linger must be between 0 and " + std::to_string(batch_linger_us_max) + " us");
   check(o.enqueue_timeout_ms >= 0 && o.enqueue_timeout_ms <= lock_timeout_ms_max,
         "the batch enqueue timeout must be between 0 and " + std::to_string(lock_timeout_ms_max) +
             " ms");
@@ -132,6 +134,12 @@ struct HotRowBatcher::Shard {
   bool flusher_done = false;
   // The flusher's scratch: the records of the batch being applied (reused, no allocation).
   std::vector<Slot*> batch_slots;
+  // The flusher's view of the row it batches most recently, alone in a batch: the version
+  // its last batch left it at, and until when it counts as shared with another writer.
+  SkuKey watched;
+  Version watched_left = 0;
+  std::size_t watched_batch = 0;  // requests on it in the last batch that touched it
+  SteadyClock::time_point shared_until{};
   std::thread flusher;
   std::thread completer;
 };
@@ -301,6 +309,14 @@ void HotRowBatcher::flush_loop(Shard& shard) {
     const std::size_t carried = indices.size();
     std::uint32_t index = 0;
     while (indices.size() < options_.batch_max && shard.ready.pop(index)) indices.push_back(index);
+    if (carried == 0 && !indices.empty() && indices.size() < options_.batch_max &&
+        should_linger(shard, indices.front())) {
+      telemetry_->batch_lingered();
+      std::this_thread::sleep_for(std::chrono::microseconds(options_.contended_linger_us));
+      while (indices.size() < options_.batch_max && shard.ready.pop(index)) {
+        indices.push_back(index);
+      }
+    }
     if (!indices.empty()) {
       shard.pending.fetch_sub(static_cast<std::int64_t>(indices.size() - carried));
       apply(shard, indices, items, deferred);
@@ -452,6 +468,7 @@ void HotRowBatcher::apply(Shard& shard, std::vector<std::uint32_t>& indices,
     slots.push_back(&shard.slots[index]);
   }
   attempt(items, slots);
+  observe(shard, items);
   const bool whole_batch_blocked =
       items.size() > 1 &&
       std::all_of(items.begin(), items.end(), [](const BatchItem* item) { return blocked(*item); });
@@ -495,6 +512,52 @@ void HotRowBatcher::apply(Shard& shard, std::vector<std::uint32_t>& indices,
     indices[kept++] = indices[i];
   }
   indices.resize(kept);
+}
+
+// The row's version as the batch found it, against the one the engine's previous batch on
+// it left: a gap is another writer's change. A batch that does not touch the watched row
+// and is on one row alone makes that row the watched one.
+void HotRowBatcher::observe(Shard& shard, const std::vector<BatchItem*>& items) {
+  const BatchItem* watched = nullptr;  // the batch's first request on the watched row
+  const BatchItem* single = nullptr;   // its row, if the batch reported on one row alone
+  bool one_row = true;
+  Version left = 0;
+  for (const BatchItem* item : items) {
+    if (item->row_found == 0) continue;  // not reported: refused before a row, or a transition
+    if (single == nullptr) single = item;
+    one_row = one_row && item->key == single->key;
+    if (item->key == shard.watched) {
+      if (watched == nullptr) watched = item;
+      left = std::max(left, item->row_left);
+    }
+  }
+  std::size_t on_watched = 0;
+  for (const BatchItem* item : items) on_watched += item->key == shard.watched ? 1 : 0;
+  if (watched != nullptr) {
+    shard.watched_batch = on_watched;
+    if (shard.watched_left != 0 && watched->row_found != shard.watched_left) {
+      shard.shared_until = SteadyClock::now() + std::chrono::milliseconds(contention_memory_ms);
+      telemetry_->batch_found_row_shared();
+    }
+    shard.watched_left = left;
+    return;
+  }
+  if (single == nullptr || !one_row) return;
+  shard.watched.sku.assign(single->key.sku);  // reuses the capacity
+  shard.watched.location.assign(single->key.location);
+  for (const BatchItem* item : items) left = std::max(left, item->row_left);
+  shard.watched_left = left;
+  shard.watched_batch = items.size();
+  shard.shared_until = SteadyClock::time_point{};
+}
+
+bool HotRowBatcher::should_linger(Shard& shard, std::uint32_t first) const {
+  if (options_.contended_linger_us == 0) return false;
+  const BatchItem& item = shard.slots[first].item;
+  // A lone request per batch gains nothing from company that does not come: only a row
+  // whose last batch carried several requests is worth the wait.
+  return shard.watched_batch >= 2 && !is_transition(item.op) && item.key == shard.watched &&
+         SteadyClock::now() < shard.shared_until;
 }
 
 void HotRowBatcher::complete(Shard& shard, const std::vector<std::uint32_t>& indices,

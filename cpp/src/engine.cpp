@@ -583,7 +583,8 @@ Advice Engine::recommend(const SkuKey& key) const {
     // What this process cannot see is whether others batch the same row: say when it pays.
     advice.reasons.push_back(
         "slots: if several processes batch this SKU at once, their batches take turns at "
-        "one row lock, one commit flush each; set_slots(k), k the number of processes, "
+        "one row lock, one commit flush each (each flusher sees the others' writes and "
+        "lingers batch_linger to fill its turn); set_slots(k), k the number of processes, "
         "gives each its own row. It pays where a commit flush is slow against CPU (network "
         "disks, many cores); on a host whose cores run out first it costs (README, "
         "Scaling out)");

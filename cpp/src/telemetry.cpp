@@ -308,6 +308,8 @@ StoreStats Telemetry::snapshot(std::size_t sku_limit) const {
   out.batcher.requests = read(batch_requests_);
   out.batcher.failed_batches = read(failed_batches_);
   out.batcher.batch_size_max = read(batch_size_max_);
+  out.batcher.shared_row_batches = read(shared_row_batches_);
+  out.batcher.lingered_batches = read(lingered_batches_);
   std::lock_guard<std::mutex> lock(sweeper_mutex_);
   out.sweeper = sweeper_;
   return out;

@@ -317,6 +317,7 @@ class Engine:
         batch_max: int = 4096,
         batch_shards: int = 4,
         batch_lock_slice: TtlLike = timedelta(milliseconds=50),
+        batch_linger: TtlLike = timedelta(microseconds=300),
         async_workers: int = 8,
         retention: Optional[TtlLike] = None,
         home_slot: Optional[int] = None,
@@ -329,7 +330,11 @@ class Engine:
         threads that run async calls which do not batch. A batched request waits for its
         row lock as long as its own ``lock_timeout`` allows, in slices of at most
         ``batch_lock_slice``; between slices its shard serves other rows, so a row locked
-        elsewhere never holds up requests for other rows longer than one slice.
+        elsewhere never holds up requests for other rows longer than one slice. When a
+        batched row is written by someone else as well (another process, a replica of
+        this service), its flusher waits ``batch_linger`` for more requests before each
+        batch, so that each turn at the row lock carries more of them; alone on a row it
+        never waits (the memory store has no commit to amortize, so it never does).
 
         With ``retention`` set, the store purges as it goes (see :meth:`purge`): every 64th
         reservation purges up to 256 rows older than ``retention``. Without it nothing is
@@ -349,7 +354,13 @@ class Engine:
             clock=clock._core if clock is not None else None,
             retention_us=_retention_us(retention),
             **_layer_options(
-                batch_max, batch_shards, batch_lock_slice, async_workers, home_slot, slot_directory
+                batch_max,
+                batch_shards,
+                batch_lock_slice,
+                batch_linger,
+                async_workers,
+                home_slot,
+                slot_directory,
             ),
         )
         return cls(core)
@@ -378,6 +389,7 @@ class Engine:
         batch_max: int = 4096,
         batch_shards: int = 4,
         batch_lock_slice: TtlLike = timedelta(milliseconds=50),
+        batch_linger: TtlLike = timedelta(microseconds=300),
         async_workers: int = 8,
         home_slot: Optional[int] = None,
         slot_directory: int = 4096,
@@ -411,8 +423,8 @@ class Engine:
         needs ``sweeper=True``) the sweeper also purges what is older than ``retention``
         each round, ``purge_batch`` rows per transaction (see :meth:`purge`); without it
         nothing is ever purged unless you call :meth:`purge`. ``batch_max``,
-        ``batch_shards``, ``batch_lock_slice``, ``async_workers``, ``home_slot`` and
-        ``slot_directory`` are as for :meth:`memory`; each batch
+        ``batch_shards``, ``batch_lock_slice``, ``batch_linger``, ``async_workers``,
+        ``home_slot`` and ``slot_directory`` are as for :meth:`memory`; each batch
         flusher holds one pooled connection while it applies a batch.
         """
         logs.start()  # first, so that what the core logs while connecting is delivered
@@ -435,7 +447,13 @@ class Engine:
             lock_timeout_ms=duration_ms("lock_timeout", lock_timeout),
             default_ttl_us=duration_us("default_ttl", default_ttl),
             **_layer_options(
-                batch_max, batch_shards, batch_lock_slice, async_workers, home_slot, slot_directory
+                batch_max,
+                batch_shards,
+                batch_lock_slice,
+                batch_linger,
+                async_workers,
+                home_slot,
+                slot_directory,
             ),
         )
         logs.LOGGER.info(
@@ -1249,6 +1267,7 @@ def _layer_options(
     batch_max: int,
     batch_shards: int,
     batch_lock_slice: TtlLike,
+    batch_linger: TtlLike,
     async_workers: int,
     home_slot: Optional[int],
     slot_directory: int,
@@ -1265,6 +1284,7 @@ def _layer_options(
         "batch_max": _positive("batch_max", batch_max),
         "batch_shards": _positive("batch_shards", batch_shards),
         "batch_lock_slice_ms": duration_ms("batch_lock_slice", batch_lock_slice),
+        "batch_linger_us": duration_us("batch_linger", batch_linger),
         "async_workers": _positive("async_workers", async_workers),
         "home_slot": home,
         "slot_directory": _positive("slot_directory", slot_directory),

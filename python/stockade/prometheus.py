@@ -181,6 +181,20 @@ class StockadeCollector(Collector):
         )
         failed.add_metric(self._values(), float(batcher["failed_batches"]))
         yield failed
+        shared = self._counter(
+            "stockade_batch_shared_row_total",
+            "batches whose row another writer changed since this engine's previous batch on it",
+            [],
+        )
+        shared.add_metric(self._values(), float(batcher["shared_row_batches"]))
+        yield shared
+        lingered = self._counter(
+            "stockade_batch_lingered_total",
+            "batches whose flusher waited batch_linger for more requests on a shared row",
+            [],
+        )
+        lingered.add_metric(self._values(), float(batcher["lingered_batches"]))
+        yield lingered
         queued = self._gauge(
             "stockade_batch_queued", "requests waiting in the hot-row layer or being applied"
         )

@@ -66,6 +66,8 @@ class BatcherStats(TypedDict):
     requests: int
     failed_batches: int
     batch_size_max: int
+    shared_row_batches: int  # their row was changed by another writer since the last one
+    lingered_batches: int  # their flusher waited batch_linger on such a row
     batch_size_mean: float
     queued: int
 

@@ -589,10 +589,110 @@ TEST(HotRowBatcher, settles_confirms_and_releases_in_batches_once_each) {
   EXPECT_EQ(engine->stats().batcher.requests, 64u + 16u * 64u);
 }
 
+// A store that reports each batch's row versions, as the PostgreSQL store does: the row as
+// the batch found it and as it left it.
+// Each batch takes 200 us, as a commit would, so that concurrent callers gather.
+class VersionReportingStore final : public DelegatingStore {
+ public:
+  void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const SkuKey key = items.front()->key;
+    const Version found = inner_->stock(key).version;
+    inner_->apply_batch(items, options);
+    const Version left = inner_->stock(key).version;
+    for (BatchItem* item : items) {
+      item->row_found = found;
+      item->row_left = left;
+    }
+  }
+};
+
+TEST(HotRowBatcher, lingers_only_on_a_row_another_writer_changed_between_its_batches) {
+  auto store = std::make_shared<VersionReportingStore>();
+  const SkuKey hot{"hot", "default"};
+  store->restock(hot, 1000, std::nullopt, std::nullopt);
+  BatcherOptions options;
+  options.shards = 1;
+  HotRowBatcher batcher(store, options);
+  auto reserve = [&] {
+    BatchItem item = reserve_item(hot, 1);
+    batcher.run(item, 1000);
+  };
+  for (int i = 0; i < 20; ++i) reserve();  // alone on the row: never a wait
+  BatcherStats s = store->telemetry().snapshot(0).batcher;
+  EXPECT_EQ(s.shared_row_batches, 0u);
+  EXPECT_EQ(s.lingered_batches, 0u);
+
+  // Another writer between two batches: the second sees the gap. Batches of one request
+  // each still never wait: no company would come.
+  for (int round = 0; round < 5; ++round) {
+    store->restock(hot, 1, std::nullopt, std::nullopt);
+    reserve();
+    reserve();
+  }
+  s = store->telemetry().snapshot(0).batcher;
+  EXPECT_EQ(s.shared_row_batches, 5u);
+  EXPECT_EQ(s.lingered_batches, 0u);
+
+  // Eight callers at once while another writer writes the row: batches carry several
+  // requests, so the flusher lingers (the row counts as shared for contention_memory_ms
+  // after each gap; the rounds allow for a slow machine).
+  for (int round = 0; round < 50 && s.lingered_batches == 0; ++round) {
+    std::vector<std::thread> callers;
+    for (int t = 0; t < 8; ++t) {
+      callers.emplace_back([&] {
+        for (int i = 0; i < 5; ++i) reserve();
+      });
+    }
+    for (int i = 0; i < 5; ++i) store->restock(hot, 1, std::nullopt, std::nullopt);
+    for (auto& c : callers) c.join();
+    s = store->telemetry().snapshot(0).batcher;
+  }
+  EXPECT_GE(s.shared_row_batches, 6u);
+  EXPECT_GE(s.lingered_batches, 1u);
+  EXPECT_EQ(store->stock(hot).reserved, static_cast<Quantity>(s.requests));
+}
+
+// Five reserves on `key`, each after another writer's restock of its row.
+void reserve_after_writes_of_another(Store& store, HotRowBatcher& batcher, const SkuKey& key) {
+  for (int i = 0; i < 5; ++i) {
+    store.restock(key, 1, std::nullopt, std::nullopt);
+    BatchItem item = reserve_item(key, 1);
+    batcher.run(item, 1000);
+  }
+}
+
+TEST(HotRowBatcher, a_zero_linger_counts_a_shared_row_and_never_waits) {
+  auto store = std::make_shared<VersionReportingStore>();
+  const SkuKey hot{"hot", "default"};
+  BatcherOptions options;
+  options.contended_linger_us = 0;
+  HotRowBatcher batcher(store, options);
+  reserve_after_writes_of_another(*store, batcher, hot);
+  const BatcherStats s = store->telemetry().snapshot(0).batcher;
+  EXPECT_EQ(s.shared_row_batches, 4u);  // the first batch has nothing to compare with
+  EXPECT_EQ(s.lingered_batches, 0u);
+}
+
+TEST(HotRowBatcher, the_memory_store_reports_no_row_versions_so_never_lingers) {
+  auto store = std::make_shared<FaultyStore>(FaultPlan{});
+  const SkuKey hot{"hot", "default"};
+  HotRowBatcher batcher(store, BatcherOptions{});
+  reserve_after_writes_of_another(*store, batcher, hot);
+  const BatcherStats s = store->telemetry().snapshot(0).batcher;
+  EXPECT_EQ(s.shared_row_batches, 0u);
+  EXPECT_EQ(s.lingered_batches, 0u);
+}
+
 TEST(HotRowBatcher, rejects_options_out_of_range) {
   auto store = std::make_shared<FaultyStore>(FaultPlan{});
   for (auto bad : {BatcherOptions{0, 4096, 8192, 1000}, BatcherOptions{4, 0, 8192, 1000},
                    BatcherOptions{4, 4096, 100, 1000}, BatcherOptions{4, 4096, 8192, -1}}) {
+    EXPECT_STOCKADE_ERROR(HotRowBatcher(store, bad), ErrorCode::invalid_argument);
+  }
+  for (std::int64_t linger : {std::int64_t{-1}, batch_linger_us_max + 1}) {
+    BatcherOptions bad;
+    bad.contended_linger_us = linger;
     EXPECT_STOCKADE_ERROR(HotRowBatcher(store, bad), ErrorCode::invalid_argument);
   }
 }

@@ -479,3 +479,58 @@ def test_two_engines_racing_the_same_keys_make_one_reservation_per_key(
         assert len(by_key) == 200 and all(len(ids) == 1 for ids in by_key.values())
         assert a.stock("hot").reserved == 200
         assert a.row_counts()["reservation_count"] == 200
+
+
+def test_a_batched_row_another_engine_writes_too_makes_the_flusher_linger(
+    stockade_database: str,
+) -> None:
+    # Two engines (replicas) batch one row. Each batch learns the row's version before and
+    # after it; when the row moved between two of an engine's batches, someone else wrote
+    # it, and that engine's flusher waits batch_linger before its next batches on the row
+    # that carry several requests, so that each turn at the row lock carries more of them.
+    with (
+        stockade.Engine.postgres(stockade_database, pool_size=4) as a,
+        stockade.Engine.postgres(stockade_database, pool_size=4) as b,
+    ):
+        a.restock("shared", 100_000)
+        a.restock("alone", 1000)
+        for _ in range(10):
+            a.reserve("alone", 1, strategy="batched")
+        assert a.stats()["batcher"]["shared_row_batches"] == 0
+        # One request per batch: the gap is seen, but nobody waits for company.
+        for _ in range(5):
+            b.reserve("shared", 1, strategy="batched")
+            a.reserve("shared", 1, strategy="batched")
+        stats = a.stats()["batcher"]
+        assert stats["shared_row_batches"] >= 4  # its first batch there has no predecessor
+        assert stats["lingered_batches"] == 0
+        made = 10
+        # Races of both engines: a's batches carry several requests and find b's writes.
+        # (The row counts as shared for 100 ms after a gap: the rounds allow for a slow
+        # machine.)
+        for _ in range(20):
+            out = race(
+                64,
+                lambda i: (b if i % 4 == 0 else a).reserve("shared", 1, strategy="batched"),
+            )
+            assert out.errors == [None] * 64
+            made += 64
+            if a.stats()["batcher"]["lingered_batches"] > 0:
+                break
+        assert a.stats()["batcher"]["lingered_batches"] >= 1
+        assert a.stock("shared").reserved == made
+        assert a.row_counts()["reservation_count"] == made + 10
+        assert a.stock("alone").reserved == 10
+
+
+def test_one_engine_racing_alone_on_a_batched_row_never_lingers(
+    stockade_database: str,
+) -> None:
+    with stockade.Engine.postgres(stockade_database, pool_size=4) as eng:
+        eng.restock("hot", 10_000)
+        out = race(256, lambda i: eng.reserve("hot", 1, strategy="batched"))
+        assert out.errors == [None] * 256
+        stats = eng.stats()["batcher"]
+        assert stats["batches"] < 256  # the race did batch
+        assert stats["shared_row_batches"] == 0 and stats["lingered_batches"] == 0
+        assert eng.stock("hot").reserved == 256

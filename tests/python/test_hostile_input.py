@@ -56,6 +56,17 @@ def test_postgres_count_options_out_of_range_raise_invalid_argument(option: str)
         stockade.Engine.postgres("host=127.0.0.1 port=1", **{option: 2**31})
 
 
+@pytest.mark.parametrize("linger", [-0.001, 0.2, 2**70])
+def test_batch_linger_out_of_range_raises_invalid_argument(linger: float) -> None:
+    with pytest.raises(stockade.InvalidArgument, match="linger"):
+        stockade.Engine.memory(batch_linger=linger)
+
+
+def test_batch_linger_of_the_wrong_type_raises_invalid_type() -> None:
+    with pytest.raises(stockade.InvalidType, match="batch_linger"):
+        stockade.Engine.memory(batch_linger="300us")  # type: ignore[arg-type]
+
+
 def test_expire_due_limit_out_of_range_raises_invalid_argument() -> None:
     with stockade.Engine.memory() as eng, pytest.raises(stockade.InvalidArgument):
         eng.expire_due(limit=2**64)

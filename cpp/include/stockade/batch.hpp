@@ -45,10 +45,18 @@ struct BatchItem {
   Reservation reservation;
   StockLevel level;
   std::optional<Error> error;
+  // The version of the request's stock row as its batch found it and as it left it
+  // (reserve and sell, once the batch committed; 0 when the store does not say, as the
+  // memory store does not: it has no commit to amortize). The batcher compares a row's
+  // found version with the one its previous batch left to see another writer between
+  // its batches.
+  Version row_found = 0;
+  Version row_left = 0;
 
   void clear_outcome() {
     ok = false;
     error.reset();
+    row_found = row_left = 0;
   }
 
   // The 16-bit shard key of the row this request is about: from its SKU, or from the

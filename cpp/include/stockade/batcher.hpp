@@ -15,9 +15,19 @@
 //   - Bounded everything: each shard owns `queue_capacity` preallocated request records;
 //     a request that finds none free waits at most `enqueue_timeout_ms`, then raises
 //     Overloaded. Batches hold at most `batch_max` requests.
-//   - No artificial delay: an idle flusher sleeps, the first request wakes it, and it
-//     flushes whatever is there, one request or thousands. Under load, requests gather
-//     while the previous batch commits: that is the whole batching policy.
+//   - No artificial delay while the row is this engine's alone: an idle flusher sleeps,
+//     the first request wakes it, and it flushes whatever is there, one request or
+//     thousands. Under load, requests gather while the previous batch commits.
+//   - A short wait when another writer shares the row. Each batch learns the version its
+//     row had before it and after it (BatchItem::row_found); when a row's version moved
+//     between two of this engine's batches, someone else wrote it (another process, a
+//     replica of this service), and batches of this engine and theirs take turns at the
+//     row lock. Then the flusher lingers `contended_linger_us` before it takes a batch for
+//     that row, so that each turn carries more requests (as commit_delay does for WAL
+//     flushes), provided its last batch there carried several (a lone request per batch
+//     would wait for company that does not come). It stops lingering once the row has gone
+//     `contention_memory_ms` without another writer. Alone on a row a linger only delays:
+//     the wait is never taken there.
 //
 // How: requests are records in a per-shard pool, indexed by uint32; the free list and the
 // ready queue are bounded boost::lockfree queues of those indices (trivially copyable, no
@@ -59,7 +69,14 @@ struct BatcherOptions {
   // as long as its own lock_timeout allows, in slices of this length, so that a row
   // locked elsewhere never holds up the shard's other rows for longer than one slice.
   std::int64_t lock_slice_ms = 50;
+  // How long a flusher waits for more requests before a batch on a row that another
+  // writer shares (see the class comment); 0 never waits.
+  std::int64_t contended_linger_us = 300;
 };
+
+inline constexpr std::int64_t batch_linger_us_max = 100000;
+// How long a row counts as shared after another writer's last trace on it.
+inline constexpr std::int64_t contention_memory_ms = 100;
 
 inline constexpr std::size_t batcher_shards_max = 64;
 inline constexpr std::size_t batch_size_limit = 65536;
@@ -115,6 +132,10 @@ class HotRowBatcher {
   void apply(Shard& shard, std::vector<std::uint32_t>& indices, std::vector<BatchItem*>& items,
              std::vector<std::uint32_t>& deferred);
   void attempt(std::vector<BatchItem*>& items, const std::vector<Slot*>& slots);
+  // After a committed batch: whether another writer moved its row since the last one.
+  void observe(Shard& shard, const std::vector<BatchItem*>& items);
+  // Whether the next batch, starting with the record `first`, should wait for more.
+  bool should_linger(Shard& shard, std::uint32_t first) const;
   void hand_off(Shard& shard, std::vector<std::uint32_t>& indices);
   void complete_loop(Shard& shard);
   void complete(Shard& shard, const std::vector<std::uint32_t>& indices,

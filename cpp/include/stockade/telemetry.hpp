@@ -88,7 +88,12 @@ struct BatcherStats {
   std::uint64_t requests = 0;        // requests they carried
   std::uint64_t failed_batches = 0;  // batches whose transaction failed as a whole
   std::uint64_t batch_size_max = 0;  // the largest batch so far
-  std::uint64_t queued = 0;          // requests waiting or being applied right now
+  // Batches whose row another writer had changed since this engine's previous batch on it
+  // (so the row is shared: another process, or calls outside the batcher), and batches
+  // for which the flusher lingered on such a row to gather more requests.
+  std::uint64_t shared_row_batches = 0;
+  std::uint64_t lingered_batches = 0;
+  std::uint64_t queued = 0;  // requests waiting or being applied right now
   std::size_t shards = 0;
 };
 struct SweeperStats {
@@ -241,6 +246,8 @@ class Telemetry {
   // The hot-row batcher's figures.
   void batcher_started(std::size_t shards) { batcher_shards_.store(shards); }
   void batch_applied(std::size_t size, bool failed);
+  void batch_found_row_shared() { bump(shared_row_batches_); }
+  void batch_lingered() { bump(lingered_batches_); }
 
   // The sweeper's rounds.
   void sweeper_enabled(bool enabled);
@@ -270,6 +277,8 @@ class Telemetry {
   std::atomic<std::uint64_t> batch_requests_{0};
   std::atomic<std::uint64_t> failed_batches_{0};
   std::atomic<std::uint64_t> batch_size_max_{0};
+  std::atomic<std::uint64_t> shared_row_batches_{0};
+  std::atomic<std::uint64_t> lingered_batches_{0};
   std::atomic<std::size_t> batcher_shards_{0};
   std::array<std::atomic<std::uint64_t>, batch_size_bounds.size() + 1> batch_size_buckets_{};
 

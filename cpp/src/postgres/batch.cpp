@@ -245,6 +245,25 @@ class BatchTx {
     return true;
   }
 
+  // Once the batch committed: each reserve and sell learns its row's version as the batch
+  // found it and as it left it (BatchItem::row_found). A row the batch did not read (an
+  // unknown SKU, an answer adopted after a lost commit) has version 0 and says nothing.
+  void report_row_versions() const {
+    const SkuKey* last = nullptr;
+    const RowState* row = nullptr;
+    for (BatchItem* item : items_) {
+      if (is_transition(item->op)) continue;
+      if (last == nullptr || !(item->key == *last)) {
+        const auto it = rows_.find(item->key);
+        row = it == rows_.end() ? nullptr : &it->second;
+        last = &item->key;
+      }
+      if (row == nullptr || row->version == 0) continue;
+      item->row_found = row->version;
+      item->row_left = row->version + row->changes;
+    }
+  }
+
   bool any_keyed() const {
     for (std::size_t i = 0; i < items_.size(); ++i) {
       if (keyed(i)) return true;
@@ -938,12 +957,14 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
       done = resolve_fast(batch, e, context);  // empty: it did not land, run the full path
     }
     if (done && *done) {
+      batch.report_row_versions();
       count_batch(items);
       return;
     }
     if (done) fast_skips_.store(fast_skips_after_miss, std::memory_order_relaxed);
   }
   run_full_resolving(batch, write, context);
+  batch.report_row_versions();
   count_batch(items);
 }
 
