@@ -522,17 +522,17 @@ void HotRowBatcher::observe(Shard& shard, const std::vector<BatchItem*>& items) 
   const BatchItem* single = nullptr;   // its row, if the batch reported on one row alone
   bool one_row = true;
   Version left = 0;
+  std::size_t on_watched = 0;
   for (const BatchItem* item : items) {
-    if (item->row_found == 0) continue;  // not reported: refused before a row, or a transition
+    if (item->row_found == 0) continue;  // not reported: refused before a row, say
     if (single == nullptr) single = item;
-    one_row = one_row && item->key == single->key;
-    if (item->key == shard.watched) {
+    one_row = one_row && item->row_key() == single->row_key();
+    if (item->row_key() == shard.watched) {
       if (watched == nullptr) watched = item;
       left = std::max(left, item->row_left);
+      ++on_watched;
     }
   }
-  std::size_t on_watched = 0;
-  for (const BatchItem* item : items) on_watched += item->key == shard.watched ? 1 : 0;
   if (watched != nullptr) {
     shard.watched_batch = on_watched;
     if (shard.watched_left != 0 && watched->row_found != shard.watched_left) {
@@ -543,8 +543,8 @@ void HotRowBatcher::observe(Shard& shard, const std::vector<BatchItem*>& items) 
     return;
   }
   if (single == nullptr || !one_row) return;
-  shard.watched.sku.assign(single->key.sku);  // reuses the capacity
-  shard.watched.location.assign(single->key.location);
+  shard.watched.sku.assign(single->row_key().sku);  // reuses the capacity
+  shard.watched.location.assign(single->row_key().location);
   for (const BatchItem* item : items) left = std::max(left, item->row_left);
   shard.watched_left = left;
   shard.watched_batch = items.size();

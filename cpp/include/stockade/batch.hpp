@@ -46,12 +46,15 @@ struct BatchItem {
   StockLevel level;
   std::optional<Error> error;
   // The version of the request's stock row as its batch found it and as it left it
-  // (reserve and sell, once the batch committed; 0 when the store does not say, as the
-  // memory store does not: it has no commit to amortize). The batcher compares a row's
-  // found version with the one its previous batch left to see another writer between
-  // its batches.
+  // (once the batch committed; a transition's row is its reservation's, reported when it
+  // went through; 0 when the store does not say, as the memory store does not: it has no
+  // commit to amortize). The batcher compares a row's found version with the one its
+  // previous batch left to see another writer between its batches.
   Version row_found = 0;
   Version row_left = 0;
+
+  // The stock row whose versions row_found and row_left give.
+  const SkuKey& row_key() const { return is_transition(op) ? reservation.key : key; }
 
   void clear_outcome() {
     ok = false;

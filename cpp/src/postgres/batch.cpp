@@ -245,18 +245,21 @@ class BatchTx {
     return true;
   }
 
-  // Once the batch committed: each reserve and sell learns its row's version as the batch
-  // found it and as it left it (BatchItem::row_found). A row the batch did not read (an
-  // unknown SKU, an answer adopted after a lost commit) has version 0 and says nothing.
+  // Once the batch committed: each reserve and sell, and each confirm or release that
+  // went through, learns its row's version as the batch found it and as it left it
+  // (BatchItem::row_found; a transition's row is its reservation's). A row the batch did
+  // not read (an unknown SKU, an answer adopted after a lost commit) has version 0 and
+  // says nothing.
   void report_row_versions() const {
     const SkuKey* last = nullptr;
     const RowState* row = nullptr;
     for (BatchItem* item : items_) {
-      if (is_transition(item->op)) continue;
-      if (last == nullptr || !(item->key == *last)) {
-        const auto it = rows_.find(item->key);
+      if (is_transition(item->op) && !item->ok) continue;
+      const SkuKey& key = is_transition(item->op) ? item->reservation.key : item->key;
+      if (last == nullptr || !(key == *last)) {
+        const auto it = rows_.find(key);
         row = it == rows_.end() ? nullptr : &it->second;
-        last = &item->key;
+        last = &key;
       }
       if (row == nullptr || row->version == 0) continue;
       item->row_found = row->version;
