@@ -333,8 +333,9 @@ class Engine:
         elsewhere never holds up requests for other rows longer than one slice. When a
         batched row is written by someone else as well (another process, a replica of
         this service), its flusher waits ``batch_linger`` for more requests before each
-        batch, so that each turn at the row lock carries more of them; alone on a row it
-        never waits (the memory store has no commit to amortize, so it never does).
+        batch there that would carry several, so that each turn at the row lock carries
+        more of them; alone on a row it never waits (the memory store has no commit to
+        amortize, so it never does).
 
         With ``retention`` set, the store purges as it goes (see :meth:`purge`): every 64th
         reservation purges up to 256 rows older than ``retention``. Without it nothing is
