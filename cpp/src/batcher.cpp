@@ -307,15 +307,18 @@ void HotRowBatcher::flush_loop(Shard& shard) {
     // so a SKU's requests are still decided in arrival order.
     indices.swap(deferred);
     const std::size_t carried = indices.size();
-    std::uint32_t index = 0;
-    while (indices.size() < options_.batch_max && shard.ready.pop(index)) indices.push_back(index);
+    const auto take_ready = [&] {
+      std::uint32_t index = 0;
+      while (indices.size() < options_.batch_max && shard.ready.pop(index)) {
+        indices.push_back(index);
+      }
+    };
+    take_ready();
     if (carried == 0 && !indices.empty() && indices.size() < options_.batch_max &&
         should_linger(shard, indices.front())) {
       telemetry_->batch_lingered();
       std::this_thread::sleep_for(std::chrono::microseconds(options_.contended_linger_us));
-      while (indices.size() < options_.batch_max && shard.ready.pop(index)) {
-        indices.push_back(index);
-      }
+      take_ready();
     }
     if (!indices.empty()) {
       shard.pending.fetch_sub(static_cast<std::int64_t>(indices.size() - carried));

@@ -255,7 +255,7 @@ class BatchTx {
     const RowState* row = nullptr;
     for (BatchItem* item : items_) {
       if (is_transition(item->op) && !item->ok) continue;
-      const SkuKey& key = is_transition(item->op) ? item->reservation.key : item->key;
+      const SkuKey& key = item->row_key();
       if (last == nullptr || !(key == *last)) {
         const auto it = rows_.find(key);
         row = it == rows_.end() ? nullptr : &it->second;
