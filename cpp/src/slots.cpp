@@ -272,22 +272,23 @@ Result Engine::on_slots(const SkuKey& key, Quantity qty, const std::optional<Ver
     const std::vector<StockLevel> rows =
         rows_after_refusal(key, k <= 1 ? refusal->context().actual_version : std::nullopt);
     if (rows.size() <= 1) throw *refusal;  // not slotted: the row's refusal is the SKU's
+    k = static_cast<int>(rows.size());
+    // The read is one snapshot of every row: when they are short together, the SKU was
+    // short at that instant, and no lock is needed to say so (a sold-out slotted SKU
+    // under a flood of requests). This comes before giving up on the rounds, so that a
+    // request that lost its moved units to others as the SKU sold out hears OutOfStock.
+    Quantity free = 0;
+    for (const StockLevel& row : rows) free += detail::movable(row);
+    if (free < qty) {
+      telemetry_->count(key, SkuEvent::refused);
+      detail::throw_out_of_stock(key, free, qty);
+    }
     if (round >= rounds) {
       throw Error(ErrorCode::overloaded,
                   "units were moved into this engine's slot of " + detail::describe(key) + " " +
                       std::to_string(round - 1) +
                       " times and taken by others each time; nothing was reserved or sold",
                   detail::context_of(key));
-    }
-    k = static_cast<int>(rows.size());
-    // The read is one snapshot of every row: when they are short together, the SKU was
-    // short at that instant, and no lock is needed to say so (a sold-out slotted SKU
-    // under a flood of requests).
-    Quantity free = 0;
-    for (const StockLevel& row : rows) free += detail::movable(row);
-    if (free < qty) {
-      telemetry_->count(key, SkuEvent::refused);
-      detail::throw_out_of_stock(key, free, qty);
     }
     try {
       fill_slot(key, rows, home_of(k), qty, std::nullopt);
