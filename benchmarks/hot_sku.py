@@ -21,10 +21,15 @@ compare the ratios, not the absolute numbers. Sections:
      other processes write too adds.
   6. a sold-out SKU under the same 64 clients: refusals per second, on a plain row and on
      a SKU with --replicas slots (a refusal there reads every row of the SKU).
+  7. many small replicas: the hot SKU from --small-replicas processes (16) with 2 clients
+     each, atomic, auto and batched, and with 1 client each, atomic and auto. No process
+     sees the 4 requests in flight that make a row hot on its own: auto batches here only
+     from the row's version (the writes of the others).
 
     python benchmarks/hot_sku.py [--seconds 3] [--clients 64] [--window 16]
                                  [--asyncio-tasks 1024] [--cold-skus 10000]
-                                 [--replicas 4] [--sections 1,2,3,4,5,6] [--json FILE]
+                                 [--replicas 4] [--small-replicas 16]
+                                 [--sections 1,2,3,4,5,6,7] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.
 """
@@ -126,7 +131,8 @@ with stockade.Engine.postgres(
     print(json.dumps({"granted": r.granted, "failed": r.failed, "seconds": r.seconds,
                       "p50_us": r.p50_us, "p99_us": r.p99_us,
                       "batch_size_mean": batcher["batch_size_mean"],
-                      "lingered": batcher["lingered_batches"], "batches": batcher["batches"]}))
+                      "lingered": batcher["lingered_batches"], "batches": batcher["batches"],
+                      "batched_requests": batcher["requests"]}))
 """
 
 
@@ -184,6 +190,11 @@ def replicas_load(
         "lingered_share": (
             sum(o["lingered"] for o in outs) / max(1, sum(o["batches"] for o in outs))
         ),
+        # the share of requests that went through a batcher (auto's choice, for auto)
+        "batched_share": (
+            sum(o["batched_requests"] for o in outs)
+            / max(1, sum(o["granted"] + o["failed"] for o in outs))
+        ),
     }
 
 
@@ -221,6 +232,8 @@ def run(
         replicas_section(eng, pg_sql, args, dsn, fresh_sku, report, ratios, atomic)
     if 6 in sections:
         sold_out_section(eng, pg_sql, args, report, ratios)
+    if 7 in sections:
+        small_replicas_section(eng, args, dsn, fresh_sku, report, ratios)
     report["ratios"] = ratios
     print("\n### ratios\n")
     for name, value in ratios.items():
@@ -432,6 +445,42 @@ def sold_out_section(
     report["sold_out"] = rows
 
 
+def small_replicas_section(
+    eng: stockade.Engine,
+    args: argparse.Namespace,
+    dsn: str,
+    fresh_sku: Any,
+    report: Dict[str, Any],
+    ratios: Dict[str, float],
+) -> None:
+    """Many processes with few clients each on one row: none of them sees 4 requests in
+    flight, so auto must learn the row's heat from its version (the other processes'
+    writes) to batch it; with one client each, batching has nothing to fold, and auto
+    should stay atomic."""
+    n = args.small_replicas
+    rows = []
+    for per in [2, 1]:
+        strategies = ["atomic", "auto", "batched"] if per == 2 else ["atomic", "auto"]
+        rates: Dict[str, float] = {}
+        for strategy in strategies:
+            sku = fresh_sku(eng, f"hot-small-{n}x{per}-{strategy}")
+            r = replicas_load(dsn, [sku] * n, strategy, n * per, args.seconds)
+            rates[strategy] = r["rate"]
+            rows.append({"case": f"{strategy}, {n} x {per} clients", **r})
+        ratios[f"small_replicas_{n}x{per}_auto_vs_atomic"] = rates["auto"] / rates["atomic"]
+        if "batched" in rates:
+            ratios[f"small_replicas_{n}x{per}_batched_vs_atomic"] = (
+                rates["batched"] / rates["atomic"]
+            )
+    table(f"7. one hot SKU, {n} processes with 2 and with 1 C++ clients each", rows)
+    for r in rows:
+        print(
+            f"- {r['case']}: {r['batched_share']:.0%} of requests batched, "
+            f"batches of {r['batch_size_mean']:.1f}"
+        )
+    report["hot_small_replicas"] = rows
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="per case")
@@ -445,7 +494,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--replicas", type=int, default=4, help="section 5: processes sharing the clients"
     )
     parser.add_argument(
-        "--sections", default="1,2,3,4,5,6", help="which sections to run (1-3 run together)"
+        "--small-replicas", type=int, default=16, help="section 7: processes of 2 and 1 clients"
+    )
+    parser.add_argument(
+        "--sections", default="1,2,3,4,5,6,7", help="which sections to run (1-3 run together)"
     )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)

@@ -61,6 +61,7 @@ py::dict stats_dict(const StoreStats& s) {
     d["mode"] = strategy_name(k.mode);
     d["in_flight"] = k.in_flight;
     d["peak_in_flight"] = k.peak_in_flight;
+    d["row_queue"] = k.row_queue;
     skus.append(d);
   }
   py::dict out;

@@ -1,5 +1,6 @@
 #include "stockade/contention.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -11,6 +12,31 @@ namespace {
 // A window needs this many requests before its rate stands for the SKU; below it, the
 // counts since start do.
 constexpr std::uint64_t window_requests_min = 20;
+
+// The span of this process's writes over which the row's version velocity is measured:
+// estimates start at its 4th report (a write, or a batch of them) and the span starts over
+// after 64 reports or 4 windows, so the estimate follows the row's present load.
+constexpr std::uint32_t span_reports_min = 4;
+constexpr std::uint32_t span_reports_max = 64;
+constexpr std::int64_t span_windows_max = 4;
+
+// Tells apart the rows that share a cell, whose versions are unrelated counters. Never 0,
+// which marks a cell no write has been observed in.
+std::uint32_t row_tag(const SkuKey& key) {
+  return static_cast<std::uint32_t>(stable_hash64({"row-tag", key.sku, key.location}) >> 32) | 1u;
+}
+
+void store_min(std::atomic<std::int64_t>& a, std::int64_t v) {
+  std::int64_t cur = a.load(std::memory_order_relaxed);
+  while (v < cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+
+void store_max(std::atomic<std::int64_t>& a, std::int64_t v) {
+  std::int64_t cur = a.load(std::memory_order_relaxed);
+  while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
 
 std::int64_t steady_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -41,6 +67,16 @@ struct alignas(cache_line_size) ContentionTracker::Cell {
   std::atomic<std::uint64_t> last_window_requests{0};
   std::atomic<std::uint64_t> last_window_collisions{0};
   std::atomic<std::uint64_t> switches{0};
+  // The span of observed versions (observe_version): whose row, since when, the lowest
+  // and highest version seen, and how many writes; the last estimate it gave.
+  std::atomic<std::uint32_t> span_tag{0};
+  std::atomic<std::uint32_t> span_reports{0};
+  std::atomic<std::uint64_t> span_own{0};  // this process's writes after the first report
+  std::atomic<std::int64_t> span_start_us{0};
+  std::atomic<std::int64_t> span_low{0};
+  std::atomic<std::int64_t> span_high{0};
+  std::atomic<std::uint32_t> row_queue{0};
+  std::atomic<std::uint64_t> shared_switches{0};
 };
 
 void validate_auto_options(const AutoOptions& o) {
@@ -102,6 +138,51 @@ void ContentionTracker::leave(std::uint16_t shard_key) {
   cell_of(shard_key).in_flight.fetch_sub(1, std::memory_order_relaxed);
 }
 
+// Versions are counters of one row each, so a span only ever holds one row's: a write to
+// another row of the same cell starts the span over (two rows that share a cell and are
+// both written keep restarting it, and get no estimate: the local signal still works).
+// Threads that observe at once may mix a restart with an update, which skews one
+// estimate; at worst that batches a SKU that did not need it, which is correct.
+void ContentionTracker::observe_version(const SkuKey& key, Version version, std::uint32_t writes) {
+  if (writes == 0) return;
+  Cell& c = cell_of(row_shard_key(key.sku, key.location));
+  const std::uint32_t tag = row_tag(key);
+  const std::int64_t now = steady_us();
+  const std::uint32_t reports = c.span_reports.load(std::memory_order_relaxed);
+  if (c.span_tag.load(std::memory_order_relaxed) != tag || reports == 0 ||
+      reports >= span_reports_max ||
+      now - c.span_start_us.load(std::memory_order_relaxed) >
+          span_windows_max * options_.window_ms * 1000) {
+    c.span_tag.store(tag, std::memory_order_relaxed);
+    c.span_start_us.store(now, std::memory_order_relaxed);
+    c.span_low.store(version, std::memory_order_relaxed);
+    c.span_high.store(version, std::memory_order_relaxed);
+    c.span_own.store(0, std::memory_order_relaxed);
+    c.span_reports.store(1, std::memory_order_relaxed);
+    return;
+  }
+  store_min(c.span_low, version);
+  store_max(c.span_high, version);
+  const std::uint64_t own = c.span_own.fetch_add(writes, std::memory_order_relaxed) + writes;
+  const std::uint32_t seen = c.span_reports.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (seen < span_reports_min) return;
+  const std::int64_t moved =
+      c.span_high.load(std::memory_order_relaxed) - c.span_low.load(std::memory_order_relaxed);
+  // The row's writes per write of this process (at least 1: ours are among them).
+  const double share = std::max(1.0, static_cast<double>(moved) / static_cast<double>(own));
+  const std::uint32_t local =
+      std::max(c.peak.load(std::memory_order_relaxed), c.in_flight.load(std::memory_order_relaxed));
+  const double queue = std::min(share * static_cast<double>(local), 1e9);
+  c.row_queue.store(static_cast<std::uint32_t>(queue + 0.5), std::memory_order_relaxed);
+  if (local < 2 || queue < static_cast<double>(options_.hot_in_flight)) return;
+  auto cold = static_cast<std::uint8_t>(Strategy::atomic);
+  if (c.mode.compare_exchange_strong(cold, static_cast<std::uint8_t>(Strategy::batched))) {
+    c.switches.fetch_add(1, std::memory_order_relaxed);
+    c.shared_switches.fetch_add(1, std::memory_order_relaxed);
+    c.cool_streak.store(0, std::memory_order_relaxed);
+  }
+}
+
 // Closes the window that began at `start`: its peak decides the mode. Windows that passed
 // with no request at all (an idle gap) count as cool.
 void ContentionTracker::roll(Cell& c, std::int64_t now, std::int64_t start) {
@@ -148,6 +229,12 @@ SkuHeat ContentionTracker::heat(std::uint16_t shard_key) const {
   h.window_requests = c.last_window_requests.load(std::memory_order_relaxed);
   h.window_collisions = c.last_window_collisions.load(std::memory_order_relaxed);
   h.switches = c.switches.load(std::memory_order_relaxed);
+  h.shared_switches = c.shared_switches.load(std::memory_order_relaxed);
+  // A row that is written keeps starting spans (one at least every span_windows_max
+  // windows); an estimate whose span has not started over in 5 times that is stale.
+  const bool fresh = steady_us() - c.span_start_us.load(std::memory_order_relaxed) <=
+                     5 * span_windows_max * options_.window_ms * 1000;
+  h.row_queue = fresh ? c.row_queue.load(std::memory_order_relaxed) : 0;
   return h;
 }
 
@@ -166,7 +253,9 @@ Advice advise(const SkuKey& key, const SkuHeat& heat, const AutoOptions& options
   const std::uint64_t requests = recent ? heat.window_requests : heat.requests;
   const std::uint64_t collisions = recent ? heat.window_collisions : heat.collisions;
   const double rate = static_cast<double>(collisions) / static_cast<double>(requests);
-  const bool hot = rate >= hot_conflict_rate || heat.peak_in_flight >= options.hot_in_flight;
+  const bool shared_hot = heat.row_queue >= options.hot_in_flight && heat.peak_in_flight >= 2;
+  const bool hot =
+      rate >= hot_conflict_rate || heat.peak_in_flight >= options.hot_in_flight || shared_hot;
   advice.strategy = hot ? Strategy::batched : Strategy::atomic;
   advice.reasons.push_back(zero);
   advice.reasons.push_back("odds: " + std::to_string(collisions) + " of " +
@@ -174,6 +263,13 @@ Advice advise(const SkuKey& key, const SkuHeat& heat, const AutoOptions& options
                            (recent ? " in the last window" : " so far") +
                            " arrived while another request for this row was in flight; peak " +
                            std::to_string(heat.peak_in_flight) + " in flight");
+  if (heat.row_queue > heat.peak_in_flight) {
+    advice.reasons.push_back(
+        "other writers: the row's version says about " + std::to_string(heat.row_queue) +
+        " requests are in flight on it across every process, against a peak of " +
+        std::to_string(heat.peak_in_flight) + " here" +
+        (shared_hot ? ": the row is a queue that no one process sees whole" : ""));
+  }
   advice.reasons.push_back(
       hot ? "cost: the row is a queue; batching folds the queue into one transaction per batch"
           : "cost: collisions are rare; one conditional statement per request is cheapest");

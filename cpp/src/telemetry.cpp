@@ -301,6 +301,7 @@ StoreStats Telemetry::snapshot(std::size_t sku_limit) const {
     sku.mode = h.mode;
     sku.in_flight = h.in_flight;
     sku.peak_in_flight = h.peak_in_flight;
+    sku.row_queue = h.row_queue;
   }
   out.batcher.shards = batcher_shards_.load(std::memory_order_relaxed);
   out.batcher.started = out.batcher.shards > 0;

@@ -259,9 +259,17 @@ class StockadeCollector(Collector):
             "requests in flight for the hottest SKUs in this process",
             ["sku", "location"],
         )
+        row_queue = self._gauge(
+            "stockade_hot_sku_row_queue",
+            "requests in flight on the row across every process, estimated from its version "
+            "(PostgreSQL; 0 when not measured lately)",
+            ["sku", "location"],
+        )
         for entry in stats["hottest_skus"]:
             labels = self._values(str(entry["sku"])[:64], str(entry["location"])[:64])
             requests.add_metric(labels, float(entry["requests"]))
             in_flight.add_metric(labels, float(entry["in_flight"]))
+            row_queue.add_metric(labels, float(entry["row_queue"]))
         yield requests
         yield in_flight
+        yield row_queue

@@ -46,6 +46,9 @@ class HotSku(TypedDict):
     mode: str  # what auto runs it as right now
     in_flight: int
     peak_in_flight: int
+    # requests in flight on the row across every process, estimated from the versions
+    # this process's atomic writes left (PostgreSQL; 0 when not measured lately)
+    row_queue: int
 
 
 class SweeperStats(TypedDict):

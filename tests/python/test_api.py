@@ -257,6 +257,7 @@ def test_stats_report_strategies_and_hottest_skus(engine: stockade.Engine, backe
             "mode": "atomic",
             "in_flight": 0,
             "peak_in_flight": 1,
+            "row_queue": 0,
         }
     ]
     assert stats["batcher"]["started"] is False

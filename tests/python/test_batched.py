@@ -541,3 +541,58 @@ def test_one_engine_racing_alone_on_a_batched_row_never_lingers(
         assert stats["shared_row_batches"] == 0 and stats["lingered_batches"] == 0
         level = eng.stock("hot")
         assert (level.on_hand, level.reserved) == (10_000 - 128, 256)
+
+
+def test_auto_learns_a_row_that_other_engines_write_from_its_version(
+    stockade_database: str,
+) -> None:
+    # Replicas: no one process sees the row's whole queue. Engine b has only 2 requests in
+    # flight, never the 4 that make a row hot on its own; but between two of its writes the
+    # row moved by several versions (engine a's 8 threads), so its 2 stand for a queue of
+    # about 10, and auto batches them. An engine alone on a row with 2 threads sees its
+    # own versions only (its confirms and releases move the row too, and count as its
+    # own), and stays atomic.
+    with (
+        stockade.Engine.postgres(stockade_database, pool_size=8) as a,
+        stockade.Engine.postgres(stockade_database, pool_size=2) as b,
+    ):
+        a.restock("shared", 1_000_000)
+        a.restock("alone", 100_000)
+
+        def alone(i: int) -> None:
+            for n in range(50):
+                r = b.reserve("alone", 1)
+                (b.confirm if n % 2 else b.release)(r.id)
+
+        out = race(2, alone)
+        assert out.errors == [None] * 2
+        skus = {s["sku"]: s for s in b.stats(sku_limit=10)["hottest_skus"]}
+        assert skus["alone"]["mode"] == "atomic"
+        assert skus["alone"]["row_queue"] <= 3  # about 2: its own
+        assert b.stats()["batcher"]["requests"] == 0
+
+        made = 100
+
+        def shared(i: int) -> int:
+            n = 0
+            for _ in range(40):
+                if i < 8:
+                    a.reserve("shared", 1, strategy="atomic")
+                else:
+                    b.reserve("shared", 1)
+                n += 1
+            return n
+
+        for _ in range(10):
+            out = race(10, shared)
+            assert out.errors == [None] * 10
+            made += sum(out.results)
+            if b.stats()["batcher"]["requests"] > 0:
+                break
+        hot = {s["sku"]: s for s in b.stats(sku_limit=10)["hottest_skus"]}["shared"]
+        assert b.stats()["batcher"]["requests"] > 0, hot
+        assert hot["row_queue"] >= 4, hot
+        assert any("across every process" in r for r in b.recommend("shared").reasons)
+        assert a.stock("shared").reserved == made - 100
+        assert a.row_counts()["reservation_count"] == made
+        assert (a.stock("alone").on_hand, a.stock("alone").reserved) == (100_000 - 50, 0)

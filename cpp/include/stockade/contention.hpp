@@ -14,6 +14,18 @@
 // at no more than `cool_in_flight` (an idle gap counts as cool windows). The gap between the
 // two thresholds and the run of cool windows keep a SKU at the edge from flapping.
 //
+// Other processes: a row that many processes write is a queue that no one process sees
+// whole (16 processes with 2 requests each never reach 4 in flight in any of them). Their
+// writes show in the row's version, which every write moves by one per request: the
+// PostgreSQL store reports the version each of this process's writes on the request path
+// (reserves and sells, confirms and releases, batches) left (observe_version). Over a span of such
+// writes, the versions the row moved per write of this process are the row's writers per writer of
+// ours, and this process's peak in flight times that share estimates the requests in flight on the
+// row across every process (Little's law, with the same latency for all). At `hot_in_flight` of
+// those, with at least 2 in flight here (batching has nothing to fold below that), the SKU switches
+// to batched. Cooling stays local: a process whose own peak stays at `cool_in_flight` has nothing
+// to fold, whatever the others do.
+//
 // Cost: SKUs map into a fixed table of cache-line-sized cells (`cells`, a power of two,
 // indexed by the row's 16-bit shard key, which reservation ids carry too, so a confirm
 // or release finds its SKU's cell without reading the reservation), so tracking
@@ -62,6 +74,11 @@ struct SkuHeat {
   std::uint64_t window_requests = 0;    // in the last complete window
   std::uint64_t window_collisions = 0;  // in the last complete window
   std::uint64_t switches = 0;           // mode changes so far
+  // Requests in flight on the row across every process, estimated from the versions
+  // this process's writes left (0: not measured lately); and the switches to batched it
+  // caused (counted in `switches` too).
+  std::uint32_t row_queue = 0;
+  std::uint64_t shared_switches = 0;
 };
 
 class ContentionTracker {
@@ -74,6 +91,9 @@ class ContentionTracker {
   Strategy enter(std::uint16_t shard_key);
   // That request finished (whatever its outcome).
   void leave(std::uint16_t shard_key);
+  // `writes` changes of this process (a write, or a batch's writes to the row) left the
+  // row at `version` (see "Other processes" above).
+  void observe_version(const SkuKey& key, Version version, std::uint32_t writes = 1);
   SkuHeat heat(std::uint16_t shard_key) const;
   // The mode `auto` runs the row in right now, without counting a request.
   Strategy mode(std::uint16_t shard_key) const;

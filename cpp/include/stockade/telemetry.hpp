@@ -81,6 +81,7 @@ struct SkuStats {
   Strategy mode = Strategy::atomic;  // what `auto` runs this SKU as right now
   std::uint32_t in_flight = 0;       // requests in flight in this process
   std::uint32_t peak_in_flight = 0;  // in the tracker's last complete window
+  std::uint32_t row_queue = 0;       // in flight on the row across every process (estimate)
 };
 struct BatcherStats {
   bool started = false;

@@ -250,7 +250,15 @@ class BatchTx {
   // (BatchItem::row_found; a transition's row is its reservation's). A row the batch did
   // not read (an unknown SKU, an answer adopted after a lost commit) has version 0 and
   // says nothing.
-  void report_row_versions() const {
+  // Also tells `auto`'s tracker what each row moved to: a row that moved by more than this
+  // batch's changes since this process's last write has other writers.
+  void report_row_versions(ContentionTracker& tracker) const {
+    for (const auto& [key, row] : rows_) {
+      if (row.version != 0 && row.changes > 0) {
+        tracker.observe_version(key, row.version + row.changes,
+                                static_cast<std::uint32_t>(row.changes));
+      }
+    }
     const SkuKey* last = nullptr;
     const RowState* row = nullptr;
     for (BatchItem* item : items_) {
@@ -960,14 +968,14 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
       done = resolve_fast(batch, e, context);  // empty: it did not land, run the full path
     }
     if (done && *done) {
-      batch.report_row_versions();
+      batch.report_row_versions(telemetry().contention());
       count_batch(items);
       return;
     }
     if (done) fast_skips_.store(fast_skips_after_miss, std::memory_order_relaxed);
   }
   run_full_resolving(batch, write, context);
-  batch.report_row_versions();
+  batch.report_row_versions(telemetry().contention());
   count_batch(items);
 }
 

@@ -206,6 +206,8 @@ class PostgresStore final : public Store, public TestHooks {
   // for optimistic, locked). Optimistic throws OptimisticRace when the version moved.
   StockLevel write_row(Tx& tx, const StockLevel& read, Quantity sold, Quantity held,
                        const WriteOptions& options);
+  // Tells `auto`'s tracker the version a write of this process left; returns `level`.
+  StockLevel observed_write(StockLevel level);
   // After a conditional write matched no row: NotFound, then check_writable's errors
   // (Discontinued, FencingTokenStale, LeaseHeld, VersionConflict), else OutOfStock.
   [[noreturn]] void refuse(Tx& tx, const SkuKey& key, Quantity qty,

@@ -254,7 +254,7 @@ void Statements::add_stock_statements(const std::string& schema, Set& set) {
   set(Stmt::stock_settle, "UPDATE " + stock +
                               " SET on_hand = on_hand - $3, reserved = reserved - $4,"
                               " version = version + 1, updated_at = now()" +
-                              key + " RETURNING 1");
+                              key + " RETURNING version");
   set(Stmt::stock_set_backorder_limit,
       returning_stock("UPDATE " + stock +
                       " SET backorder_limit = $3, version = version + 1, updated_at = now()" +
@@ -303,13 +303,13 @@ void Statements::add_stock_statements(const std::string& schema, Set& set) {
       "WITH held AS (UPDATE " + stock +
           " SET reserved = reserved + $3, version = version + 1, updated_at = now()" + key +
           " AND " + room + " >= $3 AND ($4 < 0 OR version = $4) AND " + open_row +
-          " RETURNING sku, location)"
+          " RETURNING sku, location, version)"
           " INSERT INTO " +
           reservation +
           " (id, sku, location, qty, state, version, expires_at, idempotency_key, created_at,"
           " updated_at@SKC) SELECT $5::uuid, sku, location, $3, 'held', 1, " +
           ttl_from_now(6) + ", NULLIF($7, ''), now(), now()@SKV FROM held RETURNING " +
-          epoch_us("expires_at") + ", " + epoch_us("created_at"));
+          epoch_us("expires_at") + ", " + epoch_us("created_at") + ", (SELECT version FROM held)");
 }
 
 // Reservations, expiry, idempotency keys and advisory locks.

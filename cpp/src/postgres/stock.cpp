@@ -98,7 +98,7 @@ StockLevel PostgresStore::write_row(Tx& tx, const StockLevel& read, Quantity sol
     const pqxx::result rows = tx.exec_on(shard_of(key), Stmt::stock_cas, key.sku, key.location,
                                          read.on_hand - sold, read.reserved + held, read.version);
     if (rows.empty()) throw OptimisticRace{};
-    return level_from(key, rows[0]);
+    return observed_write(level_from(key, rows[0]));
   }
   // Under the row lock (pessimistic) the guard always holds; under an advisory lock it
   // protects the row from writers that do not take that lock (another strategy).
@@ -107,7 +107,15 @@ StockLevel PostgresStore::write_row(Tx& tx, const StockLevel& read, Quantity sol
       tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location, sold, held, qty,
                  options.expected_version.value_or(-1), options.fencing_token.value_or(-1));
   if (rows.empty()) refuse(tx, key, qty, options.expected_version, options.fencing_token);
-  return level_from(key, rows[0]);
+  return observed_write(level_from(key, rows[0]));
+}
+
+// Every write of this process to a stock row on the request path reports the version it
+// left, for `auto` (ContentionTracker::observe_version): what the row moved beyond these
+// is other processes' writes.
+StockLevel PostgresStore::observed_write(StockLevel level) {
+  telemetry().contention().observe_version(level.key, level.version);
+  return level;
 }
 
 void PostgresStore::refuse(Tx& tx, const SkuKey& key, Quantity qty,
@@ -339,7 +347,7 @@ StockLevel PostgresStore::sell(const SellRequest& request) {
         if (rows.empty()) {
           refuse(tx, key, request.qty, options.expected_version, options.fencing_token);
         }
-        return level_from(key, rows[0]);
+        return observed_write(level_from(key, rows[0]));
       }
       const StockLevel read = lock_row(tx, key, options);
       check_writable(read, options.expected_version, options.fencing_token);
@@ -374,6 +382,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
         shard_of(line.key), Stmt::hold_atomic, line.key.sku, line.key.location, line.qty,
         options.expected_version.value_or(-1), ids.front().to_string(), ttl_us, key_name);
     if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version, std::nullopt);
+    telemetry().contention().observe_version(line.key, rows[0][2].as<Version>());
     made.push_back(new_hold(ids.front(), line.key, line.qty, idempotency_key, rows[0]));
     return made;
   }
@@ -383,6 +392,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
                                            line.key.location, Quantity{0}, line.qty, line.qty,
                                            options.expected_version.value_or(-1), std::int64_t{-1});
       if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version, std::nullopt);
+      observed_write(level_from(line.key, rows[0]));
     }
   } else {
     // Read (and lock) every row first, in key order; decide on the reads; then write.
@@ -470,6 +480,7 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
             tx.exec_on(shard_of(key), Stmt::hold_atomic, key.sku, key.location, request.qty,
                        expected, id.to_string(), request.ttl_us, std::string());
         if (rows.empty()) return std::nullopt;
+        telemetry().contention().observe_version(key, rows[0][2].as<Version>());
         return new_hold(id, key, request.qty, std::nullopt, rows[0]);
       });
   if (made) return made;
