@@ -341,10 +341,7 @@ StockLevel Engine::discontinue(const SkuKey& key, std::optional<Version> expecte
   validate_sku_key(key);
   validate_expected_version(expected);
   validate_fencing_token(token);
-  return observed(Op::discontinue, [&] {
-    refuse_on_slots(key, "discontinuing");
-    return store_->set_discontinued(key, true, expected, token);
-  });
+  return observed(Op::discontinue, [&] { return set_tombstone(key, true, expected, token); });
 }
 
 StockLevel Engine::reinstate(const SkuKey& key, std::optional<Version> expected,
@@ -353,8 +350,7 @@ StockLevel Engine::reinstate(const SkuKey& key, std::optional<Version> expected,
   validate_sku_key(key);
   validate_expected_version(expected);
   validate_fencing_token(token);
-  return observed(Op::reinstate,
-                  [&] { return store_->set_discontinued(key, false, expected, token); });
+  return observed(Op::reinstate, [&] { return set_tombstone(key, false, expected, token); });
 }
 
 Lease Engine::acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner) {

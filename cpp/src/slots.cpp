@@ -159,6 +159,38 @@ std::vector<StockLevel> Engine::rows_after_refusal(const SkuKey& key,
   return slot_probes_->rows_after(key, refused_at, [&] { return learn_slots(key); });
 }
 
+// discontinue and reinstate: every row of the SKU (its own and its hot-row slots', if it
+// has any) at once, so that no slot keeps selling a SKU its own row calls discontinued.
+// `expected` names the SKU's version (on a slotted SKU the sum of its rows' versions, as
+// stock() reports it); a fencing token checks the own row's lease, which a slotted SKU
+// cannot have.
+StockLevel Engine::set_tombstone(const SkuKey& key, bool discontinued,
+                                 const std::optional<Version>& expected,
+                                 const std::optional<FencingToken>& token) {
+  const auto check = [&](const std::vector<StockLevel>& rows) {
+    if (rows.size() > 1 && token) {
+      throw Error(ErrorCode::not_supported,
+                  "a fencing token (leases) is not built for a SKU with hot-row slots; " +
+                      detail::describe(key) + " spreads its units over " +
+                      std::to_string(rows.size()) + " rows",
+                  detail::context_of(key));
+    }
+    StockLevel sku = detail::summed(key, rows);
+    bool already = true;
+    for (const StockLevel& row : rows) already = already && row.discontinued == discontinued;
+    if (already) {
+      detail::check_expected(key, expected, sku.version);  // nothing to change
+      return;
+    }
+    sku.discontinued = false;  // reinstating is a write to a discontinued SKU
+    detail::check_writable(sku, expected, token);
+  };
+  const std::vector<StockLevel> rows =
+      store_->set_discontinued(key, discontinued, options_.lock_timeout_ms, check);
+  slot_directory_->put(key, static_cast<int>(rows.size()));
+  return detail::summed(key, rows);
+}
+
 void Engine::refuse_on_slots(const SkuKey& key, const char* feature) {
   const std::size_t rows = learn_slots(key).size();
   if (rows <= 1) return;

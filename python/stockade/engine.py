@@ -648,7 +648,8 @@ class Engine:
         Afterwards ``reserve``, ``reserve_order``, ``sell``, ``restock`` and
         ``set_on_hand`` raise ``Discontinued`` (HTTP 410), while holds that exist can still
         be confirmed, released or extended, and expire as usual. Discontinuing a
-        discontinued row changes nothing. ``NotFound`` if the row never existed."""
+        discontinued row changes nothing. ``NotFound`` if the row never existed. A SKU
+        with hot-row slots is discontinued on all of its rows in one transaction."""
         return self._set_discontinued(sku, True, location, expected_version, fencing_token)
 
     def reinstate(
@@ -877,8 +878,9 @@ class Engine:
         sums the rows; ``restock`` and ``set_on_hand`` spread over them; If-Match
         (``expected_version``) names the summed version. Slots only grow (fewer raises
         ``InvalidArgument``). A SKU with a live lease or a backorder limit cannot take
-        slots (``InvalidState``); leases, backorder limits and ``discontinue`` raise
-        ``NotSupported`` on a slotted SKU. Returns the SKU's summed level. They pay where
+        slots (``InvalidState``); leases, fencing tokens and backorder limits raise
+        ``NotSupported`` on a slotted SKU (``discontinue`` and ``reinstate`` set every
+        row at once). Returns the SKU's summed level. They pay where
         several processes send one SKU batches and a commit flush is slow against CPU;
         see the README's "Scaling out" for what they measured."""
         return StockLevel._from_core(

@@ -59,9 +59,9 @@ class DelegatingStore : public Store {
                                  std::optional<FencingToken> t) override {
     return inner_->set_backorder_limit(k, l, v, t);
   }
-  StockLevel set_discontinued(const SkuKey& k, bool d, std::optional<Version> v,
-                              std::optional<FencingToken> t) override {
-    return inner_->set_discontinued(k, d, v, t);
+  std::vector<StockLevel> set_discontinued(const SkuKey& k, bool d, std::int64_t ms,
+                                           const RowsCheck& check) override {
+    return inner_->set_discontinued(k, d, ms, check);
   }
   Lease acquire_lease(const SkuKey& k, std::int64_t ttl, const std::string& owner) override {
     return inner_->acquire_lease(k, ttl, owner);

@@ -225,9 +225,9 @@ def test_what_slots_do_not_support_is_refused(engine: stockade.Engine) -> None:
     engine.restock("hot", 10)
     engine.set_slots("hot", 2)
     for call in [
-        lambda: engine.discontinue("hot"),
         lambda: engine.set_backorder_limit("hot", 5),
         lambda: engine.acquire_lease("hot", ttl=60, owner="ops"),
+        lambda: engine.discontinue("hot", fencing_token=1),
     ]:
         with pytest.raises(stockade.NotSupported, match="hot-row slots"):
             call()
@@ -262,6 +262,72 @@ def test_what_slots_do_not_support_is_refused(engine: stockade.Engine) -> None:
         engine.set_slots("gone", 2)
     for sku in ["leased", "owed", "gone"]:
         assert engine.slot_count(sku) == 1
+
+
+def test_discontinuing_a_slotted_sku_closes_every_slot_at_once(
+    engine: stockade.Engine, sibling: Sibling
+) -> None:
+    engine.restock("hot", 40)
+    engine.set_slots("hot", 4)
+    replicas = [sibling(home_slot=slot) for slot in range(1, 4)]
+    held = [eng.reserve("hot", 1) for eng in replicas]
+    before = engine.stock("hot")
+    with pytest.raises(stockade.VersionConflict):
+        engine.discontinue("hot", expected_version=before.version - 1)
+    assert engine.stock("hot") == before
+    gone = engine.discontinue("hot", expected_version=before.version)
+    assert gone.discontinued and (gone.on_hand, gone.reserved) == (40, 3)
+    assert gone.version == before.version + 4  # every row moved once
+    for eng in [engine, *replicas]:
+        for strategy in ["atomic", "batched", "pessimistic"]:
+            with pytest.raises(stockade.Discontinued):
+                eng.reserve("hot", 1, strategy=strategy)
+        with pytest.raises(stockade.Discontinued):
+            eng.sell("hot", 1)
+    # Holds made before still settle; discontinuing again changes nothing.
+    assert engine.confirm(held[0].id).state is stockade.ReservationState.CONFIRMED
+    engine.release(held[1].id)
+    again = engine.discontinue("hot")
+    assert again == engine.stock("hot") and again.discontinued
+    back = engine.reinstate("hot", expected_version=again.version)
+    assert not back.discontinued and (back.on_hand, back.reserved) == (39, 1)
+    assert [eng.reserve("hot", 2).qty for eng in replicas] == [2, 2, 2]
+    assert engine.stock("hot").available == 39 - 1 - 6
+    assert engine.slot_count("hot") == 4
+
+
+def test_a_discontinue_racing_reserves_on_every_slot_stops_them_all(
+    engine: stockade.Engine, sibling: Sibling
+) -> None:
+    # Once discontinue() returns, no slot grants another unit: the stock it returned is
+    # the stock after every racer has stopped.
+    engine.restock("hot", 100_000)
+    engine.set_slots("hot", 4)
+    replicas = [sibling(home_slot=slot) for slot in range(4)]
+    started = threading.Barrier(5)
+    granted = [0] * 4
+
+    def buy(i: int) -> None:
+        started.wait()
+        for _ in range(100_000):
+            try:
+                replicas[i].reserve("hot", 1, strategy="batched" if i % 2 else "atomic")
+            except stockade.Discontinued:
+                return
+            granted[i] += 1
+
+    threads = [threading.Thread(target=buy, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    started.wait()
+    while sum(granted) < 200:
+        threading.Event().wait(0.005)
+    gone = engine.discontinue("hot")
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive()
+    assert gone.reserved == sum(granted)
+    assert engine.stock("hot") == gone
 
 
 def test_holds_on_a_slot_expire_back_into_it(

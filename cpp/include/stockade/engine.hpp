@@ -109,7 +109,8 @@ class Engine {
   StockLevel set_backorder_limit(const SkuKey& key, Quantity limit,
                                  std::optional<Version> expected_version = {},
                                  std::optional<FencingToken> fencing_token = {});
-  // Soft delete and its undo (Store::set_discontinued).
+  // Soft delete and its undo (Store::set_discontinued), for every row of a SKU with
+  // hot-row slots at once.
   StockLevel discontinue(const SkuKey& key, std::optional<Version> expected_version = {},
                          std::optional<FencingToken> fencing_token = {});
   StockLevel reinstate(const SkuKey& key, std::optional<Version> expected_version = {},
@@ -201,6 +202,9 @@ class Engine {
   // own row alone at that very version (slot rows never appear without moving it).
   std::vector<StockLevel> rows_after_refusal(const SkuKey& key, std::optional<Version> refused_at);
   void refuse_on_slots(const SkuKey& key, const char* feature);
+  StockLevel set_tombstone(const SkuKey& key, bool discontinued,
+                           const std::optional<Version>& expected,
+                           const std::optional<FencingToken>& token);
   std::vector<StockLevel> fill_slot(const SkuKey& key, const std::vector<StockLevel>& rows,
                                     int target, Quantity qty,
                                     const std::optional<Version>& expected);

@@ -89,12 +89,18 @@ class Store {
   virtual StockLevel set_backorder_limit(const SkuKey& key, Quantity limit,
                                          std::optional<Version> expected_version,
                                          std::optional<FencingToken> fencing_token) = 0;
-  // Soft delete (discontinued = true) and its undo. The row stays as a tombstone; setting
-  // the state it already has changes nothing. Holds that exist can still be confirmed or
-  // released.
-  virtual StockLevel set_discontinued(const SkuKey& key, bool discontinued,
-                                      std::optional<Version> expected_version,
-                                      std::optional<FencingToken> fencing_token) = 0;
+  // Soft delete (discontinued = true) and its undo, for the SKU at `key` with every
+  // hot-row slot row it has, at once. In one transaction: locks the SKU's own row (slot
+  // rows are made only under that lock, so none appears meanwhile), finds its slot rows
+  // and locks them in key order (waiting at most lock_timeout_ms each), hands every row's
+  // level (the own row first, then slot order) to `check`, which may throw an Error to
+  // refuse (then nothing changes), and sets each row's tombstone; a row already so keeps
+  // its version. Rows stay as tombstones; holds that exist can still be confirmed or
+  // released. Returns the rows as they stand after, in the order `check` saw them.
+  using RowsCheck = std::function<void(const std::vector<StockLevel>&)>;
+  virtual std::vector<StockLevel> set_discontinued(const SkuKey& key, bool discontinued,
+                                                   std::int64_t lock_timeout_ms,
+                                                   const RowsCheck& check) = 0;
 
   // Leases (the offline lock with fencing tokens). acquire creates the row at zero if it
   // does not exist, and raises LeaseHeld while another lease is live. renew extends a

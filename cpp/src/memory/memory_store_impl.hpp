@@ -106,8 +106,9 @@ class MemoryStore final : public Store, public TestHooks {
                          std::optional<FencingToken> token) override;
   StockLevel set_backorder_limit(const SkuKey& key, Quantity limit, std::optional<Version> expected,
                                  std::optional<FencingToken> token) override;
-  StockLevel set_discontinued(const SkuKey& key, bool discontinued, std::optional<Version> expected,
-                              std::optional<FencingToken> token) override;
+  std::vector<StockLevel> set_discontinued(const SkuKey& key, bool discontinued,
+                                           std::int64_t lock_timeout_ms,
+                                           const RowsCheck& check) override;
   Lease acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner) override;
   Lease renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) override;
   bool release_lease(const SkuKey& key, FencingToken token) override;

@@ -276,27 +276,44 @@ StockLevel MemoryStore::set_backorder_limit(const SkuKey& key, Quantity limit,
   return level_of(row, compare_and_set(row, decide, nullptr));
 }
 
-StockLevel MemoryStore::set_discontinued(const SkuKey& key, bool discontinued,
-                                         std::optional<Version> expected,
-                                         std::optional<FencingToken> token) {
-  StockRow& row = require_row(key);
-  const TimestampUs now = clock_->now_us();
-  for (;;) {
-    const RowSnapshot seen = row.cell.read();
-    if ((seen.values.discontinued != 0) == discontinued) {
-      check_expected(key, expected, seen.values.version);
-      return level_of(row, seen.values);  // already so: nothing changes
-    }
-    StockLevel level = level_at(key, seen.values, now);
-    level.discontinued = false;  // reinstate is a write to a discontinued row
-    check_writable(level, expected, token);
-    if (!row.cell.try_latch(seen.seq)) continue;
-    RowLatch latch(row.cell, seen.values);
-    RowValues next = changed(seen.values, now);
-    next.discontinued = discontinued ? 1 : 0;
-    latch.publish(next, key);
-    return level_of(row, next);
+std::vector<StockLevel> MemoryStore::set_discontinued(const SkuKey& key, bool discontinued,
+                                                      std::int64_t lock_timeout_ms,
+                                                      const RowsCheck& check) {
+  WriteOptions wait;
+  wait.strategy = Strategy::pessimistic;
+  wait.lock_timeout_ms = lock_timeout_ms;
+  std::vector<StockRow*> rows{&require_row(key)};
+  std::vector<std::unique_lock<TimedLock>> locks;
+  locks.push_back(acquire(rows.front()->row_lock, key, wait, nullptr, nullptr));
+  // Its slot rows, found under the own row's lock (reshape makes them under it): the
+  // list is whole. They are made together, so the first missing one ends them.
+  for (int slot = 1; slot < slots_max; ++slot) {
+    StockRow* row = find_row(slot_key(key, slot));
+    if (row == nullptr) break;
+    rows.push_back(row);
+    locks.push_back(acquire(row->row_lock, row->key, wait, nullptr, nullptr));
   }
+  // Then every row's latch, in the same order: other writers wait or fail their
+  // compare-and-set until the tombstones are published.
+  std::vector<RowLatch> latches;
+  latches.reserve(rows.size());
+  for (StockRow* row : rows) latches.emplace_back(row->cell, row->cell.latch());
+  const TimestampUs now = clock_->now_us();
+  std::vector<StockLevel> levels;
+  levels.reserve(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    levels.push_back(level_at(rows[i]->key, latches[i].values(), now));
+  }
+  check(levels);  // a refusal releases the latches unchanged
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const RowValues& seen = latches[i].values();
+    if ((seen.discontinued != 0) == discontinued) continue;
+    RowValues next = changed(seen, now);
+    next.discontinued = discontinued ? 1 : 0;
+    latches[i].publish(next, rows[i]->key);
+    levels[i] = level_at(rows[i]->key, next, now);
+  }
+  return levels;
 }
 
 Lease MemoryStore::acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner) {

@@ -265,25 +265,39 @@ StockLevel PostgresStore::set_backorder_limit(const SkuKey& key, Quantity limit,
       });
 }
 
-StockLevel PostgresStore::set_discontinued(const SkuKey& key, bool discontinued,
-                                           std::optional<Version> expected,
-                                           std::optional<FencingToken> token) {
-  return admin_write(
-      key,
-      [&](const StockLevel& row) {
-        if (row.discontinued == discontinued) {
-          check_expected(key, expected, row.version);
-          return false;  // already so
-        }
-        StockLevel open = row;
-        open.discontinued = false;  // reinstate is a write to a discontinued row
-        check_writable(open, expected, token);
-        return true;
-      },
-      [&](Tx& tx) {
-        return tx.exec_on(shard_of(key), Stmt::stock_set_discontinued, key.sku, key.location,
-                          discontinued);
-      });
+std::vector<StockLevel> PostgresStore::set_discontinued(const SkuKey& key, bool discontinued,
+                                                        std::int64_t lock_timeout_ms,
+                                                        const RowsCheck& check) {
+  WriteOptions wait;
+  wait.strategy = Strategy::pessimistic;
+  wait.lock_timeout_ms = lock_timeout_ms;
+  const std::string prefix = key.location + slot_mark;
+  return run(&wait, context_of(key), [&](Tx& tx) {
+    std::vector<StockLevel> levels;
+    const Level own = read_row(tx, Stmt::stock_lock, key);
+    if (!own) throw_stock_not_found(key);
+    levels.push_back(*own);
+    // Its slot rows, listed under the own row's lock: the list is whole.
+    std::vector<SkuKey> slots;
+    for (const auto& row :
+         tx.exec_on(shard_of(key), Stmt::sku_rows, key.sku, key.location, prefix)) {
+      SkuKey slot{key.sku, row[9].as<std::string>()};
+      const int n = slot_of(slot);
+      if (n > 0 && slot_key(key, n) == slot) slots.push_back(std::move(slot));
+    }
+    std::sort(slots.begin(), slots.end());
+    for (const SkuKey& slot : slots) {
+      if (Level row = read_row(tx, Stmt::stock_lock, slot)) levels.push_back(*row);
+    }
+    check(levels);
+    for (StockLevel& level : levels) {
+      if (level.discontinued == discontinued) continue;
+      const SkuKey row = level.key;
+      level = level_from(row, tx.exec_on(shard_of(row), Stmt::stock_set_discontinued, row.sku,
+                                         row.location, discontinued)[0]);
+    }
+    return levels;
+  });
 }
 
 Lease PostgresStore::acquire_lease(const SkuKey& key, std::int64_t ttl_us,
