@@ -572,27 +572,35 @@ def test_auto_learns_a_row_that_other_engines_write_from_its_version(
         assert b.stats()["batcher"]["requests"] == 0
 
         made = 100
+        # The estimate follows the present load, so it is read while the race runs (by
+        # one of b's threads, between its reserves).
+        queues: List[int] = []
+        named: List[bool] = []
 
         def shared(i: int) -> int:
             n = 0
-            for _ in range(40):
+            for k in range(40):
                 if i < 8:
                     a.reserve("shared", 1, strategy="atomic")
                 else:
                     b.reserve("shared", 1)
                 n += 1
+                if i == 9 and k % 8 == 7:
+                    hot = [s for s in b.stats(sku_limit=10)["hottest_skus"] if s["sku"] == "shared"]
+                    queues.append(hot[0]["row_queue"] if hot else 0)
+                    reasons = b.recommend("shared").reasons
+                    named.append(any("across every process" in r for r in reasons))
             return n
 
         for _ in range(10):
             out = race(10, shared)
             assert out.errors == [None] * 10
             made += sum(out.results)
-            if b.stats()["batcher"]["requests"] > 0:
+            if b.stats()["batcher"]["requests"] > 0 and any(named):
                 break
-        hot = {s["sku"]: s for s in b.stats(sku_limit=10)["hottest_skus"]}["shared"]
-        assert b.stats()["batcher"]["requests"] > 0, hot
-        assert hot["row_queue"] >= 4, hot
-        assert any("across every process" in r for r in b.recommend("shared").reasons)
+        assert b.stats()["batcher"]["requests"] > 0, queues
+        assert max(queues) >= 4, queues
+        assert any(named), queues
         assert a.stock("shared").reserved == made - 100
         assert a.row_counts()["reservation_count"] == made
         assert (a.stock("alone").on_hand, a.stock("alone").reserved) == (100_000 - 50, 0)
