@@ -95,6 +95,18 @@ inline void check_writable(const StockLevel& row, const std::optional<Version>& 
   check_expected(key, expected, row.version);
 }
 
+// What hot-row slots do not build (leases, backorder limits), refused on a SKU that has
+// them: `rows` of them, or 0 when the caller only knows that it has some.
+[[noreturn]] inline void throw_not_built_for_slots(const SkuKey& key, const char* feature,
+                                                   std::size_t rows) {
+  throw Error(ErrorCode::not_supported,
+              std::string(feature) + " is not built for a SKU with hot-row slots; " +
+                  describe(key) +
+                  (rows > 1 ? " spreads its units over " + std::to_string(rows) + " rows"
+                            : std::string(" has slot rows")),
+              context_of(key));
+}
+
 // set_on_hand and set_backorder_limit: what is promised must stay covered.
 inline void check_covers(const SkuKey& key, Quantity on_hand, Quantity reserved,
                          Quantity backorder_limit) {

@@ -169,11 +169,7 @@ StockLevel Engine::set_tombstone(const SkuKey& key, bool discontinued,
                                  const std::optional<FencingToken>& token) {
   const auto check = [&](const std::vector<StockLevel>& rows) {
     if (rows.size() > 1 && token) {
-      throw Error(ErrorCode::not_supported,
-                  "a fencing token (leases) is not built for a SKU with hot-row slots; " +
-                      detail::describe(key) + " spreads its units over " +
-                      std::to_string(rows.size()) + " rows",
-                  detail::context_of(key));
+      detail::throw_not_built_for_slots(key, "a fencing token (leases)", rows.size());
     }
     StockLevel sku = detail::summed(key, rows);
     bool already = true;
@@ -193,12 +189,7 @@ StockLevel Engine::set_tombstone(const SkuKey& key, bool discontinued,
 
 void Engine::refuse_on_slots(const SkuKey& key, const char* feature) {
   const std::size_t rows = learn_slots(key).size();
-  if (rows <= 1) return;
-  throw Error(ErrorCode::not_supported,
-              std::string(feature) + " is not built for a SKU with hot-row slots; " +
-                  detail::describe(key) + " spreads its units over " + std::to_string(rows) +
-                  " rows",
-              detail::context_of(key));
+  if (rows > 1) detail::throw_not_built_for_slots(key, feature, rows);
 }
 
 std::vector<StockLevel> Engine::fill_slot(const SkuKey& key, const std::vector<StockLevel>& rows,

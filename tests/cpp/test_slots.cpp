@@ -114,6 +114,26 @@ TEST_F(Slots, making_slot_rows_moves_the_own_rows_version) {
   EXPECT_EQ(engine->slot_count(sku), 2);
 }
 
+// The engine refuses a lease or a backorder limit on a slotted SKU after reading its rows;
+// the store refuses it again inside the write, so that a SKU slotted between that read
+// and the write is refused too (here the store is called as that late write would be).
+TEST_F(Slots, the_store_refuses_a_lease_or_a_backorder_limit_on_a_slotted_sku) {
+  engine->restock(sku, 10);
+  engine->set_slots(sku, 2);
+  const StockLevel before = engine->stock(sku);
+  EXPECT_STOCKADE_ERROR(store->acquire_lease(sku, 60'000'000, "ops"), ErrorCode::not_supported);
+  EXPECT_STOCKADE_ERROR(store->set_backorder_limit(sku, 5, std::nullopt, std::nullopt),
+                        ErrorCode::not_supported);
+  const StockLevel after = engine->stock(sku);
+  EXPECT_EQ(after.version, before.version);
+  EXPECT_FALSE(after.leased);
+  EXPECT_EQ(after.backorder_limit, 0);
+  const SkuKey plain{"plain", "default"};
+  engine->restock(plain, 1);
+  EXPECT_EQ(store->set_backorder_limit(plain, 5, std::nullopt, std::nullopt).backorder_limit, 5);
+  EXPECT_GT(store->acquire_lease(plain, 60'000'000, "ops").token, 0);
+}
+
 TEST_F(Slots, replicas_on_every_slot_sell_out_exactly) {
   engine->restock(sku, 5000);
   engine->set_slots(sku, 4);

@@ -330,6 +330,38 @@ def test_a_discontinue_racing_reserves_on_every_slot_stops_them_all(
     assert engine.stock("hot") == gone
 
 
+def test_slotting_a_sku_while_another_replica_leases_it_never_gives_both(
+    engine: stockade.Engine, sibling: Sibling
+) -> None:
+    # set_slots and acquire_lease race for each SKU from two replicas. Each refuses the
+    # other's result, checked under the SKU's own row lock: a SKU ends slotted or leased,
+    # never both (a lease on the own row alone would not bind its slots).
+    other = sibling(home_slot=1)
+    skus = [f"contended-{i}" for i in range(40)]
+    for sku in skus:
+        engine.restock(sku, 8)
+    expected = (stockade.InvalidState, stockade.NotSupported)
+
+    def go(i: int) -> None:
+        sku = skus[i // 2]
+        try:
+            if i % 2:
+                other.acquire_lease(sku, ttl=60, owner="ops")
+            else:
+                engine.set_slots(sku, 2)
+        except expected:
+            pass
+
+    for start in range(0, 2 * len(skus), 16):
+        out = race(16, lambda i, first=start: go(first + i))
+        assert out.errors == [None] * 16
+    for sku in skus:
+        level = engine.stock(sku)
+        slotted = engine.slot_count(sku) > 1
+        assert not (slotted and level.leased), sku
+        assert slotted or level.leased, sku  # one of the two won
+
+
 def test_holds_on_a_slot_expire_back_into_it(
     memory_engine: stockade.Engine, clock: stockade.ManualClock
 ) -> None:

@@ -267,6 +267,7 @@ StockLevel MemoryStore::set_backorder_limit(const SkuKey& key, Quantity limit,
   StockRow& row = require_row(key);
   const TimestampUs now = clock_->now_us();
   const auto decide = [&](const RowValues& v) {
+    refuse_if_slotted(key, "a backorder limit");
     check_row(key, v, now, expected, token);
     check_covers(key, v.on_hand, v.reserved, limit);
     RowValues next = changed(v, now);
@@ -274,6 +275,16 @@ StockLevel MemoryStore::set_backorder_limit(const SkuKey& key, Quantity limit,
     return next;
   };
   return level_of(row, compare_and_set(row, decide, nullptr));
+}
+
+// The engine refuses leases and backorder limits on a slotted SKU after reading its rows;
+// this check, inside the write's compare-and-set, closes the window in which another
+// engine slots the SKU between that read and the write: reshape makes slot rows while it
+// holds the own row's latch and moves the own row's version, so either this decide sees
+// the slot rows, or its compare-and-set fails and it runs again and sees them, or the
+// write lands first and set_slots then finds the lease or the limit and refuses.
+void MemoryStore::refuse_if_slotted(const SkuKey& key, const char* feature) const {
+  if (find_row(slot_key(key, 1)) != nullptr) throw_not_built_for_slots(key, feature, 0);
 }
 
 std::vector<StockLevel> MemoryStore::set_discontinued(const SkuKey& key, bool discontinued,
@@ -323,6 +334,7 @@ Lease MemoryStore::acquire_lease(const SkuKey& key, std::int64_t ttl_us, const s
   if (row == nullptr) row = insert_row(key, RowValues{0, 0, 1, now}).first;
   FencingToken token = 0;
   const auto decide = [&](const RowValues& v) {
+    refuse_if_slotted(key, "a lease");
     StockLevel level = level_at(key, v, now);
     level.discontinued = false;  // a discontinued row can be leased (to reinstate it)
     check_writable(level, std::nullopt, std::nullopt);  // LeaseHeld while one is live

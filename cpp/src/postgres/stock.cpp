@@ -260,9 +260,32 @@ StockLevel PostgresStore::set_backorder_limit(const SkuKey& key, Quantity limit,
         return true;
       },
       [&](Tx& tx) {
+        refuse_if_slotted(tx, key, "a backorder limit");
         return tx.exec_on(shard_of(key), Stmt::stock_set_backorder_limit, key.sku, key.location,
                           limit);
       });
+}
+
+// The SKU's slot rows, listed in `tx` (its own row is not among them). Under the own
+// row's lock the list is whole: reshape makes slot rows only while it holds that lock.
+std::vector<SkuKey> PostgresStore::slot_rows(Tx& tx, const SkuKey& key) {
+  std::vector<SkuKey> slots;
+  for (const auto& row :
+       tx.exec_on(shard_of(key), Stmt::sku_rows, key.sku, key.location, key.location + slot_mark)) {
+    SkuKey slot{key.sku, row[9].as<std::string>()};
+    const int n = slot_of(slot);
+    if (n > 0 && slot_key(key, n) == slot) slots.push_back(std::move(slot));
+  }
+  std::sort(slots.begin(), slots.end());
+  return slots;
+}
+
+// The engine refuses leases and backorder limits on a slotted SKU after reading its rows;
+// this check, under the own row's lock, closes the window in which another engine slots
+// the SKU between that read and the write (set_slots, in turn, refuses a leased row or
+// one with a limit under the same lock).
+void PostgresStore::refuse_if_slotted(Tx& tx, const SkuKey& key, const char* feature) {
+  if (!slot_rows(tx, key).empty()) throw_not_built_for_slots(key, feature, 0);
 }
 
 std::vector<StockLevel> PostgresStore::set_discontinued(const SkuKey& key, bool discontinued,
@@ -271,22 +294,12 @@ std::vector<StockLevel> PostgresStore::set_discontinued(const SkuKey& key, bool 
   WriteOptions wait;
   wait.strategy = Strategy::pessimistic;
   wait.lock_timeout_ms = lock_timeout_ms;
-  const std::string prefix = key.location + slot_mark;
   return run(&wait, context_of(key), [&](Tx& tx) {
     std::vector<StockLevel> levels;
     const Level own = read_row(tx, Stmt::stock_lock, key);
     if (!own) throw_stock_not_found(key);
     levels.push_back(*own);
-    // Its slot rows, listed under the own row's lock: the list is whole.
-    std::vector<SkuKey> slots;
-    for (const auto& row :
-         tx.exec_on(shard_of(key), Stmt::sku_rows, key.sku, key.location, prefix)) {
-      SkuKey slot{key.sku, row[9].as<std::string>()};
-      const int n = slot_of(slot);
-      if (n > 0 && slot_key(key, n) == slot) slots.push_back(std::move(slot));
-    }
-    std::sort(slots.begin(), slots.end());
-    for (const SkuKey& slot : slots) {
+    for (const SkuKey& slot : slot_rows(tx, key)) {  // listed under the own row's lock
       if (Level row = read_row(tx, Stmt::stock_lock, slot)) levels.push_back(*row);
     }
     check(levels);
@@ -311,6 +324,7 @@ Lease PostgresStore::acquire_lease(const SkuKey& key, std::int64_t ttl_us,
       }
       row->discontinued = false;  // a discontinued row can be leased (to reinstate it)
       check_writable(*row, std::nullopt, std::nullopt);  // LeaseHeld while one is live
+      refuse_if_slotted(tx, key, "a lease");
       const std::int64_t token = tx.exec(Stmt::lease_next_token)[0][0].as<std::int64_t>();
       const pqxx::row made = tx.exec_on(shard_of(key), Stmt::lease_acquire, key.sku, key.location,
                                         owner, ttl_us, token)[0];
