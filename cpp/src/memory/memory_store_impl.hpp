@@ -170,6 +170,8 @@ class MemoryStore final : public Store, public TestHooks {
   // Stock rows (stock.cpp).
   StockRow* find_row(const SkuKey& key) const;
   StockRow& require_row(const SkuKey& key) const;
+  // The SKU's own row and its slot rows that exist, in key order (see stock.cpp).
+  std::vector<StockRow*> rows_of_sku(const SkuKey& base) const;
   // NotSupported when the SKU at `key` has hot-row slot rows (see stock.cpp).
   void refuse_if_slotted(const SkuKey& key, const char* feature) const;
   // Inserts a row with `initial` unless one exists; returns it and whether it was new.

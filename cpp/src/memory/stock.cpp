@@ -293,16 +293,13 @@ std::vector<StockLevel> MemoryStore::set_discontinued(const SkuKey& key, bool di
   WriteOptions wait;
   wait.strategy = Strategy::pessimistic;
   wait.lock_timeout_ms = lock_timeout_ms;
-  std::vector<StockRow*> rows{&require_row(key)};
   std::vector<std::unique_lock<TimedLock>> locks;
-  locks.push_back(acquire(rows.front()->row_lock, key, wait, nullptr, nullptr));
+  locks.push_back(acquire(require_row(key).row_lock, key, wait, nullptr, nullptr));
   // Its slot rows, found under the own row's lock (reshape makes them under it): the
-  // list is whole. They are made together, so the first missing one ends them.
-  for (int slot = 1; slot < slots_max; ++slot) {
-    StockRow* row = find_row(slot_key(key, slot));
-    if (row == nullptr) break;
-    rows.push_back(row);
-    locks.push_back(acquire(row->row_lock, row->key, wait, nullptr, nullptr));
+  // list is whole.
+  const std::vector<StockRow*> rows = rows_of_sku(key);
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    locks.push_back(acquire(rows[i]->row_lock, rows[i]->key, wait, nullptr, nullptr));
   }
   // Then every row's latch, in the same order: other writers wait or fail their
   // compare-and-set until the tombstones are published.
@@ -388,14 +385,20 @@ StockLevel MemoryStore::stock(const SkuKey& key) {
   return level_of(row, row.cell.read().values);
 }
 
-std::vector<StockLevel> MemoryStore::sku_rows(const SkuKey& base) {
-  // Slot rows are made together (reshape), so the first missing one ends them.
+// `base` and its slot rows that exist, in slot order (which is key order). Slot rows are
+// made together (reshape), so the first missing one ends them.
+std::vector<StockRow*> MemoryStore::rows_of_sku(const SkuKey& base) const {
   std::vector<StockRow*> rows;
   for (int slot = 0; slot < slots_max; ++slot) {
     StockRow* row = find_row(slot_key(base, slot));
     if (row == nullptr) break;
     rows.push_back(row);
   }
+  return rows;
+}
+
+std::vector<StockLevel> MemoryStore::sku_rows(const SkuKey& base) {
+  const std::vector<StockRow*> rows = rows_of_sku(base);
   // One snapshot: every row's latch at once, taken in slot order (which is key order).
   std::vector<RowLatch> latches;
   latches.reserve(rows.size());

@@ -207,9 +207,9 @@ class PostgresStore final : public Store, public TestHooks {
   // for optimistic, locked). Optimistic throws OptimisticRace when the version moved.
   StockLevel write_row(Tx& tx, const StockLevel& read, Quantity sold, Quantity held,
                        const WriteOptions& options);
-  // The SKU's slot rows (not its own), and NotSupported for `feature` if it has any; both
-  // in `tx`, whole under the own row's lock (see stock.cpp).
-  std::vector<SkuKey> slot_rows(Tx& tx, const SkuKey& key);
+  // The SKU's rows (own first, then its slots), and NotSupported for `feature` if it has
+  // slots; both in `tx`, whole under the own row's lock (see stock.cpp).
+  std::vector<StockLevel> read_sku_rows(Tx& tx, const SkuKey& base);
   void refuse_if_slotted(Tx& tx, const SkuKey& key, const char* feature);
   // Tells `auto`'s tracker the version a write of this process left; returns `level`.
   StockLevel observed_write(StockLevel level);

@@ -167,20 +167,25 @@ StockLevel PostgresStore::set_on_hand(const SkuKey& key, Quantity on_hand,
 }
 
 std::vector<StockLevel> PostgresStore::sku_rows(const SkuKey& base) {
-  const std::string prefix = base.location + slot_mark;
-  return run<RunMode::read>(nullptr, context_of(base), [&](Tx& tx) {
-    const pqxx::result rows =
-        tx.exec_on(shard_of(base), Stmt::sku_rows, base.sku, base.location, prefix);
-    std::vector<StockLevel> out;
-    for (const auto& row : rows) {
-      SkuKey key{base.sku, row[9].as<std::string>()};
-      if (key != base && (slot_of(key) == 0 || slot_key(base, slot_of(key)) != key)) continue;
-      out.push_back(level_from(key, row));
-    }
-    std::sort(out.begin(), out.end(),
-              [](const StockLevel& a, const StockLevel& b) { return a.key < b.key; });
-    return out;
-  });
+  return run<RunMode::read>(nullptr, context_of(base),
+                            [&](Tx& tx) { return read_sku_rows(tx, base); });
+}
+
+// `base` and its slot rows that exist, in key order (the own row first), read in `tx`.
+// Under the own row's lock the list is whole: reshape makes slot rows only while it holds
+// that lock.
+std::vector<StockLevel> PostgresStore::read_sku_rows(Tx& tx, const SkuKey& base) {
+  const pqxx::result rows = tx.exec_on(shard_of(base), Stmt::sku_rows, base.sku, base.location,
+                                       base.location + slot_mark);
+  std::vector<StockLevel> out;
+  for (const auto& row : rows) {
+    SkuKey key{base.sku, row[9].as<std::string>()};
+    if (key != base && (slot_of(key) == 0 || slot_key(base, slot_of(key)) != key)) continue;
+    out.push_back(level_from(key, row));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const StockLevel& a, const StockLevel& b) { return a.key < b.key; });
+  return out;
 }
 
 std::vector<StockLevel> PostgresStore::reshape(const std::vector<SkuKey>& keys, bool create,
@@ -266,26 +271,13 @@ StockLevel PostgresStore::set_backorder_limit(const SkuKey& key, Quantity limit,
       });
 }
 
-// The SKU's slot rows, listed in `tx` (its own row is not among them). Under the own
-// row's lock the list is whole: reshape makes slot rows only while it holds that lock.
-std::vector<SkuKey> PostgresStore::slot_rows(Tx& tx, const SkuKey& key) {
-  std::vector<SkuKey> slots;
-  for (const auto& row :
-       tx.exec_on(shard_of(key), Stmt::sku_rows, key.sku, key.location, key.location + slot_mark)) {
-    SkuKey slot{key.sku, row[9].as<std::string>()};
-    const int n = slot_of(slot);
-    if (n > 0 && slot_key(key, n) == slot) slots.push_back(std::move(slot));
-  }
-  std::sort(slots.begin(), slots.end());
-  return slots;
-}
-
 // The engine refuses leases and backorder limits on a slotted SKU after reading its rows;
 // this check, under the own row's lock, closes the window in which another engine slots
 // the SKU between that read and the write (set_slots, in turn, refuses a leased row or
 // one with a limit under the same lock).
 void PostgresStore::refuse_if_slotted(Tx& tx, const SkuKey& key, const char* feature) {
-  if (!slot_rows(tx, key).empty()) throw_not_built_for_slots(key, feature, 0);
+  const std::size_t rows = read_sku_rows(tx, key).size();
+  if (rows > 1) throw_not_built_for_slots(key, feature, rows);
 }
 
 std::vector<StockLevel> PostgresStore::set_discontinued(const SkuKey& key, bool discontinued,
@@ -299,8 +291,9 @@ std::vector<StockLevel> PostgresStore::set_discontinued(const SkuKey& key, bool 
     const Level own = read_row(tx, Stmt::stock_lock, key);
     if (!own) throw_stock_not_found(key);
     levels.push_back(*own);
-    for (const SkuKey& slot : slot_rows(tx, key)) {  // listed under the own row's lock
-      if (Level row = read_row(tx, Stmt::stock_lock, slot)) levels.push_back(*row);
+    const std::vector<StockLevel> listed = read_sku_rows(tx, key);  // under the own row's lock
+    for (std::size_t i = 1; i < listed.size(); ++i) {               // the slot rows, in key order
+      if (Level row = read_row(tx, Stmt::stock_lock, listed[i].key)) levels.push_back(*row);
     }
     check(levels);
     for (StockLevel& level : levels) {
