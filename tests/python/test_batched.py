@@ -132,6 +132,31 @@ def test_duplicate_keys_inside_batches_get_one_reservation(engine: stockade.Engi
     assert again == out.results[0]
 
 
+def test_replays_mixed_into_batches_of_fresh_keys_move_the_row_once_per_key(
+    engine: stockade.Engine,
+) -> None:
+    # Batches of distinct keys on one row take the keyed fast statement; a key in it that
+    # was committed before fails that statement as a whole (PostgreSQL), and the full path
+    # replays that key and grants the fresh ones: nothing is granted twice or lost.
+    engine.restock("hot", 1000)
+    first = {
+        n: engine.reserve("hot", 1, idempotency_key=f"k-{n}", strategy="batched")
+        for n in range(0, 64, 4)
+    }
+    version = engine.stock("hot").version
+    out = race(64, lambda n: engine.reserve("hot", 1, idempotency_key=f"k-{n}", strategy="batched"))
+    assert out.errors == [None] * 64
+    for n, made in first.items():
+        assert out.results[n] == made
+    fresh = [r for n, r in enumerate(out.results) if n not in first]
+    assert len({r.id for r in fresh}) == 48
+    assert not {r.id for r in fresh} & {r.id for r in first.values()}
+    after = engine.stock("hot")
+    assert after.reserved == 64
+    assert after.version == version + 48
+    assert engine.row_counts()["reservation_count"] == 64
+
+
 def test_a_key_used_for_two_requests_in_one_race_grants_one(engine: stockade.Engine) -> None:
     engine.restock("hot", 100)
 

@@ -5,8 +5,9 @@
 // has room for all of its requests, writes the summed deltas and inserts every
 // reservation; if not, it changes nothing. That is the common case under a flash sale
 // until the last units go. A batch on one row with distinct idempotency keys takes it
-// too: its statement moves the row only if none of the keys exists yet, and claims them
-// in the same statement (a replay, a conflict, or no room: the full path decides those).
+// too: its statement moves the row and claims the keys; a key that exists already fails
+// the claim, which rolls the statement back (a replay, a conflict, or no room: the full
+// path decides those).
 // It saves most of the round trips of:
 //
 // The full path, one transaction whose statements run once per batch, whatever its size,
