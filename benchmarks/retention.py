@@ -5,7 +5,9 @@ of stats(), and a steady state under retention.
 One throwaway PostgreSQL (fsync and synchronous_commit on), 64 C++ client threads making
 blocking calls. Figures from one run share the machine's noise: compare the ratios.
 
-  1. keyed vs keyless: one hot SKU, batched, with and without an idempotency key each;
+  1. keyed vs keyless: one hot SKU, batched, with and without an idempotency key each,
+     in --rounds alternating rounds (the ratio is over all of them, so that a machine
+     whose speed drifts during the run weighs on both cases alike);
   2. growth: hot SKU batched (keyless, keyed) and --warm-skus SKUs under auto, on fresh
      tables, then again after --old-rows old reservations and as many old keys; each case
      runs twice: --seconds right after a CHECKPOINT (the worst moment: the first write to
@@ -19,7 +21,7 @@ blocking calls. Figures from one run share the machine's noise: compare the rati
   6. steady state: reserve+confirm with keys for --steady-seconds under --retention, with
      the sweeper purging; table size and process RSS sampled as it runs.
 
-    python benchmarks/retention.py [--seconds 5] [--old-rows 3000000]
+    python benchmarks/retention.py [--seconds 5] [--rounds 3] [--old-rows 3000000]
         [--warm-skus 2000] [--cycle 50] [--steady-seconds 120] [--retention 5] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.
@@ -362,6 +364,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--retention", type=float, default=5.0, help="seconds (section 6)")
     parser.add_argument("--sections", default="123456", help="which sections to run")
     parser.add_argument(
+        "--rounds", type=int, default=3, help="section 1: alternating keyless/keyed rounds"
+    )
+    parser.add_argument(
         "--setting",
         action="append",
         default=[],
@@ -372,6 +377,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if 0 < args.cycle < 30:
         parser.error("--cycle is 0 (none) or at least 30 s, checkpoint_timeout's minimum")
+    if args.rounds < 1:
+        parser.error("--rounds is at least 1")
     if any("=" not in item for item in args.setting):
         parser.error("--setting takes NAME=VALUE")
     settings = dict(item.split("=", 1) for item in args.setting)
@@ -394,20 +401,34 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f" 'default', {UNITS} FROM generate_series(0, {args.warm_skus - 1}) AS i"
             )
             if "1" in args.sections:
-                header("1. keyed vs keyless, one hot SKU, batched, 64 blocking clients")
-                eng.restock("kv-a", UNITS)
-                eng.restock("kv-b", UNITS)
-                sql("CHECKPOINT")
-                keyless = load(eng, ["kv-a"], "batched", args.seconds)
-                sql("CHECKPOINT")
-                keyed = load(eng, ["kv-b"], "batched", args.seconds, keyed=True)
-                print(row("keyless", keyless))
-                print(row("keyed (a fresh key each)", keyed, keyless["rate"]))
-                report["keyed_vs_keyless"] = {
-                    "keyless": keyless,
-                    "keyed": keyed,
-                    "ratio": keyed["rate"] / keyless["rate"],
-                }
+                header(
+                    "1. keyed vs keyless, one hot SKU, batched, 64 blocking clients"
+                    f" ({args.rounds} alternating rounds)"
+                )
+                rounds = []
+                for n in range(args.rounds):
+                    pair = {}
+                    for keyed in (False, True):
+                        sku = f"kv-{n}-{'keyed' if keyed else 'keyless'}"
+                        eng.restock(sku, UNITS)
+                        sql("CHECKPOINT")
+                        pair["keyed" if keyed else "keyless"] = load(
+                            eng, [sku], "batched", args.seconds, keyed=keyed
+                        )
+                    print(row(f"keyless, round {n + 1}", pair["keyless"]))
+                    print(
+                        row(
+                            f"keyed (a fresh key each), round {n + 1}",
+                            pair["keyed"],
+                            pair["keyless"]["rate"],
+                        )
+                    )
+                    rounds.append(pair)
+                total = {k: sum(p[k]["granted"] for p in rounds) for k in ("keyless", "keyed")}
+                secs = {k: sum(p[k]["seconds"] for p in rounds) for k in ("keyless", "keyed")}
+                ratio = (total["keyed"] / secs["keyed"]) / (total["keyless"] / secs["keyless"])
+                print(f"\nkeyed against keyless over all rounds: {ratio:.2f}x")
+                report["keyed_vs_keyless"] = {"rounds": rounds, "ratio": ratio}
             if "2" in args.sections:
                 before = growth_cases(eng, sql, args.seconds, warm, "fresh", args.cycle)
                 t0 = time.perf_counter()

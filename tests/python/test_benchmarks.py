@@ -79,6 +79,8 @@ def test_retention_benchmark_prints_every_section(tmp_path: Path) -> None:
         "retention.py",
         "--seconds",
         "0.2",
+        "--rounds",
+        "2",
         "--old-rows",
         "2000",
         "--warm-skus",
@@ -96,6 +98,8 @@ def test_retention_benchmark_prints_every_section(tmp_path: Path) -> None:
     )
     for title in ("### 1.", "### 2.", "### 3.", "### 3b.", "### 4.", "### 5.", "### 6."):
         assert title in out.stdout
+    assert "| keyed (a fresh key each), round 2 |" in out.stdout
+    assert "keyed against keyless over all rounds: " in out.stdout
     report = (tmp_path / "retention.json").read_text()
     for section in ("keyed_vs_keyless", "growth", "purge_under_load", "layout", "steady"):
         assert f'"{section}"' in report
