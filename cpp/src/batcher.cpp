@@ -50,6 +50,8 @@ void copy_input(BatchItem& to, const BatchItem& from) {
   to.expected_version = from.expected_version;
   to.counted_as = from.counted_as;
   to.started_us = from.started_us;
+  to.count_request = from.count_request;
+  to.count_refusal = from.count_refusal;
   to.in_flight = from.in_flight;
   to.clear_outcome();
 }
@@ -211,7 +213,13 @@ void HotRowBatcher::enqueue(Shard& shard, std::uint32_t index) {
 void HotRowBatcher::finish(const BatchItem& item) {
   if (item.in_flight) telemetry_->contention().leave(item.shard_key());
   const Error* error = item.ok || !item.error ? nullptr : &*item.error;
-  if (item.counted_as) telemetry_->count_outcome(*item.counted_as, error);
+  if (error != nullptr && error->code() == ErrorCode::out_of_stock && !item.count_refusal) {
+    return;  // not yet the call's outcome: the engine records the call
+  }
+  if (item.counted_as) {
+    bump(telemetry_->of(*item.counted_as).requests);
+    telemetry_->count_outcome(*item.counted_as, error);
+  }
   static constexpr std::array<Op, 4> ops = {Op::reserve, Op::sell, Op::confirm, Op::release};
   if (item.started_us != 0) {
     telemetry_->record_call(ops[static_cast<std::size_t>(item.op)], item.counted_as, error,
@@ -231,6 +239,7 @@ void HotRowBatcher::queue_or_report(const BatchItem& item, Fn&& queue) {
     report.id = item.id;
     report.counted_as = item.counted_as;
     report.started_us = item.started_us;
+    report.count_refusal = item.count_refusal;
     report.in_flight = item.in_flight;
     report.error = e;
     finish(report);

@@ -263,13 +263,18 @@ AsyncExecutor& Engine::executor() {
 void Engine::through_batcher(BatchItem& item, const Route& route,
                              std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
   item.in_flight = true;  // route() or transition() entered the tracker
-  if (item.counted_as) bump(telemetry_->of(*item.counted_as).requests);
+  item.count_request = route.options.count_request;
+  item.count_refusal = route.options.count_refusal;
+  if (route.started_us != 0) item.started_us = route.started_us;
   HotRowBatcher* b = nullptr;
   try {
     b = &batcher();
   } catch (const Error& e) {
     tracker_.leave(item.shard_key());
-    if (item.counted_as) telemetry_->count_outcome(*item.counted_as, &e);
+    if (item.counted_as) {
+      bump(telemetry_->of(*item.counted_as).requests);
+      telemetry_->count_outcome(*item.counted_as, &e);
+    }
     throw;
   }
   if (sink) {
@@ -277,6 +282,12 @@ void Engine::through_batcher(BatchItem& item, const Route& route,
   } else {
     b->run(item, route.options.lock_timeout_ms);
   }
+}
+
+void Engine::record_outcome(Op op, Strategy strategy, const Error* error, std::int64_t started_us) {
+  bump(telemetry_->of(strategy).requests);
+  telemetry_->count_outcome(strategy, error);
+  telemetry_->record_call(op, strategy, error, steady_now_us() - started_us);
 }
 
 WriteOptions Engine::resolve(const CallOptions& call) const {
@@ -306,6 +317,7 @@ WriteOptions Engine::resolve(const CallOptions& call) const {
 // caller leaves it when the call ends).
 Route Engine::route(const SkuKey& key, const CallOptions& call) {
   Route r;
+  r.started_us = steady_now_us();
   r.options = resolve(call);
   r.asked = r.options.strategy;
   const Strategy mode = tracker_.enter(key);
@@ -409,7 +421,8 @@ StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& ro
   }
   InFlight in_flight(tracker_, row_shard_key(key.sku, key.location));
   SellRequest request{key, qty, route.options};
-  return counted<StockLevel>(Op::sell, route.asked, [&] { return store_->sell(request); });
+  return counted<StockLevel>(Op::sell, route.asked, route.options.count_refusal, route.started_us,
+                             [&] { return store_->sell(request); });
 }
 
 Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
@@ -423,7 +436,8 @@ Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_
   }
   InFlight in_flight(tracker_, row_shard_key(key.sku, key.location));
   ReserveRequest request{key, qty, ttl_us, idempotency_key, route.options};
-  return counted<Reservation>(Op::reserve, route.asked, [&] { return store_->reserve(request); });
+  return counted<Reservation>(Op::reserve, route.asked, route.options.count_refusal,
+                              route.started_us, [&] { return store_->reserve(request); });
 }
 
 OrderRequest Engine::order_request(const std::vector<OrderLine>& lines,
@@ -632,19 +646,24 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
   }
   // This engine's slot of a slotted SKU (else the SKU's own row). A refusal there, or
   // from a SKU with slots this engine has not seen yet, is checked by the sink before
-  // it answers: the blocking path then fills the slot and runs again.
+  // it answers: the blocking path then fills the slot and runs again. Until then the
+  // refusal is not recorded (see on_slots): whichever ends the call records it.
   const int slots = known_slots(key);
   const SkuKey row = slots > 1 ? slot_key(key, home_of(slots)) : key;
+  Route r = route(key, call);
+  r.options.count_refusal = false;
   sink = slot_checked_sink(
       std::move(sink),
-      [this, key, qty, ttl_us, idempotency_key, call](
+      [this, key, qty, ttl, idempotency_key, call, asked = r.asked, started = r.started_us](
           std::uint64_t t, std::shared_ptr<CompletionSink> inner, const Error& refusal) {
-        run_async(std::move(inner), t, [this, key, qty, ttl_us, idempotency_key, call, refusal] {
-          if (rows_after_refusal(key, refusal.context().actual_version).size() <= 1) throw refusal;
-          return reserve(key, qty, ttl_us, idempotency_key, call);
-        });
-      });
-  const Route r = route(key, call);
+        run_async(std::move(inner), t,
+                  [this, key, qty, ttl, idempotency_key, call, asked, started, refusal] {
+                    throw_if_refusal_stands(key, refusal, Op::reserve, asked, started);
+                    return reserve_on_slots(key, qty, ttl, idempotency_key, call,
+                                            /*continued=*/true, started);
+                  });
+      },
+      Op::reserve, r.asked, r.started_us);
   if (r.batched) {
     BatchItem item = reserve_item(row, qty, ttl, std::move(idempotency_key), r.asked);
     item.buyer = r.options.buyer;
@@ -674,16 +693,18 @@ void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& cal
     run_async(std::move(sink), token, [this, key, qty, call] { return sell(key, qty, call); });
     return;
   }
+  Route r = route(key, call);
+  r.options.count_refusal = false;  // as submit_reserve
   sink = slot_checked_sink(
       std::move(sink),
-      [this, key, qty, call](std::uint64_t t, std::shared_ptr<CompletionSink> inner,
-                             const Error& refusal) {
-        run_async(std::move(inner), t, [this, key, qty, call, refusal] {
-          if (rows_after_refusal(key, refusal.context().actual_version).size() <= 1) throw refusal;
-          return sell(key, qty, call);
+      [this, key, qty, call, asked = r.asked, started = r.started_us](
+          std::uint64_t t, std::shared_ptr<CompletionSink> inner, const Error& refusal) {
+        run_async(std::move(inner), t, [this, key, qty, call, asked, started, refusal] {
+          throw_if_refusal_stands(key, refusal, Op::sell, asked, started);
+          return sell_on_slots(key, qty, call, /*continued=*/true, started);
         });
-      });
-  const Route r = route(key, call);
+      },
+      Op::sell, r.asked, r.started_us);
   if (r.batched) {
     BatchItem item = sell_item(key, qty, r.asked);
     through_batcher(item, r, std::move(sink), token);

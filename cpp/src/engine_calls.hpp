@@ -7,17 +7,17 @@ namespace stockade {
 
 // Counts the outcome of one strategy-routed call.
 template <class Result, class Fn>
-Result Engine::counted(Op op, Strategy strategy, Fn&& fn) {
-  bump(telemetry_->of(strategy).requests);
-  const std::int64_t started = steady_now_us();
+Result Engine::counted(Op op, Strategy strategy, bool refusal_final, std::int64_t started_us,
+                       Fn&& fn) {
+  const std::int64_t started = started_us != 0 ? started_us : steady_now_us();
   try {
     Result result = fn();
-    telemetry_->count_outcome(strategy, nullptr);
-    telemetry_->record_call(op, strategy, nullptr, steady_now_us() - started);
+    record_outcome(op, strategy, nullptr, started);
     return result;
   } catch (const Error& e) {
-    telemetry_->count_outcome(strategy, &e);
-    telemetry_->record_call(op, strategy, &e, steady_now_us() - started);
+    if (refusal_final || e.code() != ErrorCode::out_of_stock) {
+      record_outcome(op, strategy, &e, started);
+    }
     throw;
   }
 }

@@ -107,8 +107,9 @@ namespace {
 class SlotCheckedSink final : public CompletionSink {
  public:
   using Retry = std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)>;
-  SlotCheckedSink(std::shared_ptr<CompletionSink> inner, Retry retry)
-      : inner_(std::move(inner)), retry_(std::move(retry)) {}
+  using Record = std::function<void(const Error&)>;
+  SlotCheckedSink(std::shared_ptr<CompletionSink> inner, Retry retry, Record record)
+      : inner_(std::move(inner)), retry_(std::move(retry)), record_(std::move(record)) {}
 
   void post(std::vector<Completion>& completions) override {
     std::vector<Completion> pass;
@@ -123,6 +124,7 @@ class SlotCheckedSink final : public CompletionSink {
                           std::string("a refusal could not be checked against the SKU's "
                                       "hot-row slots (") +
                               e.what() + "); nothing was reserved or sold");
+          record_(*c.error);  // the refusal was left unrecorded: this is the outcome
         }
       }
       if (auto* r = std::get_if<Reservation>(&c.value)) unslot(*r);
@@ -135,6 +137,7 @@ class SlotCheckedSink final : public CompletionSink {
  private:
   std::shared_ptr<CompletionSink> inner_;
   Retry retry_;
+  Record record_;
 };
 
 }  // namespace
@@ -199,10 +202,9 @@ std::vector<StockLevel> Engine::fill_slot(const SkuKey& key, const std::vector<S
     detail::check_expected(key, expected, detail::summed(key, levels).version);
     Quantity free = 0;
     for (const StockLevel& row : levels) free += detail::movable(row);
-    if (free < qty) {  // every row is locked: true of the SKU at this instant
-      telemetry_->count(key, SkuEvent::refused);
-      detail::throw_out_of_stock(key, free, qty);
-    }
+    // Every row is locked: true of the SKU at this instant (the caller counts it, if it
+    // stands).
+    if (free < qty) detail::throw_out_of_stock(key, free, qty);
     return detail::respread(levels, static_cast<std::size_t>(target), qty, 0);
   };
   return store_->reshape(detail::keys_of(rows), /*create=*/false, /*write_all=*/false,
@@ -261,75 +263,100 @@ int Engine::slot_count(const SkuKey& key) {
   return observed(Op::stock, [&] { return static_cast<int>(learn_slots(key).size()); });
 }
 
-// Runs `attempt(row, expected)` on this engine's slot of `key` (the SKU's own row while
-// it is not known to have slots). When that row is short, the SKU's rows are read: with
-// none but its own, the refusal stands; else free units move into the slot from the
-// others (fill_slot, which refuses for the SKU as a whole when they are short too) and
-// the attempt runs again, a bounded number of times. With `expected` (If-Match: the sum
-// of the rows' versions), the rows are checked and filled first, and the attempt takes
-// the slot's own version after that.
+// Runs `attempt(row, expected, count_request, count_refusal)` on this engine's slot of
+// `key` (the SKU's own row while it is not known to have slots). When that row is short,
+// the SKU's rows are read: with none but its own, the refusal stands; else free units
+// move into the slot from the others (fill_slot, which refuses for the SKU as a whole
+// when they are short too) and the attempt runs again, a bounded number of times. With
+// the call's `expected` (If-Match: the sum of the rows' versions), the rows are checked
+// and filled first, and the attempt takes the slot's own version after that.
+//
+// The call is counted once, however many attempts it takes: the first attempt counts
+// the request per SKU (unless `continued`: an async call's first attempt did), and an
+// attempt's OutOfStock is left unrecorded (count_refusal false), since it may not stand.
+// Whatever ends the call records it: an attempt that succeeds or fails otherwise, or
+// this function when the call ends here (a refusal that stands, Overloaded, an error
+// while moving units), as `op` under the strategy asked, timed from `first.started_us`.
 template <class Result, class Attempt>
-Result Engine::on_slots(const SkuKey& key, Quantity qty, const std::optional<Version>& expected,
+Result Engine::on_slots(const SkuKey& key, Quantity qty, Op op, const Route& first, bool continued,
                         Attempt&& attempt) {
+  const std::optional<Version>& expected = first.options.expected_version;
+  bool request_counted = continued;
+  const auto record = [&](const Error& e) {
+    if (!request_counted) telemetry_->count(key, SkuEvent::request);
+    if (e.code() == ErrorCode::out_of_stock) telemetry_->count(key, SkuEvent::refused);
+    record_outcome(op, first.asked, &e, first.started_us);
+  };
   int k = known_slots(key);
   std::optional<Version> row_expected = expected;
   if (expected) {
-    const std::vector<StockLevel> rows = learn_slots(key);
-    k = std::max<int>(1, static_cast<int>(rows.size()));
-    if (k > 1) {
-      const int target = home_of(k);
-      row_expected = fill_slot(key, rows, target, qty, expected)[target].version;
+    try {
+      const std::vector<StockLevel> rows = learn_slots(key);
+      k = std::max<int>(1, static_cast<int>(rows.size()));
+      if (k > 1) {
+        const int target = home_of(k);
+        row_expected = fill_slot(key, rows, target, qty, expected)[target].version;
+      }
+    } catch (const Error& e) {
+      record(e);
+      throw;
     }
   }
   const int rounds = std::max(2, options_.retries_max + 1);
   for (int round = 1;; ++round) {
     std::optional<Error> refusal;
     try {
-      return attempt(k > 1 ? slot_key(key, home_of(k)) : key, row_expected);
+      const bool count_request = !request_counted;
+      request_counted = true;
+      // With If-Match the row's refusal is the call's (no units move then).
+      return attempt(k > 1 ? slot_key(key, home_of(k)) : key, row_expected, count_request,
+                     expected.has_value());
     } catch (const Error& e) {
       if (e.code() != ErrorCode::out_of_stock || expected) throw detail::unslotted(e, key);
       refusal = e;
     }
-    // The row is short. Is the SKU? A read since the refusal says (the version of a
-    // refusal on the own row may prove at once that it has no slot rows).
-    const std::vector<StockLevel> rows =
-        rows_after_refusal(key, k <= 1 ? refusal->context().actual_version : std::nullopt);
-    if (rows.size() <= 1) throw *refusal;  // not slotted: the row's refusal is the SKU's
-    k = static_cast<int>(rows.size());
-    // The read is one snapshot of every row: when they are short together, the SKU was
-    // short at that instant, and no lock is needed to say so (a sold-out slotted SKU
-    // under a flood of requests). This comes before giving up on the rounds, so that a
-    // request that lost its moved units to others as the SKU sold out hears OutOfStock.
-    Quantity free = 0;
-    for (const StockLevel& row : rows) free += detail::movable(row);
-    if (free < qty) {
-      telemetry_->count(key, SkuEvent::refused);
-      detail::throw_out_of_stock(key, free, qty);
-    }
-    if (round >= rounds) {
-      throw Error(ErrorCode::overloaded,
-                  "units were moved into this engine's slot of " + detail::describe(key) + " " +
-                      std::to_string(round - 1) +
-                      " times and taken by others each time; nothing was reserved or sold",
-                  detail::context_of(key));
-    }
     try {
-      fill_slot(key, rows, home_of(k), qty, std::nullopt);
-    } catch (const Error& e) {
-      if (e.code() == ErrorCode::in_doubt) {
-        // Only units moved between the SKU's rows, if anything: nothing was reserved
-        // or sold, and no unit was lost either way.
-        throw Error(ErrorCode::unavailable,
-                    "moving units between the hot-row slots of " + detail::describe(key) +
-                        " lost its connection; nothing was reserved or sold: " + e.what(),
+      // The row is short. Is the SKU? A read since the refusal says (the version of a
+      // refusal on the own row may prove at once that it has no slot rows).
+      const std::vector<StockLevel> rows =
+          rows_after_refusal(key, k <= 1 ? refusal->context().actual_version : std::nullopt);
+      if (rows.size() <= 1) throw *refusal;  // not slotted: the row's refusal is the SKU's
+      k = static_cast<int>(rows.size());
+      // The read is one snapshot of every row: when they are short together, the SKU was
+      // short at that instant, and no lock is needed to say so (a sold-out slotted SKU
+      // under a flood of requests). This comes before giving up on the rounds, so that a
+      // request that lost its moved units to others as the SKU sold out hears OutOfStock.
+      Quantity free = 0;
+      for (const StockLevel& row : rows) free += detail::movable(row);
+      if (free < qty) detail::throw_out_of_stock(key, free, qty);
+      if (round >= rounds) {
+        throw Error(ErrorCode::overloaded,
+                    "units were moved into this engine's slot of " + detail::describe(key) + " " +
+                        std::to_string(round - 1) +
+                        " times and taken by others each time; nothing was reserved or sold",
                     detail::context_of(key));
       }
-      // A refusal over every row the read found is the SKU's, unless slots were added
-      // since (their units were not counted): then the next round reads them.
-      if (e.code() != ErrorCode::out_of_stock) throw;
-      const std::size_t now = learn_slots(key).size();
-      if (now == rows.size()) throw;
-      k = static_cast<int>(now);
+      try {
+        fill_slot(key, rows, home_of(k), qty, std::nullopt);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::in_doubt) {
+          // Only units moved between the SKU's rows, if anything: nothing was reserved
+          // or sold, and no unit was lost either way.
+          throw Error(ErrorCode::unavailable,
+                      "moving units between the hot-row slots of " + detail::describe(key) +
+                          " lost its connection; nothing was reserved or sold: " + e.what(),
+                      detail::context_of(key));
+        }
+        // A refusal over every row the read found is the SKU's, unless slots were added
+        // since (their units were not counted): then the next round reads them.
+        if (e.code() != ErrorCode::out_of_stock) throw;
+        const std::size_t now = learn_slots(key).size();
+        if (now == rows.size()) throw;
+        k = static_cast<int>(now);
+      }
+    } catch (const Error& e) {
+      record(e);
+      throw;
     }
   }
 }
@@ -341,18 +368,31 @@ Reservation Engine::reserve(const SkuKey& key, Quantity qty, std::optional<std::
   validate_qty(qty);
   if (ttl_us) validate_ttl_us(*ttl_us);
   if (idempotency_key) validate_idempotency_key(*idempotency_key);
-  const std::int64_t ttl = ttl_us.value_or(options_.default_ttl_us);
-  const Route first = route(key, call);  // entered the tracker
-  bool entered = true;                   // and no call has taken that over yet
-  const auto attempt = [&](const SkuKey& row, const std::optional<Version>& expected) {
+  return reserve_on_slots(key, qty, ttl_us.value_or(options_.default_ttl_us), idempotency_key, call,
+                          /*continued=*/false, 0);
+}
+
+// reserve(), after its checks; `continued` (from `started_us`) for an async call whose
+// first attempt was refused: that attempt counted the request.
+Reservation Engine::reserve_on_slots(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
+                                     const std::optional<std::string>& idempotency_key,
+                                     const CallOptions& call, bool continued,
+                                     std::int64_t started_us) {
+  Route first = route(key, call);  // entered the tracker
+  if (started_us != 0) first.started_us = started_us;
+  bool entered = true;  // and no call has taken that over yet
+  const auto attempt = [&](const SkuKey& row, const std::optional<Version>& expected,
+                           bool count_request, bool count_refusal) {
     if (!entered) tracker_.enter(key);
     entered = false;  // reserve_checked leaves the tracker however it ends
     Route r = first;
     r.options.expected_version = expected;
-    return reserve_checked(row, qty, ttl, idempotency_key, r);
+    r.options.count_request = count_request;
+    r.options.count_refusal = count_refusal;
+    return reserve_checked(row, qty, ttl_us, idempotency_key, r);
   };
   try {
-    Reservation out = on_slots<Reservation>(key, qty, first.options.expected_version, attempt);
+    Reservation out = on_slots<Reservation>(key, qty, Op::reserve, first, continued, attempt);
     detail::unslot(out);
     return out;
   } catch (...) {
@@ -368,17 +408,26 @@ StockLevel Engine::sell(const SkuKey& key, Quantity qty, const CallOptions& call
   if (call.buyer) {
     throw_invalid_argument("sell takes no buyer: purchase limits count holds (reserve)");
   }
-  const Route first = route(key, call);
+  return sell_on_slots(key, qty, call, /*continued=*/false, 0);
+}
+
+StockLevel Engine::sell_on_slots(const SkuKey& key, Quantity qty, const CallOptions& call,
+                                 bool continued, std::int64_t started_us) {
+  Route first = route(key, call);
+  if (started_us != 0) first.started_us = started_us;
   bool entered = true;
-  const auto attempt = [&](const SkuKey& row, const std::optional<Version>& expected) {
+  const auto attempt = [&](const SkuKey& row, const std::optional<Version>& expected,
+                           bool count_request, bool count_refusal) {
     if (!entered) tracker_.enter(key);
     entered = false;
     Route r = first;
     r.options.expected_version = expected;
+    r.options.count_request = count_request;
+    r.options.count_refusal = count_refusal;
     return sell_checked(row, qty, r);
   };
   try {
-    StockLevel out = on_slots<StockLevel>(key, qty, first.options.expected_version, attempt);
+    StockLevel out = on_slots<StockLevel>(key, qty, Op::sell, first, continued, attempt);
     // A slot's row (the SKU's own row too) is a part of the SKU: answer with the SKU,
     // read right after the sale. (An engine that has not seen the SKU's slots yet answers
     // with the row it sold from.)
@@ -391,32 +440,69 @@ StockLevel Engine::sell(const SkuKey& key, Quantity qty, const CallOptions& call
   }
 }
 
+// An async call's first attempt, on this engine's slot of `key`, was refused, and that
+// refusal was not recorded (see on_slots). If the SKU has no other rows the refusal is
+// the call's outcome, as is an error reading them: recorded (as `op` under `asked`,
+// timed from `started_us`) and thrown. Else it returns, and the blocking path goes on.
+void Engine::throw_if_refusal_stands(const SkuKey& key, const Error& refusal, Op op, Strategy asked,
+                                     std::int64_t started_us) {
+  std::optional<Error> outcome;
+  try {
+    if (rows_after_refusal(key, refusal.context().actual_version).size() > 1) return;
+    outcome = refusal;
+  } catch (const Error& e) {
+    outcome = e;
+  }
+  if (outcome->code() == ErrorCode::out_of_stock) telemetry_->count(key, SkuEvent::refused);
+  record_outcome(op, asked, &*outcome, started_us);
+  throw *outcome;
+}
+
+// An order is counted once too (see on_slots): its first attempt counts each line's
+// request, and a refusal is recorded where it stands.
 std::vector<Reservation> Engine::order_on_slots(OrderRequest& request, Strategy asked) {
+  const std::int64_t started = steady_now_us();
   const int rounds = std::max(2, options_.retries_max + 1);
   for (int round = 1;; ++round) {
+    request.options.count_request = round == 1;
+    request.options.count_refusal = false;
     try {
-      return counted<std::vector<Reservation>>(Op::reserve_order, asked,
+      return counted<std::vector<Reservation>>(Op::reserve_order, asked, /*refusal_final=*/false,
+                                               started,
                                                [&] { return store_->reserve_order(request); });
     } catch (const Error& e) {
-      // The order takes every line from the SKU's own row: a line short there takes
-      // units from its slots, if it has any, and the order runs again.
-      if (e.code() != ErrorCode::out_of_stock || round >= rounds) throw;
-      const SkuKey line{e.context().sku, e.context().location};
-      auto it = std::find_if(request.lines.begin(), request.lines.end(),
-                             [&](const OrderLine& l) { return l.key == line; });
-      if (it == request.lines.end()) throw;
-      const std::vector<StockLevel> rows = rows_after_refusal(
-          line, known_slots(line) <= 1 ? e.context().actual_version : std::nullopt);
-      if (rows.size() <= 1) throw;
-      fill_slot(line, rows, 0, it->qty, std::nullopt);
+      if (e.code() != ErrorCode::out_of_stock) throw;  // counted() recorded it
+      try {
+        // The order takes every line from the SKU's own row: a line short there takes
+        // units from its slots, if it has any, and the order runs again.
+        if (round >= rounds) throw;
+        const SkuKey line{e.context().sku, e.context().location};
+        auto it = std::find_if(request.lines.begin(), request.lines.end(),
+                               [&](const OrderLine& l) { return l.key == line; });
+        if (it == request.lines.end()) throw;
+        const std::vector<StockLevel> rows = rows_after_refusal(
+            line, known_slots(line) <= 1 ? e.context().actual_version : std::nullopt);
+        if (rows.size() <= 1) throw;
+        fill_slot(line, rows, 0, it->qty, std::nullopt);
+      } catch (const Error& stands) {  // the order's outcome
+        if (stands.code() == ErrorCode::out_of_stock && !stands.context().sku.empty()) {
+          telemetry_->count(SkuKey{stands.context().sku, stands.context().location},
+                            SkuEvent::refused);
+        }
+        record_outcome(Op::reserve_order, asked, &stands, started);
+        throw;
+      }
     }
   }
 }
 
 std::shared_ptr<CompletionSink> Engine::slot_checked_sink(
     std::shared_ptr<CompletionSink> sink,
-    std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)> retry) {
-  return std::make_shared<detail::SlotCheckedSink>(std::move(sink), std::move(retry));
+    std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)> retry, Op op,
+    Strategy asked, std::int64_t started_us) {
+  return std::make_shared<detail::SlotCheckedSink>(
+      std::move(sink), std::move(retry),
+      [this, op, asked, started_us](const Error& e) { record_outcome(op, asked, &e, started_us); });
 }
 
 StockLevel Engine::stock(const SkuKey& key) {

@@ -221,6 +221,45 @@ def test_an_order_with_a_slotted_line_takes_units_from_its_slots(engine: stockad
     assert engine.stock("hot").available == 1
 
 
+@pytest.mark.parametrize("strategy", ["atomic", "batched", "pessimistic"])
+def test_a_call_on_slots_is_counted_once_however_many_rows_it_tries(
+    engine: stockade.Engine, strategy: str
+) -> None:
+    # A short slot refuses, units move in from the other rows, and the call runs again:
+    # the metrics count the call once, with the outcome the caller got (before, each
+    # attempt counted as a request, and a refusal that units then cured as a refusal).
+    engine.restock("hot", 8)
+    engine.set_slots("hot", 4)  # 2 units per row: each first call below needs a refill
+    assert engine.reserve("hot", 3, strategy=strategy).qty == 3
+    assert engine.sell("hot", 2, strategy=strategy).available == 3
+    assert engine.reserve_order({"hot": 2}, strategy=strategy)[0].qty == 2
+
+    async def reserve_one() -> stockade.Reservation:
+        return await engine.reserve_async("hot", 1, strategy=strategy)
+
+    assert asyncio.run(reserve_one()).qty == 1
+    assert engine.stock("hot").available == 0
+    with pytest.raises(stockade.OutOfStock):
+        engine.reserve("hot", 10, strategy=strategy)
+    with pytest.raises(stockade.OutOfStock):
+        engine.sell("hot", 1, strategy=strategy)
+    with pytest.raises(stockade.OutOfStock):
+        engine.reserve_order({"hot": 5}, strategy=strategy)
+    with pytest.raises(stockade.OutOfStock):
+        asyncio.run(reserve_one())
+
+    hot = [s for s in engine.stats()["hottest_skus"] if s["sku"] == "hot"]
+    assert [(s["location"], s["requests"], s["refused"]) for s in hot] == [("default", 8, 4)]
+    counters = engine.stats()["strategies"][strategy]  # type: ignore[literal-required]
+    assert (counters["requests"], counters["granted"], counters["refused"]) == (8, 4, 4)
+    calls = {c["op"]: c["outcomes"] for c in engine.metrics()["calls"] if c["strategy"] == strategy}
+    assert calls == {
+        "reserve": {"ok": 2, "out_of_stock": 2},
+        "sell": {"ok": 1, "out_of_stock": 1},
+        "reserve_order": {"ok": 1, "out_of_stock": 1},
+    }
+
+
 def test_what_slots_do_not_support_is_refused(engine: stockade.Engine) -> None:
     engine.restock("hot", 10)
     engine.set_slots("hot", 2)

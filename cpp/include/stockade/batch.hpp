@@ -40,6 +40,12 @@ struct BatchItem {
   // When the engine made the request (steady clock, microseconds): its latency is
   // recorded when it finishes.
   std::int64_t started_us = 0;
+  // As WriteOptions: whether the store counts the request per SKU, and whether an
+  // OutOfStock is the call's outcome. If not, the engine may still run the call again on
+  // another of the SKU's rows, and records its outcome itself: the batcher records
+  // nothing of such a refusal.
+  bool count_request = true;
+  bool count_refusal = true;
   // Outcome, written by the store.
   bool ok = false;
   Reservation reservation;

@@ -56,6 +56,9 @@ struct Route {
   Strategy asked = Strategy::atomic;
   bool batched = false;
   WriteOptions options;
+  // When the call began (steady clock, microseconds): its latency is recorded from here,
+  // whichever of its attempts ends it.
+  std::int64_t started_us = 0;
 };
 
 // Per-call overrides; empty fields take the engine's defaults.
@@ -186,9 +189,12 @@ class Engine {
   WriteOptions resolve(const CallOptions& call) const;
   Route route(const SkuKey& key, const CallOptions& call);
   // Runs a strategy-routed store call: counts its outcome per strategy and records it
-  // (operation, strategy, outcome, latency).
+  // (operation, strategy, outcome, latency since `started_us`). With `refusal_final`
+  // false an OutOfStock is not recorded: the call may run again on another of the SKU's
+  // rows, and its caller records the outcome (record_outcome) if the refusal stands.
   template <class Result, class Fn>
-  Result counted(Op op, Strategy strategy, Fn&& fn);
+  Result counted(Op op, Strategy strategy, bool refusal_final, std::int64_t started_us, Fn&& fn);
+  void record_outcome(Op op, Strategy strategy, const Error* error, std::int64_t started_us);
   // Runs any other store call and records it (strategy: none).
   template <class Fn>
   auto observed(Op op, Fn&& fn) -> decltype(fn());
@@ -209,12 +215,22 @@ class Engine {
                                     int target, Quantity qty,
                                     const std::optional<Version>& expected);
   template <class Result, class Attempt>
-  Result on_slots(const SkuKey& key, Quantity qty, const std::optional<Version>& expected,
+  Result on_slots(const SkuKey& key, Quantity qty, Op op, const Route& first, bool continued,
                   Attempt&& attempt);
+  Reservation reserve_on_slots(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
+                               const std::optional<std::string>& idempotency_key,
+                               const CallOptions& call, bool continued, std::int64_t started_us);
+  StockLevel sell_on_slots(const SkuKey& key, Quantity qty, const CallOptions& call, bool continued,
+                           std::int64_t started_us);
+  void throw_if_refusal_stands(const SkuKey& key, const Error& refusal, Op op, Strategy asked,
+                               std::int64_t started_us);
   std::vector<Reservation> order_on_slots(OrderRequest& request, Strategy asked);
+  // The sink of an async reserve or sell whose refusal `retry` checks against the SKU's
+  // slots; a refusal it cannot check ends the call as Overloaded, recorded as `op`.
   std::shared_ptr<CompletionSink> slot_checked_sink(
       std::shared_ptr<CompletionSink> sink,
-      std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)> retry);
+      std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)> retry,
+      Op op, Strategy asked, std::int64_t started_us);
   Reservation reserve_checked(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
                               const std::optional<std::string>& idempotency_key,
                               const Route& route);

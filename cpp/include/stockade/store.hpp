@@ -35,6 +35,12 @@ struct WriteOptions {
   std::optional<FencingToken> fencing_token;  // sell: the lease's token (check_writable)
   // reserve and reserve_order: the buyer whose purchase limits apply (none: no limit).
   std::optional<std::string> buyer;
+  // How this attempt of a reserve, sell or order counts per SKU (Telemetry::count). The
+  // engine runs a call on a SKU with hot-row slots more than once when a slot is short:
+  // only its first attempt counts the request, and an OutOfStock counts only where it
+  // stands, which the engine decides (and counts) when count_refusal is false.
+  bool count_request = true;
+  bool count_refusal = true;
 };
 
 struct ReserveRequest {

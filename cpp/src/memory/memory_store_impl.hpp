@@ -78,8 +78,9 @@ class Decide {
 };
 
 // The reservation rule itself: hold `qty` more units of `row` if that many are available,
-// else refuse with OutOfStock. Every reserve path, single or order, decides through it.
-RowValues hold_units(Telemetry& telemetry, StockRow& row, const RowValues& current, Quantity qty,
+// else refuse with OutOfStock, counted per SKU in `telemetry` unless it is null (see
+// WriteOptions::count_refusal). Every reserve path, single or order, decides through it.
+RowValues hold_units(Telemetry* telemetry, StockRow& row, const RowValues& current, Quantity qty,
                      TimestampUs now);
 // now + ttl, or InvalidArgument (before anything is written) when `what` (a hold, a
 // lease) would outlive the last instant a timestamp can hold: a ManualClock near 9999.
@@ -186,7 +187,8 @@ class MemoryStore final : public Store, public TestHooks {
   void apply_order(const std::vector<StockRow*>& rows, const std::vector<Quantity>& qtys,
                    const WriteOptions& options, TimestampUs now);
   bool try_apply_latched(const std::vector<StockRow*>& rows, const std::vector<Quantity>& qtys,
-                         TimestampUs now, const std::vector<RowSnapshot>* read_versions);
+                         TimestampUs now, const std::vector<RowSnapshot>* read_versions,
+                         Telemetry* counting);
   std::vector<std::unique_lock<TimedLock>> lock_for(const std::vector<StockRow*>& rows,
                                                     const WriteOptions& options);
   TimedLock& advisory_lock_of(const SkuKey& key);

@@ -67,7 +67,8 @@ Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& reques
   reservation.limit_group = group;
   const auto decide = [&](const RowValues& v) {
     check_row(row.key, v, now, request.options.expected_version, std::nullopt);
-    return hold_units(telemetry(), row, v, request.qty, now);
+    return hold_units(request.options.count_refusal ? &telemetry() : nullptr, row, v, request.qty,
+                      now);
   };
   apply(row, request.options, decide);
   insert_reservation(reservation, &row);
@@ -426,6 +427,8 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
   write.lock_timeout_ms = options.lock_timeout_ms;
   for (BatchItem* item : items) {
     item->clear_outcome();
+    write.count_request = item->count_request;
+    write.count_refusal = item->count_refusal;
     try {
       switch (item->op) {
         case BatchOp::reserve: {

@@ -92,7 +92,7 @@ Quantity available_of(const RowValues& v) {
   return v.on_hand + v.backorder_limit - v.reserved;
 }
 
-RowValues hold_units(Telemetry& telemetry, StockRow& row, const RowValues& current, Quantity qty,
+RowValues hold_units(Telemetry* telemetry, StockRow& row, const RowValues& current, Quantity qty,
                      TimestampUs now) {
   STOCKADE_ASSERT(qty > 0);
   // a consistent read
@@ -100,7 +100,7 @@ RowValues hold_units(Telemetry& telemetry, StockRow& row, const RowValues& curre
   check_row(row.key, current, now, std::nullopt, std::nullopt);
   const Quantity available = available_of(current);
   if (available < qty) {
-    telemetry.count(row.key, SkuEvent::refused);
+    if (telemetry != nullptr) telemetry->count(row.key, SkuEvent::refused);
     throw_out_of_stock(row.key, available, qty, current.version);
   }
   RowValues next = changed(current, now);
@@ -198,7 +198,7 @@ TimedLock& MemoryStore::advisory_lock_of(const SkuKey& key) {
 
 RowValues MemoryStore::apply(StockRow& row, const WriteOptions& options, const Decide& decide) {
   StrategyCounters& counters = telemetry().of(options.strategy);
-  telemetry().count(row.key, SkuEvent::request);
+  if (options.count_request) telemetry().count(row.key, SkuEvent::request);
   switch (options.strategy) {
     case Strategy::atomic:
       return compare_and_set(row, decide, &counters);
@@ -515,7 +515,7 @@ StockLevel MemoryStore::sell(const SellRequest& request) {
   const auto decide = [&](const RowValues& v) {
     check_row(row.key, v, now, request.options.expected_version, request.options.fencing_token);
     if (available_of(v) < request.qty) {
-      telemetry().count(row.key, SkuEvent::refused);
+      if (request.options.count_refusal) telemetry().count(row.key, SkuEvent::refused);
       throw_out_of_stock(row.key, available_of(v), request.qty, v.version);
     }
     RowValues next = changed(v, now);
@@ -551,7 +551,8 @@ std::vector<std::unique_lock<TimedLock>> MemoryStore::lock_for(const std::vector
 
 bool MemoryStore::try_apply_latched(const std::vector<StockRow*>& rows,
                                     const std::vector<Quantity>& qtys, TimestampUs now,
-                                    const std::vector<RowSnapshot>* read_versions) {
+                                    const std::vector<RowSnapshot>* read_versions,
+                                    Telemetry* counting) {
   std::vector<RowLatch> latches;
   latches.reserve(rows.size());
   for (StockRow* row : rows) latches.emplace_back(row->cell, row->cell.latch());
@@ -564,7 +565,7 @@ bool MemoryStore::try_apply_latched(const std::vector<StockRow*>& rows,
       return false;  // optimistic: someone wrote since our read; latches release unchanged
     }
     next.push_back(
-        hold_units(telemetry(), *rows[i], v, qtys[i], now));  // throws: every latch released
+        hold_units(counting, *rows[i], v, qtys[i], now));  // throws: every latch released
   }
   for (std::size_t i = 0; i < rows.size(); ++i) latches[i].publish(next[i], rows[i]->key);
   return true;
@@ -572,10 +573,13 @@ bool MemoryStore::try_apply_latched(const std::vector<StockRow*>& rows,
 
 void MemoryStore::apply_order(const std::vector<StockRow*>& rows, const std::vector<Quantity>& qtys,
                               const WriteOptions& options, TimestampUs now) {
-  for (StockRow* row : rows) telemetry().count(row->key, SkuEvent::request);
+  if (options.count_request) {
+    for (StockRow* row : rows) telemetry().count(row->key, SkuEvent::request);
+  }
+  Telemetry* counting = options.count_refusal ? &telemetry() : nullptr;
   auto locks = lock_for(rows, options);
   if (options.strategy != Strategy::optimistic) {
-    try_apply_latched(rows, qtys, now, nullptr);
+    try_apply_latched(rows, qtys, now, nullptr, counting);
     return;
   }
   StrategyCounters& counters = telemetry().of(Strategy::optimistic);
@@ -585,8 +589,8 @@ void MemoryStore::apply_order(const std::vector<StockRow*>& rows, const std::vec
     for (StockRow* row : rows) seen.push_back(row->cell.read());
     // Refuse on the read, as the optimistic SELECT would, before taking any latch.
     for (std::size_t i = 0; i < rows.size(); ++i)
-      hold_units(telemetry(), *rows[i], seen[i].values, qtys[i], now);
-    if (try_apply_latched(rows, qtys, now, &seen)) return;
+      hold_units(counting, *rows[i], seen[i].values, qtys[i], now);
+    if (try_apply_latched(rows, qtys, now, &seen, counting)) return;
     bump(counters.conflicts);
     if (attempt >= options.retries_max) {
       throw Error(ErrorCode::retries_exhausted,
@@ -603,7 +607,7 @@ Reservation MemoryStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty, s
   StockRow& row = require_row(key);
   // SELECT on_hand, reserved ...; the application decides by the reservation rule.
   const RowValues stale =
-      hold_units(telemetry(), row, row.cell.read().values, qty, clock_->now_us());
+      hold_units(&telemetry(), row, row.cell.read().values, qty, clock_->now_us());
   if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
   const TimestampUs now = clock_->now_us();
   // UPDATE stock SET reserved = :value_computed_from_the_stale_read  (the lost update)

@@ -1031,7 +1031,7 @@ void PostgresStore::count_batch(const std::vector<BatchItem*>& items) {
   std::uint64_t refused = 0;
   auto flush = [&] {
     if (last == nullptr) return;
-    telemetry().count(*last, SkuEvent::request, requests);
+    if (requests > 0) telemetry().count(*last, SkuEvent::request, requests);
     if (refused > 0) telemetry().count(*last, SkuEvent::refused, refused);
   };
   for (const BatchItem* item : items) {
@@ -1041,8 +1041,10 @@ void PostgresStore::count_batch(const std::vector<BatchItem*>& items) {
       last = &item->key;
       requests = refused = 0;
     }
-    ++requests;
-    if (item->error && item->error->code() == ErrorCode::out_of_stock) ++refused;
+    if (item->count_request) ++requests;
+    if (item->error && item->error->code() == ErrorCode::out_of_stock && item->count_refusal) {
+      ++refused;
+    }
   }
   flush();
 }

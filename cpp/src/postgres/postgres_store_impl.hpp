@@ -214,10 +214,11 @@ class PostgresStore final : public Store, public TestHooks {
   // Tells `auto`'s tracker the version a write of this process left; returns `level`.
   StockLevel observed_write(StockLevel level);
   // After a conditional write matched no row: NotFound, then check_writable's errors
-  // (Discontinued, FencingTokenStale, LeaseHeld, VersionConflict), else OutOfStock.
+  // (Discontinued, FencingTokenStale, LeaseHeld, VersionConflict), else OutOfStock,
+  // counted per SKU if `count` (WriteOptions::count_refusal).
   [[noreturn]] void refuse(Tx& tx, const SkuKey& key, Quantity qty,
                            const std::optional<Version>& expected,
-                           const std::optional<FencingToken>& token);
+                           const std::optional<FencingToken>& token, bool count);
   StockLevel upsert(const SkuKey& key, Quantity value, bool add, std::optional<Version> expected,
                     std::optional<FencingToken> token);
   // Locks the row (NotFound if there is none), passes `check` on it, and runs `write`.

@@ -106,7 +106,9 @@ StockLevel PostgresStore::write_row(Tx& tx, const StockLevel& read, Quantity sol
   const pqxx::result rows =
       tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location, sold, held, qty,
                  options.expected_version.value_or(-1), options.fencing_token.value_or(-1));
-  if (rows.empty()) refuse(tx, key, qty, options.expected_version, options.fencing_token);
+  if (rows.empty()) {
+    refuse(tx, key, qty, options.expected_version, options.fencing_token, options.count_refusal);
+  }
   return observed_write(level_from(key, rows[0]));
 }
 
@@ -120,11 +122,11 @@ StockLevel PostgresStore::observed_write(StockLevel level) {
 
 void PostgresStore::refuse(Tx& tx, const SkuKey& key, Quantity qty,
                            const std::optional<Version>& expected,
-                           const std::optional<FencingToken>& token) {
+                           const std::optional<FencingToken>& token, bool count) {
   const Level row = read_row(tx, Stmt::stock_get, key);
   if (!row) throw_stock_not_found(key);
   check_writable(*row, expected, token);
-  telemetry().count(key, SkuEvent::refused);
+  if (count) telemetry().count(key, SkuEvent::refused);
   throw_out_of_stock(key, row->available(), qty, row->version);
 }
 
@@ -358,7 +360,7 @@ StockLevel PostgresStore::stock(const SkuKey& key) {
 StockLevel PostgresStore::sell(const SellRequest& request) {
   const WriteOptions& options = request.options;
   const SkuKey& key = request.key;
-  telemetry().count(key, SkuEvent::request);
+  if (options.count_request) telemetry().count(key, SkuEvent::request);
   auto attempt = [&] {
     return run(&options, context_of(key), [&](Tx& tx) {
       if (options.strategy == Strategy::atomic) {
@@ -366,14 +368,15 @@ StockLevel PostgresStore::sell(const SellRequest& request) {
             shard_of(key), Stmt::stock_delta, key.sku, key.location, request.qty, Quantity{0},
             request.qty, options.expected_version.value_or(-1), options.fencing_token.value_or(-1));
         if (rows.empty()) {
-          refuse(tx, key, request.qty, options.expected_version, options.fencing_token);
+          refuse(tx, key, request.qty, options.expected_version, options.fencing_token,
+                 options.count_refusal);
         }
         return observed_write(level_from(key, rows[0]));
       }
       const StockLevel read = lock_row(tx, key, options);
       check_writable(read, options.expected_version, options.fencing_token);
       if (read.available() < request.qty) {
-        telemetry().count(key, SkuEvent::refused);
+        if (options.count_refusal) telemetry().count(key, SkuEvent::refused);
         throw_out_of_stock(key, read.available(), request.qty, read.version);
       }
       return write_row(tx, read, request.qty, 0, options);
@@ -402,7 +405,9 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
     const pqxx::result rows = tx.exec_on(
         shard_of(line.key), Stmt::hold_atomic, line.key.sku, line.key.location, line.qty,
         options.expected_version.value_or(-1), ids.front().to_string(), ttl_us, key_name);
-    if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version, std::nullopt);
+    if (rows.empty()) {
+      refuse(tx, line.key, line.qty, options.expected_version, std::nullopt, options.count_refusal);
+    }
     telemetry().contention().observe_version(line.key, rows[0][2].as<Version>());
     made.push_back(new_hold(ids.front(), line.key, line.qty, idempotency_key, rows[0]));
     return made;
@@ -412,7 +417,10 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
       const pqxx::result rows = tx.exec_on(shard_of(line.key), Stmt::stock_delta, line.key.sku,
                                            line.key.location, Quantity{0}, line.qty, line.qty,
                                            options.expected_version.value_or(-1), std::int64_t{-1});
-      if (rows.empty()) refuse(tx, line.key, line.qty, options.expected_version, std::nullopt);
+      if (rows.empty()) {
+        refuse(tx, line.key, line.qty, options.expected_version, std::nullopt,
+               options.count_refusal);
+      }
       observed_write(level_from(line.key, rows[0]));
     }
   } else {
@@ -423,7 +431,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
     for (std::size_t i = 0; i < lines.size(); ++i) {
       check_writable(reads[i], options.expected_version, std::nullopt);
       if (reads[i].available() < lines[i].qty) {
-        telemetry().count(lines[i].key, SkuEvent::refused);
+        if (options.count_refusal) telemetry().count(lines[i].key, SkuEvent::refused);
         throw_out_of_stock(lines[i].key, reads[i].available(), lines[i].qty, reads[i].version);
       }
     }
@@ -440,7 +448,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
 
 Reservation PostgresStore::reserve(const ReserveRequest& request) {
   const WriteOptions& options = request.options;
-  telemetry().count(request.key, SkuEvent::request);
+  if (options.count_request) telemetry().count(request.key, SkuEvent::request);
   const std::vector<OrderLine> lines{{request.key, request.qty}};
   const std::vector<Uuid> ids{make_uuid_v7(SystemClock().now_us() / 1000,
                                            row_shard_key(request.key.sku, request.key.location))};
@@ -506,7 +514,8 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
       });
   if (made) return made;
   return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
-    refuse(tx, key, request.qty, request.options.expected_version, std::nullopt);  // throws
+    refuse(tx, key, request.qty, request.options.expected_version, std::nullopt,  // throws
+           request.options.count_refusal);
   });
 }
 
@@ -557,7 +566,7 @@ std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& reques
   const std::int64_t now_ms = SystemClock().now_us() / 1000;
   for (std::size_t i : order) {
     const OrderLine& line = request.lines[i];
-    telemetry().count(line.key, SkuEvent::request);
+    if (request.options.count_request) telemetry().count(line.key, SkuEvent::request);
     sorted.push_back(line);
     ids.push_back(make_uuid_v7(now_ms, row_shard_key(line.key.sku, line.key.location)));
   }

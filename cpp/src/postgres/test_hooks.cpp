@@ -48,7 +48,7 @@ Reservation PostgresStore::limited_reserve_by_check(const SkuKey& key, Quantity 
     if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
     const pqxx::result rows = tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location,
                                          Quantity{0}, qty, qty, std::int64_t{-1}, std::int64_t{-1});
-    if (rows.empty()) refuse(tx, key, qty, std::nullopt, std::nullopt);
+    if (rows.empty()) refuse(tx, key, qty, std::nullopt, std::nullopt, true);
     return insert_reservation(tx, id, key, qty, 15LL * 60 * 1000 * 1000, std::nullopt, buyer,
                               group);
   });
