@@ -588,7 +588,7 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
   // which decides those. So it stays one statement in autocommit, like the keyless form.
   // No look for the keys comes first: a fresh key is the common case, and that look was a
   // second descent of the key index per key (0.33-0.40 ms per batch of 32 with it, about
-  // 0.30 without; on a grown index the keyed hot SKU ran 1.3-1.4x faster without).
+  // 0.30 without; on a grown index the keyed hot SKU ran 1.1-1.4x faster without).
   const std::string moved =
       " moved AS (UPDATE " + schema +
       ".stock SET on_hand = on_hand - $3::bigint, reserved = reserved + $4::bigint,"
