@@ -290,6 +290,14 @@ void Engine::record_outcome(Op op, Strategy strategy, const Error* error, std::i
   telemetry_->record_call(op, strategy, error, steady_now_us() - started_us);
 }
 
+void Engine::record_call_end(Op op, Strategy strategy, const SkuKey& key, const Error& error,
+                             std::int64_t started_us) {
+  if (error.code() == ErrorCode::out_of_stock && !key.sku.empty()) {
+    telemetry_->count(key, SkuEvent::refused);
+  }
+  record_outcome(op, strategy, &error, started_us);
+}
+
 WriteOptions Engine::resolve(const CallOptions& call) const {
   WriteOptions out;
   out.strategy = call.strategy.value_or(options_.default_strategy);

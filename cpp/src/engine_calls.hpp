@@ -9,14 +9,13 @@ namespace stockade {
 template <class Result, class Fn>
 Result Engine::counted(Op op, Strategy strategy, bool refusal_final, std::int64_t started_us,
                        Fn&& fn) {
-  const std::int64_t started = started_us != 0 ? started_us : steady_now_us();
   try {
     Result result = fn();
-    record_outcome(op, strategy, nullptr, started);
+    record_outcome(op, strategy, nullptr, started_us);
     return result;
   } catch (const Error& e) {
     if (refusal_final || e.code() != ErrorCode::out_of_stock) {
-      record_outcome(op, strategy, &e, started);
+      record_outcome(op, strategy, &e, started_us);
     }
     throw;
   }

@@ -263,8 +263,9 @@ int Engine::slot_count(const SkuKey& key) {
   return observed(Op::stock, [&] { return static_cast<int>(learn_slots(key).size()); });
 }
 
-// Runs `attempt(row, expected, count_request, count_refusal)` on this engine's slot of
-// `key` (the SKU's own row while it is not known to have slots). When that row is short,
+// Runs `attempt(row, route)` on this engine's slot of `key` (the SKU's own row while it
+// is not known to have slots), `route` being `first` with the attempt's own If-Match
+// version and counting flags. When that row is short,
 // the SKU's rows are read: with none but its own, the refusal stands; else free units
 // move into the slot from the others (fill_slot, which refuses for the SKU as a whole
 // when they are short too) and the attempt runs again, a bounded number of times. With
@@ -284,8 +285,7 @@ Result Engine::on_slots(const SkuKey& key, Quantity qty, Op op, const Route& fir
   bool request_counted = continued;
   const auto record = [&](const Error& e) {
     if (!request_counted) telemetry_->count(key, SkuEvent::request);
-    if (e.code() == ErrorCode::out_of_stock) telemetry_->count(key, SkuEvent::refused);
-    record_outcome(op, first.asked, &e, first.started_us);
+    record_call_end(op, first.asked, key, e, first.started_us);
   };
   int k = known_slots(key);
   std::optional<Version> row_expected = expected;
@@ -306,11 +306,13 @@ Result Engine::on_slots(const SkuKey& key, Quantity qty, Op op, const Route& fir
   for (int round = 1;; ++round) {
     std::optional<Error> refusal;
     try {
-      const bool count_request = !request_counted;
-      request_counted = true;
+      Route r = first;
+      r.options.expected_version = row_expected;
+      r.options.count_request = !request_counted;
       // With If-Match the row's refusal is the call's (no units move then).
-      return attempt(k > 1 ? slot_key(key, home_of(k)) : key, row_expected, count_request,
-                     expected.has_value());
+      r.options.count_refusal = expected.has_value();
+      request_counted = true;
+      return attempt(k > 1 ? slot_key(key, home_of(k)) : key, r);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::out_of_stock || expected) throw detail::unslotted(e, key);
       refusal = e;
@@ -381,14 +383,9 @@ Reservation Engine::reserve_on_slots(const SkuKey& key, Quantity qty, std::int64
   Route first = route(key, call);  // entered the tracker
   if (started_us != 0) first.started_us = started_us;
   bool entered = true;  // and no call has taken that over yet
-  const auto attempt = [&](const SkuKey& row, const std::optional<Version>& expected,
-                           bool count_request, bool count_refusal) {
+  const auto attempt = [&](const SkuKey& row, const Route& r) {
     if (!entered) tracker_.enter(key);
     entered = false;  // reserve_checked leaves the tracker however it ends
-    Route r = first;
-    r.options.expected_version = expected;
-    r.options.count_request = count_request;
-    r.options.count_refusal = count_refusal;
     return reserve_checked(row, qty, ttl_us, idempotency_key, r);
   };
   try {
@@ -416,14 +413,9 @@ StockLevel Engine::sell_on_slots(const SkuKey& key, Quantity qty, const CallOpti
   Route first = route(key, call);
   if (started_us != 0) first.started_us = started_us;
   bool entered = true;
-  const auto attempt = [&](const SkuKey& row, const std::optional<Version>& expected,
-                           bool count_request, bool count_refusal) {
+  const auto attempt = [&](const SkuKey& row, const Route& r) {
     if (!entered) tracker_.enter(key);
     entered = false;
-    Route r = first;
-    r.options.expected_version = expected;
-    r.options.count_request = count_request;
-    r.options.count_refusal = count_refusal;
     return sell_checked(row, qty, r);
   };
   try {
@@ -453,8 +445,7 @@ void Engine::throw_if_refusal_stands(const SkuKey& key, const Error& refusal, Op
   } catch (const Error& e) {
     outcome = e;
   }
-  if (outcome->code() == ErrorCode::out_of_stock) telemetry_->count(key, SkuEvent::refused);
-  record_outcome(op, asked, &*outcome, started_us);
+  record_call_end(op, asked, key, *outcome, started_us);
   throw *outcome;
 }
 
@@ -484,12 +475,9 @@ std::vector<Reservation> Engine::order_on_slots(OrderRequest& request, Strategy 
             line, known_slots(line) <= 1 ? e.context().actual_version : std::nullopt);
         if (rows.size() <= 1) throw;
         fill_slot(line, rows, 0, it->qty, std::nullopt);
-      } catch (const Error& stands) {  // the order's outcome
-        if (stands.code() == ErrorCode::out_of_stock && !stands.context().sku.empty()) {
-          telemetry_->count(SkuKey{stands.context().sku, stands.context().location},
-                            SkuEvent::refused);
-        }
-        record_outcome(Op::reserve_order, asked, &stands, started);
+      } catch (const Error& stands) {  // the order's outcome, on the line it names
+        record_call_end(Op::reserve_order, asked,
+                        SkuKey{stands.context().sku, stands.context().location}, stands, started);
         throw;
       }
     }

@@ -195,6 +195,10 @@ class Engine {
   template <class Result, class Fn>
   Result counted(Op op, Strategy strategy, bool refusal_final, std::int64_t started_us, Fn&& fn);
   void record_outcome(Op op, Strategy strategy, const Error* error, std::int64_t started_us);
+  // A call that ends outside its attempts (whose refusals went unrecorded): records
+  // `error` as its outcome, and counts an OutOfStock per SKU on `key` (if it names one).
+  void record_call_end(Op op, Strategy strategy, const SkuKey& key, const Error& error,
+                       std::int64_t started_us);
   // Runs any other store call and records it (strategy: none).
   template <class Fn>
   auto observed(Op op, Fn&& fn) -> decltype(fn());
