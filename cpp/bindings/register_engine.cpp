@@ -88,6 +88,7 @@ py::dict stats_dict(const StoreStats& s) {
   pool["idle"] = s.pool.idle;
   pool["waiting"] = s.pool.waiting;
   pool["pooled"] = s.pool.pooled;
+  pool["routines"] = s.pool.routines;
   out["pool"] = pool;
   py::dict batcher;
   batcher["started"] = s.batcher.started;

@@ -81,6 +81,7 @@ class PoolStats(TypedDict):
     idle: int
     waiting: int
     pooled: bool  # connections run without session state (a transaction-mode pooler)
+    routines: bool  # pooled: the newest connection calls the statement routines (migrate())
 
 
 class EngineStats(TypedDict):

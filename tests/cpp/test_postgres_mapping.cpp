@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <map>
+#include <set>
+#include <string>
 
 #include "postgres/postgres_store_impl.hpp"
 #include "postgres/sqlstate.hpp"
@@ -182,6 +184,33 @@ TEST(Statements, ShardMarkersVanishOnThePlainLayoutAndPinOnCitus) {
                  Stmt::batch_transition}) {
     EXPECT_TRUE(citus.pinned(s)) << Statements::name(s);
   }
+}
+
+TEST(Statements, RoutinesAreNamedWithinPostgresLimitsAndCalledWithEveryParameter) {
+  const Statements plain("shop", false);
+  ASSERT_FALSE(plain.routines().empty());
+  std::set<std::string> names;
+  for (Stmt r : plain.routines()) {
+    EXPECT_TRUE(plain.has_routine(r));
+    const std::string name = plain.routine_name(r);
+    // PostgreSQL cuts identifiers at 63 bytes: a longer name would never be found again.
+    EXPECT_LE(name.size(), 63u) << name;
+    EXPECT_EQ(name.rfind(std::string(Statements::name(r)) + "_", 0), 0u) << name;
+    EXPECT_TRUE(names.insert(name).second) << name;
+    std::string call = plain.routine_call_head(r);
+    for (int n = 1; n <= plain.parameters(r); ++n)
+      call += (n > 1 ? ", $" : "$") + std::to_string(n);
+    EXPECT_EQ(plain.routine_call(r), call + ")");
+    EXPECT_EQ(plain.routine_call(r).find("SELECT * FROM shop." + name + "("), 0u);
+  }
+  EXPECT_FALSE(plain.has_routine(Stmt::batch_write));  // no rows back: no routine
+  // The name follows the SQL: another schema's statements name other functions.
+  EXPECT_NE(Statements("depot").routine_name(Stmt::hold_atomic),
+            plain.routine_name(Stmt::hold_atomic));
+  // Citus runs its statements as they are (a routine would run on the coordinator).
+  const Statements citus("shop", true);
+  EXPECT_TRUE(citus.routines().empty());
+  EXPECT_FALSE(citus.has_routine(Stmt::hold_atomic));
 }
 
 // Every migration file with the checksum migrate() records for it (migrate.cpp:

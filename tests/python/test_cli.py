@@ -243,12 +243,20 @@ def test_migrate_dry_run_prints_the_sql_and_changes_nothing(
     # Nothing ran: the same plan, and then the real thing, one migration at a time.
     assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
-    assert [p["name"] for p in plan] == ["(create schema)", *MIGRATIONS]
+    # With every migration applied, migrate() makes the statement routines too.
+    assert [p["name"] for p in plan] == ["(create schema)", *MIGRATIONS, "(statement routines)"]
+    assert "-- shop.stockade_hold_atomic_" in plan[-1]["sql"]
     assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--to", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"schema": "shop", "applied": ["001_schema.sql"]}
     assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
-    assert [p["name"] for p in plan] == MIGRATIONS[1:]
+    assert [p["name"] for p in plan] == [*MIGRATIONS[1:], "(statement routines)"]
+    assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--to", "1", "--dry-run"]) == 0
+    assert "-- schema shop is up to date" in capsys.readouterr().out  # none short of the last
+    assert main(["migrate", "--dsn", empty_db, "--schema", "shop"]) == 0
+    capsys.readouterr()
+    assert main(["migrate", "--dsn", empty_db, "--schema", "shop", "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"] == []  # the routines were made
 
 
 def test_demo_json_and_the_schema_it_leaves_behind(

@@ -147,3 +147,64 @@ def test_pooler_option_is_checked(pooled_dsn: str) -> None:
         assert eng.stats()["pool"]["pooled"] is True
         eng.restock("s", 1)
         assert eng.reserve("s", 1).qty == 1
+
+
+ROUTINES = (
+    "SELECT count(*) FROM pg_proc WHERE pronamespace = 'stockade'::regnamespace"
+    " AND proname LIKE 'stockade\\_%'"
+)
+
+
+def test_migrate_makes_statement_routines_that_pooled_connections_call(
+    stockade_postgres: PostgresForTests, bouncer: TemporaryPgBouncer
+) -> None:
+    name = stockade_postgres.new_database(migrated=False)
+    try:
+        direct = stockade_postgres.admin_dsn(name)
+        # Function statistics for the sessions PgBouncer opens to this database.
+        run_sql(direct, f"ALTER DATABASE {name} SET track_functions = 'pl'")
+        with stockade.Engine.postgres(bouncer.dsn(name), pool_size=2) as eng:
+            eng.migrate()
+            assert int(run_sql(direct, ROUTINES)) >= 20
+            eng.restock("s", 100)
+            eng.confirm(eng.reserve("s", 1, strategy="atomic").id)
+            eng.reserve("s", 1, strategy="atomic", idempotency_key="k")
+            pool = eng.stats()["pool"]
+            assert (pool["pooled"], pool["routines"]) == (True, True)
+            assert eng.stock("s").reserved == 1
+        calls = (
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions"
+            " WHERE funcname LIKE 'stockade\\_hold\\_atomic\\_%'"
+        )
+        deadline = time.monotonic() + 15  # a session reports its figures once idle a while
+        while int(run_sql(direct, calls)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert int(run_sql(direct, calls)) == 2
+    finally:
+        stockade_postgres.drop_database(name)
+
+
+def test_a_pooled_engine_without_all_its_routines_runs_its_statements_unnamed(
+    pooled_dsn: str, stockade_postgres: PostgresForTests
+) -> None:
+    direct = stockade_postgres.admin_dsn(field(pooled_dsn, "dbname"))
+    assert int(run_sql(direct, ROUTINES)) >= 20  # the template was migrated
+    # As after an upgrade whose statement changed, before migrate(): one routine missing.
+    one = run_sql(
+        direct,
+        "SELECT oid::regprocedure FROM pg_proc WHERE pronamespace = 'stockade'::regnamespace"
+        " AND proname LIKE 'stockade\\_hold\\_atomic\\_%'",
+    )
+    run_sql(direct, f"DROP FUNCTION {one}")
+    with stockade.Engine.postgres(pooled_dsn, pool_size=1) as eng:
+        eng.restock("s", 10)
+        eng.confirm(eng.reserve("s", 1, strategy="atomic").id)
+        assert eng.stats()["pool"]["routines"] is False  # all or none
+        assert eng.migrate() == []  # no migration: the routine is made again
+        eng.release(eng.reserve("s", 1, strategy="atomic").id)
+        assert eng.stats()["pool"]["routines"] is True  # a connection opened since
+        assert eng.stock("s").reserved == 0 and eng.stock("s").on_hand == 9
+    # Directly, prepared statements serve better than routines.
+    with stockade.Engine.postgres(direct, pool_size=1) as eng:
+        eng.reserve("s", 1, strategy="atomic")
+        assert eng.stats()["pool"]["routines"] is False

@@ -77,6 +77,14 @@ def test_concurrent_migrations_apply_each_file_exactly_once(empty_database: str)
     assert out.errors == [None] * 4
     applied = sorted(name for names in out.results for name in names)
     assert applied == MIGRATIONS
+    # and the statement routines, made once under the same lock (see test_pooler.py)
+    routines = sql(
+        empty_database,
+        "SELECT count(*), count(DISTINCT proname) FROM pg_proc"
+        " WHERE pronamespace = 'stockade'::regnamespace AND proname LIKE 'stockade\\_%'",
+    )
+    count, distinct = map(int, routines.split("|"))
+    assert count == distinct and count >= 20
 
 
 def test_a_changed_migration_is_refused(stockade_database: str) -> None:

@@ -127,6 +127,9 @@ struct PoolStats {
   // PostgreSQL: its connections run without session state, behind a transaction-mode
   // pooler (the pooler option, or one detected on a connection opened so far).
   bool pooled = false;
+  // PostgreSQL, pooled: the newest connection calls the statement routines that
+  // migrate() makes (PL/pgSQL functions that keep their plans per server session).
+  bool routines = false;
 };
 
 // What one purge deleted.

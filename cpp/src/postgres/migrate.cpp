@@ -1,7 +1,11 @@
 // PostgresStore::migrate: applies the compiled-in sql/ files that the database lacks.
+#include <libpq-fe.h>
+
 #include <cstdio>
 #include <map>
+#include <set>
 
+#include "dsn.hpp"
 #include "postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
 #include "stockade/log.hpp"
@@ -48,7 +52,144 @@ std::string bookkeeping_sql(const std::string& s) {
          " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());";
 }
 
+// What PostgreSQL infers for a statement: its parameters' types and its columns' (type
+// OID and modifier), as PQdescribePrepared tells it. libpqxx does not expose that, so
+// this takes a libpq connection of its own.
+struct Described {
+  std::vector<std::pair<unsigned, int>> parameters, columns;
+};
+
+// Everything it describes, it describes inside one transaction (BEGIN ... ROLLBACK): a
+// transaction-mode pooler keeps one server session for it, so that the describe reaches
+// the session that parsed the statement.
+class Describer {
+ public:
+  explicit Describer(const std::string& dsn) : conn_(PQconnectdb(dsn.c_str()), &PQfinish) {
+    if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
+      throw Error(ErrorCode::unavailable,
+                  "cannot connect to PostgreSQL to make the statement routines: " +
+                      scrub_secrets(conn_ ? PQerrorMessage(conn_.get()) : "out of memory", dsn));
+    }
+    const Result begun(PQexec(conn_.get(), "BEGIN"), &PQclear);
+    check(begun.get(), "BEGIN");
+  }
+  Describer(const Describer&) = delete;
+  Describer& operator=(const Describer&) = delete;
+  ~Describer() { PQclear(PQexec(conn_.get(), "ROLLBACK")); }
+
+  Described describe(const char* name, const std::string& sql) {
+    const Result prepared(PQprepare(conn_.get(), "", sql.c_str(), 0, nullptr), &PQclear);
+    check(prepared.get(), name);
+    const Result described(PQdescribePrepared(conn_.get(), ""), &PQclear);
+    check(described.get(), name);
+    Described out;
+    for (int i = 0; i < PQnparams(described.get()); ++i) {
+      out.parameters.emplace_back(PQparamtype(described.get(), i), -1);
+    }
+    for (int i = 0; i < PQnfields(described.get()); ++i) {
+      out.columns.emplace_back(PQftype(described.get(), i), PQfmod(described.get(), i));
+    }
+    return out;
+  }
+
+ private:
+  using Result = std::unique_ptr<PGresult, decltype(&PQclear)>;
+
+  void check(const PGresult* result, const char* name) {
+    if (result != nullptr && PQresultStatus(result) == PGRES_COMMAND_OK) return;
+    throw Error(
+        ErrorCode::database_error,
+        std::string("cannot describe statement ") + name + " to make its routine: " +
+            (result != nullptr ? PQresultErrorMessage(result) : PQerrorMessage(conn_.get())));
+  }
+
+  std::unique_ptr<PGconn, decltype(&PQfinish)> conn_;
+};
+
+// The SQL names of the types `types`, in order (format_type, one round trip).
+std::vector<std::string> type_names(pqxx::work& work,
+                                    const std::vector<std::pair<unsigned, int>>& types) {
+  if (types.empty()) return {};
+  std::string oids, mods;
+  for (const auto& [oid, mod] : types) {
+    oids += (oids.empty() ? "" : ",") + std::to_string(oid);
+    mods += (mods.empty() ? "" : ",") + std::to_string(mod);
+  }
+  std::vector<std::string> out;
+  for (const auto& row :
+       work.exec("SELECT format_type(t.o, t.m) FROM unnest('{" + oids + "}'::oid[], '{" + mods +
+                 "}'::int[]) WITH ORDINALITY AS t(o, m, n) ORDER BY t.n")) {
+    out.push_back(row[0].as<std::string>());
+  }
+  return out;
+}
+
 }  // namespace
+
+// The statement routines that do not exist in the schema.
+std::vector<Stmt> PostgresStore::missing_routines(pqxx::work& work) {
+  std::set<std::string> present;
+  for (const auto& row :
+       work.exec("SELECT proname FROM pg_catalog.pg_proc WHERE pronamespace = to_regnamespace(" +
+                 work.quote(options_.schema) + ")")) {
+    present.insert(row[0].as<std::string>());
+  }
+  std::vector<Stmt> out;
+  for (Stmt r : statements_->routines()) {
+    if (present.count(statements_->routine_name(r)) == 0) out.push_back(r);
+  }
+  return out;
+}
+
+// Makes the statement routines that do not exist yet. Each is a PL/pgSQL function whose
+// body is its statement: RETURN QUERY with the statement's own parameters ($1..$n, typed
+// as PostgreSQL infers them for the statement) and columns. PL/pgSQL plans the statement
+// once per server session and keeps the plan, as a prepared statement would, which a
+// connection behind a transaction pooler cannot have. The statements are described first,
+// on a connection of their own, without the migration lock (behind a pooler with few
+// server sessions, other migrators may hold them all while they wait for that lock); then
+// the functions are made under it. Returns how many it made.
+int PostgresStore::make_routines(pqxx::connection& conn, const std::string& lock_key,
+                                 const std::vector<Stmt>& missing) {
+  const std::string& s = options_.schema;
+  std::map<Stmt, Described> described;
+  {
+    Describer describer(options_.dsn);
+    for (Stmt r : missing) {
+      const Described d = describer.describe(Statements::name(r), statements_->sql(r));
+      if (d.columns.empty() ||
+          static_cast<int>(d.parameters.size()) != statements_->parameters(r)) {
+        throw Error(ErrorCode::invariant_violation,
+                    std::string("statement ") + Statements::name(r) +
+                        " cannot have a routine: it returns no rows, or its parameters are not"
+                        " $1..$n");
+      }
+      described.emplace(r, d);
+    }
+  }
+  pqxx::work work(conn);
+  work.exec("SELECT pg_advisory_xact_lock(" + lock_key + ")");
+  int made = 0;
+  for (Stmt r : missing_routines(work)) {  // another migrator may have made some meanwhile
+    const auto found = described.find(r);
+    if (found == described.end()) continue;  // (only if a migrator of another release ran)
+    const std::vector<std::string> parameters = type_names(work, found->second.parameters);
+    const std::vector<std::string> columns = type_names(work, found->second.columns);
+    std::string ddl = "CREATE OR REPLACE FUNCTION " + s + "." + statements_->routine_name(r) + "(";
+    for (std::size_t i = 0; i < parameters.size(); ++i) ddl += (i ? ", " : "") + parameters[i];
+    ddl += ") RETURNS TABLE (";
+    for (std::size_t i = 0; i < columns.size(); ++i) {
+      ddl += (i ? ", " : "") + std::string("stockade_column_") + std::to_string(i + 1) + " " +
+             columns[i];
+    }
+    ddl += ") LANGUAGE plpgsql VOLATILE AS $stockade_routine$ BEGIN RETURN QUERY " +
+           statements_->sql(r) + "; END $stockade_routine$";
+    work.exec(ddl);
+    ++made;
+  }
+  work.commit();
+  return made;
+}
 
 // The migrations numbered up to `up_to` (0: all) that `applied` (version -> name, checksum)
 // lacks; InvalidState if an applied one differs from the compiled one.
@@ -106,8 +247,30 @@ std::vector<std::pair<std::string, std::string>> PostgresStore::migration_plan(i
           !session.exec("SELECT to_regnamespace(" + session.quote(s) + ")")[0][0].is_null();
       out.emplace_back(schema_exists ? "(bookkeeping)" : "(create schema)", bookkeeping_sql(s));
     }
-    for (const Migration* m : pending(applied, up_to)) {
-      out.emplace_back(m->name, with_schema(m->sql, s));
+    const std::vector<const Migration*> next = pending(applied, up_to);
+    for (const Migration* m : next) out.emplace_back(m->name, with_schema(m->sql, s));
+    // Then, with every migration applied, the statement routines that are missing.
+    if (next.size() == pending(applied, 0).size() && !statements_->routines().empty()) {
+      std::set<std::string> present;
+      if (kept) {
+        for (const auto& row : session.exec(
+                 "SELECT proname FROM pg_catalog.pg_proc WHERE pronamespace = to_regnamespace(" +
+                 session.quote(s) + ")")) {
+          present.insert(row[0].as<std::string>());
+        }
+      }
+      std::string sql;
+      for (Stmt r : statements_->routines()) {
+        const std::string name = statements_->routine_name(r);
+        if (present.count(name) == 0) sql += "-- " + s + "." + name + "\n";
+      }
+      if (!sql.empty()) {
+        out.emplace_back("(statement routines)",
+                         "-- For each statement below, a PL/pgSQL function whose body is RETURN "
+                         "QUERY of the statement,\n-- typed as PostgreSQL infers the statement "
+                         "(for connections behind a transaction pooler):\n" +
+                             sql);
+      }
     }
   } catch (const pqxx::sql_error& e) {
     throw translate(e, Failure{nullptr, ErrorContext{}, s});
@@ -147,6 +310,7 @@ std::vector<std::string> PostgresStore::migrate(int up_to) {
       std::to_string(static_cast<std::int64_t>(stable_hash64({"stockade-migrate", s})));
   std::unique_ptr<pqxx::connection> conn = connect(options_.dsn);
   std::vector<std::string> applied;
+  std::vector<Stmt> missing;
   try {
     for (;;) {
       pqxx::work work(*conn);
@@ -159,6 +323,9 @@ std::vector<std::string> PostgresStore::migrate(int up_to) {
       }
       const std::vector<const Migration*> next = pending(done, up_to);
       if (next.empty()) {
+        // With every migration applied (not short of the last): the routines of this
+        // release's statements that are missing.
+        if (pending(done, 0).empty()) missing = missing_routines(work);
         work.commit();  // the bookkeeping table, if this made it
         break;
       }
@@ -172,6 +339,15 @@ std::vector<std::string> PostgresStore::migrate(int up_to) {
       applied.push_back(name);
       log(LogLevel::info, "stockade.postgres",
           "applied migration " + name + " to schema '" + s + "'");
+    }
+    if (!missing.empty()) {
+      if (const int made = make_routines(*conn, lock_key, missing); made > 0) {
+        // Connections opened before call no routines: idle ones close, and the ones
+        // opened next find them.
+        pool_.drop_idle();
+        log(LogLevel::info, "stockade.postgres",
+            "made " + std::to_string(made) + " statement routines in schema '" + s + "'");
+      }
     }
   } catch (const pqxx::sql_error& e) {
     throw translate(e, Failure{nullptr, ErrorContext{}, s});

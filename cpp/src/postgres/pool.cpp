@@ -62,11 +62,25 @@ Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements>
     : conn_(connect(dsn)), statements_(std::move(statements)) {
   try {
     pqxx::nontransaction session(*conn_);
+    // With it, how many of the statement routines exist (all or none are used).
+    const std::vector<Stmt>& routines = statements_->routines();
+    std::string names;
+    for (Stmt r : routines) {
+      names += (names.empty() ? "" : ", ") + session.quote(statements_->routine_name(r));
+    }
     const pqxx::result row = session.exec(
-        "SELECT pg_backend_pid(), (extract(epoch FROM backend_start) * 1000000)::bigint"
+        "SELECT pg_backend_pid(), (extract(epoch FROM backend_start) * 1000000)::bigint, " +
+        (routines.empty()
+             ? std::string("0")
+             : "(SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace ="
+               " to_regnamespace(" +
+                   session.quote(statements_->schema()) + ") AND proname IN (" + names + "))") +
         " FROM pg_stat_activity WHERE pid = pg_backend_pid()");
-    if (!row.empty())
+    if (!row.empty()) {
       backend_ = Backend{row[0][0].as<std::int32_t>(), row[0][1].as<std::int64_t>()};
+      routines_ = !routines.empty() &&
+                  row[0][2].as<std::int64_t>() == static_cast<std::int64_t>(routines.size());
+    }
   } catch (const pqxx::failure& e) {
     throw Error(ErrorCode::unavailable,
                 std::string("cannot set up a PostgreSQL connection: ") + e.what());
@@ -77,6 +91,7 @@ Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements>
   pooled_ = pooler == Pooler::transaction ||
             (pooler == Pooler::detect && conn_->backendpid() != backend_.pid);
   if (pooled_) backend_ = Backend{};  // the next transaction may run on another session
+  routines_ = routines_ && pooled_;   // directly, prepared statements do better
 }
 
 bool end_session(const std::string& dsn, const Backend& backend, std::int64_t timeout_ms) {
@@ -147,8 +162,12 @@ std::string Connection::lock_timeout_sql() const {
 TransactionByHand::TransactionByHand(pqxx::nontransaction& session, Connection& conn)
     : session_(session), conn_(conn) {
   conn_.statement_failed_ = false;
-  session_.exec(conn.begin_sql());
   open_ = true;
+  if (conn.routines()) {  // (never on Citus) BEGIN travels with the first statement
+    conn_.begin_pending_ = true;
+    return;
+  }
+  session_.exec(conn.begin_sql());
   if (conn.statements().citus() && conn.lock_timeout_ms_ > 0) {
     session_.exec(conn.lock_timeout_sql());
   }
@@ -156,6 +175,10 @@ TransactionByHand::TransactionByHand(pqxx::nontransaction& session, Connection& 
 
 TransactionByHand::~TransactionByHand() {
   if (!open_) return;
+  if (conn_.begin_pending_) {  // no statement ran: no transaction began
+    conn_.begin_pending_ = false;
+    return;
+  }
   try {
     session_.exec("ROLLBACK");
   } catch (...) {  // NOLINT(bugprone-empty-catch): a broken connection; run() discards it
@@ -168,7 +191,11 @@ void TransactionByHand::commit() {
                 "a statement of the transaction had failed, so it was rolled back; nothing "
                 "was changed");
   }
-  open_ = false;  // whatever COMMIT answers, the transaction is over
+  open_ = false;               // whatever COMMIT answers, the transaction is over
+  if (conn_.begin_pending_) {  // no statement ran: nothing to commit
+    conn_.begin_pending_ = false;
+    return;
+  }
   session_.exec("COMMIT");
 }
 
@@ -232,6 +259,7 @@ Pool::Lease Pool::acquire() {
     if (conn->pooled()) {
       std::lock_guard<std::mutex> seen(mutex_);
       pooled_seen_ = true;
+      routines_newest_ = conn->routines();
     }
     return Lease(this, std::move(conn));
   } catch (...) {
@@ -268,7 +296,8 @@ std::size_t Pool::drop_idle() {
 
 PoolGauges Pool::gauges() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return PoolGauges{size_, open_ - idle_.size(), idle_.size(), waiting_, pooled_seen_};
+  return PoolGauges{size_,    open_ - idle_.size(), idle_.size(),
+                    waiting_, pooled_seen_,         routines_newest_};
 }
 
 void Pool::close() {

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <pqxx/pqxx>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "statements.hpp"
@@ -51,9 +52,14 @@ class Connection {
   std::string begin_sql() const;
   std::string lock_timeout_sql() const;
 
+  // Whether this connection calls the statement routines (Statements::routines()): it is
+  // pooled, and they all existed when it opened.
+  bool routines() const { return routines_; }
+
   // Runs SQL built for this call (its values quoted into it) inside `work`, unnamed.
   pqxx::result exec_sql(pqxx::transaction_base& work, const std::string& sql) {
     try {
+      send_begin(work);
       return work.exec(sql);
     } catch (...) {
       statement_failed_ = true;  // TransactionByHand::commit() must not send COMMIT
@@ -61,16 +67,29 @@ class Connection {
     }
   }
 
-  // Runs a statement inside `work`: prepared on this connection, or unnamed when pooled.
+  // Runs a statement inside `work`: prepared on this connection, or unnamed when pooled
+  // (as a call of its routine when this connection has them; the first statement of a
+  // transaction by hand then travels with its BEGIN, its values quoted into the call).
   template <class... Args>
   pqxx::result exec(pqxx::transaction_base& work, Stmt s, Args&&... args) {
     if (pooled_) {
       try {
+        const bool routine = routines_ && statements_->has_routine(s);
+        if (routine && begin_pending_) {
+          std::string sql = begin_sql() + "; " + statements_->routine_call_head(s);
+          [[maybe_unused]] const char* separator = "";
+          ((sql += separator, sql += literal(work, args), separator = ", "), ...);
+          sql += ")";
+          begin_pending_ = false;  // sent: from here on, the transaction is open
+          return work.exec(sql);
+        }
+        send_begin(work);
+        const std::string& sql = routine ? statements_->routine_call(s) : statements_->sql(s);
 #if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
         // libpqxx 7.10 (Debian 13) deprecates exec_params for exec(sql, params).
-        return work.exec(statements_->sql(s), pqxx::params{std::forward<Args>(args)...});
+        return work.exec(sql, pqxx::params{std::forward<Args>(args)...});
 #else
-        return work.exec_params(statements_->sql(s), std::forward<Args>(args)...);  // 6.4
+        return work.exec_params(sql, std::forward<Args>(args)...);  // 6.4
 #endif
       } catch (...) {
         statement_failed_ = true;  // TransactionByHand::commit() must not send COMMIT
@@ -88,6 +107,28 @@ class Connection {
 
  private:
   void prepare(Stmt s);
+  // A transaction by hand whose BEGIN waits for its first statement: sends it alone.
+  void send_begin(pqxx::transaction_base& work) {
+    if (!begin_pending_) return;
+    begin_pending_ = false;  // whatever it answers: a failed BEGIN left nothing to end
+    work.exec(begin_sql());
+  }
+  // A value as an SQL literal, for a routine's call sent with its BEGIN (the routine's
+  // parameter types give the quoted text its type, as they do a parameter's).
+  static std::string literal(pqxx::transaction_base& work, const std::string& value) {
+    return work.quote(value);
+  }
+  static std::string literal(pqxx::transaction_base& work, const char* value) {
+    return work.quote(std::string(value));
+  }
+  template <class T, class = std::enable_if_t<std::is_integral_v<T>>>
+  static std::string literal(pqxx::transaction_base& work, T value) {
+    if constexpr (std::is_same_v<T, bool>) {
+      return value ? "true" : "false";
+    } else {
+      return work.quote(std::to_string(value));
+    }
+  }
 
   std::unique_ptr<pqxx::connection> conn_;
   std::shared_ptr<const Statements> statements_;
@@ -95,7 +136,9 @@ class Connection {
   std::int64_t lock_timeout_ms_ = -1;
   bool session_set_ = false;  // direct: the session has lock_timeout_ms_ and generic plans
   bool pooled_ = false;
+  bool routines_ = false;
   bool statement_failed_ = false;  // pooled: since the last TransactionByHand began
+  bool begin_pending_ = false;     // pooled: a TransactionByHand has not sent its BEGIN yet
   Backend backend_;
   friend class TransactionByHand;
 };
@@ -112,7 +155,9 @@ bool end_session(const std::string& dsn, const Backend& backend, std::int64_t ti
 
 // A transaction run by hand on a nontransaction, for pooled connections on the hot path:
 // BEGIN and SET LOCAL lock_timeout travel as one simple query (pqxx::work sends BEGIN
-// alone, and SET LOCAL would cost a second round trip). commit() refuses to send COMMIT
+// alone, and SET LOCAL would cost a second round trip). With statement routines they wait
+// for the transaction's first statement and travel with it when it has a routine (one
+// round trip fewer again), or just before it otherwise. commit() refuses to send COMMIT
 // after a statement of the transaction failed (the server would answer ROLLBACK to it,
 // which libpqxx 6.4 does not let us read, and a caller that swallowed the error would be
 // told of a commit that did not happen). Destroyed without commit(), it sends ROLLBACK;
@@ -138,6 +183,7 @@ struct PoolGauges {
   std::size_t idle = 0;
   std::size_t waiting = 0;  // callers waiting for a connection
   bool pooled = false;      // a connection opened so far runs as Connection::pooled()
+  bool routines = false;    // the newest pooled connection calls statement routines
 };
 
 // A bounded pool. acquire() hands out an idle connection, opens a new one while fewer than
@@ -189,6 +235,7 @@ class Pool {
   std::vector<std::unique_ptr<Connection>> idle_;
   std::size_t open_ = 0;  // idle, leased, and being opened
   bool pooled_seen_ = false;
+  bool routines_newest_ = false;  // the newest pooled connection calls statement routines
   bool closed_ = false;
 };
 

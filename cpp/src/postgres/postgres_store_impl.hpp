@@ -150,7 +150,7 @@ class PostgresStore final : public Store, public TestHooks {
   StoreCounts exact_counts() const override;
   PoolStats pool_stats() const override {
     const PoolGauges g = pool_.gauges();
-    return PoolStats{g.size, g.in_use, g.idle, g.waiting, g.pooled};
+    return PoolStats{g.size, g.in_use, g.idle, g.waiting, g.pooled, g.routines};
   }
   std::vector<std::string> migrate(int up_to) override;
   std::vector<std::pair<std::string, std::string>> migration_plan(int up_to) override;
@@ -300,6 +300,9 @@ class PostgresStore final : public Store, public TestHooks {
   void sweep_loop();
   std::vector<const Migration*> pending(
       const std::map<int, std::pair<std::string, std::string>>& applied, int up_to) const;
+  std::vector<Stmt> missing_routines(pqxx::work& work);
+  int make_routines(pqxx::connection& conn, const std::string& lock_key,
+                    const std::vector<Stmt>& missing);
 
   const PostgresOptions options_;
   const std::shared_ptr<const Statements> statements_;

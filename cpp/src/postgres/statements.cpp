@@ -1,7 +1,10 @@
 #include "statements.hpp"
 
+#include <cstdio>
 #include <string>
 #include <utility>
+
+#include "stockade/hash.hpp"
 
 namespace stockade::detail::pg {
 namespace {
@@ -213,6 +216,52 @@ Statements::Statements(const std::string& schema, bool citus) : citus_(citus), s
                                    ", (SELECT count(*) FROM (SELECT 1 FROM " + schema +
                                    ".reservation WHERE state = 'held' LIMIT $1) AS h)");
   }
+  for (std::size_t i = 0; i < stmt_count; ++i) parameters_[i] = last_parameter(sql_[i]);
+  if (citus) return;  // see routines()
+  // The statements of the hot paths that return rows (a routine returns what its
+  // statement does; one without rows would change what a caller reads).
+  routines_ = {Stmt::stock_get,
+               Stmt::stock_lock,
+               Stmt::stock_lock_nowait,
+               Stmt::stock_lock_skip,
+               Stmt::stock_insert,
+               Stmt::stock_delta,
+               Stmt::stock_settle,
+               Stmt::stock_cas,
+               Stmt::hold_atomic,
+               Stmt::reservation_insert,
+               Stmt::reservation_get,
+               Stmt::reservation_lock,
+               Stmt::reservation_set,
+               Stmt::reservation_get_many,
+               Stmt::idempotency_claim,
+               Stmt::idempotency_get,
+               Stmt::batch_claim,
+               Stmt::batch_keys_get,
+               Stmt::batch_lock,
+               Stmt::batch_fast,
+               Stmt::batch_fast_one,
+               Stmt::batch_fast_one_keyed,
+               Stmt::batch_fast_one_limited,
+               Stmt::batch_lock_reservations};
+  for (Stmt r : routines_) {
+    const auto i = static_cast<std::size_t>(r);
+    routine_[i] = true;
+    std::string call = routine_call_head(r);
+    for (int n = 1; n <= parameters_[i]; ++n) call += (n > 1 ? ", $" : "$") + std::to_string(n);
+    calls_[i] = call + ")";
+  }
+}
+
+std::string Statements::routine_name(Stmt s) const {
+  char hash[17];
+  std::snprintf(hash, sizeof(hash), "%016llx",
+                static_cast<unsigned long long>(stable_hash64({"routine", sql(s)})));
+  return std::string(name(s)) + "_" + hash;
+}
+
+std::string Statements::routine_call_head(Stmt s) const {
+  return "SELECT * FROM " + schema_ + "." + routine_name(s) + "(";
 }
 
 // Stock rows, and the atomic hold that writes a row and its reservation in one statement.

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace stockade::detail::pg {
 
@@ -104,6 +105,25 @@ class Statements {
   const std::string& schema() const { return schema_; }
   static const char* name(Stmt s);
 
+  // Statement routines, for connections that keep no session state (behind a transaction
+  // pooler, where named prepared statements cannot live): a PL/pgSQL function per hot
+  // statement whose body is the statement itself, so that each server session plans it
+  // once, as it would a prepared statement, instead of on every execution. migrate()
+  // makes them; a connection uses them once they all exist. Not on the Citus layout.
+  // The statements that have one (none on Citus).
+  const std::vector<Stmt>& routines() const { return routines_; }
+  bool has_routine(Stmt s) const { return routine_[static_cast<std::size_t>(s)]; }
+  // The function's name, unqualified: the statement's name and a hash of its SQL, so that
+  // a release whose statement differs makes a function of its own beside the old one,
+  // which engines of the earlier release may still call.
+  std::string routine_name(Stmt s) const;
+  // How many parameters the statement takes ($1..$n).
+  int parameters(Stmt s) const { return parameters_[static_cast<std::size_t>(s)]; }
+  // "SELECT * FROM schema.routine(" (close it with the arguments and ")").
+  std::string routine_call_head(Stmt s) const;
+  // The call with its parameters: "SELECT * FROM schema.routine($1, ..., $n)".
+  const std::string& routine_call(Stmt s) const { return calls_[static_cast<std::size_t>(s)]; }
+
  private:
   template <class Set>
   void add_stock_statements(const std::string& schema, Set& set);
@@ -118,6 +138,10 @@ class Statements {
 
   std::array<std::string, stmt_count> sql_;
   std::array<bool, stmt_count> pinned_{};
+  std::array<int, stmt_count> parameters_{};
+  std::array<bool, stmt_count> routine_{};
+  std::array<std::string, stmt_count> calls_;
+  std::vector<Stmt> routines_;
   bool citus_ = false;
   std::string schema_;
 };

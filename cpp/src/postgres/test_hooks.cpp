@@ -30,19 +30,19 @@ Reservation PostgresStore::limited_reserve_by_check(const SkuKey& key, Quantity 
   const Uuid id = make_uuid_v7(SystemClock().now_us() / 1000, row_shard_key(key.sku, key.location));
   WriteOptions options;  // counted as atomic; serialization failures are retried by run()
   return run(&options, context_of(key), [&](Tx& tx) {
-    if (serializable) tx.work.exec("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE");
+    if (serializable) tx.conn.exec_sql(tx.work, "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE");
     const pqxx::result limit = tx.exec(Stmt::limit_lookup, text_array({key.sku}));
     if (limit.empty()) throw_invalid_argument("sku " + shown(key.sku) + " has no purchase limit");
     const std::string group = limit[0][1].as<std::string>();
     const Quantity per_buyer = limit[0][2].as<std::int64_t>();
     // SELECT sum(qty) FROM reservation WHERE buyer = :buyer AND sku IN (the group's skus)
     const Quantity held =
-        tx.work
-            .exec("SELECT coalesce(sum(r.qty), 0) FROM " + options_.schema +
-                  ".reservation r JOIN " + options_.schema +
-                  ".purchase_limit_sku s ON s.sku = r.sku WHERE s.group_name = " +
-                  tx.work.quote(group) + " AND r.buyer = " + tx.work.quote(buyer) +
-                  " AND r.state IN ('held', 'confirmed')")[0][0]
+        tx.conn
+            .exec_sql(tx.work, "SELECT coalesce(sum(r.qty), 0) FROM " + options_.schema +
+                                   ".reservation r JOIN " + options_.schema +
+                                   ".purchase_limit_sku s ON s.sku = r.sku WHERE s.group_name = " +
+                                   tx.work.quote(group) + " AND r.buyer = " + tx.work.quote(buyer) +
+                                   " AND r.state IN ('held', 'confirmed')")[0][0]
             .as<std::int64_t>();
     if (held + qty > per_buyer) throw limit_exceeded(key, group, buyer, held, per_buyer, qty);
     if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
