@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterable, Optional, Sequence
 
 import stockade
 from stockade.tools import drive_load
+from stockade.tools.pgserver import run_sql
 
 
 def measure(eng: stockade.Engine, skus: Sequence[str], **kw: Any) -> Dict[str, Any]:
@@ -45,13 +46,27 @@ def run_routes(
 ) -> Dict[str, Any]:
     """For each route (a name, and the keyword arguments of Engine.postgres: dsn and
     options), an engine of --clients connections on a schema of its own, migrated, and
-    run_cases on it; the figures by route."""
+    run_cases on it; the figures by route. A route whose options name a "drop_routines"
+    DSN runs without the statement routines migrate() made (dropped through that DSN
+    right after it), as on a schema an earlier release migrated."""
     report: Dict[str, Any] = {}
     for route, options in routes.items():
+        options = dict(options)
+        drop_through = options.pop("drop_routines", None)
         schema = "b_" + route.replace("/", "_")
         with stockade.Engine.postgres(pool_size=args.clients, schema=schema, **options) as eng:
             eng.migrate()
+            if drop_through:
+                run_sql(
+                    drop_through,
+                    "DO $$DECLARE f regprocedure; BEGIN FOR f IN SELECT oid FROM pg_proc"
+                    f" WHERE pronamespace = '{schema}'::regnamespace"
+                    " AND proname LIKE 'stockade\\_%' LOOP EXECUTE 'DROP FUNCTION ' || f;"
+                    " END LOOP; END$$",
+                )
             report[route] = run_cases(eng, schema, cases, args)
+            pool = eng.stats()["pool"]
+            report[route]["pool"] = {"pooled": pool["pooled"], "routines": pool["routines"]}
     return report
 
 

@@ -6,10 +6,14 @@ Three ways to reach the server, each with an engine of --clients connections:
   direct          straight to PostgreSQL: prepared statements, session settings
   direct/stateless  straight to PostgreSQL, but with pooler="pgbouncer-transaction": what
                   running without session state costs, without the hop
+  direct/unnamed  the same without the statement routines that migrate() makes (dropped
+                  after it, as on a schema an earlier release migrated): every statement
+                  unnamed, planned on each execution, and BEGIN a round trip of its own
   pgbouncer       through a throwaway PgBouncer (pool_mode = transaction) with as many
                   server connections as the engine has clients: the cost of the hop and
-                  of running without session state (unnamed statements, SET LOCAL
+                  of running without session state (statement routines, SET LOCAL
                   lock_timeout in every transaction)
+  pgbouncer/unnamed  the same without the statement routines
   pgbouncer/N     the same with --server-pool N server connections (16) for all the
                   clients: what a fleet of replicas sharing few server connections sees
 
@@ -55,7 +59,13 @@ def main(argv: List[str]) -> int:
             routes = {
                 "direct": {"dsn": pg.dsn(), "pooler": "none"},
                 "direct/stateless": {"dsn": pg.dsn(), "pooler": stateless},
+                "direct/unnamed": {"dsn": pg.dsn(), "pooler": stateless, "drop_routines": pg.dsn()},
                 "pgbouncer": {"dsn": wide_bouncer.dsn(), "pooler": stateless},
+                "pgbouncer/unnamed": {
+                    "dsn": wide_bouncer.dsn(),
+                    "pooler": stateless,
+                    "drop_routines": pg.dsn(),
+                },
                 f"pgbouncer/{args.server_pool}": {"dsn": narrow_bouncer.dsn(), "pooler": stateless},
             }
             print(

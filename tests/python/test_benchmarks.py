@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -146,9 +147,21 @@ def test_pooler_benchmark_prints_every_route(tmp_path: Path) -> None:
         "--json",
         str(tmp_path / "pooler.json"),
     )
-    for label in ("direct/stateless", "pgbouncer/2", "hot/auto", "wide/keyed"):
+    for label in ("direct/stateless", "direct/unnamed", "pgbouncer/2", "hot/auto", "wide/keyed"):
         assert label in out.stdout
-    assert (tmp_path / "pooler.json").read_text().count('"rate"') == 16
+    report = json.loads((tmp_path / "pooler.json").read_text())
+    routes = ["direct", "direct/stateless", "direct/unnamed", "pgbouncer", "pgbouncer/unnamed"]
+    cases = ("hot/auto", "hot/atomic", "wide/auto", "wide/keyed")
+    rates = [report[r][case]["rate"] for r in [*routes, "pgbouncer/2"] for case in cases]
+    assert len(rates) == 24 and min(rates) > 0
+    # The unnamed routes really ran without the statement routines, the others with them.
+    assert {r: report[r]["pool"]["routines"] for r in routes} == {
+        "direct": False,  # prepared statements
+        "direct/stateless": True,
+        "direct/unnamed": False,
+        "pgbouncer": True,
+        "pgbouncer/unnamed": False,
+    }
 
 
 @pytest.mark.citus
