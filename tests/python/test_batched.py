@@ -568,6 +568,31 @@ def test_one_engine_racing_alone_on_a_batched_row_never_lingers(
         assert (level.on_hand, level.reserved) == (10_000 - 128, 256)
 
 
+def test_an_engines_own_restocks_do_not_look_like_another_writer_to_auto(
+    stockade_database: str,
+) -> None:
+    # Two threads alone on a row: each reserve comes with two restocks and a release. Had
+    # the restocks gone unreported, the row would move twice per reported write, which
+    # reads as a queue of about 4 across processes, and auto would batch for nothing.
+    with stockade.Engine.postgres(stockade_database, pool_size=2) as eng:
+        eng.restock("alone", 1_000)
+
+        def alone(i: int) -> None:
+            for _ in range(60):
+                r = eng.reserve("alone", 1)
+                eng.restock("alone", 1)
+                eng.set_on_hand("alone", eng.stock("alone").on_hand + 1)
+                eng.release(r.id)
+
+        out = race(2, alone)
+        assert out.errors == [None] * 2
+        skus = {s["sku"]: s for s in eng.stats(sku_limit=10)["hottest_skus"]}
+        assert skus["alone"]["mode"] == "atomic"
+        assert skus["alone"]["row_queue"] <= 3  # about 2: its own
+        assert eng.stats()["batcher"]["requests"] == 0
+        assert eng.stock("alone").reserved == 0
+
+
 def test_auto_learns_a_row_that_other_engines_write_from_its_version(
     stockade_database: str,
 ) -> None:

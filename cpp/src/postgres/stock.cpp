@@ -112,9 +112,10 @@ StockLevel PostgresStore::write_row(Tx& tx, const StockLevel& read, Quantity sol
   return observed_write(level_from(key, rows[0]));
 }
 
-// Every write of this process to a stock row on the request path reports the version it
-// left, for `auto` (ContentionTracker::observe_version): what the row moved beyond these
-// is other processes' writes.
+// Every write of this process to a stock row reports the version it left, for `auto`
+// (ContentionTracker::observe_version): what the row moved beyond these is other
+// processes' writes. (Restocks and the other writes of one row's properties too: unreported,
+// a process that restocks a row as often as it reserves on it would read as two writers.)
 StockLevel PostgresStore::observed_write(StockLevel level) {
   telemetry().contention().observe_version(level.key, level.version);
   return level;
@@ -151,8 +152,8 @@ StockLevel PostgresStore::upsert(const SkuKey& key, Quantity value, bool add,
       } else {
         check_covers(key, value, row->reserved, row->backorder_limit);
       }
-      return level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_on_hand, key.sku,
-                                        key.location, on_hand)[0]);
+      return observed_write(level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_on_hand,
+                                                       key.sku, key.location, on_hand)[0]));
     }
   });
 }
@@ -252,7 +253,7 @@ StockLevel PostgresStore::admin_write(const SkuKey& key, Check&& check, Write&& 
     const Level row = read_row(tx, Stmt::stock_lock, key);
     if (!row) throw_stock_not_found(key);
     if (!check(*row)) return *row;  // nothing to change
-    return level_from(key, write(tx)[0]);
+    return observed_write(level_from(key, write(tx)[0]));
   });
 }
 
@@ -301,8 +302,8 @@ std::vector<StockLevel> PostgresStore::set_discontinued(const SkuKey& key, bool 
     for (StockLevel& level : levels) {
       if (level.discontinued == discontinued) continue;
       const SkuKey row = level.key;
-      level = level_from(row, tx.exec_on(shard_of(row), Stmt::stock_set_discontinued, row.sku,
-                                         row.location, discontinued)[0]);
+      level = observed_write(level_from(row, tx.exec_on(shard_of(row), Stmt::stock_set_discontinued,
+                                                        row.sku, row.location, discontinued)[0]));
     }
     return levels;
   });
