@@ -63,6 +63,12 @@ def test_migrations_and_connections_are_logged_without_secrets(
                 for m in messages(caplog, "stockade.postgres")
             )
         )
+        assert wait_for(
+            lambda: any(
+                m.startswith("made ") and "statement routines" in m
+                for m in messages(caplog, "stockade.postgres")
+            )
+        )
         connected = [m for m in messages(caplog, "stockade") if m.startswith("connected")]
         assert connected and f"dbname='{name}'" in connected[0]
     finally:

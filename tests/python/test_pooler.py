@@ -10,6 +10,7 @@ also runs every PostgreSQL test through one (``--stockade-pooler pgbouncer``).
 
 from __future__ import annotations
 
+import logging
 import time
 from types import SimpleNamespace
 from typing import Iterator
@@ -185,8 +186,9 @@ def test_migrate_makes_statement_routines_that_pooled_connections_call(
 
 
 def test_a_pooled_engine_without_all_its_routines_runs_its_statements_unnamed(
-    pooled_dsn: str, stockade_postgres: PostgresForTests
+    pooled_dsn: str, stockade_postgres: PostgresForTests, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="stockade")
     direct = stockade_postgres.admin_dsn(field(pooled_dsn, "dbname"))
     assert int(run_sql(direct, ROUTINES)) >= 20  # the template was migrated
     # As after an upgrade whose statement changed, before migrate(): one routine missing.
@@ -200,6 +202,12 @@ def test_a_pooled_engine_without_all_its_routines_runs_its_statements_unnamed(
         eng.restock("s", 10)
         eng.confirm(eng.reserve("s", 1, strategy="atomic").id)
         assert eng.stats()["pool"]["routines"] is False  # all or none
+        deadline = time.monotonic() + 10  # (log records reach Python from a thread of their own)
+        while time.monotonic() < deadline and not any(
+            "lacks this release's statement routines" in r.getMessage() for r in caplog.records
+        ):
+            time.sleep(0.05)
+        assert any("migrate() makes them" in r.getMessage() for r in caplog.records)
         assert eng.migrate() == []  # no migration: the routine is made again
         eng.release(eng.reserve("s", 1, strategy="atomic").id)
         assert eng.stats()["pool"]["routines"] is True  # a connection opened since

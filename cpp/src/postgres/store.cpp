@@ -158,6 +158,12 @@ PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry>
           "PID is not the server's): running without session state, as for "
           "pooler='pgbouncer-transaction'");
     }
+    if (first->pooled() && !first->routines() && !statements_->routines().empty()) {
+      log(LogLevel::info, "stockade.postgres",
+          "schema '" + options_.schema +
+              "' lacks this release's statement routines, so pooled connections run each "
+              "statement unnamed, planned on every execution; migrate() makes them");
+    }
   }
   telemetry().sweeper_enabled(options_.sweeper);
   if (options_.sweeper) sweeper_ = std::thread([this] { sweep_loop(); });
