@@ -506,6 +506,8 @@ class Engine:
 
     def migrate(self, *, to: Optional[int] = None) -> List[str]:
         """Creates or upgrades the schema; returns the names of the migrations applied.
+        With every migration applied, it also makes this release's statement routines
+        that are missing (see the README's PgBouncer section); they are not in the list.
 
         ``to`` stops after the migration with that number (default: apply all). Idempotent,
         and safe when several processes run it at once. The memory store has no schema, so
@@ -516,8 +518,11 @@ class Engine:
         """What :meth:`migrate` would run now, without running it: ``(name, SQL)`` pairs,
         first ``"(create schema)"`` if the schema does not exist yet, or ``"(bookkeeping)"``
         if it exists without a migration table, then each missing migration
-        with the schema name filled in. ``InvalidState`` if an applied migration differs
-        from this build's. Empty on the memory store."""
+        with the schema name filled in, then ``"(statement routines)"`` (the names of the
+        PL/pgSQL functions that connections behind a transaction pooler call, which
+        :meth:`migrate` makes once every migration is applied) if any are missing.
+        ``InvalidState`` if an applied migration differs from this build's. Empty on the
+        memory store."""
         plan = self._core.migration_plan(_migration_number(to))
         return [(str(name), str(sql)) for name, sql in plan]
 
