@@ -207,6 +207,9 @@ TEST(Statements, RoutinesAreNamedWithinPostgresLimitsAndCalledWithEveryParameter
   // The name follows the SQL: another schema's statements name other functions.
   EXPECT_NE(Statements("depot").routine_name(Stmt::hold_atomic),
             plain.routine_name(Stmt::hold_atomic));
+  // And the tables: a release with another migration makes functions of its own.
+  EXPECT_NE(Statements("shop", false, "001,002").routine_name(Stmt::hold_atomic),
+            Statements("shop", false, "001").routine_name(Stmt::hold_atomic));
   // Citus runs its statements as they are (a routine would run on the coordinator).
   const Statements citus("shop", true);
   EXPECT_TRUE(citus.routines().empty());

@@ -111,7 +111,8 @@ std::string render_shard_markers(const std::string& sql, bool citus, bool* pinne
   return out;
 }
 
-Statements::Statements(const std::string& schema, bool citus) : citus_(citus), schema_(schema) {
+Statements::Statements(const std::string& schema, bool citus, std::string schema_version)
+    : citus_(citus), schema_(schema), schema_version_(std::move(schema_version)) {
   auto set = [&](Stmt s, const std::string& sql) {
     const auto i = static_cast<std::size_t>(s);
     bool pinned = false;
@@ -255,8 +256,9 @@ Statements::Statements(const std::string& schema, bool citus) : citus_(citus), s
 
 std::string Statements::routine_name(Stmt s) const {
   char hash[17];
-  std::snprintf(hash, sizeof(hash), "%016llx",
-                static_cast<unsigned long long>(stable_hash64({"routine", sql(s)})));
+  std::snprintf(
+      hash, sizeof(hash), "%016llx",
+      static_cast<unsigned long long>(stable_hash64({"routine", schema_version_, sql(s)})));
   return std::string(name(s)) + "_" + hash;
 }
 

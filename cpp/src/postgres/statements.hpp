@@ -97,7 +97,10 @@ inline constexpr int purge_read_citus = 2048;
 // SQL is what it was before the Citus layout existed.
 class Statements {
  public:
-  explicit Statements(const std::string& schema, bool citus = false);
+  // `schema_version` names the tables the statements run on (the store passes its
+  // migrations' names): it goes into the routines' names with their SQL.
+  explicit Statements(const std::string& schema, bool citus = false,
+                      std::string schema_version = std::string());
   const std::string& sql(Stmt s) const { return sql_[static_cast<std::size_t>(s)]; }
   // Whether the statement takes the shard key as its last parameter (Citus layout only).
   bool pinned(Stmt s) const { return pinned_[static_cast<std::size_t>(s)]; }
@@ -113,9 +116,10 @@ class Statements {
   // The statements that have one (none on Citus).
   const std::vector<Stmt>& routines() const { return routines_; }
   bool has_routine(Stmt s) const { return routine_[static_cast<std::size_t>(s)]; }
-  // The function's name, unqualified: the statement's name and a hash of its SQL, so that
-  // a release whose statement differs makes a function of its own beside the old one,
-  // which engines of the earlier release may still call.
+  // The function's name, unqualified: the statement's name and a hash of its SQL and of
+  // the schema version, so that a release whose statement or tables differ makes a
+  // function of its own beside the old one, which engines of the earlier release may
+  // still call (a function keeps the column types it was made with).
   std::string routine_name(Stmt s) const;
   // How many parameters the statement takes ($1..$n).
   int parameters(Stmt s) const { return parameters_[static_cast<std::size_t>(s)]; }
@@ -144,6 +148,7 @@ class Statements {
   std::vector<Stmt> routines_;
   bool citus_ = false;
   std::string schema_;
+  std::string schema_version_;
 };
 
 // `sql` with its shard-key markers rendered for the layout; sets *pinned when the result

@@ -132,6 +132,14 @@ bool reserved_schema_name(const std::string& schema) {
 
 namespace {
 
+// The migrations this build knows, by name (released files never change): what the
+// statement routines' names carry of the tables they were made on.
+std::string migration_names() {
+  std::string out;
+  for (const Migration& m : migrations()) out += std::string(m.name) + "\n";
+  return out;
+}
+
 // The options as the store runs them. Citus carries no session SET to its workers, and
 // could not plan our statements as generic plans of prepared statements: the Citus layout
 // runs without session state, SET LOCAL in each transaction, as behind a transaction-mode
@@ -147,7 +155,8 @@ PostgresOptions effective(PostgresOptions options) {
 PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry> shared)
     : Store(std::move(shared)),
       options_(effective(std::move(options))),
-      statements_(std::make_shared<Statements>(options_.schema, options_.layout == Layout::citus)),
+      statements_(std::make_shared<Statements>(options_.schema, options_.layout == Layout::citus,
+                                               migration_names())),
       pool_(options_.dsn, statements_, options_.pool_size, options_.pool_timeout_ms,
             options_.pooler) {
   {
