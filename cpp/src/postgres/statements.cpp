@@ -248,22 +248,16 @@ Statements::Statements(const std::string& schema, bool citus, std::string schema
   for (Stmt r : routines_) {
     const auto i = static_cast<std::size_t>(r);
     routine_[i] = true;
-    std::string call = routine_call_head(r);
+    char hash[17];
+    std::snprintf(
+        hash, sizeof(hash), "%016llx",
+        static_cast<unsigned long long>(stable_hash64({"routine", schema_version_, sql_[i]})));
+    routine_names_[i] = std::string(name(r)) + "_" + hash;
+    heads_[i] = "SELECT * FROM " + schema_ + "." + routine_names_[i] + "(";
+    std::string call = heads_[i];
     for (int n = 1; n <= parameters_[i]; ++n) call += (n > 1 ? ", $" : "$") + std::to_string(n);
     calls_[i] = call + ")";
   }
-}
-
-std::string Statements::routine_name(Stmt s) const {
-  char hash[17];
-  std::snprintf(
-      hash, sizeof(hash), "%016llx",
-      static_cast<unsigned long long>(stable_hash64({"routine", schema_version_, sql(s)})));
-  return std::string(name(s)) + "_" + hash;
-}
-
-std::string Statements::routine_call_head(Stmt s) const {
-  return "SELECT * FROM " + schema_ + "." + routine_name(s) + "(";
 }
 
 // Stock rows, and the atomic hold that writes a row and its reservation in one statement.

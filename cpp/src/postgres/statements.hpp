@@ -113,18 +113,20 @@ class Statements {
   // statement whose body is the statement itself, so that each server session plans it
   // once, as it would a prepared statement, instead of on every execution. migrate()
   // makes them; a connection uses them once they all exist. Not on the Citus layout.
-  // The statements that have one (none on Citus).
+  // The statements that have one (none on Citus); the accessors below give "" for others.
   const std::vector<Stmt>& routines() const { return routines_; }
   bool has_routine(Stmt s) const { return routine_[static_cast<std::size_t>(s)]; }
   // The function's name, unqualified: the statement's name and a hash of its SQL and of
   // the schema version, so that a release whose statement or tables differ makes a
   // function of its own beside the old one, which engines of the earlier release may
   // still call (a function keeps the column types it was made with).
-  std::string routine_name(Stmt s) const;
+  const std::string& routine_name(Stmt s) const {
+    return routine_names_[static_cast<std::size_t>(s)];
+  }
   // How many parameters the statement takes ($1..$n).
   int parameters(Stmt s) const { return parameters_[static_cast<std::size_t>(s)]; }
   // "SELECT * FROM schema.routine(" (close it with the arguments and ")").
-  std::string routine_call_head(Stmt s) const;
+  const std::string& routine_call_head(Stmt s) const { return heads_[static_cast<std::size_t>(s)]; }
   // The call with its parameters: "SELECT * FROM schema.routine($1, ..., $n)".
   const std::string& routine_call(Stmt s) const { return calls_[static_cast<std::size_t>(s)]; }
 
@@ -144,7 +146,7 @@ class Statements {
   std::array<bool, stmt_count> pinned_{};
   std::array<int, stmt_count> parameters_{};
   std::array<bool, stmt_count> routine_{};
-  std::array<std::string, stmt_count> calls_;
+  std::array<std::string, stmt_count> routine_names_, heads_, calls_;
   std::vector<Stmt> routines_;
   bool citus_ = false;
   std::string schema_;
