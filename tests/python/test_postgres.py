@@ -21,7 +21,7 @@ import stockade
 import stockade.testing
 from pgproxy import CommitCuttingProxy
 from stockade import ReservationState
-from stockade.tools.pgserver import run_sql
+from stockade.tools.pgserver import child_connection, run_sql
 from stockade.tools.pytest_plugin import PostgresForTests
 from support import MIGRATIONS, field, in_doubt_after_cut
 
@@ -623,6 +623,78 @@ def test_engine_from_env_reads_the_dsn_and_the_options(
     monkeypatch.setenv("PGDATABASE", field(stockade_database, "dbname"))
     with stockade.Engine.from_env() as eng:
         assert eng.stock("s").on_hand == 2
+
+
+def test_drop_schema_runs_again_after_it_lost_a_deadlock(
+    stockade_database: str, pooled: bool
+) -> None:
+    # DROP SCHEMA locks the schema's objects one by one. Another session holds a lock on
+    # stock, waits until the DROP holds some other table and waits for stock, then asks
+    # for that table too: a deadlock, which the DROP, waiting longer, loses. It runs
+    # again once the other session is gone, instead of failing (a sweeper's transaction
+    # did this to a test on Citus once).
+    if pooled:
+        pytest.skip("the other session's locks must stay on one server session")
+    deadlocks = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    before = int(run_sql(stockade_database, deadlocks))
+    with stockade.Engine.postgres(stockade_database, schema="dropped", pool_size=1) as eng:
+        eng.migrate()
+        conninfo, env = child_connection(stockade_database)
+        holder = subprocess.Popen(
+            ["psql", "-X", "-q", "-A", "-t", conninfo],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        assert holder.stdin is not None and holder.stdout is not None
+        errors: List[BaseException] = []
+        try:
+            holder.stdin.write(
+                "BEGIN; LOCK TABLE dropped.stock IN ACCESS SHARE MODE; SELECT 'locked';\n"
+            )
+            holder.stdin.flush()
+            assert holder.stdout.readline().strip() == "locked"
+
+            def drop() -> None:
+                try:
+                    eng.drop_schema(confirm="dropped")
+                except BaseException as exc:
+                    errors.append(exc)
+
+            dropper = threading.Thread(target=drop)
+            dropper.start()
+            held = ""
+            deadline = time.monotonic() + 20
+            while not held and time.monotonic() < deadline:
+                held = run_sql(
+                    stockade_database,
+                    "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                    " JOIN pg_stat_activity a ON a.pid = l.pid"
+                    " WHERE a.query LIKE 'DROP SCHEMA%' AND l.granted"
+                    " AND l.mode = 'AccessExclusiveLock' AND c.relkind = 'r'"
+                    " AND c.relnamespace = 'dropped'::regnamespace AND c.relname <> 'stock'"
+                    " AND EXISTS (SELECT 1 FROM pg_locks w WHERE w.pid = l.pid AND NOT w.granted)"
+                    " LIMIT 1",
+                )
+                time.sleep(0.05)
+            assert held, "the DROP never held a table while it waited for stock"
+            holder.stdin.write(f"LOCK TABLE dropped.{held} IN ACCESS SHARE MODE; COMMIT;\n")
+            holder.stdin.flush()
+            dropper.join(60)
+            assert not dropper.is_alive()
+        finally:
+            holder.stdin.close()
+            holder.wait(30)
+            holder.stdout.close()
+        assert errors == []
+        assert run_sql(stockade_database, "SELECT to_regnamespace('dropped') IS NULL") == "t"
+        # and a deadlock did happen (the server counts them; a session reports when idle)
+        deadline = time.monotonic() + 10
+        while int(run_sql(stockade_database, deadlocks)) == before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert int(run_sql(stockade_database, deadlocks)) > before
 
 
 def test_drop_schema_needs_its_name_repeated(stockade_database: str) -> None:

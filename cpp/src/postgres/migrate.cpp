@@ -1,9 +1,11 @@
 // PostgresStore::migrate: applies the compiled-in sql/ files that the database lacks.
 #include <libpq-fe.h>
 
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "dsn.hpp"
 #include "postgres_store_impl.hpp"
@@ -284,16 +286,33 @@ std::vector<std::pair<std::string, std::string>> PostgresStore::migration_plan(i
   return out;
 }
 
+// DROP SCHEMA locks the schema's objects one by one, so it can deadlock with a
+// transaction that locks two of them in another order (this engine's sweeper, another
+// engine's call). The server then rolls the DROP back whole, and it runs again, a bounded
+// number of times.
 void PostgresStore::drop_schema() {
   const std::string& s = options_.schema;
-  try {
-    std::unique_ptr<pqxx::connection> conn = connect(options_.dsn);
-    pqxx::nontransaction session(*conn);
-    session.exec("DROP SCHEMA IF EXISTS " + s + " CASCADE");
-  } catch (const pqxx::sql_error& e) {
-    throw translate(e, Failure{nullptr, ErrorContext{}, s});
-  } catch (const pqxx::failure& e) {
-    throw Error(ErrorCode::unavailable, std::string("dropping the schema failed: ") + e.what());
+  constexpr int attempts = 10;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      std::unique_ptr<pqxx::connection> conn = connect(options_.dsn);
+      pqxx::nontransaction session(*conn);
+      session.exec("DROP SCHEMA IF EXISTS " + s + " CASCADE");
+      break;
+    } catch (const pqxx::transaction_rollback& e) {  // 40P01 (libpqxx 6.4 and 7)
+      if (attempt == attempts) {
+        throw Error(ErrorCode::unavailable, "dropping the schema failed " +
+                                                std::to_string(attempts) +
+                                                " times, the last: " + e.what());
+      }
+    } catch (const pqxx::sql_error& e) {
+      if (!is_retryable(e.sqlstate()) || attempt == attempts) {
+        throw translate(e, Failure{nullptr, ErrorContext{}, s});
+      }
+    } catch (const pqxx::failure& e) {
+      throw Error(ErrorCode::unavailable, std::string("dropping the schema failed: ") + e.what());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10 * attempt));
   }
   pool_.drop_idle();  // their prepared statements name the dropped tables
   log(LogLevel::info, "stockade.postgres", "dropped schema '" + s + "'");
