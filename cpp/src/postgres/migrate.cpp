@@ -129,7 +129,8 @@ std::vector<std::string> type_names(pqxx::work& work,
 }  // namespace
 
 // The statement routines that do not exist in the schema.
-std::vector<Stmt> PostgresStore::missing_routines(pqxx::work& work) {
+std::vector<Stmt> PostgresStore::missing_routines(pqxx::transaction_base& work) {
+  if (statements_->routines().empty()) return {};  // the Citus layout has none
   std::set<std::string> present;
   for (const auto& row :
        work.exec("SELECT proname FROM pg_catalog.pg_proc WHERE pronamespace = to_regnamespace(" +
@@ -252,19 +253,10 @@ std::vector<std::pair<std::string, std::string>> PostgresStore::migration_plan(i
     const std::vector<const Migration*> next = pending(applied, up_to);
     for (const Migration* m : next) out.emplace_back(m->name, with_schema(m->sql, s));
     // Then, with every migration applied, the statement routines that are missing.
-    if (next.size() == pending(applied, 0).size() && !statements_->routines().empty()) {
-      std::set<std::string> present;
-      if (kept) {
-        for (const auto& row : session.exec(
-                 "SELECT proname FROM pg_catalog.pg_proc WHERE pronamespace = to_regnamespace(" +
-                 session.quote(s) + ")")) {
-          present.insert(row[0].as<std::string>());
-        }
-      }
+    if (next.size() == pending(applied, 0).size()) {
       std::string sql;
-      for (Stmt r : statements_->routines()) {
-        const std::string name = statements_->routine_name(r);
-        if (present.count(name) == 0) sql += "-- " + s + "." + name + "\n";
+      for (Stmt r : kept ? missing_routines(session) : statements_->routines()) {
+        sql += "-- " + s + "." + statements_->routine_name(r) + "\n";
       }
       if (!sql.empty()) {
         out.emplace_back("(statement routines)",

@@ -118,16 +118,9 @@ class Connection {
   static std::string literal(pqxx::transaction_base& work, const std::string& value) {
     return work.quote(value);
   }
-  static std::string literal(pqxx::transaction_base& work, const char* value) {
-    return work.quote(std::string(value));
-  }
   template <class T, class = std::enable_if_t<std::is_integral_v<T>>>
   static std::string literal(pqxx::transaction_base& work, T value) {
-    if constexpr (std::is_same_v<T, bool>) {
-      return value ? "true" : "false";
-    } else {
-      return work.quote(std::to_string(value));
-    }
+    return work.quote(std::to_string(value));
   }
 
   std::unique_ptr<pqxx::connection> conn_;

@@ -300,7 +300,7 @@ class PostgresStore final : public Store, public TestHooks {
   void sweep_loop();
   std::vector<const Migration*> pending(
       const std::map<int, std::pair<std::string, std::string>>& applied, int up_to) const;
-  std::vector<Stmt> missing_routines(pqxx::work& work);
+  std::vector<Stmt> missing_routines(pqxx::transaction_base& work);
   int make_routines(pqxx::connection& conn, const std::string& lock_key,
                     const std::vector<Stmt>& missing);
 
