@@ -402,8 +402,8 @@ class Engine:
         that waits longer than ``pool_timeout`` for one raises ``Overloaded``. When a
         connection is lost during a commit, the engine ends that server session (so the
         write cannot commit later) and looks for what it wrote, spending at most
-        ``resolve_timeout`` on it before it raises ``InDoubt`` (see the README's
-        Guarantees). Every connection carries ``application_name`` (unless the DSN or
+        ``resolve_timeout`` on it before it raises ``InDoubt`` (see docs/strategies.md,
+        "Guarantees"). Every connection carries ``application_name`` (unless the DSN or
         ``PGAPPNAME`` sets one), so that operators find them in ``pg_stat_activity``.
         ``pooler`` says whether a connection pooler in transaction mode (PgBouncer's
         ``pool_mode = transaction``) may stand in between: ``"pgbouncer-transaction"``
@@ -416,8 +416,8 @@ class Engine:
         :meth:`migrate` then distributes the tables on a shard key and every statement
         names the shard key it touches (connections run without session state, as for
         ``"pgbouncer-transaction"``, since Citus carries no session ``SET`` to its
-        workers). See the
-        README's "Scaling out". Call
+        workers). See
+        docs/scaling-out.md. Call
         :meth:`migrate` once to create the schema. With ``sweeper=True`` a background
         thread expires due holds every ``sweep_interval``, ``sweep_batch`` per transaction;
         of all engines on one database, one sweeps at a time. With ``retention`` set (it
@@ -507,7 +507,7 @@ class Engine:
     def migrate(self, *, to: Optional[int] = None) -> List[str]:
         """Creates or upgrades the schema; returns the names of the migrations applied.
         With every migration applied, it also makes this release's statement routines
-        that are missing (see the README's PgBouncer section); they are not in the list.
+        that are missing (see docs/postgres.md, PgBouncer); they are not in the list.
 
         ``to`` stops after the migration with that number (default: apply all). Idempotent,
         and safe when several processes run it at once. The memory store has no schema, so
@@ -887,7 +887,7 @@ class Engine:
         ``NotSupported`` on a slotted SKU (``discontinue`` and ``reinstate`` set every
         row at once). Returns the SKU's summed level. They pay where
         several processes send one SKU batches and a commit flush is slow against CPU;
-        see the README's "Scaling out" for what they measured."""
+        see docs/scaling-out.md for what they measured."""
         return StockLevel._from_core(
             self._core.set_slots(
                 sku=check_str("sku", sku),

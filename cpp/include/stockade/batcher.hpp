@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "stockade/async.hpp"
+#include "stockade/contention.hpp"
 #include "stockade/store.hpp"
 
 namespace stockade {
@@ -95,7 +96,10 @@ void validate_batcher_options(const BatcherOptions& options);
 // it, queued or not.
 class HotRowBatcher {
  public:
-  HotRowBatcher(std::shared_ptr<Store> store, BatcherOptions options);
+  // `tracker`: the contention tracker the engine entered for each request it hands over
+  // (a batcher of its own when none is given).
+  HotRowBatcher(std::shared_ptr<Store> store, BatcherOptions options,
+                std::shared_ptr<ContentionTracker> tracker = nullptr);
   ~HotRowBatcher();
   HotRowBatcher(const HotRowBatcher&) = delete;
   HotRowBatcher& operator=(const HotRowBatcher&) = delete;
@@ -144,6 +148,7 @@ class HotRowBatcher {
   const std::shared_ptr<Store> store_;
   const BatcherOptions options_;
   const std::shared_ptr<Telemetry> telemetry_;
+  const std::shared_ptr<ContentionTracker> tracker_;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<bool> closing_{false};
   std::mutex close_mutex_;  // one close() joins the flushers; a concurrent one waits

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "stockade/hash.hpp"
+#include "stockade/store.hpp"
 #include "stockade/types.hpp"
 
 namespace stockade {
@@ -81,10 +82,12 @@ struct SkuHeat {
   std::uint64_t shared_switches = 0;
 };
 
-class ContentionTracker {
+// Owned by the engine (the hot-row layer's policy, above the stores); the stores report
+// their writes to it as a RowWriteObserver.
+class ContentionTracker final : public RowWriteObserver {
  public:
   explicit ContentionTracker(AutoOptions options = {});
-  ~ContentionTracker();
+  ~ContentionTracker() override;
 
   // A request for the row with `shard_key` (see shard_key_of) starts; returns the mode
   // `auto` runs it in.
@@ -94,6 +97,9 @@ class ContentionTracker {
   // `writes` changes of this process (a write, or a batch's writes to the row) left the
   // row at `version` (see "Other processes" above).
   void observe_version(const SkuKey& key, Version version, std::uint32_t writes = 1);
+  void wrote(const SkuKey& row, Version left, std::uint32_t changes) override {
+    observe_version(row, left, changes);
+  }
   SkuHeat heat(std::uint16_t shard_key) const;
   // The mode `auto` runs the row in right now, without counting a request.
   Strategy mode(std::uint16_t shard_key) const;

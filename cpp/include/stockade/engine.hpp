@@ -44,8 +44,7 @@ inline constexpr std::size_t slot_directory_max = 1 << 20;
 inline constexpr std::size_t slot_probe_entries = 256;
 
 namespace detail {
-class SlotDirectory;
-class SlotProbes;
+class SlotRouter;
 }  // namespace detail
 
 inline constexpr std::size_t async_workers_max = 1024;
@@ -180,7 +179,7 @@ class Engine {
   StoreCounts row_counts() const;
   // What the measured contention on `key` recommends, with reasons.
   Advice recommend(const SkuKey& key) const;
-  SkuHeat heat(const SkuKey& key) const { return telemetry_->contention().heat(key); }
+  SkuHeat heat(const SkuKey& key) const { return tracker_.heat(key); }
   const EngineOptions& options() const { return options_; }
   Store& store() { return *store_; }
   Telemetry& telemetry() { return *telemetry_; }
@@ -202,35 +201,26 @@ class Engine {
   // Runs any other store call and records it (strategy: none).
   template <class Fn>
   auto observed(Op op, Fn&& fn) -> decltype(fn());
-  // Hot-row slots (slots.cpp).
-  int known_slots(const SkuKey& key) const;
-  int home_of(int slots) const;
-  std::vector<StockLevel> learn_slots(const SkuKey& key);
-  // After a refusal on one of the SKU's rows (decided at version `refused_at` of its own
-  // row, if known): the SKU's rows from one snapshot read after the refusal (shared by
-  // the callers refused meanwhile; SlotProbes), or none when an earlier read found the
-  // own row alone at that very version (slot rows never appear without moving it).
-  std::vector<StockLevel> rows_after_refusal(const SkuKey& key, std::optional<Version> refused_at);
-  void refuse_on_slots(const SkuKey& key, const char* feature);
-  StockLevel set_tombstone(const SkuKey& key, bool discontinued,
-                           const std::optional<Version>& expected,
-                           const std::optional<FencingToken>& token);
-  std::vector<StockLevel> fill_slot(const SkuKey& key, const std::vector<StockLevel>& rows,
-                                    int target, Quantity qty,
-                                    const std::optional<Version>& expected);
+  // Runs a reserve or sell on this engine's slot of `key` (detail::SlotRouter::run): each
+  // attempt through `attempt(row, route)`, `first` with the attempt's own If-Match
+  // version and counting flags; an outcome that ends the call in the router is recorded
+  // as `op` under the strategy asked, timed from `first.started_us`.
   template <class Result, class Attempt>
   Result on_slots(const SkuKey& key, Quantity qty, Op op, const Route& first, bool continued,
                   Attempt&& attempt);
+  // reserve() and sell(), after their checks; `continued` (from `started_us`) for an async
+  // call whose first attempt was refused: that attempt counted the request.
   Reservation reserve_on_slots(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
                                const std::optional<std::string>& idempotency_key,
                                const CallOptions& call, bool continued, std::int64_t started_us);
   StockLevel sell_on_slots(const SkuKey& key, Quantity qty, const CallOptions& call, bool continued,
                            std::int64_t started_us);
+  // An async call's first attempt was refused and left unrecorded: if the refusal is the
+  // SKU's (or reading its rows fails), records it and throws it; else returns.
   void throw_if_refusal_stands(const SkuKey& key, const Error& refusal, Op op, Strategy asked,
                                std::int64_t started_us);
   std::vector<Reservation> order_on_slots(OrderRequest& request, Strategy asked);
-  // The sink of an async reserve or sell whose refusal `retry` checks against the SKU's
-  // slots; a refusal it cannot check ends the call as Overloaded, recorded as `op`.
+  // The sink of an async reserve or sell (detail::slot_checked_sink), recording as `op`.
   std::shared_ptr<CompletionSink> slot_checked_sink(
       std::shared_ptr<CompletionSink> sink,
       std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)> retry,
@@ -266,21 +256,22 @@ class Engine {
   std::shared_ptr<Store> store_;
   EngineOptions options_;
   std::shared_ptr<Telemetry> telemetry_;  // the store's: one owner of every counter
-  ContentionTracker& tracker_;            // telemetry_'s
-  mutable std::mutex lazy_mutex_;         // guards starting the batcher and the executor
+  // The contention tracker behind `auto`: the engine's, and the store reports its writes
+  // to it (Store::observe_writes).
+  std::shared_ptr<ContentionTracker> contention_;
+  ContentionTracker& tracker_;     // *contention_
+  mutable std::mutex lazy_mutex_;  // guards starting the batcher and the executor
   std::unique_ptr<HotRowBatcher> batcher_;
   std::unique_ptr<AsyncExecutor> executor_;
-  bool closed_ = false;           // no new batcher
-  bool executor_closed_ = false;  // no new executor (set once the batcher has drained)
-  std::unique_ptr<detail::SlotDirectory> slot_directory_;
-  std::unique_ptr<detail::SlotProbes> slot_probes_;
-  int home_ = 0;
+  bool closed_ = false;                        // no new batcher
+  bool executor_closed_ = false;               // no new executor (set once the batcher has drained)
+  std::unique_ptr<detail::SlotRouter> slots_;  // hot-row slots: where reserves and sells go
 };
 
 // Checks engine-wide options; throws InvalidArgument.
 void validate_engine_options(const EngineOptions& options);
 // The telemetry an engine with these options writes to (Engine::memory and ::postgres
-// hand it to their store; an engine over a store of yours checks that they agree).
+// hand it to their store; an engine over a store of yours writes to that store's).
 TelemetryOptions telemetry_options(const EngineOptions& options);
 
 }  // namespace stockade

@@ -69,6 +69,18 @@ struct SellRequest {
   WriteOptions options;
 };
 
+// What a store tells the layer above about its own writes to stock rows: the version a
+// write of this process left the row at, and how many of this process's changes that
+// version holds (a batch's writes to one row count as many). The store states facts about
+// its writes; the engine's contention tracker, which implements this, decides what they
+// mean for routing (`auto`). A store that reports nothing is correct too: `auto` then
+// sees only the requests of its own process.
+class RowWriteObserver {
+ public:
+  virtual ~RowWriteObserver() = default;
+  virtual void wrote(const SkuKey& row, Version left, std::uint32_t changes) = 0;
+};
+
 class Store {
  public:
   // Every store writes its counters to `telemetry`, shared with the engine and the
@@ -206,9 +218,20 @@ class Store {
   Telemetry& telemetry() { return *telemetry_; }
   const Telemetry& telemetry() const { return *telemetry_; }
   const std::shared_ptr<Telemetry>& shared_telemetry() const { return telemetry_; }
+  // Where the store reports its writes (RowWriteObserver); none until an engine is made
+  // over it, which sets its own (a store reports to the engine made over it last).
+  void observe_writes(std::shared_ptr<RowWriteObserver> observer) {
+    std::atomic_store(&observer_, std::move(observer));
+  }
+
+ protected:
+  void report_write(const SkuKey& row, Version left, std::uint32_t changes = 1) const {
+    if (const auto observer = std::atomic_load(&observer_)) observer->wrote(row, left, changes);
+  }
 
  private:
   const std::shared_ptr<Telemetry> telemetry_;
+  std::shared_ptr<RowWriteObserver> observer_;
 };
 
 }  // namespace stockade

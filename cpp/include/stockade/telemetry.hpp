@@ -25,7 +25,6 @@
 #include <string>
 #include <vector>
 
-#include "stockade/contention.hpp"
 #include "stockade/errors.hpp"
 #include "stockade/types.hpp"
 
@@ -211,7 +210,6 @@ enum class SkuEvent : std::uint8_t { request, refused, conflict, lock_wait };
 
 struct TelemetryOptions {
   std::size_t sku_slots = 1024;  // per-SKU counters kept at most (a power of two)
-  AutoOptions automatic;         // the contention tracker behind `auto`
 };
 
 inline constexpr std::size_t telemetry_sku_slots_max = 1u << 20;
@@ -259,8 +257,6 @@ class Telemetry {
   // Rows a purge deleted (the sweeper's, purge()'s, or the memory store's as it goes).
   void purged(const PurgeCounts& counts);
 
-  ContentionTracker& contention() { return tracker_; }
-  const ContentionTracker& contention() const { return tracker_; }
   const TelemetryOptions& options() const { return options_; }
 
   // Everything but the store's row counts: per strategy; the `sku_limit` SKUs with the
@@ -275,7 +271,6 @@ class Telemetry {
   std::array<StrategyCounters, strategy_count> strategies_;
   std::unique_ptr<SkuTable> skus_;
   std::unique_ptr<CallTable> calls_;
-  ContentionTracker tracker_;
 
   alignas(cache_line_size) std::atomic<std::uint64_t> batches_{0};
   std::atomic<std::uint64_t> batch_requests_{0};

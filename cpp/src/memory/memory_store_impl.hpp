@@ -36,14 +36,14 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../limits.hpp"
-#include "row_cell.hpp"
+#include "memory/row_cell.hpp"
+#include "memory/timed_lock.hpp"
 #include "stockade/clock.hpp"
 #include "stockade/hash.hpp"
 #include "stockade/memory_store.hpp"
 #include "stockade/store.hpp"
 #include "stockade/testing.hpp"
-#include "timed_lock.hpp"
+#include "store/purchase_limits.hpp"
 
 namespace stockade::detail {
 

@@ -2,9 +2,9 @@
 #include <algorithm>
 #include <chrono>
 
-#include "../error_helpers.hpp"
-#include "../fingerprint.hpp"
-#include "memory_store_impl.hpp"
+#include "memory/memory_store_impl.hpp"
+#include "store/error_helpers.hpp"
+#include "store/fingerprint.hpp"
 
 namespace stockade::detail {
 

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "memory_store_impl.hpp"
+#include "memory/memory_store_impl.hpp"
 
 namespace stockade::detail {
 

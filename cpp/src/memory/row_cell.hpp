@@ -24,8 +24,8 @@
 #include <atomic>
 #include <cstdint>
 
-#include "../backoff.hpp"
-#include "../invariant.hpp"
+#include "base/backoff.hpp"
+#include "base/invariant.hpp"
 #include "stockade/errors.hpp"
 #include "stockade/types.hpp"
 

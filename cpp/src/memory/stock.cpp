@@ -2,9 +2,9 @@
 #include <algorithm>
 #include <chrono>
 
-#include "../error_helpers.hpp"
-#include "memory_store_impl.hpp"
+#include "memory/memory_store_impl.hpp"
 #include "stockade/hash.hpp"
+#include "store/error_helpers.hpp"
 
 namespace stockade::detail {
 namespace {

@@ -33,10 +33,10 @@
 #include <set>
 #include <string_view>
 
-#include "../fingerprint.hpp"
-#include "../invariant.hpp"
-#include "postgres_store_impl.hpp"
+#include "base/invariant.hpp"
+#include "postgres/postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
+#include "store/fingerprint.hpp"
 
 namespace stockade::detail::pg {
 
@@ -251,13 +251,13 @@ class BatchTx {
   // (BatchItem::row_found; a transition's row is its reservation's). A row the batch did
   // not read (an unknown SKU, an answer adopted after a lost commit) has version 0 and
   // says nothing.
-  // Also tells `auto`'s tracker what each row moved to: a row that moved by more than this
-  // batch's changes since this process's last write has other writers.
-  void report_row_versions(ContentionTracker& tracker) const {
+  // Also reports what each row moved to (Store::report_write, for `auto`'s tracker): a row that
+  // moved by more than this batch's changes since this process's last write has other writers.
+  template <class Report>
+  void report_row_versions(const Report& report) const {
     for (const auto& [key, row] : rows_) {
       if (row.version != 0 && row.changes > 0) {
-        tracker.observe_version(key, row.version + row.changes,
-                                static_cast<std::uint32_t>(row.changes));
+        report(key, row.version + row.changes, static_cast<std::uint32_t>(row.changes));
       }
     }
     const SkuKey* last = nullptr;
@@ -969,14 +969,16 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
       done = resolve_fast(batch, e, context);  // empty: it did not land, run the full path
     }
     if (done && *done) {
-      batch.report_row_versions(telemetry().contention());
+      batch.report_row_versions(
+          [this](const SkuKey& k, Version v, std::uint32_t n) { report_write(k, v, n); });
       count_batch(items);
       return;
     }
     if (done) fast_skips_.store(fast_skips_after_miss, std::memory_order_relaxed);
   }
   run_full_resolving(batch, write, context);
-  batch.report_row_versions(telemetry().contention());
+  batch.report_row_versions(
+      [this](const SkuKey& k, Version v, std::uint32_t n) { report_write(k, v, n); });
   count_batch(items);
 }
 

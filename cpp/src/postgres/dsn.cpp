@@ -1,4 +1,4 @@
-#include "dsn.hpp"
+#include "postgres/dsn.hpp"
 
 #include <libpq-fe.h>
 

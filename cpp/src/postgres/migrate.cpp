@@ -7,8 +7,8 @@
 #include <set>
 #include <thread>
 
-#include "dsn.hpp"
-#include "postgres_store_impl.hpp"
+#include "postgres/dsn.hpp"
+#include "postgres/postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
 #include "stockade/log.hpp"
 

@@ -1,6 +1,6 @@
-#include "pool.hpp"
+#include "postgres/pool.hpp"
 
-#include "dsn.hpp"
+#include "postgres/dsn.hpp"
 #include "stockade/log.hpp"
 
 #include <algorithm>

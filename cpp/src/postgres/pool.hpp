@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "statements.hpp"
+#include "postgres/statements.hpp"
 #include "stockade/errors.hpp"
 #include "stockade/postgres_store.hpp"
 

@@ -30,17 +30,17 @@
 #include <type_traits>
 #include <unordered_map>
 
-#include "../backoff.hpp"
-#include "../error_helpers.hpp"
-#include "../limits.hpp"
-#include "dsn.hpp"
-#include "pool.hpp"
-#include "sqlstate.hpp"
-#include "statements.hpp"
+#include "base/backoff.hpp"
+#include "postgres/dsn.hpp"
+#include "postgres/pool.hpp"
+#include "postgres/sqlstate.hpp"
+#include "postgres/statements.hpp"
 #include "stockade/hash.hpp"
 #include "stockade/log.hpp"
 #include "stockade/postgres_store.hpp"
 #include "stockade/testing.hpp"
+#include "store/error_helpers.hpp"
+#include "store/purchase_limits.hpp"
 
 namespace stockade::detail::pg {
 

@@ -2,7 +2,7 @@
 #include <chrono>
 #include <map>
 
-#include "postgres_store_impl.hpp"
+#include "postgres/postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
 #include "stockade/log.hpp"
 
@@ -272,8 +272,8 @@ void PostgresStore::move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantit
                 "the stock row of a reservation is missing: " + describe(key), context_of(key));
   }
   // A confirm or release is this process's write too: reported, so that `auto` does not
-  // take it for another writer's (see ContentionTracker::observe_version).
-  telemetry().contention().observe_version(key, rows[0][0].as<Version>());
+  // take it for another writer's (Store::report_write, RowWriteObserver).
+  report_write(key, rows[0][0].as<Version>());
 }
 
 Reservation PostgresStore::transition(const Uuid& id, Transition kind, std::int64_t ttl_us,

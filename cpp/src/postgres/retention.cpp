@@ -16,7 +16,7 @@
 #include <map>
 #include <set>
 
-#include "postgres_store_impl.hpp"
+#include "postgres/postgres_store_impl.hpp"
 
 namespace stockade::detail::pg {
 

@@ -1,4 +1,4 @@
-#include "sqlstate.hpp"
+#include "postgres/sqlstate.hpp"
 
 #include <array>
 

@@ -9,79 +9,86 @@
 
 namespace stockade::detail::pg {
 
+// Every statement, once: X(name) for each. The enum, the names of the prepared statements
+// ("stockade_" and the name) and the routines' names come from this one list.
+#define STOCKADE_STATEMENTS(X) \
+  X(stock_get)                 \
+  X(stock_lock)                \
+  X(stock_lock_nowait)         \
+  X(stock_lock_skip)           \
+  X(stock_insert)              \
+  X(stock_set_on_hand)         \
+  X(stock_delta)               \
+  X(stock_settle)              \
+  X(stock_set_backorder_limit) \
+  X(stock_set_discontinued)    \
+  X(lease_next_token)          \
+  X(lease_acquire)             \
+  X(lease_renew)               \
+  X(lease_release)             \
+  X(stock_cas)                 \
+  X(stock_overwrite_reserved)  \
+  X(hold_atomic)               \
+  X(reservation_insert)        \
+  X(reservation_get)           \
+  X(reservation_lock)          \
+  X(reservation_set)           \
+  X(reservation_get_many)      \
+  X(expire_pick)               \
+  X(purge_keys)                \
+  X(purge_reservations)        \
+  X(counts_estimate)           \
+  X(idempotency_claim)         \
+  X(idempotency_get)           \
+  X(limit_lookup)              \
+  X(allowance_take)            \
+  X(allowance_get)             \
+  X(allowance_give)            \
+  X(limit_upsert)              \
+  X(limit_skus_set)            \
+  X(limit_sku_owner)           \
+  X(limit_delete)              \
+  X(batch_allowance_make)      \
+  X(allowance_make_one)        \
+  X(batch_allowance_lock)      \
+  X(batch_allowance_write)     \
+  X(advisory_lock)             \
+  X(advisory_try_lock)         \
+  X(batch_claim)               \
+  X(batch_keys_get)            \
+  X(batch_lock)                \
+  X(batch_write)               \
+  X(batch_unclaim)             \
+  X(batch_fast)                \
+  X(batch_fast_one)            \
+  X(batch_fast_one_keyed)      \
+  X(batch_fast_one_limited)    \
+  X(batch_lock_reservations)   \
+  X(batch_transition)          \
+  X(due_shards)                \
+  X(citus_move_one)            \
+  X(citus_keys_taken)          \
+  X(citus_move)                \
+  X(expire_lock)               \
+  X(expire_set)                \
+  X(purge_key_shards)          \
+  X(citus_shard_groups)        \
+  X(purge_reservation_shards)  \
+  X(purge_keys_lock)           \
+  X(purge_blockers)            \
+  X(purge_keys_delete)         \
+  X(purge_reservations_lock)   \
+  X(purge_keys_present)        \
+  X(purge_reservations_delete) \
+  X(sku_rows)
+
 // Every statement the store runs on its hot paths; each is prepared once per connection,
 // on first use (so that a connection to an unmigrated database still opens).
 enum class Stmt : std::size_t {
-  stock_get,
-  stock_lock,
-  stock_lock_nowait,
-  stock_lock_skip,
-  stock_insert,
-  stock_set_on_hand,
-  stock_delta,
-  stock_settle,
-  stock_set_backorder_limit,
-  stock_set_discontinued,
-  lease_next_token,
-  lease_acquire,
-  lease_renew,
-  lease_release,
-  stock_cas,
-  stock_overwrite_reserved,
-  hold_atomic,
-  reservation_insert,
-  reservation_get,
-  reservation_lock,
-  reservation_set,
-  reservation_get_many,
-  expire_pick,
-  purge_keys,
-  purge_reservations,
-  counts_estimate,
-  idempotency_claim,
-  idempotency_get,
-  limit_lookup,
-  allowance_take,
-  allowance_get,
-  allowance_give,
-  limit_upsert,
-  limit_skus_set,
-  limit_sku_owner,
-  limit_delete,
-  batch_allowance_make,
-  allowance_make_one,
-  batch_allowance_lock,
-  batch_allowance_write,
-  advisory_lock,
-  advisory_try_lock,
-  batch_claim,
-  batch_keys_get,
-  batch_lock,
-  batch_write,
-  batch_unclaim,
-  batch_fast,
-  batch_fast_one,
-  batch_fast_one_keyed,
-  batch_fast_one_limited,
-  batch_lock_reservations,
-  batch_transition,
-  due_shards,
-  citus_move_one,
-  citus_keys_taken,
-  citus_move,
-  expire_lock,
-  expire_set,
-  purge_key_shards,
-  citus_shard_groups,
-  purge_reservation_shards,
-  purge_keys_lock,
-  purge_blockers,
-  purge_keys_delete,
-  purge_reservations_lock,
-  purge_keys_present,
-  purge_reservations_delete,
-  sku_rows,
-  count_
+#define STOCKADE_STMT_ENUM(name) name,
+  STOCKADE_STATEMENTS(STOCKADE_STMT_ENUM)
+#undef STOCKADE_STMT_ENUM
+      count_
 };
 
 inline constexpr std::size_t stmt_count = static_cast<std::size_t>(Stmt::count_);

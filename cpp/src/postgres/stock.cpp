@@ -2,10 +2,10 @@
 #include <algorithm>
 #include <chrono>
 
-#include "../fingerprint.hpp"
-#include "../invariant.hpp"
-#include "postgres_store_impl.hpp"
+#include "base/invariant.hpp"
+#include "postgres/postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
+#include "store/fingerprint.hpp"
 
 namespace stockade::detail::pg {
 namespace {
@@ -113,11 +113,11 @@ StockLevel PostgresStore::write_row(Tx& tx, const StockLevel& read, Quantity sol
 }
 
 // Every write of this process to a stock row reports the version it left, for `auto`
-// (ContentionTracker::observe_version): what the row moved beyond these is other
+// (Store::report_write, RowWriteObserver): what the row moved beyond these is other
 // processes' writes. (Restocks and the other writes of one row's properties too: unreported,
 // a process that restocks a row as often as it reserves on it would read as two writers.)
 StockLevel PostgresStore::observed_write(StockLevel level) {
-  telemetry().contention().observe_version(level.key, level.version);
+  report_write(level.key, level.version);
   return level;
 }
 
@@ -409,7 +409,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
     if (rows.empty()) {
       refuse(tx, line.key, line.qty, options.expected_version, std::nullopt, options.count_refusal);
     }
-    telemetry().contention().observe_version(line.key, rows[0][2].as<Version>());
+    report_write(line.key, rows[0][2].as<Version>());
     made.push_back(new_hold(ids.front(), line.key, line.qty, idempotency_key, rows[0]));
     return made;
   }
@@ -510,7 +510,7 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
             tx.exec_on(shard_of(key), Stmt::hold_atomic, key.sku, key.location, request.qty,
                        expected, id.to_string(), request.ttl_us, std::string());
         if (rows.empty()) return std::nullopt;
-        telemetry().contention().observe_version(key, rows[0][2].as<Version>());
+        report_write(key, rows[0][2].as<Version>());
         return new_hold(id, key, request.qty, std::nullopt, rows[0]);
       });
   if (made) return made;

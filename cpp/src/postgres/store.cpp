@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <set>
 
-#include "dsn.hpp"
-#include "postgres_store_impl.hpp"
+#include "postgres/dsn.hpp"
+#include "postgres/postgres_store_impl.hpp"
 
 namespace stockade::detail::pg {
 

@@ -2,7 +2,7 @@
 #include <chrono>
 #include <limits>
 
-#include "postgres_store_impl.hpp"
+#include "postgres/postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
 #include "stockade/log.hpp"
 

@@ -3,7 +3,7 @@
 #include <chrono>
 #include <thread>
 
-#include "postgres_store_impl.hpp"
+#include "postgres/postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
 
 namespace stockade::detail::pg {

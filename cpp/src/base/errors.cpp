@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "invariant.hpp"
+#include "base/invariant.hpp"
 
 namespace stockade {
 

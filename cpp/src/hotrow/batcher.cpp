@@ -1,7 +1,7 @@
 // HotRowBatcher: see the essay in stockade/batcher.hpp.
 #include "stockade/batcher.hpp"
 
-#include "invariant.hpp"
+#include "base/invariant.hpp"
 #include "stockade/log.hpp"
 #include "stockade/testing.hpp"
 
@@ -146,10 +146,12 @@ struct HotRowBatcher::Shard {
   std::thread completer;
 };
 
-HotRowBatcher::HotRowBatcher(std::shared_ptr<Store> store, BatcherOptions options)
+HotRowBatcher::HotRowBatcher(std::shared_ptr<Store> store, BatcherOptions options,
+                             std::shared_ptr<ContentionTracker> tracker)
     : store_(std::move(store)),
       options_(options),
-      telemetry_(store_ ? store_->shared_telemetry() : nullptr) {
+      telemetry_(store_ ? store_->shared_telemetry() : nullptr),
+      tracker_(tracker ? std::move(tracker) : std::make_shared<ContentionTracker>()) {
   if (!store_) throw_invalid_argument("a batcher needs a store");
   validate_batcher_options(options_);
   telemetry_->batcher_started(options_.shards);
@@ -211,7 +213,7 @@ void HotRowBatcher::enqueue(Shard& shard, std::uint32_t index) {
 }
 
 void HotRowBatcher::finish(const BatchItem& item) {
-  if (item.in_flight) telemetry_->contention().leave(item.shard_key());
+  if (item.in_flight) tracker_->leave(item.shard_key());
   const Error* error = item.ok || !item.error ? nullptr : &*item.error;
   if (error != nullptr && error->code() == ErrorCode::out_of_stock && !item.count_refusal) {
     return;  // not yet the call's outcome: the engine records the call

@@ -1,4 +1,4 @@
-#include "backoff.hpp"
+#include "base/backoff.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -2,10 +2,9 @@
 
 #include <unistd.h>
 
-#include "engine_calls.hpp"
-#include "error_helpers.hpp"
-#include "fork.hpp"
-#include "slot_directory.hpp"
+#include "base/fork.hpp"
+#include "hotrow/slot_router.hpp"
+#include "store/error_helpers.hpp"
 
 #include <set>
 
@@ -94,6 +93,7 @@ void validate_engine_options(const EngineOptions& options) {
   validate_ttl_us(options.default_ttl_us);
   validate_batcher_options(options.batcher);
   validate_telemetry_options(telemetry_options(options));
+  validate_auto_options(options.automatic);
   if (options.async_workers < 1 || options.async_workers > async_workers_max) {
     throw_invalid_argument("async_workers must be between 1 and " +
                            std::to_string(async_workers_max));
@@ -115,40 +115,74 @@ void validate_engine_options(const EngineOptions& options) {
 TelemetryOptions telemetry_options(const EngineOptions& options) {
   TelemetryOptions out;
   out.sku_slots = options.sku_slots;
-  out.automatic = options.automatic;
   return out;
 }
 
 namespace {
 
-std::shared_ptr<Telemetry> telemetry_of(const std::shared_ptr<Store>& store,
-                                        const EngineOptions& options) {
+detail::SlotRouterOptions slot_router_options(const EngineOptions& options, std::int64_t pid) {
+  detail::SlotRouterOptions out;
+  out.home = options.home_slot >= 0 ? options.home_slot : static_cast<int>(pid % slots_max);
+  out.directory = options.slot_directory;
+  out.probe_entries = slot_probe_entries;
+  out.lock_timeout_ms = options.lock_timeout_ms;
+  out.retries_max = options.retries_max;
+  return out;
+}
+
+std::shared_ptr<Telemetry> telemetry_of(const std::shared_ptr<Store>& store) {
   if (!store) throw_invalid_argument("an engine needs a store");
-  const AutoOptions& a = store->telemetry().options().automatic;
-  const AutoOptions& b = options.automatic;
-  if (a.hot_in_flight != b.hot_in_flight || a.cool_in_flight != b.cool_in_flight ||
-      a.cool_windows != b.cool_windows || a.window_ms != b.window_ms || a.cells != b.cells ||
-      store->telemetry().options().sku_slots != options.sku_slots) {
-    throw_invalid_argument(
-        "the store's telemetry was made with other auto or sku_slots options than the "
-        "engine's; make the store with telemetry_options(engine options)");
-  }
   return store->shared_telemetry();
 }
 
+// The engine's contention tracker, to which its store reports its writes from now on.
+std::shared_ptr<ContentionTracker> contention_for(Store& store, const AutoOptions& options) {
+  auto tracker = std::make_shared<ContentionTracker>(options);
+  store.observe_writes(tracker);
+  return tracker;
+}
+
 }  // namespace
+
+// Counts the outcome of one strategy-routed call.
+template <class Result, class Fn>
+Result Engine::counted(Op op, Strategy strategy, bool refusal_final, std::int64_t started_us,
+                       Fn&& fn) {
+  try {
+    Result result = fn();
+    record_outcome(op, strategy, nullptr, started_us);
+    return result;
+  } catch (const Error& e) {
+    if (refusal_final || e.code() != ErrorCode::out_of_stock) {
+      record_outcome(op, strategy, &e, started_us);
+    }
+    throw;
+  }
+}
+
+template <class Fn>
+auto Engine::observed(Op op, Fn&& fn) -> decltype(fn()) {
+  const std::int64_t started = steady_now_us();
+  try {
+    auto result = fn();
+    telemetry_->record_call(op, std::nullopt, nullptr, steady_now_us() - started);
+    return result;
+  } catch (const Error& e) {
+    telemetry_->record_call(op, std::nullopt, &e, steady_now_us() - started);
+    throw;
+  }
+}
 
 Engine::Engine(std::shared_ptr<Store> store, EngineOptions options)
     : generation_(detail::fork_generation()),
       creator_pid_(static_cast<std::int64_t>(::getpid())),
       store_(std::move(store)),
       options_((validate_engine_options(options), options)),
-      telemetry_(telemetry_of(store_, options_)),
-      tracker_(telemetry_->contention()),
-      slot_directory_(std::make_unique<detail::SlotDirectory>(options_.slot_directory)),
-      slot_probes_(std::make_unique<detail::SlotProbes>(slot_probe_entries)),
-      home_(options_.home_slot >= 0 ? options_.home_slot
-                                    : static_cast<int>(creator_pid_ % slots_max)) {}
+      telemetry_(telemetry_of(store_)),
+      contention_(contention_for(*store_, options_.automatic)),
+      tracker_(*contention_),
+      slots_(std::make_unique<detail::SlotRouter>(*store_,
+                                                  slot_router_options(options_, creator_pid_))) {}
 
 Engine::~Engine() {
   if (forked_away()) {
@@ -242,7 +276,7 @@ HotRowBatcher& Engine::batcher() {
   std::lock_guard<std::mutex> lock(lazy_mutex_);
   if (!batcher_) {
     if (closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
-    batcher_ = std::make_unique<HotRowBatcher>(store_, options_.batcher);
+    batcher_ = std::make_unique<HotRowBatcher>(store_, options_.batcher, contention_);
   }
   return *batcher_;
 }
@@ -350,7 +384,7 @@ StockLevel Engine::set_backorder_limit(const SkuKey& key, Quantity limit,
   validate_expected_version(expected);
   validate_fencing_token(token);
   return observed(Op::set_backorder_limit, [&] {
-    refuse_on_slots(key, "a backorder limit");
+    slots_->refuse_on_slots(key, "a backorder limit");
     return store_->set_backorder_limit(key, limit, expected, token);
   });
 }
@@ -361,7 +395,8 @@ StockLevel Engine::discontinue(const SkuKey& key, std::optional<Version> expecte
   validate_sku_key(key);
   validate_expected_version(expected);
   validate_fencing_token(token);
-  return observed(Op::discontinue, [&] { return set_tombstone(key, true, expected, token); });
+  return observed(Op::discontinue,
+                  [&] { return slots_->set_tombstone(key, true, expected, token); });
 }
 
 StockLevel Engine::reinstate(const SkuKey& key, std::optional<Version> expected,
@@ -370,7 +405,8 @@ StockLevel Engine::reinstate(const SkuKey& key, std::optional<Version> expected,
   validate_sku_key(key);
   validate_expected_version(expected);
   validate_fencing_token(token);
-  return observed(Op::reinstate, [&] { return set_tombstone(key, false, expected, token); });
+  return observed(Op::reinstate,
+                  [&] { return slots_->set_tombstone(key, false, expected, token); });
 }
 
 Lease Engine::acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::string& owner) {
@@ -379,7 +415,7 @@ Lease Engine::acquire_lease(const SkuKey& key, std::int64_t ttl_us, const std::s
   validate_ttl_us(ttl_us);
   validate_lease_owner(owner);
   return observed(Op::acquire_lease, [&] {
-    refuse_on_slots(key, "a lease");
+    slots_->refuse_on_slots(key, "a lease");
     return store_->acquire_lease(key, ttl_us, owner);
   });
 }
@@ -419,6 +455,180 @@ bool Engine::release_lease(const SkuKey& key, FencingToken token) {
   validate_sku_key(key);
   validate_fencing_token(token);
   return observed(Op::release_lease, [&] { return store_->release_lease(key, token); });
+}
+
+// --- stock of a SKU, over its hot-row slots (detail::SlotRouter) ---
+
+StockLevel Engine::stock(const SkuKey& key) {
+  check_process();
+  validate_sku_key(key);
+  return observed(Op::stock, [&] { return slots_->stock(key); });
+}
+
+StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
+                           std::optional<FencingToken> token) {
+  check_process();
+  validate_sku_key(key);
+  validate_qty(qty);
+  validate_expected_version(expected);
+  validate_fencing_token(token);
+  return observed(Op::restock, [&] { return slots_->restock(key, qty, expected, token); });
+}
+
+StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand, std::optional<Version> expected,
+                               std::optional<FencingToken> token) {
+  check_process();
+  validate_sku_key(key);
+  if (on_hand < 0) {
+    throw_invalid_argument("on_hand must not be negative, got " + std::to_string(on_hand));
+  }
+  validate_expected_version(expected);
+  validate_fencing_token(token);
+  return observed(Op::set_on_hand,
+                  [&] { return slots_->set_on_hand(key, on_hand, expected, token); });
+}
+
+StockLevel Engine::set_slots(const SkuKey& key, int slots) {
+  check_process();
+  validate_sku_key(key);
+  if (slots < 1 || slots > slots_max) {
+    throw_invalid_argument("slots must be between 1 and " + std::to_string(slots_max) + ", got " +
+                           std::to_string(slots));
+  }
+  return observed(Op::set_slots, [&] { return slots_->set_slots(key, slots); });
+}
+
+int Engine::slot_count(const SkuKey& key) {
+  check_process();
+  validate_sku_key(key);
+  return observed(Op::stock, [&] { return slots_->slot_count(key); });
+}
+
+// --- reserve and sell ---
+
+template <class Result, class Attempt>
+Result Engine::on_slots(const SkuKey& key, Quantity qty, Op op, const Route& first, bool continued,
+                        Attempt&& attempt) {
+  return slots_->run<Result>(
+      key, qty, first.options.expected_version, continued,
+      [&](const SkuKey& row, const detail::SlotAttempt& a) {
+        Route r = first;
+        r.options.expected_version = a.expected_version;
+        r.options.count_request = a.count_request;
+        r.options.count_refusal = a.count_refusal;
+        return attempt(row, r);
+      },
+      [&](const Error& e, bool request_counted) {
+        if (!request_counted) telemetry_->count(key, SkuEvent::request);
+        record_call_end(op, first.asked, key, e, first.started_us);
+      });
+}
+
+Reservation Engine::reserve(const SkuKey& key, Quantity qty, std::optional<std::int64_t> ttl_us,
+                            std::optional<std::string> idempotency_key, const CallOptions& call) {
+  check_process();
+  validate_sku_key(key);
+  validate_qty(qty);
+  if (ttl_us) validate_ttl_us(*ttl_us);
+  if (idempotency_key) validate_idempotency_key(*idempotency_key);
+  return reserve_on_slots(key, qty, ttl_us.value_or(options_.default_ttl_us), idempotency_key, call,
+                          /*continued=*/false, 0);
+}
+
+Reservation Engine::reserve_on_slots(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
+                                     const std::optional<std::string>& idempotency_key,
+                                     const CallOptions& call, bool continued,
+                                     std::int64_t started_us) {
+  Route first = route(key, call);  // entered the tracker
+  if (started_us != 0) first.started_us = started_us;
+  bool entered = true;  // and no call has taken that over yet
+  const auto attempt = [&](const SkuKey& row, const Route& r) {
+    if (!entered) tracker_.enter(key);
+    entered = false;  // reserve_checked leaves the tracker however it ends
+    return reserve_checked(row, qty, ttl_us, idempotency_key, r);
+  };
+  try {
+    Reservation out = on_slots<Reservation>(key, qty, Op::reserve, first, continued, attempt);
+    detail::unslot(out);
+    return out;
+  } catch (...) {
+    if (entered) tracker_.leave(key);
+    throw;
+  }
+}
+
+StockLevel Engine::sell(const SkuKey& key, Quantity qty, const CallOptions& call) {
+  check_process();
+  validate_sku_key(key);
+  validate_qty(qty);
+  refuse_buyer(call);
+  return sell_on_slots(key, qty, call, /*continued=*/false, 0);
+}
+
+StockLevel Engine::sell_on_slots(const SkuKey& key, Quantity qty, const CallOptions& call,
+                                 bool continued, std::int64_t started_us) {
+  Route first = route(key, call);
+  if (started_us != 0) first.started_us = started_us;
+  bool entered = true;
+  const auto attempt = [&](const SkuKey& row, const Route& r) {
+    if (!entered) tracker_.enter(key);
+    entered = false;
+    return sell_checked(row, qty, r);
+  };
+  try {
+    return slots_->level_after_sell(
+        key, on_slots<StockLevel>(key, qty, Op::sell, first, continued, attempt));
+  } catch (...) {
+    if (entered) tracker_.leave(key);
+    throw;
+  }
+}
+
+void Engine::throw_if_refusal_stands(const SkuKey& key, const Error& refusal, Op op, Strategy asked,
+                                     std::int64_t started_us) {
+  std::optional<Error> outcome;
+  try {
+    if (!slots_->refusal_stands(key, refusal)) return;
+    outcome = refusal;
+  } catch (const Error& e) {
+    outcome = e;
+  }
+  record_call_end(op, asked, key, *outcome, started_us);
+  throw *outcome;
+}
+
+// An order is counted once too (see on_slots): its first attempt counts each line's
+// request, and a refusal is recorded where it stands.
+std::vector<Reservation> Engine::order_on_slots(OrderRequest& request, Strategy asked) {
+  const std::int64_t started = steady_now_us();
+  for (int round = 1;; ++round) {
+    request.options.count_request = round == 1;
+    request.options.count_refusal = false;
+    try {
+      return counted<std::vector<Reservation>>(Op::reserve_order, asked, /*refusal_final=*/false,
+                                               started,
+                                               [&] { return store_->reserve_order(request); });
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::out_of_stock) throw;  // counted() recorded it
+      try {
+        if (round >= slots_->rounds()) throw;
+        slots_->refill_order_line(request.lines, e);  // then the order runs again
+      } catch (const Error& stands) {                 // the order's outcome, on the line it names
+        record_call_end(Op::reserve_order, asked,
+                        SkuKey{stands.context().sku, stands.context().location}, stands, started);
+        throw;
+      }
+    }
+  }
+}
+
+std::shared_ptr<CompletionSink> Engine::slot_checked_sink(
+    std::shared_ptr<CompletionSink> sink,
+    std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)> retry, Op op,
+    Strategy asked, std::int64_t started_us) {
+  return detail::slot_checked_sink(
+      std::move(sink), std::move(retry),
+      [this, op, asked, started_us](const Error& e) { record_outcome(op, asked, &e, started_us); });
 }
 
 StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& route) {
@@ -576,6 +786,13 @@ StoreCounts Engine::row_counts() const {
 StoreStats Engine::stats(std::size_t sku_limit) const {
   check_process();
   StoreStats out = telemetry_->snapshot(sku_limit);
+  for (SkuStats& sku : out.hottest_skus) {
+    const SkuHeat h = tracker_.heat(sku.key);
+    sku.mode = h.mode;
+    sku.in_flight = h.in_flight;
+    sku.peak_in_flight = h.peak_in_flight;
+    sku.row_queue = h.row_queue;
+  }
   out.backend = store_->backend_name();
   const StoreCounts counts = store_->counts();
   out.sku_count = counts.sku_count;
@@ -592,11 +809,11 @@ Advice Engine::recommend(const SkuKey& key) const {
   check_process();
   validate_sku_key(key);
   Advice advice = advise(key, tracker_.heat(key), options_.automatic);
-  const int slots = known_slots(key);
+  const int slots = slots_->known_slots(key);
   if (slots > 1) {
     advice.reasons.push_back("slots: its units are spread over " + std::to_string(slots) +
                              " rows; this engine reserves and sells on slot " +
-                             std::to_string(home_of(slots)));
+                             std::to_string(slots_->home_of(slots)));
   } else if (advice.strategy == Strategy::batched) {
     // What this process cannot see is whether others batch the same row: say when it pays.
     advice.reasons.push_back(
@@ -604,8 +821,7 @@ Advice Engine::recommend(const SkuKey& key) const {
         "one row lock, one commit flush each (each flusher sees the others' writes and "
         "lingers batch_linger to fill its turn); set_slots(k), k the number of processes, "
         "gives each its own row. It pays where a commit flush is slow against CPU (network "
-        "disks, many cores); on a host whose cores run out first it costs (README, "
-        "Scaling out)");
+        "disks, many cores); on a host whose cores run out first it costs (docs/scaling-out.md)");
   }
   return advice;
 }
@@ -656,8 +872,7 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
   // from a SKU with slots this engine has not seen yet, is checked by the sink before
   // it answers: the blocking path then fills the slot and runs again. Until then the
   // refusal is not recorded (see on_slots): whichever ends the call records it.
-  const int slots = known_slots(key);
-  const SkuKey row = slots > 1 ? slot_key(key, home_of(slots)) : key;
+  const SkuKey row = slots_->home_row(key);
   Route r = route(key, call);
   r.options.count_refusal = false;
   sink = slot_checked_sink(
@@ -696,7 +911,7 @@ void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& cal
   validate_qty(qty);
   refuse_buyer(call);
   if (!sink) throw_invalid_argument("an async call needs a completion sink");
-  if (known_slots(key) > 1 || call.expected_version) {  // as submit_reserve
+  if (slots_->known_slots(key) > 1 || call.expected_version) {  // as submit_reserve
     (void)resolve(call);
     run_async(std::move(sink), token, [this, key, qty, call] { return sell(key, qty, call); });
     return;

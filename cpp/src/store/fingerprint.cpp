@@ -1,4 +1,4 @@
-#include "fingerprint.hpp"
+#include "store/fingerprint.hpp"
 
 #include <algorithm>
 #include <cstdio>

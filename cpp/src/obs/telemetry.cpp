@@ -145,14 +145,12 @@ void validate_telemetry_options(const TelemetryOptions& options) {
     throw_invalid_argument("sku_slots must be a power of two between " + std::to_string(sku_probe) +
                            " and " + std::to_string(telemetry_sku_slots_max));
   }
-  validate_auto_options(options.automatic);
 }
 
 Telemetry::Telemetry(TelemetryOptions options)
     : options_((validate_telemetry_options(options), options)),
       skus_(std::make_unique<SkuTable>(options.sku_slots)),
-      calls_(std::make_unique<CallTable>()),
-      tracker_(options.automatic) {}
+      calls_(std::make_unique<CallTable>()) {}
 
 Telemetry::~Telemetry() = default;
 
@@ -296,13 +294,6 @@ StoreStats Telemetry::snapshot(std::size_t sku_limit) const {
                       return a.requests != b.requests ? a.requests > b.requests : a.key < b.key;
                     });
   out.hottest_skus.resize(keep);
-  for (SkuStats& sku : out.hottest_skus) {
-    const SkuHeat h = tracker_.heat(sku.key);
-    sku.mode = h.mode;
-    sku.in_flight = h.in_flight;
-    sku.peak_in_flight = h.peak_in_flight;
-    sku.row_queue = h.row_queue;
-  }
   out.batcher.shards = batcher_shards_.load(std::memory_order_relaxed);
   out.batcher.started = out.batcher.shards > 0;
   out.batcher.batches = read(batches_);

@@ -129,9 +129,4 @@ class SlotProbes {
   std::vector<std::unique_ptr<Entry>> entries_;
 };
 
-// An error about a slot's row, told about its SKU (its location, not the slot's).
-Error unslotted(const Error& e, const SkuKey& key);
-// A reservation of a slot's row names its SKU (callers never see a slot's location).
-void unslot(Reservation& r);
-
 }  // namespace stockade::detail

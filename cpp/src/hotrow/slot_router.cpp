@@ -1,0 +1,381 @@
+// The SlotRouter (slot_router.hpp): hot-row slots above the stores.
+#include "hotrow/slot_router.hpp"
+
+#include <algorithm>
+
+#include "store/error_helpers.hpp"
+
+namespace stockade::detail {
+namespace {
+
+StockLevel summed(const SkuKey& key, const std::vector<StockLevel>& rows) {
+  StockLevel out = rows.front();  // the SKU's own row: its limit, tombstone and lease
+  out.key = key;
+  if (rows.size() == 1) return out;
+  out.on_hand = 0;
+  out.reserved = 0;
+  out.version = 0;
+  for (const StockLevel& row : rows) {
+    out.on_hand += row.on_hand;
+    out.reserved += row.reserved;
+    out.version += row.version;  // every write moves one row's: the sum moves on every write
+    out.updated_at_us = std::max(out.updated_at_us, row.updated_at_us);
+  }
+  return out;
+}
+
+// `total` units over `n` rows: `target` gets at least `least` (and at least its fair
+// share), the others the rest, evenly.
+std::vector<Quantity> spread(Quantity total, std::size_t n, std::size_t target, Quantity least) {
+  std::vector<Quantity> out(n, 0);
+  const Quantity count = static_cast<Quantity>(n);
+  Quantity mine = std::min(total, std::max(least, total / count + total % count));
+  if (n == 1) mine = total;
+  out[target] = mine;
+  Quantity rest = total - mine;
+  const Quantity others = count - 1;
+  for (std::size_t i = 0, seen = 0; i < n && others > 0; ++i) {
+    if (i == target) continue;
+    out[i] = rest / others + (static_cast<Quantity>(seen) < rest % others ? 1 : 0);
+    ++seen;
+  }
+  return out;
+}
+
+std::vector<SkuKey> keys_of(const std::vector<StockLevel>& rows) {
+  std::vector<SkuKey> keys;
+  keys.reserve(rows.size());
+  for (const StockLevel& row : rows) keys.push_back(row.key);
+  return keys;
+}
+
+// The units of a row that may move: those neither held nor owed.
+Quantity movable(const StockLevel& row) {
+  return std::max<Quantity>(0, row.on_hand - row.reserved);
+}
+
+// New on_hand for each row so that the movable units are spread as spread() says; the
+// sum of on_hand stays what it was.
+std::vector<Quantity> respread(const std::vector<StockLevel>& rows, std::size_t target,
+                               Quantity least, Quantity add) {
+  Quantity total = add;
+  for (const StockLevel& row : rows) total += movable(row);
+  const std::vector<Quantity> share = spread(total, rows.size(), target, least);
+  std::vector<Quantity> out(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    out[i] = rows[i].on_hand - movable(rows[i]) + share[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+Error unslotted(const Error& e, const SkuKey& key) {
+  const ErrorContext& c = e.context();
+  if (c.location.find(slot_mark) == std::string::npos) return e;
+  ErrorContext context = c;
+  context.location = key.location;
+  std::string message = e.what();
+  const std::string row = shown(c.location);
+  const std::string sku = shown(key.location);
+  for (std::size_t at = message.find(row); at != std::string::npos;
+       at = message.find(row, at + sku.size())) {
+    message.replace(at, row.size(), sku);
+  }
+  return Error(e.code(), message, std::move(context));
+}
+
+void unslot(Reservation& r) {
+  if (r.key.location.find(slot_mark) != std::string::npos) r.key = base_key(r.key);
+}
+
+namespace {
+
+// Passes completions on to `inner`, except a refusal, which `retry` checks against the
+// SKU's slots (and answers itself).
+class SlotCheckedSink final : public CompletionSink {
+ public:
+  using Retry = std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)>;
+  using Record = std::function<void(const Error&)>;
+  SlotCheckedSink(std::shared_ptr<CompletionSink> inner, Retry retry, Record record)
+      : inner_(std::move(inner)), retry_(std::move(retry)), record_(std::move(record)) {}
+
+  void post(std::vector<Completion>& completions) override {
+    std::vector<Completion> pass;
+    pass.reserve(completions.size());
+    for (Completion& c : completions) {
+      if (c.error && c.error->code() == ErrorCode::out_of_stock) {
+        try {
+          retry_(c.token, inner_, *c.error);
+          continue;
+        } catch (const Error& e) {
+          c.error = Error(ErrorCode::overloaded,
+                          std::string("a refusal could not be checked against the SKU's "
+                                      "hot-row slots (") +
+                              e.what() + "); nothing was reserved or sold");
+          record_(*c.error);  // the refusal was left unrecorded: this is the outcome
+        }
+      }
+      if (auto* r = std::get_if<Reservation>(&c.value)) unslot(*r);
+      pass.push_back(std::move(c));
+    }
+    completions.clear();
+    if (!pass.empty()) inner_->post(pass);
+  }
+
+ private:
+  std::shared_ptr<CompletionSink> inner_;
+  Retry retry_;
+  Record record_;
+};
+
+}  // namespace
+
+SlotRouter::SlotRouter(Store& store, SlotRouterOptions options)
+    : store_(store),
+      options_(options),
+      directory_(options.directory),
+      probes_(options.probe_entries) {}
+
+SkuKey SlotRouter::home_row(const SkuKey& key) const {
+  const int slots = known_slots(key);
+  return slots > 1 ? slot_key(key, home_of(slots)) : key;
+}
+
+std::vector<StockLevel> SlotRouter::learn(const SkuKey& key) {
+  std::vector<StockLevel> rows = store_.sku_rows(key);
+  directory_.put(key, static_cast<int>(rows.size()));
+  return rows;
+}
+
+// After a refusal on one of the SKU's rows (decided at version `refused_at` of its own
+// row, if known): the SKU's rows from one snapshot read after the refusal (shared by the
+// callers refused meanwhile; SlotProbes), or none when an earlier read found the own row
+// alone at that very version (slot rows never appear without moving it).
+std::vector<StockLevel> SlotRouter::rows_after_refusal(const SkuKey& key,
+                                                       std::optional<Version> refused_at) {
+  return probes_.rows_after(key, refused_at, [&] { return learn(key); });
+}
+
+StockLevel SlotRouter::stock(const SkuKey& key) {
+  const std::vector<StockLevel> rows = learn(key);
+  if (rows.empty()) throw_stock_not_found(key);
+  return summed(key, rows);
+}
+
+// discontinue and reinstate: every row of the SKU (its own and its hot-row slots', if it
+// has any) at once, so that no slot keeps selling a SKU its own row calls discontinued.
+// `expected` names the SKU's version (on a slotted SKU the sum of its rows' versions, as
+// stock() reports it); a fencing token checks the own row's lease, which a slotted SKU
+// cannot have.
+StockLevel SlotRouter::set_tombstone(const SkuKey& key, bool discontinued,
+                                     const std::optional<Version>& expected,
+                                     const std::optional<FencingToken>& token) {
+  const auto check = [&](const std::vector<StockLevel>& rows) {
+    if (rows.size() > 1 && token) {
+      throw_not_built_for_slots(key, "a fencing token (leases)", rows.size());
+    }
+    StockLevel sku = summed(key, rows);
+    bool already = true;
+    for (const StockLevel& row : rows) already = already && row.discontinued == discontinued;
+    if (already) {
+      check_expected(key, expected, sku.version);  // nothing to change
+      return;
+    }
+    sku.discontinued = false;  // reinstating is a write to a discontinued SKU
+    check_writable(sku, expected, token);
+  };
+  const std::vector<StockLevel> rows =
+      store_.set_discontinued(key, discontinued, options_.lock_timeout_ms, check);
+  directory_.put(key, static_cast<int>(rows.size()));
+  return summed(key, rows);
+}
+
+void SlotRouter::refuse_on_slots(const SkuKey& key, const char* feature) {
+  const std::size_t rows = learn(key).size();
+  if (rows > 1) throw_not_built_for_slots(key, feature, rows);
+}
+
+std::vector<StockLevel> SlotRouter::fill_slot(const SkuKey& key,
+                                              const std::vector<StockLevel>& rows, int target,
+                                              Quantity qty,
+                                              const std::optional<Version>& expected) {
+  const auto plan = [&](const std::vector<StockLevel>& levels) {
+    check_expected(key, expected, summed(key, levels).version);
+    Quantity free = 0;
+    for (const StockLevel& row : levels) free += movable(row);
+    // Every row is locked: true of the SKU at this instant (the caller counts it, if it
+    // stands).
+    if (free < qty) throw_out_of_stock(key, free, qty);
+    return respread(levels, static_cast<std::size_t>(target), qty, 0);
+  };
+  return store_.reshape(keys_of(rows), /*create=*/false, /*write_all=*/false,
+                        options_.lock_timeout_ms, plan);
+}
+
+namespace {
+
+// set_slots refuses a SKU that is discontinued, leased or has a backorder limit.
+void check_slottable(const SkuKey& key, const StockLevel& own, int slots) {
+  if (own.discontinued) {
+    throw Error(ErrorCode::discontinued, describe(key) + " is discontinued", context_of(key));
+  }
+  if (slots > 1 && own.leased) {
+    throw Error(ErrorCode::invalid_state,
+                describe(key) + " is leased; hot-row slots are not built for a leased SKU",
+                context_of(key));
+  }
+  if (slots > 1 && own.backorder_limit > 0) {
+    throw Error(
+        ErrorCode::invalid_state,
+        describe(key) + " has a backorder limit; hot-row slots are not built for backorders",
+        context_of(key));
+  }
+}
+
+}  // namespace
+
+StockLevel SlotRouter::set_slots(const SkuKey& key, int slots) {
+  const std::size_t have = learn(key).size();
+  if (static_cast<std::size_t>(slots) < have) {
+    throw_invalid_argument(describe(key) + " already spreads its units over " +
+                           std::to_string(have) +
+                           " rows; slots only grow (taking them away is not built)");
+  }
+  std::vector<SkuKey> keys;
+  for (int i = 0; i < slots; ++i) keys.push_back(slot_key(key, i));
+  const auto plan = [&](const std::vector<StockLevel>& levels) {
+    check_slottable(key, levels.front(), slots);
+    return respread(levels, 0, 0, 0);
+  };
+  const std::vector<StockLevel> rows =
+      store_.reshape(keys, /*create=*/true, /*write_all=*/true, options_.lock_timeout_ms, plan);
+  directory_.put(key, slots);
+  return summed(key, rows);
+}
+
+StockLevel SlotRouter::restock(const SkuKey& key, Quantity qty,
+                               const std::optional<Version>& expected,
+                               const std::optional<FencingToken>& token) {
+  // Units added to the SKU's own row are the SKU's, slotted or not (a short slot takes
+  // them from there); only If-Match, a token, or a SKU known to have slots looks further.
+  std::vector<StockLevel> rows;
+  if (expected || token || known_slots(key) > 1) rows = learn(key);
+  if (rows.size() <= 1) return store_.restock(key, qty, expected, token);
+  if (token) refuse_on_slots(key, "a fencing token (leases)");
+  const auto plan = [&](const std::vector<StockLevel>& levels) {
+    check_expected(key, expected, summed(key, levels).version);
+    if (levels.front().discontinued) {
+      throw Error(ErrorCode::discontinued, describe(key) + " is discontinued", context_of(key));
+    }
+    return respread(levels, 0, 0, qty);
+  };
+  return summed(key, store_.reshape(keys_of(rows), false, false, options_.lock_timeout_ms, plan));
+}
+
+StockLevel SlotRouter::set_on_hand(const SkuKey& key, Quantity on_hand,
+                                   const std::optional<Version>& expected,
+                                   const std::optional<FencingToken>& token) {
+  const std::vector<StockLevel> rows = learn(key);
+  if (rows.size() <= 1) return store_.set_on_hand(key, on_hand, expected, token);
+  if (token) refuse_on_slots(key, "a fencing token (leases)");
+  const auto plan = [&](const std::vector<StockLevel>& levels) {
+    const StockLevel sum = summed(key, levels);
+    check_expected(key, expected, sum.version);
+    check_covers(key, on_hand, sum.reserved, 0);
+    // Every row keeps what it holds; the free units are spread anew.
+    std::vector<StockLevel> held = levels;
+    for (StockLevel& row : held) row.on_hand = row.reserved;
+    return respread(held, 0, 0, on_hand - sum.reserved);
+  };
+  return summed(key, store_.reshape(keys_of(rows), false, false, options_.lock_timeout_ms, plan));
+}
+
+// A slot's row (the SKU's own row too) is a part of the SKU: answer with the SKU, read
+// right after the sale. (An engine that has not seen the SKU's slots yet answers with the
+// row it sold from.)
+StockLevel SlotRouter::level_after_sell(const SkuKey& key, StockLevel row_level) {
+  if (known_slots(key) > 1) row_level = summed(key, learn(key));
+  row_level.key = key;
+  return row_level;
+}
+
+int SlotRouter::check_and_fill(const SkuKey& key, Quantity qty, Version expected,
+                               std::optional<Version>* row_expected) {
+  const std::vector<StockLevel> rows = learn(key);
+  const int k = std::max<int>(1, static_cast<int>(rows.size()));
+  if (k > 1) {
+    const int target = home_of(k);
+    *row_expected = fill_slot(key, rows, target, qty, expected)[target].version;
+  }
+  return k;
+}
+
+int SlotRouter::after_refusal(const SkuKey& key, Quantity qty, const Error& refusal, int k,
+                              int round) {
+  // The row is short. Is the SKU? A read since the refusal says (the version of a refusal
+  // on the own row may prove at once that it has no slot rows).
+  const std::vector<StockLevel> rows =
+      rows_after_refusal(key, k <= 1 ? refusal.context().actual_version : std::nullopt);
+  if (rows.size() <= 1) throw refusal;  // not slotted: the row's refusal is the SKU's
+  // The read is one snapshot of every row: when they are short together, the SKU was
+  // short at that instant, and no lock is needed to say so (a sold-out slotted SKU under
+  // a flood of requests). This comes before giving up on the rounds, so that a request
+  // that lost its moved units to others as the SKU sold out hears OutOfStock.
+  Quantity free = 0;
+  for (const StockLevel& row : rows) free += movable(row);
+  if (free < qty) throw_out_of_stock(key, free, qty);
+  if (round >= rounds()) {
+    throw Error(ErrorCode::overloaded,
+                "units were moved into this engine's slot of " + describe(key) + " " +
+                    std::to_string(round - 1) +
+                    " times and taken by others each time; nothing was reserved or sold",
+                context_of(key));
+  }
+  k = static_cast<int>(rows.size());
+  try {
+    fill_slot(key, rows, home_of(k), qty, std::nullopt);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::in_doubt) {
+      // Only units moved between the SKU's rows, if anything: nothing was reserved or
+      // sold, and no unit was lost either way.
+      throw Error(ErrorCode::unavailable,
+                  "moving units between the hot-row slots of " + describe(key) +
+                      " lost its connection; nothing was reserved or sold: " + e.what(),
+                  context_of(key));
+    }
+    // A refusal over every row the read found is the SKU's, unless slots were added since
+    // (their units were not counted): then the next round reads them.
+    if (e.code() != ErrorCode::out_of_stock) throw;
+    const std::size_t now = learn(key).size();
+    if (now == rows.size()) throw;
+    k = static_cast<int>(now);
+  }
+  return k;
+}
+
+bool SlotRouter::refusal_stands(const SkuKey& key, const Error& refusal) {
+  return rows_after_refusal(key, refusal.context().actual_version).size() <= 1;
+}
+
+// The order takes every line from the SKU's own row: a line short there takes units from
+// its slots, if it has any.
+void SlotRouter::refill_order_line(const std::vector<OrderLine>& lines, const Error& refusal) {
+  const SkuKey line{refusal.context().sku, refusal.context().location};
+  auto it =
+      std::find_if(lines.begin(), lines.end(), [&](const OrderLine& l) { return l.key == line; });
+  if (it == lines.end()) throw refusal;
+  const std::vector<StockLevel> rows = rows_after_refusal(
+      line, known_slots(line) <= 1 ? refusal.context().actual_version : std::nullopt);
+  if (rows.size() <= 1) throw refusal;
+  fill_slot(line, rows, 0, it->qty, std::nullopt);
+}
+
+std::shared_ptr<CompletionSink> slot_checked_sink(
+    std::shared_ptr<CompletionSink> inner,
+    std::function<void(std::uint64_t, std::shared_ptr<CompletionSink>, const Error&)> retry,
+    std::function<void(const Error&)> record) {
+  return std::make_shared<SlotCheckedSink>(std::move(inner), std::move(retry), std::move(record));
+}
+
+}  // namespace stockade::detail
