@@ -1,8 +1,9 @@
 # stockade: the two commands of the README, and their parts.
 #   make demo   set up what is missing, build, and run the flash-sale demo
 #   make test   set up what is missing, build, and run every check (ruff, clang-format,
-#               ctest, TSan, ASan+UBSan with the fuzz targets' smoke runs, pytest, and
-#               pytest's PostgreSQL tests again through PgBouncer in transaction mode)
+#               the C++ layers, the docs build, ctest, TSan, ASan+UBSan with the fuzz
+#               targets' smoke runs, pytest, and pytest's PostgreSQL tests again through
+#               PgBouncer in transaction mode)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -13,24 +14,30 @@ CTEST  := $(VENV)/bin/ctest
 JOBS   ?= 2
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DSTOCKADE_BUILD_TESTS=ON -DSTOCKADE_WERROR=ON
 
-.PHONY: demo test lint bench bench-hot notebooks system-deps install test-cpp test-tsan test-asan test-python test-pooled format wheel clean
+.PHONY: demo test docs lint bench bench-hot notebooks system-deps install test-cpp test-tsan test-asan test-python test-pooled format wheel clean
 
 # Every C++ source clang-format checks (pinned below, so every machine formats alike).
-CXX_SOURCES = $(wildcard cpp/include/stockade/*.hpp cpp/src/*.[ch]pp cpp/src/memory/*.[ch]pp \
-	cpp/src/postgres/*.[ch]pp cpp/bindings/*.[ch]pp cpp/tools/include/stockade/tools/*.hpp \
+CXX_SOURCES = $(wildcard cpp/include/stockade/*.hpp cpp/src/*/*.[ch]pp cpp/bindings/*.[ch]pp cpp/tools/include/stockade/tools/*.hpp \
 	cpp/tools/src/*.cpp tests/cpp/*.[ch]pp tests/fuzz/*.[ch]pp benchmarks/cpp/*.cpp)
 PY_SOURCES = python tests benchmarks examples notebooks/make_notebooks.py
 
 demo: install
 	$(VENV)/bin/stockade demo
 
-test: lint install test-cpp test-tsan test-asan test-python test-pooled
+test: lint docs install test-cpp test-tsan test-asan test-python test-pooled
 
-# ruff (lint and format) and clang-format, as checks: `make format` fixes what they find.
+# ruff (lint and format) and clang-format, as checks (`make format` fixes what they find),
+# and the C++ layers: no include goes up a layer (tools/check_layers.py).
 lint: $(VENV)/.tools-stamp
 	$(VENV)/bin/ruff check $(PY_SOURCES)
 	$(VENV)/bin/ruff format --check $(PY_SOURCES)
 	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_SOURCES)
+	$(PY) tools/check_layers.py
+
+# The manual (docs/, mkdocs.yml) into site/, warnings as errors: a broken link, anchor or
+# API reference fails the build. The API reference reads the sources, not the build.
+docs: $(VENV)/.tools-stamp
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 system-deps:
 	@bash tools/install-system-deps.sh
@@ -43,7 +50,8 @@ $(VENV)/.tools-stamp: pyproject.toml Makefile | system-deps
 		"pytest>=7.4" "hypothesis>=6.80" "mypy>=1.8" \
 		matplotlib nbformat nbclient ipykernel "prometheus_client>=0.17" \
 		"fastapi>=0.110" "uvicorn>=0.29" "httpx>=0.27" \
-		"ruff==0.17.6" "clang-format==19.1.7"
+		"ruff==0.17.6" "clang-format==19.1.7" \
+		"mkdocs==1.6.1" "mkdocstrings==1.0.8" "mkdocstrings-python==2.0.11"
 	touch $@
 
 # Builds the extension (incrementally, in build/<wheel tag>) and installs the package.
@@ -109,4 +117,4 @@ wheel: system-deps $(VENV)/.tools-stamp
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/auditwheel repair dist/raw/*.whl -w dist/wheelhouse
 
 clean:
-	rm -rf $(BUILD) $(VENV) dist
+	rm -rf $(BUILD) $(VENV) dist site
