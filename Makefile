@@ -19,7 +19,7 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DSTOC
 # Every C++ source clang-format checks (pinned below, so every machine formats alike).
 CXX_SOURCES = $(wildcard cpp/include/stockade/*.hpp cpp/src/*/*.[ch]pp cpp/bindings/*.[ch]pp cpp/tools/include/stockade/tools/*.hpp \
 	cpp/tools/src/*.cpp tests/cpp/*.[ch]pp tests/fuzz/*.[ch]pp benchmarks/cpp/*.cpp)
-PY_SOURCES = python tests benchmarks examples notebooks/make_notebooks.py
+PY_SOURCES = python tests benchmarks examples tools notebooks/make_notebooks.py
 
 demo: install
 	$(VENV)/bin/stockade demo
@@ -27,12 +27,14 @@ demo: install
 test: lint docs install test-cpp test-tsan test-asan test-python test-pooled
 
 # ruff (lint and format) and clang-format, as checks (`make format` fixes what they find),
-# and the C++ layers: no include goes up a layer (tools/check_layers.py).
+# the C++ layers (no include goes up a layer: tools/check_layers.py), and the awaitable
+# twins (generated from the blocking calls: tools/gen_twins.py).
 lint: $(VENV)/.tools-stamp
 	$(VENV)/bin/ruff check $(PY_SOURCES)
 	$(VENV)/bin/ruff format --check $(PY_SOURCES)
 	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_SOURCES)
 	$(PY) tools/check_layers.py
+	$(PY) tools/gen_twins.py --check
 
 # The manual (docs/, mkdocs.yml) into site/, warnings as errors: a broken link, anchor or
 # API reference fails the build. The API reference reads the sources, not the build.
@@ -104,6 +106,7 @@ notebooks: install
 	JUPYTER_PLATFORM_DIRS=1 $(PY) notebooks/make_notebooks.py --execute
 
 format: $(VENV)/.tools-stamp
+	$(PY) tools/gen_twins.py
 	$(VENV)/bin/ruff check --fix $(PY_SOURCES)
 	$(VENV)/bin/ruff format $(PY_SOURCES)
 	$(VENV)/bin/clang-format -i $(CXX_SOURCES)

@@ -17,6 +17,7 @@ namespace py = pybind11;
 
 void register_errors(py::module_& m);
 void register_types(py::module_& m);
+void register_options(py::module_& m);
 void register_engine(py::module_& m);
 // Test hooks and tooling (the oversell canary, hold_lock, the C++ load driver): not part
 // of the engine's API, bound apart so that the API's bindings stay the API.

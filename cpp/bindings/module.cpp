@@ -7,6 +7,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("__version__") = stockade::library_version();
   stockade::bindings::register_errors(m);
   stockade::bindings::register_types(m);
+  stockade::bindings::register_options(m);
   stockade::bindings::register_engine(m);
   stockade::bindings::register_testing(m);
 }

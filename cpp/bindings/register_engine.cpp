@@ -142,83 +142,6 @@ py::dict metrics_dict(const MetricsSnapshot& m) {
   return out;
 }
 
-// The engine-wide options both stores share, as the Python layer passes them.
-struct CommonOptions {
-  std::string strategy;
-  int retries_max;
-  std::int64_t lock_timeout_ms;
-  std::int64_t default_ttl_us;
-  std::size_t batch_max;
-  std::size_t batch_shards;
-  std::int64_t batch_lock_slice_ms;
-  std::int64_t batch_linger_us;
-  std::size_t async_workers;
-  int home_slot;
-  std::size_t slot_directory;
-
-  EngineOptions engine() const {
-    EngineOptions options;
-    options.default_strategy = parse_strategy(strategy);
-    options.retries_max = retries_max;
-    options.lock_timeout_ms = lock_timeout_ms;
-    options.default_ttl_us = default_ttl_us;
-    options.batcher.batch_max = batch_max;
-    options.batcher.shards = batch_shards;
-    options.batcher.lock_slice_ms = batch_lock_slice_ms;
-    options.batcher.contended_linger_us = batch_linger_us;
-    options.batcher.queue_capacity = std::max(options.batcher.queue_capacity, batch_max);
-    options.async_workers = async_workers;
-    options.home_slot = home_slot;
-    options.slot_directory = slot_directory;
-    return options;
-  }
-};
-
-std::unique_ptr<Engine> make_memory(const std::string& strategy, int retries_max,
-                                    std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
-                                    std::shared_ptr<Clock> clock, std::int64_t retention_us,
-                                    std::size_t batch_max, std::size_t batch_shards,
-                                    std::int64_t batch_lock_slice_ms, std::int64_t batch_linger_us,
-                                    std::size_t async_workers, int home_slot,
-                                    std::size_t slot_directory) {
-  const CommonOptions common{strategy,      retries_max,  lock_timeout_ms,     default_ttl_us,
-                             batch_max,     batch_shards, batch_lock_slice_ms, batch_linger_us,
-                             async_workers, home_slot,    slot_directory};
-  MemoryOptions memory;
-  memory.retention_us = retention_us;
-  return Engine::memory(common.engine(), std::move(clock), memory);
-}
-
-std::unique_ptr<Engine> make_postgres(
-    const std::string& dsn, const std::string& schema, std::size_t pool_size,
-    std::int64_t pool_timeout_ms, std::int64_t resolve_timeout_ms,
-    const std::string& application_name, const std::string& pooler, const std::string& layout,
-    bool sweeper, std::int64_t sweep_interval_ms, std::size_t sweep_batch,
-    std::int64_t retention_ms, std::size_t purge_batch, const std::string& strategy,
-    int retries_max, std::int64_t lock_timeout_ms, std::int64_t default_ttl_us,
-    std::size_t batch_max, std::size_t batch_shards, std::int64_t batch_lock_slice_ms,
-    std::int64_t batch_linger_us, std::size_t async_workers, int home_slot,
-    std::size_t slot_directory) {
-  PostgresOptions postgres;
-  postgres.dsn = dsn;
-  postgres.schema = schema;
-  postgres.pool_size = pool_size;
-  postgres.pool_timeout_ms = pool_timeout_ms;
-  postgres.resolve_timeout_ms = resolve_timeout_ms;
-  postgres.application_name = application_name;
-  postgres.pooler = pooler_from_name(pooler);
-  postgres.layout = layout_from_name(layout);
-  postgres.sweeper = sweeper;
-  postgres.sweep_interval_ms = sweep_interval_ms;
-  postgres.sweep_batch = sweep_batch;
-  postgres.retention_ms = retention_ms;
-  postgres.purge_batch = purge_batch;
-  const CommonOptions common{strategy,      retries_max,  lock_timeout_ms,     default_ttl_us,
-                             batch_max,     batch_shards, batch_lock_slice_ms, batch_linger_us,
-                             async_workers, home_slot,    slot_directory};
-  return Engine::postgres(std::move(postgres), common.engine());
-}
-
 void register_stock_calls(py::class_<Engine>& c) {
   c.def(
        "set_slots",
@@ -475,22 +398,20 @@ void register_async_channel(py::module_& m) {
 void register_engine(py::module_& m) {
   register_async_channel(m);
   py::class_<Engine> c(m, "Engine", "The engine facade over one store.");
-  c.def_static("memory", &make_memory, py::arg("strategy"), py::arg("retries_max"),
-               py::arg("lock_timeout_ms"), py::arg("default_ttl_us"), py::arg("clock"),
-               py::arg("retention_us"), py::arg("batch_max"), py::arg("batch_shards"),
-               py::arg("batch_lock_slice_ms"), py::arg("batch_linger_us"), py::arg("async_workers"),
-               py::arg("home_slot"), py::arg("slot_directory"),
-               "An engine over an in-process memory store.")
-      .def_static("postgres", &make_postgres, py::arg("dsn"), py::arg("schema"),
-                  py::arg("pool_size"), py::arg("pool_timeout_ms"), py::arg("resolve_timeout_ms"),
-                  py::arg("application_name"), py::arg("pooler"), py::arg("layout"),
-                  py::arg("sweeper"), py::arg("sweep_interval_ms"), py::arg("sweep_batch"),
-                  py::arg("retention_ms"), py::arg("purge_batch"), py::arg("strategy"),
-                  py::arg("retries_max"), py::arg("lock_timeout_ms"), py::arg("default_ttl_us"),
-                  py::arg("batch_max"), py::arg("batch_shards"), py::arg("batch_lock_slice_ms"),
-                  py::arg("batch_linger_us"), py::arg("async_workers"), py::arg("home_slot"),
-                  py::arg("slot_directory"), Release(),
-                  "An engine over PostgreSQL (connects at once).")
+  c.def_static(
+       "memory",
+       [](const EngineOptions& options, std::shared_ptr<Clock> clock, const MemoryOptions& memory) {
+         return Engine::memory(options, std::move(clock), memory);
+       },
+       py::arg("options"), py::arg("clock"), py::arg("memory"),
+       "An engine over an in-process memory store.")
+      .def_static(
+          "postgres",
+          [](const PostgresOptions& postgres, const EngineOptions& options) {
+            return Engine::postgres(postgres, options);
+          },
+          py::arg("postgres"), py::arg("options"), Release(),
+          "An engine over PostgreSQL (connects at once).")
       .def("migrate", &Engine::migrate, py::arg("up_to"), Release())
       .def("migration_plan", &Engine::migration_plan, py::arg("up_to"), Release())
       .def("drop_schema", &Engine::drop_schema, Release())

@@ -105,51 +105,69 @@ class AsyncChannel:
     def waiting(self) -> int: ...
     def drain(self) -> list[tuple[int, Any, Optional[BaseException]]]: ...
 
+class BatcherOptions:
+    """The hot-row batcher's options."""
+    def __init__(self) -> None: ...
+    shards: int
+    batch_max: int
+    queue_capacity: int
+    enqueue_timeout_ms: int
+    result_timeout_ms: int
+    lock_slice_ms: int
+    contended_linger_us: int
+
+class AutoOptions:
+    """When `auto` switches a SKU between strategies."""
+    def __init__(self) -> None: ...
+    hot_in_flight: int
+    cool_in_flight: int
+    cool_windows: int
+    window_ms: int
+    cells: int
+
+class EngineOptions:
+    """The engine's options, whatever its store."""
+    def __init__(self) -> None: ...
+    default_strategy: str
+    retries_max: int
+    lock_timeout_ms: int
+    default_ttl_us: int
+    batcher: BatcherOptions
+    automatic: AutoOptions
+    sku_slots: int
+    async_workers: int
+    async_queue_max: int
+    home_slot: int
+    slot_directory: int
+
+class MemoryOptions:
+    """The memory store's options."""
+    def __init__(self) -> None: ...
+    retention_us: int
+
+class PostgresOptions:
+    """The PostgreSQL store's options."""
+    def __init__(self) -> None: ...
+    dsn: str
+    schema: str
+    pool_size: int
+    pool_timeout_ms: int
+    resolve_timeout_ms: int
+    application_name: str
+    pooler: str
+    layout: str
+    sweeper: bool
+    sweep_interval_ms: int
+    sweep_batch: int
+    retention_ms: int
+    purge_batch: int
+
 class Engine:
     """The engine facade over one store."""
     @staticmethod
-    def memory(
-        strategy: str,
-        retries_max: int,
-        lock_timeout_ms: int,
-        default_ttl_us: int,
-        clock: Optional[Clock],
-        retention_us: int,
-        batch_max: int,
-        batch_shards: int,
-        batch_lock_slice_ms: int,
-        batch_linger_us: int,
-        async_workers: int,
-        home_slot: int,
-        slot_directory: int,
-    ) -> Engine: ...
+    def memory(options: EngineOptions, clock: Optional[Clock], memory: MemoryOptions) -> Engine: ...
     @staticmethod
-    def postgres(
-        dsn: str,
-        schema: str,
-        pool_size: int,
-        pool_timeout_ms: int,
-        resolve_timeout_ms: int,
-        application_name: str,
-        pooler: str,
-        layout: str,
-        sweeper: bool,
-        sweep_interval_ms: int,
-        sweep_batch: int,
-        retention_ms: int,
-        purge_batch: int,
-        strategy: str,
-        retries_max: int,
-        lock_timeout_ms: int,
-        default_ttl_us: int,
-        batch_max: int,
-        batch_shards: int,
-        batch_lock_slice_ms: int,
-        batch_linger_us: int,
-        async_workers: int,
-        home_slot: int,
-        slot_directory: int,
-    ) -> Engine: ...
+    def postgres(postgres: PostgresOptions, options: EngineOptions) -> Engine: ...
     def recommend(self, sku: str, location: str) -> tuple[str, list[str]]: ...
     def migrate(self, up_to: int) -> list[str]: ...
     def migration_plan(self, up_to: int) -> list[tuple[str, str]]: ...

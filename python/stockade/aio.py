@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Tuple, TypeVar
 
 from . import _core
 
-__all__ = ["Bridges"]
+__all__ = ["Bridges", "off_loop"]
 
 T = TypeVar("T")
 
@@ -37,14 +37,14 @@ class _Bridge:
         self,
         submit: Callable[..., None],
         convert: Callable[[Any], T],
-        args: Tuple[Any, ...],
+        arguments: Dict[str, Any],
     ) -> asyncio.Future[T]:
         token = self.next_token
         self.next_token += 1
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self.futures[token] = (future, convert)
         try:
-            submit(self.channel, token, *args)
+            submit(self.channel, token, **arguments)
         except BaseException:
             del self.futures[token]
             raise
@@ -77,9 +77,11 @@ class Bridges:
         self,
         submit: Callable[..., None],
         convert: Callable[[Any], T],
-        args: Tuple[Any, ...],
+        /,
+        **arguments: Any,
     ) -> T:
-        """Queues ``submit(channel, token, *args)`` in C++ and awaits its converted outcome.
+        """Queues ``submit(channel, token, **arguments)`` in C++ and awaits its converted
+        outcome.
 
         Bad input and a full queue raise here, before anything is queued. Cancelling the
         await does not cancel the call: it may still commit."""
@@ -88,4 +90,11 @@ class Bridges:
             bridge = self._by_loop.get(loop)
             if bridge is None:
                 bridge = self._by_loop[loop] = _Bridge(loop)
-        return await bridge.submit(submit, convert, args)
+        return await bridge.submit(submit, convert, arguments)
+
+
+async def off_loop(call: Callable[[], T]) -> T:
+    """Runs a blocking call on the running loop's default executor (a bounded thread
+    pool), so that the event loop never waits on the network: the twin of every call
+    that is not queued in C++."""
+    return await asyncio.get_running_loop().run_in_executor(None, call)

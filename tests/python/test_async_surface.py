@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 import stockade
-from stockade.tools.testing import hold_lock
+from stockade.testing import hold_lock
 
 
 def test_every_twin_answers_as_its_blocking_call(engine: stockade.Engine) -> None:

@@ -22,8 +22,8 @@ import pytest
 import stockade
 from pgproxy import CommitCuttingProxy
 from stockade import ReservationState
+from stockade.testing import hold_lock
 from stockade.tools.pgserver import TemporaryPostgres, run_sql
-from stockade.tools.testing import hold_lock
 from support import ALL_STRATEGIES, field
 
 pytestmark = pytest.mark.faults

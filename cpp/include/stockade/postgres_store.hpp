@@ -46,6 +46,7 @@ enum class Layout {
 
 // "plain" or "citus"; InvalidArgument otherwise.
 Layout layout_from_name(const std::string& name);
+const char* layout_name(Layout layout) noexcept;
 
 struct PostgresOptions {
   std::string dsn;                      // a libpq connection string or URI

@@ -259,6 +259,10 @@ Layout layout_from_name(const std::string& name) {
   throw_invalid_argument("layout must be 'plain' or 'citus', got " + shown(name));
 }
 
+const char* layout_name(Layout layout) noexcept {
+  return layout == Layout::citus ? "citus" : "plain";
+}
+
 Pooler pooler_from_name(const std::string& name) {
   if (name == "auto") return Pooler::detect;
   if (name == "none") return Pooler::none;

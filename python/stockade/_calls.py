@@ -1,0 +1,553 @@
+"""The Engine's blocking calls: each checks and converts its arguments, calls the core by
+keyword with the GIL released, and wraps what comes back.
+
+:class:`stockade.Engine` adds construction and the lifecycle; the awaitable twins of these
+calls are generated from this file into ``_twins.py`` (``tools/gen_twins.py``), so that a
+twin's signature and checks are this call's.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Mapping, Optional, Tuple, cast
+
+from . import _core
+from ._checks import (
+    DEFAULT_LOCATION,
+    UINT64_MAX,
+    OrderKey,
+    in_range,
+    lease_owner,
+    limit_skus,
+    migration_number,
+    order_lines,
+    reservations,
+)
+from ._checks import lease as check_lease
+from .aio import Bridges
+from .claim import ClaimAdvice
+from .errors import InvalidArgument
+from .stats import EngineStats, Metrics, RowCounts
+from .values import (
+    Lease,
+    Reservation,
+    ReservationId,
+    StockLevel,
+    Strategy,
+    StrategyLike,
+    TtlLike,
+    check_bool,
+    check_int,
+    check_optional_int,
+    check_optional_str,
+    check_str,
+    duration_us,
+    optional_duration_ms,
+    optional_duration_us,
+    reservation_id_bytes,
+    strategy_name,
+)
+
+__all__ = ["EngineCalls"]
+
+
+class EngineCalls:
+    """The blocking calls of :class:`stockade.Engine` (see there)."""
+
+    _core: _core.Engine
+    _bridges: Bridges
+    _schema: Optional[str]  # PostgreSQL: the schema it was opened with
+
+    # --- properties and the schema ---
+
+    @property
+    def backend(self) -> str:
+        """``"memory"`` or ``"postgres"``."""
+        return self._core.backend
+
+    @property
+    def strategy(self) -> Strategy:
+        """The default strategy of this engine."""
+        return Strategy(self._core.default_strategy)
+
+    def migrate(self, *, to: Optional[int] = None) -> List[str]:
+        """Creates or upgrades the schema; returns the names of the migrations applied.
+        With every migration applied, it also makes this release's statement routines
+        that are missing (see docs/postgres.md, PgBouncer); they are not in the list.
+
+        ``to`` stops after the migration with that number (default: apply all). Idempotent,
+        and safe when several processes run it at once. The memory store has no schema, so
+        there it applies nothing."""
+        return self._core.migrate(up_to=migration_number(to))
+
+    def migration_plan(self, *, to: Optional[int] = None) -> List[Tuple[str, str]]:
+        """What :meth:`migrate` would run now, without running it: ``(name, SQL)`` pairs,
+        first ``"(create schema)"`` if the schema does not exist yet, or ``"(bookkeeping)"``
+        if it exists without a migration table, then each missing migration
+        with the schema name filled in, then ``"(statement routines)"`` (the names of the
+        PL/pgSQL functions that connections behind a transaction pooler call, which
+        :meth:`migrate` makes once every migration is applied) if any are missing.
+        ``InvalidState`` if an applied migration differs from this build's. Empty on the
+        memory store."""
+        plan = self._core.migration_plan(up_to=migration_number(to))
+        return [(str(name), str(sql)) for name, sql in plan]
+
+    def drop_schema(self, *, confirm: str) -> None:
+        """Drops this engine's schema and everything in it (``DROP SCHEMA ... CASCADE``):
+        for demos and tests. ``confirm`` must repeat the schema's name. Nothing happens on
+        the memory store."""
+        check_str("confirm", confirm)
+        if self._schema is None:
+            return
+        if confirm != self._schema:
+            raise InvalidArgument("confirm must repeat the name of the schema to drop")
+        self._core.drop_schema()
+
+    # --- stock ---
+
+    def restock(
+        self,
+        sku: str,
+        qty: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """Adds ``qty`` units to on_hand, creating the row if it does not exist.
+
+        Raises ``Discontinued`` on a discontinued row, and ``LeaseHeld`` while another
+        holder's lease is live unless ``fencing_token`` is that lease's token."""
+        return StockLevel._from_core(
+            self._core.restock(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                qty=check_int("qty", qty),
+                expected_version=check_optional_int("expected_version", expected_version),
+                fencing_token=check_optional_int("fencing_token", fencing_token),
+            )
+        )
+
+    def set_on_hand(
+        self,
+        sku: str,
+        on_hand: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """Sets on_hand (a stock count). What is reserved must stay covered by
+        ``on_hand + backorder_limit`` (else ``InvalidState``)."""
+        return StockLevel._from_core(
+            self._core.set_on_hand(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                on_hand=check_int("on_hand", on_hand),
+                expected_version=check_optional_int("expected_version", expected_version),
+                fencing_token=check_optional_int("fencing_token", fencing_token),
+            )
+        )
+
+    def set_backorder_limit(
+        self,
+        sku: str,
+        limit: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """Lets up to ``limit`` units be held or sold beyond on_hand (backorders and
+        preorders); 0, the default of every row, allows none.
+
+        The row keeps ``0 <= reserved <= on_hand + backorder_limit`` (a CHECK constraint
+        on PostgreSQL). Lowering the limit below what is already promised beyond on_hand
+        raises ``InvalidState``."""
+        return StockLevel._from_core(
+            self._core.set_backorder_limit(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                limit=check_int("limit", limit),
+                expected_version=check_optional_int("expected_version", expected_version),
+                fencing_token=check_optional_int("fencing_token", fencing_token),
+            )
+        )
+
+    def discontinue(
+        self,
+        sku: str,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """Soft-deletes the stock row: it stays as a tombstone (``discontinued=True``).
+
+        Afterwards ``reserve``, ``reserve_order``, ``sell``, ``restock`` and
+        ``set_on_hand`` raise ``Discontinued`` (HTTP 410), while holds that exist can still
+        be confirmed, released or extended, and expire as usual. Discontinuing a
+        discontinued row changes nothing. ``NotFound`` if the row never existed. A SKU
+        with hot-row slots is discontinued on all of its rows in one transaction."""
+        return self._set_discontinued(sku, True, location, expected_version, fencing_token)
+
+    def reinstate(
+        self,
+        sku: str,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """Undoes :meth:`discontinue`; on a row that is not discontinued, changes nothing."""
+        return self._set_discontinued(sku, False, location, expected_version, fencing_token)
+
+    def _set_discontinued(
+        self,
+        sku: str,
+        discontinued: bool,
+        location: str,
+        expected_version: Optional[int],
+        fencing_token: Optional[int],
+    ) -> StockLevel:
+        return StockLevel._from_core(
+            self._core.set_discontinued(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                discontinued=discontinued,
+                expected_version=check_optional_int("expected_version", expected_version),
+                fencing_token=check_optional_int("fencing_token", fencing_token),
+            )
+        )
+
+    def stock(self, sku: str, *, location: str = DEFAULT_LOCATION) -> StockLevel:
+        """The committed stock row (``NotFound`` if there is none). For a SKU with
+        hot-row slots, its rows summed from one snapshot; ``version`` is the sum of their
+        versions, which every write moves."""
+        return StockLevel._from_core(
+            self._core.stock(sku=check_str("sku", sku), location=check_str("location", location))
+        )
+
+    def set_slots(self, sku: str, slots: int, *, location: str = DEFAULT_LOCATION) -> StockLevel:
+        """Spreads the SKU's free units over ``slots`` rows (hot-row slots, 1 to 64), so
+        that as many batches, one per replica, can each hold a row lock and commit at
+        once. Reserves and sells then go to the engine's ``home_slot``; a slot without
+        room takes free units from the others (every row locked, in order) before it
+        refuses, so ``OutOfStock`` still means the SKU as a whole is short. ``stock()``
+        sums the rows; ``restock`` and ``set_on_hand`` spread over them; If-Match
+        (``expected_version``) names the summed version. Slots only grow (fewer raises
+        ``InvalidArgument``). A SKU with a live lease or a backorder limit cannot take
+        slots (``InvalidState``); leases, fencing tokens and backorder limits raise
+        ``NotSupported`` on a slotted SKU (``discontinue`` and ``reinstate`` set every
+        row at once). Returns the SKU's summed level. They pay where
+        several processes send one SKU batches and a commit flush is slow against CPU;
+        see docs/scaling-out.md for what they measured."""
+        return StockLevel._from_core(
+            self._core.set_slots(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                slots=check_int("slots", slots),
+            )
+        )
+
+    def slot_count(self, sku: str, *, location: str = DEFAULT_LOCATION) -> int:
+        """How many rows the SKU's units are spread over: 1 without slots, 0 if the SKU
+        has no row."""
+        return int(
+            self._core.slot_count(
+                sku=check_str("sku", sku), location=check_str("location", location)
+            )
+        )
+
+    def sell(
+        self,
+        sku: str,
+        qty: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        strategy: Optional[StrategyLike] = None,
+        expected_version: Optional[int] = None,
+        nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """Sells ``qty`` units at once (no hold): on_hand falls if enough is available.
+
+        With ``fencing_token`` (a lease's), it runs per request, like ``expected_version``."""
+        return StockLevel._from_core(
+            self._core.sell(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                qty=check_int("qty", qty),
+                strategy=strategy_name(strategy),
+                nowait=check_bool("nowait", nowait),
+                lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
+                expected_version=check_optional_int("expected_version", expected_version),
+                fencing_token=check_optional_int("fencing_token", fencing_token),
+            )
+        )
+
+    # --- purchase limits ---
+
+    def set_purchase_limit(self, group: str, per_buyer: int, skus: Iterable[str]) -> None:
+        """At most ``per_buyer`` units per buyer across ``skus`` (at every location): a
+        flash sale's "2 per customer across these 5 SKUs".
+
+        Creates the group or replaces its limit and SKU set. ``reserve`` and
+        ``reserve_order`` with ``buyer=`` count against it and raise ``LimitExceeded``
+        past the limit; releases and expiries give units back, confirmations keep
+        counting. It holds under every strategy, ``batched`` included, and without write
+        skew: each (group, buyer) has a parent row, locked before any stock row, that two
+        concurrent requests by one buyer meet on. A SKU belongs to one group at most
+        (``InvalidState`` otherwise, changing nothing). A call without ``buyer`` is not
+        limited."""
+        skus_checked = limit_skus(skus)
+        self._core.set_purchase_limit(
+            group=check_str("group", group),
+            per_buyer=check_int("per_buyer", per_buyer),
+            skus=skus_checked,
+        )
+
+    def remove_purchase_limit(self, group: str) -> bool:
+        """Drops the group and its buyers' counts; returns whether it existed."""
+        return bool(self._core.remove_purchase_limit(group=check_str("group", group)))
+
+    def buyer_held(self, group: str, buyer: str) -> int:
+        """The units ``buyer`` holds or bought in ``group`` (what its limit counts)."""
+        return int(
+            self._core.buyer_held(group=check_str("group", group), buyer=check_str("buyer", buyer))
+        )
+
+    # --- leases ---
+
+    def acquire_lease(
+        self,
+        resource: str,
+        ttl: TtlLike,
+        *,
+        location: str = DEFAULT_LOCATION,
+        owner: Optional[str] = None,
+    ) -> Lease:
+        """Takes the lease on the stock row of SKU ``resource`` for ``ttl``: the offline
+        lock for work longer than a transaction (a cycle count, a re-import, an admin
+        editing stock levels).
+
+        While it is live, writes to the row (``restock``, ``set_on_hand``, ``sell``,
+        ``set_backorder_limit``, ``discontinue``, ``reinstate``) need its ``token`` as
+        ``fencing_token``, and ``reserve`` raises ``LeaseHeld``; holds that exist can
+        still be confirmed or released. A holder that paused past ``ttl`` loses it: once
+        someone else acquires, its token is refused with ``FencingTokenStale``. Expiry runs
+        on the database clock. Raises ``LeaseHeld`` while another lease is live. Creates
+        the row at zero units if it does not exist. ``owner`` (default: host and process
+        id) is shown in the lease, for people."""
+        return Lease._from_core(
+            self._core.acquire_lease(
+                sku=check_str("resource", resource),
+                location=check_str("location", location),
+                ttl_us=duration_us("ttl", ttl),
+                owner=lease_owner(owner),
+            )
+        )
+
+    def renew_lease(self, lease: Lease, ttl: TtlLike) -> Lease:
+        """Extends a live lease to ``ttl`` from now. ``FencingTokenStale`` if it lapsed or
+        a newer lease superseded it: then acquire a new one."""
+        held = check_lease(lease)
+        return Lease._from_core(
+            self._core.renew_lease(
+                sku=held.resource,
+                location=held.location,
+                token=held.token,
+                ttl_us=duration_us("ttl", ttl),
+            )
+        )
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Ends the lease if it is still live and the row's; returns whether it did
+        (False: it had lapsed, or a newer lease superseded it, which stays)."""
+        held = check_lease(lease)
+        return bool(
+            self._core.release_lease(sku=held.resource, location=held.location, token=held.token)
+        )
+
+    # --- reservations ---
+
+    def reserve(
+        self,
+        sku: str,
+        qty: int,
+        *,
+        ttl: Optional[TtlLike] = None,
+        idempotency_key: Optional[str] = None,
+        location: str = DEFAULT_LOCATION,
+        strategy: Optional[StrategyLike] = None,
+        expected_version: Optional[int] = None,
+        nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
+        buyer: Optional[str] = None,
+    ) -> Reservation:
+        """Holds ``qty`` units for ``ttl`` (default: the engine's ``default_ttl``).
+
+        Raises ``OutOfStock`` if fewer are available. With an ``idempotency_key``, the same
+        request returns the same reservation; a different one raises ``IdempotencyConflict``.
+        On PostgreSQL, a connection lost during COMMIT raises ``InDoubt``: retry with the
+        same ``idempotency_key`` to get the reservation if it committed, or make it if not.
+        With a ``buyer``, the purchase limit of the SKU's group applies (``LimitExceeded``;
+        see :meth:`set_purchase_limit`).
+        """
+        return Reservation._from_core(
+            self._core.reserve(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                qty=check_int("qty", qty),
+                ttl_us=optional_duration_us("ttl", ttl),
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+                strategy=strategy_name(strategy),
+                nowait=check_bool("nowait", nowait),
+                lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
+                expected_version=check_optional_int("expected_version", expected_version),
+                buyer=check_optional_str("buyer", buyer),
+            )
+        )
+
+    def reserve_order(
+        self,
+        items: Mapping[OrderKey, int],
+        *,
+        ttl: Optional[TtlLike] = None,
+        idempotency_key: Optional[str] = None,
+        location: str = DEFAULT_LOCATION,
+        strategy: Optional[StrategyLike] = None,
+        nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
+        buyer: Optional[str] = None,
+    ) -> List[Reservation]:
+        """Holds every line or none: ``{sku: qty}`` (or ``{(sku, location): qty}``).
+
+        Rows are locked in sorted (sku, location) order, so concurrent orders cannot
+        deadlock. Returns one reservation per line, in the order of ``items``. With a
+        ``buyer``, every line counts against the purchase limit of its SKU's group.
+        """
+        return reservations(
+            self._core.reserve_order(
+                lines=order_lines(items, check_str("location", location)),
+                ttl_us=optional_duration_us("ttl", ttl),
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+                strategy=strategy_name(strategy),
+                nowait=check_bool("nowait", nowait),
+                lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
+                buyer=check_optional_str("buyer", buyer),
+            )
+        )
+
+    def confirm(self, id: ReservationId, *, expected_version: Optional[int] = None) -> Reservation:
+        """held -> confirmed: the units leave on_hand. ``ReservationExpired`` past expiry."""
+        return Reservation._from_core(
+            self._core.confirm(
+                id=reservation_id_bytes(id),
+                expected_version=check_optional_int("expected_version", expected_version),
+            )
+        )
+
+    def release(self, id: ReservationId, *, expected_version: Optional[int] = None) -> Reservation:
+        """held -> released: the units become available again."""
+        return Reservation._from_core(
+            self._core.release(
+                id=reservation_id_bytes(id),
+                expected_version=check_optional_int("expected_version", expected_version),
+            )
+        )
+
+    def extend(
+        self,
+        id: ReservationId,
+        *,
+        ttl: TtlLike,
+        expected_version: Optional[int] = None,
+    ) -> Reservation:
+        """Moves a live hold's expiry to now + ``ttl``."""
+        return Reservation._from_core(
+            self._core.extend(
+                id=reservation_id_bytes(id),
+                ttl_us=duration_us("ttl", ttl),
+                expected_version=check_optional_int("expected_version", expected_version),
+            )
+        )
+
+    def reservation(self, id: ReservationId) -> Reservation:
+        """The reservation as committed (``NotFound`` if there is none)."""
+        return Reservation._from_core(self._core.get_reservation(id=reservation_id_bytes(id)))
+
+    get_reservation = reservation
+
+    def expire_due(self, *, limit: int = 1000) -> int:
+        """Expires up to ``limit`` holds past their expiry; returns how many."""
+        return self._core.expire_due(
+            limit=in_range("limit", limit, 1, _core.OPTION_LIMITS["expire_limit"])
+        )
+
+    def purge(self, older_than: TtlLike, *, limit: Optional[int] = None) -> int:
+        """Deletes what is older than ``older_than`` and no longer needed; returns how many
+        rows went (keys and reservations).
+
+        Oldest first: each idempotency key made before the horizon goes together with its
+        reservations, once every one of them is terminal (confirmed, released, expired)
+        and last changed before the horizon; then terminal reservations without a key that
+        last changed before it. So a key replays its reservations for at least
+        ``older_than``, and a replay never finds them missing. Holds are never purged,
+        whatever their age. ``limit`` (default: none) bounds the keys and keyless
+        reservations one call takes (a key's reservations go with it). The work runs in
+        statements of at most ``purge_batch`` rows (5000) that never lock a stock row
+        and skip rows others hold. On PostgreSQL the horizon is on the database clock.
+        ``retention=`` on :meth:`postgres` or :meth:`memory` purges in the background
+        instead."""
+        older_than_us = duration_us("older_than", older_than)
+        if older_than_us < 0:
+            raise InvalidArgument("older_than must not be negative")
+        count = UINT64_MAX if limit is None else check_int("limit", limit)
+        if not 1 <= count <= UINT64_MAX:
+            raise InvalidArgument(f"limit must be at least 1, got {count}")
+        return int(self._core.purge(older_than_us=older_than_us, limit=count))
+
+    # --- figures and advice ---
+
+    def row_counts(self) -> RowCounts:
+        """Exact row counts: ``sku_count``, ``reservation_count`` and ``held_count``.
+
+        On PostgreSQL this counts every row (``count(*)``: it costs time in proportion to
+        the tables), so it is for tests and audits; :meth:`stats` reports cheap figures
+        instead."""
+        return cast(RowCounts, self._core.row_counts())
+
+    def metrics(self) -> Metrics:
+        """Raw figures of this process for exporters (``stockade.prometheus`` reads them):
+        ``calls``, one entry per (operation, strategy) that saw a call, with its outcomes
+        (``ok`` or an error code) and its latency histogram (per-bucket counts over
+        ``latency_bounds_seconds``, the last bucket +Inf); and the batch size histogram.
+        Fixed tables in memory: cheap, whatever the traffic. A batched or async call's
+        latency runs from the call to its outcome, queueing included."""
+        return cast(Metrics, self._core.metrics())
+
+    def stats(self, *, sku_limit: int = 20) -> EngineStats:
+        """Counters per strategy, and the ``sku_limit`` hottest SKUs by requests.
+
+        Its cost does not grow with the tables. ``sku_count``, ``reservation_count`` and
+        ``held_count`` are exact on the memory store; on PostgreSQL
+        (``counts_exact`` is False) the first two are the statistics collector's live-row
+        estimates, and holds are counted up to 10,000 (more reads as 10,000). Use
+        :meth:`row_counts` for exact figures."""
+        limit = check_int("sku_limit", sku_limit)
+        if limit < 0:
+            raise InvalidArgument("sku_limit must not be negative")
+        return cast(EngineStats, self._core.stats(sku_limit=limit))
+
+    def recommend(self, sku: str, *, location: str = DEFAULT_LOCATION) -> ClaimAdvice:
+        """The strategy this SKU's measured contention points to, with the figures.
+
+        Measured in this process: how many requests for the row arrived while another
+        was in flight (the Claim Test's "odds", per row), and the peak in flight. This is
+        what ``auto`` acts on. For a hot SKU it also says when hot-row slots
+        (:meth:`set_slots`) would pay, and for a slotted SKU which slot this engine uses."""
+        strategy, reasons = self._core.recommend(
+            sku=check_str("sku", sku), location=check_str("location", location)
+        )
+        return ClaimAdvice(Strategy(strategy), tuple(reasons))

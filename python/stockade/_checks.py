@@ -1,0 +1,121 @@
+"""Argument checks and conversions of the Engine's calls, beside the basic ones in
+:mod:`stockade.values`: each turns what a caller passes into what the core takes, or raises
+``InvalidType`` / ``InvalidArgument`` before anything runs. Range checks of options read
+their bounds from the core (``_core.OPTION_LIMITS``), so that one number bounds both.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+from typing import Iterable, List, Mapping, Optional, Tuple, Union
+
+from . import _core
+from .errors import InvalidArgument, InvalidType
+from .values import Lease, Reservation, check_int, check_str, duration_us, shown
+
+OrderKey = Union[str, Tuple[str, str]]
+DEFAULT_LOCATION = "default"
+UINT64_MAX = 2**64 - 1
+
+
+def where(dsn: str) -> str:
+    """host, port, database and user of a DSN, for a log line: never its password."""
+    fields = dict(_core.parse_conninfo(dsn))
+    parts = [f"{k}={shown(fields[k])}" for k in ("host", "port", "dbname", "user") if fields.get(k)]
+    return " ".join(parts) or "libpq defaults"
+
+
+def migration_number(to: object) -> int:
+    """``migrate(to=...)``: None (all, 0 to the core) or a migration number, 1 or more."""
+    if to is None:
+        return 0
+    number = check_int("to", to)
+    if number < 1:
+        raise InvalidArgument(f"to must be a migration number (1 or more), got {number}")
+    return number
+
+
+def retention_us(retention: object) -> int:
+    """``None`` (no retention, 0) or a positive duration in microseconds."""
+    if retention is None:
+        return 0
+    us = duration_us("retention", retention)
+    if us <= 0:
+        raise InvalidArgument("retention must be positive (None: nothing is purged by itself)")
+    return us
+
+
+def positive(name: str, value: object) -> int:
+    """A count option: an int from 1 to its limit in the core (_core.OPTION_LIMITS)."""
+    return counted(name, value, 1)
+
+
+def counted(name: str, value: object, low: int) -> int:
+    number = check_int(name, value)
+    high = _core.OPTION_LIMITS[name]
+    if not low <= number <= high:
+        raise InvalidArgument(f"{name} must be between {low} and {high}, got {number}")
+    return number
+
+
+def home_slot(value: object) -> int:
+    """``home_slot``: None (-1 to the core: from the process id) or a slot number."""
+    if value is None:
+        return -1
+    home = check_int("home_slot", value)
+    slots = _core.OPTION_LIMITS["slots"]
+    if not 0 <= home < slots:
+        raise InvalidArgument(f"home_slot must be None or between 0 and {slots - 1}, got {home}")
+    return home
+
+
+def in_range(name: str, value: object, low: int, high: int) -> int:
+    """An int argument between ``low`` and ``high``, inclusive."""
+    number = check_int(name, value)
+    if not low <= number <= high:
+        raise InvalidArgument(f"{name} must be between {low} and {high}, got {number}")
+    return number
+
+
+def order_lines(items: object, location: str) -> List[Tuple[str, str, int]]:
+    """``{sku: qty}`` or ``{(sku, location): qty}`` as the core's (sku, location, qty)."""
+    if not isinstance(items, Mapping):
+        raise InvalidType(f"items must be a mapping of sku to qty, not {type(items).__name__}")
+    lines: List[Tuple[str, str, int]] = []
+    for key, qty in items.items():
+        if isinstance(key, tuple) and len(key) == 2:
+            sku, loc = check_str("sku", key[0]), check_str("location", key[1])
+        else:
+            sku, loc = check_str("sku", key), location
+        lines.append((sku, loc, check_int("qty", qty)))
+    return lines
+
+
+def limit_skus(skus: object) -> List[str]:
+    """A purchase limit's SKUs: an iterable of str, read one past the bound at most, so
+    that an endless iterable is refused, not consumed."""
+    if isinstance(skus, (str, bytes)) or not isinstance(skus, Iterable):
+        raise InvalidType(f"skus must be an iterable of str, not {type(skus).__name__}")
+    bounded = list(itertools.islice(skus, _core.LIMIT_GROUP_SKUS_MAX + 1))
+    if len(bounded) > _core.LIMIT_GROUP_SKUS_MAX:
+        raise InvalidArgument(f"a purchase limit names at most {_core.LIMIT_GROUP_SKUS_MAX} skus")
+    return [check_str("sku", sku) for sku in bounded]
+
+
+def reservations(made: List[_core.Reservation]) -> List[Reservation]:
+    return [Reservation._from_core(r) for r in made]
+
+
+def lease(value: object) -> Lease:
+    if not isinstance(value, Lease):
+        raise InvalidType(f"lease must be a stockade.Lease, got {type(value).__name__}")
+    return value
+
+
+def lease_owner(owner: Optional[str]) -> str:
+    """Who holds a lease: as given, else host and process id."""
+    if owner is None:
+        return f"{socket.gethostname()[:200]}:{os.getpid()}"
+    return check_str("owner", owner)
