@@ -28,13 +28,15 @@ test: lint docs install test-cpp test-tsan test-asan test-python test-pooled
 
 # ruff (lint and format) and clang-format, as checks (`make format` fixes what they find),
 # the C++ layers (no include goes up a layer: tools/check_layers.py), and the awaitable
-# twins (generated from the blocking calls: tools/gen_twins.py).
+# twins (generated from the blocking calls: tools/gen_twins.py), and no function over 70
+# lines in cpp/ and python/stockade/ (tools/check_lengths.py).
 lint: $(VENV)/.tools-stamp
 	$(VENV)/bin/ruff check $(PY_SOURCES)
 	$(VENV)/bin/ruff format --check $(PY_SOURCES)
 	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_SOURCES)
 	$(PY) tools/check_layers.py
 	$(PY) tools/gen_twins.py --check
+	$(PY) tools/check_lengths.py
 
 # The manual (docs/, mkdocs.yml) into site/, warnings as errors: a broken link, anchor or
 # API reference fails the build. The API reference reads the sources, not the build.

@@ -142,6 +142,26 @@ py::dict metrics_dict(const MetricsSnapshot& m) {
   return out;
 }
 
+// Leases: the offline lock on a stock row, with its fencing token.
+void register_lease_calls(py::class_<Engine>& c) {
+  c.def(
+       "acquire_lease",
+       [](Engine& e, const std::string& sku, const std::string& location, std::int64_t ttl_us,
+          const std::string& owner) { return e.acquire_lease({sku, location}, ttl_us, owner); },
+       py::arg("sku"), py::arg("location"), py::arg("ttl_us"), py::arg("owner"), Release())
+      .def(
+          "renew_lease",
+          [](Engine& e, const std::string& sku, const std::string& location, FencingToken token,
+             std::int64_t ttl_us) { return e.renew_lease({sku, location}, token, ttl_us); },
+          py::arg("sku"), py::arg("location"), py::arg("token"), py::arg("ttl_us"), Release())
+      .def(
+          "release_lease",
+          [](Engine& e, const std::string& sku, const std::string& location, FencingToken token) {
+            return e.release_lease({sku, location}, token);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("token"), Release());
+}
+
 void register_stock_calls(py::class_<Engine>& c) {
   c.def(
        "set_slots",
@@ -188,22 +208,6 @@ void register_stock_calls(py::class_<Engine>& c) {
           },
           py::arg("sku"), py::arg("location"), py::arg("discontinued"), py::arg("expected_version"),
           py::arg("fencing_token"), Release())
-      .def(
-          "acquire_lease",
-          [](Engine& e, const std::string& sku, const std::string& location, std::int64_t ttl_us,
-             const std::string& owner) { return e.acquire_lease({sku, location}, ttl_us, owner); },
-          py::arg("sku"), py::arg("location"), py::arg("ttl_us"), py::arg("owner"), Release())
-      .def(
-          "renew_lease",
-          [](Engine& e, const std::string& sku, const std::string& location, FencingToken token,
-             std::int64_t ttl_us) { return e.renew_lease({sku, location}, token, ttl_us); },
-          py::arg("sku"), py::arg("location"), py::arg("token"), py::arg("ttl_us"), Release())
-      .def(
-          "release_lease",
-          [](Engine& e, const std::string& sku, const std::string& location, FencingToken token) {
-            return e.release_lease({sku, location}, token);
-          },
-          py::arg("sku"), py::arg("location"), py::arg("token"), Release())
       .def(
           "stock",
           [](Engine& e, const std::string& sku, const std::string& location) {
@@ -459,6 +463,7 @@ void register_engine(py::module_& m) {
       },
       py::arg("sku"), py::arg("location"));
   register_stock_calls(c);
+  register_lease_calls(c);
   register_reservation_calls(c);
   register_async_calls(c);
 }

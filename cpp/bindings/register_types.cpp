@@ -25,7 +25,10 @@ Uuid uuid_from(const py::bytes& raw) {
   return Uuid::from_bytes(std::string_view(data, static_cast<std::size_t>(size)));
 }
 
-void register_types(py::module_& m) {
+namespace {
+
+// The values the engine returns: raw fields, times in microseconds.
+void register_values(py::module_& m) {
   py::class_<StockLevel>(m, "StockLevel", "A stock row as committed: raw fields, times in us.")
       .def_property_readonly("sku", [](const StockLevel& s) { return s.key.sku; })
       .def_property_readonly("location", [](const StockLevel& s) { return s.key.location; })
@@ -61,7 +64,9 @@ void register_types(py::module_& m) {
       .def_readonly("idempotency_key", &Reservation::idempotency_key)
       .def_readonly("buyer", &Reservation::buyer)
       .def_readonly("limit_group", &Reservation::limit_group);
+}
 
+void register_clocks(py::module_& m) {
   py::class_<Clock, std::shared_ptr<Clock>>(m, "Clock", "Where a memory store reads the time.");
   py::class_<ManualClock, Clock, std::shared_ptr<ManualClock>>(
       m, "ManualClock", "A clock that moves only when told to (microseconds since the epoch).")
@@ -69,7 +74,10 @@ void register_types(py::module_& m) {
       .def("now_us", &ManualClock::now_us)
       .def("set_us", &ManualClock::set_us, py::arg("value_us"))
       .def("advance_us", &ManualClock::advance_us, py::arg("delta_us"));
+}
 
+// Ids, hashes and the bounds the Python layer checks options against.
+void register_ids_and_limits(py::module_& m) {
   m.def(
       "make_uuid_v7",
       [](std::int64_t unix_ms, std::uint16_t shard_key) {
@@ -103,6 +111,10 @@ void register_types(py::module_& m) {
   limits["slot_directory"] = slot_directory_max;
   limits["expire_limit"] = expire_batch_max;
   m.attr("OPTION_LIMITS") = limits;
+}
+
+// The core's log ring, which stockade.logs drains into Python's logging.
+void register_logs(py::module_& m) {
   m.def(
       "take_logs",
       [](std::size_t max, std::int64_t timeout_ms) {
@@ -135,6 +147,15 @@ void register_types(py::module_& m) {
         log(static_cast<LogLevel>(level), "stockade", message);
       },
       py::arg("level"), py::arg("message"), "TEST FACILITY: appends a record to the log ring.");
+}
+
+}  // namespace
+
+void register_types(py::module_& m) {
+  register_values(m);
+  register_clocks(m);
+  register_ids_and_limits(m);
+  register_logs(m);
   m.def("parse_conninfo", &parse_conninfo, py::arg("dsn"),
         "The keyword/value pairs of a libpq connection string (InvalidArgument, without "
         "quoting it, if libpq cannot parse it).");

@@ -60,6 +60,21 @@ class ClaimAdvice:
         return "\n".join(["| question | answer |", "|---|---|", *cells])
 
 
+def _checked(
+    fits_in_transaction: object, conflict_rate: object, retry: object, single_statement: object
+) -> bool:
+    """claim_test's arguments checked; whether a retry is safe."""
+    if not all(isinstance(v, bool) for v in (fits_in_transaction, single_statement)):
+        raise InvalidType("fits_in_transaction and single_statement must be bools")
+    if isinstance(conflict_rate, bool) or not isinstance(conflict_rate, (int, float)):
+        raise InvalidType("conflict_rate must be a number between 0 and 1")
+    if not 0.0 <= conflict_rate <= 1.0:
+        raise InvalidArgument(f"conflict_rate must be between 0 and 1, got {conflict_rate}")
+    if retry not in _RETRY:
+        raise InvalidArgument(f"retry must be one of {', '.join(_RETRY)}, got {shown(str(retry))}")
+    return _RETRY[str(retry)]
+
+
 def claim_test(
     *,
     fits_in_transaction: bool,
@@ -75,15 +90,7 @@ def claim_test(
     redoing the work is harmless, ``"unsafe"``/``"expensive"`` if it is not (a payment, an
     e-mail). ``single_statement``: question zero, can one conditional statement do it all?
     """
-    if not all(isinstance(v, bool) for v in (fits_in_transaction, single_statement)):
-        raise InvalidType("fits_in_transaction and single_statement must be bools")
-    if isinstance(conflict_rate, bool) or not isinstance(conflict_rate, (int, float)):
-        raise InvalidType("conflict_rate must be a number between 0 and 1")
-    if not 0.0 <= conflict_rate <= 1.0:
-        raise InvalidArgument(f"conflict_rate must be between 0 and 1, got {conflict_rate}")
-    if retry not in _RETRY:
-        raise InvalidArgument(f"retry must be one of {', '.join(_RETRY)}, got {shown(str(retry))}")
-    retry_safe = _RETRY[retry]
+    retry_safe = _checked(fits_in_transaction, conflict_rate, retry, single_statement)
 
     if single_statement:
         return ClaimAdvice(

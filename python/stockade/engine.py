@@ -153,27 +153,22 @@ class Engine(EngineTwins):
         :meth:`migrate` then distributes the tables on a shard key and every statement
         names the shard key it touches (connections run without session state, as for
         ``"pgbouncer-transaction"``, since Citus carries no session ``SET`` to its
-        workers). See
-        docs/scaling-out.md. Call
-        :meth:`migrate` once to create the schema. With ``sweeper=True`` a background
-        thread expires due holds every ``sweep_interval``, ``sweep_batch`` per transaction;
-        of all engines on one database, one sweeps at a time. With ``retention`` set (it
-        needs ``sweeper=True``) the sweeper also purges what is older than ``retention``
-        each round, ``purge_batch`` rows per transaction (see :meth:`purge`); without it
-        nothing is ever purged unless you call :meth:`purge`. ``batch_max``,
-        ``batch_shards``, ``batch_lock_slice``, ``batch_linger``, ``async_workers``,
-        ``home_slot`` and ``slot_directory`` are as for :meth:`memory`; each batch
-        flusher holds one pooled connection while it applies a batch.
+        workers; see docs/scaling-out.md). Call :meth:`migrate` once to create the schema.
+        With ``sweeper=True`` a background thread expires due holds every
+        ``sweep_interval``, ``sweep_batch`` per transaction; of all engines on one
+        database, one sweeps at a time. With ``retention`` set (it needs ``sweeper=True``)
+        the sweeper also purges what is older than ``retention`` each round,
+        ``purge_batch`` rows per transaction (see :meth:`purge`); without it nothing is
+        ever purged unless you call :meth:`purge`. ``batch_max``, ``batch_shards``,
+        ``batch_lock_slice``, ``batch_linger``, ``async_workers``, ``home_slot`` and
+        ``slot_directory`` are as for :meth:`memory`; each batch flusher holds one pooled
+        connection while it applies a batch.
         """
         logs.start()  # first, so that what the core logs while connecting is delivered
         postgres, options = postgres_options(dsn, _keywords(locals()))
         core = _core.Engine.postgres(postgres=postgres, options=options)
-        logs.LOGGER.info(
-            "connected to PostgreSQL (%s), schema %s, pool_size %d",
-            where(dsn),
-            schema,
-            pool_size,
-        )
+        note = "connected to PostgreSQL (%s), schema %s, pool_size %d"
+        logs.LOGGER.info(note, where(dsn), schema, pool_size)
         engine = cls(core)
         engine._schema = schema
         return engine

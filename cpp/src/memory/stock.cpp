@@ -412,6 +412,53 @@ std::vector<StockLevel> MemoryStore::sku_rows(const SkuKey& base) {
   return out;  // the latches release unchanged
 }
 
+namespace {
+
+// What reshape's plan sees: each row as latched, and a row not made yet as zero.
+std::vector<StockLevel> latched_levels(const std::vector<SkuKey>& keys,
+                                       const std::vector<RowLatch>& latches, TimestampUs now) {
+  std::vector<StockLevel> levels;
+  levels.reserve(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    levels.push_back(latches[i].held() ? level_at(keys[i], latches[i].values(), now)
+                                       : level_at(keys[i], RowValues{0, 0, 1, now}, now));
+  }
+  return levels;
+}
+
+// reshape's last step, with every row latched: writes the plan's on_hand where it changes
+// a row (every row with `write_all`), after checking every row's invariant first, so that
+// a refusal writes none.
+std::vector<StockLevel> publish_reshape(const std::vector<SkuKey>& keys,
+                                        const std::vector<Quantity>& on_hand,
+                                        std::vector<RowLatch>& latches, bool write_all,
+                                        TimestampUs now) {
+  if (on_hand.size() != keys.size()) {
+    throw Error(ErrorCode::invariant_violation,
+                "a reshape plan returned " + std::to_string(on_hand.size()) + " quantities for " +
+                    std::to_string(keys.size()) + " rows");
+  }
+  std::vector<RowValues> next(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    next[i] = latches[i].values();
+    if (on_hand[i] == next[i].on_hand && !write_all) continue;
+    next[i] = changed(next[i], now);
+    next[i].on_hand = on_hand[i];
+    if (next[i].reserved > next[i].on_hand + next[i].backorder_limit) {
+      throw_invariant_violation(next[i], keys[i]);  // before any row is written
+    }
+  }
+  std::vector<StockLevel> out;
+  out.reserve(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    out.push_back(level_at(keys[i], next[i], now));
+    if (next[i].version != latches[i].values().version) latches[i].publish(next[i], keys[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bool create,
                                              bool write_all, std::int64_t lock_timeout_ms,
                                              const ReshapePlan& plan) {
@@ -450,16 +497,7 @@ std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bo
     locks.push_back(acquire(rows[i]->row_lock, keys[i], wait, nullptr, nullptr));
   }
   for (std::size_t i : present) latches[i] = RowLatch(rows[i]->cell, rows[i]->cell.latch());
-  const auto levels_now = [&] {
-    std::vector<StockLevel> levels;
-    levels.reserve(rows.size());
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      levels.push_back(rows[i] != nullptr && latches[i].held()
-                           ? level_at(keys[i], latches[i].values(), now)
-                           : level_at(keys[i], RowValues{0, 0, 1, now}, now));
-    }
-    return levels;
-  };
+  const auto levels_now = [&] { return latched_levels(keys, latches, now); };
   // The plan decides before any row is made, so a refusal leaves nothing behind (as a
   // rolled-back INSERT does); rows made after are zero until it is applied.
   std::vector<Quantity> on_hand = plan(levels_now());
@@ -484,29 +522,7 @@ std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bo
       throw;
     }
   }
-  write_all = write_all || made;
-  if (on_hand.size() != rows.size()) {
-    throw Error(ErrorCode::invariant_violation,
-                "a reshape plan returned " + std::to_string(on_hand.size()) + " quantities for " +
-                    std::to_string(rows.size()) + " rows");
-  }
-  std::vector<RowValues> next(rows.size());
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    next[i] = latches[i].values();
-    if (on_hand[i] == next[i].on_hand && !write_all) continue;
-    next[i] = changed(next[i], now);
-    next[i].on_hand = on_hand[i];
-    if (next[i].reserved > next[i].on_hand + next[i].backorder_limit) {
-      throw_invariant_violation(next[i], keys[i]);  // before any row is written
-    }
-  }
-  std::vector<StockLevel> out;
-  out.reserve(rows.size());
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    out.push_back(level_at(keys[i], next[i], now));
-    if (next[i].version != latches[i].values().version) latches[i].publish(next[i], keys[i]);
-  }
-  return out;
+  return publish_reshape(keys, on_hand, latches, write_all || made, now);
 }
 
 StockLevel MemoryStore::sell(const SellRequest& request) {

@@ -165,6 +165,9 @@ void fail(BatchItem& item, Error error) {
 }  // namespace
 
 // The state of one batch while its transaction runs.
+struct OneRowHolds;
+struct NewKeys;
+
 class BatchTx {
  public:
   BatchTx(const std::vector<BatchItem*>& items, std::int64_t now_ms)
@@ -378,6 +381,7 @@ class BatchTx {
   void write_transitions(Tx& tx);
   pqxx::result write(Tx& tx, Stmt statement);
   pqxx::result write_one(Tx& tx);
+  pqxx::result write_one_citus(Tx& tx, const OneRowHolds& h, const NewKeys& k);
   void unclaim_refused(Tx& tx);
   void settle_duplicates();
 
@@ -817,28 +821,37 @@ void BatchTx::write_transitions(Tx& tx) {
   }
 }
 
+// The arrays of a one-row batch's reservations (write_one), one element per granted
+// reserve, and of its new keys (one per keyed reserve).
+struct OneRowHolds {
+  std::vector<std::string> ids, keys, buyers;
+  std::vector<std::int64_t> qtys, ttls;
+  bool any_buyer = false;
+};
+struct NewKeys {
+  std::vector<std::string> names, prints, ids;
+};
+
 // write() for a batch on one row, through batch_fast_one: the key travels once.
 pqxx::result BatchTx::write_one(Tx& tx) {
   const auto& [key, row] = *rows_.begin();
-  std::vector<std::string> ids, r_keys, buyers;
-  std::vector<std::int64_t> qtys, ttls;
-  bool any_buyer = false;
+  OneRowHolds h;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     const BatchItem& item = *items_[i];
     if (!item.ok || item.op != BatchOp::reserve) continue;
-    ids.push_back(ids_[i].to_string());
-    r_keys.push_back(item.idempotency_key.value_or(std::string()));
-    buyers.push_back(item.buyer.value_or(std::string()));
-    any_buyer = any_buyer || item.buyer.has_value();
-    qtys.push_back(item.qty);
-    ttls.push_back(item.ttl_us);
+    h.ids.push_back(ids_[i].to_string());
+    h.keys.push_back(item.idempotency_key.value_or(std::string()));
+    h.buyers.push_back(item.buyer.value_or(std::string()));
+    h.any_buyer = h.any_buyer || item.buyer.has_value();
+    h.qtys.push_back(item.qty);
+    h.ttls.push_back(item.ttl_us);
   }
-  reservations_written_ = ids.size();
-  if (any_buyer) {  // needs_full_path() sent keyed batches with buyers the long way
+  reservations_written_ = h.ids.size();
+  if (h.any_buyer) {  // needs_full_path() sent keyed batches with buyers the long way
     try {
       return tx.exec_on(shard_, Stmt::batch_fast_one_limited, key.sku, key.location, row.sold,
-                        row.held, row.changes, text_array(ids), int_array(qtys), int_array(ttls),
-                        text_array(r_keys), text_array(buyers));
+                        row.held, row.changes, text_array(h.ids), int_array(h.qtys),
+                        int_array(h.ttls), text_array(h.keys), text_array(h.buyers));
     } catch (const pqxx::sql_error& e) {
       if (e.sqlstate() == statement_aborted) throw FastMiss{};  // rolled back in full
       throw;
@@ -846,53 +859,58 @@ pqxx::result BatchTx::write_one(Tx& tx) {
   }
   if (!any_keyed() && !tx.conn.statements().citus()) {
     return tx.exec_on(shard_, Stmt::batch_fast_one, key.sku, key.location, row.sold, row.held,
-                      row.changes, text_array(ids), int_array(qtys), int_array(ttls),
-                      text_array(r_keys));
+                      row.changes, text_array(h.ids), int_array(h.qtys), int_array(h.ttls),
+                      text_array(h.keys));
   }
-  std::vector<std::string> names, prints, claim_ids;
+  NewKeys k;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     if (!keyed(i)) continue;
     const BatchItem& item = *items_[i];
-    names.push_back(*item.idempotency_key);
-    prints.push_back(fingerprint(
+    k.names.push_back(*item.idempotency_key);
+    k.prints.push_back(fingerprint(
         ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, WriteOptions{}}));
-    claim_ids.push_back(ids_[i].to_string());
+    k.ids.push_back(ids_[i].to_string());
   }
-  if (tx.conn.statements().citus()) {
-    // The same writes as separate statements of one transaction (see citus_move_one).
-    if (!names.empty() &&
-        tx.exec_on(shard_, Stmt::citus_keys_taken, text_array(names))[0][0].as<std::int64_t>() >
-            0) {
-      return pqxx::result();  // a replay or a conflict: the full path decides
-    }
-    pqxx::result moved = tx.exec_on(shard_, Stmt::citus_move_one, key.sku, key.location, row.sold,
-                                    row.held, row.changes);
-    if (moved.empty()) return moved;
-    const std::string& schema = tx.conn.statements().schema();
-    if (!ids.empty()) {
-      const std::vector<std::string> skus(ids.size(), key.sku), locations(ids.size(), key.location);
-      const std::int64_t now_us = moved[0][5].as<std::int64_t>();  // the move's now()
-      tx.conn.exec_sql(tx.work, citus_holds_sql(tx.work, schema, shard_, now_us, ids, skus,
-                                                locations, qtys, ttls, r_keys, {}, {}));
-    }
-    if (!names.empty()) {
-      try {
-        tx.conn.exec_sql(tx.work,
-                         citus_keys_sql(tx.work, schema, shard_, names, prints, claim_ids, false));
-      } catch (const pqxx::unique_violation&) {
-        throw FastMiss{};  // claimed elsewhere meanwhile: the transaction rolls back
-      }
-    }
-    return moved;
-  }
+  if (tx.conn.statements().citus()) return write_one_citus(tx, h, k);
   try {
     return tx.exec_on(shard_, Stmt::batch_fast_one_keyed, key.sku, key.location, row.sold, row.held,
-                      row.changes, text_array(ids), int_array(qtys), int_array(ttls),
-                      text_array(r_keys), text_array(names), text_array(prints),
-                      text_array(claim_ids));
+                      row.changes, text_array(h.ids), int_array(h.qtys), int_array(h.ttls),
+                      text_array(h.keys), text_array(k.names), text_array(k.prints),
+                      text_array(k.ids));
   } catch (const pqxx::unique_violation&) {
     throw FastMiss{};  // a key was claimed elsewhere meanwhile: the statement rolled back
   }
+}
+
+// write_one on Citus: the same writes as separate statements of one transaction (see
+// citus_move_one).
+pqxx::result BatchTx::write_one_citus(Tx& tx, const OneRowHolds& h, const NewKeys& k) {
+  const auto& [key, row] = *rows_.begin();
+  if (!k.names.empty() &&
+      tx.exec_on(shard_, Stmt::citus_keys_taken, text_array(k.names))[0][0].as<std::int64_t>() >
+          0) {
+    return pqxx::result();  // a replay or a conflict: the full path decides
+  }
+  pqxx::result moved = tx.exec_on(shard_, Stmt::citus_move_one, key.sku, key.location, row.sold,
+                                  row.held, row.changes);
+  if (moved.empty()) return moved;
+  const std::string& schema = tx.conn.statements().schema();
+  if (!h.ids.empty()) {
+    const std::vector<std::string> skus(h.ids.size(), key.sku),
+        locations(h.ids.size(), key.location);
+    const std::int64_t now_us = moved[0][5].as<std::int64_t>();  // the move's now()
+    tx.conn.exec_sql(tx.work, citus_holds_sql(tx.work, schema, shard_, now_us, h.ids, skus,
+                                              locations, h.qtys, h.ttls, h.keys, {}, {}));
+  }
+  if (!k.names.empty()) {
+    try {
+      tx.conn.exec_sql(tx.work,
+                       citus_keys_sql(tx.work, schema, shard_, k.names, k.prints, k.ids, false));
+    } catch (const pqxx::unique_violation&) {
+      throw FastMiss{};  // claimed elsewhere meanwhile: the transaction rolls back
+    }
+  }
+  return moved;
 }
 
 void BatchTx::unclaim_refused(Tx& tx) {

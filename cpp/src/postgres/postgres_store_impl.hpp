@@ -180,6 +180,11 @@ class PostgresStore final : public Store, public TestHooks {
   template <RunMode Mode = RunMode::transaction, class Fn>
   auto run(const WriteOptions* options, const ErrorContext& context, Fn&& fn)
       -> std::invoke_result_t<Fn&, Tx&>;
+  // One attempt of run() on `lease`: fn(tx), then the commit. `committing` turns true
+  // once a lost connection could mean a commit (run() then resolves, never retries).
+  template <RunMode Mode, class Fn>
+  auto run_attempt(Pool::Lease& lease, const WriteOptions* options, bool in_transaction,
+                   bool& committing, Fn& fn) -> std::invoke_result_t<Fn&, Tx&>;
   // After a rolled-back transaction (40001, 40P01): sleeps with jitter before another
   // attempt, or throws Overloaded once serialization_retries_max attempts failed.
   void back_off_or_give_up(const WriteOptions* options, const ErrorContext& context,
@@ -263,6 +268,9 @@ class PostgresStore final : public Store, public TestHooks {
   // (having done nothing) when another engine holds it.
   std::optional<std::size_t> sweep_batch(Connection& leader, std::int64_t election_key);
   void purge_on_leader(Connection& leader, std::int64_t election_key);
+  bool stand_for_sweeper(std::unique_ptr<Connection>& leader, bool elected,
+                         std::int64_t election_key);
+  std::uint64_t expire_as_leader(Connection& leader, std::int64_t election_key, bool& elected);
   // Pooled: takes the sweeper's election lock for this transaction, if free.
   static bool elected_for(pqxx::transaction_base& work, const Connection& leader,
                           std::int64_t election_key);
@@ -364,7 +372,6 @@ inline constexpr std::int64_t retry_backoff_cap_us = 50'000;
 template <RunMode Mode, class Fn>
 auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context, Fn&& fn)
     -> std::invoke_result_t<Fn&, Tx&> {
-  using Result = std::invoke_result_t<Fn&, Tx&>;
   const Failure failure{options, context, options_.schema};
   bool reconnected = false;
   for (int attempt = 0;; ++attempt) {
@@ -378,36 +385,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
     const bool in_transaction =
         Mode == RunMode::transaction || (Mode == RunMode::one_statement && lease->pooled());
     try {
-      lease->set_lock_timeout(options != nullptr ? options->lock_timeout_ms
-                                                 : options_.lock_timeout_ms);
-      // Pooled, a transaction runs by hand: BEGIN and SET LOCAL lock_timeout in one round
-      // trip (see TransactionByHand).
-      const bool by_hand = in_transaction && lease->pooled();
-      std::optional<pqxx::work> transaction;
-      std::optional<pqxx::nontransaction> autocommit;
-      pqxx::transaction_base& work =
-          in_transaction && !by_hand
-              ? static_cast<pqxx::transaction_base&>(transaction.emplace(lease->raw()))
-              : autocommit.emplace(lease->raw());
-      std::optional<TransactionByHand> manual;
-      if (by_hand) manual.emplace(*autocommit, *lease);
-      Tx tx{work, *lease};
-      std::optional<Result> result;
-      std::optional<Error> deferred;
-      committing = !in_transaction && Mode == RunMode::one_statement;  // its statement commits
-      try {
-        result.emplace(fn(tx));
-      } catch (CommitThenRaise& raise) {
-        deferred.emplace(std::move(raise.error));
-      }
-      committing = true;
-      if (manual) {
-        manual->commit();
-      } else {
-        work.commit();
-      }
-      if (deferred) throw Error(*deferred);
-      return std::move(*result);
+      return run_attempt<Mode>(lease, options, in_transaction, committing, fn);
     } catch (const pqxx::in_doubt_error& e) {
       lease.discard();
       throw lost_commit(lease->backend(), context, e.what());
@@ -454,6 +432,42 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
                   std::move(c));
     }
   }
+}
+
+template <RunMode Mode, class Fn>
+auto PostgresStore::run_attempt(Pool::Lease& lease, const WriteOptions* options,
+                                bool in_transaction, bool& committing, Fn& fn)
+    -> std::invoke_result_t<Fn&, Tx&> {
+  using Result = std::invoke_result_t<Fn&, Tx&>;
+  lease->set_lock_timeout(options != nullptr ? options->lock_timeout_ms : options_.lock_timeout_ms);
+  // Pooled, a transaction runs by hand: BEGIN and SET LOCAL lock_timeout in one round
+  // trip (see TransactionByHand).
+  const bool by_hand = in_transaction && lease->pooled();
+  std::optional<pqxx::work> transaction;
+  std::optional<pqxx::nontransaction> autocommit;
+  pqxx::transaction_base& work =
+      in_transaction && !by_hand
+          ? static_cast<pqxx::transaction_base&>(transaction.emplace(lease->raw()))
+          : autocommit.emplace(lease->raw());
+  std::optional<TransactionByHand> manual;
+  if (by_hand) manual.emplace(*autocommit, *lease);
+  Tx tx{work, *lease};
+  std::optional<Result> result;
+  std::optional<Error> deferred;
+  committing = !in_transaction && Mode == RunMode::one_statement;  // its statement commits
+  try {
+    result.emplace(fn(tx));
+  } catch (CommitThenRaise& raise) {
+    deferred.emplace(std::move(raise.error));
+  }
+  committing = true;
+  if (manual) {
+    manual->commit();
+  } else {
+    work.commit();
+  }
+  if (deferred) throw Error(*deferred);
+  return std::move(*result);
 }
 
 template <class Fn>

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "stockade/hash.hpp"
@@ -50,6 +51,32 @@ std::string reservation_columns() {
 // with now(), and Citus refuses non-immutable functions in RETURNING.
 std::string returning_stock(const std::string& write) {
   return "WITH w AS (" + write + " RETURNING *) SELECT " + stock_columns() + " FROM w";
+}
+
+// The pieces of the one-row batch statements (add_batch_fast_one_statements): the guarded
+// UPDATE of the row ($1..$5), its RETURNING, the reservations' INSERT ($6..$9), and the
+// answer read from the moved row.
+struct OneRowPieces {
+  std::string moved, moved_end, made, answer;
+};
+
+OneRowPieces one_row_pieces(const std::string& schema) {
+  OneRowPieces p;
+  p.moved = " moved AS (UPDATE " + schema +
+            ".stock SET on_hand = on_hand - $3::bigint, reserved = reserved + $4::bigint,"
+            " version = version + $5::bigint, updated_at = now()"
+            " WHERE sku = $1 AND location = $2@PIN AND " +
+            std::string(room) + " >= $3::bigint + $4::bigint AND " + open_row;
+  p.moved_end = " RETURNING sku, location, on_hand, reserved, version, backorder_limit),";
+  p.made = " made AS (INSERT INTO " + schema +
+           ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
+           " created_at, updated_at@SKC) SELECT i::uuid, $1, $2, q, 'held', 1,"
+           " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()@SKV"
+           " FROM unnest($6::text[], $7::bigint[], $8::bigint[], $9::text[]) AS r(i, q, t, ik)"
+           " WHERE EXISTS (SELECT 1 FROM moved))";
+  p.answer = " SELECT sku, location, on_hand, reserved, version, " + epoch_us("now()") +
+             ", backorder_limit FROM moved";
+  return p;
 }
 
 std::string ttl_from_now(int param) {
@@ -120,9 +147,24 @@ Statements::Statements(const std::string& schema, bool citus, std::string schema
     pinned_[i] = pinned;
   };
   add_stock_statements(schema, set);
+  add_lease_statements(schema, set);
   add_reservation_statements(schema, set);
+  add_retention_statements(schema, set);
+  add_count_statements(schema, set);
+  add_key_statements(schema, set);
   add_batch_statements(schema, set);
   add_batch_fast_statements(schema, set);
+  add_batch_fast_one_statements(schema, set);
+  add_batch_fast_limited_statement(schema, set);
+  add_expiry_statements(schema, set);
+  add_citus_statements(schema, set);
+  for (std::size_t i = 0; i < stmt_count; ++i) parameters_[i] = last_parameter(sql_[i]);
+  if (!citus) name_routines();  // see routines()
+}
+
+// The sweeper's statements on Citus (expire_pick serves the plain layout).
+template <class Set>
+void Statements::add_expiry_statements(const std::string& schema, Set& set) {
   // Citus: the shard keys that have due holds, so that the sweeper expires them shard by
   // shard (Citus refuses FOR UPDATE across shards). A read without locks, across shards.
   // (Its LIMIT is a constant: Citus cannot plan a parameter there across shards.)
@@ -138,6 +180,11 @@ Statements::Statements(const std::string& schema, bool citus, std::string schema
                             " updated_at = now() WHERE r.id = ANY($1::uuid[])@PIN(r)"
                             " RETURNING r.sku, r.location, r.qty, coalesce(r.limit_group, ''),"
                             " coalesce(r.buyer, '')");
+}
+
+// The statements of the Citus layout alone: retention by shard group, and stats()' counts.
+template <class Set>
+void Statements::add_citus_statements(const std::string& schema, Set& set) {
   // Retention on Citus, which plans neither purge_keys' nor purge_reservations' CTEs, and
   // where an order's reservations may lie on other shards than its key. Each step first
   // reads the next old entries in time order from every shard (a read without locks; $1
@@ -202,49 +249,15 @@ Statements::Statements(const std::string& schema, bool citus, std::string schema
       "DELETE FROM " + schema +
           ".reservation WHERE id = ANY($1::uuid[]) AND shard_key = ANY($2::int[])"
           " AND state <> 'held' RETURNING 1");
-  if (citus) {
-    // stats() on Citus: the coordinator's statistics see none of the workers' rows, so the
-    // live-tuple figures of every shard are summed, one command per shard, run in parallel
-    // (a worker flushes its figures within about ten seconds of a commit). Holds are
-    // counted as on one server.
-    const auto live = [&](const std::string& table) {
-      return "(SELECT coalesce(sum(result::bigint), 0) FROM run_command_on_shards('" + schema +
-             "." + table +
-             "', $$SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = '%s'::regclass$$)"
-             " WHERE success)";
-    };
-    set(Stmt::counts_estimate, "SELECT " + live("stock") + ", " + live("reservation") +
-                                   ", (SELECT count(*) FROM (SELECT 1 FROM " + schema +
-                                   ".reservation WHERE state = 'held' LIMIT $1) AS h)");
-  }
-  for (std::size_t i = 0; i < stmt_count; ++i) parameters_[i] = last_parameter(sql_[i]);
-  if (citus) return;  // see routines()
-  // The statements of the hot paths that return rows (a routine returns what its
-  // statement does; one without rows would change what a caller reads).
-  routines_ = {Stmt::stock_get,
-               Stmt::stock_lock,
-               Stmt::stock_lock_nowait,
-               Stmt::stock_lock_skip,
-               Stmt::stock_insert,
-               Stmt::stock_delta,
-               Stmt::stock_settle,
-               Stmt::stock_cas,
-               Stmt::hold_atomic,
-               Stmt::reservation_insert,
-               Stmt::reservation_get,
-               Stmt::reservation_lock,
-               Stmt::reservation_set,
-               Stmt::reservation_get_many,
-               Stmt::idempotency_claim,
-               Stmt::idempotency_get,
-               Stmt::batch_claim,
-               Stmt::batch_keys_get,
-               Stmt::batch_lock,
-               Stmt::batch_fast,
-               Stmt::batch_fast_one,
-               Stmt::batch_fast_one_keyed,
-               Stmt::batch_fast_one_limited,
-               Stmt::batch_lock_reservations};
+}
+
+// The statement routines (see routines()): the statements whose kind is `routine`, each
+// named after its statement and a hash of its SQL and of the schema version.
+void Statements::name_routines() {
+#define STOCKADE_STMT_ROUTINE(name, kind) \
+  if (std::string_view(#kind) == "routine") routines_.push_back(Stmt::name);
+  STOCKADE_STATEMENTS(STOCKADE_STMT_ROUTINE)
+#undef STOCKADE_STMT_ROUTINE
   for (Stmt r : routines_) {
     const auto i = static_cast<std::size_t>(r);
     routine_[i] = true;
@@ -260,7 +273,7 @@ Statements::Statements(const std::string& schema, bool citus, std::string schema
   }
 }
 
-// Stock rows, and the atomic hold that writes a row and its reservation in one statement.
+// Stock rows: reads, locks, and the writes of each kind.
 template <class Set>
 void Statements::add_stock_statements(const std::string& schema, Set& set) {
   const std::string stock = schema + ".stock";
@@ -309,6 +322,15 @@ void Statements::add_stock_statements(const std::string& schema, Set& set) {
                       " SET discontinued_at = CASE WHEN $3 THEN now() ELSE NULL END,"
                       " version = version + 1, updated_at = now()" +
                       key));
+}
+
+// Leases, the optimistic compare-and-set, the canary's overwrite, and the atomic hold that
+// writes a row and its reservation in one statement.
+template <class Set>
+void Statements::add_lease_statements(const std::string& schema, Set& set) {
+  const std::string stock = schema + ".stock";
+  const std::string reservation = schema + ".reservation";
+  const std::string key = " WHERE sku = $1 AND location = $2@PIN";
   // Leases: a new token ($5) from the sequence, drawn by lease_next_token in the same
   // transaction (Citus refuses a volatile function in an UPDATE of a distributed table);
   // expiry on the database clock ($4 microseconds). Timestamps leave through a CTE:
@@ -357,7 +379,7 @@ void Statements::add_stock_statements(const std::string& schema, Set& set) {
           epoch_us("expires_at") + ", " + epoch_us("created_at") + ", (SELECT version FROM held)");
 }
 
-// Reservations, expiry, idempotency keys and advisory locks.
+// Reservations and the sweeper's pick.
 template <class Set>
 void Statements::add_reservation_statements(const std::string& schema, Set& set) {
   const std::string reservation = schema + ".reservation";
@@ -394,6 +416,13 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
           " SELECT sku, location, sum(qty)::bigint, count(*), coalesce(limit_group, ''),"
           " coalesce(buyer, '') FROM done GROUP BY sku, location, limit_group, buyer"
           " ORDER BY sku COLLATE \"C\", location COLLATE \"C\"");
+}
+
+// Retention on one server (the Citus layout has its own, add_citus_statements) and the
+// counts of stats().
+template <class Set>
+void Statements::add_retention_statements(const std::string& schema, Set& set) {
+  const std::string reservation = schema + ".reservation";
   // Retention, oldest first through the indexes of migration 002. $1: the horizon's age
   // in microseconds on the database clock; $2: at most this many keys (or reservations);
   // $3: a cursor (epoch microseconds) below which this purge already looked, so that a
@@ -435,19 +464,46 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
           " r USING doomed d WHERE r.id = d.id@PIN(r) RETURNING 1)"
           " SELECT 0::bigint, (SELECT count(*) FROM gone), coalesce((SELECT max(" +
           epoch_us("updated_at") + ") FROM doomed), $3::bigint)");
+}
+
+// stats()' counts: O(1), whatever the tables' size.
+template <class Set>
+void Statements::add_count_statements(const std::string& schema, Set& set) {
+  const std::string reservation = schema + ".reservation";
   // stats(): live-tuple figures of the statistics collector (O(1), refreshed within about
   // a second of each commit), and holds counted through their partial index up to $1.
-  set(Stmt::counts_estimate,
-      "SELECT (SELECT coalesce(max(n_live_tup), 0) FROM pg_stat_user_tables"
-      " WHERE relid = to_regclass('" +
-          schema +
-          ".stock')),"
-          " (SELECT coalesce(max(n_live_tup), 0) FROM pg_stat_user_tables"
-          " WHERE relid = to_regclass('" +
-          reservation +
-          "')),"
-          " (SELECT count(*) FROM (SELECT 1 FROM " +
-          reservation + " WHERE state = 'held' LIMIT $1) AS h)");
+  if (!citus_) {
+    set(Stmt::counts_estimate,
+        "SELECT (SELECT coalesce(max(n_live_tup), 0) FROM pg_stat_user_tables"
+        " WHERE relid = to_regclass('" +
+            schema +
+            ".stock')),"
+            " (SELECT coalesce(max(n_live_tup), 0) FROM pg_stat_user_tables"
+            " WHERE relid = to_regclass('" +
+            reservation +
+            "')),"
+            " (SELECT count(*) FROM (SELECT 1 FROM " +
+            reservation + " WHERE state = 'held' LIMIT $1) AS h)");
+  } else {
+    // stats() on Citus: the coordinator's statistics see none of the workers' rows, so the
+    // live-tuple figures of every shard are summed, one command per shard, run in parallel
+    // (a worker flushes its figures within about ten seconds of a commit). Holds are
+    // counted as on one server.
+    const auto live = [&](const std::string& table) {
+      return "(SELECT coalesce(sum(result::bigint), 0) FROM run_command_on_shards('" + schema +
+             "." + table +
+             "', $$SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = '%s'::regclass$$)"
+             " WHERE success)";
+    };
+    set(Stmt::counts_estimate, "SELECT " + live("stock") + ", " + live("reservation") +
+                                   ", (SELECT count(*) FROM (SELECT 1 FROM " + schema +
+                                   ".reservation WHERE state = 'held' LIMIT $1) AS h)");
+  }
+}
+
+// Idempotency keys and advisory locks.
+template <class Set>
+void Statements::add_key_statements(const std::string& schema, Set& set) {
   set(Stmt::idempotency_claim, "INSERT INTO " + schema +
                                    ".idempotency (key, request_fingerprint, reservation_ids,"
                                    " created_at@SKC) VALUES ($1, $2, $3::uuid[], now()@SKV)"
@@ -624,6 +680,12 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
           "verdict WHERE verdict.all_fit)"
           " SELECT sku, location, on_hand, reserved, version, " +
           epoch_us("now()") + ", backorder_limit FROM moved");
+}
+
+// The fast paths for a batch on one row (the hot SKU), with keys, with buyers, and on
+// Citus.
+template <class Set>
+void Statements::add_batch_fast_one_statements(const std::string& schema, Set& set) {
   // The fast path for a batch on one row (the hot SKU): the guarded UPDATE takes the row
   // lock and checks the room itself, and the reservations are inserted only if it moved.
   // The keyed form ($10 keys, $11 fingerprints, $12 the ids of their reservations) moves
@@ -634,23 +696,11 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
   // No look for the keys comes first: a fresh key is the common case, and that look was a
   // second descent of the key index per key (0.33-0.40 ms per batch of 32 with it, about
   // 0.30 without; on a grown index the keyed hot SKU ran 1.1-1.4x faster without).
-  const std::string moved =
-      " moved AS (UPDATE " + schema +
-      ".stock SET on_hand = on_hand - $3::bigint, reserved = reserved + $4::bigint,"
-      " version = version + $5::bigint, updated_at = now()"
-      " WHERE sku = $1 AND location = $2@PIN AND " +
-      std::string(room) + " >= $3::bigint + $4::bigint AND " + open_row;
-  const std::string moved_end =
-      " RETURNING sku, location, on_hand, reserved, version, backorder_limit),";
-  const std::string made =
-      " made AS (INSERT INTO " + schema +
-      ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
-      " created_at, updated_at@SKC) SELECT i::uuid, $1, $2, q, 'held', 1,"
-      " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()@SKV"
-      " FROM unnest($6::text[], $7::bigint[], $8::bigint[], $9::text[]) AS r(i, q, t, ik)"
-      " WHERE EXISTS (SELECT 1 FROM moved))";
-  const std::string answer = " SELECT sku, location, on_hand, reserved, version, " +
-                             epoch_us("now()") + ", backorder_limit FROM moved";
+  const OneRowPieces p = one_row_pieces(schema);
+  const std::string& moved = p.moved;
+  const std::string& moved_end = p.moved_end;
+  const std::string& made = p.made;
+  const std::string& answer = p.answer;
   set(Stmt::batch_fast_one, "WITH" + moved + moved_end + made + answer);
   // Citus runs a CTE that writes through another CTE's rows by sending them to every
   // worker as an intermediate result, and an INSERT ... SELECT of many rows through COPY;
@@ -663,6 +713,21 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
                                 epoch_us("now()") + ", backorder_limit FROM moved");
   set(Stmt::citus_keys_taken,
       "SELECT count(*) FROM " + schema + ".idempotency WHERE key = ANY($1::text[])@PIN");
+  set(Stmt::batch_fast_one_keyed,
+      "WITH" + moved + moved_end + made + ", claim AS (INSERT INTO " + schema +
+          ".idempotency (key, request_fingerprint, reservation_ids, created_at@SKC)"
+          " SELECT k, f, ARRAY[i::uuid], now()@SKV FROM unnest($10::text[], $11::text[], "
+          "$12::text[])"
+          " AS t(k, f, i) WHERE EXISTS (SELECT 1 FROM moved))" +
+          answer);
+}
+
+// The one-row fast path with buyers (purchase limits).
+template <class Set>
+void Statements::add_batch_fast_limited_statement(const std::string& schema, Set& set) {
+  const OneRowPieces p = one_row_pieces(schema);
+  const std::string& moved = p.moved;
+  const std::string& moved_end = p.moved_end;
   // The one-row form with buyers ($10, '' for none): in one statement, each buyer's units
   // in the SKU's purchase-limit group are taken from its parent row (locked, sorted,
   // before the stock row) if they stay within the limit; the row moves only if every
@@ -696,18 +761,11 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
           " FROM (SELECT 1) AS one LEFT JOIN moved m ON true WHERE CASE WHEN m.sku IS NOT NULL"
           " THEN true WHEN EXISTS (SELECT 1 FROM taken) THEN " +
           schema + ".abort_statement() ELSE false END");
-  set(Stmt::batch_fast_one_keyed,
-      "WITH" + moved + moved_end + made + ", claim AS (INSERT INTO " + schema +
-          ".idempotency (key, request_fingerprint, reservation_ids, created_at@SKC)"
-          " SELECT k, f, ARRAY[i::uuid], now()@SKV FROM unnest($10::text[], $11::text[], "
-          "$12::text[])"
-          " AS t(k, f, i) WHERE EXISTS (SELECT 1 FROM moved))" +
-          answer);
 }
 
 const char* Statements::name(Stmt s) {
   static const std::array<const char*, stmt_count> names = {
-#define STOCKADE_STMT_NAME(name) "stockade_" #name,
+#define STOCKADE_STMT_NAME(name, kind) "stockade_" #name,
       STOCKADE_STATEMENTS(STOCKADE_STMT_NAME)
 #undef STOCKADE_STMT_NAME
   };

@@ -9,83 +9,83 @@
 
 namespace stockade::detail::pg {
 
-// Every statement, once: X(name) for each. The enum, the names of the prepared statements
+// Every statement, once: X(name, plain) for each. The enum, the names of the prepared statements
 // ("stockade_" and the name) and the routines' names come from this one list.
-#define STOCKADE_STATEMENTS(X) \
-  X(stock_get)                 \
-  X(stock_lock)                \
-  X(stock_lock_nowait)         \
-  X(stock_lock_skip)           \
-  X(stock_insert)              \
-  X(stock_set_on_hand)         \
-  X(stock_delta)               \
-  X(stock_settle)              \
-  X(stock_set_backorder_limit) \
-  X(stock_set_discontinued)    \
-  X(lease_next_token)          \
-  X(lease_acquire)             \
-  X(lease_renew)               \
-  X(lease_release)             \
-  X(stock_cas)                 \
-  X(stock_overwrite_reserved)  \
-  X(hold_atomic)               \
-  X(reservation_insert)        \
-  X(reservation_get)           \
-  X(reservation_lock)          \
-  X(reservation_set)           \
-  X(reservation_get_many)      \
-  X(expire_pick)               \
-  X(purge_keys)                \
-  X(purge_reservations)        \
-  X(counts_estimate)           \
-  X(idempotency_claim)         \
-  X(idempotency_get)           \
-  X(limit_lookup)              \
-  X(allowance_take)            \
-  X(allowance_get)             \
-  X(allowance_give)            \
-  X(limit_upsert)              \
-  X(limit_skus_set)            \
-  X(limit_sku_owner)           \
-  X(limit_delete)              \
-  X(batch_allowance_make)      \
-  X(allowance_make_one)        \
-  X(batch_allowance_lock)      \
-  X(batch_allowance_write)     \
-  X(advisory_lock)             \
-  X(advisory_try_lock)         \
-  X(batch_claim)               \
-  X(batch_keys_get)            \
-  X(batch_lock)                \
-  X(batch_write)               \
-  X(batch_unclaim)             \
-  X(batch_fast)                \
-  X(batch_fast_one)            \
-  X(batch_fast_one_keyed)      \
-  X(batch_fast_one_limited)    \
-  X(batch_lock_reservations)   \
-  X(batch_transition)          \
-  X(due_shards)                \
-  X(citus_move_one)            \
-  X(citus_keys_taken)          \
-  X(citus_move)                \
-  X(expire_lock)               \
-  X(expire_set)                \
-  X(purge_key_shards)          \
-  X(citus_shard_groups)        \
-  X(purge_reservation_shards)  \
-  X(purge_keys_lock)           \
-  X(purge_blockers)            \
-  X(purge_keys_delete)         \
-  X(purge_reservations_lock)   \
-  X(purge_keys_present)        \
-  X(purge_reservations_delete) \
-  X(sku_rows)
+#define STOCKADE_STATEMENTS(X)        \
+  X(stock_get, routine)               \
+  X(stock_lock, routine)              \
+  X(stock_lock_nowait, routine)       \
+  X(stock_lock_skip, routine)         \
+  X(stock_insert, routine)            \
+  X(stock_set_on_hand, plain)         \
+  X(stock_delta, routine)             \
+  X(stock_settle, routine)            \
+  X(stock_set_backorder_limit, plain) \
+  X(stock_set_discontinued, plain)    \
+  X(lease_next_token, plain)          \
+  X(lease_acquire, plain)             \
+  X(lease_renew, plain)               \
+  X(lease_release, plain)             \
+  X(stock_cas, routine)               \
+  X(stock_overwrite_reserved, plain)  \
+  X(hold_atomic, routine)             \
+  X(reservation_insert, routine)      \
+  X(reservation_get, routine)         \
+  X(reservation_lock, routine)        \
+  X(reservation_set, routine)         \
+  X(reservation_get_many, routine)    \
+  X(expire_pick, plain)               \
+  X(purge_keys, plain)                \
+  X(purge_reservations, plain)        \
+  X(counts_estimate, plain)           \
+  X(idempotency_claim, routine)       \
+  X(idempotency_get, routine)         \
+  X(limit_lookup, plain)              \
+  X(allowance_take, plain)            \
+  X(allowance_get, plain)             \
+  X(allowance_give, plain)            \
+  X(limit_upsert, plain)              \
+  X(limit_skus_set, plain)            \
+  X(limit_sku_owner, plain)           \
+  X(limit_delete, plain)              \
+  X(batch_allowance_make, plain)      \
+  X(allowance_make_one, plain)        \
+  X(batch_allowance_lock, plain)      \
+  X(batch_allowance_write, plain)     \
+  X(advisory_lock, plain)             \
+  X(advisory_try_lock, plain)         \
+  X(batch_claim, routine)             \
+  X(batch_keys_get, routine)          \
+  X(batch_lock, routine)              \
+  X(batch_write, plain)               \
+  X(batch_unclaim, plain)             \
+  X(batch_fast, routine)              \
+  X(batch_fast_one, routine)          \
+  X(batch_fast_one_keyed, routine)    \
+  X(batch_fast_one_limited, routine)  \
+  X(batch_lock_reservations, routine) \
+  X(batch_transition, plain)          \
+  X(due_shards, plain)                \
+  X(citus_move_one, plain)            \
+  X(citus_keys_taken, plain)          \
+  X(citus_move, plain)                \
+  X(expire_lock, plain)               \
+  X(expire_set, plain)                \
+  X(purge_key_shards, plain)          \
+  X(citus_shard_groups, plain)        \
+  X(purge_reservation_shards, plain)  \
+  X(purge_keys_lock, plain)           \
+  X(purge_blockers, plain)            \
+  X(purge_keys_delete, plain)         \
+  X(purge_reservations_lock, plain)   \
+  X(purge_keys_present, plain)        \
+  X(purge_reservations_delete, plain) \
+  X(sku_rows, plain)
 
 // Every statement the store runs on its hot paths; each is prepared once per connection,
 // on first use (so that a connection to an unmigrated database still opens).
 enum class Stmt : std::size_t {
-#define STOCKADE_STMT_ENUM(name) name,
+#define STOCKADE_STMT_ENUM(name, kind) name,
   STOCKADE_STATEMENTS(STOCKADE_STMT_ENUM)
 #undef STOCKADE_STMT_ENUM
       count_
@@ -141,13 +141,30 @@ class Statements {
   template <class Set>
   void add_stock_statements(const std::string& schema, Set& set);
   template <class Set>
+  void add_lease_statements(const std::string& schema, Set& set);
+  template <class Set>
   void add_reservation_statements(const std::string& schema, Set& set);
+  template <class Set>
+  void add_retention_statements(const std::string& schema, Set& set);
+  template <class Set>
+  void add_count_statements(const std::string& schema, Set& set);
+  template <class Set>
+  void add_key_statements(const std::string& schema, Set& set);
   template <class Set>
   void add_limit_statements(const std::string& schema, Set& set);
   template <class Set>
   void add_batch_statements(const std::string& schema, Set& set);
   template <class Set>
   void add_batch_fast_statements(const std::string& schema, Set& set);
+  template <class Set>
+  void add_batch_fast_one_statements(const std::string& schema, Set& set);
+  template <class Set>
+  void add_batch_fast_limited_statement(const std::string& schema, Set& set);
+  template <class Set>
+  void add_expiry_statements(const std::string& schema, Set& set);
+  template <class Set>
+  void add_citus_statements(const std::string& schema, Set& set);
+  void name_routines();
 
   std::array<std::string, stmt_count> sql_;
   std::array<bool, stmt_count> pinned_{};

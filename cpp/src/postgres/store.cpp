@@ -2,6 +2,7 @@
 // transaction runner's backoff.
 #include <algorithm>
 #include <set>
+#include <sstream>
 
 #include "postgres/dsn.hpp"
 #include "postgres/postgres_store_impl.hpp"
@@ -23,110 +24,26 @@ bool valid_schema_name(const std::string& schema) {
 // or type"), which cannot name a schema without quotes. stockade writes the schema name
 // unquoted into its SQL, so it refuses them, as it refuses names that start with pg_
 // (reserved for system schemas).
+// (Alphabetical, separated by spaces.)
+constexpr const char* reserved_words =
+    "all analyse analyze and any array as asc asymmetric authorization binary both case "
+    "cast check collate collation column concurrently constraint create cross "
+    "current_catalog current_date current_role current_schema current_time "
+    "current_timestamp current_user default deferrable desc distinct do else end except "
+    "false fetch for foreign freeze from full grant group having ilike in initially inner "
+    "intersect into is isnull join lateral leading left like limit localtime "
+    "localtimestamp natural not notnull null offset on only or order outer overlaps "
+    "placing primary references returning right select session_user similar some "
+    "symmetric system_user table tablesample then to trailing true union unique user "
+    "using variadic verbose when where window with";
+
 bool reserved_schema_name(const std::string& schema) {
-  static const std::set<std::string> words = {
-      "all",
-      "analyse",
-      "analyze",
-      "and",
-      "any",
-      "array",
-      "as",
-      "asc",
-      "asymmetric",
-      "authorization",
-      "binary",
-      "both",
-      "case",
-      "cast",
-      "check",
-      "collate",
-      "collation",
-      "column",
-      "concurrently",
-      "constraint",
-      "create",
-      "cross",
-      "current_catalog",
-      "current_date",
-      "current_role",
-      "current_schema",
-      "current_time",
-      "current_timestamp",
-      "current_user",
-      "default",
-      "deferrable",
-      "desc",
-      "distinct",
-      "do",
-      "else",
-      "end",
-      "except",
-      "false",
-      "fetch",
-      "for",
-      "foreign",
-      "freeze",
-      "from",
-      "full",
-      "grant",
-      "group",
-      "having",
-      "ilike",
-      "in",
-      "initially",
-      "inner",
-      "intersect",
-      "into",
-      "is",
-      "isnull",
-      "join",
-      "lateral",
-      "leading",
-      "left",
-      "like",
-      "limit",
-      "localtime",
-      "localtimestamp",
-      "natural",
-      "not",
-      "notnull",
-      "null",
-      "offset",
-      "on",
-      "only",
-      "or",
-      "order",
-      "outer",
-      "overlaps",
-      "placing",
-      "primary",
-      "references",
-      "returning",
-      "right",
-      "select",
-      "session_user",
-      "similar",
-      "some",
-      "symmetric",
-      "system_user",
-      "table",
-      "tablesample",
-      "then",
-      "to",
-      "trailing",
-      "true",
-      "union",
-      "unique",
-      "user",
-      "using",
-      "variadic",
-      "verbose",
-      "when",
-      "where",
-      "window",
-      "with",
-  };
+  static const std::set<std::string> words = [] {
+    std::set<std::string> out;
+    std::istringstream in(reserved_words);
+    for (std::string word; in >> word;) out.insert(word);
+    return out;
+  }();
   return words.count(schema) > 0 || schema.rfind("pg_", 0) == 0;
 }
 

@@ -39,28 +39,8 @@ void PostgresStore::sweep_loop() {
     std::uint64_t expired = 0;
     std::string error;
     try {
-      if (!leader || !leader->is_open()) {
-        elected = false;
-        leader = std::make_unique<Connection>(options_.dsn, statements_, options_.pooler);
-        leader->set_lock_timeout(options_.lock_timeout_ms);
-      }
-      if (leader->pooled()) {
-        elected = true;  // until a transaction finds the lock taken
-      } else if (!elected) {
-        pqxx::nontransaction session(leader->raw());
-        const std::string sql = "SELECT pg_try_advisory_lock(" + std::to_string(election_key) + ")";
-        elected = session.exec(sql)[0][0].as<bool>();
-      }
-      for (bool more = elected; more;) {
-        const std::optional<std::size_t> n = sweep_batch(*leader, election_key);
-        if (!n) {
-          elected = false;
-          break;
-        }
-        expired += *n;
-        std::lock_guard<std::mutex> check(sweeper_mutex_);
-        more = *n == options_.sweep_batch && !stopping_;
-      }
+      elected = stand_for_sweeper(leader, elected, election_key);
+      if (elected) expired = expire_as_leader(*leader, election_key, elected);
       if (elected && options_.retention_ms > 0) purge_on_leader(*leader, election_key);
     } catch (const pqxx::undefined_table&) {
       // The schema is not migrated yet (an engine opened before migrate()): nothing to
@@ -95,6 +75,41 @@ void PostgresStore::sweep_loop() {
   }
   lock.unlock();
   telemetry().sweeper_round(false, 0, "");
+}
+
+// Opens the sweeper's session if it has none (standing anew), and stands for election on
+// it: whether this engine sweeps this round. Behind a transaction pooler every round
+// stands, and a transaction that finds the lock taken says so (sweep_batch).
+bool PostgresStore::stand_for_sweeper(std::unique_ptr<Connection>& leader, bool elected,
+                                      std::int64_t election_key) {
+  if (!leader || !leader->is_open()) {
+    elected = false;
+    leader = std::make_unique<Connection>(options_.dsn, statements_, options_.pooler);
+    leader->set_lock_timeout(options_.lock_timeout_ms);
+  }
+  if (leader->pooled() || elected) return true;
+  pqxx::nontransaction session(leader->raw());
+  const std::string sql = "SELECT pg_try_advisory_lock(" + std::to_string(election_key) + ")";
+  return session.exec(sql)[0][0].as<bool>();
+}
+
+// A leader's round of expiry: batches of sweep_batch until one comes back short (or the
+// store stops); returns how many holds expired. `elected` turns false when a batch finds
+// that this session no longer holds the election.
+std::uint64_t PostgresStore::expire_as_leader(Connection& leader, std::int64_t election_key,
+                                              bool& elected) {
+  std::uint64_t expired = 0;
+  for (bool more = true; more;) {
+    const std::optional<std::size_t> n = sweep_batch(leader, election_key);
+    if (!n) {
+      elected = false;
+      break;
+    }
+    expired += *n;
+    std::lock_guard<std::mutex> check(sweeper_mutex_);
+    more = *n == options_.sweep_batch && !stopping_;
+  }
+  return expired;
 }
 
 // Retention: purges everything older than retention_ms, in statements of purge_batch rows

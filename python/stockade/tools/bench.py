@@ -270,22 +270,10 @@ def run_redis(fsync: str, *, skus: int, clients: int, requests: int) -> BenchCas
 
     port = _free_port()
     with tempfile.TemporaryDirectory() as data:
+        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", data]
+        argv += ["--appendonly", "yes", "--appendfsync", fsync, "--save", ""]
         server = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                data,
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                fsync,
-                "--save",
-                "",
-            ],
+            argv,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -296,23 +284,10 @@ def run_redis(fsync: str, *, skus: int, clients: int, requests: int) -> BenchCas
             for key in keys:
                 _redis_cli(port, "SET", key, str(UNITS))
             key = "stock" if skus == 1 else "stock-__rand_int__"
+            argv = ["redis-benchmark", "-p", str(port), "-c", str(clients), "-n", str(requests)]
+            argv += ["-r", str(skus), "--csv", "EVAL", REDIS_LUA, "1", key]
             out = subprocess.run(
-                [
-                    "redis-benchmark",
-                    "-p",
-                    str(port),
-                    "-c",
-                    str(clients),
-                    "-n",
-                    str(requests),
-                    "-r",
-                    str(skus),
-                    "--csv",
-                    "EVAL",
-                    REDIS_LUA,
-                    "1",
-                    key,
-                ],
+                argv,
                 capture_output=True,
                 text=True,
                 timeout=600,

@@ -438,17 +438,14 @@ def advise(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="stockade",
-        description="stockade: inventory reservations that never oversell. Run "
-        "`stockade COMMAND --help` for a command's options and their defaults.",
-    )
-    parser.add_argument("--version", action="version", version=f"stockade {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+class _Commands:
+    """The subcommands' parsers, each with ``--json`` and its defaults in ``--help``."""
 
-    def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(self, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        p = self.sub.add_parser(
             name,
             help=summary,
             description=description,
@@ -457,15 +454,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
         return p
 
-    def backend_option(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--backend",
-            choices=["memory", "postgres"],
-            default="postgres",
-            help="postgres (a throwaway local server unless --dsn) or the embedded memory store",
-        )
 
-    d = command(
+def _backend_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        choices=["memory", "postgres"],
+        default="postgres",
+        help="postgres (a throwaway local server unless --dsn) or the embedded memory store",
+    )
+
+
+def _add_demo(commands: _Commands) -> None:
+    d = commands.command(
         "demo",
         "flash sale: every strategy side by side, and the canary",
         "Runs a flash sale against every strategy side by side, next to the naive "
@@ -473,7 +473,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "with throughput, latency, retries and lock waits. Exits 1 if a strategy did not "
         "grant exactly the units there were.",
     )
-    backend_option(d)
+    _backend_option(d)
     d.add_argument("--dsn", help=DSN_HELP + f" (schema {DEMO_SCHEMA})")
     d.add_argument(
         "--keep",
@@ -485,14 +485,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     d.add_argument("--clients", type=int, default=64, help="client threads")
     d.set_defaults(run=demo)
 
-    b = command(
+
+def _add_bench(commands: _Commands) -> None:
+    b = commands.command(
         "bench",
         "strategies side by side (--peers: and pgbench, Redis)",
         "Measures reservations per second of each strategy for --seconds each, and writes "
         "bench.md, bench.json (with the stockade and PostgreSQL versions and a timestamp) "
         "and bench.png to --out.",
     )
-    backend_option(b)
+    _backend_option(b)
     b.add_argument("--dsn", help=DSN_HELP + " (schema stockade_bench)")
     b.add_argument("--skus", type=int, default=1, help="1: one hot SKU; more: uniform load")
     b.add_argument("--clients", type=int, default=64, help="client threads")
@@ -506,7 +508,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     b.add_argument("--out", default="stockade-bench", help="where bench.md/.json/.png go")
     b.set_defaults(run=bench)
 
-    m = command(
+
+def _add_migrate(commands: _Commands) -> None:
+    m = commands.command(
         "migrate",
         "create or upgrade the schema on a server",
         "Applies the migrations the schema lacks, under an advisory lock (safe from "
@@ -526,7 +530,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     m.set_defaults(run=migrate)
 
-    a = command(
+
+def _add_advise(commands: _Commands) -> None:
+    a = commands.command(
         "advise",
         "the Claim Test: three questions, one strategy",
         "Asks the Claim Test's questions (or takes the answers as options) and names the "
@@ -549,6 +555,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="is losing the race safe and cheap to redo?",
     )
     a.set_defaults(run=advise)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="stockade",
+        description="stockade: inventory reservations that never oversell. Run "
+        "`stockade COMMAND --help` for a command's options and their defaults.",
+    )
+    parser.add_argument("--version", action="version", version=f"stockade {__version__}")
+    commands = _Commands(parser)
+    for add in (_add_demo, _add_bench, _add_migrate, _add_advise):
+        add(commands)
     args = parser.parse_args(argv)
     if "dsn" in args:
         args.dsn_given = args.dsn
