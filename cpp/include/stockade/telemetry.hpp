@@ -151,32 +151,40 @@ struct StoreStats {
   BatcherStats batcher;
 };
 
-// The calls whose outcomes and latencies are recorded, by operation.
+// The calls whose outcomes and latencies are recorded, by operation, once: the enum, its
+// count and its names (the `op` label of the metrics) come from this list.
+#define STOCKADE_OPS(X)    \
+  X(reserve)               \
+  X(reserve_order)         \
+  X(sell)                  \
+  X(confirm)               \
+  X(release)               \
+  X(extend)                \
+  X(restock)               \
+  X(set_on_hand)           \
+  X(stock)                 \
+  X(reservation)           \
+  X(expire_due)            \
+  X(purge)                 \
+  X(set_backorder_limit)   \
+  X(discontinue)           \
+  X(reinstate)             \
+  X(acquire_lease)         \
+  X(renew_lease)           \
+  X(release_lease)         \
+  X(set_purchase_limit)    \
+  X(remove_purchase_limit) \
+  X(buyer_held)            \
+  X(set_slots)
+
 enum class Op : std::uint8_t {
-  reserve,
-  reserve_order,
-  sell,
-  confirm,
-  release,
-  extend,
-  restock,
-  set_on_hand,
-  stock,
-  reservation,
-  expire_due,
-  purge,
-  set_backorder_limit,
-  discontinue,
-  reinstate,
-  acquire_lease,
-  renew_lease,
-  release_lease,
-  set_purchase_limit,
-  remove_purchase_limit,
-  buyer_held,
-  set_slots,
+#define STOCKADE_OP_ENUM(name) name,
+  STOCKADE_OPS(STOCKADE_OP_ENUM)
+#undef STOCKADE_OP_ENUM
 };
-inline constexpr std::size_t op_count = 22;
+#define STOCKADE_OP_COUNT(name) +1
+inline constexpr std::size_t op_count = 0 STOCKADE_OPS(STOCKADE_OP_COUNT);
+#undef STOCKADE_OP_COUNT
 const char* op_name(Op op) noexcept;
 
 // Histogram bucket bounds (upper, inclusive): latency in microseconds (100 us .. 10 s, and

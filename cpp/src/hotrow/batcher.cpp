@@ -17,6 +17,21 @@
 namespace stockade {
 namespace {
 
+// The operation a batched request records as (telemetry.hpp's Op).
+Op op_of(BatchOp op) {
+  switch (op) {
+    case BatchOp::reserve:
+      return Op::reserve;
+    case BatchOp::sell:
+      return Op::sell;
+    case BatchOp::confirm:
+      return Op::confirm;
+    case BatchOp::release:
+      break;
+  }
+  return Op::release;
+}
+
 // Faults that would otherwise be logged once per request under load.
 LogLimiter queue_full_log;
 LogLimiter batch_failure_log;
@@ -222,9 +237,8 @@ void HotRowBatcher::finish(const BatchItem& item) {
     bump(telemetry_->of(*item.counted_as).requests);
     telemetry_->count_outcome(*item.counted_as, error);
   }
-  static constexpr std::array<Op, 4> ops = {Op::reserve, Op::sell, Op::confirm, Op::release};
   if (item.started_us != 0) {
-    telemetry_->record_call(ops[static_cast<std::size_t>(item.op)], item.counted_as, error,
+    telemetry_->record_call(op_of(item.op), item.counted_as, error,
                             steady_now_us() - item.started_us);
   }
 }

@@ -45,28 +45,11 @@ StrategyCountersSnapshot StrategyCounters::snapshot() const {
 }
 
 const char* op_name(Op op) noexcept {
-  static const std::array<const char*, op_count> names = {"reserve",
-                                                          "reserve_order",
-                                                          "sell",
-                                                          "confirm",
-                                                          "release",
-                                                          "extend",
-                                                          "restock",
-                                                          "set_on_hand",
-                                                          "stock",
-                                                          "reservation",
-                                                          "expire_due",
-                                                          "purge",
-                                                          "set_backorder_limit",
-                                                          "discontinue",
-                                                          "reinstate",
-                                                          "acquire_lease",
-                                                          "renew_lease",
-                                                          "release_lease",
-                                                          "set_purchase_limit",
-                                                          "remove_purchase_limit",
-                                                          "buyer_held",
-                                                          "set_slots"};
+  static const std::array<const char*, op_count> names = {
+#define STOCKADE_OP_NAME(name) #name,
+      STOCKADE_OPS(STOCKADE_OP_NAME)
+#undef STOCKADE_OP_NAME
+  };
   return names[static_cast<std::size_t>(op)];
 }
 
