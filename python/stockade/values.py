@@ -113,14 +113,6 @@ def version_from_etag(etag: str) -> int:
     return version
 
 
-def _sku_location(location: str) -> str:
-    """A hot-row slot's row (its location carries the slot mark, U+001F) is shown as its
-    SKU's: the engine maps what it returns, and an async completion of a slot's row that
-    reaches Python unmapped is mapped here."""
-    mark = location.find("\x1f")
-    return location if mark < 0 else location[:mark]
-
-
 def _datetime(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
 
@@ -159,7 +151,7 @@ class StockLevel:
     def _from_core(cls, s: _core.StockLevel) -> StockLevel:
         return cls(
             s.sku,
-            _sku_location(s.location),
+            s.location,
             s.on_hand,
             s.reserved,
             s.available,
@@ -231,7 +223,7 @@ class Reservation:
         return cls(
             uuid.UUID(bytes=r.id),
             r.sku,
-            _sku_location(r.location),
+            r.location,
             r.qty,
             _STATES[r.state],
             r.version,

@@ -112,6 +112,29 @@ bool citus_only(Stmt s) {
   }
 }
 
+TEST(Statements, TheSlotMarkerIsOneParameterPastTheLastAndComesBeforeTheShardKey) {
+  const std::string sql = "UPDATE t SET a = $3 WHERE k = $1 AND l = $2 AND s = @SLOT@PIN";
+  const std::string slotted = render_slot_marker(sql);
+  EXPECT_EQ(slotted, "UPDATE t SET a = $3 WHERE k = $1 AND l = $2 AND s = $4@PIN");
+  bool pinned = false;
+  EXPECT_EQ(render_shard_markers(slotted, true, &pinned),
+            "UPDATE t SET a = $3 WHERE k = $1 AND l = $2 AND s = $4 AND shard_key = $5::int");
+  // Every @SLOT of a statement is the same parameter; a statement without one is as it was.
+  EXPECT_EQ(render_slot_marker("INSERT INTO t VALUES ($1, @SLOT) RETURNING @SLOT"),
+            "INSERT INTO t VALUES ($1, $2) RETURNING $2");
+  EXPECT_EQ(render_slot_marker("SELECT $1"), "SELECT $1");
+  // Every statement that names a stock row's key names its slot too.
+  const Statements plain("shop", false);
+  for (std::size_t i = 0; i < stmt_count; ++i) {
+    const std::string& text = plain.sql(static_cast<Stmt>(i));
+    EXPECT_EQ(text.find("@SLOT"), std::string::npos) << Statements::name(static_cast<Stmt>(i));
+    if (text.find(".stock") != std::string::npos &&
+        text.find("location = $2") != std::string::npos && static_cast<Stmt>(i) != Stmt::sku_rows) {
+      EXPECT_NE(text.find("slot = $"), std::string::npos) << Statements::name(static_cast<Stmt>(i));
+    }
+  }
+}
+
 TEST(Statements, ShardMarkersVanishOnThePlainLayoutAndPinOnCitus) {
   bool pinned = true;
   const std::string sql = "UPDATE t SET a = $3 WHERE k = $1 AND l = $2@PIN";
@@ -225,8 +248,10 @@ TEST(Migrations, ReleasedFilesNeverChange) {
       {"002_retention.sql", 0xe1f982a97acac968ULL},
       {"003_stock_row_patterns.sql", 0xb8ae961f03f09017ULL},
       {"004_purchase_limits.sql", 0x2142ec0eecc65a83ULL},
+      {"005_slot_column.sql", 0xe57342d11e897d3fULL},
       {"citus/100_distribute.sql", 0x05af1c14c51e7c4cULL},
       {"citus/101_purchase_limits.sql", 0x19188da109cfd6feULL},
+      {"citus/102_slot_column.sql", 0x737180b9631dc4d1ULL},
   };
   for (const Migration& m : migrations()) {
     const std::uint64_t sum = stable_hash64({"migration", m.sql});

@@ -19,6 +19,7 @@ MIGRATIONS = [
     "002_retention.sql",
     "003_stock_row_patterns.sql",
     "004_purchase_limits.sql",
+    "005_slot_column.sql",
 ]
 
 # Every API test runs on each store, and on the Citus layout of the PostgreSQL one (a

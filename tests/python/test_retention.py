@@ -268,10 +268,12 @@ def version_one_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
     stockade_postgres.drop_database(name)
 
 
-# What migrations 002 to 004 add, taken out again: what is left is the version-1 schema,
+# What migrations 002 to 005 add, taken out again: what is left is the version-1 schema,
 # with data that the engine wrote.
 BACK_TO_VERSION_ONE = """
 DROP INDEX stockade.reservation_terminal_updated, stockade.idempotency_created;
+ALTER TABLE stockade.stock DROP COLUMN slot, ADD PRIMARY KEY (sku, location);
+ALTER TABLE stockade.reservation DROP COLUMN slot;
 ALTER TABLE stockade.stock
     DROP CONSTRAINT stock_reserved_within_limit,
     DROP CONSTRAINT stock_backorder_limit_nonnegative,
@@ -318,7 +320,7 @@ def test_migrations_upgrade_a_version_one_database_with_its_data(
         made = run_sql(dsn, indexes + where + names)
         assert made == "idempotency_created,reservation_terminal_updated"
         versions = "SELECT string_agg(version::text, ',') FROM stockade.schema_migrations"
-        assert run_sql(dsn, versions) == "1,2,3,4"
+        assert run_sql(dsn, versions) == "1,2,3,4,5"
         # Every row came through, and behaves as before.
         assert eng.stock("s") == before
         assert eng.reservation(hold.id) == hold

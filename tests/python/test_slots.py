@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from typing import Callable, Iterator, List
 
 import pytest
 
 import stockade
+from stockade import _core
 from stockade.testing import race
+from stockade.tools.pgserver import run_sql
+from stockade.tools.pytest_plugin import PostgresForTests
+from support import MIGRATIONS
 
 Sibling = Callable[..., stockade.Engine]
 
@@ -275,10 +280,12 @@ def test_what_slots_do_not_support_is_refused(engine: stockade.Engine) -> None:
     for bad in [0, 65]:
         with pytest.raises(stockade.InvalidArgument):
             engine.set_slots("hot", bad)
-    with pytest.raises(stockade.InvalidArgument, match="U\\+001F"):
-        engine.set_slots("hot", 2, location="eu\x1f01")
-    with pytest.raises(stockade.InvalidArgument, match="U\\+001F"):
-        engine.reserve("hot", 1, location="default\x1f01")
+    # A slot is a column of its own: any valid text is a location, U+001F included, and
+    # such a location is a row of its own, not one of another SKU's slots.
+    assert engine.restock("hot", 3, location="default\x1f01").location == "default\x1f01"
+    assert engine.reserve("hot", 1, location="default\x1f01").location == "default\x1f01"
+    assert engine.stock("hot", location="default\x1f01").available == 2
+    assert engine.slot_count("hot", location="default\x1f01") == 1
     level = engine.stock("hot")
     assert (level.on_hand, level.reserved, level.discontinued, level.leased) == (
         10,
@@ -438,3 +445,90 @@ def test_threads_on_one_engine_sell_out_exactly_across_slots(engine: stockade.En
     level = engine.stock("hot")
     assert level.reserved == sum(sold) and level.reserved <= 200
     assert level.available < 3  # nobody left while 3 units were free
+
+
+# A slotted SKU as version 4 of the schema wrote it: its slot rows' locations carried
+# U+001F and the slot's two digits, and a hold on slot 2 named that location.
+OLD_FORM_ROWS = """
+INSERT INTO {schema}.stock (sku, location, on_hand, reserved, version{sk_col}) VALUES
+  ('hot', 'eu', 4, 0, 3{sk}), ('hot', E'eu\\x1f01', 3, 0, 2{sk}),
+  ('hot', E'eu\\x1f02', 3, 2, 4{sk});
+INSERT INTO {schema}.reservation (id, sku, location, qty, state, expires_at{sk_col}) VALUES
+  ('{hold}', 'hot', E'eu\\x1f02', 2, 'held', now() + interval '1 hour'{sk});
+"""
+
+
+def check_slot_rows_moved(eng: stockade.Engine, dsn: str, schema: str, hold: str) -> None:
+    """After the migration: the slot is a column, the rows and the hold work as slots."""
+    rows = run_sql(
+        dsn,
+        f"SELECT string_agg(location || ':' || slot, ',' ORDER BY slot) FROM {schema}.stock",
+    )
+    assert rows == "eu:0,eu:1,eu:2"
+    marked = f"SELECT count(*) FROM {schema}.reservation WHERE strpos(location, E'\\x1f') > 0"
+    assert run_sql(dsn, marked) == "0"
+    level = eng.stock("hot", location="eu")
+    assert (level.on_hand, level.reserved, level.version) == (10, 2, 9)
+    assert eng.slot_count("hot", location="eu") == 3
+    # The hold made on slot 2 settles on slot 2's row, and names its SKU.
+    done = eng.confirm(uuid.UUID(hold))
+    assert (done.sku, done.location, done.state) == (
+        "hot",
+        "eu",
+        stockade.ReservationState.CONFIRMED,
+    )
+    slot_two = f"SELECT on_hand || ',' || reserved FROM {schema}.stock WHERE slot = 2"
+    assert run_sql(dsn, slot_two) == "1,0"
+    # Every unit left is reachable, whichever slot holds it.
+    assert sum(eng.reserve("hot", 1, location="eu").qty for _ in range(8)) == 8
+    with pytest.raises(stockade.OutOfStock):
+        eng.reserve("hot", 1, location="eu")
+
+
+@pytest.mark.postgres
+def test_migration_5_moves_slot_rows_to_their_column_in_place(
+    stockade_postgres: PostgresForTests,
+) -> None:
+    name = stockade_postgres.new_database(migrated=False)
+    dsn = stockade_postgres.dsn(name)
+    hold = str(
+        uuid.UUID(bytes=_core.make_uuid_v7(1_700_000_000_000, _core.shard_key_of("hot", "eu")))
+    )
+    try:
+        with stockade.Engine.postgres(dsn) as eng:
+            assert eng.migrate(to=4) == MIGRATIONS[:4]
+            run_sql(dsn, OLD_FORM_ROWS.format(schema="stockade", sk_col="", sk="", hold=hold))
+            assert eng.migrate() == ["005_slot_column.sql"]
+        with stockade.Engine.postgres(dsn) as eng:  # fresh connections, fresh statements
+            check_slot_rows_moved(eng, dsn, "stockade", hold)
+    finally:
+        stockade_postgres.drop_database(name)
+
+
+# Migration 005 and citus/102 taken out again from a migrated Citus schema.
+CITUS_BACK_TO_VERSION_FOUR = """
+ALTER TABLE {schema}.stock DROP COLUMN slot;
+ALTER TABLE {schema}.stock ADD PRIMARY KEY (shard_key, sku, location);
+ALTER TABLE {schema}.reservation DROP COLUMN slot;
+DELETE FROM {schema}.schema_migrations WHERE version IN (5, 102);
+"""
+
+
+@pytest.mark.citus
+def test_citus_migration_102_moves_slot_rows_to_their_column_in_place(
+    citus_engine: stockade.Engine, citus_dsn: str
+) -> None:
+    schema = citus_engine._schema
+    assert schema is not None
+    key = _core.shard_key_of("hot", "eu")
+    hold = str(uuid.UUID(bytes=_core.make_uuid_v7(1_700_000_000_000, key)))
+    for statement in CITUS_BACK_TO_VERSION_FOUR.format(schema=schema).strip().split(";\n"):
+        run_sql(citus_dsn, statement)
+    run_sql(
+        citus_dsn,
+        OLD_FORM_ROWS.format(schema=schema, sk_col=", shard_key", sk=f", {key}", hold=hold),
+    )
+    with stockade.Engine.postgres(citus_dsn, layout="citus", schema=schema) as eng:
+        assert eng.migrate() == ["005_slot_column.sql", "citus/102_slot_column.sql"]
+    with stockade.Engine.postgres(citus_dsn, layout="citus", schema=schema) as eng:
+        check_slot_rows_moved(eng, citus_dsn, schema, hold)

@@ -18,10 +18,9 @@ std::uint64_t stable_hash64(std::initializer_list<std::string_view> parts) noexc
 // The 16-bit shard key of a stock row, carried inside reservation ids.
 std::uint16_t shard_key_of(std::string_view sku, std::string_view location) noexcept;
 
-// The shard key of the stock row at (sku, location): shard_key_of, except that a hot-row
-// slot's row (a location that carries the slot mark U+001F, which callers' locations may
-// not) takes its SKU's own row's key, so that a SKU's slots share its shard (on Citus),
-// its batcher shard and its contention cell. Every stock row's key is computed here.
+// The shard key of a stock row at (sku, location), whichever hot-row slot of the SKU it is:
+// shard_key_of its SKU, so that a SKU's slots share its shard (on Citus), its batcher
+// shard and its contention cell. Every stock row's key is computed here.
 std::uint16_t row_shard_key(std::string_view sku, std::string_view location) noexcept;
 
 }  // namespace stockade

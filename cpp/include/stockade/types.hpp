@@ -63,25 +63,31 @@ enum class ReservationState : std::uint8_t { held, confirmed, released, expired 
 
 const char* reservation_state_name(ReservationState state) noexcept;
 
+// A stock row's key: the SKU and location callers name, and which of the SKU's hot-row
+// slots the row is (0, the SKU's own row, for every key a caller passes; the stores keep
+// the slot in a column of its own).
 struct SkuKey {
   std::string sku;
   std::string location = default_location;
+  int slot = 0;
 
   friend bool operator==(const SkuKey& a, const SkuKey& b) {
-    return a.sku == b.sku && a.location == b.location;
+    return a.sku == b.sku && a.location == b.location && a.slot == b.slot;
   }
   friend bool operator!=(const SkuKey& a, const SkuKey& b) { return !(a == b); }
-  // Sorted lock order everywhere: (sku, location), bytewise.
+  // Sorted lock order everywhere: (sku, location) bytewise, then the slot: a SKU's slot
+  // rows come right after its own row.
   friend bool operator<(const SkuKey& a, const SkuKey& b) {
-    return a.sku != b.sku ? a.sku < b.sku : a.location < b.location;
+    if (a.sku != b.sku) return a.sku < b.sku;
+    if (a.location != b.location) return a.location < b.location;
+    return a.slot < b.slot;
   }
 };
 
 // Hot-row slots (Engine::set_slots): a slotted SKU keeps its units in its own row and in
-// up to slots_max - 1 more rows of `stock`, each an ordinary row whose location is the
-// SKU's followed by the slot mark and two digits ("default\x1f01"). Callers' locations
-// may not contain the mark, so no caller can name a slot's row.
-inline constexpr char slot_mark = '\x1f';
+// up to slots_max - 1 more rows of `stock`, each an ordinary row with the SKU's sku and
+// location and a slot number of its own. Callers cannot name a slot's row
+// (validate_sku_key refuses a slot), and any valid text is a location.
 inline constexpr int slots_max = 64;
 // The row of slot `slot` (0: the SKU's own row) of `base`.
 SkuKey slot_key(const SkuKey& base, int slot);

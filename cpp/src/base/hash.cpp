@@ -34,8 +34,6 @@ std::uint16_t shard_key_of(std::string_view sku, std::string_view location) noex
 }
 
 std::uint16_t row_shard_key(std::string_view sku, std::string_view location) noexcept {
-  const std::size_t mark = location.find('\x1f');
-  if (mark != std::string_view::npos) location = location.substr(0, mark);
   return shard_key_of(sku, location);
 }
 

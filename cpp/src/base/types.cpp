@@ -133,36 +133,30 @@ const char* reservation_state_name(ReservationState state) noexcept {
 }
 
 std::size_t SkuKeyHash::operator()(const SkuKey& key) const noexcept {
-  return static_cast<std::size_t>(stable_hash64({key.sku, key.location}));
+  const std::uint64_t h = stable_hash64({key.sku, key.location});
+  return static_cast<std::size_t>(h ^
+                                  (static_cast<std::uint64_t>(key.slot) * 0x9e3779b97f4a7c15ULL));
 }
 
 void validate_sku_key(const SkuKey& key) {
   validate_text(key.sku, "sku", sku_bytes_max);
   validate_text(key.location, "location", location_bytes_max);
-  if (key.location.find(slot_mark) != std::string::npos) {
-    throw_invalid_argument(
-        "location must not contain U+001F (the mark of a hot-row slot's row), got " +
-        shown(key.location));
+  if (key.slot != 0) {
+    throw_invalid_argument("a hot-row slot's row (slot " + std::to_string(key.slot) +
+                           ") is the engine's: name the SKU");
   }
 }
 
 SkuKey slot_key(const SkuKey& base, int slot) {
-  if (slot == 0) return base;
-  char suffix[4] = {slot_mark, static_cast<char>('0' + slot / 10),
-                    static_cast<char>('0' + slot % 10), '\0'};
-  return SkuKey{base.sku, base.location + suffix};
+  return SkuKey{base.sku, base.location, slot};
 }
 
 SkuKey base_key(const SkuKey& key) {
-  const std::size_t mark = key.location.find(slot_mark);
-  if (mark == std::string::npos) return key;
-  return SkuKey{key.sku, key.location.substr(0, mark)};
+  return SkuKey{key.sku, key.location, 0};
 }
 
 int slot_of(const SkuKey& key) {
-  const std::size_t mark = key.location.find(slot_mark);
-  if (mark == std::string::npos || mark + 3 != key.location.size()) return 0;
-  return (key.location[mark + 1] - '0') * 10 + (key.location[mark + 2] - '0');
+  return key.slot;
 }
 
 void validate_qty(Quantity qty, const char* field) {

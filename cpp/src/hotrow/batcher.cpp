@@ -57,6 +57,7 @@ void copy_input(BatchItem& to, const BatchItem& from) {
   to.op = from.op;
   to.key.sku.assign(from.key.sku);  // reuses the record's capacity
   to.key.location.assign(from.key.location);
+  to.key.slot = from.key.slot;
   to.qty = from.qty;
   to.ttl_us = from.ttl_us;
   to.idempotency_key = from.idempotency_key;
@@ -573,6 +574,7 @@ void HotRowBatcher::observe(Shard& shard, const std::vector<BatchItem*>& items) 
   if (single == nullptr || !one_row) return;
   shard.watched.sku.assign(single->row_key().sku);  // reuses the capacity
   shard.watched.location.assign(single->row_key().location);
+  shard.watched.slot = single->row_key().slot;
   for (const BatchItem* item : items) left = std::max(left, item->row_left);
   shard.watched_left = left;
   shard.watched_batch = items.size();

@@ -70,23 +70,8 @@ std::vector<Quantity> respread(const std::vector<StockLevel>& rows, std::size_t 
 
 }  // namespace
 
-Error unslotted(const Error& e, const SkuKey& key) {
-  const ErrorContext& c = e.context();
-  if (c.location.find(slot_mark) == std::string::npos) return e;
-  ErrorContext context = c;
-  context.location = key.location;
-  std::string message = e.what();
-  const std::string row = shown(c.location);
-  const std::string sku = shown(key.location);
-  for (std::size_t at = message.find(row); at != std::string::npos;
-       at = message.find(row, at + sku.size())) {
-    message.replace(at, row.size(), sku);
-  }
-  return Error(e.code(), message, std::move(context));
-}
-
 void unslot(Reservation& r) {
-  if (r.key.location.find(slot_mark) != std::string::npos) r.key = base_key(r.key);
+  r.key.slot = 0;
 }
 
 namespace {

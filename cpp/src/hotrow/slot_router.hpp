@@ -26,9 +26,8 @@
 
 namespace stockade::detail {
 
-// An error about a slot's row, told about its SKU (its location, not the slot's).
-Error unslotted(const Error& e, const SkuKey& key);
-// A reservation of a slot's row names its SKU (callers never see a slot's location).
+// A reservation of a slot's row names its SKU (callers never see a slot; an error about a
+// slot's row names its SKU already: the slot is in neither its context nor its message).
 void unslot(Reservation& r);
 
 // What one attempt of a slotted call carries besides its row: the version the row must
@@ -117,7 +116,7 @@ class SlotRouter {
         request_counted = true;
         return attempt(k > 1 ? slot_key(key, home_of(k)) : key, a);
       } catch (const Error& e) {
-        if (e.code() != ErrorCode::out_of_stock || expected) throw unslotted(e, key);
+        if (e.code() != ErrorCode::out_of_stock || expected) throw;
         refusal = e;
       }
       try {

@@ -163,12 +163,10 @@ void Telemetry::count_outcome(Strategy strategy, const Error* error) {
 }
 
 void Telemetry::count(const SkuKey& row_key, SkuEvent event, std::uint64_t n) {
-  // A hot-row slot's row counts under its SKU: callers never see a slot's location. The
-  // SKU's location is a prefix of the row's, so nothing is copied unless an entry is made.
-  std::string_view location = row_key.location;
-  location = location.substr(0, location.find(slot_mark));
-  // Tag 0 marks a free slot, so a key whose hash is 0 counts under 1.
-  const std::uint64_t tag = std::max<std::uint64_t>(1, stable_hash64({row_key.sku, location}));
+  // A hot-row slot's row counts under its SKU (sku and location; callers never see a
+  // slot). Tag 0 marks a free entry, so a key whose hash is 0 counts under 1.
+  const std::uint64_t tag =
+      std::max<std::uint64_t>(1, stable_hash64({row_key.sku, row_key.location}));
   SkuTable::Bucket& bucket = skus_->buckets[tag & (skus_->buckets.size() - 1)];
   SkuTable::Slot* slot = SkuTable::find(bucket, tag);
   if (slot == nullptr) slot = &SkuTable::take(bucket, tag, base_key(row_key));

@@ -111,27 +111,37 @@ struct FastMiss {};
 // statements' NULLIF. Keys go in sorted bytewise, as batch_claim claims them. The times
 // are the batch's `now_us` (from the statement that locked or moved its row): a now() in
 // the INSERT would be the worker's, which Citus began later than the coordinator's.
-std::string citus_holds_sql(
-    pqxx::transaction_base& w, const std::string& schema, std::uint16_t shard, std::int64_t now_us,
-    const std::vector<std::string>& ids, const std::vector<std::string>& skus,
-    const std::vector<std::string>& locations, const std::vector<std::int64_t>& qtys,
-    const std::vector<std::int64_t>& ttls, const std::vector<std::string>& keys,
-    const std::vector<std::string>& buyers, const std::vector<std::string>& groups) {
+// The reservations a Citus batch inserts, one element per reservation (`buyers` and
+// `groups` may be empty: none).
+struct CitusHolds {
+  const std::vector<std::string>& ids;
+  const std::vector<std::string>& skus;
+  const std::vector<std::string>& locations;
+  const std::vector<std::int64_t>& slots;
+  const std::vector<std::int64_t>& qtys;
+  const std::vector<std::int64_t>& ttls;
+  const std::vector<std::string>& keys;
+  const std::vector<std::string>& buyers;
+  const std::vector<std::string>& groups;
+};
+
+std::string citus_holds_sql(pqxx::transaction_base& w, const std::string& schema,
+                            std::uint16_t shard, std::int64_t now_us, const CitusHolds& h) {
   const auto text_or_null = [&](const std::string& v) { return v.empty() ? "NULL" : w.quote(v); };
   const std::string now =
       "('epoch'::timestamptz + " + std::to_string(now_us) + " * interval '1 microsecond')";
   std::string sql = "INSERT INTO " + schema +
-                    ".reservation (id, sku, location, qty, state, version, expires_at,"
+                    ".reservation (id, sku, location, slot, qty, state, version, expires_at,"
                     " idempotency_key, created_at, updated_at, buyer, limit_group, shard_key)"
                     " VALUES ";
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    sql += (i == 0 ? "(" : ", (") + w.quote(ids[i]) + "::uuid, " + w.quote(skus[i]) + ", " +
-           w.quote(locations[i]) + ", " + std::to_string(qtys[i]) + ", 'held', 1, " + now + " + " +
-           std::to_string(ttls[i]) + " * interval '1 microsecond', " + text_or_null(keys[i]) +
-           ", " + now + ", " + now + ", " +
-           text_or_null(buyers.empty() ? std::string() : buyers[i]) + ", " +
-           text_or_null(groups.empty() ? std::string() : groups[i]) + ", " + std::to_string(shard) +
-           ")";
+  for (std::size_t i = 0; i < h.ids.size(); ++i) {
+    sql += (i == 0 ? "(" : ", (") + w.quote(h.ids[i]) + "::uuid, " + w.quote(h.skus[i]) + ", " +
+           w.quote(h.locations[i]) + ", " + std::to_string(h.slots[i]) + ", " +
+           std::to_string(h.qtys[i]) + ", 'held', 1, " + now + " + " + std::to_string(h.ttls[i]) +
+           " * interval '1 microsecond', " + text_or_null(h.keys[i]) + ", " + now + ", " + now +
+           ", " + text_or_null(h.buyers.empty() ? std::string() : h.buyers[i]) + ", " +
+           text_or_null(h.groups.empty() ? std::string() : h.groups[i]) + ", " +
+           std::to_string(shard) + ")";
   }
   return sql;
 }
@@ -303,8 +313,12 @@ class BatchTx {
     if (moved.empty()) return false;
     // Decide again from the rows as they stood before the write: every request fits, and
     // each gets the row's values right after it.
+    const bool one_row = rows_.size() == 1;
     for (const auto& row : moved) {
-      RowState& state = rows_.at(SkuKey{row[0].as<std::string>(), row[1].as<std::string>()});
+      // One row: its key; several (batch_fast): the row's slot is its last column.
+      RowState& state = one_row ? rows_.begin()->second
+                                : rows_.at(SkuKey{row[0].as<std::string>(),
+                                                  row[1].as<std::string>(), row[7].as<int>()});
       state.on_hand = row[2].as<std::int64_t>() + state.sold;
       state.reserved = row[3].as<std::int64_t>() - state.held;
       state.version = row[4].as<std::int64_t>() - state.changes;
@@ -315,7 +329,7 @@ class BatchTx {
     std::fill(decided_.begin(), decided_.end(), false);
     decide();
     // The limited one-row statement names the SKU's purchase-limit group last.
-    if (moved[0].size() > 7 && !moved[0][7].as<std::string>().empty()) {
+    if (one_row && moved[0].size() > 7 && !moved[0][7].as<std::string>().empty()) {
       for (BatchItem* item : items_) {
         if (item->ok && item->op == BatchOp::reserve && item->buyer) {
           item->reservation.limit_group = moved[0][7].as<std::string>();
@@ -501,13 +515,15 @@ void BatchTx::lock_rows(Tx& tx) {
   }
   if (rows_.empty()) return;
   std::vector<std::string> skus, locations;
+  std::vector<std::int64_t> slots;
   for (const auto& [key, state] : rows_) {
     skus.push_back(key.sku);
     locations.push_back(key.location);
+    slots.push_back(key.slot);
   }
   std::map<SkuKey, RowState> found;
-  const pqxx::result rows =
-      tx.exec_on(shard_, Stmt::batch_lock, text_array(skus), text_array(locations));
+  const pqxx::result rows = tx.exec_on(shard_, Stmt::batch_lock, text_array(skus),
+                                       text_array(locations), int_array(slots));
   for (const auto& row : rows) {
     RowState state;
     state.on_hand = row[2].as<std::int64_t>();
@@ -517,7 +533,8 @@ void BatchTx::lock_rows(Tx& tx) {
     state.backorder_limit = row[6].as<std::int64_t>();
     state.discontinued = row[7].as<bool>();
     state.leased = row[8].as<bool>();
-    found.emplace(SkuKey{row[0].as<std::string>(), row[1].as<std::string>()}, state);
+    found.emplace(SkuKey{row[0].as<std::string>(), row[1].as<std::string>(), row[9].as<int>()},
+                  state);
   }
   rows_ = std::move(found);
 }
@@ -590,23 +607,25 @@ void BatchTx::decide() {
 // replayed from an earlier key), with `statement` (batch_write or batch_fast).
 pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
   std::vector<std::string> skus, locations;
-  std::vector<std::int64_t> sold, held, changes;
+  std::vector<std::int64_t> sold, held, changes, slots;
   for (const auto& [key, row] : rows_) {
     if (row.changes == 0 && statement == Stmt::batch_write) continue;
     skus.push_back(key.sku);
     locations.push_back(key.location);
+    slots.push_back(key.slot);
     sold.push_back(row.sold);
     held.push_back(row.held);
     changes.push_back(row.changes);
   }
   std::vector<std::string> ids, r_skus, r_locations, r_keys, r_buyers, r_groups;
-  std::vector<std::int64_t> qtys, ttls;
+  std::vector<std::int64_t> qtys, ttls, r_slots;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     const BatchItem& item = *items_[i];
     if (!item.ok || item.op != BatchOp::reserve || item.reservation.id != ids_[i]) continue;
     ids.push_back(ids_[i].to_string());
     r_skus.push_back(item.key.sku);
     r_locations.push_back(item.key.location);
+    r_slots.push_back(item.key.slot);
     r_keys.push_back(item.idempotency_key.value_or(std::string()));
     r_buyers.push_back(item.reservation.buyer.value_or(std::string()));
     r_groups.push_back(item.reservation.limit_group.value_or(std::string()));
@@ -619,7 +638,7 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
     // Two statements there (see citus_move_one in statements.cpp); the rows are locked.
     const auto moved = static_cast<std::size_t>(
         tx.exec_on(shard_, Stmt::citus_move, text_array(skus), text_array(locations),
-                   int_array(sold), int_array(held), int_array(changes))
+                   int_array(sold), int_array(held), int_array(changes), int_array(slots))
             .affected_rows());
     if (moved != skus.size()) {
       throw Error(ErrorCode::invariant_violation, "a batch moved " + std::to_string(moved) +
@@ -628,14 +647,15 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
     }
     if (ids.empty()) return pqxx::result();
     return tx.conn.exec_sql(
-        tx.work, citus_holds_sql(tx.work, tx.conn.statements().schema(), shard_, now_us_, ids,
-                                 r_skus, r_locations, qtys, ttls, r_keys, r_buyers, r_groups));
+        tx.work, citus_holds_sql(tx.work, tx.conn.statements().schema(), shard_, now_us_,
+                                 CitusHolds{ids, r_skus, r_locations, r_slots, qtys, ttls, r_keys,
+                                            r_buyers, r_groups}));
   }
   return tx.exec_on(shard_, statement, text_array(skus), text_array(locations), int_array(sold),
                     int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
                     text_array(r_locations), int_array(qtys), int_array(ttls), text_array(r_keys),
                     static_cast<std::int64_t>(skus.size()), text_array(r_buyers),
-                    text_array(r_groups));
+                    text_array(r_groups), int_array(slots), int_array(r_slots));
 }
 
 // A confirm or release, by the per-request rules: NotFound, VersionConflict, a hold no
@@ -851,7 +871,7 @@ pqxx::result BatchTx::write_one(Tx& tx) {
     try {
       return tx.exec_on(shard_, Stmt::batch_fast_one_limited, key.sku, key.location, row.sold,
                         row.held, row.changes, text_array(h.ids), int_array(h.qtys),
-                        int_array(h.ttls), text_array(h.keys), text_array(h.buyers));
+                        int_array(h.ttls), text_array(h.keys), text_array(h.buyers), key.slot);
     } catch (const pqxx::sql_error& e) {
       if (e.sqlstate() == statement_aborted) throw FastMiss{};  // rolled back in full
       throw;
@@ -860,7 +880,7 @@ pqxx::result BatchTx::write_one(Tx& tx) {
   if (!any_keyed() && !tx.conn.statements().citus()) {
     return tx.exec_on(shard_, Stmt::batch_fast_one, key.sku, key.location, row.sold, row.held,
                       row.changes, text_array(h.ids), int_array(h.qtys), int_array(h.ttls),
-                      text_array(h.keys));
+                      text_array(h.keys), key.slot);
   }
   NewKeys k;
   for (std::size_t i = 0; i < items_.size(); ++i) {
@@ -876,7 +896,7 @@ pqxx::result BatchTx::write_one(Tx& tx) {
     return tx.exec_on(shard_, Stmt::batch_fast_one_keyed, key.sku, key.location, row.sold, row.held,
                       row.changes, text_array(h.ids), int_array(h.qtys), int_array(h.ttls),
                       text_array(h.keys), text_array(k.names), text_array(k.prints),
-                      text_array(k.ids));
+                      text_array(k.ids), key.slot);
   } catch (const pqxx::unique_violation&) {
     throw FastMiss{};  // a key was claimed elsewhere meanwhile: the statement rolled back
   }
@@ -892,15 +912,17 @@ pqxx::result BatchTx::write_one_citus(Tx& tx, const OneRowHolds& h, const NewKey
     return pqxx::result();  // a replay or a conflict: the full path decides
   }
   pqxx::result moved = tx.exec_on(shard_, Stmt::citus_move_one, key.sku, key.location, row.sold,
-                                  row.held, row.changes);
+                                  row.held, row.changes, key.slot);
   if (moved.empty()) return moved;
   const std::string& schema = tx.conn.statements().schema();
   if (!h.ids.empty()) {
     const std::vector<std::string> skus(h.ids.size(), key.sku),
-        locations(h.ids.size(), key.location);
+        locations(h.ids.size(), key.location), none;
+    const std::vector<std::int64_t> slots(h.ids.size(), key.slot);
     const std::int64_t now_us = moved[0][5].as<std::int64_t>();  // the move's now()
-    tx.conn.exec_sql(tx.work, citus_holds_sql(tx.work, schema, shard_, now_us, h.ids, skus,
-                                              locations, h.qtys, h.ttls, h.keys, {}, {}));
+    tx.conn.exec_sql(tx.work, citus_holds_sql(tx.work, schema, shard_, now_us,
+                                              CitusHolds{h.ids, skus, locations, slots, h.qtys,
+                                                         h.ttls, h.keys, none, none}));
   }
   if (!k.names.empty()) {
     try {

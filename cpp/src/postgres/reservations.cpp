@@ -20,7 +20,7 @@ ReservationState parse_state(const std::string& name) {
 Reservation read_reservation(const pqxx::row& row, bool* lapsed_out) {
   Reservation r;
   r.id = Uuid::parse(row[0].c_str());
-  r.key = SkuKey{row[1].as<std::string>(), row[2].as<std::string>()};
+  r.key = SkuKey{row[1].as<std::string>(), row[2].as<std::string>(), row[13].as<int>()};
   r.qty = row[3].as<std::int64_t>();
   r.state = parse_state(row[4].as<std::string>());
   r.version = row[5].as<std::int64_t>();
@@ -140,7 +140,7 @@ Reservation PostgresStore::insert_reservation(Tx& tx, const Uuid& id, const SkuK
   const pqxx::result rows =
       tx.exec_on(id.shard_key(), Stmt::reservation_insert, id.to_string(), key.sku, key.location,
                  qty, ttl_us, key_name.value_or(std::string()), buyer.value_or(std::string()),
-                 group.value_or(std::string()));
+                 group.value_or(std::string()), key.slot);
   Reservation r = new_hold(id, key, qty, key_name, rows[0]);
   r.buyer = buyer;
   r.limit_group = group;
@@ -265,8 +265,8 @@ std::vector<Reservation> PostgresStore::with_idempotency(
 
 void PostgresStore::move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantity released) {
   // on_hand -= sold, reserved -= released: units the hold already has, on any row.
-  const pqxx::result rows =
-      tx.exec_on(shard_of(key), Stmt::stock_settle, key.sku, key.location, sold, released);
+  const pqxx::result rows = tx.exec_on(shard_of(key), Stmt::stock_settle, key.sku, key.location,
+                                       sold, released, key.slot);
   if (rows.empty()) {
     throw Error(ErrorCode::invariant_violation,
                 "the stock row of a reservation is missing: " + describe(key), context_of(key));
@@ -348,9 +348,9 @@ std::size_t PostgresStore::expire_in(Tx& tx, std::size_t limit) {
   std::map<std::pair<std::string, std::string>, Quantity> allowances;
   std::map<SkuKey, Quantity> rows;
   // Units a reservation (or a group of them) of this row, limit group and buyer held.
-  const auto give = [&](const pqxx::row& r, int qty_at, int group_at) {
+  const auto give = [&](const pqxx::row& r, int qty_at, int group_at, int slot_at) {
     const Quantity qty = r[qty_at].as<std::int64_t>();
-    rows[SkuKey{r[0].as<std::string>(), r[1].as<std::string>()}] += qty;
+    rows[SkuKey{r[0].as<std::string>(), r[1].as<std::string>(), r[slot_at].as<int>()}] += qty;
     const std::string limit_group = r[group_at].as<std::string>();
     if (!limit_group.empty()) allowances[{limit_group, r[group_at + 1].as<std::string>()}] += qty;
   };
@@ -367,14 +367,14 @@ std::size_t PostgresStore::expire_in(Tx& tx, std::size_t limit) {
       }
       if (ids.empty()) continue;
       for (const auto& r : tx.exec_on(shard, Stmt::expire_set, uuid_array(ids))) {
-        give(r, 2, 3);  // sku, location, qty, limit group, buyer
+        give(r, 2, 3, 5);  // sku, location, qty, limit group, buyer, slot
         ++expired;
       }
       left -= std::min(left, ids.size());
     }
   } else {
     for (const auto& group : tx.exec(Stmt::expire_pick, static_cast<std::int64_t>(limit))) {
-      give(group, 2, 4);  // sku, location, sum(qty), count, limit group, buyer
+      give(group, 2, 4, 6);  // sku, location, sum(qty), count, limit group, buyer, slot
       expired += group[3].as<std::size_t>();
     }
   }

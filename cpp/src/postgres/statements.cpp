@@ -43,7 +43,7 @@ std::string open_row_for(int n) {
 std::string reservation_columns() {
   return "id::text, sku, location, qty, state, version, " + epoch_us("expires_at") + ", " +
          epoch_us("created_at") + ", " + epoch_us("updated_at") +
-         ", idempotency_key, expires_at <= now(), buyer, limit_group";
+         ", idempotency_key, expires_at <= now(), buyer, limit_group, slot";
 }
 
 // `write` (an INSERT or UPDATE of stock, without RETURNING) returning the columns of
@@ -65,12 +65,13 @@ OneRowPieces one_row_pieces(const std::string& schema) {
   p.moved = " moved AS (UPDATE " + schema +
             ".stock SET on_hand = on_hand - $3::bigint, reserved = reserved + $4::bigint,"
             " version = version + $5::bigint, updated_at = now()"
-            " WHERE sku = $1 AND location = $2@PIN AND " +
+            " WHERE sku = $1 AND location = $2 AND slot = @SLOT@PIN AND " +
             std::string(room) + " >= $3::bigint + $4::bigint AND " + open_row;
   p.moved_end = " RETURNING sku, location, on_hand, reserved, version, backorder_limit),";
   p.made = " made AS (INSERT INTO " + schema +
-           ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
-           " created_at, updated_at@SKC) SELECT i::uuid, $1, $2, q, 'held', 1,"
+           ".reservation (id, sku, location, slot, qty, state, version, expires_at,"
+           " idempotency_key, created_at, updated_at@SKC) SELECT i::uuid, $1, $2, @SLOT, q,"
+           " 'held', 1,"
            " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()@SKV"
            " FROM unnest($6::text[], $7::bigint[], $8::bigint[], $9::text[]) AS r(i, q, t, ik)"
            " WHERE EXISTS (SELECT 1 FROM moved))";
@@ -138,12 +139,23 @@ std::string render_shard_markers(const std::string& sql, bool citus, bool* pinne
   return out;
 }
 
+std::string render_slot_marker(const std::string& sql) {
+  const std::string mark = "@SLOT";
+  if (sql.find(mark) == std::string::npos) return sql;
+  const std::string param = "$" + std::to_string(last_parameter(sql) + 1);
+  std::string out = sql;
+  for (std::size_t at = out.find(mark); at != std::string::npos; at = out.find(mark, at)) {
+    out.replace(at, mark.size(), param);
+  }
+  return out;
+}
+
 Statements::Statements(const std::string& schema, bool citus, std::string schema_version)
     : citus_(citus), schema_(schema), schema_version_(std::move(schema_version)) {
   auto set = [&](Stmt s, const std::string& sql) {
     const auto i = static_cast<std::size_t>(s);
     bool pinned = false;
-    sql_[i] = render_shard_markers(sql, citus, &pinned);
+    sql_[i] = render_shard_markers(render_slot_marker(sql), citus, &pinned);
     pinned_[i] = pinned;
   };
   add_stock_statements(schema, set);
@@ -179,7 +191,7 @@ void Statements::add_expiry_statements(const std::string& schema, Set& set) {
                             ".reservation r SET state = 'expired', version = r.version + 1,"
                             " updated_at = now() WHERE r.id = ANY($1::uuid[])@PIN(r)"
                             " RETURNING r.sku, r.location, r.qty, coalesce(r.limit_group, ''),"
-                            " coalesce(r.buyer, '')");
+                            " coalesce(r.buyer, ''), r.slot");
 }
 
 // The statements of the Citus layout alone: retention by shard group, and stats()' counts.
@@ -278,21 +290,22 @@ template <class Set>
 void Statements::add_stock_statements(const std::string& schema, Set& set) {
   const std::string stock = schema + ".stock";
   const std::string reservation = schema + ".reservation";
-  const std::string key = " WHERE sku = $1 AND location = $2@PIN";
+  const std::string key = " WHERE sku = $1 AND location = $2 AND slot = @SLOT@PIN";
   const std::string stock_get = "SELECT " + stock_columns() + " FROM " + stock + key;
 
   set(Stmt::stock_get, stock_get);
   set(Stmt::stock_lock, stock_get + " FOR UPDATE");
-  // A SKU's own row and its hot-row slots' rows ($3 is its location and the slot mark),
-  // in one snapshot; its slots share its shard key.
-  set(Stmt::sku_rows, "SELECT " + stock_columns() + ", location FROM " + stock +
-                          " WHERE sku = $1 AND (location = $2 OR starts_with(location, $3))@PIN");
+  // A SKU's own row and its hot-row slots' rows, in one snapshot (with their slot
+  // numbers); its slots share its shard key.
+  set(Stmt::sku_rows, "SELECT " + stock_columns() + ", slot FROM " + stock +
+                          " WHERE sku = $1 AND location = $2@PIN");
   set(Stmt::stock_lock_nowait, stock_get + " FOR UPDATE NOWAIT");
   set(Stmt::stock_lock_skip, stock_get + " FOR UPDATE SKIP LOCKED");
   set(Stmt::stock_insert, returning_stock("INSERT INTO " + stock +
-                                          " (sku, location, on_hand, reserved, version,"
-                                          " updated_at@SKC) VALUES ($1, $2, $3, 0, 1, now()@SKV)"
-                                          " ON CONFLICT (@SKFsku, location) DO NOTHING"));
+                                          " (sku, location, slot, on_hand, reserved, version,"
+                                          " updated_at@SKC) VALUES ($1, $2, @SLOT, $3, 0, 1,"
+                                          " now()@SKV) ON CONFLICT (@SKFsku, location, slot)"
+                                          " DO NOTHING"));
   set(Stmt::stock_set_on_hand,
       returning_stock("UPDATE " + stock +
                       " SET on_hand = $3, version = version + 1, updated_at = now()" + key));
@@ -330,7 +343,7 @@ template <class Set>
 void Statements::add_lease_statements(const std::string& schema, Set& set) {
   const std::string stock = schema + ".stock";
   const std::string reservation = schema + ".reservation";
-  const std::string key = " WHERE sku = $1 AND location = $2@PIN";
+  const std::string key = " WHERE sku = $1 AND location = $2 AND slot = @SLOT@PIN";
   // Leases: a new token ($5) from the sequence, drawn by lease_next_token in the same
   // transaction (Citus refuses a volatile function in an UPDATE of a distributed table);
   // expiry on the database clock ($4 microseconds). Timestamps leave through a CTE:
@@ -370,11 +383,11 @@ void Statements::add_lease_statements(const std::string& schema, Set& set) {
       "WITH held AS (UPDATE " + stock +
           " SET reserved = reserved + $3, version = version + 1, updated_at = now()" + key +
           " AND " + room + " >= $3 AND ($4 < 0 OR version = $4) AND " + open_row +
-          " RETURNING sku, location, version)"
+          " RETURNING sku, location, slot, version)"
           " INSERT INTO " +
           reservation +
-          " (id, sku, location, qty, state, version, expires_at, idempotency_key, created_at,"
-          " updated_at@SKC) SELECT $5::uuid, sku, location, $3, 'held', 1, " +
+          " (id, sku, location, slot, qty, state, version, expires_at, idempotency_key,"
+          " created_at, updated_at@SKC) SELECT $5::uuid, sku, location, slot, $3, 'held', 1, " +
           ttl_from_now(6) + ", NULLIF($7, ''), now(), now()@SKV FROM held RETURNING " +
           epoch_us("expires_at") + ", " + epoch_us("created_at") + ", (SELECT version FROM held)");
 }
@@ -386,9 +399,9 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
   set(Stmt::reservation_insert,
       "WITH w AS (INSERT INTO " + reservation +
           " (id, sku, location, qty, state, version, expires_at, idempotency_key, created_at,"
-          " updated_at, buyer, limit_group@SKC) VALUES ($1::uuid, $2, $3, $4, 'held', 1, " +
+          " updated_at, buyer, limit_group, slot@SKC) VALUES ($1::uuid, $2, $3, $4, 'held', 1, " +
           ttl_from_now(5) +
-          ", NULLIF($6, ''), now(), now(), NULLIF($7, ''), NULLIF($8, '')@SKV)"
+          ", NULLIF($6, ''), now(), now(), NULLIF($7, ''), NULLIF($8, ''), @SLOT@SKV)"
           " RETURNING expires_at, created_at) SELECT " +
           epoch_us("expires_at") + ", " + epoch_us("created_at") + " FROM w");
   const std::string reservation_get =
@@ -412,10 +425,10 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
           " done AS (UPDATE " +
           reservation +
           " r SET state = 'expired', version = r.version + 1, updated_at = now() FROM due"
-          " WHERE r.id = due.id@PIN(r) RETURNING r.sku, r.location, r.qty, r.limit_group, r.buyer)"
-          " SELECT sku, location, sum(qty)::bigint, count(*), coalesce(limit_group, ''),"
-          " coalesce(buyer, '') FROM done GROUP BY sku, location, limit_group, buyer"
-          " ORDER BY sku COLLATE \"C\", location COLLATE \"C\"");
+          " WHERE r.id = due.id@PIN(r) RETURNING r.sku, r.location, r.slot, r.qty, r.limit_group,"
+          " r.buyer) SELECT sku, location, sum(qty)::bigint, count(*), coalesce(limit_group, ''),"
+          " coalesce(buyer, ''), slot FROM done GROUP BY sku, location, slot, limit_group, buyer"
+          " ORDER BY sku COLLATE \"C\", location COLLATE \"C\", slot");
 }
 
 // Retention on one server (the Citus layout has its own, add_citus_statements) and the
@@ -606,35 +619,38 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
   set(Stmt::batch_lock,
       "SELECT s.sku, s.location, s.on_hand, s.reserved, s.version, " + epoch_us("now()") +
           ", s.backorder_limit, s.discontinued_at IS NOT NULL,"
-          " coalesce(s.lease_expires_at > now(), false) FROM " +
+          " coalesce(s.lease_expires_at > now(), false), s.slot FROM " +
           schema +
-          ".stock s JOIN unnest($1::text[], $2::text[]) AS k(sku, location)"
-          " ON s.sku = k.sku AND s.location = k.location@PIN(s)"
-          " ORDER BY s.sku COLLATE \"C\", s.location COLLATE \"C\" FOR UPDATE OF s");
+          ".stock s JOIN unnest($1::text[], $2::text[], $3::int[]) AS k(sku, location, slot)"
+          " ON s.sku = k.sku AND s.location = k.location AND s.slot = k.slot@PIN(s)"
+          " ORDER BY s.sku COLLATE \"C\", s.location COLLATE \"C\", s.slot FOR UPDATE OF s");
   // One statement writes the summed deltas of every row and inserts every reservation.
   set(Stmt::batch_write,
       "WITH moved AS (UPDATE " + schema +
           ".stock AS s SET on_hand = s.on_hand - d.sold, reserved = s.reserved + d.held,"
           " version = s.version + d.changes, updated_at = now()"
-          " FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[])"
-          " AS d(sku, location, sold, held, changes)"
-          " WHERE s.sku = d.sku AND s.location = d.location@PIN(s) RETURNING 1)"
+          " FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[],"
+          " $15::int[]) AS d(sku, location, sold, held, changes, slot)"
+          " WHERE s.sku = d.sku AND s.location = d.location AND s.slot = d.slot@PIN(s)"
+          " RETURNING 1)"
           " INSERT INTO " +
           schema +
-          ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
-          " created_at, updated_at, buyer, limit_group@SKC) SELECT i::uuid, k, l, q, 'held', 1,"
-          " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now(), NULLIF(rb, ''),"
-          " NULLIF(rg, '')@SKV FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[],"
-          " $10::bigint[], $11::text[], $13::text[], $14::text[]) AS r(i, k, l, q, t, ik, rb, rg) "
-          "WHERE (SELECT count(*) FROM moved) = $12");
+          ".reservation (id, sku, location, slot, qty, state, version, expires_at,"
+          " idempotency_key, created_at, updated_at, buyer, limit_group@SKC) SELECT i::uuid, k,"
+          " l, rs, q, 'held', 1, now() + t * interval '1 microsecond', NULLIF(ik, ''), now(),"
+          " now(), NULLIF(rb, ''), NULLIF(rg, '')@SKV FROM unnest($6::text[], $7::text[],"
+          " $8::text[], $9::bigint[], $10::bigint[], $11::text[], $13::text[], $14::text[],"
+          " $16::int[]) AS r(i, k, l, q, t, ik, rb, rg, rs) WHERE (SELECT count(*) FROM moved) ="
+          " $12");
   set(Stmt::batch_unclaim, "DELETE FROM " + idempotency + " WHERE key = ANY($1::text[])@PIN");
   // batch_write's deltas on Citus, as a statement of their own (see citus_move_one).
   set(Stmt::citus_move, "UPDATE " + schema +
                             ".stock AS s SET on_hand = s.on_hand - d.sold, reserved = s.reserved +"
                             " d.held, version = s.version + d.changes, updated_at = now()"
                             " FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],"
-                            " $5::bigint[]) AS d(sku, location, sold, held, changes)"
-                            " WHERE s.sku = d.sku AND s.location = d.location@PIN(s)");
+                            " $5::bigint[], $6::int[]) AS d(sku, location, sold, held, changes,"
+                            " slot) WHERE s.sku = d.sku AND s.location = d.location"
+                            " AND s.slot = d.slot@PIN(s)");
   // Confirms and releases: their reservation rows, locked in id order before any stock row
   // (the order a per-request transition keeps), and their new states, written at once.
   set(Stmt::batch_lock_reservations, "SELECT " + reservation_columns() + " FROM " + schema +
@@ -655,31 +671,33 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
   // from the locked rows before the UPDATE touches any of them, so lock order holds.
   set(Stmt::batch_fast,
       "WITH d AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],"
-      " $5::bigint[]) AS d(sku, location, sold, held, changes)),"
+      " $5::bigint[], $15::int[]) AS d(sku, location, sold, held, changes, slot)),"
       " locked AS (SELECT s.sku, s.on_hand + s.backorder_limit - s.reserved >= d.sold + d.held"
       " AND s.discontinued_at IS NULL"
       " AND (s.lease_expires_at IS NULL OR s.lease_expires_at <= now()) AS fits FROM " +
           schema +
-          ".stock s JOIN d ON s.sku = d.sku AND s.location = d.location@PIN(s)"
-          " ORDER BY s.sku COLLATE \"C\", s.location COLLATE \"C\" FOR UPDATE OF s),"
+          ".stock s JOIN d ON s.sku = d.sku AND s.location = d.location AND s.slot = d.slot@PIN(s)"
+          " ORDER BY s.sku COLLATE \"C\", s.location COLLATE \"C\", s.slot FOR UPDATE OF s),"
           " verdict AS (SELECT count(*) = $12 AND coalesce(bool_and(fits), false) AS all_fit"
           " FROM locked),"
           " moved AS (UPDATE " +
           schema +
           ".stock AS s SET on_hand = s.on_hand - d.sold, reserved = s.reserved + d.held,"
           " version = s.version + d.changes, updated_at = now() FROM d, verdict"
-          " WHERE verdict.all_fit AND s.sku = d.sku AND s.location = d.location@PIN(s)"
-          " RETURNING s.sku, s.location, s.on_hand, s.reserved, s.version, s.backorder_limit),"
+          " WHERE verdict.all_fit AND s.sku = d.sku AND s.location = d.location"
+          " AND s.slot = d.slot@PIN(s)"
+          " RETURNING s.sku, s.location, s.on_hand, s.reserved, s.version, s.backorder_limit,"
+          " s.slot),"
           " made AS (INSERT INTO " +
           schema +
-          ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
-          " created_at, updated_at, buyer, limit_group@SKC) SELECT i::uuid, k, l, q, 'held', 1,"
-          " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now(), NULLIF(rb, ''),"
-          " NULLIF(rg, '')@SKV FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[],"
-          " $10::bigint[], $11::text[], $13::text[], $14::text[]) AS r(i, k, l, q, t, ik, rb, rg), "
-          "verdict WHERE verdict.all_fit)"
+          ".reservation (id, sku, location, slot, qty, state, version, expires_at,"
+          " idempotency_key, created_at, updated_at, buyer, limit_group@SKC) SELECT i::uuid, k,"
+          " l, rs, q, 'held', 1, now() + t * interval '1 microsecond', NULLIF(ik, ''), now(),"
+          " now(), NULLIF(rb, ''), NULLIF(rg, '')@SKV FROM unnest($6::text[], $7::text[],"
+          " $8::text[], $9::bigint[], $10::bigint[], $11::text[], $13::text[], $14::text[],"
+          " $16::int[]) AS r(i, k, l, q, t, ik, rb, rg, rs), verdict WHERE verdict.all_fit)"
           " SELECT sku, location, on_hand, reserved, version, " +
-          epoch_us("now()") + ", backorder_limit FROM moved");
+          epoch_us("now()") + ", backorder_limit, slot FROM moved");
 }
 
 // The fast paths for a batch on one row (the hot SKU), with keys, with buyers, and on
@@ -750,8 +768,9 @@ void Statements::add_batch_fast_limited_statement(const std::string& schema, Set
           " WHERE a.held + EXCLUDED.held <= (SELECT cap FROM lim) RETURNING 1)," +
           moved + " AND (SELECT count(*) FROM taken) = (SELECT count(*) FROM asks)" + moved_end +
           " made AS (INSERT INTO " + schema +
-          ".reservation (id, sku, location, qty, state, version, expires_at, idempotency_key,"
-          " created_at, updated_at, buyer, limit_group@SKC) SELECT i::uuid, $1, $2, q, 'held', 1,"
+          ".reservation (id, sku, location, slot, qty, state, version, expires_at,"
+          " idempotency_key, created_at, updated_at, buyer, limit_group@SKC) SELECT i::uuid, $1,"
+          " $2, @SLOT, q, 'held', 1,"
           " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now(), NULLIF(b, ''),"
           " CASE WHEN b <> '' THEN (SELECT g FROM lim) END@SKV FROM req"
           " WHERE EXISTS (SELECT 1 FROM moved))"

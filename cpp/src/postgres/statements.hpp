@@ -177,6 +177,11 @@ class Statements {
   std::string schema_version_;
 };
 
+// `sql` with its slot marker rendered: `@SLOT` is the stock row's hot-row slot, a parameter
+// one past the statement's last (so the callers pass the row's slot after the statement's
+// other parameters, before the shard key that @PIN adds). Exposed for tests.
+std::string render_slot_marker(const std::string& sql);
+
 // `sql` with its shard-key markers rendered for the layout; sets *pinned when the result
 // takes the shard key as a parameter. Exposed for tests.
 std::string render_shard_markers(const std::string& sql, bool citus, bool* pinned);

@@ -33,11 +33,16 @@ std::int64_t elapsed_us(std::chrono::steady_clock::time_point since) {
 }  // namespace
 
 std::int64_t PostgresStore::advisory_key(const SkuKey& key) const {
-  return static_cast<std::int64_t>(stable_hash64({options_.schema, key.sku, key.location}));
+  // A hot-row slot's row is a row of its own: its lock is not its SKU's.
+  if (key.slot == 0) {
+    return static_cast<std::int64_t>(stable_hash64({options_.schema, key.sku, key.location}));
+  }
+  return static_cast<std::int64_t>(
+      stable_hash64({options_.schema, key.sku, key.location, "slot", std::to_string(key.slot)}));
 }
 
 PostgresStore::Level PostgresStore::read_row(Tx& tx, Stmt s, const SkuKey& key) {
-  const pqxx::result rows = tx.exec_on(shard_of(key), s, key.sku, key.location);
+  const pqxx::result rows = tx.exec_on(shard_of(key), s, key.sku, key.location, key.slot);
   if (rows.empty()) return std::nullopt;
   return level_from(key, rows[0]);
 }
@@ -95,17 +100,18 @@ StockLevel PostgresStore::write_row(Tx& tx, const StockLevel& read, Quantity sol
   const SkuKey& key = read.key;
   if (options.strategy == Strategy::optimistic) {
     // UPDATE ... SET <values computed from the read> WHERE version = :read_version
-    const pqxx::result rows = tx.exec_on(shard_of(key), Stmt::stock_cas, key.sku, key.location,
-                                         read.on_hand - sold, read.reserved + held, read.version);
+    const pqxx::result rows =
+        tx.exec_on(shard_of(key), Stmt::stock_cas, key.sku, key.location, read.on_hand - sold,
+                   read.reserved + held, read.version, key.slot);
     if (rows.empty()) throw OptimisticRace{};
     return observed_write(level_from(key, rows[0]));
   }
   // Under the row lock (pessimistic) the guard always holds; under an advisory lock it
   // protects the row from writers that do not take that lock (another strategy).
   const Quantity qty = sold + held;
-  const pqxx::result rows =
-      tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location, sold, held, qty,
-                 options.expected_version.value_or(-1), options.fencing_token.value_or(-1));
+  const pqxx::result rows = tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location,
+                                       sold, held, qty, options.expected_version.value_or(-1),
+                                       options.fencing_token.value_or(-1), key.slot);
   if (rows.empty()) {
     refuse(tx, key, qty, options.expected_version, options.fencing_token, options.count_refusal);
   }
@@ -141,7 +147,7 @@ StockLevel PostgresStore::upsert(const SkuKey& key, Quantity value, bool add,
         // A version was expected, or a token (a lease makes its row): the row must exist.
         if (expected || token) throw_stock_not_found(key);
         const pqxx::result made =
-            tx.exec_on(shard_of(key), Stmt::stock_insert, key.sku, key.location, value);
+            tx.exec_on(shard_of(key), Stmt::stock_insert, key.sku, key.location, value, key.slot);
         if (!made.empty()) return level_from(key, made[0]);
         continue;  // created by someone else since our read: update theirs
       }
@@ -152,8 +158,9 @@ StockLevel PostgresStore::upsert(const SkuKey& key, Quantity value, bool add,
       } else {
         check_covers(key, value, row->reserved, row->backorder_limit);
       }
-      return observed_write(level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_on_hand,
-                                                       key.sku, key.location, on_hand)[0]));
+      return observed_write(
+          level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_on_hand, key.sku, key.location,
+                                     on_hand, key.slot)[0]));
     }
   });
 }
@@ -178,13 +185,10 @@ std::vector<StockLevel> PostgresStore::sku_rows(const SkuKey& base) {
 // Under the own row's lock the list is whole: reshape makes slot rows only while it holds
 // that lock.
 std::vector<StockLevel> PostgresStore::read_sku_rows(Tx& tx, const SkuKey& base) {
-  const pqxx::result rows = tx.exec_on(shard_of(base), Stmt::sku_rows, base.sku, base.location,
-                                       base.location + slot_mark);
+  const pqxx::result rows = tx.exec_on(shard_of(base), Stmt::sku_rows, base.sku, base.location);
   std::vector<StockLevel> out;
   for (const auto& row : rows) {
-    SkuKey key{base.sku, row[9].as<std::string>()};
-    if (key != base && (slot_of(key) == 0 || slot_key(base, slot_of(key)) != key)) continue;
-    out.push_back(level_from(key, row));
+    out.push_back(level_from(slot_key(base, row[9].as<int>()), row));
   }
   std::sort(out.begin(), out.end(),
             [](const StockLevel& a, const StockLevel& b) { return a.key < b.key; });
@@ -209,7 +213,7 @@ std::vector<StockLevel> PostgresStore::reshape(const std::vector<SkuKey>& keys, 
       Level row = read_row(tx, Stmt::stock_lock, key);
       while (!row && create) {
         const pqxx::result inserted =
-            tx.exec_on(shard_of(key), Stmt::stock_insert, key.sku, key.location, 0);
+            tx.exec_on(shard_of(key), Stmt::stock_insert, key.sku, key.location, 0, key.slot);
         if (!inserted.empty()) {
           made = true;
           row = level_from(key, inserted[0]);  // ours until we commit
@@ -241,7 +245,7 @@ std::vector<StockLevel> PostgresStore::reshape(const std::vector<SkuKey>& keys, 
       if (on_hand[i] == levels[i].on_hand && !write_all && !made) continue;
       const SkuKey& key = keys[i];
       levels[i] = level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_on_hand, key.sku,
-                                             key.location, on_hand[i])[0]);
+                                             key.location, on_hand[i], key.slot)[0]);
     }
     return levels;
   });
@@ -270,7 +274,7 @@ StockLevel PostgresStore::set_backorder_limit(const SkuKey& key, Quantity limit,
       [&](Tx& tx) {
         refuse_if_slotted(tx, key, "a backorder limit");
         return tx.exec_on(shard_of(key), Stmt::stock_set_backorder_limit, key.sku, key.location,
-                          limit);
+                          limit, key.slot);
       });
 }
 
@@ -302,8 +306,9 @@ std::vector<StockLevel> PostgresStore::set_discontinued(const SkuKey& key, bool 
     for (StockLevel& level : levels) {
       if (level.discontinued == discontinued) continue;
       const SkuKey row = level.key;
-      level = observed_write(level_from(row, tx.exec_on(shard_of(row), Stmt::stock_set_discontinued,
-                                                        row.sku, row.location, discontinued)[0]));
+      level = observed_write(
+          level_from(row, tx.exec_on(shard_of(row), Stmt::stock_set_discontinued, row.sku,
+                                     row.location, discontinued, row.slot)[0]));
     }
     return levels;
   });
@@ -315,7 +320,7 @@ Lease PostgresStore::acquire_lease(const SkuKey& key, std::int64_t ttl_us,
     for (;;) {
       Level row = read_row(tx, Stmt::stock_lock, key);
       if (!row) {  // a lease makes its row, at zero units; then lock it
-        tx.exec_on(shard_of(key), Stmt::stock_insert, key.sku, key.location, Quantity{0});
+        tx.exec_on(shard_of(key), Stmt::stock_insert, key.sku, key.location, Quantity{0}, key.slot);
         continue;
       }
       row->discontinued = false;  // a discontinued row can be leased (to reinstate it)
@@ -323,7 +328,7 @@ Lease PostgresStore::acquire_lease(const SkuKey& key, std::int64_t ttl_us,
       refuse_if_slotted(tx, key, "a lease");
       const std::int64_t token = tx.exec(Stmt::lease_next_token)[0][0].as<std::int64_t>();
       const pqxx::row made = tx.exec_on(shard_of(key), Stmt::lease_acquire, key.sku, key.location,
-                                        owner, ttl_us, token)[0];
+                                        owner, ttl_us, token, key.slot)[0];
       return Lease{key, owner, made[0].as<std::int64_t>(), made[1].as<std::int64_t>()};
     }
   });
@@ -331,8 +336,8 @@ Lease PostgresStore::acquire_lease(const SkuKey& key, std::int64_t ttl_us,
 
 Lease PostgresStore::renew_lease(const SkuKey& key, FencingToken token, std::int64_t ttl_us) {
   return run(nullptr, context_of(key), [&](Tx& tx) {
-    const pqxx::result renewed =
-        tx.exec_on(shard_of(key), Stmt::lease_renew, key.sku, key.location, token, ttl_us);
+    const pqxx::result renewed = tx.exec_on(shard_of(key), Stmt::lease_renew, key.sku, key.location,
+                                            token, ttl_us, key.slot);
     if (!renewed.empty()) {
       return Lease{key, renewed[0][0].as<std::string>(), token, renewed[0][1].as<std::int64_t>()};
     }
@@ -346,7 +351,8 @@ Lease PostgresStore::renew_lease(const SkuKey& key, FencingToken token, std::int
 
 bool PostgresStore::release_lease(const SkuKey& key, FencingToken token) {
   return run(nullptr, context_of(key), [&](Tx& tx) {
-    return !tx.exec_on(shard_of(key), Stmt::lease_release, key.sku, key.location, token).empty();
+    return !tx.exec_on(shard_of(key), Stmt::lease_release, key.sku, key.location, token, key.slot)
+                .empty();
   });
 }
 
@@ -365,9 +371,10 @@ StockLevel PostgresStore::sell(const SellRequest& request) {
   auto attempt = [&] {
     return run(&options, context_of(key), [&](Tx& tx) {
       if (options.strategy == Strategy::atomic) {
-        const pqxx::result rows = tx.exec_on(
-            shard_of(key), Stmt::stock_delta, key.sku, key.location, request.qty, Quantity{0},
-            request.qty, options.expected_version.value_or(-1), options.fencing_token.value_or(-1));
+        const pqxx::result rows =
+            tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location, request.qty,
+                       Quantity{0}, request.qty, options.expected_version.value_or(-1),
+                       options.fencing_token.value_or(-1), key.slot);
         if (rows.empty()) {
           refuse(tx, key, request.qty, options.expected_version, options.fencing_token,
                  options.count_refusal);
@@ -403,9 +410,10 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
     // would run its INSERT ... SELECT by pulling the row to the coordinator first, at
     // half the speed of the two statements below, in one transaction there.)
     const OrderLine& line = lines.front();
-    const pqxx::result rows = tx.exec_on(
-        shard_of(line.key), Stmt::hold_atomic, line.key.sku, line.key.location, line.qty,
-        options.expected_version.value_or(-1), ids.front().to_string(), ttl_us, key_name);
+    const pqxx::result rows =
+        tx.exec_on(shard_of(line.key), Stmt::hold_atomic, line.key.sku, line.key.location, line.qty,
+                   options.expected_version.value_or(-1), ids.front().to_string(), ttl_us, key_name,
+                   line.key.slot);
     if (rows.empty()) {
       refuse(tx, line.key, line.qty, options.expected_version, std::nullopt, options.count_refusal);
     }
@@ -415,9 +423,10 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
   }
   if (options.strategy == Strategy::atomic) {
     for (const OrderLine& line : lines) {  // sorted: rows are locked in key order
-      const pqxx::result rows = tx.exec_on(shard_of(line.key), Stmt::stock_delta, line.key.sku,
-                                           line.key.location, Quantity{0}, line.qty, line.qty,
-                                           options.expected_version.value_or(-1), std::int64_t{-1});
+      const pqxx::result rows =
+          tx.exec_on(shard_of(line.key), Stmt::stock_delta, line.key.sku, line.key.location,
+                     Quantity{0}, line.qty, line.qty, options.expected_version.value_or(-1),
+                     std::int64_t{-1}, line.key.slot);
       if (rows.empty()) {
         refuse(tx, line.key, line.qty, options.expected_version, std::nullopt,
                options.count_refusal);
@@ -508,7 +517,7 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
       &request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
         const pqxx::result rows =
             tx.exec_on(shard_of(key), Stmt::hold_atomic, key.sku, key.location, request.qty,
-                       expected, id.to_string(), request.ttl_us, std::string());
+                       expected, id.to_string(), request.ttl_us, std::string(), key.slot);
         if (rows.empty()) return std::nullopt;
         report_write(key, rows[0][2].as<Version>());
         return new_hold(id, key, request.qty, std::nullopt, rows[0]);
@@ -532,7 +541,7 @@ std::optional<Reservation> PostgresStore::reserve_limited_in_one_statement(
         &request.options, context_of(key), [&](Tx& tx) -> std::optional<Reservation> {
           const pqxx::result rows = tx.exec_on(
               shard_of(key), Stmt::batch_fast_one_limited, key.sku, key.location, Quantity{0},
-              request.qty, std::int64_t{1}, ids, qtys, ttls, text_array({""}), buyers);
+              request.qty, std::int64_t{1}, ids, qtys, ttls, text_array({""}), buyers, key.slot);
           if (rows.empty()) return std::nullopt;
           // The row's values right after this hold, and the database's now().
           Reservation r;

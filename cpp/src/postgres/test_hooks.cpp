@@ -19,7 +19,7 @@ Reservation PostgresStore::naive_reserve_unsafe(const SkuKey& key, Quantity qty,
     if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
     // UPDATE stock SET reserved = :value_computed_from_the_stale_read  (the lost update)
     tx.exec_on(shard_of(key), Stmt::stock_overwrite_reserved, key.sku, key.location,
-               read->reserved + qty);
+               read->reserved + qty, key.slot);
     return insert_reservation(tx, id, key, qty, ttl_us, std::nullopt);
   });
 }
@@ -46,8 +46,9 @@ Reservation PostgresStore::limited_reserve_by_check(const SkuKey& key, Quantity 
             .as<std::int64_t>();
     if (held + qty > per_buyer) throw limit_exceeded(key, group, buyer, held, per_buyer, qty);
     if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
-    const pqxx::result rows = tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location,
-                                         Quantity{0}, qty, qty, std::int64_t{-1}, std::int64_t{-1});
+    const pqxx::result rows =
+        tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location, Quantity{0}, qty, qty,
+                   std::int64_t{-1}, std::int64_t{-1}, key.slot);
     if (rows.empty()) refuse(tx, key, qty, std::nullopt, std::nullopt, true);
     return insert_reservation(tx, id, key, qty, 15LL * 60 * 1000 * 1000, std::nullopt, buyer,
                               group);
