@@ -53,11 +53,8 @@ def positive(name: str, value: object) -> int:
 
 
 def counted(name: str, value: object, low: int) -> int:
-    number = check_int(name, value)
-    high = _core.OPTION_LIMITS[name]
-    if not low <= number <= high:
-        raise InvalidArgument(f"{name} must be between {low} and {high}, got {number}")
-    return number
+    """A count option from ``low`` to its limit in the core."""
+    return in_range(name, value, low, _core.OPTION_LIMITS[name])
 
 
 def home_slot(value: object) -> int:

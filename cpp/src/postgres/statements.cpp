@@ -24,6 +24,8 @@ std::string stock_columns() {
          epoch_us("lease_expires_at") + " ELSE 0 END";
 }
 
+// The predicate on one stock row: $1 and $2 its SKU, and its hot-row slot.
+const char* const row_key = " WHERE sku = $1 AND location = $2 AND slot = @SLOT@PIN";
 // The units a row can still promise (migration 003: backorders).
 const char* const room = "on_hand + backorder_limit - reserved";
 // Whether a write without a fencing token may change the row: not discontinued, and no
@@ -64,9 +66,8 @@ OneRowPieces one_row_pieces(const std::string& schema) {
   OneRowPieces p;
   p.moved = " moved AS (UPDATE " + schema +
             ".stock SET on_hand = on_hand - $3::bigint, reserved = reserved + $4::bigint,"
-            " version = version + $5::bigint, updated_at = now()"
-            " WHERE sku = $1 AND location = $2 AND slot = @SLOT@PIN AND " +
-            std::string(room) + " >= $3::bigint + $4::bigint AND " + open_row;
+            " version = version + $5::bigint, updated_at = now()" +
+            row_key + " AND " + std::string(room) + " >= $3::bigint + $4::bigint AND " + open_row;
   p.moved_end = " RETURNING sku, location, on_hand, reserved, version, backorder_limit),";
   p.made = " made AS (INSERT INTO " + schema +
            ".reservation (id, sku, location, slot, qty, state, version, expires_at,"
@@ -289,8 +290,7 @@ void Statements::name_routines() {
 template <class Set>
 void Statements::add_stock_statements(const std::string& schema, Set& set) {
   const std::string stock = schema + ".stock";
-  const std::string reservation = schema + ".reservation";
-  const std::string key = " WHERE sku = $1 AND location = $2 AND slot = @SLOT@PIN";
+  const std::string key = row_key;
   const std::string stock_get = "SELECT " + stock_columns() + " FROM " + stock + key;
 
   set(Stmt::stock_get, stock_get);
@@ -343,7 +343,7 @@ template <class Set>
 void Statements::add_lease_statements(const std::string& schema, Set& set) {
   const std::string stock = schema + ".stock";
   const std::string reservation = schema + ".reservation";
-  const std::string key = " WHERE sku = $1 AND location = $2 AND slot = @SLOT@PIN";
+  const std::string key = row_key;
   // Leases: a new token ($5) from the sequence, drawn by lease_next_token in the same
   // transaction (Citus refuses a volatile function in an UPDATE of a distributed table);
   // expiry on the database clock ($4 microseconds). Timestamps leave through a CTE:
