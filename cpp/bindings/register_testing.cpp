@@ -10,6 +10,7 @@
 
 #include "bindings.hpp"
 #include "stockade/engine.hpp"
+#include "stockade/postgres_store.hpp"
 #include "stockade/testing.hpp"
 #include "stockade/tools/load.hpp"
 
@@ -120,6 +121,22 @@ void register_testing(py::module_& m) {
         py::arg("buyers") = 0, py::arg("sell") = false, py::arg("fencing_token") = py::none(),
         "Drives reservations from C++ client threads (see stockade/tools/load.hpp); returns "
         "counts and latency percentiles.");
+  m.def(
+      "prepared_statements",
+      [](const std::string& schema) {
+        py::list out;
+        for (const auto& s : prepared_statements(schema)) {
+          py::dict d;
+          d["name"] = s.name;
+          d["sql"] = s.sql;
+          d["parameters"] = s.parameters;
+          d["routine"] = s.routine;
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("schema"),
+      "Every statement the PostgreSQL store prepares on the plain layout, for the plan audit.");
 }
 
 }  // namespace stockade::bindings

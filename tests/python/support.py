@@ -20,6 +20,7 @@ MIGRATIONS = [
     "003_stock_row_patterns.sql",
     "004_purchase_limits.sql",
     "005_slot_column.sql",
+    "006_limit_group_index.sql",
 ]
 
 # Every API test runs on each store, and on the Citus layout of the PostgreSQL one (a

@@ -320,7 +320,7 @@ def test_migrations_upgrade_a_version_one_database_with_its_data(
         made = run_sql(dsn, indexes + where + names)
         assert made == "idempotency_created,reservation_terminal_updated"
         versions = "SELECT string_agg(version::text, ',') FROM stockade.schema_migrations"
-        assert run_sql(dsn, versions) == "1,2,3,4,5"
+        assert run_sql(dsn, versions) == ",".join(str(n) for n in range(1, len(MIGRATIONS) + 1))
         # Every row came through, and behaves as before.
         assert eng.stock("s") == before
         assert eng.reservation(hold.id) == hold

@@ -84,6 +84,19 @@ std::vector<std::pair<std::string, std::string>> parse_conninfo(const std::strin
 // Checks the options; throws InvalidArgument.
 void validate_postgres_options(const PostgresOptions& options);
 
+// One statement the PostgreSQL store prepares, as a plan audit sees it.
+struct PreparedStatementText {
+  std::string name;      // the prepared statement's name ("stockade_...")
+  std::string sql;       // as prepared, with the schema filled in
+  int parameters = 0;    // it takes $1..$n
+  bool routine = false;  // behind a transaction pooler it runs inside a statement routine
+};
+
+// Every statement the store prepares, on the plain layout (the Citus layout prepares
+// none: it sends each statement unnamed, planned for its values). For the plan audit of
+// the tests (tests/python/test_plans.py).
+std::vector<PreparedStatementText> prepared_statements(const std::string& schema);
+
 // Opens one connection at once, so that a bad DSN or an unreachable server fails here
 // (Unavailable), not on the first request.
 std::shared_ptr<Store> make_postgres_store(PostgresOptions options,

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "stockade/hash.hpp"
+#include "stockade/postgres_store.hpp"
 
 namespace stockade::detail::pg {
 namespace {
@@ -79,6 +80,14 @@ OneRowPieces one_row_pieces(const std::string& schema) {
   p.answer = " SELECT sku, location, on_hand, reserved, version, " + epoch_us("now()") +
              ", backorder_limit FROM moved";
   return p;
+}
+
+// `ANY(ARRAY(SELECT column FROM cte))`: the rows a CTE picked, for a write that finds them
+// by primary key. Written as a join (`USING cte WHERE key = cte.key`), a generic plan
+// estimates the CTE's `LIMIT $n` at a tenth of its input and may hash-join it against a
+// sequential scan of the whole table; an array of keys is always looked up by index.
+std::string ids_of(const std::string& column, const std::string& cte) {
+  return "ANY(ARRAY(SELECT " + column + " FROM " + cte + "))";
 }
 
 std::string ttl_from_now(int param) {
@@ -417,15 +426,19 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
   set(Stmt::reservation_get_many, "SELECT " + reservation_columns() + " FROM " + reservation +
                                       " WHERE id = ANY($1::uuid[])@PIN");
   // The sweeper's pick: due holds in expiry order, skipping rows a transition has locked,
-  // expired in place; the units to return come back per row, sorted for lock order.
+  // expired in place; the units to return come back per row, sorted for lock order. The
+  // update finds the picked rows by id through an array (ids_of), so that its generic plan
+  // looks each one up by primary key whatever the table's size (docs/design.md, "Plans").
   set(Stmt::expire_pick,
       "WITH due AS (SELECT id FROM " + reservation +
           " WHERE state = 'held' AND expires_at <= now()@PIN ORDER BY expires_at LIMIT $1"
           " FOR UPDATE SKIP LOCKED),"
           " done AS (UPDATE " +
           reservation +
-          " r SET state = 'expired', version = r.version + 1, updated_at = now() FROM due"
-          " WHERE r.id = due.id@PIN(r) RETURNING r.sku, r.location, r.slot, r.qty, r.limit_group,"
+          " r SET state = 'expired', version = r.version + 1, updated_at = now()"
+          " WHERE r.id = " +
+          ids_of("id", "due") +
+          "@PIN(r) RETURNING r.sku, r.location, r.slot, r.qty, r.limit_group,"
           " r.buyer) SELECT sku, location, sum(qty)::bigint, count(*), coalesce(limit_group, ''),"
           " coalesce(buyer, ''), slot FROM done GROUP BY sku, location, slot, limit_group, buyer"
           " ORDER BY sku COLLATE \"C\", location COLLATE \"C\", slot");
@@ -447,25 +460,23 @@ void Statements::add_retention_statements(const std::string& schema, Set& set) {
   // too). So a replay never finds its reservations missing.
   const std::string horizon = "now() - $1::bigint * interval '1 microsecond'";
   const std::string cursor = "'epoch'::timestamptz + $3::bigint * interval '1 microsecond'";
-  set(Stmt::purge_keys, "WITH doomed AS (SELECT i.key, i.reservation_ids, i.created_at FROM " +
-                            schema + ".idempotency i WHERE i.created_at < " + horizon +
-                            " AND i.created_at >= " + cursor +
-                            "@PIN(i) AND NOT EXISTS (SELECT 1 FROM " + reservation +
-                            " r WHERE r.id = ANY(i.reservation_ids)@PIN(r) AND (r.state = 'held' "
-                            "OR r.updated_at >= " +
-                            horizon +
-                            ")) ORDER BY i.created_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
-                            " keys AS (DELETE FROM " +
-                            schema +
-                            ".idempotency i USING doomed d WHERE i.key = d.key@PIN(i) RETURNING 1),"
-                            " gone AS (DELETE FROM " +
-                            reservation +
-                            " r USING (SELECT unnest(reservation_ids) AS id FROM doomed) AS d "
-                            "WHERE r.id = d.id@PIN(r)"
-                            " RETURNING 1)"
-                            " SELECT (SELECT count(*) FROM keys), (SELECT count(*) FROM gone),"
-                            " coalesce((SELECT max(" +
-                            epoch_us("created_at") + ") FROM doomed), $3::bigint)");
+  set(Stmt::purge_keys,
+      "WITH doomed AS (SELECT i.key, i.reservation_ids, i.created_at FROM " + schema +
+          ".idempotency i WHERE i.created_at < " + horizon + " AND i.created_at >= " + cursor +
+          "@PIN(i) AND NOT EXISTS (SELECT 1 FROM " + reservation +
+          " r WHERE r.id = ANY(i.reservation_ids)@PIN(r) AND (r.state = 'held' "
+          "OR r.updated_at >= " +
+          horizon +
+          ")) ORDER BY i.created_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
+          " keys AS (DELETE FROM " +
+          schema + ".idempotency i WHERE i.key = " + ids_of("key", "doomed") +
+          "@PIN(i) RETURNING 1),"
+          " gone AS (DELETE FROM " +
+          reservation + " r WHERE r.id = " + ids_of("unnest(reservation_ids)", "doomed") +
+          "@PIN(r) RETURNING 1)"
+          " SELECT (SELECT count(*) FROM keys), (SELECT count(*) FROM gone),"
+          " coalesce((SELECT max(" +
+          epoch_us("created_at") + ") FROM doomed), $3::bigint)");
   set(Stmt::purge_reservations,
       "WITH doomed AS (SELECT r.id, r.updated_at FROM " + reservation +
           " r WHERE r.state <> 'held' AND r.updated_at < " + horizon + " AND r.updated_at >= " +
@@ -473,8 +484,8 @@ void Statements::add_retention_statements(const std::string& schema, Set& set) {
           ".idempotency i WHERE i.key = r.idempotency_key@PIN(i)))"
           " ORDER BY r.updated_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
           " gone AS (DELETE FROM " +
-          reservation +
-          " r USING doomed d WHERE r.id = d.id@PIN(r) RETURNING 1)"
+          reservation + " r WHERE r.id = " + ids_of("id", "doomed") +
+          "@PIN(r) RETURNING 1)"
           " SELECT 0::bigint, (SELECT count(*) FROM gone), coalesce((SELECT max(" +
           epoch_us("updated_at") + ") FROM doomed), $3::bigint)");
 }
@@ -484,19 +495,18 @@ template <class Set>
 void Statements::add_count_statements(const std::string& schema, Set& set) {
   const std::string reservation = schema + ".reservation";
   // stats(): live-tuple figures of the statistics collector (O(1), refreshed within about
-  // a second of each commit), and holds counted through their partial index up to $1.
+  // a second of each commit), and holds counted through their partial index up to $1. In
+  // the index's order: a generic plan, which cannot see $1, would otherwise scan the table
+  // until it met $1 holds, all of it when holds are few.
+  const std::string holds = "(SELECT count(*) FROM (SELECT 1 FROM " + reservation +
+                            " WHERE state = 'held' ORDER BY expires_at LIMIT $1) AS h)";
   if (!citus_) {
+    const auto live = [&](const std::string& table) {  // n_live_tup, without the view's joins
+      return "coalesce(pg_stat_get_live_tuples(to_regclass('" + schema + "." + table +
+             "')::oid), 0)";
+    };
     set(Stmt::counts_estimate,
-        "SELECT (SELECT coalesce(max(n_live_tup), 0) FROM pg_stat_user_tables"
-        " WHERE relid = to_regclass('" +
-            schema +
-            ".stock')),"
-            " (SELECT coalesce(max(n_live_tup), 0) FROM pg_stat_user_tables"
-            " WHERE relid = to_regclass('" +
-            reservation +
-            "')),"
-            " (SELECT count(*) FROM (SELECT 1 FROM " +
-            reservation + " WHERE state = 'held' LIMIT $1) AS h)");
+        "SELECT " + live("stock") + ", " + live("reservation") + ", " + holds);
   } else {
     // stats() on Citus: the coordinator's statistics see none of the workers' rows, so the
     // live-tuple figures of every shard are summed, one command per shard, run in parallel
@@ -508,9 +518,8 @@ void Statements::add_count_statements(const std::string& schema, Set& set) {
              "', $$SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = '%s'::regclass$$)"
              " WHERE success)";
     };
-    set(Stmt::counts_estimate, "SELECT " + live("stock") + ", " + live("reservation") +
-                                   ", (SELECT count(*) FROM (SELECT 1 FROM " + schema +
-                                   ".reservation WHERE state = 'held' LIMIT $1) AS h)");
+    set(Stmt::counts_estimate,
+        "SELECT " + live("stock") + ", " + live("reservation") + ", " + holds);
   }
 }
 
@@ -789,6 +798,37 @@ const char* Statements::name(Stmt s) {
 #undef STOCKADE_STMT_NAME
   };
   return names[static_cast<std::size_t>(s)];
+}
+
+}  // namespace stockade::detail::pg
+
+namespace stockade {
+
+std::vector<PreparedStatementText> prepared_statements(const std::string& schema) {
+  using detail::pg::Statements;
+  using detail::pg::Stmt;
+  const Statements statements(schema);
+  std::vector<PreparedStatementText> out;
+  for (std::size_t i = 0; i < detail::pg::stmt_count; ++i) {
+    const auto s = static_cast<Stmt>(i);
+    if (Statements::citus_only(s)) continue;
+    out.push_back({Statements::name(s), statements.sql(s), statements.parameters(s),
+                   statements.has_routine(s)});
+  }
+  return out;
+}
+
+}  // namespace stockade
+
+namespace stockade::detail::pg {
+
+bool Statements::citus_only(Stmt s) {
+  static const std::array<bool, stmt_count> citus = {
+#define STOCKADE_STMT_CITUS(name, kind) std::string_view(#kind) == "citus",
+      STOCKADE_STATEMENTS(STOCKADE_STMT_CITUS)
+#undef STOCKADE_STMT_CITUS
+  };
+  return citus[static_cast<std::size_t>(s)];
 }
 
 }  // namespace stockade::detail::pg

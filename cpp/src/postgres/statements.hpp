@@ -9,8 +9,10 @@
 
 namespace stockade::detail::pg {
 
-// Every statement, once: X(name, plain) for each. The enum, the names of the prepared statements
-// ("stockade_" and the name) and the routines' names come from this one list.
+// Every statement, once: X(name, kind) for each. The enum, the names of the prepared
+// statements ("stockade_" and the name) and the routines' names come from this one list.
+// The kinds: `routine`, a statement that also has a statement routine behind poolers (see
+// routines()); `plain`, one that has none; `citus`, one that only the Citus layout runs.
 #define STOCKADE_STATEMENTS(X)        \
   X(stock_get, routine)               \
   X(stock_lock, routine)              \
@@ -65,21 +67,21 @@ namespace stockade::detail::pg {
   X(batch_fast_one_limited, routine)  \
   X(batch_lock_reservations, routine) \
   X(batch_transition, plain)          \
-  X(due_shards, plain)                \
-  X(citus_move_one, plain)            \
-  X(citus_keys_taken, plain)          \
-  X(citus_move, plain)                \
-  X(expire_lock, plain)               \
-  X(expire_set, plain)                \
-  X(purge_key_shards, plain)          \
-  X(citus_shard_groups, plain)        \
-  X(purge_reservation_shards, plain)  \
-  X(purge_keys_lock, plain)           \
-  X(purge_blockers, plain)            \
-  X(purge_keys_delete, plain)         \
-  X(purge_reservations_lock, plain)   \
-  X(purge_keys_present, plain)        \
-  X(purge_reservations_delete, plain) \
+  X(due_shards, citus)                \
+  X(citus_move_one, citus)            \
+  X(citus_keys_taken, citus)          \
+  X(citus_move, citus)                \
+  X(expire_lock, citus)               \
+  X(expire_set, citus)                \
+  X(purge_key_shards, citus)          \
+  X(citus_shard_groups, citus)        \
+  X(purge_reservation_shards, citus)  \
+  X(purge_keys_lock, citus)           \
+  X(purge_blockers, citus)            \
+  X(purge_keys_delete, citus)         \
+  X(purge_reservations_lock, citus)   \
+  X(purge_keys_present, citus)        \
+  X(purge_reservations_delete, citus) \
   X(sku_rows, plain)
 
 // Every statement the store runs on its hot paths; each is prepared once per connection,
@@ -114,6 +116,8 @@ class Statements {
   bool citus() const { return citus_; }
   const std::string& schema() const { return schema_; }
   static const char* name(Stmt s);
+  // Whether only the Citus layout runs the statement (kind `citus`).
+  static bool citus_only(Stmt s);
 
   // Statement routines, for connections that keep no session state (behind a transaction
   // pooler, where named prepared statements cannot live): a PL/pgSQL function per hot

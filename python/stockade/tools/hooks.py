@@ -3,14 +3,16 @@
 ``naive_reserve`` is a deliberately broken read-modify-write (the lost update) kept as a
 canary: a race that cannot make it oversell cannot prove that the real strategies do not.
 ``hold_lock`` holds a row or advisory lock as another session would, to observe
-``nowait`` and ``lock_timeout``. Neither is for production paths.
+``nowait`` and ``lock_timeout``. Neither is for production paths. ``prepared_statements``
+lists the statements the PostgreSQL store prepares, for the plan audit of the tests.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator
+from typing import Iterator, List
 
 from .. import _core
 from ..engine import DEFAULT_LOCATION, Engine
@@ -27,7 +29,13 @@ from ..values import (
     strategy_name,
 )
 
-__all__ = ["hold_lock", "limited_reserve_by_check", "naive_reserve"]
+__all__ = [
+    "PreparedStatement",
+    "hold_lock",
+    "limited_reserve_by_check",
+    "naive_reserve",
+    "prepared_statements",
+]
 
 
 def naive_reserve(
@@ -106,3 +114,22 @@ def hold_lock(
         yield
     finally:
         handle.release()
+
+
+@dataclass(frozen=True)
+class PreparedStatement:
+    """One statement the PostgreSQL store prepares on each connection."""
+
+    name: str  #: the prepared statement's name (``stockade_...``)
+    sql: str  #: its text as prepared, with the schema filled in
+    parameters: int  #: it takes ``$1`` .. ``$n``
+    routine: bool  #: behind a transaction pooler it runs inside a statement routine
+
+
+def prepared_statements(schema: str = "stockade") -> List[PreparedStatement]:
+    """Every statement the PostgreSQL store prepares on the plain layout (the Citus layout
+    prepares none), with the schema ``schema`` filled in."""
+    return [
+        PreparedStatement(d["name"], d["sql"], d["parameters"], d["routine"])
+        for d in _core.prepared_statements(check_str("schema", schema))
+    ]
