@@ -19,10 +19,16 @@ blocking calls. Figures from one run share the machine's noise: compare the rati
   4. layout: dropping a time partition against batched deletes of the same rows;
   5. stats() against row_counts() (count(*)) on the grown tables;
   6. steady state: reserve+confirm with keys for --steady-seconds under --retention, with
-     the sweeper purging; table size and process RSS sampled as it runs.
+     the sweeper purging; table size and process RSS sampled as it runs;
+  7. background work on grown tables: two schemas on the server, both with --live-holds
+     live holds (a sale in progress), one also with --old-rows old terminal reservations
+     and keys inside the retention window; in --rounds rounds, alternating which schema
+     goes first, each expires --lapsed lapsed holds (expire_due, as the sweeper does),
+     purges as many old rows (purge()), times stats() and an idle sweeper round.
 
     python benchmarks/retention.py [--seconds 5] [--rounds 3] [--old-rows 3000000]
-        [--warm-skus 2000] [--cycle 50] [--steady-seconds 120] [--retention 5] [--json FILE]
+        [--warm-skus 2000] [--cycle 50] [--steady-seconds 120] [--retention 5]
+        [--live-holds 700000] [--lapsed 100000] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.
 """
@@ -30,7 +36,9 @@ It is a benchmark, not a test: it prints figures and ratios and checks no target
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import statistics
 import threading
 import time
 from dataclasses import asdict
@@ -348,6 +356,170 @@ def steady(dsn: str, sql: Sql, seconds: float, retention: float) -> Dict[str, An
     return {"samples": samples, "ops": ops, "sweeper": swept}
 
 
+RETAINED = timedelta(days=7)  # section 7's retention window
+
+
+def v7(at: str, n: str) -> str:
+    """SQL for a time-ordered id, as the engine makes them (UUID v7: the time `at` in
+    milliseconds first), unique for distinct `n` at one time."""
+    ms = f"lpad(to_hex((extract(epoch FROM {at}) * 1000)::bigint), 12, '0')"
+    return (
+        f"(substr({ms}, 1, 8) || '-' || substr({ms}, 9, 4) || '-7' ||"
+        f" lpad(to_hex(({n}) % 4096), 3, '0') || '-8' || lpad(to_hex((({n}) / 4096) % 4096),"
+        f" 3, '0') || '-' || lpad(to_hex({n}), 12, '0'))::uuid"
+    )
+
+
+def fill_background(sql: Sql, schema: str, live: int, old: int) -> None:
+    """Section 7's standing rows in `schema`: `live` holds due in a day on 1,000 SKUs (their
+    units reserved), and `old` confirmed reservations with their keys, a day old: inside
+    the retention window, so that no purge takes them. Autovacuum is off on the two
+    tables: each round vacuums them itself, so that both schemas start it alike."""
+    sql(
+        f"INSERT INTO {schema}.stock (sku, location, on_hand, reserved)"
+        f" SELECT 'live-' || k, 'default', n, n FROM generate_series(0, 999) AS k,"
+        f" LATERAL (SELECT ({live} / 1000) + CASE WHEN k < {live} % 1000 THEN 1 ELSE 0 END)"
+        " AS x(n)"
+    )
+    if old:
+        sql(
+            f"INSERT INTO {schema}.reservation (id, sku, location, qty, state, version,"
+            f" expires_at, idempotency_key, created_at, updated_at) SELECT {v7('t', 'g')},"
+            " 'old-' || (g % 5000), 'default', 1, 'confirmed', 2, t, 'old-' || g, t, t"
+            f" FROM generate_series(1, {old}) AS g,"
+            " LATERAL (SELECT now() - interval '1 day' + g * interval '10 microseconds') AS x(t)"
+        )
+        sql(
+            f"INSERT INTO {schema}.idempotency (key, request_fingerprint, reservation_ids,"
+            f" created_at) SELECT idempotency_key, 'old', ARRAY[id], created_at FROM {schema}"
+            ".reservation WHERE idempotency_key LIKE 'old-%'"
+        )
+    sql(
+        f"INSERT INTO {schema}.reservation (id, sku, location, qty, state, expires_at,"
+        f" created_at, updated_at) SELECT {v7('now()', 'g')}, 'live-' || (g % 1000),"
+        f" 'default', 1, 'held', now() + interval '1 day', now(), now()"
+        f" FROM generate_series(0, {live - 1}) AS g"
+    )
+    for table in ("reservation", "idempotency"):
+        sql(f"ALTER TABLE {schema}.{table} SET (autovacuum_enabled = off)")
+    sql(f"VACUUM ANALYZE {schema}.stock, {schema}.reservation, {schema}.idempotency")
+
+
+def add_due_work(sql: Sql, schema: str, tag: str, n: int) -> None:
+    """`n` holds that lapsed a minute ago on 100 SKUs (their units reserved), and `n`
+    confirmed reservations with their keys, a month old (past the retention window); then
+    a VACUUM ANALYZE of the tables."""
+    sql(
+        f"INSERT INTO {schema}.stock (sku, location, on_hand, reserved)"
+        f" SELECT 'lapse-{tag}-' || k, 'default', n, n FROM generate_series(0, 99) AS k,"
+        f" LATERAL (SELECT ({n} / 100) + CASE WHEN k < {n} % 100 THEN 1 ELSE 0 END) AS x(n)"
+    )
+    sql(
+        f"INSERT INTO {schema}.reservation (id, sku, location, qty, state, version,"
+        f" expires_at, idempotency_key, created_at, updated_at) SELECT {v7('t', 'g')},"
+        f" 'gone-' || (g % 100), 'default', 1, 'confirmed', 2, t, 'gone-{tag}-' || g, t, t"
+        f" FROM generate_series(1, {n}) AS g,"
+        " LATERAL (SELECT now() - interval '30 days' + g * interval '1 millisecond') AS x(t)"
+    )
+    sql(
+        f"INSERT INTO {schema}.idempotency (key, request_fingerprint, reservation_ids,"
+        f" created_at) SELECT idempotency_key, 'gone', ARRAY[id], created_at FROM {schema}"
+        f".reservation WHERE idempotency_key LIKE 'gone-{tag}-%'"
+    )
+    sql(
+        f"INSERT INTO {schema}.reservation (id, sku, location, qty, state, expires_at,"
+        f" created_at, updated_at) SELECT {v7('t', 'g')}, 'lapse-{tag}-' || (g % 100),"
+        " 'default', 1, 'held', t + interval '1 minute', t, t FROM generate_series(0, "
+        f"{n - 1}) AS g, LATERAL (SELECT now() - interval '2 minutes' + g * interval"
+        " '1 microsecond') AS x(t)"
+    )
+    sql(f"VACUUM ANALYZE {schema}.stock, {schema}.reservation, {schema}.idempotency")
+
+
+def background_round(dsn: str, eng: stockade.Engine, schema: str) -> Dict[str, float]:
+    """Expires every due hold in sweeper-sized batches, purges what is past the window,
+    times stats(), then lets an engine with the sweeper on run idle rounds (the rounds of
+    3 s, after its first second)."""
+    start = time.perf_counter()
+    calls, expired = [], 0
+    while True:
+        t0 = time.perf_counter()
+        n = eng.expire_due(limit=1000)
+        calls.append(time.perf_counter() - t0)
+        expired += n
+        if n < 1000:
+            break
+    expire_s = time.perf_counter() - start
+    t0 = time.perf_counter()
+    purged = eng.purge(RETAINED)
+    purge_s = time.perf_counter() - t0
+    stats_s = statistics.median(timed(eng.stats, repeat=1) for _ in range(25))
+    with stockade.Engine.postgres(
+        dsn,
+        pool_size=2,
+        schema=schema,
+        sweeper=True,
+        sweep_interval=timedelta(milliseconds=50),
+        retention=RETAINED,
+    ) as sweeping:
+        time.sleep(1.0)  # past the first round, which opens its session and prepares
+        first = sweeping.stats()["sweeper"]
+        time.sleep(3.0)
+        last = sweeping.stats()["sweeper"]
+    swept = {key: last[key] - first[key] for key in ("runs", "round_seconds")}
+    return {
+        "expired": expired,
+        "expire_per_s": expired / expire_s,
+        "expire_call_ms": statistics.median(calls) * 1000,
+        "purged": purged,
+        "purge_per_s": purged / purge_s,
+        "stats_ms": stats_s * 1000,
+        "sweeper_rounds": swept["runs"],
+        "sweeper_round_ms": swept["round_seconds"] / max(swept["runs"], 1) * 1000,
+    }
+
+
+# Section 7's measures: (key, label, higher is better).
+BACKGROUND = [
+    ("expire_per_s", "expire_due: lapsed holds expired per s", True),
+    ("expire_call_ms", "expire_due(limit=1000): ms per call", False),
+    ("purge_per_s", "purge(): rows per s", True),
+    ("stats_ms", "stats(): ms", False),
+    ("sweeper_round_ms", "an idle sweeper round: ms", False),
+]
+
+
+def background(dsn: str, sql: Sql, rounds: int, live: int, old: int, lapsed: int) -> Dict[str, Any]:
+    """Section 7: the same background work on fresh and on grown tables, alternating."""
+    t0 = time.perf_counter()
+    engines = {}
+    with contextlib.ExitStack() as stack:
+        for schema, rows in (("fresh", 0), ("grown", old)):
+            engines[schema] = stack.enter_context(
+                stockade.Engine.postgres(dsn, pool_size=4, schema=schema)
+            )
+            engines[schema].migrate()
+            fill_background(sql, schema, live, rows)
+        filled_s = time.perf_counter() - t0
+        runs: Dict[str, List[Dict[str, float]]] = {"fresh": [], "grown": []}
+        for n in range(rounds):
+            order = ["fresh", "grown"] if n % 2 == 0 else ["grown", "fresh"]
+            for schema in order:
+                add_due_work(sql, schema, str(n), lapsed)
+                runs[schema].append(background_round(dsn, engines[schema], schema))
+    medians = {
+        schema: {key: statistics.median(r[key] for r in runs[schema]) for key, _, _ in BACKGROUND}
+        for schema in runs
+    }
+    ratios = {
+        key: (medians["grown"][key] / medians["fresh"][key])
+        if higher
+        else (medians["fresh"][key] / medians["grown"][key])
+        for key, _, higher in BACKGROUND
+    }
+    return {"filled_s": filled_s, "runs": runs, "medians": medians, "ratios": ratios}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per load case")
@@ -362,9 +534,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--layout-rows", type=int, default=3_000_000)
     parser.add_argument("--steady-seconds", type=float, default=120.0)
     parser.add_argument("--retention", type=float, default=5.0, help="seconds (section 6)")
-    parser.add_argument("--sections", default="123456", help="which sections to run")
+    parser.add_argument("--live-holds", type=int, default=700_000, help="section 7")
+    parser.add_argument("--lapsed", type=int, default=100_000, help="section 7, per round")
+    parser.add_argument("--sections", default="1234567", help="which sections to run")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="section 1: alternating keyless/keyed rounds"
+        "--rounds", type=int, default=3, help="sections 1 and 7: alternating rounds"
     )
     parser.add_argument(
         "--setting",
@@ -521,6 +695,21 @@ def main(argv: Optional[List[str]] = None) -> int:
                 + (f" (last: {sw['last_error'][:200]})" if sw["errors"] else "")
             )
             report["steady"] = s
+        if "7" in args.sections:
+            b = background(dsn, sql, args.rounds, args.live_holds, args.old_rows, args.lapsed)
+            print(
+                f"\n### 7. background work: fresh tables against grown ones ({args.old_rows:,}"
+                f" old rows), both with {args.live_holds:,} live holds; {args.lapsed:,} lapsed"
+                f" holds and old rows per round; medians of {args.rounds} alternating rounds"
+                f" (filled in {b['filled_s']:.0f} s)\n"
+            )
+            print("| measure | fresh | grown | grown against fresh |")
+            print("|---|---:|---:|---:|")
+            for key, label, _ in BACKGROUND:
+                fresh, grown = b["medians"]["fresh"][key], b["medians"]["grown"][key]
+                print(f"| {label} | {fresh:,.1f} | {grown:,.1f} | {b['ratios'][key]:.2f}x |")
+            print("\n(a ratio below 1 means the grown tables slow the work down)")
+            report["background"] = b
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

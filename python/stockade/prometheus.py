@@ -225,6 +225,11 @@ class StockadeCollector(Collector):
             (s["runs"], "stockade_sweeper_runs_total", "sweeper rounds run as leader"),
             (s["expired"], "stockade_sweeper_expired_total", "holds the sweeper expired"),
             (s["errors"], "stockade_sweeper_errors_total", "sweeper rounds that failed"),
+            (
+                s["round_seconds"],
+                "stockade_sweeper_round_seconds_total",
+                "time the sweeper spent in the rounds it ran as leader",
+            ),
         ]:
             family = self._counter(name, doc, [])
             family.add_metric(self._values(), float(value))

@@ -60,6 +60,8 @@ class SweeperStats(TypedDict):
     last_error: str
     purged_reservations: int  # by purge() or retention, in this engine
     purged_keys: int
+    round_seconds: float  # time spent in the rounds it ran as leader, in all
+    last_round_seconds: float  # the last such round's
 
 
 class BatcherStats(TypedDict):

@@ -105,6 +105,8 @@ struct SweeperStats {
   std::string last_error;
   std::uint64_t purged_reservations = 0;  // rows this engine purged (purge() or retention)
   std::uint64_t purged_keys = 0;
+  double round_seconds = 0;       // time spent in the rounds it ran as leader, in all
+  double last_round_seconds = 0;  // the last such round's
 };
 
 // Row counts, which only the store knows. Store::counts() is cheap and may estimate (the
@@ -261,7 +263,9 @@ class Telemetry {
 
   // The sweeper's rounds.
   void sweeper_enabled(bool enabled);
-  void sweeper_round(bool leader, std::uint64_t expired, const std::string& error);
+  // A round that took `seconds` (counted when this engine ran it as leader).
+  void sweeper_round(bool leader, std::uint64_t expired, const std::string& error,
+                     double seconds = 0);
   // Rows a purge deleted (the sweeper's, purge()'s, or the memory store's as it goes).
   void purged(const PurgeCounts& counts);
 

@@ -243,10 +243,15 @@ void Telemetry::purged(const PurgeCounts& counts) {
   sweeper_.purged_keys += counts.keys;
 }
 
-void Telemetry::sweeper_round(bool leader, std::uint64_t expired, const std::string& error) {
+void Telemetry::sweeper_round(bool leader, std::uint64_t expired, const std::string& error,
+                              double seconds) {
   std::lock_guard<std::mutex> lock(sweeper_mutex_);
   sweeper_.leader = leader;
   sweeper_.runs += leader ? 1 : 0;
+  if (leader) {
+    sweeper_.round_seconds += seconds;
+    sweeper_.last_round_seconds = seconds;
+  }
   sweeper_.expired += expired;
   if (!error.empty()) {
     ++sweeper_.errors;

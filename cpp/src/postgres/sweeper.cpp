@@ -38,6 +38,7 @@ void PostgresStore::sweep_loop() {
     lock.unlock();
     std::uint64_t expired = 0;
     std::string error;
+    const auto started = std::chrono::steady_clock::now();
     try {
       elected = stand_for_sweeper(leader, elected, election_key);
       if (elected) expired = expire_as_leader(*leader, election_key, elected);
@@ -68,8 +69,9 @@ void PostgresStore::sweep_loop() {
     if (expired > 0) {
       log(LogLevel::debug, "stockade.sweeper", "expired " + std::to_string(expired) + " holds");
     }
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - started;
     lock.lock();
-    telemetry().sweeper_round(elected, expired, error);
+    telemetry().sweeper_round(elected, expired, error, took.count());
     sweeper_wake_.wait_for(lock, std::chrono::milliseconds(options_.sweep_interval_ms),
                            [this] { return stopping_; });
   }
