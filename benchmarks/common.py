@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 from dataclasses import asdict
-from typing import Any, Dict, Iterable, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import stockade
 from stockade.tools import drive_load
@@ -112,3 +114,36 @@ def rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> List[str]:
+    """The fields of /proc/<pid>/stat after the command name (field 3 onwards)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def server_cpu_s(postmaster: int) -> float:
+    """CPU seconds (user and system) of a PostgreSQL server so far: its postmaster's, with
+    those of the children it reaped (backends that have exited), and those of its live
+    processes (backends, WAL writer, checkpointer, autovacuum), from /proc."""
+    fields = _stat_fields(postmaster)  # utime, stime, cutime, cstime: fields 14-17
+    ticks = sum(int(x) for x in fields[11:15])
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            child = _stat_fields(int(entry))
+        except OSError:
+            continue  # it exited meanwhile
+        if int(child[1]) == postmaster:  # field 4: the parent
+            ticks += int(child[11]) + int(child[12])
+    return ticks / _TICK
+
+
+def process_cpu_s() -> float:
+    """CPU seconds (user and system) of this process so far, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

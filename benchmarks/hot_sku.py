@@ -2,8 +2,14 @@
 
 Every reservation writes its row (the SKU holds 10^9 units, so nothing sells out), with
 fsync and synchronous_commit on. Figures from one run share the machine's noise, so
-compare the ratios, not the absolute numbers. Sections:
+compare the ratios, not the absolute numbers. With --flush-delay-us N the server flushes
+as a network disk or a synchronous standby does: each WAL flush waits N microseconds first
+(commit_delay = N, commit_siblings = 0), and the header and the JSON say so. Sections:
 
+  0. the server's ceiling: pgbench running a 32-row batch transaction on one stock row and
+     on --replicas rows, and from it the Little's-law bound for the blocking clients
+     (clients / the time a row stays locked per transaction); sections 1 and 5 show each
+     case as a share of that bound;
   1. hot SKU, 64 C++ client threads, one blocking call at a time, every strategy;
   2. hot SKU, 64 C++ clients keeping --window async requests each in flight (batched, auto);
   3. hot SKU, asyncio tasks in Python awaiting reserve_async (batched, auto): 64 of them,
@@ -18,7 +24,8 @@ compare the ratios, not the absolute numbers. Sections:
      (Engine.set_slots), each process on a slot of its own (home_slot), and one process
      on that SKU (all its clients on its one home slot: what slots cost a single process).
      Last, the shared row again with batch_linger=0: what the flushers' wait on a row that
-     other processes write too adds.
+     other processes write too adds. Each case also reports CPU seconds per 1,000
+     reservations, of the client and engine processes and of the server's processes.
   6. a sold-out SKU under the same 64 clients: refusals per second, on a plain row and on
      a SKU with --replicas slots (a refusal there reads every row of the SKU).
   7. many small replicas: the hot SKU from --small-replicas processes (16) with 2 clients
@@ -29,7 +36,8 @@ compare the ratios, not the absolute numbers. Sections:
     python benchmarks/hot_sku.py [--seconds 3] [--clients 64] [--window 16]
                                  [--asyncio-tasks 1024] [--cold-skus 10000]
                                  [--replicas 4] [--small-replicas 16]
-                                 [--sections 1,2,3,4,5,6,7] [--json FILE]
+                                 [--flush-delay-us 0] [--sections 0,1,2,3,4,5,6,7]
+                                 [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.
 """
@@ -48,7 +56,9 @@ from datetime import timedelta
 from typing import Any, Dict, List, Optional, Tuple
 
 import stockade
+from common import process_cpu_s, server_cpu_s
 from stockade.tools import drive_load
+from stockade.tools.bench import run_ceiling, slow_flush_settings
 from stockade.tools.pgserver import TemporaryPostgres
 
 UNITS = 10**9
@@ -126,9 +136,12 @@ with stockade.Engine.postgres(
 ) as eng:
     eng.stock(sku)  # connected before the start
     time.sleep(max(0.0, float(start_at) - time.time()))
+    cpu = os.times()
     r = drive_load(eng, [sku], clients=int(clients), seconds=float(seconds), strategy=strategy)
+    done = os.times()
     batcher = eng.stats()["batcher"]
     print(json.dumps({"granted": r.granted, "failed": r.failed, "seconds": r.seconds,
+                      "cpu_s": done.user + done.system - cpu.user - cpu.system,
                       "p50_us": r.p50_us, "p99_us": r.p99_us,
                       "batch_size_mean": batcher["batch_size_mean"],
                       "lingered": batcher["lingered_batches"], "batches": batcher["batches"],
@@ -138,6 +151,7 @@ with stockade.Engine.postgres(
 
 def replicas_load(
     dsn: str,
+    postmaster: int,
     skus: List[str],
     strategy: str,
     clients: int,
@@ -147,7 +161,9 @@ def replicas_load(
 ) -> Dict[str, Any]:
     """One replica per entry of `skus` (the SKU it drives), with clients // len(skus) C++
     clients each, started together; with `slots`, replica i has home_slot i; `linger`
-    (seconds) sets batch_linger, else the default."""
+    (seconds) sets batch_linger, else the default. The CPU seconds of the load: the
+    replicas' own (each measures its load) and the server's (`postmaster`'s processes, from
+    the load's start until the replicas have ended)."""
     start_at = time.time() + 3.0  # time to start Python and connect
     env = {**os.environ, "STOCKADE_DSN": dsn}
     per = str(clients // len(skus))
@@ -171,15 +187,20 @@ def replicas_load(
         )
         for i, sku in enumerate(skus)
     ]
+    time.sleep(max(0.0, start_at - time.time()))
+    server_cpu = server_cpu_s(postmaster)
     outs = []
     for child in children:
         stdout, _ = child.communicate(timeout=seconds + 120)
         if child.returncode != 0:
             raise SystemExit(f"a replica failed (exit {child.returncode})")
         outs.append(json.loads(stdout))
+    server_cpu = server_cpu_s(postmaster) - server_cpu
     elapsed = max(o["seconds"] for o in outs)
     granted = sum(o["granted"] for o in outs)
     return {
+        "engine_cpu_s": sum(o["cpu_s"] for o in outs),
+        "server_cpu_s": server_cpu,
         "granted": granted,
         "failed": sum(o["failed"] for o in outs),
         "seconds": elapsed,
@@ -198,17 +219,53 @@ def replicas_load(
     }
 
 
-def table(title: str, rows: List[Dict[str, Any]], base: Optional[float] = None) -> None:
+def table(
+    title: str,
+    rows: List[Dict[str, Any]],
+    base: Optional[float] = None,
+    bound: Optional[float] = None,
+) -> None:
+    """A section's cases; with `bound` (the server's Little's-law bound for these clients,
+    see section 0), each case's share of it too."""
     print(f"\n### {title}\n")
-    print("| case | reservations/s | p50 ms | p99 ms | failed | vs atomic |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| case | reservations/s | p50 ms | p99 ms | failed | vs atomic |"
+        + (" of the bound |" if bound else "")
+    )
+    print("|---|---:|---:|---:|---:|---:|" + ("---:|" if bound else ""))
     for r in rows:
         ratio = f"{r['rate'] / base:.1f}x" if base else "-"
         print(
             f"| {r['case']} | {r['rate']:,.0f} | {r['p50_us'] / 1000:.2f} | "
             f"{r['p99_us'] / 1000:.2f} | {r['failed']} | {ratio} |"
+            + (f" {r['rate'] / bound:.2f} |" if bound else "")
         )
     sys.stdout.flush()
+
+
+def ceiling_section(
+    dsn: str, args: argparse.Namespace, report: Dict[str, Any], ratios: Dict[str, float]
+) -> float:
+    """Section 0: what the server allows one hot SKU (stockade.tools.bench.run_ceiling:
+    pgbench, a 32-row batch transaction by 8 clients, on one stock row and on --replicas
+    rows), and the Little's-law bound for --clients blocking clients; returns the bound."""
+    c = run_ceiling(dsn, "stockade", rows=args.replicas, seconds=args.seconds)
+    figures = c.as_dict(args.clients)
+    print(
+        f"\n### 0. the server's ceiling (pgbench: a transaction of one stock row's UPDATE and"
+        f" {c.batch} reservation rows, {c.clients} clients)\n\n"
+        f"- on one row: {c.one_row_tps:,.0f} transactions/s = "
+        f"{figures['one_row_rows_per_s']:,.0f} rows/s; a row stays locked "
+        f"{c.commit_latency_ms:.2f} ms per transaction\n"
+        f"- on {c.rows} rows: {c.rows_tps:,.0f} transactions/s = "
+        f"{figures['rows_rows_per_s']:,.0f} rows/s ({c.rows_tps / c.one_row_tps:.2f}x)\n"
+        f"- Little's law for {args.clients} blocking clients: at most "
+        f"{figures['bound']:,.0f} reservations/s, if each commits in the next transaction on"
+        " its row"
+    )
+    report["ceiling"] = figures
+    ratios[f"ceiling_{c.rows}_rows_vs_1"] = c.rows_tps / c.one_row_tps
+    return float(figures["bound"])
 
 
 def run(
@@ -220,10 +277,15 @@ def run(
         eng.restock(name, UNITS)
         return name
 
-    report: Dict[str, Any] = {"seconds": args.seconds, "clients": args.clients}
+    report: Dict[str, Any] = {
+        "seconds": args.seconds,
+        "clients": args.clients,
+        "flush_delay_us": args.flush_delay_us,
+    }
     sections = {int(x) for x in args.sections.split(",")}
     ratios: Dict[str, float] = {}
     atomic = 0.0
+    args.bound = ceiling_section(dsn, args, report, ratios) if 0 in sections else None
     if 1 in sections or 2 in sections or 3 in sections:
         atomic = hot_sections(eng, args, fresh_sku, report, ratios)
     if 4 in sections:
@@ -260,7 +322,7 @@ def hot_sections(
         )
         hot.append({"case": strategy, **r})
     atomic = hot[0]["rate"]
-    table(f"1. one hot SKU, {args.clients} C++ clients, blocking calls", hot, atomic)
+    table(f"1. one hot SKU, {args.clients} C++ clients, blocking calls", hot, atomic, args.bound)
     report["hot_blocking"] = hot
 
     windowed = []
@@ -373,14 +435,30 @@ def replicas_section(
             pg_sql("CHECKPOINT")  # each case starts from a checkpoint, as fresh_sku's do
             if processes is not None:
                 r = replicas_load(
-                    dsn, processes, strategy, args.clients, args.seconds, slots, linger
+                    dsn,
+                    args.postmaster,
+                    processes,
+                    strategy,
+                    args.clients,
+                    args.seconds,
+                    slots,
+                    linger,
                 )
             else:
+                cpu = (process_cpu_s(), server_cpu_s(args.postmaster))
                 r = c_load(eng, local, strategy, args.clients, 1, args.seconds)
+                r["engine_cpu_s"] = process_cpu_s() - cpu[0]
+                r["server_cpu_s"] = server_cpu_s(args.postmaster) - cpu[1]
+            per_1000 = 1000 / max(1, r["granted"])
+            r["engine_cpu_s_per_1000"] = r["engine_cpu_s"] * per_1000
+            r["server_cpu_s_per_1000"] = r["server_cpu_s"] * per_1000
             cases.append((case, r))
         replicas += [{"case": case, **r} for case, r in cases]
         base = cases[0][1]["rate"]
         ratios[f"replicas_{n}_vs_1_{strategy}"] = cases[1][1]["rate"] / base
+        for side in ("engine", "server"):  # CPU per reservation, n x per against 1 x all
+            key = f"{side}_cpu_s_per_1000"
+            ratios[f"replicas_{n}_vs_1_{side}_cpu_{strategy}"] = cases[1][1][key] / cases[0][1][key]
         ratios[f"replicas_{n}_no_linger_vs_1_{strategy}"] = cases[6][1]["rate"] / base
         ratios[f"replicas_{n}_linger_vs_no_linger_{strategy}"] = (
             cases[1][1]["rate"] / cases[6][1]["rate"]
@@ -400,6 +478,7 @@ def replicas_section(
         f"5. one hot SKU, {args.clients} C++ clients in 1 process and in {args.replicas}",
         replicas,
         atomic or None,
+        args.bound,
     )
     for r in replicas:
         if "batch_size_mean" in r:
@@ -408,6 +487,16 @@ def replicas_section(
                 f"- {r['case']}: batches of {r['batch_size_mean']:.1f} requests on average"
                 + ("" if lingered is None else f", {lingered:.0%} of them lingered")
             )
+    print(
+        "\nCPU seconds per 1,000 reservations, over the load alone (engine: the processes"
+        " of the C++ clients and their engines; server: every PostgreSQL process, from"
+        " /proc):\n"
+    )
+    for r in replicas:
+        print(
+            f"- {r['case']}: engine {r['engine_cpu_s_per_1000']:.3f} s, server "
+            f"{r['server_cpu_s_per_1000']:.3f} s"
+        )
     report["hot_replicas"] = replicas
 
 
@@ -464,7 +553,7 @@ def small_replicas_section(
         rates: Dict[str, float] = {}
         for strategy in strategies:
             sku = fresh_sku(eng, f"hot-small-{n}x{per}-{strategy}")
-            r = replicas_load(dsn, [sku] * n, strategy, n * per, args.seconds)
+            r = replicas_load(dsn, args.postmaster, [sku] * n, strategy, n * per, args.seconds)
             rates[strategy] = r["rate"]
             rows.append({"case": f"{strategy}, {n} x {per} clients", **r})
         ratios[f"small_replicas_{n}x{per}_auto_vs_atomic"] = rates["auto"] / rates["atomic"]
@@ -497,16 +586,33 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--small-replicas", type=int, default=16, help="section 7: processes of 2 and 1 clients"
     )
     parser.add_argument(
-        "--sections", default="1,2,3,4,5,6,7", help="which sections to run (1-3 run together)"
+        "--flush-delay-us",
+        type=int,
+        default=0,
+        help="a slow flush: every WAL flush waits this long first (commit_delay with"
+        " commit_siblings=0), as on a network disk or with a synchronous standby",
+    )
+    parser.add_argument(
+        "--sections", default="0,1,2,3,4,5,6,7", help="which sections to run (1-3 run together)"
     )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
+    try:
+        settings = slow_flush_settings(args.flush_delay_us)
+    except ValueError as exc:
+        parser.error(str(exc))
+    flush = (
+        f"; a slow flush: commit_delay = {args.flush_delay_us} us with commit_siblings = 0"
+        if settings
+        else "; the machine's own disk"
+    )
     print(
         f"# stockade hot-SKU benchmark: {args.clients} clients, {args.seconds:g} s per case, "
-        "fsync and synchronous_commit on"
+        "fsync and synchronous_commit on" + flush
     )
-    with TemporaryPostgres() as pg:
+    with TemporaryPostgres(settings=settings) as pg:
         dsn = pg.dsn()
+        args.postmaster = pg.pid
         with stockade.Engine.postgres(dsn, pool_size=args.clients) as eng:
             eng.migrate()
             report = run(eng, lambda sql: pg.sql(sql), args, dsn)

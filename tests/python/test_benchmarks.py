@@ -24,18 +24,15 @@ def run_benchmark(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     return out
 
 
+# hot_sku.py at a tiny size: 8 clients, 0.2 s a case.
+TINY_HOT = ["--seconds", "0.2", "--clients", "8", "--window", "2", "--asyncio-tasks", "16"]
+
+
 @pytest.mark.postgres
 def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
     out = run_benchmark(
         "hot_sku.py",
-        "--seconds",
-        "0.2",
-        "--clients",
-        "8",
-        "--window",
-        "2",
-        "--asyncio-tasks",
-        "16",
+        *TINY_HOT,
         "--cold-skus",
         "50",
         "--replicas",
@@ -60,6 +57,33 @@ def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
     assert "replicas_2_slots_vs_1_auto" in out.stdout
     assert "| batched, sold out, 2 slots |" in out.stdout
     assert "sold_out_2_slots_vs_plain_atomic" in out.stdout
+    # the server's ceiling, and the CPU each replica case costs
+    assert "### 0. the server's ceiling" in out.stdout
+    assert "Little's law for 8 blocking clients" in out.stdout
+    assert "- batched, 2 x 4 clients: engine " in out.stdout
+    report = json.loads((tmp_path / "hot.json").read_text())
+    assert report["flush_delay_us"] == 0 and report["ceiling"]["bound"] > 0
+    assert all(r["server_cpu_s_per_1000"] > 0 for r in report["hot_replicas"])
+
+
+@pytest.mark.postgres
+def test_hot_sku_benchmark_runs_with_a_slow_flush(tmp_path: Path) -> None:
+    out = run_benchmark(
+        "hot_sku.py",
+        "--flush-delay-us",
+        "2000",
+        "--sections",
+        "0,1",
+        *TINY_HOT,
+        "--json",
+        str(tmp_path / "hot.json"),
+    )
+    assert "a slow flush: commit_delay = 2000 us with commit_siblings = 0" in out.stdout
+    report = json.loads((tmp_path / "hot.json").read_text())
+    assert report["flush_delay_us"] == 2000
+    # a row's transactions wait for their flush, which waits 2 ms first
+    assert report["ceiling"]["commit_latency_ms"] >= 2.0
+    assert "| of the bound |" in out.stdout
 
 
 @pytest.mark.postgres
@@ -94,16 +118,24 @@ def test_retention_benchmark_prints_every_section(tmp_path: Path) -> None:
         "1",
         "--retention",
         "0.2",
+        "--live-holds",
+        "2000",
+        "--lapsed",
+        "500",
         "--json",
         str(tmp_path / "retention.json"),
     )
-    for title in ("### 1.", "### 2.", "### 3.", "### 3b.", "### 4.", "### 5.", "### 6."):
+    for title in ("### 1.", "### 2.", "### 3.", "### 3b.", "### 4.", "### 5.", "### 6.", "### 7."):
         assert title in out.stdout
     assert "| keyed (a fresh key each), round 2 |" in out.stdout
     assert "keyed against keyless over all rounds: " in out.stdout
     report = (tmp_path / "retention.json").read_text()
     for section in ("keyed_vs_keyless", "growth", "purge_under_load", "layout", "steady"):
         assert f'"{section}"' in report
+    background = json.loads(report)["background"]
+    for schema in ("fresh", "grown"):  # every lapsed hold expired, every old row purged
+        assert [r["expired"] for r in background["runs"][schema]] == [500, 500]
+        assert [r["purged"] for r in background["runs"][schema]] == [1000, 1000]
 
 
 @pytest.mark.postgres

@@ -141,6 +141,46 @@ def test_bench_peers_runs_pgbench_and_redis_next_to_stockade(
         assert "- redis lua, appendfsync everysec: stockade" in out
 
 
+@pytest.mark.postgres
+def test_bench_slow_flush_delays_every_flush_and_measures_the_ceiling(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("STOCKADE_DSN", "PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER"):
+        monkeypatch.delenv(name, raising=False)  # the throwaway server, with the delay
+    monkeypatch.delenv("PGSERVICE", raising=False)
+    argv = ["bench", "--flush-delay-us", "2000", "--seconds", "1", "--clients", "4"]
+    argv += ["--strategies", "batched", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["flush_delay_us"] == 2000
+    assert "each WAL flush delayed 2000 us" in report["title"]
+    ceiling = report["ceiling"]
+    # Each transaction on one row waits for its own flush, which waits 2 ms first: the
+    # delay did reach the server (a slower machine only makes this longer).
+    assert ceiling["commit_latency_ms"] >= 2.0
+    assert ceiling["rows_tps"] > 0 and ceiling["bound"] == pytest.approx(
+        4 / (ceiling["commit_latency_ms"] / 1000)
+    )
+    assert "Little's law" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--backend", "memory", "--flush-delay-us", "2000"], "does not combine"),
+        (["--dsn", "host=127.0.0.1 dbname=x", "--flush-delay-us", "2000"], "does not combine"),
+        (["--flush-delay-us", "100001"], "--flush-delay-us is 0 to 100000"),
+        (["--flush-delay-us", "-1"], "--flush-delay-us is 0 to 100000"),
+    ],
+)
+def test_bench_refuses_a_flush_delay_it_cannot_apply(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_bench_refuses_peers_on_memory(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--backend", "memory", "--peers"]) == 2
     assert "--peers needs PostgreSQL" in capsys.readouterr().err

@@ -6,6 +6,10 @@ pgbench runs the plain-SQL equivalent of each classic strategy against the same 
 and, when ``redis-server`` is installed, a Redis Lua check-and-decrement runs with
 ``appendfsync always`` and ``everysec``. Every reservation writes its record (stock never
 runs out), and every case reports reservations per second, so their ratios compare.
+
+``slow_flush_settings`` gives a throwaway server the flush of a network disk or a
+synchronous standby, and ``run_ceiling`` measures what such a server allows a hot SKU
+(with pgbench, on the same server), so that every figure can be read against it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,17 @@ from ..values import Strategy
 from .load import drive_load
 from .pgserver import child_connection, find_bindir, run_sql
 
-__all__ = ["BenchCase", "Progress", "run_pgbench", "run_redis", "run_stockade", "write_reports"]
+__all__ = [
+    "BenchCase",
+    "Ceiling",
+    "Progress",
+    "run_ceiling",
+    "run_pgbench",
+    "run_redis",
+    "run_stockade",
+    "slow_flush_settings",
+    "write_reports",
+]
 
 UNITS = 10**9
 TTL_US = 15 * 60 * 10**6
@@ -199,30 +213,55 @@ def run_pgbench(
         f"INSERT INTO {schema}.stock (sku, location, on_hand) SELECT '{prefix}' || i, "
         f"'default', {UNITS} FROM generate_series(1, {skus}) AS i",
     )
+    out = _pgbench(
+        dsn,
+        pgbench_script(strategy, schema),
+        clients=clients,
+        seconds=seconds,
+        defines={"nskus": str(skus), "prefix": prefix},
+        prepared=prepared,
+        what=strategy,
+    )
+    granted = int(
+        run_sql(dsn, f"SELECT count(*) FROM {schema}.reservation WHERE sku LIKE '{prefix}%'")
+    )
+    tx = int(_field(out, r"number of transactions actually processed: (\d+)"))
+    mean_ms = _field(out, r"latency average = ([\d.]+) ms")
+    duration = _field(out, r"duration: (\d+) s")
+    return BenchCase("pgbench", strategy, granted / duration, mean_ms, None, tx - granted)
+
+
+def _pgbench(
+    dsn: str,
+    script: str,
+    *,
+    clients: int,
+    seconds: float,
+    defines: Dict[str, str],
+    prepared: bool,
+    what: str,
+) -> str:
+    """Runs pgbench on ``script`` (its variables in ``defines``); returns its report."""
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
-        f.write(pgbench_script(strategy, schema))
+        f.write(script)
     conninfo, env = child_connection(dsn)  # the password goes in pgbench's environment
+    command = [
+        str(find_bindir() / "pgbench"),
+        "-n",
+        "-M",
+        "prepared" if prepared else "extended",
+        "-c",
+        str(clients),
+        "-j",
+        str(min(clients, os.cpu_count() or 2)),
+        "-T",
+        str(max(1, round(seconds))),
+    ]
+    for name, value in defines.items():
+        command += ["-D", f"{name}={value}"]
     try:
         out = subprocess.run(
-            [
-                str(find_bindir() / "pgbench"),
-                "-n",
-                "-M",
-                "prepared" if prepared else "extended",
-                "-c",
-                str(clients),
-                "-j",
-                str(min(clients, os.cpu_count() or 2)),
-                "-T",
-                str(max(1, round(seconds))),
-                "-D",
-                f"nskus={skus}",
-                "-D",
-                f"prefix={prefix}",
-                "-f",
-                f.name,
-                conninfo,
-            ],
+            [*command, "-f", f.name, conninfo],
             capture_output=True,
             text=True,
             env=env,
@@ -231,14 +270,98 @@ def run_pgbench(
     finally:
         os.unlink(f.name)
     if out.returncode != 0:
-        raise RuntimeError(f"pgbench failed for {strategy}: {out.stderr.strip()[-500:]}")
-    granted = int(
-        run_sql(dsn, f"SELECT count(*) FROM {schema}.reservation WHERE sku LIKE '{prefix}%'")
-    )
-    tx = int(_field(out.stdout, r"number of transactions actually processed: (\d+)"))
-    mean_ms = _field(out.stdout, r"latency average = ([\d.]+) ms")
-    duration = _field(out.stdout, r"duration: (\d+) s")
-    return BenchCase("pgbench", strategy, granted / duration, mean_ms, None, tx - granted)
+        raise RuntimeError(f"pgbench failed for {what}: {out.stderr.strip()[-500:]}")
+    return out.stdout
+
+
+# --- the slow-flush regime, and the server's ceiling for one hot SKU ---
+
+FLUSH_DELAY_MAX_US = 100_000  # commit_delay's own maximum
+
+
+def slow_flush_settings(delay_us: int) -> Dict[str, str]:
+    """Server settings under which every WAL flush first waits ``delay_us`` microseconds,
+    as on a network-attached disk or with a synchronous standby: ``commit_delay`` with
+    ``commit_siblings = 0`` makes each flush's leader sleep that long before it flushes
+    (holding the WAL write lock, so commits that arrive meanwhile join its flush), which
+    burns no CPU. 0 gives no settings (the machine's own disk)."""
+    if not 0 <= delay_us <= FLUSH_DELAY_MAX_US:
+        raise ValueError(f"the flush delay is 0 to {FLUSH_DELAY_MAX_US:,} microseconds")
+    if delay_us == 0:
+        return {}
+    return {"commit_delay": str(delay_us), "commit_siblings": "0"}
+
+
+@dataclass
+class Ceiling:
+    """What the server allows a hot SKU, measured with pgbench: a batch transaction (one
+    stock row's UPDATE and ``batch`` reservation rows) by ``clients`` connections, on one
+    stock row and spread over ``rows`` rows."""
+
+    batch: int
+    clients: int
+    rows: int
+    one_row_tps: float  # batch transactions per second on one row
+    rows_tps: float  # ... spread over `rows` rows
+
+    @property
+    def commit_latency_ms(self) -> float:
+        """How long one row stays locked per transaction: its writes, COMMIT and the flush
+        (on one row the transactions run one after another, so 1 / their rate)."""
+        return 1000.0 / self.one_row_tps
+
+    def bound(self, clients: int) -> float:
+        """Little's law: ``clients`` blocking clients reach at most clients / latency
+        requests per second, if each request commits in the next transaction on its row."""
+        return clients / (self.commit_latency_ms / 1000.0)
+
+    def as_dict(self, clients: int) -> Dict[str, float]:
+        return {
+            **asdict(self),
+            "one_row_rows_per_s": self.one_row_tps * self.batch,
+            "rows_rows_per_s": self.rows_tps * self.batch,
+            "commit_latency_ms": self.commit_latency_ms,
+            "bound_clients": clients,
+            "bound": self.bound(clients),
+        }
+
+
+CEILING_SCRIPT = """\\set r random(1, :nrows)
+BEGIN;
+UPDATE {s}.stock SET reserved = reserved + :batch, version = version + 1, updated_at = now()
+    WHERE sku = :prefix::text || :r::text AND location = 'default' AND slot = 0;
+INSERT INTO {s}.reservation (id, sku, location, qty, state, version, expires_at, created_at,
+    updated_at) SELECT gen_random_uuid(), :prefix::text || :r::text, 'default', 1, 'held', 1,
+    now() + interval '15 minutes', now(), now() FROM generate_series(1, :batch);
+COMMIT;
+"""
+
+
+def run_ceiling(
+    dsn: str, schema: str, *, rows: int, batch: int = 32, clients: int = 8, seconds: float = 3.0
+) -> Ceiling:
+    """The server's ceiling for one hot SKU (see Ceiling): pgbench on one row, then on
+    ``rows`` rows, each for ``seconds``."""
+    rates = []
+    for nrows in (1, rows):
+        prefix = f"ceiling-{nrows}-{time.monotonic_ns()}-"
+        run_sql(
+            dsn,
+            f"INSERT INTO {schema}.stock (sku, location, on_hand) SELECT '{prefix}' || i, "
+            f"'default', {UNITS} FROM generate_series(1, {nrows}) AS i",
+        )
+        out = _pgbench(
+            dsn,
+            CEILING_SCRIPT.format(s=schema),
+            clients=clients,
+            seconds=seconds,
+            defines={"nrows": str(nrows), "prefix": prefix, "batch": str(batch)},
+            prepared=True,
+            what="the ceiling",
+        )
+        tx = _field(out, r"number of transactions actually processed: (\d+)")
+        rates.append(tx / _field(out, r"duration: (\d+) s"))
+    return Ceiling(batch, clients, rows, rates[0], rates[1])
 
 
 def _field(text: str, pattern: str) -> float:

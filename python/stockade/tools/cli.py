@@ -207,10 +207,15 @@ def _bench_target(args: argparse.Namespace) -> Iterator[tuple[Engine, Optional[s
     print(
         "starting a throwaway PostgreSQL server (initdb, fsync on) ...", file=sys.stderr, flush=True
     )
-    with TemporaryPostgres() as server:
+    flush = (
+        f", each WAL flush delayed {args.flush_delay_us} us (commit_delay, commit_siblings=0)"
+        if args.flush_delay_us
+        else ""
+    )
+    with TemporaryPostgres(settings=benchmod.slow_flush_settings(args.flush_delay_us)) as server:
         with Engine.postgres(server.dsn(), pool_size=args.clients) as engine:
             engine.migrate()
-            yield engine, server.dsn(), "a throwaway PostgreSQL (fsync on)"
+            yield engine, server.dsn(), f"a throwaway PostgreSQL (fsync on{flush})"
 
 
 def _restocker(engine: Engine, dsn: Optional[str], schema: str) -> Callable[[List[str]], None]:
@@ -225,22 +230,66 @@ def _restocker(engine: Engine, dsn: Optional[str], schema: str) -> Callable[[Lis
     return restock
 
 
+def _bench_refusal(args: argparse.Namespace) -> Optional[str]:
+    """Why bench cannot run with these options, or None."""
+    if args.peers and args.backend == "memory":
+        return "--peers needs PostgreSQL (drop --backend memory)"
+    if args.skus < 1 or args.clients < 1 or args.seconds <= 0:
+        return "--skus, --clients and --seconds must be positive"
+    if args.flush_delay_us and (args.backend == "memory" or args.dsn is not None):
+        return (
+            "--flush-delay-us sets up the throwaway server; it does not combine with a DSN"
+            " (--dsn or the environment) or --backend memory"
+        )
+    if not 0 <= args.flush_delay_us <= benchmod.FLUSH_DELAY_MAX_US:
+        return f"--flush-delay-us is 0 to {benchmod.FLUSH_DELAY_MAX_US}"
+    return None
+
+
+def _ceiling_line(ceiling: benchmod.Ceiling, clients: int, best: float) -> str:
+    bound = ceiling.bound(clients)
+    return (
+        f"The server's ceiling (pgbench, a {ceiling.batch}-row batch transaction): "
+        f"{ceiling.one_row_tps * ceiling.batch:,.0f} rows/s on one row, "
+        f"{ceiling.rows_tps * ceiling.batch:,.0f} on {ceiling.rows}; a row stays locked "
+        f"{ceiling.commit_latency_ms:.2f} ms per transaction, so {clients} blocking "
+        f"clients reach at most {bound:,.0f} reservations/s (Little's law). Best case: "
+        f"{best / bound:.2f} of it."
+    )
+
+
+def _bench_meta(
+    args: argparse.Namespace, server_version: Optional[str], ceiling: Optional[benchmod.Ceiling]
+) -> Dict[str, object]:
+    """What bench.json records beside the cases."""
+    return {
+        "skus": args.skus,
+        "clients": args.clients,
+        "seconds": args.seconds,
+        "stockade_version": __version__,
+        "postgres_version": server_version,
+        "flush_delay_us": args.flush_delay_us,
+        "ceiling": ceiling.as_dict(args.clients) if ceiling else None,
+        "timestamp": datetime.now(timezone.utc).isoformat(),
+    }
+
+
 def bench(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    if args.peers and args.backend == "memory":
-        print("stockade bench: --peers needs PostgreSQL (drop --backend memory)", file=sys.stderr)
-        return 2
-    if args.skus < 1 or args.clients < 1 or args.seconds <= 0:
-        print("stockade bench: --skus, --clients and --seconds must be positive", file=sys.stderr)
+    refusal = _bench_refusal(args)
+    if refusal is not None:
+        print(f"stockade bench: {refusal}", file=sys.stderr)
         return 2
     redis = args.peers and benchmod.redis_available()
     steps = (
         len(strategies)
         + (len(benchmod.PGBENCH_STRATEGIES) if args.peers else 0)
         + (2 if redis else 0)
+        + (1 if args.flush_delay_us else 0)
     )
     cases: List[benchmod.BenchCase] = []
     server_version: Optional[str] = None
+    ceiling: Optional[benchmod.Ceiling] = None
     try:
         with _bench_target(args) as (engine, dsn, where):
             if dsn is not None:
@@ -252,6 +301,9 @@ def bench(args: argparse.Namespace) -> int:
             )
             print(f"stockade {__version__} bench: {title}", file=_say(args), flush=True)
             progress = benchmod.Progress(steps)
+            if args.flush_delay_us and dsn is not None:
+                progress.step("the server's ceiling (pgbench)")
+                ceiling = benchmod.run_ceiling(dsn, schema, rows=4, seconds=args.seconds)
             restock = _restocker(engine, dsn, schema)
             for strategy in strategies:
                 progress.step(f"stockade {strategy}")
@@ -272,20 +324,15 @@ def bench(args: argparse.Namespace) -> int:
     except (StockadeError, RuntimeError) as exc:  # RuntimeError: a peer tool failed
         print(f"stockade bench: {exc}", file=sys.stderr)
         return 2
-    meta: Dict[str, object] = {
-        "skus": args.skus,
-        "clients": args.clients,
-        "seconds": args.seconds,
-        "stockade_version": __version__,
-        "postgres_version": server_version,
-        "timestamp": datetime.now(timezone.utc).isoformat(),
-    }
+    meta = _bench_meta(args, server_version, ceiling)
     written = benchmod.write_reports(cases, Path(args.out), title, meta)
     if args.json:
         print(written[1].read_text())
         return 0
     print()
     print(benchmod.markdown(cases, title))
+    if ceiling is not None:
+        print(_ceiling_line(ceiling, args.clients, max(c.rate for c in cases)))
     if args.peers and not redis:
         print("(Redis: not measured; install redis-server and redis-tools to add it)")
     print("wrote " + ", ".join(str(p) for p in written))
@@ -504,6 +551,14 @@ def _add_bench(commands: _Commands) -> None:
         "--peers",
         action="store_true",
         help="also pgbench running each classic strategy's SQL, and Redis if installed",
+    )
+    b.add_argument(
+        "--flush-delay-us",
+        type=int,
+        default=0,
+        help="the throwaway server's WAL flushes each wait this long first (commit_delay with"
+        " commit_siblings=0: a network disk or a synchronous standby), and the run measures"
+        " the server's ceiling with pgbench",
     )
     b.add_argument("--out", default="stockade-bench", help="where bench.md/.json/.png go")
     b.set_defaults(run=bench)

@@ -270,6 +270,14 @@ class TemporaryPostgres:
     def log_path(self) -> Optional[Path]:
         return None if self._dir is None else self._dir / "server.log"
 
+    @property
+    def pid(self) -> int:
+        """The postmaster's process id (from its postmaster.pid), for tools that watch the
+        server's processes."""
+        if self._dir is None:
+            raise RuntimeError("the server is not running")
+        return int((self._data / "postmaster.pid").read_text().split()[0])
+
     # --- internals ---
 
     @property
