@@ -370,36 +370,55 @@ def v7(at: str, n: str) -> str:
     )
 
 
+def add_holds(sql: Sql, schema: str, prefix: str, skus: int, n: int, at: str, expires: str) -> None:
+    """`n` holds on `skus` SKUs named `prefix`0.., each SKU stocked with exactly the units
+    its holds reserve. `at` is hold g's creation time and `expires` its expiry, both SQL in
+    terms of g (0..n-1)."""
+    sql(
+        f"INSERT INTO {schema}.stock (sku, location, on_hand, reserved)"
+        f" SELECT '{prefix}' || k, 'default', n, n FROM generate_series(0, {skus - 1}) AS k,"
+        f" LATERAL (SELECT ({n} / {skus}) + CASE WHEN k < {n} % {skus} THEN 1 ELSE 0 END)"
+        " AS x(n)"
+    )
+    sql(
+        f"INSERT INTO {schema}.reservation (id, sku, location, qty, state, expires_at,"
+        f" created_at, updated_at) SELECT {v7('t', 'g')}, '{prefix}' || (g % {skus}),"
+        f" 'default', 1, 'held', {expires}, t, t FROM generate_series(0, {n - 1}) AS g,"
+        f" LATERAL (SELECT {at}) AS x(t)"
+    )
+
+
+def add_confirmed(sql: Sql, schema: str, prefix: str, skus: int, n: int, at: str) -> None:
+    """`n` confirmed reservations on `skus` SKUs, each with its idempotency key `prefix`g
+    (g = 1..n), made and last changed at `at` (SQL in terms of g)."""
+    sql(
+        f"INSERT INTO {schema}.reservation (id, sku, location, qty, state, version,"
+        f" expires_at, idempotency_key, created_at, updated_at) SELECT {v7('t', 'g')},"
+        f" '{prefix}' || (g % {skus}), 'default', 1, 'confirmed', 2, t, '{prefix}' || g, t, t"
+        f" FROM generate_series(1, {n}) AS g, LATERAL (SELECT {at}) AS x(t)"
+    )
+    sql(
+        f"INSERT INTO {schema}.idempotency (key, request_fingerprint, reservation_ids,"
+        f" created_at) SELECT idempotency_key, 'confirmed', ARRAY[id], created_at FROM {schema}"
+        f".reservation WHERE idempotency_key LIKE '{prefix}%'"
+    )
+
+
 def fill_background(sql: Sql, schema: str, live: int, old: int) -> None:
     """Section 7's standing rows in `schema`: `live` holds due in a day on 1,000 SKUs (their
     units reserved), and `old` confirmed reservations with their keys, a day old: inside
     the retention window, so that no purge takes them. Autovacuum is off on the two
     tables: each round vacuums them itself, so that both schemas start it alike."""
-    sql(
-        f"INSERT INTO {schema}.stock (sku, location, on_hand, reserved)"
-        f" SELECT 'live-' || k, 'default', n, n FROM generate_series(0, 999) AS k,"
-        f" LATERAL (SELECT ({live} / 1000) + CASE WHEN k < {live} % 1000 THEN 1 ELSE 0 END)"
-        " AS x(n)"
-    )
     if old:
-        sql(
-            f"INSERT INTO {schema}.reservation (id, sku, location, qty, state, version,"
-            f" expires_at, idempotency_key, created_at, updated_at) SELECT {v7('t', 'g')},"
-            " 'old-' || (g % 5000), 'default', 1, 'confirmed', 2, t, 'old-' || g, t, t"
-            f" FROM generate_series(1, {old}) AS g,"
-            " LATERAL (SELECT now() - interval '1 day' + g * interval '10 microseconds') AS x(t)"
+        add_confirmed(
+            sql,
+            schema,
+            "old-",
+            5000,
+            old,
+            "now() - interval '1 day' + g * interval '10 microseconds'",
         )
-        sql(
-            f"INSERT INTO {schema}.idempotency (key, request_fingerprint, reservation_ids,"
-            f" created_at) SELECT idempotency_key, 'old', ARRAY[id], created_at FROM {schema}"
-            ".reservation WHERE idempotency_key LIKE 'old-%'"
-        )
-    sql(
-        f"INSERT INTO {schema}.reservation (id, sku, location, qty, state, expires_at,"
-        f" created_at, updated_at) SELECT {v7('now()', 'g')}, 'live-' || (g % 1000),"
-        f" 'default', 1, 'held', now() + interval '1 day', now(), now()"
-        f" FROM generate_series(0, {live - 1}) AS g"
-    )
+    add_holds(sql, schema, "live-", 1000, live, "now()", "now() + interval '1 day'")
     for table in ("reservation", "idempotency"):
         sql(f"ALTER TABLE {schema}.{table} SET (autovacuum_enabled = off)")
     sql(f"VACUUM ANALYZE {schema}.stock, {schema}.reservation, {schema}.idempotency")
@@ -409,29 +428,22 @@ def add_due_work(sql: Sql, schema: str, tag: str, n: int) -> None:
     """`n` holds that lapsed a minute ago on 100 SKUs (their units reserved), and `n`
     confirmed reservations with their keys, a month old (past the retention window); then
     a VACUUM ANALYZE of the tables and a CHECKPOINT."""
-    sql(
-        f"INSERT INTO {schema}.stock (sku, location, on_hand, reserved)"
-        f" SELECT 'lapse-{tag}-' || k, 'default', n, n FROM generate_series(0, 99) AS k,"
-        f" LATERAL (SELECT ({n} / 100) + CASE WHEN k < {n} % 100 THEN 1 ELSE 0 END) AS x(n)"
+    add_confirmed(
+        sql,
+        schema,
+        f"gone-{tag}-",
+        100,
+        n,
+        "now() - interval '30 days' + g * interval '1 millisecond'",
     )
-    sql(
-        f"INSERT INTO {schema}.reservation (id, sku, location, qty, state, version,"
-        f" expires_at, idempotency_key, created_at, updated_at) SELECT {v7('t', 'g')},"
-        f" 'gone-' || (g % 100), 'default', 1, 'confirmed', 2, t, 'gone-{tag}-' || g, t, t"
-        f" FROM generate_series(1, {n}) AS g,"
-        " LATERAL (SELECT now() - interval '30 days' + g * interval '1 millisecond') AS x(t)"
-    )
-    sql(
-        f"INSERT INTO {schema}.idempotency (key, request_fingerprint, reservation_ids,"
-        f" created_at) SELECT idempotency_key, 'gone', ARRAY[id], created_at FROM {schema}"
-        f".reservation WHERE idempotency_key LIKE 'gone-{tag}-%'"
-    )
-    sql(
-        f"INSERT INTO {schema}.reservation (id, sku, location, qty, state, expires_at,"
-        f" created_at, updated_at) SELECT {v7('t', 'g')}, 'lapse-{tag}-' || (g % 100),"
-        " 'default', 1, 'held', t + interval '1 minute', t, t FROM generate_series(0, "
-        f"{n - 1}) AS g, LATERAL (SELECT now() - interval '2 minutes' + g * interval"
-        " '1 microsecond') AS x(t)"
+    add_holds(
+        sql,
+        schema,
+        f"lapse-{tag}-",
+        100,
+        n,
+        "now() - interval '2 minutes' + g * interval '1 microsecond'",
+        "t + interval '1 minute'",
     )
     sql(f"VACUUM ANALYZE {schema}.stock, {schema}.reservation, {schema}.idempotency")
     sql("CHECKPOINT")  # the pages VACUUM dirtied are written before the round, not during it

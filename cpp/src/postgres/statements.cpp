@@ -800,6 +800,15 @@ const char* Statements::name(Stmt s) {
   return names[static_cast<std::size_t>(s)];
 }
 
+bool Statements::citus_only(Stmt s) {
+  static const std::array<bool, stmt_count> citus = {
+#define STOCKADE_STMT_CITUS(name, kind) std::string_view(#kind) == "citus",
+      STOCKADE_STATEMENTS(STOCKADE_STMT_CITUS)
+#undef STOCKADE_STMT_CITUS
+  };
+  return citus[static_cast<std::size_t>(s)];
+}
+
 }  // namespace stockade::detail::pg
 
 namespace stockade {
@@ -819,16 +828,3 @@ std::vector<PreparedStatementText> prepared_statements(const std::string& schema
 }
 
 }  // namespace stockade
-
-namespace stockade::detail::pg {
-
-bool Statements::citus_only(Stmt s) {
-  static const std::array<bool, stmt_count> citus = {
-#define STOCKADE_STMT_CITUS(name, kind) std::string_view(#kind) == "citus",
-      STOCKADE_STATEMENTS(STOCKADE_STMT_CITUS)
-#undef STOCKADE_STMT_CITUS
-  };
-  return citus[static_cast<std::size_t>(s)];
-}
-
-}  // namespace stockade::detail::pg

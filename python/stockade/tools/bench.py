@@ -208,11 +208,7 @@ def run_pgbench(
     prepared statements, or (``prepared=False``, as behind a transaction-mode pooler that
     keeps none) the extended protocol with unnamed ones, as stockade then sends."""
     prefix = f"pgbench-{strategy}-{time.monotonic_ns()}-"
-    run_sql(
-        dsn,
-        f"INSERT INTO {schema}.stock (sku, location, on_hand) SELECT '{prefix}' || i, "
-        f"'default', {UNITS} FROM generate_series(1, {skus}) AS i",
-    )
+    _stock_rows(dsn, schema, prefix, skus)
     out = _pgbench(
         dsn,
         pgbench_script(strategy, schema),
@@ -229,6 +225,15 @@ def run_pgbench(
     mean_ms = _field(out, r"latency average = ([\d.]+) ms")
     duration = _field(out, r"duration: (\d+) s")
     return BenchCase("pgbench", strategy, granted / duration, mean_ms, None, tx - granted)
+
+
+def _stock_rows(dsn: str, schema: str, prefix: str, count: int) -> None:
+    """Stock rows `prefix`1 .. `prefix`count, each with UNITS units, for a pgbench script."""
+    run_sql(
+        dsn,
+        f"INSERT INTO {schema}.stock (sku, location, on_hand) SELECT '{prefix}' || i, "
+        f"'default', {UNITS} FROM generate_series(1, {count}) AS i",
+    )
 
 
 def _pgbench(
@@ -313,7 +318,7 @@ class Ceiling:
     def bound(self, clients: int) -> float:
         """Little's law: ``clients`` blocking clients reach at most clients / latency
         requests per second, if each request commits in the next transaction on its row."""
-        return clients / (self.commit_latency_ms / 1000.0)
+        return clients * self.one_row_tps  # clients / (1 / one_row_tps)
 
     def as_dict(self, clients: int) -> Dict[str, float]:
         return {
@@ -345,11 +350,7 @@ def run_ceiling(
     rates = []
     for nrows in (1, rows):
         prefix = f"ceiling-{nrows}-{time.monotonic_ns()}-"
-        run_sql(
-            dsn,
-            f"INSERT INTO {schema}.stock (sku, location, on_hand) SELECT '{prefix}' || i, "
-            f"'default', {UNITS} FROM generate_series(1, {nrows}) AS i",
-        )
+        _stock_rows(dsn, schema, prefix, nrows)
         out = _pgbench(
             dsn,
             CEILING_SCRIPT.format(s=schema),
