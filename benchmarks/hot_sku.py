@@ -474,6 +474,13 @@ def replicas_section(
         ratios[f"replicas_{n}_slots_vs_1_slotted_{strategy}"] = (
             cases[4][1]["rate"] / cases[5][1]["rate"]
         )
+        # What the shared row ended as: `auto` splits a row several processes batch.
+        cases[1][1]["slots_after"] = eng.slot_count(shared)
+        if strategy == "auto":  # no set_slots call, against the same case on set_slots(n)
+            ratios[f"auto_unslotted_vs_set_slots_1x{args.clients}"] = base / cases[5][1]["rate"]
+            ratios[f"auto_unslotted_vs_set_slots_{n}x{per}"] = (
+                cases[1][1]["rate"] / cases[4][1]["rate"]
+            )
     table(
         f"5. one hot SKU, {args.clients} C++ clients in 1 process and in {args.replicas}",
         replicas,
@@ -486,7 +493,10 @@ def replicas_section(
             print(
                 f"- {r['case']}: batches of {r['batch_size_mean']:.1f} requests on average"
                 + ("" if lingered is None else f", {lingered:.0%} of them lingered")
+                + (f"; the SKU ended on {r['slots_after']} rows" if "slots_after" in r else "")
             )
+    if args.bound:
+        ratios["best_of_bound"] = max(r["rate"] for r in replicas) / args.bound
     print(
         "\nCPU seconds per 1,000 reservations, over the load alone (engine: the processes"
         " of the C++ clients and their engines; server: every PostgreSQL process, from"

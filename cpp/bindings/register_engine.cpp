@@ -44,6 +44,27 @@ py::dict counters_dict(const StrategyCountersSnapshot& s) {
   return d;
 }
 
+py::dict slots_dict(const SlotStats& s) {
+  py::dict out;
+  out["auto_slots_max"] = s.auto_slots_max;
+  out["auto_splits"] = s.auto_splits;
+  out["learned"] = s.learned;
+  out["kept"] = s.kept;
+  py::list recent;
+  for (const SlotDecisionStats& d : s.recent) {
+    py::dict r;
+    r["sku"] = d.key.sku;
+    r["location"] = d.key.location;
+    r["slots"] = d.slots;
+    r["split"] = d.split;
+    r["why"] = d.why;
+    r["age_s"] = d.age_s;
+    recent.append(r);
+  }
+  out["recent"] = recent;
+  return out;
+}
+
 py::dict stats_dict(const StoreStats& s) {
   py::dict strategies;
   for (std::size_t i = 0; i < strategy_count; ++i) {
@@ -62,6 +83,7 @@ py::dict stats_dict(const StoreStats& s) {
     d["in_flight"] = k.in_flight;
     d["peak_in_flight"] = k.peak_in_flight;
     d["row_queue"] = k.row_queue;
+    d["slots"] = k.slots;
     skus.append(d);
   }
   py::dict out;
@@ -101,11 +123,13 @@ py::dict stats_dict(const StoreStats& s) {
   batcher["batch_size_max"] = s.batcher.batch_size_max;
   batcher["shared_row_batches"] = s.batcher.shared_row_batches;
   batcher["lingered_batches"] = s.batcher.lingered_batches;
+  batcher["gathered_batches"] = s.batcher.gathered_batches;
   batcher["batch_size_mean"] = s.batcher.batches == 0 ? 0.0
                                                       : static_cast<double>(s.batcher.requests) /
                                                             static_cast<double>(s.batcher.batches);
   batcher["queued"] = s.batcher.queued;
   out["batcher"] = batcher;
+  out["slots"] = slots_dict(s.slots);
   return out;
 }
 

@@ -45,7 +45,8 @@ void register_layer_options(py::module_& m) {
       .def_readwrite("async_workers", &EngineOptions::async_workers)
       .def_readwrite("async_queue_max", &EngineOptions::async_queue_max)
       .def_readwrite("home_slot", &EngineOptions::home_slot)
-      .def_readwrite("slot_directory", &EngineOptions::slot_directory);
+      .def_readwrite("slot_directory", &EngineOptions::slot_directory)
+      .def_readwrite("auto_slots_max", &EngineOptions::auto_slots_max);
 }
 
 void register_store_options(py::module_& m) {

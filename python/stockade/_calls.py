@@ -229,8 +229,9 @@ class EngineCalls:
 
     def set_slots(self, sku: str, slots: int, *, location: str = DEFAULT_LOCATION) -> StockLevel:
         """Spreads the SKU's free units over ``slots`` rows (hot-row slots, 1 to 64), so
-        that as many batches, one per replica, can each hold a row lock and commit at
-        once. Reserves and sells then go to the engine's ``home_slot``; a slot without
+        that as many batches can each hold a row lock and commit at once. Reserves and
+        sells then go to the engine's ``home_slot`` (batched ones to a row whose batcher
+        is idle, so that one process's batches are in flight on several rows); a slot without
         room takes free units from the others (every row locked, in order) before it
         refuses, so ``OutOfStock`` still means the SKU as a whole is short. ``stock()``
         sums the rows; ``restock`` and ``set_on_hand`` spread over them; If-Match
@@ -240,7 +241,9 @@ class EngineCalls:
         ``NotSupported`` on a slotted SKU (``discontinue`` and ``reinstate`` set every
         row at once). Returns the SKU's summed level. They pay where
         several processes send one SKU batches and a commit flush is slow against CPU;
-        see docs/scaling-out.md for what they measured."""
+        see docs/scaling-out.md for what they measured. ``auto`` makes them by itself
+        when it sees several processes batch one row (``auto_slots_max``,
+        docs/hot-row.md, "Automatic slots")."""
         return StockLevel._from_core(
             self._core.set_slots(
                 sku=check_str("sku", sku),

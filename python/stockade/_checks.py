@@ -57,6 +57,17 @@ def counted(name: str, value: object, low: int) -> int:
     return in_range(name, value, low, _core.OPTION_LIMITS[name])
 
 
+def auto_slots_max(value: object) -> int:
+    """``auto_slots_max``: the rows ``auto`` splits a hot SKU into (1: never)."""
+    slots = check_int("auto_slots_max", value)
+    most = _core.OPTION_LIMITS["slots"]
+    if not 1 <= slots <= most:
+        raise InvalidArgument(
+            f"auto_slots_max must be between 1 (no automatic slots) and {most}, got {slots}"
+        )
+    return slots
+
+
 def home_slot(value: object) -> int:
     """``home_slot``: None (-1 to the core: from the process id) or a slot number."""
     if value is None:

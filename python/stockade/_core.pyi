@@ -139,6 +139,7 @@ class EngineOptions:
     async_queue_max: int
     home_slot: int
     slot_directory: int
+    auto_slots_max: int
 
 class MemoryOptions:
     """The memory store's options."""

@@ -77,6 +77,7 @@ class Engine(EngineTwins):
         retention: Optional[TtlLike] = None,
         home_slot: Optional[int] = None,
         slot_directory: int = 4096,
+        auto_slots_max: int = 4,
     ) -> Engine:
         """An engine over the embedded in-process store: real semantics, no durability.
 
@@ -99,7 +100,11 @@ class Engine(EngineTwins):
         ``home_slot`` is the slot this engine sends reserves and sells of a SKU with
         hot-row slots to (:meth:`set_slots`; ``None``: from the process id, so that
         replicas started one after another take different slots), modulo the SKU's slot
-        count; ``slot_directory`` bounds how many slotted SKUs it remembers."""
+        count; ``slot_directory`` bounds how many slotted SKUs it remembers. When several
+        processes batch one SKU's row (each finds it changed by another between its
+        batches, for ``auto``'s 200 ms), ``auto`` splits the SKU into ``auto_slots_max``
+        slots by itself (1: never; docs/hot-row.md, "Automatic slots"). The memory store
+        reports no row versions, so it never does."""
         options, clock_core, memory = memory_options(_keywords(locals()))
         return cls(_core.Engine.memory(options=options, clock=clock_core, memory=memory))
 
@@ -131,6 +136,7 @@ class Engine(EngineTwins):
         async_workers: int = 8,
         home_slot: Optional[int] = None,
         slot_directory: int = 4096,
+        auto_slots_max: int = 4,
     ) -> Engine:
         """An engine over PostgreSQL: the durable store.
 
@@ -160,10 +166,9 @@ class Engine(EngineTwins):
         the sweeper also purges what is older than ``retention`` each round,
         ``purge_batch`` rows per transaction (see :meth:`purge`); without it nothing is
         ever purged unless you call :meth:`purge`. ``batch_max``, ``batch_shards``,
-        ``batch_lock_slice``, ``batch_linger``, ``async_workers``, ``home_slot`` and
-        ``slot_directory`` are as for :meth:`memory`; each batch flusher holds one pooled
-        connection while it applies a batch.
-        """
+        ``batch_lock_slice``, ``batch_linger``, ``async_workers``, ``home_slot``,
+        ``slot_directory`` and ``auto_slots_max`` are as for :meth:`memory`; each batch
+        flusher holds one pooled connection while it applies a batch."""
         logs.start()  # first, so that what the core logs while connecting is delivered
         postgres, options = postgres_options(dsn, _keywords(locals()))
         core = _core.Engine.postgres(postgres=postgres, options=options)

@@ -120,6 +120,7 @@ class StockadeCollector(Collector):
             yield from self._strategies(stats)
             yield from self._pool(stats)
             yield from self._sweeper(stats)
+            yield from self._slots(stats)
             yield from self._rows(stats)
             yield from self._hot_skus(stats)
 
@@ -195,6 +196,13 @@ class StockadeCollector(Collector):
         )
         lingered.add_metric(self._values(), float(batcher["lingered_batches"]))
         yield lingered
+        gathered = self._counter(
+            "stockade_batch_gathered_total",
+            "batches whose flusher waited for the callers of its row's last batch to come back",
+            [],
+        )
+        gathered.add_metric(self._values(), float(batcher["gathered_batches"]))
+        yield gathered
         queued = self._gauge(
             "stockade_batch_queued", "requests waiting in the hot-row layer or being applied"
         )
@@ -213,6 +221,19 @@ class StockadeCollector(Collector):
         waiting = self._gauge("stockade_pool_waiting", "callers waiting for a connection")
         waiting.add_metric(self._values(), float(pool["waiting"]))
         yield waiting
+
+    def _slots(self, stats: EngineStats) -> Iterator[Metric]:
+        slots = stats["slots"]
+        decided = self._counter(
+            "stockade_auto_slots_total",
+            "what auto did about hot-row slots: SKUs it split, splits of other engines it "
+            "learned, SKUs it kept on one row",
+            ["outcome"],
+        )
+        decided.add_metric(self._values("split"), float(slots["auto_splits"]))
+        decided.add_metric(self._values("learned"), float(slots["learned"]))
+        decided.add_metric(self._values("kept"), float(slots["kept"]))
+        yield decided
 
     def _sweeper(self, stats: EngineStats) -> Iterator[Metric]:
         s = stats["sweeper"]

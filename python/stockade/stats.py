@@ -49,6 +49,7 @@ class HotSku(TypedDict):
     # requests in flight on the row across every process, estimated from the versions
     # this process's atomic writes left (PostgreSQL; 0 when not measured lately)
     row_queue: int
+    slots: int  # rows its units are spread over, as this engine knows (1: not slotted)
 
 
 class SweeperStats(TypedDict):
@@ -73,8 +74,30 @@ class BatcherStats(TypedDict):
     batch_size_max: int
     shared_row_batches: int  # their row was changed by another writer since the last one
     lingered_batches: int  # their flusher waited batch_linger on such a row
+    gathered_batches: int  # their flusher waited for its last batch's callers to come back
     batch_size_mean: float
     queued: int
+
+
+class SlotDecision(TypedDict):
+    """One of the last decisions of ``auto`` about a SKU's hot-row slots."""
+
+    sku: str
+    location: str
+    slots: int  # what it has now
+    split: bool  # True: this engine split it; False: learned another's split, or kept
+    why: str
+    age_s: float
+
+
+class SlotStats(TypedDict):
+    """What ``auto`` did about hot-row slots (docs/hot-row.md, "Automatic slots")."""
+
+    auto_slots_max: int
+    auto_splits: int  # SKUs this engine split
+    learned: int  # splits of other engines this one found
+    kept: int  # SKUs kept on one row: set_slots refused them
+    recent: List[SlotDecision]  # the last 16, most recent last
 
 
 class PoolStats(TypedDict):
@@ -99,6 +122,7 @@ class EngineStats(TypedDict):
     sweeper: SweeperStats
     pool: PoolStats
     batcher: BatcherStats
+    slots: SlotStats
 
 
 class RowCounts(TypedDict):

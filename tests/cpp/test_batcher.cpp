@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -591,14 +592,16 @@ TEST(HotRowBatcher, settles_confirms_and_releases_in_batches_once_each) {
 
 // A store that reports each batch's row versions, as the PostgreSQL store does: the row as
 // the batch found it and as it left it.
-// Each batch takes 200 us, as a commit would, so that concurrent callers gather.
+// Each batch takes 200 us (or `commit`), as a commit would, so that concurrent callers gather.
 class VersionReportingStore final : public DelegatingStore {
  public:
+  explicit VersionReportingStore(std::chrono::microseconds commit = std::chrono::microseconds(200))
+      : commit_(commit) {}
   // As a real store reports: the version the batch found, and that one moved by one per
   // change the batch made (a restock racing the batch then shows as a gap, as it would:
   // reading the version again after the batch would take it in).
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override {
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    std::this_thread::sleep_for(commit_);
     const SkuKey key = items.front()->key;
     const Version found = inner_->stock(key).version;
     inner_->apply_batch(items, options);
@@ -609,6 +612,9 @@ class VersionReportingStore final : public DelegatingStore {
       item->row_left = left;
     }
   }
+
+ private:
+  const std::chrono::microseconds commit_;
 };
 
 TEST(HotRowBatcher, lingers_only_on_a_row_another_writer_changed_between_its_batches) {
@@ -689,6 +695,248 @@ TEST(HotRowBatcher, the_memory_store_reports_no_row_versions_so_never_lingers) {
   const BatcherStats s = store->telemetry().snapshot(0).batcher;
   EXPECT_EQ(s.shared_row_batches, 0u);
   EXPECT_EQ(s.lingered_batches, 0u);
+}
+
+// One shard over a store whose batches take `commit` and report row versions, after a
+// first wave of four requests, submitted at once while the flusher sleeps (one batch,
+// or two should the flusher wake between them).
+struct AfterAWave {
+  explicit AfterAWave(std::chrono::microseconds commit)
+      : store(std::make_shared<VersionReportingStore>(commit)) {
+    store->restock(hot, 100, std::nullopt, std::nullopt);
+    BatcherOptions options;
+    options.shards = 1;
+    batcher = std::make_unique<HotRowBatcher>(store, options);
+    for (std::uint64_t token = 0; token < 4; ++token) {
+      batcher->submit(reserve_item(hot, 1), 1000, sink, token);
+    }
+    while (sink->size() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    first_wave = store->telemetry().snapshot(0).batcher.batches;
+  }
+  const SkuKey hot{"hot", "default"};
+  std::shared_ptr<VersionReportingStore> store;
+  std::unique_ptr<HotRowBatcher> batcher;
+  std::shared_ptr<CollectingSink> sink = std::make_shared<CollectingSink>();
+  std::uint64_t first_wave = 0;  // batches it took
+};
+
+// The callers of a batch come back as a wave, a little apart: the flusher waits for the
+// wave (an eighth of its last batch's time at most), so that it is not split in two.
+TEST(HotRowBatcher, a_wave_of_returning_callers_is_one_batch_not_two) {
+  AfterAWave w(std::chrono::milliseconds(20));
+  auto& [hot, store, batcher, sink, first_wave] = w;
+  // The second: one caller comes back, the other three 300 us later. The flusher, woken
+  // by the first, waits up to 1 ms (20 ms / 8, capped) for the rest.
+  batcher->submit(reserve_item(hot, 1), 1000, sink, 4);
+  std::this_thread::sleep_for(std::chrono::microseconds(300));
+  for (std::uint64_t token = 5; token < 8; ++token) {
+    batcher->submit(reserve_item(hot, 1), 1000, sink, token);
+  }
+  batcher->close();
+  ASSERT_EQ(sink->size(), 8u);
+  const BatcherStats s = store->telemetry().snapshot(0).batcher;
+  EXPECT_EQ(s.requests, 8u);
+  EXPECT_EQ(s.batches - first_wave, 1u)
+      << "the returning wave was split over " << s.batches - first_wave << " batches";
+  EXPECT_LE(s.gathered_batches, 1u);
+  EXPECT_EQ(store->stock(hot).reserved, 8);
+}
+
+// A wave that does not come back is waited for a bounded time only: a lone request after a
+// batch of four is applied alone.
+TEST(HotRowBatcher, a_wave_that_does_not_come_back_is_waited_for_a_bound_only) {
+  AfterAWave w(std::chrono::milliseconds(4));
+  auto& [hot, store, batcher, sink, first_wave] = w;
+  BatchItem lone = reserve_item(hot, 1);
+  batcher->run(lone, 1000);  // blocks: completes only if the wait for company ends
+  const BatcherStats s = store->telemetry().snapshot(0).batcher;
+  EXPECT_EQ(s.batches - first_wave, 1u);
+  EXPECT_GE(s.gathered_batches, 1u);
+  EXPECT_EQ(store->stock(hot).reserved, 5);
+  // The memory store reports no row versions: its flusher never waits for a wave.
+  auto plain = std::make_shared<FaultyStore>(FaultPlan{});
+  plain->restock(hot, 100, std::nullopt, std::nullopt);
+  HotRowBatcher unwatched(plain, batcher->options());
+  for (int i = 0; i < 3; ++i) {
+    BatchItem item = reserve_item(hot, 1);
+    unwatched.run(item, 1000);
+  }
+  EXPECT_EQ(plain->telemetry().snapshot(0).batcher.gathered_batches, 0u);
+}
+
+// A store that counts the batches in flight at once, each taking `commit`, and the rows
+// batches went to.
+class CountingStore final : public DelegatingStore {
+ public:
+  explicit CountingStore(std::chrono::microseconds commit) : commit_(commit) {}
+  void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override {
+    const int now = ++in_flight_;
+    int seen = most_in_flight.load();
+    while (now > seen && !most_in_flight.compare_exchange_weak(seen, now)) {
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const BatchItem* item : items) ++slots_used[item->key.slot];
+    }
+    std::this_thread::sleep_for(commit_);
+    inner_->apply_batch(items, options);
+    --in_flight_;
+  }
+  std::atomic<int> most_in_flight{0};
+  std::map<int, int> slots_used;  // read after the callers joined
+
+ private:
+  const std::chrono::microseconds commit_;
+  std::atomic<int> in_flight_{0};
+  std::mutex mutex_;
+};
+
+// One process, one slotted SKU: its batches are pipelined over the slot rows (each row's
+// flusher commits while another's batch waits for its flush), where before one flusher
+// took every row's batch in turn.
+TEST(HotRowBatcher, batches_on_a_slotted_skus_rows_are_in_flight_at_once) {
+  EngineOptions options;
+  options.home_slot = 0;
+  options.default_strategy = Strategy::batched;
+  auto store = std::make_shared<CountingStore>(std::chrono::milliseconds(2));
+  Engine engine(store, options);
+  const SkuKey hot{"hot", "default"};
+  engine.restock(hot, 10000);
+  engine.set_slots(hot, 4);
+  std::atomic<int> granted{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 32; ++t) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) {
+        engine.reserve(hot, 1);
+        ++granted;
+      }
+    });
+  }
+  for (auto& c : callers) c.join();
+  engine.close();
+  EXPECT_GE(store->most_in_flight.load(), 2) << "the slot rows' batches ran one at a time";
+  EXPECT_GE(store->slots_used.size(), 2u) << "every batch went to one row";
+  const StockLevel level = engine.stock(hot);
+  EXPECT_EQ(level.reserved, granted.load());
+  EXPECT_EQ(level.reserved, 640);
+  for (const StockLevel& row : store->sku_rows(hot)) EXPECT_LE(row.reserved, row.on_hand);
+}
+
+// Two engines over one store whose batches report row versions, as two processes over
+// one PostgreSQL database: `threads` callers each reserve one unit at a time with `auto`
+// until `done()` or `seconds` pass. Returns the units granted.
+Quantity race_two_engines(Engine& a, Engine& b, const SkuKey& key, int threads, double seconds,
+                          const std::function<bool()>& done) {
+  std::atomic<bool> stop{false};
+  std::atomic<Quantity> granted{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < threads; ++t) {
+    callers.emplace_back([&, t] {
+      Engine& e = t % 2 == 0 ? a : b;
+      while (!stop.load()) {
+        e.reserve(key, 1);
+        ++granted;
+      }
+    });
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!done() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stop.store(true);
+  for (auto& c : callers) c.join();
+  return granted.load();
+}
+
+class AutoSlotsTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Engine> engine(int home, int auto_slots_max = 4) {
+    EngineOptions options;
+    options.home_slot = home;
+    options.auto_slots_max = auto_slots_max;
+    return std::make_unique<Engine>(store, options);
+  }
+  std::shared_ptr<VersionReportingStore> store =
+      std::make_shared<VersionReportingStore>(std::chrono::milliseconds(1));
+  const SkuKey hot{"hot", "default"};
+};
+
+// Two processes batching one row take turns at its lock: `auto` splits the SKU by itself,
+// the other engine learns the split from the store, and nothing is oversold or lost.
+TEST_F(AutoSlotsTest, a_row_two_engines_batch_is_split_and_the_split_is_learned) {
+  auto a = engine(0);
+  auto b = engine(1);
+  a->restock(hot, 1000000);
+  const auto both_know = [&] {
+    return a->stats().slots.auto_splits + b->stats().slots.auto_splits >= 1 &&
+           a->stats().hottest_skus.front().slots == 4 && b->stats().hottest_skus.front().slots == 4;
+  };
+  const Quantity granted = race_two_engines(*a, *b, hot, 16, 20.0, both_know);
+  ASSERT_TRUE(both_know()) << "no split within 20 s, or one engine never learned it";
+  EXPECT_EQ(a->slot_count(hot), 4);
+  const StoreStats sa = a->stats();
+  const StoreStats sb = b->stats();
+  EXPECT_EQ(sa.slots.auto_splits + sb.slots.auto_splits + sa.slots.learned + sb.slots.learned,
+            2u);  // one split it, the other learned it (or both split at once)
+  const StoreStats& splitter = sa.slots.auto_splits > 0 ? sa : sb;
+  ASSERT_FALSE(splitter.slots.recent.empty());
+  EXPECT_TRUE(splitter.slots.recent.back().split);
+  EXPECT_NE(splitter.slots.recent.back().why.find("shared with another writer"), std::string::npos);
+  const Advice advice = (sa.slots.auto_splits > 0 ? *a : *b).recommend(hot);
+  bool said = false;
+  for (const std::string& r : advice.reasons)
+    said = said || r.rfind("slots: auto split it", 0) == 0;
+  EXPECT_TRUE(said) << "recommend() does not say that auto split the SKU";
+  const StockLevel level = a->stock(hot);
+  EXPECT_EQ(level.reserved, granted);
+  EXPECT_EQ(level.on_hand, 1000000);
+  for (const StockLevel& row : store->sku_rows(hot)) EXPECT_LE(row.reserved, row.on_hand);
+  a->close();
+  b->close();
+}
+
+// A SKU with a backorder limit is not built for slots: `auto` keeps it on one row, says
+// so, and does not ask again at once. auto_slots_max=1 never splits.
+TEST_F(AutoSlotsTest, a_sku_slots_cannot_carry_or_auto_slots_max_1_stays_on_one_row) {
+  for (int max : {4, 1}) {
+    auto a = engine(0, max);
+    auto b = engine(1, max);
+    const SkuKey key{"kept-" + std::to_string(max), "default"};
+    a->restock(key, 1000000);
+    if (max == 4) a->set_backorder_limit(key, 5);
+    const auto kept = [&] { return a->stats().slots.kept + b->stats().slots.kept >= 1; };
+    race_two_engines(*a, *b, key, 16, max == 4 ? 20.0 : 1.0, kept);
+    EXPECT_EQ(a->slot_count(key), 1);
+    const StoreStats sa = a->stats();
+    const StoreStats sb = b->stats();
+    EXPECT_EQ(sa.slots.auto_splits + sb.slots.auto_splits, 0u);
+    if (max == 4) {
+      ASSERT_TRUE(kept());
+      const StoreStats& keeper = sa.slots.kept > 0 ? sa : sb;
+      EXPECT_NE(keeper.slots.recent.back().why.find("backorder"), std::string::npos)
+          << keeper.slots.recent.back().why;
+      EXPECT_LE(sa.slots.kept + sb.slots.kept, 2u);  // not asked again for refused_ms
+    } else {
+      EXPECT_GE(sa.batcher.shared_row_batches + sb.batcher.shared_row_batches, 1u);
+      EXPECT_EQ(sa.slots.kept + sb.slots.kept, 0u);
+    }
+    a->close();
+    b->close();
+  }
+}
+
+// One engine alone on its row never splits it: nobody else writes it.
+TEST_F(AutoSlotsTest, one_engine_alone_on_a_row_never_splits_it) {
+  auto a = engine(0);
+  a->restock(hot, 1000000);
+  race_two_engines(*a, *a, hot, 16, 1.0, [] { return false; });
+  const StoreStats s = a->stats();
+  EXPECT_GE(s.batcher.batches, 1u);
+  EXPECT_EQ(s.batcher.shared_row_batches, 0u);
+  EXPECT_EQ(s.slots.auto_splits, 0u);
+  EXPECT_EQ(a->slot_count(hot), 1);
+  a->close();
 }
 
 TEST(HotRowBatcher, rejects_options_out_of_range) {

@@ -28,7 +28,8 @@ TEST(SlotKeys, name_rows_that_callers_cannot_name_and_map_back) {
   EXPECT_EQ(slot_of(slot_key(base, slots_max - 1)), slots_max - 1);
   // Slot order is key order, so locking in key order locks the SKU's own row first.
   for (int i = 0; i + 1 < slots_max; ++i) EXPECT_LT(slot_key(base, i), slot_key(base, i + 1));
-  // A SKU's slots share its shard key (one shard on Citus, one batcher shard, one cell).
+  // A SKU's slots share its shard key (one shard on Citus, one cell; the batcher gives
+  // them consecutive shards by slot, so that their batches are in flight at once).
   EXPECT_EQ(row_shard_key(seven.sku, seven.location), shard_key_of(base.sku, base.location));
   EXPECT_EQ(row_shard_key(base.sku, base.location), shard_key_of(base.sku, base.location));
   EXPECT_STOCKADE_ERROR(validate_sku_key(seven), ErrorCode::invalid_argument);

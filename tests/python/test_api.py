@@ -258,9 +258,17 @@ def test_stats_report_strategies_and_hottest_skus(engine: stockade.Engine, backe
             "in_flight": 0,
             "peak_in_flight": 1,
             "row_queue": 0,
+            "slots": 1,
         }
     ]
     assert stats["batcher"]["started"] is False
+    assert stats["slots"] == {
+        "auto_slots_max": 4,
+        "auto_splits": 0,
+        "learned": 0,
+        "kept": 0,
+        "recent": [],
+    }
     counts = engine.row_counts()
     assert (counts["sku_count"], counts["reservation_count"], counts["held_count"]) == (2, 1, 1)
     # stats() counts holds exactly (up to 10,000) and, on PostgreSQL, estimates the rest

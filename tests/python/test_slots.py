@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from typing import Callable, Iterator, List
 
@@ -136,6 +137,54 @@ def test_four_replicas_sell_out_exactly(
     level = engine.stock("drop")
     assert (level.reserved, level.available) == (units, 0)
     assert engine.row_counts()["reservation_count"] == units
+
+
+def test_auto_splits_a_row_replicas_batch_and_they_learn_it(
+    backend: str, engine: stockade.Engine, sibling: Sibling
+) -> None:
+    """Two engines batching one row take turns at its lock: `auto` splits the SKU into
+    auto_slots_max slots by itself, and the other engine learns the split from the database
+    (it never refused anything). On the memory store, which reports no row versions, and
+    with one engine, nothing is split."""
+    engine.restock("surge", 1_000_000)
+    replicas = [sibling(home_slot=0), sibling(home_slot=1)]
+    stop = threading.Event()
+    granted = [0] * 16
+
+    def buy(i: int) -> None:
+        eng = replicas[i % 2]
+        while not stop.is_set():
+            eng.reserve("surge", 1)
+            granted[i] += 1
+
+    def known(eng: stockade.Engine) -> int:
+        rows = [h for h in eng.stats()["hottest_skus"] if h["sku"] == "surge"]
+        return rows[0]["slots"] if rows else 1
+
+    threads = [threading.Thread(target=buy, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + (30 if backend != "memory" else 2)
+    while time.monotonic() < deadline and not all(known(e) == 4 for e in replicas):
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join()
+    level = engine.stock("surge")
+    assert (level.on_hand, level.reserved) == (1_000_000, sum(granted))
+    if backend == "memory":
+        assert engine.slot_count("surge") == 1
+        assert engine.stats()["slots"]["auto_splits"] == 0
+        return
+    assert [known(e) for e in replicas] == [4, 4]
+    assert engine.slot_count("surge") == 4
+    slots = [e.stats()["slots"] for e in replicas]
+    assert sum(s["auto_splits"] + s["learned"] for s in slots) == 2
+    splitter = replicas[0] if slots[0]["auto_splits"] else replicas[1]
+    decided = splitter.stats()["slots"]["recent"][-1]
+    assert (decided["sku"], decided["slots"], decided["split"]) == ("surge", 4, True)
+    assert "shared with another writer" in decided["why"]
+    assert any(r.startswith("slots: auto split it") for r in splitter.recommend("surge").reasons)
 
 
 def test_replicas_learn_slots_from_their_first_refusal(

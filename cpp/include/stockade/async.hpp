@@ -68,6 +68,8 @@ class AsyncExecutor {
   AsyncExecutor& operator=(const AsyncExecutor&) = delete;
 
   void submit(std::function<void()> task);
+  // Queues `task` unless the queue is full or closed; never waits. Whether it was queued.
+  bool try_submit(std::function<void()> task);
   // Runs what is queued, then stops the workers. Later submits raise InvalidState.
   void close();
 

@@ -10,14 +10,20 @@
 //     request in it fails with the batch's error (InDoubt when the commit's outcome is
 //     unknown); none completes twice, and none is dropped, including at close().
 //   - Arrival order: a shard's queue is FIFO, and a batch is decided in the order its
-//     requests were queued. One SKU always maps to one shard (by the 16-bit shard key of
-//     its row, which its reservations' ids carry), so one flusher decides it.
+//     requests were queued. One row always maps to one shard (by the 16-bit shard key of
+//     its SKU, which its reservations' ids carry, plus its hot-row slot), so one flusher
+//     decides it.
+//   - Pipelined slots: the rows of a slotted SKU map to consecutive shards, so while one
+//     flusher's batch waits for its commit flush, another's commits on the next row.
+//     pick_slot() sends a request to a row whose flusher is idle, else to the one with
+//     the fewest queued, avoiding rows another writer shares (another replica's home).
 //   - Bounded everything: each shard owns `queue_capacity` preallocated request records;
 //     a request that finds none free waits at most `enqueue_timeout_ms`, then raises
 //     Overloaded. Batches hold at most `batch_max` requests.
-//   - No artificial delay while the row is this engine's alone: an idle flusher sleeps,
-//     the first request wakes it, and it flushes whatever is there, one request or
-//     thousands. Under load, requests gather while the previous batch commits.
+//   - No fixed delay while the row is this engine's alone: an idle flusher sleeps, the
+//     first request wakes it, and it flushes whatever is there, one request or thousands.
+//     Under load, requests gather while the previous batch commits (and a wave of
+//     returning callers is waited for briefly: see "waves stay whole").
 //   - A short wait when another writer shares the row. Each batch learns the version its
 //     row had before it and after it (BatchItem::row_found); when a row's version moved
 //     between two of this engine's batches, someone else wrote it (another process, a
@@ -28,6 +34,14 @@
 //     would wait for company that does not come). It stops lingering once the row has gone
 //     `contention_memory_ms` without another writer. Alone on a row a linger only delays:
 //     the wait is never taken there.
+//   - Waves stay whole. Blocked callers whose batch completed come back together, a few
+//     microseconds apart; a flusher that took the first of them alone would split every
+//     wave in two and pay two commits for it. So when its last batch carried at least two
+//     requests, and fewer are queued now, the flusher waits until as many are queued
+//     again, for at most an eighth of its last batch's time (and 1 ms): on a slow commit
+//     flush (a network disk, a synchronous standby) that keeps batches whole, on a fast
+//     one it costs microseconds. Only on a store that reports row versions (PostgreSQL):
+//     the memory store's batches take microseconds. Counted as gathered_batches.
 //
 // How: requests are records in a per-shard pool, indexed by uint32; the free list and the
 // ready queue are bounded boost::lockfree queues of those indices (trivially copyable, no
@@ -45,6 +59,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -96,10 +111,17 @@ void validate_batcher_options(const BatcherOptions& options);
 // it, queued or not.
 class HotRowBatcher {
  public:
+  // Told when a batch finds its row changed by another writer since this engine's last
+  // batch there: the row, the requests on it in this batch, and the strategy its first
+  // request was routed by. Runs on a flusher's thread, so it must not block.
+  using RowShared =
+      std::function<void(const SkuKey& row, std::size_t batch, std::optional<Strategy> routed)>;
+
   // `tracker`: the contention tracker the engine entered for each request it hands over
   // (a batcher of its own when none is given).
   HotRowBatcher(std::shared_ptr<Store> store, BatcherOptions options,
-                std::shared_ptr<ContentionTracker> tracker = nullptr);
+                std::shared_ptr<ContentionTracker> tracker = nullptr,
+                RowShared on_shared = nullptr);
   ~HotRowBatcher();
   HotRowBatcher(const HotRowBatcher&) = delete;
   HotRowBatcher& operator=(const HotRowBatcher&) = delete;
@@ -118,6 +140,10 @@ class HotRowBatcher {
 
   // Requests queued or being applied right now (a gauge; counters live in Telemetry).
   std::uint64_t queued() const;
+  // Which of the `slots` rows of `key` a reserve or sell should go to: the first, from
+  // `home` on, whose flusher has no batch in flight; else the one with the fewest
+  // requests queued. A row other than `home` that another writer shares is skipped.
+  int pick_slot(const SkuKey& key, int slots, int home) const;
   const BatcherOptions& options() const { return options_; }
 
  private:
@@ -125,6 +151,7 @@ class HotRowBatcher {
   struct Shard;
 
   Shard& shard_for(const BatchItem& item);
+  Shard& shard_of_row(std::uint16_t shard_key, int slot) const;
   // A free record of `shard`, waiting at most enqueue_timeout_ms (then Overloaded).
   std::uint32_t acquire(Shard& shard);
   void enqueue(Shard& shard, std::uint32_t index);
@@ -133,6 +160,9 @@ class HotRowBatcher {
   // Counts a final outcome and leaves the contention tracker (see the class comment).
   void finish(const BatchItem& item);
   void flush_loop(Shard& shard);
+  // Takes what is queued into `indices` (up to batch_max); with `may_wait` (no deferred
+  // requests carried), first waits as should_linger() or gather() say.
+  void take(Shard& shard, std::vector<std::uint32_t>& indices, bool may_wait);
   void apply(Shard& shard, std::vector<std::uint32_t>& indices, std::vector<BatchItem*>& items,
              std::vector<std::uint32_t>& deferred);
   void attempt(std::vector<BatchItem*>& items, const std::vector<Slot*>& slots);
@@ -140,6 +170,9 @@ class HotRowBatcher {
   void observe(Shard& shard, const std::vector<BatchItem*>& items);
   // Whether the next batch, starting with the record `first`, should wait for more.
   bool should_linger(Shard& shard, std::uint32_t first) const;
+  // Waits (bounded) for the wave of callers of the row's last batch to be queued again;
+  // then takes them into `indices` (see the class comment). Whether it waited.
+  bool gather(Shard& shard, std::vector<std::uint32_t>& indices);
   void hand_off(Shard& shard, std::vector<std::uint32_t>& indices);
   void complete_loop(Shard& shard);
   void complete(Shard& shard, const std::vector<std::uint32_t>& indices,
@@ -149,6 +182,7 @@ class HotRowBatcher {
   const BatcherOptions options_;
   const std::shared_ptr<Telemetry> telemetry_;
   const std::shared_ptr<ContentionTracker> tracker_;
+  const RowShared on_shared_;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<bool> closing_{false};
   std::mutex close_mutex_;  // one close() joins the flushers; a concurrent one waits

@@ -4,6 +4,7 @@
 // Error(invalid_argument) and changes nothing.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -37,6 +38,9 @@ struct EngineOptions {
   // forgotten SKU is found again on its first refusal).
   int home_slot = -1;
   std::size_t slot_directory = 4096;
+  // How many rows `auto` splits a SKU into when several processes batch its one row
+  // (hotrow/auto_slots.hpp); 1: never.
+  int auto_slots_max = 4;
 };
 
 inline constexpr std::size_t slot_directory_max = 1 << 20;
@@ -45,6 +49,7 @@ inline constexpr std::size_t slot_probe_entries = 256;
 
 namespace detail {
 class SlotRouter;
+class AutoSlots;
 }  // namespace detail
 
 inline constexpr std::size_t async_workers_max = 1024;
@@ -235,6 +240,10 @@ class Engine {
                              const CallOptions& call) const;
   HotRowBatcher& batcher();
   AsyncExecutor& executor();
+  // The batcher found `row` shared with another writer (HotRowBatcher::RowShared): may
+  // learn or make the SKU's slots, on an async worker (settle_slots).
+  void on_row_shared(const SkuKey& row, std::size_t batch, std::optional<Strategy> routed);
+  void settle_slots(const SkuKey& key, bool split, std::size_t batch);
   void through_batcher(BatchItem& item, const Route& route, std::shared_ptr<CompletionSink> sink,
                        std::uint64_t token);
   bool batches_transitions(std::uint16_t shard_key) const;
@@ -262,10 +271,12 @@ class Engine {
   ContentionTracker& tracker_;     // *contention_
   mutable std::mutex lazy_mutex_;  // guards starting the batcher and the executor
   std::unique_ptr<HotRowBatcher> batcher_;
+  std::atomic<HotRowBatcher*> started_batcher_{nullptr};  // batcher_, read without the lock
   std::unique_ptr<AsyncExecutor> executor_;
   bool closed_ = false;                        // no new batcher
   bool executor_closed_ = false;               // no new executor (set once the batcher has drained)
   std::unique_ptr<detail::SlotRouter> slots_;  // hot-row slots: where reserves and sells go
+  std::unique_ptr<detail::AutoSlots> auto_slots_;  // when `auto` splits a SKU into slots
 };
 
 // Checks engine-wide options; throws InvalidArgument.

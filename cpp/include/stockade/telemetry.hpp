@@ -81,6 +81,24 @@ struct SkuStats {
   std::uint32_t in_flight = 0;       // requests in flight in this process
   std::uint32_t peak_in_flight = 0;  // in the tracker's last complete window
   std::uint32_t row_queue = 0;       // in flight on the row across every process (estimate)
+  int slots = 1;                     // rows its units are spread over, as this engine knows
+};
+// What `auto` did about hot-row slots (hotrow/auto_slots.hpp): SKUs it split, splits of
+// other engines it learned, SKUs it kept on one row (set_slots refused), and the last few
+// of these decisions with their reasons, most recent last.
+struct SlotDecisionStats {
+  SkuKey key;
+  int slots = 1;
+  bool split = false;
+  std::string why;
+  double age_s = 0;  // since the decision
+};
+struct SlotStats {
+  int auto_slots_max = 1;
+  std::uint64_t auto_splits = 0;
+  std::uint64_t learned = 0;
+  std::uint64_t kept = 0;
+  std::vector<SlotDecisionStats> recent;
 };
 struct BatcherStats {
   bool started = false;
@@ -93,6 +111,9 @@ struct BatcherStats {
   // for which the flusher lingered on such a row to gather more requests.
   std::uint64_t shared_row_batches = 0;
   std::uint64_t lingered_batches = 0;
+  // Batches whose flusher waited for the callers of its row's last batch to come back
+  // (the batcher's "waves stay whole").
+  std::uint64_t gathered_batches = 0;
   std::uint64_t queued = 0;  // requests waiting or being applied right now
   std::size_t shards = 0;
 };
@@ -151,6 +172,7 @@ struct StoreStats {
   PoolStats pool;
   SweeperStats sweeper;
   BatcherStats batcher;
+  SlotStats slots;
 };
 
 // The calls whose outcomes and latencies are recorded, by operation, once: the enum, its
@@ -260,6 +282,7 @@ class Telemetry {
   void batch_applied(std::size_t size, bool failed);
   void batch_found_row_shared() { bump(shared_row_batches_); }
   void batch_lingered() { bump(lingered_batches_); }
+  void batch_gathered() { bump(gathered_batches_); }
 
   // The sweeper's rounds.
   void sweeper_enabled(bool enabled);
@@ -290,6 +313,7 @@ class Telemetry {
   std::atomic<std::uint64_t> batch_size_max_{0};
   std::atomic<std::uint64_t> shared_row_batches_{0};
   std::atomic<std::uint64_t> lingered_batches_{0};
+  std::atomic<std::uint64_t> gathered_batches_{0};
   std::atomic<std::size_t> batcher_shards_{0};
   std::array<std::atomic<std::uint64_t>, batch_size_bounds.size() + 1> batch_size_buckets_{};
 

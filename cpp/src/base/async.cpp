@@ -77,6 +77,14 @@ void AsyncExecutor::submit(std::function<void()> task) {
   has_work_.notify_one();
 }
 
+bool AsyncExecutor::try_submit(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_ || queue_.size() >= queue_max_) return false;
+  queue_.push_back(std::move(task));
+  has_work_.notify_one();
+  return true;
+}
+
 void AsyncExecutor::close() {
   std::lock_guard<std::mutex> closing(close_mutex_);
   {

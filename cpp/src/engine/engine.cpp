@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include "base/fork.hpp"
+#include "hotrow/auto_slots.hpp"
 #include "hotrow/slot_router.hpp"
 #include "store/error_helpers.hpp"
 
 #include <set>
 
 #include "stockade/errors.hpp"
+#include "stockade/log.hpp"
 #include "stockade/memory_store.hpp"
 
 namespace stockade {
@@ -106,6 +108,7 @@ void validate_engine_options(const EngineOptions& options) {
     throw_invalid_argument("slot_directory must be between 1 and " +
                            std::to_string(slot_directory_max));
   }
+  detail::validate_auto_slots_max(options.auto_slots_max);
   if (options.async_queue_max < 1 || options.async_queue_max > batcher_queue_capacity_max) {
     throw_invalid_argument("async_queue_max must be between 1 and " +
                            std::to_string(batcher_queue_capacity_max));
@@ -182,7 +185,15 @@ Engine::Engine(std::shared_ptr<Store> store, EngineOptions options)
       contention_(contention_for(*store_, options_.automatic)),
       tracker_(*contention_),
       slots_(std::make_unique<detail::SlotRouter>(*store_,
-                                                  slot_router_options(options_, creator_pid_))) {}
+                                                  slot_router_options(options_, creator_pid_))),
+      auto_slots_(
+          std::make_unique<detail::AutoSlots>(detail::AutoSlotsOptions{options_.auto_slots_max})) {
+  // A batched call on a slotted SKU starts on a row whose flusher is idle (pipelining).
+  slots_->choose_slots_with([this](const SkuKey& key, int slots, int home) {
+    const HotRowBatcher* batcher = started_batcher_.load(std::memory_order_acquire);
+    return batcher != nullptr ? batcher->pick_slot(key, slots, home) : home;
+  });
+}
 
 Engine::~Engine() {
   if (forked_away()) {
@@ -276,9 +287,60 @@ HotRowBatcher& Engine::batcher() {
   std::lock_guard<std::mutex> lock(lazy_mutex_);
   if (!batcher_) {
     if (closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
-    batcher_ = std::make_unique<HotRowBatcher>(store_, options_.batcher, contention_);
+    batcher_ = std::make_unique<HotRowBatcher>(
+        store_, options_.batcher, contention_,
+        [this](const SkuKey& row, std::size_t batch, std::optional<Strategy> routed) {
+          on_row_shared(row, batch, routed);
+        });
+    started_batcher_.store(batcher_.get(), std::memory_order_release);
   }
   return *batcher_;
+}
+
+// On a flusher's thread: decides cheaply, and leaves the reads and the split to a worker
+// (dropped when the workers' queue is full or closed: the next trace asks again).
+void Engine::on_row_shared(const SkuKey& row, std::size_t batch, std::optional<Strategy> routed) {
+  if (row.slot != 0 || slots_->known_slots(row) > 1) return;  // slotted, and known to be
+  auto action = auto_slots_->on_shared(row, batch, steady_now_us());
+  if (action == detail::AutoSlots::Action::none) return;
+  // Only `auto` splits; any strategy learns a split another engine made.
+  const bool split = action == detail::AutoSlots::Action::split && routed == Strategy::automatic;
+  try {
+    (void)executor().try_submit([this, row, split, batch] { settle_slots(row, split, batch); });
+  } catch (const Error&) {  // the engine is closing
+  }
+}
+
+void Engine::settle_slots(const SkuKey& key, bool split, std::size_t batch) {
+  const std::int64_t now = steady_now_us();
+  detail::AutoSlotDecision decision{key, 1, false, "", now};
+  try {
+    decision.slots = slots_->slot_count(key);  // reads the rows; remembers a split
+    if (decision.slots > 1) {
+      decision.why = "another engine split it into " + std::to_string(decision.slots) +
+                     " slots; this one found them when its row was shared";
+    } else if (split) {
+      const std::int64_t shared_ms = auto_slots_->shared_ms(key, now);
+      (void)slots_->set_slots(key, options_.auto_slots_max);
+      decision.slots = options_.auto_slots_max;
+      decision.split = true;
+      decision.why = "its row was shared with another writer for " + std::to_string(shared_ms) +
+                     " ms in batches of " + std::to_string(batch) +
+                     " requests: several processes took turns at one row lock";
+    } else {
+      return;
+    }
+  } catch (const Error& e) {
+    if (!split) return;  // a read that failed: the next trace asks again
+    decision.slots = 1;
+    decision.why = std::string("kept on one row: ") + e.what();
+  }
+  log(LogLevel::info, "stockade.slots",
+      (decision.split       ? "auto split "
+       : decision.slots > 1 ? "learned the slots of "
+                            : "auto did not split ") +
+          detail::describe(key) + ": " + decision.why);
+  auto_slots_->record(std::move(decision));
 }
 
 AsyncExecutor& Engine::executor() {
@@ -510,7 +572,7 @@ template <class Result, class Attempt>
 Result Engine::on_slots(const SkuKey& key, Quantity qty, Op op, const Route& first, bool continued,
                         Attempt&& attempt) {
   return slots_->run<Result>(
-      key, qty, first.options.expected_version, continued,
+      key, qty, first.options.expected_version, continued, first.batched,
       [&](const SkuKey& row, const detail::SlotAttempt& a) {
         Route r = first;
         r.options.expected_version = a.expected_version;
@@ -792,6 +854,16 @@ StoreStats Engine::stats(std::size_t sku_limit) const {
     sku.in_flight = h.in_flight;
     sku.peak_in_flight = h.peak_in_flight;
     sku.row_queue = h.row_queue;
+    sku.slots = slots_->known_slots(sku.key);
+  }
+  out.slots.auto_slots_max = options_.auto_slots_max;
+  out.slots.auto_splits = auto_slots_->splits();
+  out.slots.learned = auto_slots_->learned();
+  out.slots.kept = auto_slots_->refused();
+  const std::int64_t now = steady_now_us();
+  for (const detail::AutoSlotDecision& d : auto_slots_->recent()) {
+    out.slots.recent.push_back(
+        {d.key, d.slots, d.split, d.why, static_cast<double>(now - d.at_us) / 1e6});
   }
   out.backend = store_->backend_name();
   const StoreCounts counts = store_->counts();
@@ -810,6 +882,14 @@ Advice Engine::recommend(const SkuKey& key) const {
   validate_sku_key(key);
   Advice advice = advise(key, tracker_.heat(key), options_.automatic);
   const int slots = slots_->known_slots(key);
+  if (const auto decided = auto_slots_->decision(key)) {
+    advice.reasons.push_back("slots: " +
+                             std::string(decided->split       ? "auto split it: "
+                                         : decided->slots > 1 ? "learned: "
+                                                              : "auto did not "
+                                                                "split it: ") +
+                             decided->why);
+  }
   if (slots > 1) {
     advice.reasons.push_back("slots: its units are spread over " + std::to_string(slots) +
                              " rows; this engine reserves and sells on slot " +
@@ -868,12 +948,13 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
     });
     return;
   }
-  // This engine's slot of a slotted SKU (else the SKU's own row). A refusal there, or
+  // This engine's slot of a slotted SKU (a batched call: the row the batcher picks; else
+  // the SKU's own row). A refusal there, or
   // from a SKU with slots this engine has not seen yet, is checked by the sink before
   // it answers: the blocking path then fills the slot and runs again. Until then the
   // refusal is not recorded (see on_slots): whichever ends the call records it.
-  const SkuKey row = slots_->home_row(key);
   Route r = route(key, call);
+  const SkuKey row = slots_->first_row(key, r.batched);
   r.options.count_refusal = false;
   sink = slot_checked_sink(
       std::move(sink),

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <thread>
 
 namespace stockade {
@@ -46,6 +47,10 @@ namespace {
 constexpr auto idle_recheck = std::chrono::milliseconds(100);
 // While a producer waits for a free record.
 constexpr auto record_poll = std::chrono::microseconds(200);
+// The longest a flusher waits for a wave of callers to come back (see gather()), and the
+// share of its last batch's time it may spend on that.
+constexpr auto gather_max = std::chrono::milliseconds(1);
+constexpr int gather_share = 8;
 
 using SteadyClock = std::chrono::steady_clock;
 
@@ -141,6 +146,10 @@ struct HotRowBatcher::Shard {
   // that sees zero (and then `closing`) can stop: any later producer sees `closing`.
   alignas(cache_line_size) std::atomic<std::int64_t> pending{0};
   alignas(cache_line_size) std::atomic<bool> sleeping{false};
+  // For pick_slot(), read by producers: whether a batch is being applied, and until when
+  // (steady_now_us) the watched row counts as shared with another writer.
+  alignas(cache_line_size) std::atomic<bool> applying{false};
+  std::atomic<std::int64_t> shared_until_us{0};
   std::mutex wake_mutex;
   std::condition_variable wake;
   // Applied batches on their way to the completer, and emptied index vectors on their way
@@ -158,16 +167,20 @@ struct HotRowBatcher::Shard {
   Version watched_left = 0;
   std::size_t watched_batch = 0;  // requests on it in the last batch that touched it
   SteadyClock::time_point shared_until{};
+  SteadyClock::duration last_apply{};  // how long the last batch took
+  std::size_t last_batch = 0;          // requests it decided
+  bool last_reported = false;          // whether it reported row versions (a durable store)
   std::thread flusher;
   std::thread completer;
 };
 
 HotRowBatcher::HotRowBatcher(std::shared_ptr<Store> store, BatcherOptions options,
-                             std::shared_ptr<ContentionTracker> tracker)
+                             std::shared_ptr<ContentionTracker> tracker, RowShared on_shared)
     : store_(std::move(store)),
       options_(options),
       telemetry_(store_ ? store_->shared_telemetry() : nullptr),
-      tracker_(tracker ? std::move(tracker) : std::make_shared<ContentionTracker>()) {
+      tracker_(tracker ? std::move(tracker) : std::make_shared<ContentionTracker>()),
+      on_shared_(std::move(on_shared)) {
   if (!store_) throw_invalid_argument("a batcher needs a store");
   validate_batcher_options(options_);
   telemetry_->batcher_started(options_.shards);
@@ -186,9 +199,38 @@ HotRowBatcher::~HotRowBatcher() {
 }
 
 // By the row's 16-bit shard key, which a reservation id carries too: a confirm or release
-// reaches the shard of its SKU without reading the reservation first.
+// reaches the shard of its SKU without reading the reservation first. A slotted SKU's rows
+// take consecutive shards, so that their batches are in flight at once (a transition,
+// which names no slot, goes with the SKU's own row: it is ordered by its reservation's
+// existence, not by the queue).
 HotRowBatcher::Shard& HotRowBatcher::shard_for(const BatchItem& item) {
-  return *shards_[item.shard_key() % shards_.size()];
+  return shard_of_row(item.shard_key(), is_transition(item.op) ? 0 : item.key.slot);
+}
+
+HotRowBatcher::Shard& HotRowBatcher::shard_of_row(std::uint16_t shard_key, int slot) const {
+  const std::size_t at = (static_cast<std::size_t>(shard_key) + static_cast<std::size_t>(slot));
+  return *shards_[at % shards_.size()];
+}
+
+int HotRowBatcher::pick_slot(const SkuKey& key, int slots, int home) const {
+  if (slots <= 1) return 0;
+  home = ((home % slots) + slots) % slots;
+  const std::uint16_t shard_key = row_shard_key(key.sku, key.location);
+  const std::int64_t now = steady_now_us();
+  int best = home;
+  std::int64_t fewest = std::numeric_limits<std::int64_t>::max();
+  for (int i = 0; i < slots; ++i) {
+    const int slot = (home + i) % slots;
+    const Shard& shard = shard_of_row(shard_key, slot);
+    if (slot != home && shard.shared_until_us.load(std::memory_order_relaxed) > now) continue;
+    if (!shard.applying.load(std::memory_order_relaxed)) return slot;
+    const std::int64_t pending = shard.pending.load(std::memory_order_relaxed);
+    if (pending < fewest) {
+      fewest = pending;
+      best = slot;
+    }
+  }
+  return best;
 }
 
 std::uint32_t HotRowBatcher::acquire(Shard& shard) {
@@ -333,22 +375,15 @@ void HotRowBatcher::flush_loop(Shard& shard) {
     // so a SKU's requests are still decided in arrival order.
     indices.swap(deferred);
     const std::size_t carried = indices.size();
-    const auto take_ready = [&] {
-      std::uint32_t index = 0;
-      while (indices.size() < options_.batch_max && shard.ready.pop(index)) {
-        indices.push_back(index);
-      }
-    };
-    take_ready();
-    if (carried == 0 && !indices.empty() && indices.size() < options_.batch_max &&
-        should_linger(shard, indices.front())) {
-      telemetry_->batch_lingered();
-      std::this_thread::sleep_for(std::chrono::microseconds(options_.contended_linger_us));
-      take_ready();
-    }
+    take(shard, indices, carried == 0);
     if (!indices.empty()) {
       shard.pending.fetch_sub(static_cast<std::int64_t>(indices.size() - carried));
+      shard.applying.store(true, std::memory_order_relaxed);
+      const SteadyClock::time_point began = SteadyClock::now();
       apply(shard, indices, items, deferred);
+      shard.last_apply = SteadyClock::now() - began;
+      shard.last_batch = indices.size();
+      shard.applying.store(false, std::memory_order_relaxed);
       if (indices.empty()) {  // every request is still waiting for a lock
         if (carried > 0) std::this_thread::sleep_for(record_poll);
         continue;
@@ -386,6 +421,25 @@ void HotRowBatcher::flush_loop(Shard& shard) {
   std::lock_guard<std::mutex> lock(shard.handoff_mutex);
   shard.flusher_done = true;
   shard.handoff_ready.notify_one();
+}
+
+void HotRowBatcher::take(Shard& shard, std::vector<std::uint32_t>& indices, bool may_wait) {
+  const auto take_ready = [&] {
+    std::uint32_t index = 0;
+    while (indices.size() < options_.batch_max && shard.ready.pop(index)) {
+      indices.push_back(index);
+    }
+  };
+  take_ready();
+  if (!may_wait || indices.empty() || indices.size() >= options_.batch_max) return;
+  if (should_linger(shard, indices.front())) {
+    telemetry_->batch_lingered();
+    std::this_thread::sleep_for(std::chrono::microseconds(options_.contended_linger_us));
+    take_ready();
+  } else if (gather(shard, indices)) {
+    telemetry_->batch_gathered();
+    take_ready();
+  }
 }
 
 // Passes an applied batch to the completer and takes an empty vector for the next one.
@@ -552,8 +606,10 @@ void HotRowBatcher::observe(Shard& shard, const std::vector<BatchItem*>& items) 
   bool one_row = true;
   Version left = 0;
   std::size_t on_watched = 0;
+  shard.last_reported = false;
   for (const BatchItem* item : items) {
     if (item->row_found == 0) continue;  // not reported: refused before a row, say
+    shard.last_reported = true;
     if (single == nullptr) single = item;
     one_row = one_row && item->row_key() == single->row_key();
     if (item->row_key() == shard.watched) {
@@ -566,7 +622,10 @@ void HotRowBatcher::observe(Shard& shard, const std::vector<BatchItem*>& items) 
     shard.watched_batch = on_watched;
     if (shard.watched_left != 0 && watched->row_found != shard.watched_left) {
       shard.shared_until = SteadyClock::now() + std::chrono::milliseconds(contention_memory_ms);
+      shard.shared_until_us.store(steady_now_us() + contention_memory_ms * 1000,
+                                  std::memory_order_relaxed);
       telemetry_->batch_found_row_shared();
+      if (on_shared_) on_shared_(watched->row_key(), on_watched, watched->counted_as);
     }
     shard.watched_left = left;
     return;
@@ -579,6 +638,7 @@ void HotRowBatcher::observe(Shard& shard, const std::vector<BatchItem*>& items) 
   shard.watched_left = left;
   shard.watched_batch = items.size();
   shard.shared_until = SteadyClock::time_point{};
+  shard.shared_until_us.store(0, std::memory_order_relaxed);
 }
 
 bool HotRowBatcher::should_linger(Shard& shard, std::uint32_t first) const {
@@ -588,6 +648,24 @@ bool HotRowBatcher::should_linger(Shard& shard, std::uint32_t first) const {
   // whose last batch carried several requests is worth the wait.
   return shard.watched_batch >= 2 && !is_transition(item.op) && item.key == shard.watched &&
          SteadyClock::now() < shard.shared_until;
+}
+
+bool HotRowBatcher::gather(Shard& shard, std::vector<std::uint32_t>& indices) {
+  // The memory store reports no row versions: its batches take microseconds, and a wait
+  // would cost more than it saves.
+  const std::size_t wave = std::min(shard.last_batch, options_.batch_max);
+  if (!shard.last_reported || wave < 2 || indices.size() >= wave) return false;
+  const auto bound = std::min<SteadyClock::duration>(shard.last_apply / gather_share, gather_max);
+  // As an idle flusher sleeps: a producer that counted its request wakes us (enqueue()).
+  shard.sleeping.store(true);
+  {
+    std::unique_lock<std::mutex> lock(shard.wake_mutex);
+    shard.wake.wait_for(lock, bound, [&] {
+      return shard.pending.load() >= static_cast<std::int64_t>(wave) || closing_.load();
+    });
+  }
+  shard.sleeping.store(false);
+  return true;
 }
 
 void HotRowBatcher::complete(Shard& shard, const std::vector<std::uint32_t>& indices,

@@ -122,9 +122,13 @@ SlotRouter::SlotRouter(Store& store, SlotRouterOptions options)
       directory_(options.directory),
       probes_(options.probe_entries) {}
 
-SkuKey SlotRouter::home_row(const SkuKey& key) const {
+SkuKey SlotRouter::first_row(const SkuKey& key, bool spread) const {
   const int slots = known_slots(key);
-  return slots > 1 ? slot_key(key, home_of(slots)) : key;
+  if (slots <= 1) return key;
+  const int home = home_of(slots);
+  if (!spread || !chooser_) return slot_key(key, home);
+  const int picked = chooser_(key, slots, home);
+  return slot_key(key, picked >= 0 && picked < slots ? picked : home);
 }
 
 std::vector<StockLevel> SlotRouter::learn(const SkuKey& key) {

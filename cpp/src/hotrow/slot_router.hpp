@@ -49,14 +49,22 @@ struct SlotRouterOptions {
 
 class SlotRouter {
  public:
+  // Which of a slotted SKU's `slots` rows a batched reserve or sell tries first, given
+  // this engine's `home` slot (the batcher's pick_slot: a row whose flusher is idle).
+  using SlotChooser = std::function<int(const SkuKey& key, int slots, int home)>;
+
   SlotRouter(Store& store, SlotRouterOptions options);
+  // Set once, before the router is used; without it every call starts on the home slot.
+  void choose_slots_with(SlotChooser chooser) { chooser_ = std::move(chooser); }
 
   // How many rows the SKU spreads its units over, as this process last saw (1: not known
   // to be slotted), and this engine's slot among `slots`.
   int known_slots(const SkuKey& key) const { return directory_.get(key); }
   int home_of(int slots) const { return options_.home % slots; }
-  // The row a reserve or sell of `key` goes to first: this engine's slot, if known.
-  SkuKey home_row(const SkuKey& key) const;
+  // The row a reserve or sell of `key` goes to first: this engine's slot, if known; with
+  // `spread` (a batched call), the row the chooser picks, so that a process's batches on
+  // one SKU are in flight on several rows at once.
+  SkuKey first_row(const SkuKey& key, bool spread) const;
 
   // Reads the SKU's rows (remembering how many there are).
   std::vector<StockLevel> learn(const SkuKey& key);
@@ -82,7 +90,8 @@ class SlotRouter {
   StockLevel level_after_sell(const SkuKey& key, StockLevel row_level);
 
   // Runs `attempt(row, SlotAttempt)` on this engine's slot of `key` (the SKU's own row
-  // while it is not known to have slots). When that row is short, the SKU's rows are
+  // while it is not known to have slots; with `spread` and no `expected`, first on the
+  // row first_row() picks). When that row is short, the SKU's rows are
   // read: with none but its own, the refusal stands; else free units move into the slot
   // from the others (which refuses for the SKU as a whole when they are short too) and
   // the attempt runs again, a bounded number of times. With `expected` (If-Match: the sum
@@ -97,7 +106,7 @@ class SlotRouter {
   // Overloaded, an error while moving units).
   template <class Result, class Attempt, class Record>
   Result run(const SkuKey& key, Quantity qty, const std::optional<Version>& expected,
-             bool continued, Attempt&& attempt, Record&& record) {
+             bool continued, bool spread, Attempt&& attempt, Record&& record) {
     bool request_counted = continued;
     int k = known_slots(key);
     std::optional<Version> row_expected = expected;
@@ -114,7 +123,9 @@ class SlotRouter {
       try {
         SlotAttempt a{row_expected, !request_counted, expected.has_value()};
         request_counted = true;
-        return attempt(k > 1 ? slot_key(key, home_of(k)) : key, a);
+        // Later rounds go home: the units moved there (after_refusal).
+        const bool pick = round == 1 && spread && !expected;
+        return attempt(k <= 1 ? key : pick ? first_row(key, true) : slot_key(key, home_of(k)), a);
       } catch (const Error& e) {
         if (e.code() != ErrorCode::out_of_stock || expected) throw;
         refusal = e;
@@ -153,6 +164,7 @@ class SlotRouter {
 
   Store& store_;
   const SlotRouterOptions options_;
+  SlotChooser chooser_;
   SlotDirectory directory_;
   SlotProbes probes_;
 };

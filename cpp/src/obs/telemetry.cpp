@@ -288,6 +288,7 @@ StoreStats Telemetry::snapshot(std::size_t sku_limit) const {
   out.batcher.batch_size_max = read(batch_size_max_);
   out.batcher.shared_row_batches = read(shared_row_batches_);
   out.batcher.lingered_batches = read(lingered_batches_);
+  out.batcher.gathered_batches = read(gathered_batches_);
   std::lock_guard<std::mutex> lock(sweeper_mutex_);
   out.sweeper = sweeper_;
   return out;

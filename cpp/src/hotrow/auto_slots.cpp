@@ -1,0 +1,91 @@
+// AutoSlots (auto_slots.hpp): when `auto` splits a SKU into hot-row slots.
+#include "hotrow/auto_slots.hpp"
+
+#include "stockade/batcher.hpp"
+#include "stockade/errors.hpp"
+#include "stockade/hash.hpp"
+
+namespace stockade::detail {
+
+void validate_auto_slots_max(int slots) {
+  if (slots < 1 || slots > stockade::slots_max) {
+    throw_invalid_argument("auto_slots_max must be between 1 (no automatic slots) and " +
+                           std::to_string(stockade::slots_max));
+  }
+}
+
+AutoSlots::AutoSlots(AutoSlotsOptions options)
+    : options_(options), entries_(std::max<std::size_t>(1, options.entries)) {}
+
+AutoSlots::Action AutoSlots::on_shared(const SkuKey& key, std::size_t batch, std::int64_t now_us) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry& e = entries_[SkuKeyHash{}(key) % entries_.size()];
+  const bool continued = e.key == key && now_us - e.last_us <= contention_memory_ms * 1000;
+  if (e.key != key) {
+    e.key = key;
+    e.next_us = 0;
+  }
+  if (!continued) e.first_us = now_us;
+  e.last_us = now_us;
+  if (now_us < e.next_us) return Action::none;
+  e.next_us = now_us + options_.recheck_ms * 1000;
+  const bool long_enough = now_us - e.first_us >= options_.shared_for_ms * 1000;
+  return options_.slots_max > 1 && long_enough && batch >= 2 ? Action::split : Action::learn;
+}
+
+std::int64_t AutoSlots::shared_ms(const SkuKey& key, std::int64_t now_us) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Entry& e = entries_[SkuKeyHash{}(key) % entries_.size()];
+  return e.key == key ? (now_us - e.first_us) / 1000 : 0;
+}
+
+void AutoSlots::record(AutoSlotDecision decision) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (decision.split) {
+    ++splits_;
+  } else if (decision.slots > 1) {
+    ++learned_;
+  } else {
+    ++refused_;
+    Entry& e = entries_[SkuKeyHash{}(decision.key) % entries_.size()];
+    if (e.key == decision.key) e.next_us = decision.at_us + options_.refused_ms * 1000;
+  }
+  for (auto it = recent_.begin(); it != recent_.end(); ++it) {
+    if (it->key == decision.key) {
+      recent_.erase(it);
+      break;
+    }
+  }
+  recent_.push_back(std::move(decision));
+  if (recent_.size() > recent_max) recent_.pop_front();
+}
+
+std::optional<AutoSlotDecision> AutoSlots::decision(const SkuKey& key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const AutoSlotDecision& d : recent_) {
+    if (d.key == key) return d;
+  }
+  return std::nullopt;
+}
+
+std::vector<AutoSlotDecision> AutoSlots::recent() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {recent_.begin(), recent_.end()};
+}
+
+std::uint64_t AutoSlots::splits() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return splits_;
+}
+
+std::uint64_t AutoSlots::learned() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return learned_;
+}
+
+std::uint64_t AutoSlots::refused() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return refused_;
+}
+
+}  // namespace stockade::detail
