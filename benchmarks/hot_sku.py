@@ -453,6 +453,8 @@ def replicas_section(
             r["engine_cpu_s_per_1000"] = r["engine_cpu_s"] * per_1000
             r["server_cpu_s_per_1000"] = r["server_cpu_s"] * per_1000
             cases.append((case, r))
+        # What the shared row ended as: `auto` splits a row several processes batch.
+        cases[1][1]["slots_after"] = eng.slot_count(shared)
         replicas += [{"case": case, **r} for case, r in cases]
         base = cases[0][1]["rate"]
         ratios[f"replicas_{n}_vs_1_{strategy}"] = cases[1][1]["rate"] / base
@@ -474,8 +476,6 @@ def replicas_section(
         ratios[f"replicas_{n}_slots_vs_1_slotted_{strategy}"] = (
             cases[4][1]["rate"] / cases[5][1]["rate"]
         )
-        # What the shared row ended as: `auto` splits a row several processes batch.
-        cases[1][1]["slots_after"] = eng.slot_count(shared)
         if strategy == "auto":  # no set_slots call, against the same case on set_slots(n)
             ratios[f"auto_unslotted_vs_set_slots_1x{args.clients}"] = base / cases[5][1]["rate"]
             ratios[f"auto_unslotted_vs_set_slots_{n}x{per}"] = (

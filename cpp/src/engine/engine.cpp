@@ -893,15 +893,16 @@ Advice Engine::recommend(const SkuKey& key) const {
   if (slots > 1) {
     advice.reasons.push_back("slots: its units are spread over " + std::to_string(slots) +
                              " rows; this engine reserves and sells on slot " +
-                             std::to_string(slots_->home_of(slots)));
+                             std::to_string(slots_->home_of(slots)) +
+                             " (batched: first on a row whose batcher is idle)");
   } else if (advice.strategy == Strategy::batched) {
     // What this process cannot see is whether others batch the same row: say when it pays.
     advice.reasons.push_back(
         "slots: if several processes batch this SKU at once, their batches take turns at "
-        "one row lock, one commit flush each (each flusher sees the others' writes and "
-        "lingers batch_linger to fill its turn); set_slots(k), k the number of processes, "
-        "gives each its own row. It pays where a commit flush is slow against CPU (network "
-        "disks, many cores); on a host whose cores run out first it costs (docs/scaling-out.md)");
+        "one row lock, one commit flush each; auto sees that (the row's version moves "
+        "between its batches) and splits the SKU into auto_slots_max slots by itself, and "
+        "set_slots(k) does it by hand. It pays most where a commit flush is slow against CPU "
+        "(network disks, a synchronous standby; docs/scaling-out.md)");
   }
   return advice;
 }
