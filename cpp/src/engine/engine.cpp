@@ -331,7 +331,12 @@ void Engine::settle_slots(const SkuKey& key, bool split, std::size_t batch) {
       return;
     }
   } catch (const Error& e) {
-    if (!split) return;  // a read that failed: the next trace asks again
+    // set_slots refuses what slots do not support; anything else (a pool or lock timeout,
+    // a lost connection) failed for now, and the next trace of the other writer asks again.
+    const ErrorCode c = e.code();
+    const bool refused = c == ErrorCode::invalid_state || c == ErrorCode::discontinued ||
+                         c == ErrorCode::not_supported || c == ErrorCode::invalid_argument;
+    if (!split || !refused) return;
     decision.slots = 1;
     decision.why = std::string("kept on one row: ") + e.what();
   }
