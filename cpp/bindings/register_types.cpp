@@ -95,8 +95,18 @@ void register_ids_and_limits(py::module_& m) {
         return stable_hash64({sku, location});
       },
       py::arg("sku"), py::arg("location"), "The stable 64-bit hash of (sku, location).");
+  // The input limits a caller can reach (stockade.limits exports them).
   m.attr("QUANTITY_MAX") = quantity_max;
   m.attr("LIMIT_GROUP_SKUS_MAX") = limit_group_skus_max;
+  m.attr("SKU_BYTES_MAX") = sku_bytes_max;
+  m.attr("LOCATION_BYTES_MAX") = location_bytes_max;
+  m.attr("IDEMPOTENCY_KEY_BYTES_MAX") = idempotency_key_bytes_max;
+  m.attr("LEASE_OWNER_BYTES_MAX") = lease_owner_bytes_max;
+  m.attr("BUYER_BYTES_MAX") = buyer_bytes_max;
+  m.attr("LIMIT_GROUP_BYTES_MAX") = limit_group_bytes_max;
+  m.attr("ORDER_LINES_MAX") = order_lines_max;
+  m.attr("TTL_US_MAX") = ttl_us_max;
+  m.attr("SLOTS_MAX") = slots_max;
   // The largest value of each count option, so that Python refuses a value out of range
   // with InvalidArgument before it reaches a C++ integer.
   py::dict limits;

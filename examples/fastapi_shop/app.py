@@ -93,7 +93,11 @@ def make_app(engine: Optional[stockade.Engine] = None) -> FastAPI:
         body: ReserveBody,
         request: Request,
         response: Response,
-        idempotency_key: Optional[str] = Header(default=None, max_length=255),
+        # The library's own cap (UTF-8 bytes; a longer key in characters gets its 400 from
+        # the engine's InvalidArgument).
+        idempotency_key: Optional[str] = Header(
+            default=None, max_length=stockade.IDEMPOTENCY_KEY_BYTES_MAX
+        ),
     ) -> Dict[str, Any]:
         r = await eng(request).reserve_async(
             sku, body.qty, ttl=timedelta(seconds=body.ttl_seconds), idempotency_key=idempotency_key

@@ -20,6 +20,7 @@ except ImportError as exc:  # pragma: no cover - only without a built extension
         "`pip install .`), which compiles the C++ engine with CMake."
     ) from exc
 
+from . import limits as _limits
 from .claim import ClaimAdvice, claim_test
 from .engine import Engine, ManualClock
 from .errors import (
@@ -46,9 +47,9 @@ from .errors import (
     Unavailable,
     VersionConflict,
 )
+from .limits import *  # noqa: F403 - the input limits, each named in stockade.limits
 from .stats import EngineStats, Metrics, RowCounts
 from .values import (
-    QUANTITY_MAX,
     Lease,
     Reservation,
     ReservationState,
@@ -73,8 +74,7 @@ def _version() -> str:
 
 __version__ = _version()
 
-__all__ = [
-    "QUANTITY_MAX",
+__all__ = [  # and stockade.limits' constants, added below
     "ClaimAdvice",
     "DatabaseError",
     "Discontinued",
@@ -114,3 +114,4 @@ __all__ = [
     "claim_test",
     "version_from_etag",
 ]
+__all__ += _limits.__all__

@@ -6,6 +6,15 @@ __version__: str
 ERROR_CODES: tuple[str, ...]
 QUANTITY_MAX: int
 LIMIT_GROUP_SKUS_MAX: int
+SKU_BYTES_MAX: int
+LOCATION_BYTES_MAX: int
+IDEMPOTENCY_KEY_BYTES_MAX: int
+LEASE_OWNER_BYTES_MAX: int
+BUYER_BYTES_MAX: int
+LIMIT_GROUP_BYTES_MAX: int
+ORDER_LINES_MAX: int
+TTL_US_MAX: int
+SLOTS_MAX: int
 OPTION_LIMITS: dict[str, int]
 
 def parse_conninfo(dsn: str) -> list[tuple[str, str]]: ...

@@ -39,6 +39,9 @@ __all__ = [
 
 # Header fields longer than this are refused rather than parsed (a hostile client).
 FIELD_BYTES_MAX = 8192
+# The longest `instance` or `detail` a problem carries: a request path that repeats a 10 kB
+# SKU does not become a 10 kB response.
+PROBLEM_TEXT_MAX = 1024
 
 # entity-tag = [ "W/" ] DQUOTE *etagc DQUOTE; etagc = %x21 / %x23-7E / obs-text (0x80-0xFF)
 _ENTITY_TAG = re.compile(r'(W/)?"([\x21\x23-\x7e\x80-\xff]*)"')
@@ -156,6 +159,10 @@ _TITLES = {
 }
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= PROBLEM_TEXT_MAX else text[: PROBLEM_TEXT_MAX - 3] + "..."
+
+
 def problem(
     error: StockadeError, *, instance: Optional[str] = None
 ) -> Tuple[int, Dict[str, str], Dict[str, Any]]:
@@ -164,7 +171,8 @@ def problem(
     (bounded, with the caller's values escaped); the body also carries ``code``,
     ``retryable`` and, where known, ``sku``, ``location``, ``reservation_id``,
     ``expected_version`` and ``actual_version``. ``Retry-After`` is set (whole seconds,
-    rounded up) when the error has a ``retry_after``."""
+    rounded up) when the error has a ``retry_after``. ``instance`` and ``detail`` are cut
+    to ``PROBLEM_TEXT_MAX`` (1024) characters, the cut marked with ``...``."""
     if not isinstance(error, StockadeError):
         raise InvalidArgument(f"problem() takes a StockadeError, not {type(error).__name__}")
     status = error.http_status
@@ -172,12 +180,12 @@ def problem(
         "type": f"urn:stockade:error:{error.code}",
         "title": _TITLES.get(status, "Error"),
         "status": status,
-        "detail": error.message,
+        "detail": _cut(error.message),
         "code": error.code,
         "retryable": error.retryable,
     }
     if instance is not None:
-        body["instance"] = instance
+        body["instance"] = _cut(instance)
     for name in ("sku", "location", "expected_version", "actual_version", "state"):
         value = getattr(error, name)
         if value not in (None, ""):

@@ -11,6 +11,7 @@ from typing import Literal, Optional, Union
 
 from . import _core
 from .errors import InvalidArgument, InvalidType
+from .limits import QUANTITY_MAX
 
 __all__ = [
     "QUANTITY_MAX",
@@ -25,9 +26,6 @@ __all__ = [
 ]
 
 INT64_MAX = 2**63 - 1
-# The largest quantity one request may ask for (10**12): it keeps every sum the engine
-# forms, a batch's included, far from overflowing a 64-bit stock level.
-QUANTITY_MAX: int = _core.QUANTITY_MAX
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 TtlLike = Union[timedelta, int, float]

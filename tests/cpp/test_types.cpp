@@ -15,6 +15,16 @@ namespace {
 
 constexpr ErrorCode invalid = ErrorCode::invalid_argument;
 
+TEST(Errors, messages_are_one_line_with_no_trailing_newline) {
+  EXPECT_STREQ(Error(ErrorCode::unavailable, "plain").what(), "plain");
+  EXPECT_STREQ(
+      Error(ErrorCode::unavailable, "cannot connect: refused\n\tIs the server running?\n").what(),
+      "cannot connect: refused Is the server running?");
+  EXPECT_STREQ(Error(ErrorCode::database_error, "ERROR:  dup  \nDETAIL:  Key (k)\r\n").what(),
+               "ERROR:  dup DETAIL:  Key (k)");
+  EXPECT_STREQ(Error(ErrorCode::database_error, "\n\n").what(), "");
+}
+
 TEST(Validation, rejects_empty_long_nul_and_non_utf8_skus) {
   EXPECT_STOCKADE_ERROR(validate_sku_key({"", "default"}), invalid);
   EXPECT_STOCKADE_ERROR(validate_sku_key({std::string(sku_bytes_max + 1, 'a'), "default"}),

@@ -46,3 +46,16 @@ def test_an_error_from_the_core_becomes_its_class() -> None:
 def test_the_package_and_its_core_share_one_version() -> None:
     assert stockade.__version__ == _core.__version__
     assert stockade.__version__.count(".") >= 2
+
+
+def test_a_message_from_libpq_is_one_line() -> None:
+    """libpq ends its texts in a newline and breaks them with a newline and a tab; an
+    exception's message is one line, with nothing trailing."""
+    try:
+        stockade.Engine.postgres("host=127.0.0.1 port=1 connect_timeout=2")
+    except stockade.Unavailable as e:
+        message = str(e)
+    else:  # pragma: no cover - nothing listens on port 1 of loopback
+        raise AssertionError("connected to port 1")
+    assert message.startswith("cannot connect to PostgreSQL: ")
+    assert "\n" not in message and "\t" not in message and message == message.strip()

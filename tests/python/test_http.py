@@ -141,3 +141,11 @@ def test_problem_never_echoes_a_hostile_value_raw(engine: stockade.Engine) -> No
         engine.stock("x\n" + "y" * 250)
     _, _, body = http.problem(info.value)
     assert "\n" not in body["detail"] and len(body["detail"]) < 300
+    # A path that repeats a 10 kB SKU does not become a 10 kB response.
+    with pytest.raises(stockade.InvalidArgument) as long_sku:
+        engine.stock("y" * 10240)
+    path = "/skus/" + "y" * 10240
+    _, _, body = http.problem(long_sku.value, instance=path)
+    assert len(body["instance"]) == http.PROBLEM_TEXT_MAX and body["instance"].endswith("...")
+    assert body["instance"].startswith("/skus/yyy") and len(body["detail"]) < 300
+    assert "SKU_BYTES_MAX" in body["detail"]

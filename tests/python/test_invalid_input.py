@@ -127,3 +127,36 @@ def test_any_input_either_succeeds_or_raises_a_stockade_error(sku: Any, qty: Any
         assert snapshot(engine) == before
     else:
         assert isinstance(qty, int) and 0 < qty <= 10 and sku == "sku-1"
+
+
+def test_input_limits_are_exported_and_an_error_names_the_one_passed(
+    stocked: stockade.Engine,
+) -> None:
+    """The limits a caller can reach are constants of the package, counted in UTF-8 bytes,
+    and the InvalidArgument past one names it; a value at the limit is taken."""
+    assert stockade.SKU_BYTES_MAX == stockade.LOCATION_BYTES_MAX == 256
+    assert stockade.IDEMPOTENCY_KEY_BYTES_MAX == 256
+    assert stockade.TTL_MAX == timedelta(days=366)
+    at_limit = "s" * stockade.SKU_BYTES_MAX
+    assert stocked.restock(at_limit, 1, location="l" * stockade.LOCATION_BYTES_MAX).on_hand == 1
+    key = "k" * stockade.IDEMPOTENCY_KEY_BYTES_MAX
+    assert stocked.reserve("sku-1", 1, idempotency_key=key).qty == 1
+    before = snapshot(stocked)
+    cases: list[tuple[Callable[[], Any], str]] = [
+        (lambda: stocked.reserve("s" * 10240, 1), "10240 bytes long.*SKU_BYTES_MAX"),
+        (lambda: stocked.restock("é" * 256, 1), "512 bytes long .UTF-8.*SKU_BYTES_MAX"),
+        (lambda: stocked.stock("sku-1", location="l" * 257), "LOCATION_BYTES_MAX"),
+        (lambda: stocked.reserve("sku-1", 1, idempotency_key=key + "k"), "IDEMPOTENCY_KEY_BYTES"),
+        (lambda: stocked.reserve("sku-1", stockade.QUANTITY_MAX + 1), "QUANTITY_MAX"),
+        (lambda: stocked.reserve("sku-1", 1, ttl=stockade.TTL_MAX * 2), "TTL_MAX"),
+        (
+            lambda: stocked.reserve_order(
+                {f"sku-{n}": 1 for n in range(stockade.ORDER_LINES_MAX + 1)}
+            ),
+            "ORDER_LINES_MAX",
+        ),
+    ]
+    for call, named in cases:
+        with pytest.raises(stockade.InvalidArgument, match=named):
+            call()
+    assert snapshot(stocked) == before

@@ -67,10 +67,15 @@ struct ErrorContext {
   std::string state;  // the current reservation state, for invalid_state and the like
 };
 
+// A message on one line: libpq's and the server's texts end in a newline and break lines
+// with "\n\t" (connection failures) or "\nDETAIL:"; each line break and the whitespace
+// around it become one space, and trailing whitespace goes.
+std::string one_line(const std::string& message);
+
 class Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message, ErrorContext context = {})
-      : std::runtime_error(message), code_(code), context_(std::move(context)) {}
+      : std::runtime_error(one_line(message)), code_(code), context_(std::move(context)) {}
 
   ErrorCode code() const noexcept { return code_; }
   const ErrorContext& context() const noexcept { return context_; }

@@ -18,6 +18,27 @@ const char* error_code_name(ErrorCode code) noexcept {
   return "unknown";
 }
 
+std::string one_line(const std::string& message) {
+  const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  if (message.find_first_of("\n\r") == std::string::npos &&
+      (message.empty() || !blank(message.back()))) {
+    return message;  // the common case: nothing to do
+  }
+  std::string out;
+  out.reserve(message.size());
+  for (std::size_t i = 0; i < message.size();) {
+    if (message[i] != '\n' && message[i] != '\r') {
+      out += message[i++];
+      continue;
+    }
+    while (!out.empty() && blank(out.back())) out.pop_back();  // before the break
+    while (i < message.size() && blank(message[i])) ++i;       // the break and after it
+    if (!out.empty() && i < message.size()) out += ' ';
+  }
+  while (!out.empty() && blank(out.back())) out.pop_back();
+  return out;
+}
+
 void throw_invalid_argument(const std::string& message) {
   throw Error(ErrorCode::invalid_argument, message);
 }

@@ -86,12 +86,15 @@ std::string shown(std::string_view text, std::size_t limit) {
 namespace {
 
 // Text that becomes a PostgreSQL `text` value: non-empty, bounded, valid UTF-8, no NUL.
-void validate_text(std::string_view value, const char* field, std::size_t bytes_max) {
+// `constant` names the limit as the Python package exports it (stockade.SKU_BYTES_MAX).
+void validate_text(std::string_view value, const char* field, std::size_t bytes_max,
+                   const char* constant) {
   const std::string name(field);
   if (value.empty()) throw_invalid_argument(name + " must not be empty");
   if (value.size() > bytes_max) {
     throw_invalid_argument(name + " is " + std::to_string(value.size()) +
-                           " bytes long; the limit is " + std::to_string(bytes_max));
+                           " bytes long (UTF-8); the limit is " + std::to_string(bytes_max) +
+                           " bytes (" + constant + ")");
   }
   if (value.find('\0') != std::string_view::npos) {
     throw_invalid_argument(name + " must not contain NUL bytes");
@@ -139,8 +142,8 @@ std::size_t SkuKeyHash::operator()(const SkuKey& key) const noexcept {
 }
 
 void validate_sku_key(const SkuKey& key) {
-  validate_text(key.sku, "sku", sku_bytes_max);
-  validate_text(key.location, "location", location_bytes_max);
+  validate_text(key.sku, "sku", sku_bytes_max, "SKU_BYTES_MAX");
+  validate_text(key.location, "location", location_bytes_max, "LOCATION_BYTES_MAX");
   if (key.slot != 0) {
     throw_invalid_argument("a hot-row slot's row (slot " + std::to_string(key.slot) +
                            ") is the engine's: name the SKU");
@@ -165,7 +168,7 @@ void validate_qty(Quantity qty, const char* field) {
   }
   if (qty > quantity_max) {
     throw_invalid_argument(std::string(field) + " must be at most " + std::to_string(quantity_max) +
-                           ", got " + std::to_string(qty));
+                           " (QUANTITY_MAX), got " + std::to_string(qty));
   }
 }
 
@@ -175,24 +178,24 @@ void validate_ttl_us(std::int64_t ttl_us) {
   }
   if (ttl_us > ttl_us_max) {
     throw_invalid_argument("ttl is " + std::to_string(ttl_us) + " us; the limit is " +
-                           std::to_string(ttl_us_max) + " us (366 days)");
+                           std::to_string(ttl_us_max) + " us (366 days, TTL_MAX)");
   }
 }
 
 void validate_idempotency_key(const std::string& key) {
-  validate_text(key, "idempotency_key", idempotency_key_bytes_max);
+  validate_text(key, "idempotency_key", idempotency_key_bytes_max, "IDEMPOTENCY_KEY_BYTES_MAX");
 }
 
 void validate_lease_owner(const std::string& owner) {
-  validate_text(owner, "owner", lease_owner_bytes_max);
+  validate_text(owner, "owner", lease_owner_bytes_max, "LEASE_OWNER_BYTES_MAX");
 }
 
 void validate_buyer(const std::string& buyer) {
-  validate_text(buyer, "buyer", buyer_bytes_max);
+  validate_text(buyer, "buyer", buyer_bytes_max, "BUYER_BYTES_MAX");
 }
 
 void validate_limit_group(const std::string& group) {
-  validate_text(group, "group", limit_group_bytes_max);
+  validate_text(group, "group", limit_group_bytes_max, "LIMIT_GROUP_BYTES_MAX");
 }
 
 void validate_purchase_limit(const PurchaseLimit& limit) {
@@ -203,12 +206,13 @@ void validate_purchase_limit(const PurchaseLimit& limit) {
   }
   if (limit.skus.empty() || limit.skus.size() > limit_group_skus_max) {
     throw_invalid_argument("a purchase limit names 1 to " + std::to_string(limit_group_skus_max) +
-                           " skus, got " + std::to_string(limit.skus.size()));
+                           " skus (LIMIT_GROUP_SKUS_MAX), got " +
+                           std::to_string(limit.skus.size()));
   }
   std::vector<std::string> sorted = limit.skus;
   std::sort(sorted.begin(), sorted.end());
   for (std::size_t i = 0; i < sorted.size(); ++i) {
-    validate_text(sorted[i], "sku", sku_bytes_max);
+    validate_text(sorted[i], "sku", sku_bytes_max, "SKU_BYTES_MAX");
     if (i > 0 && sorted[i] == sorted[i - 1]) {
       throw_invalid_argument("the purchase limit names sku " + shown(sorted[i]) + " twice");
     }

@@ -732,7 +732,7 @@ OrderRequest Engine::order_request(const std::vector<OrderLine>& lines,
   if (lines.empty()) throw_invalid_argument("an order needs at least one line");
   if (lines.size() > order_lines_max) {
     throw_invalid_argument("an order has at most " + std::to_string(order_lines_max) +
-                           " lines, got " + std::to_string(lines.size()));
+                           " lines (ORDER_LINES_MAX), got " + std::to_string(lines.size()));
   }
   std::set<SkuKey> seen;
   for (const OrderLine& line : lines) {
