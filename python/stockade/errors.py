@@ -36,6 +36,7 @@ InvalidArgument          400     no         -
 NotSupported             501     no         -
 InvariantViolation       500     no         -            a bug: report it
 Unavailable              503     yes        1
+SchemaNotMigrated        500     no         -            the service's set-up: migrate()
 DatabaseError            500     no         -
 =======================  ======  =========  ===========  =================================
 """
@@ -65,6 +66,7 @@ __all__ = [
     "Overloaded",
     "ReservationExpired",
     "RetriesExhausted",
+    "SchemaNotMigrated",
     "StockadeError",
     "Unavailable",
     "VersionConflict",
@@ -275,6 +277,17 @@ class Unavailable(StockadeError, ConnectionError):
     retry_after_default = 1.0
 
 
+class SchemaNotMigrated(InvalidState):
+    """The engine's schema is missing, or older than this version of stockade (a table or
+    a column it needs is not there: SQLSTATE 42P01, 3F000 or 42703): run
+    :meth:`Engine.migrate`. A fault of the service's own set-up, not of the request, so a
+    500 that a retry does not fix. An :class:`InvalidState`, as it was before it had a
+    class of its own."""
+
+    code = "schema_not_migrated"
+    http_status = 500
+
+
 class DatabaseError(StockadeError):
     """Any other error the database raised; ``sqlstate`` says which."""
 
@@ -304,6 +317,7 @@ _BY_CODE: dict[str, type[StockadeError]] = {
         NotSupported,
         InvariantViolation,
         Unavailable,
+        SchemaNotMigrated,
         DatabaseError,
     )
 }

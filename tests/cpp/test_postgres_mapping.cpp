@@ -62,8 +62,9 @@ TEST(SqlstateMapping, EveryDocumentedStateHasItsCode) {
   EXPECT_EQ(map("23505").code(), ErrorCode::idempotency_conflict);
   EXPECT_EQ(map("23514").code(), ErrorCode::invariant_violation);
   EXPECT_EQ(map("22003").code(), ErrorCode::invalid_argument);
-  EXPECT_EQ(map("42P01").code(), ErrorCode::invalid_state);
-  EXPECT_EQ(map("3F000").code(), ErrorCode::invalid_state);
+  EXPECT_EQ(map("42P01").code(), ErrorCode::schema_not_migrated);
+  EXPECT_EQ(map("3F000").code(), ErrorCode::schema_not_migrated);
+  EXPECT_EQ(map("42703").code(), ErrorCode::schema_not_migrated);
   EXPECT_EQ(map("08006").code(), ErrorCode::unavailable);
   EXPECT_EQ(map("53300").code(), ErrorCode::unavailable);
   EXPECT_EQ(map("57P01").code(), ErrorCode::unavailable);

@@ -60,8 +60,13 @@ def wait_for_session(dsn: str, where: str) -> None:
 
 def test_migrate_applies_each_file_once_and_records_it(empty_database: str) -> None:
     with stockade.Engine.postgres(empty_database, pool_size=1) as eng:
-        with pytest.raises(stockade.InvalidState, match="migrate"):
+        with pytest.raises(stockade.SchemaNotMigrated, match="migrate") as unmigrated:
             eng.restock("s", 1)  # no schema yet: a clear error, not a crash
+        # The service's own set-up, not the request's conflict: 500, and no retry fixes it.
+        error = unmigrated.value
+        assert (error.http_status, error.retryable) == (500, False)
+        assert error.sqlstate in ("42P01", "3F000")  # a missing table, or schema
+        assert isinstance(error, stockade.InvalidState) and not str(error).endswith("\n")
         assert eng.migrate() == MIGRATIONS
         assert eng.migrate() == []
         assert eng.restock("s", 1).on_hand == 1
@@ -707,7 +712,7 @@ def test_drop_schema_needs_its_name_repeated(stockade_database: str) -> None:
         eng.drop_schema(confirm="scratch")
         plan = [name for name, _ in eng.migration_plan()]
         assert plan[:2] == ["(create schema)", "001_schema.sql"]
-        with pytest.raises(stockade.InvalidState, match="migrate"):
+        with pytest.raises(stockade.SchemaNotMigrated, match="migrate"):
             eng.stock("s")  # no schema any more: the clear error of an unmigrated database
     with stockade.Engine.memory() as mem:
         mem.drop_schema(confirm="anything")  # no schema: nothing happens

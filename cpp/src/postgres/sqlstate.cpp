@@ -22,9 +22,9 @@ constexpr std::array<SqlStateRule, 15> rules{{
      "the database refused a write that breaks a CHECK constraint (a bug in the engine; "
      "please report it)"},
     {"22003", A::raise, C::invalid_argument, "a quantity would overflow a 64-bit value"},
-    {"42P01", A::raise, C::invalid_state, "the schema is missing or not migrated"},
-    {"3F000", A::raise, C::invalid_state, "the schema is missing or not migrated"},
-    {"42703", A::raise, C::invalid_state,
+    {"42P01", A::raise, C::schema_not_migrated, "the schema is missing or not migrated"},
+    {"3F000", A::raise, C::schema_not_migrated, "the schema is missing or not migrated"},
+    {"42703", A::raise, C::schema_not_migrated,
      "the schema is older than this version of stockade (a column is missing)"},
     {"53300", A::raise, C::unavailable, "the database is unavailable"},
     {"57P01", A::raise, C::unavailable, "the database is unavailable"},
@@ -65,7 +65,7 @@ Error translate(const pqxx::sql_error& e, const Failure& failure) {
                  std::move(context));
   }
   std::string message(rule.meaning);
-  if (rule.code == ErrorCode::invalid_state)
+  if (rule.code == ErrorCode::schema_not_migrated)
     message += " (schema '" + failure.schema + "'); call migrate() first";
   if (rule.code == ErrorCode::database_error) message += " " + state;
   return Error(rule.code, message + ": " + what, std::move(context));
