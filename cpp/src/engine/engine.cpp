@@ -305,13 +305,20 @@ void Engine::on_row_shared(const SkuKey& row, std::size_t batch, std::optional<S
   if (action == detail::AutoSlots::Action::none) return;
   // Only `auto` splits; any strategy learns a split another engine made.
   const bool split = action == detail::AutoSlots::Action::split && routed == Strategy::automatic;
+  bool queued = false;
   try {
-    (void)executor().try_submit([this, row, split, batch] { settle_slots(row, split, batch); });
+    queued = executor().try_submit([this, row, split, batch] { settle_slots(row, split, batch); });
   } catch (const Error&) {  // the engine is closing
   }
+  if (!queued) auto_slots_->done(row);
 }
 
 void Engine::settle_slots(const SkuKey& key, bool split, std::size_t batch) {
+  struct Done {  // however this ends, the SKU may have its next action
+    detail::AutoSlots& slots;
+    const SkuKey& key;
+    ~Done() { slots.done(key); }
+  } done{*auto_slots_, key};
   const std::int64_t now = steady_now_us();
   detail::AutoSlotDecision decision{key, 1, false, "", now};
   try {

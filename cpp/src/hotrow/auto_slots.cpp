@@ -24,13 +24,21 @@ AutoSlots::Action AutoSlots::on_shared(const SkuKey& key, std::size_t batch, std
   if (e.key != key) {
     e.key = key;
     e.next_us = 0;
+    e.busy = false;  // another SKU's task, if any, ends in done(), which then finds no match
   }
   if (!continued) e.first_us = now_us;
   e.last_us = now_us;
-  if (now_us < e.next_us) return Action::none;
+  if (e.busy || now_us < e.next_us) return Action::none;
   e.next_us = now_us + options_.recheck_ms * 1000;
+  e.busy = true;
   const bool long_enough = now_us - e.first_us >= options_.shared_for_ms * 1000;
   return options_.slots_max > 1 && long_enough && batch >= 2 ? Action::split : Action::learn;
+}
+
+void AutoSlots::done(const SkuKey& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry& e = entries_[SkuKeyHash{}(key) % entries_.size()];
+  if (e.key == key) e.busy = false;
 }
 
 std::int64_t AutoSlots::shared_ms(const SkuKey& key, std::int64_t now_us) const {

@@ -60,8 +60,10 @@ class AutoSlots {
 
   // The batcher found the SKU's own row `key` changed by another writer since its last
   // batch there, which carried `batch` requests. What to do, off the flusher's thread:
-  // nothing; read the SKU's rows (learn a split another replica made); or split it.
+  // nothing; read the SKU's rows (learn a split another replica made); or split it. An
+  // action is given once until done(key): one task per SKU at a time.
   Action on_shared(const SkuKey& key, std::size_t batch, std::int64_t now_us);
+  void done(const SkuKey& key);
   // How long the row has been shared, for the log line (0 if not tracked).
   std::int64_t shared_ms(const SkuKey& key, std::int64_t now_us) const;
 
@@ -81,6 +83,7 @@ class AutoSlots {
     std::int64_t first_us = 0;  // shared, continuously, since
     std::int64_t last_us = 0;   // the last trace of another writer
     std::int64_t next_us = 0;   // no action before this
+    bool busy = false;          // an action is under way
   };
 
   const AutoSlotsOptions options_;
