@@ -17,9 +17,13 @@ void validate_auto_slots_max(int slots) {
 AutoSlots::AutoSlots(AutoSlotsOptions options)
     : options_(options), entries_(std::max<std::size_t>(1, options.entries)) {}
 
+AutoSlots::Entry& AutoSlots::entry(const SkuKey& key) const {
+  return entries_[SkuKeyHash{}(key) % entries_.size()];
+}
+
 AutoSlots::Action AutoSlots::on_shared(const SkuKey& key, std::size_t batch, std::int64_t now_us) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Entry& e = entries_[SkuKeyHash{}(key) % entries_.size()];
+  Entry& e = entry(key);
   const bool continued = e.key == key && now_us - e.last_us <= contention_memory_ms * 1000;
   if (e.key != key) {
     e.key = key;
@@ -37,13 +41,13 @@ AutoSlots::Action AutoSlots::on_shared(const SkuKey& key, std::size_t batch, std
 
 void AutoSlots::done(const SkuKey& key) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Entry& e = entries_[SkuKeyHash{}(key) % entries_.size()];
+  Entry& e = entry(key);
   if (e.key == key) e.busy = false;
 }
 
 std::int64_t AutoSlots::shared_ms(const SkuKey& key, std::int64_t now_us) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const Entry& e = entries_[SkuKeyHash{}(key) % entries_.size()];
+  const Entry& e = entry(key);
   return e.key == key ? (now_us - e.first_us) / 1000 : 0;
 }
 
@@ -55,7 +59,7 @@ void AutoSlots::record(AutoSlotDecision decision) {
     ++learned_;
   } else {
     ++refused_;
-    Entry& e = entries_[SkuKeyHash{}(decision.key) % entries_.size()];
+    Entry& e = entry(decision.key);
     if (e.key == decision.key) e.next_us = decision.at_us + options_.refused_ms * 1000;
   }
   for (auto it = recent_.begin(); it != recent_.end(); ++it) {

@@ -86,9 +86,12 @@ class AutoSlots {
     bool busy = false;          // an action is under way
   };
 
+  // The table's entry for `key` (by hash; the caller holds mutex_ and checks its key).
+  Entry& entry(const SkuKey& key) const;
+
   const AutoSlotsOptions options_;
   mutable std::mutex mutex_;
-  std::vector<Entry> entries_;
+  mutable std::vector<Entry> entries_;
   std::deque<AutoSlotDecision> recent_;
   std::uint64_t splits_ = 0;
   std::uint64_t learned_ = 0;
