@@ -37,6 +37,7 @@ NotSupported             501     no         -
 InvariantViolation       500     no         -            a bug: report it
 Unavailable              503     yes        1
 SchemaNotMigrated        500     no         -            the service's set-up: migrate()
+Misconfigured            500     no         -            role, password, database, GRANTs
 DatabaseError            500     no         -
 =======================  ======  =========  ===========  =================================
 """
@@ -60,6 +61,7 @@ __all__ = [
     "LimitExceeded",
     "LockNotAvailable",
     "LockTimeout",
+    "Misconfigured",
     "NotFound",
     "NotSupported",
     "OutOfStock",
@@ -288,6 +290,20 @@ class SchemaNotMigrated(InvalidState):
     http_status = 500
 
 
+class Misconfigured(StockadeError):
+    """PostgreSQL refused the service's own configuration: a wrong password, a role that
+    does not exist or may not log in, no ``pg_hba.conf`` entry, a DSN naming a database
+    that does not exist (SQLSTATE class 28, 3D000), or a role without a privilege stockade
+    needs (42501). A 500 that a retry does not fix: an operator must act.
+
+    A failed connection attempt carries no SQLSTATE (libpq gives none), so there the
+    server's English wording decides; on a server with a non-English ``lc_messages`` such
+    a refusal stays :class:`Unavailable`."""
+
+    code = "misconfigured"
+    http_status = 500
+
+
 class DatabaseError(StockadeError):
     """Any other error the database raised; ``sqlstate`` says which."""
 
@@ -318,6 +334,7 @@ _BY_CODE: dict[str, type[StockadeError]] = {
         InvariantViolation,
         Unavailable,
         SchemaNotMigrated,
+        Misconfigured,
         DatabaseError,
     )
 }

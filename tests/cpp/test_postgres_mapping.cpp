@@ -65,10 +65,31 @@ TEST(SqlstateMapping, EveryDocumentedStateHasItsCode) {
   EXPECT_EQ(map("42P01").code(), ErrorCode::schema_not_migrated);
   EXPECT_EQ(map("3F000").code(), ErrorCode::schema_not_migrated);
   EXPECT_EQ(map("42703").code(), ErrorCode::schema_not_migrated);
+  EXPECT_EQ(map("28P01").code(), ErrorCode::misconfigured);
+  EXPECT_EQ(map("28000").code(), ErrorCode::misconfigured);
+  EXPECT_EQ(map("3D000").code(), ErrorCode::misconfigured);
+  EXPECT_EQ(map("42501").code(), ErrorCode::misconfigured);
   EXPECT_EQ(map("08006").code(), ErrorCode::unavailable);
   EXPECT_EQ(map("53300").code(), ErrorCode::unavailable);
   EXPECT_EQ(map("57P01").code(), ErrorCode::unavailable);
   EXPECT_EQ(map("XX000").code(), ErrorCode::database_error);
+}
+
+// A failed connection attempt has no SQLSTATE: the server's (English) refusals are told
+// apart from an unreachable or restarting server by their wording.
+TEST(SqlstateMapping, RefusedConnectionsAreToldFromUnreachableServers) {
+  EXPECT_TRUE(is_refusal("FATAL:  password authentication failed for user \"shop\""));
+  EXPECT_TRUE(is_refusal("FATAL:  no pg_hba.conf entry for host \"10.0.0.1\", user \"x\""));
+  EXPECT_TRUE(is_refusal("FATAL:  database \"shop\" does not exist"));
+  EXPECT_TRUE(is_refusal("FATAL:  role \"shop\" does not exist"));
+  EXPECT_TRUE(is_refusal("fe_sendauth: no password supplied"));
+  EXPECT_TRUE(is_refusal("ERROR:  no such database: shop"));  // PgBouncer
+  EXPECT_FALSE(
+      is_refusal("connection to server at \"127.0.0.1\", port 1 failed: Connection "
+                 "refused\n\tIs the server running on that host?"));
+  EXPECT_FALSE(is_refusal("FATAL:  the database system is starting up"));
+  EXPECT_FALSE(is_refusal("FATAL:  sorry, too many clients already"));
+  EXPECT_FALSE(is_refusal("server closed the connection unexpectedly"));
 }
 
 TEST(SqlstateMapping, ErrorsCarryTheSqlstateAndTheContext) {

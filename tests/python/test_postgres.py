@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Iterator, List
 
 import pytest
@@ -21,7 +22,7 @@ import stockade
 import stockade.testing
 from pgproxy import CommitCuttingProxy
 from stockade import ReservationState
-from stockade.tools.pgserver import child_connection, run_sql
+from stockade.tools.pgserver import child_connection, conninfo_with, run_sql
 from stockade.tools.pytest_plugin import PostgresForTests
 from support import MIGRATIONS, field, in_doubt_after_cut
 
@@ -153,6 +154,62 @@ def test_an_unreachable_server_raises_unavailable() -> None:
 
 
 UNREACHABLE = "host=127.0.0.1 port=1 connect_timeout=2 user=x dbname=x"
+
+
+def _refused(dsn: str, secret: str = "") -> stockade.Misconfigured:
+    with pytest.raises(stockade.Misconfigured, match="configuration error") as refused:
+        stockade.Engine.postgres(dsn, pool_size=1)
+    error = refused.value
+    assert (error.http_status, error.retryable) == (500, False)
+    assert not isinstance(error, stockade.Unavailable)
+    assert str(error) == str(error).strip() and "\n" not in str(error)
+    if secret:
+        assert secret not in str(error)
+    return error
+
+
+def test_a_dsn_naming_a_missing_database_or_role_is_misconfigured(
+    stockade_postgres: PostgresForTests,
+) -> None:
+    missing = f"stockade_missing_{uuid.uuid4().hex[:8]}"
+    _refused(conninfo_with(stockade_postgres.dsn("postgres"), dbname=missing))
+    if not stockade_postgres.pooled:  # a pooler answers for roles itself, by its own auth
+        dsn = conninfo_with(stockade_postgres.dsn("postgres"), user=missing)
+        _refused(dsn)
+
+
+@pytest.fixture
+def password_role(stockade_postgres: PostgresForTests) -> Iterator[str]:
+    """A role that must log in with a password (a scram-sha-256 pg_hba.conf line of its own,
+    ahead of the server's trust lines); yields its name, whose password is 'right'."""
+    if stockade_postgres.pooled:
+        pytest.skip("PgBouncer authenticates clients itself; the server never sees them")
+    role = f"stockade_pw_{uuid.uuid4().hex[:8]}"
+    hba = Path(stockade_postgres.sql("SHOW hba_file").strip())
+    try:
+        original = hba.read_text()
+        hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n{original}")
+    except OSError as e:  # an external server (--stockade-dsn) whose files are not ours
+        pytest.skip(f"cannot edit the server's pg_hba.conf: {e}")
+    stockade_postgres.sql(f"CREATE ROLE {role} LOGIN PASSWORD 'right'")
+    stockade_postgres.sql("SELECT pg_reload_conf()")
+    try:
+        yield role
+    finally:
+        hba.write_text(original)
+        stockade_postgres.sql("SELECT pg_reload_conf()")
+        stockade_postgres.sql(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_a_wrong_password_is_misconfigured_and_the_right_one_connects(
+    stockade_postgres: PostgresForTests, password_role: str
+) -> None:
+    base = stockade_postgres.dsn("postgres")
+    error = _refused(conninfo_with(base, user=password_role, password="hunter2-wrong"), "hunter2")
+    assert "password authentication failed" in str(error)
+    _refused(conninfo_with(base, user=password_role), "right")  # no password at all
+    with stockade.Engine.postgres(conninfo_with(base, user=password_role, password="right")) as eng:
+        assert eng.backend == "postgres"
 
 
 @pytest.mark.parametrize(

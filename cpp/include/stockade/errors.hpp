@@ -40,6 +40,7 @@ namespace stockade {
   X(invariant_violation, "the engine caught a broken invariant (a bug)")   \
   X(unavailable, "the database cannot be reached; nothing was changed")    \
   X(schema_not_migrated, "the schema is missing or older: run migrate()")  \
+  X(misconfigured, "the server refused the DSN's role, password or db")    \
   X(database_error, "any other database error; context().sqlstate says which")
 
 enum class ErrorCode : std::uint8_t {

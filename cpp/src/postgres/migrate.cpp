@@ -68,9 +68,10 @@ class Describer {
  public:
   explicit Describer(const std::string& dsn) : conn_(PQconnectdb(dsn.c_str()), &PQfinish) {
     if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
-      throw Error(ErrorCode::unavailable,
+      const std::string why = conn_ ? PQerrorMessage(conn_.get()) : "out of memory";
+      throw Error(is_refusal(why) ? ErrorCode::misconfigured : ErrorCode::unavailable,
                   "cannot connect to PostgreSQL to make the statement routines: " +
-                      scrub_secrets(conn_ ? PQerrorMessage(conn_.get()) : "out of memory", dsn));
+                      scrub_secrets(why, dsn));
     }
     const Result begun(PQexec(conn_.get(), "BEGIN"), &PQclear);
     check(begun.get(), "BEGIN");

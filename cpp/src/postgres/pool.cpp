@@ -1,6 +1,7 @@
 #include "postgres/pool.hpp"
 
 #include "postgres/dsn.hpp"
+#include "postgres/sqlstate.hpp"
 #include "stockade/log.hpp"
 
 #include <algorithm>
@@ -26,12 +27,21 @@ std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
     conn->set_client_encoding("UTF8");
   } catch (const pqxx::failure& e) {  // broken_connection, or an sql_error such as 53300
     ErrorContext context;
-    if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e))
+    ErrorCode code = ErrorCode::unavailable;
+    std::string why = "cannot connect to PostgreSQL: ";
+    if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e)) {
       context.sqlstate = sql->sqlstate();
-    Error error(ErrorCode::unavailable,
-                "cannot connect to PostgreSQL: " + scrub_secrets(e.what(), dsn),
-                std::move(context));
-    connect_failures.log(LogLevel::warning, "stockade.postgres", error.what());
+      if (rule_for(context.sqlstate).code == ErrorCode::misconfigured)
+        code = ErrorCode::misconfigured;
+    }
+    if (is_refusal(e.what())) code = ErrorCode::misconfigured;
+    if (code == ErrorCode::misconfigured)
+      why =
+          "PostgreSQL refused the connection (a configuration error: check the DSN's role, "
+          "password and database, and the server's pg_hba.conf; retrying will not help): ";
+    Error error(code, why + scrub_secrets(e.what(), dsn), std::move(context));
+    connect_failures.log(code == ErrorCode::misconfigured ? LogLevel::error : LogLevel::warning,
+                         "stockade.postgres", error.what());
     throw error;
   } catch (const std::exception& e) {  // libpqxx's argument errors: the same care
     throw Error(ErrorCode::unavailable,

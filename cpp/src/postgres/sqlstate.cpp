@@ -10,7 +10,7 @@ using C = ErrorCode;
 
 // Every SQLSTATE the store treats specially. Anything else is a DatabaseError that
 // carries its SQLSTATE.
-constexpr std::array<SqlStateRule, 15> rules{{
+constexpr std::array<SqlStateRule, 18> rules{{
     {"40001", A::retry, C::overloaded, "serialization failures"},
     {"40P01", A::retry, C::overloaded, "deadlocks"},
     {"55P03", A::lock, C::lock_timeout, "lock not available"},
@@ -26,6 +26,11 @@ constexpr std::array<SqlStateRule, 15> rules{{
     {"3F000", A::raise, C::schema_not_migrated, "the schema is missing or not migrated"},
     {"42703", A::raise, C::schema_not_migrated,
      "the schema is older than this version of stockade (a column is missing)"},
+    {"28", A::raise, C::misconfigured,
+     "the server refused the role or its password (fix the DSN or the server's pg_hba.conf)"},
+    {"3D000", A::raise, C::misconfigured, "the DSN names a database that does not exist"},
+    {"42501", A::raise, C::misconfigured,
+     "the role lacks a privilege stockade needs (see the GRANTs in the docs)"},
     {"53300", A::raise, C::unavailable, "the database is unavailable"},
     {"57P01", A::raise, C::unavailable, "the database is unavailable"},
     {"57P02", A::raise, C::unavailable, "the database is unavailable"},
@@ -34,6 +39,22 @@ constexpr std::array<SqlStateRule, 15> rules{{
 }};
 
 constexpr SqlStateRule other{"", A::raise, C::database_error, "database error"};
+
+// The server's own wording (and libpq's) of a refused connection. libpq reports no
+// SQLSTATE for a failed connection attempt, so here alone the message text decides; on a
+// server whose lc_messages is not English none matches and the failure stays Unavailable.
+constexpr std::array<std::string_view, 10> refusals{{
+    "authentication failed for user",  // password, peer, ident, LDAP, ... (28P01, 28000)
+    "no pg_hba.conf entry for",        // 28000
+    "pg_hba.conf rejects connection",  // 28000
+    "is not permitted to log in",      // 28000
+    "\" does not exist",               // role or database (28000, 3D000)
+    "permission denied for database",  // 42501 (CONNECT privilege)
+    "no password supplied",            // libpq: the server asks for one, the DSN has none
+    "no such database",                // PgBouncer
+    "no such user",                    // PgBouncer
+    "invalid connection option",       // libpq: the DSN itself is malformed
+}};
 
 }  // namespace
 
@@ -45,6 +66,13 @@ const SqlStateRule& rule_for(std::string_view sqlstate) {
     if (rule.sqlstate.size() == 2 && sqlstate.substr(0, 2) == rule.sqlstate) return rule;
   }
   return other;
+}
+
+bool is_refusal(std::string_view message) {
+  for (std::string_view refusal : refusals) {
+    if (message.find(refusal) != std::string_view::npos) return true;
+  }
+  return false;
 }
 
 Error translate(const pqxx::sql_error& e, const Failure& failure) {

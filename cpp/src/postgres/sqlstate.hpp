@@ -1,6 +1,7 @@
 // The one place where a SQLSTATE decides what happens: retry the transaction, or raise
 // which stockade error. Keyed on the code only, never on the server's message text,
-// which is translated on servers with another lc_messages.
+// which is translated on servers with another lc_messages (is_refusal() is the one
+// exception, for failed connection attempts, which carry no SQLSTATE).
 #pragma once
 
 #include <pqxx/pqxx>
@@ -25,6 +26,11 @@ struct SqlStateRule {
   ErrorCode code;            // for raise
   std::string_view meaning;  // the start of the error message
 };
+
+// Whether a failed connection attempt's message says the server refused the DSN's role,
+// password or database (a configuration error) rather than being unreachable: the one
+// decision made on message text, since libpq gives a failed connection no SQLSTATE.
+bool is_refusal(std::string_view message);
 
 // The rule for `sqlstate`: an exact code first, then its class, then DatabaseError.
 const SqlStateRule& rule_for(std::string_view sqlstate);
