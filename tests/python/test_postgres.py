@@ -178,6 +178,23 @@ def test_a_dsn_naming_a_missing_database_or_role_is_misconfigured(
         _refused(dsn)
 
 
+def test_a_database_not_in_utf8_is_refused_before_anything_is_created(
+    stockade_postgres: PostgresForTests,
+) -> None:
+    name = f"stockade_latin1_{uuid.uuid4().hex[:8]}"
+    stockade_postgres.sql(
+        f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+    )
+    try:
+        with pytest.raises(stockade.Misconfigured, match="encoding is LATIN1.*ENCODING 'UTF8'"):
+            with stockade.Engine.postgres(stockade_postgres.dsn(name)) as eng:
+                eng.migrate()
+        schemas = "SELECT count(*) FROM pg_namespace WHERE nspname = 'stockade'"
+        assert stockade_postgres.sql(schemas, name).strip() == "0"
+    finally:
+        stockade_postgres.drop_database(name)
+
+
 @pytest.fixture
 def password_role(stockade_postgres: PostgresForTests) -> Iterator[str]:
     """A role that must log in with a password (a scram-sha-256 pg_hba.conf line of its own,

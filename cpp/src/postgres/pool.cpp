@@ -65,6 +65,19 @@ pqxx::result exec_for(pqxx::nontransaction& session, const std::string& sql, con
 #endif
 }
 
+// stockade validates, compares and limits its strings as UTF-8; a database in another
+// encoding (LATIN1, or SQL_ASCII, which stores bytes unchecked) would refuse or mangle
+// some of them on every request. So the first connection refuses it, before migrate()
+// creates anything.
+void refuse_encoding(const std::string& encoding) {
+  if (encoding == "UTF8") return;
+  throw Error(ErrorCode::misconfigured,
+              "the database's encoding is " + encoding.substr(0, 64) +
+                  ", and stockade needs UTF8 (a configuration error): create the database "
+                  "with CREATE DATABASE name ENCODING 'UTF8' TEMPLATE template0 (and an "
+                  "LC_COLLATE/LC_CTYPE that suits UTF8, such as C.UTF-8 or C)");
+}
+
 }  // namespace
 
 Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements> statements,
@@ -79,7 +92,8 @@ Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements>
       names += (names.empty() ? "" : ", ") + session.quote(statements_->routine_name(r));
     }
     const pqxx::result row = session.exec(
-        "SELECT pg_backend_pid(), (extract(epoch FROM backend_start) * 1000000)::bigint, " +
+        "SELECT pg_backend_pid(), (extract(epoch FROM backend_start) * 1000000)::bigint, "
+        "current_setting('server_encoding'), " +
         (routines.empty()
              ? std::string("0")
              : "(SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace ="
@@ -88,8 +102,9 @@ Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements>
         " FROM pg_stat_activity WHERE pid = pg_backend_pid()");
     if (!row.empty()) {
       backend_ = Backend{row[0][0].as<std::int32_t>(), row[0][1].as<std::int64_t>()};
+      refuse_encoding(row[0][2].as<std::string>());
       routines_ = !routines.empty() &&
-                  row[0][2].as<std::int64_t>() == static_cast<std::int64_t>(routines.size());
+                  row[0][3].as<std::int64_t>() == static_cast<std::int64_t>(routines.size());
     }
   } catch (const pqxx::failure& e) {
     throw Error(ErrorCode::unavailable,
