@@ -186,7 +186,7 @@ def test_a_database_not_in_utf8_is_refused_before_anything_is_created(
         f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
     )
     try:
-        with pytest.raises(stockade.Misconfigured, match="encoding is LATIN1.*ENCODING 'UTF8'"):
+        with pytest.raises(stockade.Misconfigured, match=r"encoding is LATIN1.*ENCODING 'UTF8'"):
             with stockade.Engine.postgres(stockade_postgres.dsn(name)) as eng:
                 eng.migrate()
         schemas = "SELECT count(*) FROM pg_namespace WHERE nspname = 'stockade'"
