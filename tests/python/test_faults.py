@@ -456,10 +456,34 @@ class Load:
         return counts
 
 
-def check_after_faults(eng: stockade.Engine, dsn: str, load: Load) -> Dict[str, int]:
+class ServerErrors:
+    """The ERROR lines the server logged while the block ran. A service's normal traffic,
+    replays with the same idempotency key included, must log none: operators alert on
+    them."""
+
+    def __init__(self, server: TemporaryPostgres) -> None:
+        assert server.log_path is not None
+        self.path = server.log_path
+        self.lines: List[str] = []
+
+    def __enter__(self) -> ServerErrors:
+        self._start = self.path.stat().st_size
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with open(self.path, "rb") as log:
+            log.seek(self._start)
+            text = log.read().decode("utf-8", "replace")
+        self.lines = [line for line in text.splitlines() if "ERROR:" in line]
+
+
+def check_after_faults(
+    eng: stockade.Engine, dsn: str, load: Load, server: TemporaryPostgres
+) -> Dict[str, int]:
     """Every acknowledged reservation is there; nothing a definite failure refused
-    committed; a replay of every attempted key yields exactly one reservation each; the
-    ledger is exact. Returns the outcome counts, for the record."""
+    committed; a replay of every attempted key yields exactly one reservation each, and
+    no ERROR in the server's log; the ledger is exact. Returns the outcome counts, for the
+    record."""
     wait_until(lambda: _serves(eng), timeout=60)  # the same engine recovers
     acknowledged = {k: r for k, r in load.told.items() if isinstance(r, stockade.Reservation)}
     for r in acknowledged.values():
@@ -475,10 +499,12 @@ def check_after_faults(eng: stockade.Engine, dsn: str, load: Load) -> Dict[str, 
             dsn, f"SELECT count(*) FROM stockade.reservation WHERE idempotency_key IN ({keys})"
         )
         assert stored == "0", "a call told of a definite failure committed"
-    for key, told in load.told.items():
-        r = eng.reserve("hot", 1, idempotency_key=key, strategy=load.strategy, ttl=600)
-        if isinstance(told, stockade.Reservation):
-            assert r == told
+    with ServerErrors(server) as errors:
+        for key, told in load.told.items():
+            r = eng.reserve("hot", 1, idempotency_key=key, strategy=load.strategy, ttl=600)
+            if isinstance(told, stockade.Reservation):
+                assert r == told
+    assert not errors.lines, errors.lines[:3]
     level = eng.stock("hot")
     assert level.reserved == len(load.told) == eng.row_counts()["reservation_count"]
     held = run_sql(dsn, "SELECT coalesce(sum(qty), 0) FROM stockade.reservation")
@@ -505,13 +531,15 @@ def test_a_server_restart_under_load_loses_nothing_and_the_engine_recovers(
             time.sleep(0.7)
             own_server.restart(mode)
             time.sleep(0.7)
-        counts = check_after_faults(eng, own_database, load)
+        counts = check_after_faults(eng, own_database, load, own_server)
         print(f"restart -m {mode}, {strategy}: {counts}")
         assert counts.get("ok", 0) > 0
 
 
 @pytest.mark.parametrize("strategy", ["atomic", "pessimistic", "batched"])
-def test_backend_kills_under_load_lose_nothing(own_database: str, strategy: str) -> None:
+def test_backend_kills_under_load_lose_nothing(
+    own_server: TemporaryPostgres, own_database: str, strategy: str
+) -> None:
     kill = (
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
         "WHERE datname = current_database() AND pid <> pg_backend_pid()"
@@ -523,7 +551,7 @@ def test_backend_kills_under_load_lose_nothing(own_database: str, strategy: str)
                 time.sleep(0.2)
                 run_sql(own_database, kill)
             time.sleep(0.2)
-        counts = check_after_faults(eng, own_database, load)
+        counts = check_after_faults(eng, own_database, load, own_server)
         print(f"backend kills, {strategy}: {counts}")
         assert counts.get("ok", 0) > 0
 
@@ -575,7 +603,9 @@ def start_client(dsn: str, strategy: str, threads: int, prefix: str) -> subproce
 
 
 @pytest.mark.parametrize("strategy", ["atomic", "batched"])
-def test_a_sigkilled_client_loses_nothing_it_was_told(own_database: str, strategy: str) -> None:
+def test_a_sigkilled_client_loses_nothing_it_was_told(
+    own_server: TemporaryPostgres, own_database: str, strategy: str
+) -> None:
     with stockade.Engine.postgres(own_database, pool_size=2) as eng:
         eng.restock("hot", 1_000_000)
         client = start_client(own_database, strategy, 8, "kill")
@@ -593,10 +623,12 @@ def test_a_sigkilled_client_loses_nothing_it_was_told(own_database: str, strateg
             assert str(eng.reservation(rid).id) == rid
         # Replaying every attempted key gives exactly one reservation each: the one the
         # client was told of, or the one its lost call made, or a new one.
-        for key in attempted:
-            r = eng.reserve("hot", 1, idempotency_key=key, strategy=strategy, ttl=600)
-            if key in told:
-                assert str(r.id) == told[key]
+        with ServerErrors(own_server) as errors:
+            for key in attempted:
+                r = eng.reserve("hot", 1, idempotency_key=key, strategy=strategy, ttl=600)
+                if key in told:
+                    assert str(r.id) == told[key]
+        assert not errors.lines, errors.lines[:3]
         level = eng.stock("hot")
         assert level.reserved == len(attempted) == eng.row_counts()["reservation_count"]
         print(f"SIGKILL, {strategy}: {len(told)} told, {len(attempted)} attempted")

@@ -898,7 +898,7 @@ pqxx::result BatchTx::write_one(Tx& tx) {
                       text_array(h.keys), text_array(k.names), text_array(k.prints),
                       text_array(k.ids), key.slot);
   } catch (const pqxx::unique_violation&) {
-    throw FastMiss{};  // a key was claimed elsewhere meanwhile: the statement rolled back
+    throw FastMiss{};  // a key claimed in flight elsewhere: the statement rolled back
   }
 }
 
