@@ -92,6 +92,17 @@ TEST(SqlstateMapping, RefusedConnectionsAreToldFromUnreachableServers) {
   EXPECT_FALSE(is_refusal("server closed the connection unexpectedly"));
 }
 
+// A lost connection is logged in plain words, not in libpqxx's.
+TEST(SqlstateMapping, LostConnectionsAreNamedPlainly) {
+  EXPECT_EQ(plain_cause("Could not obtain client encoding: not connected."),
+            "the server had already closed the connection: a restart or an ended session");
+  EXPECT_EQ(plain_cause("FATAL:  terminating connection due to administrator command\nserver "
+                        "closed the connection unexpectedly"),
+            "the server ended the session: a restart, a shutdown or pg_terminate_backend");
+  EXPECT_EQ(plain_cause("something new\nand more"), "something new");
+  EXPECT_EQ(plain_cause(std::string(500, 'x')).size(), 160U);
+}
+
 TEST(SqlstateMapping, ErrorsCarryTheSqlstateAndTheContext) {
   const Error e = map("23514", "violates check constraint \"stock_reserved_within_on_hand\"");
   EXPECT_EQ(e.context().sqlstate, "23514");

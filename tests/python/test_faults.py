@@ -9,6 +9,7 @@ the reservations), and the engine goes on serving. Run them alone with ``-m faul
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import subprocess
 import sys
@@ -523,8 +524,13 @@ def _serves(eng: stockade.Engine) -> bool:
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 @pytest.mark.parametrize("strategy", ["atomic", "batched"])
 def test_a_server_restart_under_load_loses_nothing_and_the_engine_recovers(
-    own_server: TemporaryPostgres, own_database: str, mode: str, strategy: str
+    own_server: TemporaryPostgres,
+    own_database: str,
+    mode: str,
+    strategy: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level("INFO", logger="stockade")
     with stockade.Engine.postgres(own_database, pool_size=8, resolve_timeout=2) as eng:
         eng.restock("hot", 1_000_000)
         with Load(eng, strategy) as load:
@@ -534,6 +540,25 @@ def test_a_server_restart_under_load_loses_nothing_and_the_engine_recovers(
         counts = check_after_faults(eng, own_database, load, own_server)
         print(f"restart -m {mode}, {strategy}: {counts}")
         assert counts.get("ok", 0) > 0
+    assert_recovery_logged_plainly(caplog.records)
+
+
+def assert_recovery_logged_plainly(records: List[logging.LogRecord]) -> None:
+    """What the engine settles by itself is logged at INFO, in plain words, one line each:
+    a WARNING is for what a caller or an operator must act on. libpq's own words for a
+    dead connection ("Could not obtain client encoding: not connected") never stand in
+    for the cause."""
+    lines = [(r.levelno, r.getMessage()) for r in records if r.name.startswith("stockade")]
+    for level, message in lines:
+        assert "Could not obtain client encoding" not in message, message
+        settled_by_itself = "outcome is final" in message or "nothing was committed" in message
+        if settled_by_itself:
+            assert level == logging.INFO, message
+    recoveries = [m for _, m in lines if "during COMMIT" in m or "broke before its commit" in m]
+    assert recoveries, "a restart under load broke no connection the engine noticed"
+    for message in recoveries:
+        cause = message[message.index("(") + 1 :]
+        assert cause.startswith(("the server", "the connection")), message
 
 
 @pytest.mark.parametrize("strategy", ["atomic", "pessimistic", "batched"])

@@ -93,8 +93,12 @@ struct OptimisticRace {};
 // has committed or rolled back for good and a fresh read shows which. A caller that knows
 // what the write made (the ids of new reservations) looks, and answers for certain.
 struct LostCommit : Error {
-  LostCommit(Error error, bool settled_) : Error(std::move(error)), settled(settled_) {}
+  LostCommit(Error error, bool settled_, std::string prelude_)
+      : Error(std::move(error)), settled(settled_), prelude(std::move(prelude_)) {}
   bool settled;
+  // The start of the log line that says what became of it: the cause in plain words and
+  // what the engine did about the session ("connection lost during COMMIT (...); ...").
+  std::string prelude;
 };
 
 struct Migration;
@@ -396,11 +400,13 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       if (!reconnected) {
         reconnected = true;
         const std::size_t closed = pool_.drop_idle();
-        reconnect_log().log(LogLevel::warning, "stockade.postgres",
+        // INFO: nothing was committed and the engine recovers by itself.
+        reconnect_log().log(LogLevel::info, "stockade.postgres",
                             "a database connection broke before its commit (" +
-                                scrub_secrets(e.what(), options_.dsn) + "); closed " +
-                                std::to_string(closed) +
-                                " idle ones with it, and the call runs again on a fresh one");
+                                plain_cause(scrub_secrets(e.what(), options_.dsn)) +
+                                "); nothing was committed, so the call runs again on a fresh "
+                                "connection (and " +
+                                std::to_string(closed) + " idle ones were closed with it)");
         continue;
       }
       ErrorContext c = context;

@@ -68,20 +68,25 @@ std::vector<Uuid> parse_ids(const std::string& list) {
   return ids;
 }
 
+// The session is ended first, so that the write cannot commit behind the engine's back.
+// A settled loss logs nothing yet: the engine looks for the write, and find_landed logs
+// one INFO line that says what it found and did. An unsettled one is a WARNING: the write
+// may still land, so the caller is told InDoubt unless it is there already.
 LostCommit PostgresStore::lost_commit(const Backend& backend, const ErrorContext& context,
                                       const char* cause) const {
   const bool pooled = backend.pid == 0;  // Connection::pooled(): no session to end
   const bool settled = !pooled && end_session(options_.dsn, backend, options_.resolve_timeout_ms);
-  LostCommit lost(in_doubt(context, cause, settled, pooled), settled);
-  log(LogLevel::warning, "stockade.postgres",
-      std::string("a write lost its connection before its outcome arrived; ") +
-          (settled  ? "its server session was ended, so the outcome is settled and the engine "
-                      "looks for it"
-           : pooled ? "a pooler hides its server session, which cannot be ended: in doubt "
-                      "unless it is found"
-                    : "its server session could not be ended in time: in doubt unless it "
-                      "is found") +
-          " (" + lost.what() + ")");
+  std::string prelude = "connection lost during COMMIT (" + plain_cause(cause) + "); ";
+  prelude += settled  ? "the server session was ended, so the outcome is final"
+             : pooled ? "a pooler hides the server session, which cannot be ended"
+                      : "the server session could not be ended in time";
+  LostCommit lost(in_doubt(context, cause, settled, pooled), settled, std::move(prelude));
+  if (!settled) {
+    log(LogLevel::warning, "stockade.postgres",
+        lost.prelude +
+            ", so the write may still land: the caller is told InDoubt unless it "
+            "is found, and must retry with the same idempotency key");
+  }
   return lost;
 }
 
@@ -108,12 +113,12 @@ std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids
   } catch (const Error&) {
     throw lost;
   }
-  log(LogLevel::info, "stockade.postgres",
-      std::string("a lost write ") +
-          (!rows.empty()  ? "landed: its reservations are returned"
-           : lost.settled ? "did not land: it runs once more"
-                          : "is not there, and its session could not be ended, so it may "
-                            "still land: in doubt"));
+  if (!rows.empty() || lost.settled) {
+    log(LogLevel::info, "stockade.postgres",
+        lost.prelude + (!rows.empty() ? "; the write is in the database, and its reservations "
+                                        "are returned to the caller"
+                                      : "; the write is not in the database, so it runs again"));
+  }
   if (rows.empty()) {
     if (!lost.settled) throw lost;
     return {};

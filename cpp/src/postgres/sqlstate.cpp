@@ -68,6 +68,28 @@ const SqlStateRule& rule_for(std::string_view sqlstate) {
   return other;
 }
 
+std::string plain_cause(std::string_view message) {
+  struct Plain {
+    std::string_view marker, said;
+  };
+  static constexpr std::array<Plain, 7> plain{{
+      {"terminating connection due to administrator command",
+       "the server ended the session: a restart, a shutdown or pg_terminate_backend"},
+      {"server closed the connection", "the server closed the connection"},
+      {"not connected",
+       "the server had already closed the connection: a restart or an ended session"},
+      {"Connection lost while committing", "the connection broke while COMMIT was on its way"},
+      {"timed out", "the connection timed out"},
+      {"Connection reset", "the connection was reset"},
+      {"Broken pipe", "the connection was reset"},
+  }};
+  for (const Plain& p : plain) {
+    if (message.find(p.marker) != std::string_view::npos) return std::string(p.said);
+  }
+  std::string_view first = message.substr(0, message.find('\n'));
+  return std::string(first.substr(0, 160));
+}
+
 bool is_refusal(std::string_view message) {
   for (std::string_view refusal : refusals) {
     if (message.find(refusal) != std::string_view::npos) return true;

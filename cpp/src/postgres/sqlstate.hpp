@@ -32,6 +32,10 @@ struct SqlStateRule {
 // decision made on message text, since libpq gives a failed connection no SQLSTATE.
 bool is_refusal(std::string_view message);
 
+// What a lost connection's libpq/libpqxx message means, in plain words for a log line
+// ("the server closed the connection"), or the message's first line if none fits.
+std::string plain_cause(std::string_view message);
+
 // The rule for `sqlstate`: an exact code first, then its class, then DatabaseError.
 const SqlStateRule& rule_for(std::string_view sqlstate);
 
@@ -72,10 +76,10 @@ inline Error in_doubt(const ErrorContext& context, const std::string& cause, boo
                  "the same idempotency key: "
                : "The server session could not be ended in time, so the write may still "
                  "complete: retry later with the same idempotency key: ";
-  return Error(
-      ErrorCode::in_doubt,
-      std::string("the connection was lost during COMMIT; the outcome is unknown. ") + why + cause,
-      context);
+  return Error(ErrorCode::in_doubt,
+               "the connection was lost during COMMIT (" + plain_cause(cause) +
+                   "); the outcome is unknown. " + why + cause,
+               context);
 }
 
 }  // namespace stockade::detail::pg

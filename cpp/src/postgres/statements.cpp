@@ -743,8 +743,8 @@ void Statements::add_batch_fast_one_statements(const std::string& schema, Set& s
                                 epoch_us("now()") + ", backorder_limit FROM moved");
   set(Stmt::citus_keys_taken,
       "SELECT count(*) FROM " + schema + ".idempotency WHERE key = ANY($1::text[])@PIN");
-  const std::string fresh_keys = " AND NOT EXISTS (SELECT 1 FROM " + schema +
-                                 ".idempotency WHERE key = ANY($10::text[]))";
+  const std::string fresh_keys =
+      " AND NOT EXISTS (SELECT 1 FROM " + schema + ".idempotency WHERE key = ANY($10::text[]))";
   set(Stmt::batch_fast_one_keyed,
       "WITH" + moved + fresh_keys + moved_end + made + ", claim AS (INSERT INTO " + schema +
           ".idempotency (key, request_fingerprint, reservation_ids, created_at@SKC)"
