@@ -62,6 +62,22 @@ def stock_json(level: stockade.StockLevel) -> Dict[str, Any]:
     }
 
 
+def start_metrics(app: FastAPI) -> Any:
+    """The app's metrics collector, made once per process (None without prometheus_client).
+    Under gunicorn with several workers, set PROMETHEUS_MULTIPROC_DIR: each scrape then
+    answers for every worker (see stockade.prometheus and gunicorn.conf.py)."""
+    if getattr(app.state, "collector", None) is None:
+        try:
+            import prometheus_client
+
+            from stockade.prometheus import StockadeCollector
+        except ImportError:
+            return None
+        app.state.registry = prometheus_client.CollectorRegistry()
+        app.state.collector = StockadeCollector(app.state.engine).register(app.state.registry)
+    return app.state.collector
+
+
 def make_app(engine: Optional[stockade.Engine] = None) -> FastAPI:
     """The shop over `engine`, or over an engine from the environment (opened and closed
     with the app)."""
@@ -73,7 +89,12 @@ def make_app(engine: Optional[stockade.Engine] = None) -> FastAPI:
             return
         async with await stockade.Engine.connect_from_env() as eng:
             app.state.engine = eng
-            yield
+            collector = start_metrics(app)  # each worker publishes from its start
+            try:
+                yield
+            finally:
+                if collector is not None:
+                    collector.close()  # its last figures, before the engine closes
 
     app = FastAPI(title="stockade shop", lifespan=lifespan)
     if engine is not None:
@@ -163,16 +184,12 @@ def make_app(engine: Optional[stockade.Engine] = None) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        try:
-            import prometheus_client
-
-            from stockade.prometheus import StockadeCollector
-        except ImportError:
+        if start_metrics(request.app) is None:
             return Response("prometheus_client is not installed\n", status_code=501)
-        registry = prometheus_client.CollectorRegistry()
-        StockadeCollector(eng(request)).register(registry)
+        import prometheus_client
+
         return Response(
-            prometheus_client.generate_latest(registry),
+            prometheus_client.generate_latest(request.app.state.registry),
             media_type=prometheus_client.CONTENT_TYPE_LATEST,
         )
 

@@ -8,7 +8,26 @@
 
 Everything is read at scrape time from the engine's telemetry (``Engine.metrics()`` and
 ``Engine.stats()``), the one place stockade keeps its figures; nothing is counted twice.
-Figures are per process: sum them over replicas in your queries. Names start with
+Figures are per process: sum them over replicas in your queries. Under a pre-fork server
+(gunicorn with several workers), where each scrape reaches one worker, set
+``PROMETHEUS_MULTIPROC_DIR`` (an empty directory the workers share, emptied at each
+service start) and each scrape answers for every worker of the service::
+
+    collector = StockadeCollector(engine)  # in each worker, once, after its engine
+    registry = CollectorRegistry()         # once; serve generate_latest(registry)
+    collector.register(registry)
+    ...
+    collector.close()                      # before the engine closes
+
+    # gunicorn.conf.py: keep the directory to one file per live worker
+    def child_exit(server, worker):
+        stockade.prometheus.mark_process_dead(worker.pid)
+
+Each worker then writes its figures to that directory every ``publish_interval`` seconds
+(and at each scrape it answers); counters and histograms are summed over every worker that
+ever ran, so totals never go down, and gauges over the live ones (``stockade_rows`` and
+``stockade_sweeper_leader``: the largest; ``stockade_up``: the smallest). Figures of other
+workers are at most ``publish_interval`` old. Names start with
 ``stockade_``; counters end in ``_total`` and durations are in seconds. Label values are
 bounded: operations, strategies and error codes are fixed lists, and SKUs appear only in
 the ``stockade_hot_sku_*`` gauges, for the ``hottest_skus`` SKUs with the most requests.
@@ -20,7 +39,21 @@ memory are still exported.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, cast
+import os
+import threading
+from pathlib import Path
+from typing import (
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 try:
     from prometheus_client.core import (
@@ -35,11 +68,39 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "stockade.prometheus needs prometheus_client: pip install 'stockade[prometheus]'"
     ) from e
 
+from . import _prom_files
 from .engine import Engine
 from .errors import InvalidArgument, InvalidType, StockadeError
 from .stats import EngineStats, Metrics
 
-__all__ = ["StockadeCollector"]
+__all__ = ["StockadeCollector", "mark_process_dead"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _multiprocess_dir(given: Optional[PathLike]) -> Optional[Path]:
+    value = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "") if given is None else os.fspath(given)
+    if not value:
+        return None
+    directory = Path(value)
+    if not directory.is_dir():
+        raise InvalidArgument(
+            "the multiprocess directory (PROMETHEUS_MULTIPROC_DIR) must be an existing "
+            "directory the workers share"
+        )
+    return directory
+
+
+def mark_process_dead(pid: int, multiprocess_dir: Optional[PathLike] = None) -> None:
+    """Folds a dead worker's counters and histograms into the directory's archive and
+    removes its file: call it from gunicorn's ``child_exit`` hook. ``multiprocess_dir``
+    defaults to ``PROMETHEUS_MULTIPROC_DIR``; without either it does nothing."""
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise InvalidType("pid must be an int")
+    directory = _multiprocess_dir(multiprocess_dir)
+    if directory is not None:
+        _prom_files.mark_process_dead(pid, directory)
+
 
 _STRATEGY_FIGURES = [
     ("conflicts", "stockade_cas_conflicts_total", "compare-and-set attempts that lost a race"),
@@ -66,10 +127,21 @@ def _buckets(bounds: Sequence[float], counts: Sequence[int]) -> List[Tuple[str, 
 
 class StockadeCollector(Collector):
     """Exports one engine's figures. ``engine_label`` (optional) is added to every series
-    as ``engine="..."``, for a process with several engines."""
+    as ``engine="..."``, for a process with several engines.
+
+    ``multiprocess_dir`` (default: ``PROMETHEUS_MULTIPROC_DIR``; ``""`` for none) makes a
+    scrape answer for every process of a pre-fork service, as the module says; the
+    collector then writes this process's figures there every ``publish_interval``
+    seconds, from a thread of its own, until :meth:`close`."""
 
     def __init__(
-        self, engine: Engine, *, hottest_skus: int = 10, engine_label: Optional[str] = None
+        self,
+        engine: Engine,
+        *,
+        hottest_skus: int = 10,
+        engine_label: Optional[str] = None,
+        multiprocess_dir: Optional[PathLike] = None,
+        publish_interval: float = 2.0,
     ) -> None:
         if not isinstance(engine, Engine):
             raise InvalidType(f"engine must be a stockade.Engine, not {type(engine).__name__}")
@@ -79,9 +151,51 @@ class StockadeCollector(Collector):
             raise InvalidArgument(f"hottest_skus must be between 0 and 100, got {hottest_skus}")
         if engine_label is not None and not isinstance(engine_label, str):
             raise InvalidType("engine_label must be a str")
+        if isinstance(publish_interval, bool) or not isinstance(publish_interval, (int, float)):
+            raise InvalidType("publish_interval must be a number of seconds")
+        if not 0.05 <= publish_interval <= 3600:
+            raise InvalidArgument("publish_interval must be between 0.05 and 3600 seconds")
         self._engine = engine
         self._hottest = hottest_skus
         self._extra: Dict[str, str] = {} if engine_label is None else {"engine": engine_label}
+        self._directory = _multiprocess_dir(multiprocess_dir)
+        self._stop = threading.Event()
+        self._publisher: Optional[threading.Thread] = None
+        if self._directory is not None:
+            self._file = _prom_files.new_path(self._directory)
+            self._publish()
+            self._publisher = threading.Thread(
+                target=self._publish_every,
+                args=(float(publish_interval),),
+                name="stockade-metrics-publisher",
+                daemon=True,
+            )
+            self._publisher.start()
+
+    def close(self) -> None:
+        """Stops publishing, after writing this process's figures one last time (so that
+        none of its counts is lost to the service's totals). Idempotent."""
+        if self._publisher is None or self._stop.is_set():
+            return
+        self._stop.set()
+        self._publisher.join()
+        self._publish(gauges=False)
+
+    def __enter__(self) -> StockadeCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _publish(self, gauges: bool = True) -> None:
+        _prom_files.write(self._file, self._collect_local(), gauges=gauges)
+
+    def _publish_every(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self._publish()
+            except (OSError, StockadeError):
+                continue  # the next round tries again; a scrape publishes too
 
     def register(self, registry: CollectorRegistry) -> StockadeCollector:
         """Registers with ``registry``; returns self."""
@@ -105,6 +219,14 @@ class StockadeCollector(Collector):
         return list(self._extra.values()) + list(values)
 
     def collect(self) -> Iterator[Metric]:
+        if self._directory is None:
+            yield from self._collect_local()
+            return
+        if not self._stop.is_set():
+            self._publish()
+        yield from _prom_files.merged(self._directory)
+
+    def _collect_local(self) -> Iterator[Metric]:
         stats: Optional[EngineStats]
         try:
             stats = self._engine.stats(sku_limit=self._hottest)

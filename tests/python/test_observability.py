@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Dict, List
 
 import pytest
@@ -18,6 +22,7 @@ from support import wait_for
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+import stockade.prometheus  # noqa: E402
 from stockade.prometheus import StockadeCollector  # noqa: E402
 
 
@@ -184,3 +189,99 @@ def test_collector_arguments_are_checked(engine: stockade.Engine) -> None:
         StockadeCollector("engine")  # type: ignore[arg-type]
     with pytest.raises(stockade.InvalidArgument):
         StockadeCollector(engine, hottest_skus=1000)
+
+
+# --- pre-fork servers: one scrape answers for every worker ---
+
+WORKER = r"""
+import sys
+import stockade
+from stockade.prometheus import StockadeCollector
+
+eng = stockade.Engine.memory()
+eng.restock("s", 100)
+for _ in range(int(sys.argv[2])):
+    eng.reserve("s", 1, strategy="atomic")
+collector = StockadeCollector(eng, multiprocess_dir=sys.argv[1], publish_interval=0.05)
+print(__import__("os").getpid(), flush=True)
+if sys.argv[3] == "stay":
+    sys.stdin.readline()  # live until the test says
+collector.close()
+"""
+
+
+def worker(directory: str, reserves: int, stay: bool) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", WORKER, directory, str(reserves), "stay" if stay else "go"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_scrape_answers_for_every_worker_of_a_pre_fork_service(tmp_path: Path) -> None:
+    # Two workers that ran and exited, one still alive, and the scraped one: counters and
+    # histograms add up over all four, gauges over the live two, and folding the dead
+    # workers into the archive changes no total.
+    dead = []
+    for n in (3, 5):
+        proc = worker(str(tmp_path), n, stay=False)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        dead.append(int(out.split()[0]))
+    live = worker(str(tmp_path), 7, stay=True)
+    assert live.stdout is not None
+    live.stdout.readline()  # it has published
+    try:
+        with stockade.Engine.memory() as eng:
+            eng.restock("s", 10)
+            eng.reserve("s", 1, strategy="atomic")
+            with StockadeCollector(eng, multiprocess_dir=tmp_path) as collector:
+                ok = labels(op="reserve", strategy="atomic", outcome="ok")
+                m = scrape(collector)
+                assert m["stockade_calls_total"][ok] == 3 + 5 + 7 + 1
+                restocks = labels(op="restock", strategy="none", outcome="ok")
+                assert m["stockade_calls_total"][restocks] == 4
+                assert (
+                    m["stockade_call_duration_seconds_count"][
+                        labels(op="reserve", strategy="atomic")
+                    ]
+                    == 16
+                )
+                # gauges: the live worker and this one only
+                hot = m["stockade_hot_sku_requests"][labels(sku="s", location="default")]
+                assert hot == 1 + 7  # the reserves of the live two
+                assert m["stockade_rows"][labels(kind="held")] == 7  # the largest
+                assert m["stockade_up"][()] == 1
+                for pid in dead:
+                    stockade.prometheus.mark_process_dead(pid, tmp_path)
+                pids = {p.name.split("_")[1] for p in tmp_path.glob("stockade_*_*.json")}
+                assert pids == {str(live.pid), str(os.getpid())}
+                assert (tmp_path / "stockade_archive.json").exists()
+                again = scrape(collector)
+                assert again["stockade_calls_total"][ok] == 16
+                assert (
+                    again["stockade_call_duration_seconds_count"]
+                    == m["stockade_call_duration_seconds_count"]
+                )
+    finally:
+        live.communicate("\n", timeout=60)
+    # The live worker exited after a last publish: its counts stay, its gauges go.
+    with stockade.Engine.memory() as eng:
+        m = scrape(StockadeCollector(eng, multiprocess_dir=tmp_path))
+        ok = labels(op="reserve", strategy="atomic", outcome="ok")
+        assert m["stockade_calls_total"][ok] == 16
+        assert labels(sku="s", location="default") not in m.get("stockade_hot_sku_requests", {})
+
+
+def test_without_a_multiprocess_directory_a_collector_is_per_process(
+    engine: stockade.Engine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
+    with pytest.raises(stockade.InvalidArgument, match="PROMETHEUS_MULTIPROC_DIR"):
+        StockadeCollector(engine)
+    with StockadeCollector(engine, multiprocess_dir="") as collector:  # "" turns it off
+        assert "stockade_up" in scrape(collector)
+    assert not tmp_path.exists() or not list(tmp_path.glob("stockade_*.json"))
+    with pytest.raises(stockade.InvalidArgument):
+        StockadeCollector(engine, multiprocess_dir=tmp_path, publish_interval=0)
