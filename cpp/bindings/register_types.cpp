@@ -125,6 +125,8 @@ void register_ids_and_limits(py::module_& m) {
 
 // The core's log ring, which stockade.logs drains into Python's logging.
 void register_logs(py::module_& m) {
+  m.def("take_last_batch_size", &HotRowBatcher::take_last_batch_size,
+        "The batch size of this thread's last batched call (0 if none since the last take).");
   m.def(
       "take_logs",
       [](std::size_t max, std::int64_t timeout_ms) {

@@ -11,6 +11,7 @@ their futures. No Python thread runs per call.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import weakref
 from typing import Any, Callable, Dict, Tuple, TypeVar
@@ -96,5 +97,7 @@ class Bridges:
 async def off_loop(call: Callable[[], T]) -> T:
     """Runs a blocking call on the running loop's default executor (a bounded thread
     pool), so that the event loop never waits on the network: the twin of every call
-    that is not queued in C++."""
-    return await asyncio.get_running_loop().run_in_executor(None, call)
+    that is not queued in C++. The call runs in the caller's context (contextvars), as
+    with asyncio.to_thread, so that a tracing span or a request id follows it."""
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(None, context.run, call)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from . import _core, logs
 from ._checks import DEFAULT_LOCATION, OrderKey, where
@@ -204,6 +204,11 @@ class Engine(EngineTwins):
         return await off_loop(functools.partial(cls.from_env, **overrides))
 
     # --- lifecycle ---
+
+    def _native(self) -> _core.Engine:
+        """The compiled engine, for the C++ hooks that take it (under a wrapper such as
+        stockade.otel's, the one it wraps)."""
+        return cast(_core.Engine, getattr(self._core, "__wrapped__", self._core))
 
     def close(self) -> None:
         """Completes every queued request (batched or async), then stops the batch

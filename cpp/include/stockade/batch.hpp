@@ -48,6 +48,9 @@ struct BatchItem {
   bool count_refusal = true;
   // Outcome, written by the store.
   bool ok = false;
+  // Requests in the batch it ran in (its last, if it ran again on another slot row);
+  // written by the batcher, for tracing.
+  std::uint32_t batch_size = 0;
   Reservation reservation;
   StockLevel level;
   std::optional<Error> error;

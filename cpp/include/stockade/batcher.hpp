@@ -129,6 +129,9 @@ class HotRowBatcher {
   // Queues `item` (input fields only) and blocks until its batch completed; returns the
   // outcome in `item`, or throws the request's error.
   void run(BatchItem& item, std::int64_t lock_timeout_ms);
+  // The batch size of the last request this thread ran through run(), or 0 if none ran
+  // since the last take (for tracing: a span of a batched call carries its batch's size).
+  static std::uint32_t take_last_batch_size() noexcept;
   // Queues `item` and returns at once; the outcome goes to `sink` under `token`. Throws
   // (Overloaded, InvalidState) only if the request could not be queued.
   void submit(const BatchItem& item, std::int64_t lock_timeout_ms,

@@ -14,6 +14,7 @@
 #include <deque>
 #include <limits>
 #include <thread>
+#include <utility>
 
 namespace stockade {
 namespace {
@@ -306,6 +307,14 @@ void HotRowBatcher::queue_or_report(const BatchItem& item, Fn&& queue) {
   }
 }
 
+namespace {
+thread_local std::uint32_t last_batch_size = 0;  // of this thread's last run()
+}  // namespace
+
+std::uint32_t HotRowBatcher::take_last_batch_size() noexcept {
+  return std::exchange(last_batch_size, 0U);
+}
+
 void HotRowBatcher::run(BatchItem& item, std::int64_t lock_timeout_ms) {
   Shard& shard = shard_for(item);
   std::uint32_t index = 0;
@@ -338,6 +347,7 @@ void HotRowBatcher::run(BatchItem& item, std::int64_t lock_timeout_ms) {
     }
   }
   item.ok = slot.item.ok;
+  last_batch_size = slot.item.batch_size;
   item.reservation = std::move(slot.item.reservation);
   item.level = std::move(slot.item.level);
   item.error = std::move(slot.item.error);
@@ -499,6 +509,7 @@ void HotRowBatcher::attempt(std::vector<BatchItem*>& items, const std::vector<Sl
               std::string("a batch failed unexpectedly; its outcome is unknown: ") + e.what());
   }
   for (BatchItem* item : items) {
+    item->batch_size = static_cast<std::uint32_t>(items.size());
     STOCKADE_ASSERT(failure || !(item->ok && item->error));  // decided one way, not both
     if (failure) {
       item->ok = false;

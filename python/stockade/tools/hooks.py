@@ -51,7 +51,7 @@ def naive_reserve(
     from the stale read. Loses updates and oversells under concurrency, by design."""
     return Reservation._from_core(
         _core.naive_reserve_unsafe(
-            engine._core,
+            engine._native(),
             sku=check_str("sku", sku),
             location=check_str("location", location),
             qty=check_int("qty", qty),
@@ -81,7 +81,7 @@ def limited_reserve_by_check(
     serialization failures: the alternative to the parent row, for the benchmark."""
     return Reservation._from_core(
         _core.limited_reserve_by_check(
-            engine._core,
+            engine._native(),
             sku=check_str("sku", sku),
             location=check_str("location", location),
             qty=check_int("qty", qty),
@@ -104,7 +104,7 @@ def hold_lock(
     """Holds the lock that ``kind`` (pessimistic or advisory) takes on a row, as another
     session would, for the body of the ``with`` block. Enter and exit on one thread."""
     handle = _core.hold_lock(
-        engine._core,
+        engine._native(),
         sku=check_str("sku", sku),
         location=check_str("location", location),
         kind=strategy_name(kind) or Strategy.PESSIMISTIC.value,

@@ -85,7 +85,7 @@ def drive_load(
     if not keys:
         raise InvalidArgument("drive_load needs at least one sku")
     out = _core.drive_load(
-        engine._core,
+        engine._native(),
         keys,
         check_int("clients", clients),
         check_int("window", window),
