@@ -110,7 +110,10 @@ std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids
   std::vector<Reservation> rows;
   try {
     rows = run<RunMode::read>(nullptr, context, [&](Tx& tx) { return read_many(tx, ids); });
-  } catch (const Error&) {
+  } catch (const Error& e) {
+    log(LogLevel::warning, "stockade.postgres",
+        lost.prelude + "; the engine could not read whether the write landed (" +
+            plain_cause(e.what()) + "), so the caller is told InDoubt");
     throw lost;
   }
   if (!rows.empty() || lost.settled) {
