@@ -83,13 +83,25 @@ TEST(SqlstateMapping, RefusedConnectionsAreToldFromUnreachableServers) {
   EXPECT_TRUE(is_refusal("FATAL:  database \"shop\" does not exist"));
   EXPECT_TRUE(is_refusal("FATAL:  role \"shop\" does not exist"));
   EXPECT_TRUE(is_refusal("fe_sendauth: no password supplied"));
-  EXPECT_TRUE(is_refusal("ERROR:  no such database: shop"));  // PgBouncer
+  EXPECT_TRUE(is_refusal("FATAL:  \"trust\" authentication failed"));  // PgBouncer
+  EXPECT_TRUE(is_refusal("ERROR:  no such database: shop"));           // PgBouncer
   EXPECT_FALSE(
       is_refusal("connection to server at \"127.0.0.1\", port 1 failed: Connection "
                  "refused\n\tIs the server running on that host?"));
   EXPECT_FALSE(is_refusal("FATAL:  the database system is starting up"));
   EXPECT_FALSE(is_refusal("FATAL:  sorry, too many clients already"));
   EXPECT_FALSE(is_refusal("server closed the connection unexpectedly"));
+}
+
+// libpqxx 6.4 throws insufficient_privilege and others without their SQLSTATE: the
+// exception's class stands in for it.
+TEST(SqlstateMapping, AnExceptionWithoutItsCodeIsMappedByItsClass) {
+  const Error refused = translate(pqxx::insufficient_privilege("must be owner of schema shop"),
+                                  Failure{nullptr, ErrorContext{}, "shop"});
+  EXPECT_EQ(refused.code(), ErrorCode::misconfigured);
+  EXPECT_EQ(refused.context().sqlstate, "42501");
+  EXPECT_EQ(sqlstate_of(pqxx::unique_violation("taken")), "23505");
+  EXPECT_EQ(sqlstate_of(pqxx::sql_error("x", "SELECT 1", "XX000")), "XX000");
 }
 
 // A lost connection is logged in plain words, not in libpqxx's.

@@ -30,7 +30,7 @@ std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
     ErrorCode code = ErrorCode::unavailable;
     std::string why = "cannot connect to PostgreSQL: ";
     if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e)) {
-      context.sqlstate = sql->sqlstate();
+      context.sqlstate = sqlstate_of(*sql);
       if (rule_for(context.sqlstate).code == ErrorCode::misconfigured)
         code = ErrorCode::misconfigured;
     }

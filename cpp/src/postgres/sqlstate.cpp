@@ -44,7 +44,7 @@ constexpr SqlStateRule other{"", A::raise, C::database_error, "database error"};
 // SQLSTATE for a failed connection attempt, so here alone the message text decides; on a
 // server whose lc_messages is not English none matches and the failure stays Unavailable.
 constexpr std::array<std::string_view, 10> refusals{{
-    "authentication failed for user",  // password, peer, ident, LDAP, ... (28P01, 28000)
+    "authentication failed",           // password, peer, ident, SASL; PgBouncer's too
     "no pg_hba.conf entry for",        // 28000
     "pg_hba.conf rejects connection",  // 28000
     "is not permitted to log in",      // 28000
@@ -97,8 +97,21 @@ bool is_refusal(std::string_view message) {
   return false;
 }
 
+std::string sqlstate_of(const pqxx::sql_error& e) {
+  std::string state = e.sqlstate();
+  if (!state.empty()) return state;
+  // libpqxx 6.4 throws some of its specific classes without the code: the class says it.
+  if (dynamic_cast<const pqxx::insufficient_privilege*>(&e) != nullptr) return "42501";
+  if (dynamic_cast<const pqxx::unique_violation*>(&e) != nullptr) return "23505";
+  if (dynamic_cast<const pqxx::check_violation*>(&e) != nullptr) return "23514";
+  if (dynamic_cast<const pqxx::undefined_table*>(&e) != nullptr) return "42P01";
+  if (dynamic_cast<const pqxx::undefined_column*>(&e) != nullptr) return "42703";
+  if (dynamic_cast<const pqxx::too_many_connections*>(&e) != nullptr) return "53300";
+  return state;
+}
+
 Error translate(const pqxx::sql_error& e, const Failure& failure) {
-  const std::string state = e.sqlstate();
+  const std::string state = sqlstate_of(e);
   const SqlStateRule& rule = rule_for(state);
   ErrorContext context = failure.context;
   context.sqlstate = state;

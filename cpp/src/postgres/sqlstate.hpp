@@ -43,6 +43,10 @@ inline bool is_retryable(std::string_view sqlstate) {
   return rule_for(sqlstate).action == SqlAction::retry;
 }
 
+// The SQLSTATE of a failed statement: its own, or where libpqxx 6.4 left it out, the one
+// its exception class stands for.
+std::string sqlstate_of(const pqxx::sql_error& e);
+
 // What a failed statement was doing, for the error it becomes.
 struct Failure {
   const WriteOptions* options = nullptr;  // the caller's lock options, if any

@@ -26,6 +26,7 @@ from ..claim import claim_test
 from ..engine import Engine
 from ..env import dsn_from_environment
 from ..errors import StockadeError
+from ..grants import runtime_grants
 from ..values import Strategy
 from . import bench as benchmod
 from .loadgen import NAIVE, FlashSaleReport, flash_sale
@@ -377,6 +378,15 @@ def _peers(
 
 
 def migrate(args: argparse.Namespace) -> int:
+    if args.print_grants is not None:  # no connection: the statements for the owner to run
+        try:
+            grants = runtime_grants(args.print_grants, schema=args.schema, owner=args.owner)
+        except StockadeError as exc:
+            print(f"stockade migrate: {exc}", file=sys.stderr)
+            return 2
+        print(f"-- run as the owner of schema {args.schema}, after migrating")
+        print("\n".join(grants))
+        return 0
     try:
         with Engine.postgres(
             args.dsn, schema=args.schema, pool_size=1, layout=args.layout
@@ -583,6 +593,17 @@ def _add_migrate(commands: _Commands) -> None:
     m.add_argument(
         "--dry-run", action="store_true", help="print the SQL that would run; change nothing"
     )
+    m.add_argument(
+        "--print-grants",
+        metavar="ROLE",
+        help="print the GRANTs that let ROLE serve as a runtime role (no DDL rights), for "
+        "the schema's owner to run; connects to nothing",
+    )
+    m.add_argument(
+        "--owner",
+        help="with --print-grants: the role that runs later migrations (for the default "
+        "privileges; default: whoever runs the statements)",
+    )
     m.set_defaults(run=migrate)
 
 
@@ -626,7 +647,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "dsn" in args:
         args.dsn_given = args.dsn
         args.dsn = dsn_from_environment(args.dsn)
-    if args.command == "migrate" and args.dsn is None:
+    if args.command == "migrate" and args.dsn is None and args.print_grants is None:
         parser.error("migrate needs --dsn, STOCKADE_DSN or libpq's PG* variables")
     return int(args.run(args))
 
