@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Callable, Dict, Iterator, List
+from typing import Callable, Dict, Iterator, List, Sequence
 
 import pytest
 
@@ -413,8 +413,15 @@ class Load:
     """Threads that reserve one unit each with a fresh idempotency key, recording every
     attempted key and what each call was told, until stopped."""
 
-    def __init__(self, eng: stockade.Engine, strategy: str, threads: int = 8) -> None:
+    def __init__(
+        self,
+        eng: stockade.Engine,
+        strategy: str,
+        threads: int = 8,
+        replicas: Sequence[stockade.Engine] = (),
+    ) -> None:
         self.eng = eng
+        self.engines = [eng, *replicas]  # thread t calls engines[t % len(engines)]
         self.strategy = strategy
         self.told: Dict[str, object] = {}  # key -> Reservation or the error raised
         self._lock = threading.Lock()
@@ -440,7 +447,7 @@ class Load:
                 return
             key = f"k-{t}-{i}"
             try:
-                out: object = self.eng.reserve(
+                out: object = self.engines[t % len(self.engines)].reserve(
                     "hot", 1, idempotency_key=key, strategy=self.strategy, ttl=600
                 )
             except stockade.StockadeError as e:
@@ -578,6 +585,49 @@ def test_backend_kills_under_load_lose_nothing(
             time.sleep(0.2)
         counts = check_after_faults(eng, own_database, load, own_server)
         print(f"backend kills, {strategy}: {counts}")
+        assert counts.get("ok", 0) > 0
+
+
+@pytest.mark.parametrize("fault", ["backend kills", "restart"])
+def test_faults_while_auto_splits_a_hot_sku_lose_nothing(
+    own_server: TemporaryPostgres, own_database: str, fault: str
+) -> None:
+    # Two engines (replicas with home slots 0 and 1) batch one SKU under `auto`, which
+    # splits it into slots by itself while the faults land: backend kills through the
+    # split, or a server restart. Every acknowledged reservation is there, nothing a
+    # definite failure refused committed, each key's replay gives exactly one, and the
+    # SKU's sums over its rows match the reservations.
+    kill = (
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    with (
+        stockade.Engine.postgres(own_database, pool_size=8, home_slot=0) as eng,
+        stockade.Engine.postgres(own_database, pool_size=8, home_slot=1) as replica,
+    ):
+        eng.restock("hot", 1_000_000)
+
+        def slots() -> int:
+            try:
+                return eng.slot_count("hot")
+            except stockade.StockadeError:  # a killed connection, twice: look again later
+                return 1
+
+        with Load(eng, "auto", threads=16, replicas=[replica]) as load:
+            if fault == "restart":
+                wait_until(lambda: slots() > 1, timeout=30)
+                own_server.restart("immediate")
+                time.sleep(0.7)
+            else:
+                deadline = time.monotonic() + 30
+                kills = 0
+                while kills < 6 or (slots() == 1 and time.monotonic() < deadline):
+                    time.sleep(0.25)
+                    run_sql(own_database, kill)
+                    kills += 1
+        assert eng.slot_count("hot") == 4, "auto did not split the SKU"
+        counts = check_after_faults(eng, own_database, load, own_server)
+        print(f"auto split, {fault}: {counts}")
         assert counts.get("ok", 0) > 0
 
 
