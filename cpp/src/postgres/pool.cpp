@@ -52,6 +52,12 @@ std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
 
 namespace {
 
+// Which server a connection is on: its cluster (system identifier) and WAL timeline.
+const char* const server_identity =
+    "(SELECT system_identifier::text FROM pg_control_system()) || '/' || CASE WHEN "
+    "pg_is_in_recovery() THEN 'in recovery' ELSE substr(pg_walfile_name(pg_current_wal_lsn()), "
+    "1, 8) END";
+
 // Identifies a session in pg_stat_activity: its PID and its start, in epoch microseconds.
 const char* const session_match =
     " FROM pg_stat_activity WHERE pid = $1"
@@ -94,6 +100,7 @@ Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements>
     const pqxx::result row = session.exec(
         "SELECT pg_backend_pid(), (extract(epoch FROM backend_start) * 1000000)::bigint, "
         "current_setting('server_encoding'), " +
+        std::string(server_identity) + ", " +
         (routines.empty()
              ? std::string("0")
              : "(SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace ="
@@ -101,10 +108,11 @@ Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements>
                    session.quote(statements_->schema()) + ") AND proname IN (" + names + "))") +
         " FROM pg_stat_activity WHERE pid = pg_backend_pid()");
     if (!row.empty()) {
-      backend_ = Backend{row[0][0].as<std::int32_t>(), row[0][1].as<std::int64_t>()};
+      backend_ = Backend{row[0][0].as<std::int32_t>(), row[0][1].as<std::int64_t>(),
+                         row[0][3].as<std::string>()};
       refuse_encoding(row[0][2].as<std::string>());
       routines_ = !routines.empty() &&
-                  row[0][3].as<std::int64_t>() == static_cast<std::int64_t>(routines.size());
+                  row[0][4].as<std::int64_t>() == static_cast<std::int64_t>(routines.size());
     }
   } catch (const pqxx::failure& e) {
     throw Error(ErrorCode::unavailable,
@@ -129,6 +137,19 @@ bool end_session(const std::string& dsn, const Backend& backend, std::int64_t ti
     try {
       pqxx::connection conn(dsn);
       pqxx::nontransaction session(conn);
+      // Only the server the session ran on can show that it ended. After a failover the
+      // DSN leads to the promoted standby (same cluster, a new timeline), where that
+      // session never existed: its absence there proves nothing, for the old primary may
+      // still be alive and commit it. So on another server the session stays unsettled.
+      const std::string here =
+          session.exec(std::string("SELECT ") + server_identity)[0][0].as<std::string>();
+      if (!backend.server.empty() && here != backend.server) {
+        log(LogLevel::warning, "stockade.postgres",
+            "the server is not the one a lost write ran on (" + backend.server + " then, " + here +
+                " now: a failover, or another cluster behind the DSN); its session cannot be "
+                "shown to have ended, so the write is in doubt unless it is found here");
+        return false;
+      }
       exec_for(session, terminate, backend);
       for (;;) {
         if (exec_for(session, alive, backend).empty()) return true;

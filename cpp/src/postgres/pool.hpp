@@ -24,6 +24,9 @@ namespace stockade::detail::pg {
 struct Backend {
   std::int32_t pid = 0;
   std::int64_t started_us = 0;
+  // The server it ran on: "<system identifier>/<timeline>". A promoted standby shares the
+  // primary's system identifier but not its timeline; another cluster shares neither.
+  std::string server;
 };
 
 // A connection, direct or through a pooler (see Pooler). Directly, it prepares each

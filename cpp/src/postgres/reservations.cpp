@@ -79,7 +79,8 @@ LostCommit PostgresStore::lost_commit(const Backend& backend, const ErrorContext
   std::string prelude = "connection lost during COMMIT (" + plain_cause(cause) + "); ";
   prelude += settled  ? "the server session was ended, so the outcome is final"
              : pooled ? "a pooler hides the server session, which cannot be ended"
-                      : "the server session could not be ended in time";
+                      : "the server session could not be shown to have ended (in time, "
+                        "or on the server it ran on)";
   LostCommit lost(in_doubt(context, cause, settled, pooled), settled, std::move(prelude));
   if (!settled) {
     log(LogLevel::warning, "stockade.postgres",
