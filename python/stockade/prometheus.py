@@ -160,6 +160,7 @@ class StockadeCollector(Collector):
         self._extra: Dict[str, str] = {} if engine_label is None else {"engine": engine_label}
         self._directory = _multiprocess_dir(multiprocess_dir)
         self._stop = threading.Event()
+        self._writing = threading.Lock()  # the publisher and a scrape write one file
         self._publisher: Optional[threading.Thread] = None
         if self._directory is not None:
             self._file = _prom_files.new_path(self._directory)
@@ -188,7 +189,8 @@ class StockadeCollector(Collector):
         self.close()
 
     def _publish(self, gauges: bool = True) -> None:
-        _prom_files.write(self._file, self._collect_local(), gauges=gauges)
+        with self._writing:
+            _prom_files.write(self._file, self._collect_local(), gauges=gauges)
 
     def _publish_every(self, interval: float) -> None:
         while not self._stop.wait(interval):
