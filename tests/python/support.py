@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import Callable
+from pathlib import Path
+from typing import Callable, List
 
 import stockade
 
@@ -71,3 +72,19 @@ def until_decided(call: Callable[[], object], attempts: int = 50) -> bool:
         except stockade.RetriesExhausted:
             continue
     raise AssertionError(f"lost the optimistic race {attempts} times")
+
+
+def children_of(pid: int) -> List[int]:
+    """The live child processes of ``pid`` (a server's workers or backends), from /proc."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry.name))
+    return out

@@ -14,7 +14,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,30 +23,11 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import pytest
 
 import stockade
-from stockade.tools.pgserver import TemporaryPostgres
+from stockade.tools.pgserver import TemporaryPostgres, _free_port
+from support import children_of
 from test_faults import Load
 
 pytestmark = pytest.mark.faults
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def processes_of(pid: int) -> List[int]:
-    """``pid`` and its children (a postmaster and its backends), from /proc."""
-    out = [pid]
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
 
 
 class Standby:
@@ -56,7 +36,7 @@ class Standby:
 
     def __init__(self, primary: TemporaryPostgres) -> None:
         self.primary = primary
-        self.port = free_port()
+        self.port = _free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="stockade-standby-"))
         self.run_as: List[str] = []
         if os.geteuid() == 0:
@@ -174,7 +154,7 @@ def test_a_failover_loses_nothing_it_should_not_and_the_engine_comes_back(
             time.sleep(0.05)
         with Buyers(eng) as buyers:
             time.sleep(1.0)
-            for pid in processes_of(primary.pid):  # the postmaster and every backend
+            for pid in [primary.pid, *children_of(primary.pid)]:  # the postmaster and every backend
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:

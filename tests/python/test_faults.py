@@ -520,6 +520,13 @@ def check_after_faults(
     return load.outcomes()
 
 
+# Ends every other session on the test's database (the engine's connections).
+KILL_BACKENDS = (
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+)
+
+
 def _serves(eng: stockade.Engine) -> bool:
     try:
         eng.stock("hot")
@@ -572,16 +579,12 @@ def assert_recovery_logged_plainly(records: List[logging.LogRecord]) -> None:
 def test_backend_kills_under_load_lose_nothing(
     own_server: TemporaryPostgres, own_database: str, strategy: str
 ) -> None:
-    kill = (
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-    )
     with stockade.Engine.postgres(own_database, pool_size=8) as eng:
         eng.restock("hot", 1_000_000)
         with Load(eng, strategy) as load:
             for _ in range(5):
                 time.sleep(0.2)
-                run_sql(own_database, kill)
+                run_sql(own_database, KILL_BACKENDS)
             time.sleep(0.2)
         counts = check_after_faults(eng, own_database, load, own_server)
         print(f"backend kills, {strategy}: {counts}")
@@ -597,10 +600,6 @@ def test_faults_while_auto_splits_a_hot_sku_lose_nothing(
     # split, or a server restart. Every acknowledged reservation is there, nothing a
     # definite failure refused committed, each key's replay gives exactly one, and the
     # SKU's sums over its rows match the reservations.
-    kill = (
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-    )
     with (
         stockade.Engine.postgres(own_database, pool_size=8, home_slot=0) as eng,
         stockade.Engine.postgres(own_database, pool_size=8, home_slot=1) as replica,
@@ -623,7 +622,7 @@ def test_faults_while_auto_splits_a_hot_sku_lose_nothing(
                 kills = 0
                 while kills < 6 or (slots() == 1 and time.monotonic() < deadline):
                     time.sleep(0.25)
-                    run_sql(own_database, kill)
+                    run_sql(own_database, KILL_BACKENDS)
                     kills += 1
         assert eng.slot_count("hot") == 4, "auto did not split the SKU"
         counts = check_after_faults(eng, own_database, load, own_server)

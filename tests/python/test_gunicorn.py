@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import pytest
 
 import stockade
+from stockade.tools.pgserver import _free_port
+from support import children_of
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("gunicorn")
@@ -39,31 +40,9 @@ pytestmark = [pytest.mark.postgres, pytest.mark.load]
 SHOP = Path(__file__).resolve().parents[2] / "examples" / "fastapi_shop"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def children_of(pid: int) -> List[int]:
-    """The live child processes of ``pid`` (gunicorn's workers), from /proc."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(entry.name))
-    return out
-
-
 class Shop:
     def __init__(self, dsn: str, metrics_dir: Path, log: Path) -> None:
-        self.url = f"http://127.0.0.1:{free_port()}"
+        self.url = f"http://127.0.0.1:{_free_port()}"
         env = dict(
             os.environ,
             STOCKADE_DSN=dsn,
