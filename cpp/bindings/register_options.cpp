@@ -60,6 +60,8 @@ void register_store_options(py::module_& m) {
       .def_readwrite("pool_size", &PostgresOptions::pool_size)
       .def_readwrite("pool_timeout_ms", &PostgresOptions::pool_timeout_ms)
       .def_readwrite("resolve_timeout_ms", &PostgresOptions::resolve_timeout_ms)
+      .def_readwrite("call_timeout_ms", &PostgresOptions::call_timeout_ms)
+      .def_readwrite("cancel_grace_ms", &PostgresOptions::cancel_grace_ms)
       .def_readwrite("application_name", &PostgresOptions::application_name)
       .def_property(
           "pooler", [](const PostgresOptions& o) { return std::string(pooler_name(o.pooler)); },

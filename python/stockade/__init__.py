@@ -25,6 +25,7 @@ from .claim import ClaimAdvice, claim_test
 from .engine import Engine, ManualClock
 from .errors import (
     DatabaseError,
+    DeadlineExceeded,
     Discontinued,
     FencingTokenStale,
     IdempotencyConflict,
@@ -79,6 +80,7 @@ __version__ = _version()
 __all__ = [  # and stockade.limits' constants, added below
     "ClaimAdvice",
     "DatabaseError",
+    "DeadlineExceeded",
     "Discontinued",
     "Engine",
     "EngineStats",

@@ -163,6 +163,8 @@ class PostgresOptions:
     pool_size: int
     pool_timeout_ms: int
     resolve_timeout_ms: int
+    call_timeout_ms: int
+    cancel_grace_ms: int
     application_name: str
     pooler: str
     layout: str

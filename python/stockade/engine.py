@@ -121,6 +121,8 @@ class Engine(EngineTwins):
         default_ttl: TtlLike = timedelta(minutes=15),
         pool_timeout: TtlLike = timedelta(seconds=5),
         resolve_timeout: TtlLike = timedelta(seconds=5),
+        call_timeout: TtlLike = timedelta(seconds=30),
+        cancel_grace: TtlLike = timedelta(seconds=1),
         application_name: str = "stockade",
         pooler: str = "auto",
         layout: str = "plain",
@@ -146,20 +148,18 @@ class Engine(EngineTwins):
         connection is lost during a commit, the engine ends that server session (so the
         write cannot commit later) and looks for what it wrote, spending at most
         ``resolve_timeout`` on it before it raises ``InDoubt`` (see docs/strategies.md,
-        "Guarantees"). Every connection carries ``application_name`` (unless the DSN or
-        ``PGAPPNAME`` sets one), so that operators find them in ``pg_stat_activity``.
-        ``pooler`` says whether a connection pooler in transaction mode (PgBouncer's
-        ``pool_mode = transaction``) may stand in between: ``"pgbouncer-transaction"``
-        runs without session state (unnamed statements, ``SET LOCAL lock_timeout``, the
-        sweeper elected per transaction), and a commit whose connection is lost stays
-        ``InDoubt``, since no server session can be ended to settle it; ``"none"`` keeps
-        session state (direct, or a pooler in session mode); ``"auto"`` (the default)
-        decides per connection, and takes a pooler to be there when the cancel key's PID
-        differs from the server's. ``layout="citus"`` is for a Citus coordinator:
-        :meth:`migrate` then distributes the tables on a shard key and every statement
-        names the shard key it touches (connections run without session state, as for
-        ``"pgbouncer-transaction"``, since Citus carries no session ``SET`` to its
-        workers; see docs/scaling-out.md). Call :meth:`migrate` once to create the schema.
+        "Guarantees"). ``call_timeout`` bounds each call's whole time, COMMIT included:
+        past it the engine cancels the server's work (and cuts the connection
+        ``cancel_grace`` later) and raises ``DeadlineExceeded``, or ``InDoubt`` if COMMIT
+        was sent (docs/failover.md). Every connection carries ``application_name``
+        (unless the DSN or ``PGAPPNAME`` sets one), for ``pg_stat_activity``.
+        ``pooler`` says whether a transaction-mode pooler (PgBouncer's ``pool_mode =
+        transaction``) may stand in between: ``"pgbouncer-transaction"`` keeps no session
+        state, and a commit whose connection is lost stays ``InDoubt`` (no session can be
+        ended to settle it); ``"none"`` keeps it (direct, or a session-mode pooler);
+        ``"auto"`` decides per connection (docs/scaling-out.md). ``layout="citus"`` is for a
+        Citus coordinator (docs/scaling-out.md). Call :meth:`migrate` once to create the
+        schema.
         With ``sweeper=True`` a background thread expires due holds every
         ``sweep_interval``, ``sweep_batch`` per transaction; of all engines on one
         database, one sweeps at a time. With ``retention`` set (it needs ``sweeper=True``)

@@ -12,6 +12,7 @@ STOCKADE_STRATEGY               strategy                            a strategy n
 STOCKADE_POOL_SIZE              pool_size                           integer
 STOCKADE_LOCK_TIMEOUT           lock_timeout                        seconds (decimal)
 STOCKADE_POOL_TIMEOUT           pool_timeout                        seconds
+STOCKADE_CALL_TIMEOUT           call_timeout                        seconds
 STOCKADE_DEFAULT_TTL            default_ttl                         seconds
 STOCKADE_SWEEPER                sweeper                             1/0, true/false, yes/no
 STOCKADE_RETENTION              retention (needs the sweeper)       seconds
@@ -85,6 +86,7 @@ _OPTIONS: Dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "STOCKADE_POOL_SIZE": ("pool_size", _integer),
     "STOCKADE_LOCK_TIMEOUT": ("lock_timeout", _seconds),
     "STOCKADE_POOL_TIMEOUT": ("pool_timeout", _seconds),
+    "STOCKADE_CALL_TIMEOUT": ("call_timeout", _seconds),
     "STOCKADE_DEFAULT_TTL": ("default_ttl", _seconds),
     "STOCKADE_SWEEPER": ("sweeper", _flag),
     "STOCKADE_RETENTION": ("retention", _seconds),

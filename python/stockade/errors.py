@@ -38,6 +38,7 @@ InvariantViolation       500     no         -            a bug: report it
 Unavailable              503     yes        1
 SchemaNotMigrated        500     no         -            the service's set-up: migrate()
 Misconfigured            500     no         -            role, password, database, GRANTs
+DeadlineExceeded         503     yes        1            call_timeout passed before COMMIT
 DatabaseError            500     no         -
 =======================  ======  =========  ===========  =================================
 """
@@ -49,6 +50,7 @@ from typing import Optional
 
 __all__ = [
     "DatabaseError",
+    "DeadlineExceeded",
     "Discontinued",
     "FencingTokenStale",
     "IdempotencyConflict",
@@ -304,6 +306,22 @@ class Misconfigured(StockadeError):
     http_status = 500
 
 
+class DeadlineExceeded(StockadeError, TimeoutError):
+    """The call's deadline (``call_timeout``) passed before its COMMIT was sent: the
+    server did not answer in time (a lock or a statement that ran long, a server that
+    stopped answering). The engine cancelled the server's work and, if it still did not
+    answer, cut the connection; nothing was changed. Safe to retry.
+
+    Past the deadline with COMMIT already sent, the answer is :class:`InDoubt` instead (a
+    COMMIT waiting for a synchronous standby has committed locally when it is cancelled).
+    Also a ``TimeoutError``."""
+
+    code = "deadline_exceeded"
+    http_status = 503
+    retryable = True
+    retry_after_default = 1.0
+
+
 class DatabaseError(StockadeError):
     """Any other error the database raised; ``sqlstate`` says which."""
 
@@ -335,6 +353,7 @@ _BY_CODE: dict[str, type[StockadeError]] = {
         Unavailable,
         SchemaNotMigrated,
         Misconfigured,
+        DeadlineExceeded,
         DatabaseError,
     )
 }

@@ -63,6 +63,8 @@ def postgres_options(
     out.pool_size = positive("pool_size", given["pool_size"])
     out.pool_timeout_ms = duration_ms("pool_timeout", given["pool_timeout"])
     out.resolve_timeout_ms = duration_ms("resolve_timeout", given["resolve_timeout"])
+    out.call_timeout_ms = duration_ms("call_timeout", given["call_timeout"])
+    out.cancel_grace_ms = duration_ms("cancel_grace", given["cancel_grace"])
     out.application_name = check_str("application_name", given["application_name"])
     out.pooler = check_str("pooler", given["pooler"])  # the core parses the name
     out.layout = check_str("layout", given["layout"])

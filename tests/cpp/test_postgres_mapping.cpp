@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 
+#include "postgres/dsn.hpp"
 #include "postgres/postgres_store_impl.hpp"
 #include "postgres/sqlstate.hpp"
 #include "postgres/statements.hpp"
@@ -343,6 +344,50 @@ TEST(PostgresOptions, AreCheckedBeforeConnecting) {
   options.pool_timeout_ms = 100;
   options.dsn = "host=127.0.0.1 port=1 connect_timeout=2";
   EXPECT_STOCKADE_ERROR(make_postgres_store(options), ErrorCode::unavailable);
+}
+
+// Every connection gets a connect timeout, TCP keepalives and tcp_user_timeout unless the
+// DSN sets them (the operator's choice wins), in key=value strings and URIs alike.
+TEST(ConnectionDefaults, AreAddedUnlessTheDsnSetsThem) {
+  const auto settings = [](const std::string& dsn) {
+    std::map<std::string, std::string> out;
+    for (const auto& [keyword, value] : parse_conninfo(dsn)) out[keyword] = value;
+    return out;
+  };
+  auto plain = settings(with_connection_defaults("host=db dbname=shop", "api", 3));
+  EXPECT_EQ(plain["application_name"], "api");
+  EXPECT_EQ(plain["connect_timeout"], "3");
+  EXPECT_EQ(plain["keepalives_idle"], std::to_string(keepalives_idle_s));
+  EXPECT_EQ(plain["keepalives_interval"], std::to_string(keepalives_interval_s));
+  EXPECT_EQ(plain["keepalives_count"], std::to_string(keepalives_count));
+  EXPECT_EQ(plain["tcp_user_timeout"], std::to_string(tcp_user_timeout_ms));
+
+  auto mine = settings(with_connection_defaults(
+      "host=db connect_timeout=7 keepalives_idle=5 tcp_user_timeout=0", "api", 3));
+  EXPECT_EQ(mine["connect_timeout"], "7");
+  EXPECT_EQ(mine["keepalives_idle"], "5");
+  EXPECT_EQ(mine["tcp_user_timeout"], "0");
+  EXPECT_EQ(mine["keepalives_count"], std::to_string(keepalives_count));
+
+  auto uri = settings(with_connection_defaults("postgresql://db/shop?sslmode=disable", "a b", 2));
+  EXPECT_EQ(uri["application_name"], "a b");
+  EXPECT_EQ(uri["connect_timeout"], "2");
+  EXPECT_EQ(uri["sslmode"], "disable");
+  EXPECT_EQ(uri["tcp_user_timeout"], std::to_string(tcp_user_timeout_ms));
+}
+
+TEST(PostgresOptions, BoundTheCallAndTheGraceBeforeTheCut) {
+  PostgresOptions options;
+  options.dsn = "host=127.0.0.1 port=1 connect_timeout=2";
+  for (std::int64_t bad : {std::int64_t{0}, lock_timeout_ms_max + 1}) {
+    options.call_timeout_ms = bad;
+    EXPECT_STOCKADE_ERROR(make_postgres_store(options), ErrorCode::invalid_argument);
+  }
+  options.call_timeout_ms = 1000;
+  for (std::int64_t bad : {std::int64_t{0}, cancel_grace_ms_max + 1}) {
+    options.cancel_grace_ms = bad;
+    EXPECT_STOCKADE_ERROR(make_postgres_store(options), ErrorCode::invalid_argument);
+  }
 }
 
 }  // namespace

@@ -18,6 +18,10 @@ answered a Sync or a simple query within ``stall`` seconds: a statement waiting 
 lock. The statement keeps running on the server (PostgreSQL does not notice a dead client
 while it waits), which is the case where a careless client looks for its write too early.
 
+``freeze()`` stops relaying both ways without closing anything, as a server that stopped
+answering (or a network that drops packets) looks from the client; new connections are
+accepted but get no answer either. ``thaw()`` relays what was held back, and more.
+
 Connect with ``sslmode=disable`` so that the stream is plain protocol.
 """
 
@@ -47,6 +51,8 @@ class CommitCuttingProxy:
         # While set, new connections are accepted and closed at once (the server seems down).
         self.refuse_new = False
         self._closed = False
+        self._flowing = threading.Event()  # cleared while frozen
+        self._flowing.set()
         self._sockets: List[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -62,6 +68,18 @@ class CommitCuttingProxy:
         if mode == "stalled":
             threading.Thread(target=self._watch_stalls, daemon=True).start()
 
+    def freeze(self) -> None:
+        """Stops relaying, both ways and for new connections, without closing anything."""
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
+
+    def _wait_flowing(self) -> None:
+        while not self._flowing.wait(0.1):
+            if self._closed:
+                raise OSError("the proxy closed")
+
     def dsn(self, dbname: str, user: str = "postgres") -> str:
         return (
             f"host=127.0.0.1 port={self.port} user={user} dbname={dbname} "
@@ -70,6 +88,7 @@ class CommitCuttingProxy:
 
     def close(self) -> None:
         self._closed = True
+        self._flowing.set()
         self._listener.close()
         with self._lock:
             for s in self._sockets:
@@ -86,7 +105,12 @@ class CommitCuttingProxy:
             if self.refuse_new:
                 _close(client)
                 continue
-            server = socket.create_connection(self.upstream)
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+                server.settimeout(None)
+            except OSError:  # the server is down (restarting): the client sees a refusal
+                _close(client)
+                continue
             with self._lock:
                 self._sockets += [client, server]
             link = _Link(client, server)
@@ -150,6 +174,7 @@ class CommitCuttingProxy:
                             break
                         message, buffer = buffer[:size], buffer[size:]
                         started = True
+                        self._wait_flowing()
                         link.server.sendall(message)
                         continue
                     if len(buffer) < 5:
@@ -165,6 +190,7 @@ class CommitCuttingProxy:
                         link.holding.set()  # no reply may reach the client from now on
                     if message[:1] in (b"Q", b"S") and link.waiting_since is None:
                         link.waiting_since = time.monotonic()
+                    self._wait_flowing()
                     link.server.sendall(message)
                     # COMMIT, or the Sync that ends an armed statement: wait until the
                     # server has answered (it committed), then drop both sides.
@@ -192,6 +218,7 @@ class CommitCuttingProxy:
                     continue
                 if b"Z\x00\x00\x00\x05" in data:  # ReadyForQuery: the answer is complete
                     link.waiting_since = None
+                self._wait_flowing()
                 link.client.sendall(data)
         except OSError:
             pass

@@ -66,6 +66,13 @@ struct PostgresOptions {
   // After a connection was lost during a commit, how long the store may spend ending the
   // server session that ran it (so that it cannot commit later) before it answers InDoubt.
   std::int64_t resolve_timeout_ms = 5000;
+  // The bound on a call's whole time: waiting for a connection, its statements and lock
+  // waits, its retries and its COMMIT (postgres/watchdog.hpp). Past it the store sends
+  // the server a cancel request and, cancel_grace_ms later, cuts the connection; the
+  // caller gets DeadlineExceeded if no COMMIT was sent (nothing changed), else InDoubt.
+  // After a connection lost during COMMIT, settling it may take resolve_timeout_ms more.
+  std::int64_t call_timeout_ms = 30000;
+  std::int64_t cancel_grace_ms = 1000;
   // The application_name of every connection, so that operators find stockade's sessions
   // in pg_stat_activity. Printable ASCII, at most 63 bytes; an application_name in the
   // DSN or in PGAPPNAME wins over it.
@@ -75,6 +82,7 @@ struct PostgresOptions {
 };
 
 inline constexpr std::size_t pool_size_max = 1024;
+inline constexpr std::int64_t cancel_grace_ms_max = 60000;
 
 // The keyword/value pairs a libpq connection string (key=value or URI) sets, as libpq
 // parses it; InvalidArgument, without quoting the string, if it cannot be parsed. Lets

@@ -969,6 +969,16 @@ void BatchTx::settle_duplicates() {
 
 void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) {
   if (items.empty()) return;
+  // One bound over the fast statement, the full path and the resolution of a lost commit:
+  // the deadline of the batch's oldest request, so that a batch queued behind one whose
+  // commit hung keeps its callers' bound instead of waiting call_timeout anew.
+  std::int64_t oldest_us = 0;
+  for (const BatchItem* item : items) {
+    if (item->started_us != 0 && (oldest_us == 0 || item->started_us < oldest_us)) {
+      oldest_us = item->started_us;
+    }
+  }
+  const CallDeadline deadline(options_.call_timeout_ms, oldest_us);
   if (statements_->citus()) {
     // Citus runs a statement on one shard only when it names one shard key: a batch whose
     // requests span several runs as one batch per shard key, each in arrival order.

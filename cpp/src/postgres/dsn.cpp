@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <set>
 
 #include "stockade/errors.hpp"
 
@@ -54,18 +55,17 @@ std::vector<std::pair<std::string, std::string>> parse_conninfo(const std::strin
   return out;
 }
 
-std::string with_application_name(const std::string& dsn, const std::string& name) {
-  for (const auto& [keyword, value] : parse_conninfo(dsn)) {
-    if (keyword == "application_name") return dsn;
-  }
-  const char* env = std::getenv("PGAPPNAME");
-  if ((env != nullptr && *env != '\0') || name.empty()) return dsn;
-  // `name` is printable ASCII without quotes or backslashes (validated), so it needs no
-  // escaping beyond the quotes of a key=value string; in a URI, only these characters.
+namespace {
+
+// `dsn` with `keyword=value` added. `value` is printable ASCII without quotes or
+// backslashes (validated, or one of ours), so it needs no escaping beyond the quotes of a
+// key=value string; in a URI, only these characters.
+std::string with_setting(const std::string& dsn, const std::string& keyword,
+                         const std::string& value) {
   const bool uri = dsn.rfind("postgresql://", 0) == 0 || dsn.rfind("postgres://", 0) == 0;
-  if (!uri) return dsn + (dsn.empty() ? "" : " ") + "application_name='" + name + "'";
+  if (!uri) return dsn + (dsn.empty() ? "" : " ") + keyword + "='" + value + "'";
   std::string encoded;
-  for (char c : name) {
+  for (char c : value) {
     const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                        c == '-' || c == '_' || c == '.';
     if (plain) {
@@ -77,7 +77,38 @@ std::string with_application_name(const std::string& dsn, const std::string& nam
       encoded += hex[static_cast<unsigned char>(c) & 15];
     }
   }
-  return dsn + (dsn.find('?') == std::string::npos ? "?" : "&") + "application_name=" + encoded;
+  return dsn + (dsn.find('?') == std::string::npos ? "?" : "&") + keyword + "=" + encoded;
+}
+
+bool env_set(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0';
+}
+
+}  // namespace
+
+std::string with_connection_defaults(const std::string& dsn, const std::string& name,
+                                     int connect_timeout_s) {
+  std::set<std::string> given;
+  for (const auto& [keyword, value] : parse_conninfo(dsn)) given.insert(keyword);
+  std::string out = dsn;
+  if (!given.count("application_name") && !env_set("PGAPPNAME") && !name.empty()) {
+    out = with_setting(out, "application_name", name);
+  }
+  if (!given.count("connect_timeout") && !env_set("PGCONNECT_TIMEOUT")) {
+    out = with_setting(out, "connect_timeout", std::to_string(connect_timeout_s));
+  }
+  // A peer that vanished without closing (a host gone, a network partition) is noticed
+  // within about a minute on an idle connection, and within tcp_user_timeout on one
+  // with data unacknowledged; over a Unix socket libpq ignores them.
+  const std::pair<const char*, int> tcp[] = {{"keepalives_idle", keepalives_idle_s},
+                                             {"keepalives_interval", keepalives_interval_s},
+                                             {"keepalives_count", keepalives_count},
+                                             {"tcp_user_timeout", tcp_user_timeout_ms}};
+  for (const auto& [keyword, value] : tcp) {
+    if (!given.count(keyword)) out = with_setting(out, keyword, std::to_string(value));
+  }
+  return out;
 }
 
 std::string scrub_secrets(const std::string& message, const std::string& dsn) {

@@ -21,8 +21,20 @@ std::vector<std::pair<std::string, std::string>> parse_conninfo(const std::strin
 // message is kept.
 std::string scrub_secrets(const std::string& message, const std::string& dsn);
 
-// `dsn` with application_name set to `name`, unless the DSN or PGAPPNAME already sets one
-// (the operator's choice wins). Works for key=value strings and URIs alike.
-std::string with_application_name(const std::string& dsn, const std::string& name);
+// What every connection of the store gets unless the DSN (or libpq's environment
+// variable for it) sets it: the operator's choice wins.
+inline constexpr int connect_timeout_min_s = 2;  // libpq's own floor
+inline constexpr int connect_timeout_max_s = 10;
+inline constexpr int keepalives_idle_s = 30;       // idle time before the first probe
+inline constexpr int keepalives_interval_s = 10;   // between probes
+inline constexpr int keepalives_count = 3;         // probes lost before the peer is dead
+inline constexpr int tcp_user_timeout_ms = 30000;  // data unacknowledged this long: dead
+
+// `dsn` with application_name set to `name` (unless the DSN or PGAPPNAME sets one),
+// connect_timeout (libpq's wait per host, in seconds; unless the DSN or PGCONNECT_TIMEOUT
+// sets it), and TCP keepalives and tcp_user_timeout (unless the DSN sets them). Works for
+// key=value strings and URIs alike.
+std::string with_connection_defaults(const std::string& dsn, const std::string& name,
+                                     int connect_timeout_s);
 
 }  // namespace stockade::detail::pg

@@ -2,7 +2,9 @@
 
 #include "postgres/dsn.hpp"
 #include "postgres/sqlstate.hpp"
+#include "postgres/watchdog.hpp"
 #include "stockade/log.hpp"
+#include "stockade/telemetry.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -84,11 +86,19 @@ void refuse_encoding(const std::string& encoding) {
                   "LC_COLLATE/LC_CTYPE that suits UTF8, such as C.UTF-8 or C)");
 }
 
+Error setup_past_deadline() {
+  return Error(ErrorCode::deadline_exceeded,
+               "the call's deadline (call_timeout) passed while a new database connection was "
+               "being set up, and the server had not answered; nothing was changed");
+}
+
 }  // namespace
 
 Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements> statements,
-                       Pooler pooler)
+                       Pooler pooler, Watchdog* watchdog, std::int64_t deadline_us)
     : conn_(connect(dsn)), statements_(std::move(statements)) {
+  Watchdog::Guard guard;
+  if (watchdog != nullptr && deadline_us != 0) guard = watchdog->arm(*conn_, {}, deadline_us);
   try {
     pqxx::nontransaction session(*conn_);
     // With it, how many of the statement routines exist (all or none are used).
@@ -115,9 +125,11 @@ Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements>
                   row[0][4].as<std::int64_t>() == static_cast<std::int64_t>(routines.size());
     }
   } catch (const pqxx::failure& e) {
+    if (guard.fired()) throw setup_past_deadline();
     throw Error(ErrorCode::unavailable,
                 std::string("cannot set up a PostgreSQL connection: ") + e.what());
   }
+  if (guard.fired()) throw setup_past_deadline();  // cut, or about to be: never reused
   // libpq's backendpid() is the PID of the cancel key the server side of the connection
   // sent. A pooler answers the client itself with a key of its own (PgBouncer: random),
   // so it differs from the PID of the server session that ran the query above.
@@ -127,15 +139,18 @@ Connection::Connection(const std::string& dsn, std::shared_ptr<const Statements>
   routines_ = routines_ && pooled_;   // directly, prepared statements do better
 }
 
-bool end_session(const std::string& dsn, const Backend& backend, std::int64_t timeout_ms) {
+bool end_session(const std::string& dsn, const Backend& backend, std::int64_t timeout_ms,
+                 Watchdog& watchdog) {
   if (backend.pid == 0) return false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  const std::int64_t deadline_us = steady_now_us() + timeout_ms * 1000;
   const std::string terminate = std::string("SELECT pg_terminate_backend(pid)") + session_match;
   const std::string alive = std::string("SELECT 1") + session_match;
   auto pause = std::chrono::milliseconds(1);
   while (std::chrono::steady_clock::now() < deadline) {
     try {
       pqxx::connection conn(dsn);
+      const Watchdog::Guard guard = watchdog.arm(conn, {}, deadline_us);
       pqxx::nontransaction session(conn);
       // Only the server the session ran on can show that it ended. After a failover the
       // DSN leads to the promoted standby (same cluster, a new timeline), where that
@@ -261,12 +276,13 @@ void Connection::prepare(Stmt s) {
 }
 
 Pool::Pool(std::string dsn, std::shared_ptr<const Statements> statements, std::size_t size,
-           std::int64_t timeout_ms, Pooler pooler)
+           std::int64_t timeout_ms, Pooler pooler, Watchdog& watchdog)
     : dsn_(std::move(dsn)),
       statements_(std::move(statements)),
       size_(size),
       timeout_ms_(timeout_ms),
-      pooler_(pooler) {}
+      pooler_(pooler),
+      watchdog_(watchdog) {}
 
 Pool::~Pool() {
   close();
@@ -276,9 +292,12 @@ Pool::Lease::~Lease() {
   if (conn_) pool_->give_back(std::move(conn_), discard_);
 }
 
-Pool::Lease Pool::acquire() {
+Pool::Lease Pool::acquire(std::int64_t deadline_us) {
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  const std::int64_t pool_deadline_us = steady_now_us() + timeout_ms_ * 1000;
+  const bool call_bound = deadline_us != 0 && deadline_us < pool_deadline_us;
+  const auto deadline = std::chrono::steady_clock::time_point(
+      std::chrono::microseconds(call_bound ? deadline_us : pool_deadline_us));
   for (;;) {
     if (closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
     if (!idle_.empty()) {
@@ -290,6 +309,12 @@ Pool::Lease Pool::acquire() {
     ++waiting_;
     const bool timed_out = returned_.wait_until(lock, deadline) == std::cv_status::timeout;
     --waiting_;
+    if (timed_out && idle_.empty() && open_ >= size_ && call_bound) {
+      throw Error(ErrorCode::deadline_exceeded,
+                  "the call's deadline (call_timeout) passed while it waited for a database "
+                  "connection (pool_size " +
+                      std::to_string(size_) + "); nothing was changed");
+    }
     if (timed_out && idle_.empty() && open_ >= size_) {
       Error error(ErrorCode::overloaded, "no database connection came free within " +
                                              std::to_string(timeout_ms_) + " ms (pool_size " +
@@ -301,7 +326,7 @@ Pool::Lease Pool::acquire() {
   ++open_;
   lock.unlock();
   try {
-    auto conn = std::make_unique<Connection>(dsn_, statements_, pooler_);
+    auto conn = std::make_unique<Connection>(dsn_, statements_, pooler_, &watchdog_, deadline_us);
     if (conn->pooled()) {
       std::lock_guard<std::mutex> seen(mutex_);
       pooled_seen_ = true;

@@ -35,9 +35,13 @@ struct Backend {
 // unnamed (parsed with their parameters in one round trip), its lock_timeout is set with
 // SET LOCAL by begin() in each transaction, and it has no server session to end
 // (backend() is empty).
+class Watchdog;  // watchdog.hpp
+
 class Connection {
  public:
-  Connection(const std::string& dsn, std::shared_ptr<const Statements> statements, Pooler pooler);
+  // Its setup statements are armed with `watchdog` (if given) until `deadline_us`.
+  Connection(const std::string& dsn, std::shared_ptr<const Statements> statements, Pooler pooler,
+             Watchdog* watchdog = nullptr, std::int64_t deadline_us = 0);
 
   pqxx::connection& raw() { return *conn_; }
   bool is_open() const;
@@ -143,11 +147,13 @@ class Connection {
 std::unique_ptr<pqxx::connection> connect(const std::string& dsn);
 
 // Ends the server session `backend` (pg_terminate_backend) from a fresh connection and
-// waits until it is gone from pg_stat_activity, at most `timeout_ms`. Once it is gone,
-// whatever it was running has committed or rolled back for good, and a fresh read shows
-// which. Returns whether that was established (false: the server cannot be reached, or
-// the session would not end in time).
-bool end_session(const std::string& dsn, const Backend& backend, std::int64_t timeout_ms);
+// waits until it is gone from pg_stat_activity, at most `timeout_ms` (its statements armed
+// with `watchdog`, so a server that stops answering cannot hold it longer). Once it is
+// gone, whatever it was running has committed or rolled back for good, and a fresh read
+// shows which. Returns whether that was established (false: the server cannot be
+// reached, or the session would not end in time).
+bool end_session(const std::string& dsn, const Backend& backend, std::int64_t timeout_ms,
+                 Watchdog& watchdog);
 
 // A transaction run by hand on a nontransaction, for pooled connections on the hot path:
 // BEGIN and SET LOCAL lock_timeout travel as one simple query (pqxx::work sends BEGIN
@@ -183,11 +189,12 @@ struct PoolGauges {
 };
 
 // A bounded pool. acquire() hands out an idle connection, opens a new one while fewer than
-// `size` are open, or waits at most `timeout_ms` for one to come back (then Overloaded).
+// `size` are open, or waits at most `timeout_ms` for one to come back (then Overloaded),
+// and never past the call's deadline (then DeadlineExceeded).
 class Pool {
  public:
   Pool(std::string dsn, std::shared_ptr<const Statements> statements, std::size_t size,
-       std::int64_t timeout_ms, Pooler pooler);
+       std::int64_t timeout_ms, Pooler pooler, Watchdog& watchdog);
   ~Pool();
 
   class Lease {
@@ -207,7 +214,8 @@ class Pool {
     bool discard_ = false;
   };
 
-  Lease acquire();
+  // `deadline_us`: the call's deadline (steady clock, microseconds), 0 for none.
+  Lease acquire(std::int64_t deadline_us = 0);
   // Closes every idle connection: after one broke, its idle siblings are suspect too (a
   // server restart or failover breaks them all), so the next acquire() opens a fresh one.
   // Returns how many it closed.
@@ -225,6 +233,7 @@ class Pool {
   const std::size_t size_;
   const std::int64_t timeout_ms_;
   const Pooler pooler_;
+  Watchdog& watchdog_;
   mutable std::mutex mutex_;
   std::condition_variable returned_;
   std::size_t waiting_ = 0;

@@ -35,6 +35,7 @@
 #include "postgres/pool.hpp"
 #include "postgres/sqlstate.hpp"
 #include "postgres/statements.hpp"
+#include "postgres/watchdog.hpp"
 #include "stockade/hash.hpp"
 #include "stockade/log.hpp"
 #include "stockade/postgres_store.hpp"
@@ -193,6 +194,16 @@ class PostgresStore final : public Store, public TestHooks {
   // attempt, or throws Overloaded once serialization_retries_max attempts failed.
   void back_off_or_give_up(const WriteOptions* options, const ErrorContext& context,
                            const std::string& sqlstate, int attempt, const char* cause);
+  // After a connection broke before COMMIT: the first time, closes the idle connections
+  // (a restart or failover broke them too), logs at INFO and returns, for run() to run
+  // the call again; the second time, throws Unavailable.
+  void run_again_or_give_up(bool& reconnected, const ErrorContext& context, const char* cause);
+  // The deadline of a run() that starts now: the enclosing CallDeadline's, else
+  // call_timeout from now (steady clock, microseconds).
+  std::int64_t call_deadline_us() const;
+  // The answer of a call whose deadline fired: DeadlineExceeded (nothing changed) while
+  // no COMMIT was sent, InDoubt once one was. Logs a WARNING (rate-limited).
+  Error past_deadline(const ErrorContext& context, bool commit_sent) const;
   // The InDoubt error for a commit whose connection was lost, after ending its session.
   LostCommit lost_commit(const Backend& backend, const ErrorContext& context,
                          const char* cause) const;
@@ -275,6 +286,7 @@ class PostgresStore final : public Store, public TestHooks {
   bool stand_for_sweeper(std::unique_ptr<Connection>& leader, bool elected,
                          std::int64_t election_key);
   std::uint64_t expire_as_leader(Connection& leader, std::int64_t election_key, bool& elected);
+  Watchdog::Guard arm_leader(Connection& leader);
   // Pooled: takes the sweeper's election lock for this transaction, if free.
   static bool elected_for(pqxx::transaction_base& work, const Connection& leader,
                           std::int64_t election_key);
@@ -318,6 +330,7 @@ class PostgresStore final : public Store, public TestHooks {
 
   const PostgresOptions options_;
   const std::shared_ptr<const Statements> statements_;
+  mutable Watchdog watchdog_;  // before pool_: the pool's connections are armed with it
   mutable Pool pool_;
 
   // Batches left to run without trying the fast path, after one found no room.
@@ -377,9 +390,11 @@ template <RunMode Mode, class Fn>
 auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context, Fn&& fn)
     -> std::invoke_result_t<Fn&, Tx&> {
   const Failure failure{options, context, options_.schema};
+  const std::int64_t deadline_us = call_deadline_us();
   bool reconnected = false;
   for (int attempt = 0;; ++attempt) {
-    Pool::Lease lease = pool_.acquire();
+    if (steady_now_us() >= deadline_us) throw past_deadline(context, false);  // none sent yet
+    Pool::Lease lease = pool_.acquire(deadline_us);
     bool committing = false;
     // A one-statement write behind a transaction-mode pooler runs in a transaction of its
     // own after all. That is where SET LOCAL can bound its lock wait, and it keeps the
@@ -388,43 +403,46 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
     // whereas an autocommit statement cut while it waits for a lock still may.
     const bool in_transaction =
         Mode == RunMode::transaction || (Mode == RunMode::one_statement && lease->pooled());
+    // Disarmed before the lease goes back: a connection whose deadline fired is discarded.
+    const Watchdog::Guard guard = watchdog_.arm(lease->raw(), lease->backend(), deadline_us);
     try {
-      return run_attempt<Mode>(lease, options, in_transaction, committing, fn);
+      auto result = run_attempt<Mode>(lease, options, in_transaction, committing, fn);
+      if (guard.fired()) {  // it committed, but a cancel may have cut a synchronous wait
+        lease.discard();
+        throw past_deadline(context, true);
+      }
+      return result;
+    } catch (const Error&) {
+      if (guard.fired()) lease.discard();  // a late cancel must not reach another call
+      throw;
     } catch (const pqxx::in_doubt_error& e) {
       lease.discard();
+      if (guard.fired()) throw past_deadline(context, true);
       throw lost_commit(lease->backend(), context, e.what());
     } catch (const pqxx::broken_connection& e) {
       lease.discard();
+      if (guard.fired()) throw past_deadline(context, committing);
       if (committing) throw lost_commit(lease->backend(), context, e.what());
       // Nothing was committed: the server rolls back a transaction whose client is gone.
-      if (!reconnected) {
-        reconnected = true;
-        const std::size_t closed = pool_.drop_idle();
-        // INFO: nothing was committed and the engine recovers by itself.
-        reconnect_log().log(LogLevel::info, "stockade.postgres",
-                            "a database connection broke before its commit (" +
-                                plain_cause(scrub_secrets(e.what(), options_.dsn)) +
-                                "); nothing was committed, so the call runs again on a fresh "
-                                "connection (and " +
-                                std::to_string(closed) + " idle ones were closed with it)");
-        continue;
-      }
-      ErrorContext c = context;
-      throw Error(
-          ErrorCode::unavailable,
-          std::string("the database connection broke twice; nothing was changed: ") + e.what(),
-          std::move(c));
+      run_again_or_give_up(reconnected, context, e.what());
+      continue;
     } catch (const pqxx::transaction_rollback& e) {
       // 40001 / 40P01: the server rolled the transaction back; running it again is safe.
       // (libpqxx 6.4 does not derive these from sql_error; 7.x does.)
-      if (dynamic_cast<const pqxx::statement_completion_unknown*>(&e) != nullptr) {
-        lease.discard();
-        throw lost_commit(lease->backend(), context, e.what());
-      }
+      const bool unknown = dynamic_cast<const pqxx::statement_completion_unknown*>(&e) != nullptr;
+      if (unknown || guard.fired()) lease.discard();
+      if (guard.fired()) throw past_deadline(context, unknown);
+      if (unknown) throw lost_commit(lease->backend(), context, e.what());
       back_off_or_give_up(options, context, rollback_sqlstate(e), attempt, e.what());
       continue;
     } catch (const pqxx::sql_error& e) {
       const std::string state = e.sqlstate();
+      // An error reply is definite, even to COMMIT: the transaction rolled back.
+      if (guard.fired()) {
+        lease.discard();
+        if (state == "57014") throw past_deadline(context, false);  // our cancel request
+        throw translate(e, failure);
+      }
       if (is_retryable(state)) {  // 40001 / 40P01 as a plain sql_error (libpqxx 7)
         back_off_or_give_up(options, context, state, attempt, e.what());
         continue;
@@ -433,6 +451,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       throw translate(e, failure);
     } catch (const pqxx::failure& e) {  // any other libpqxx failure: never a bare exception
       lease.discard();
+      if (guard.fired()) throw past_deadline(context, committing);
       ErrorContext c = context;
       throw Error(ErrorCode::database_error, std::string("database error: ") + e.what(),
                   std::move(c));
@@ -479,6 +498,7 @@ auto PostgresStore::run_attempt(Pool::Lease& lease, const WriteOptions* options,
 template <class Fn>
 std::vector<Reservation> PostgresStore::run_resolving(const std::vector<Uuid>& ids,
                                                       const ErrorContext& context, Fn&& attempt) {
+  const CallDeadline deadline(options_.call_timeout_ms);
   for (int lost = 0;; ++lost) {
     try {
       return attempt();
@@ -496,6 +516,7 @@ template <class Fn>
 auto PostgresStore::optimistic_retry(const SkuKey* key, const WriteOptions& options, Fn&& attempt)
     -> std::invoke_result_t<Fn&> {
   StrategyCounters& counters = telemetry().of(Strategy::optimistic);
+  const CallDeadline deadline(options_.call_timeout_ms);
   for (int n = 0;; ++n) {
     try {
       return attempt();

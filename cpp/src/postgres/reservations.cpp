@@ -75,7 +75,8 @@ std::vector<Uuid> parse_ids(const std::string& list) {
 LostCommit PostgresStore::lost_commit(const Backend& backend, const ErrorContext& context,
                                       const char* cause) const {
   const bool pooled = backend.pid == 0;  // Connection::pooled(): no session to end
-  const bool settled = !pooled && end_session(options_.dsn, backend, options_.resolve_timeout_ms);
+  const bool settled =
+      !pooled && end_session(options_.dsn, backend, options_.resolve_timeout_ms, watchdog_);
   std::string prelude = "connection lost during COMMIT (" + plain_cause(cause) + "); ";
   prelude += settled  ? "the server session was ended, so the outcome is final"
              : pooled ? "a pooler hides the server session, which cannot be ended"

@@ -365,6 +365,7 @@ StockLevel PostgresStore::stock(const SkuKey& key) {
 }
 
 StockLevel PostgresStore::sell(const SellRequest& request) {
+  const CallDeadline deadline(options_.call_timeout_ms);  // one bound over every attempt
   const WriteOptions& options = request.options;
   const SkuKey& key = request.key;
   if (options.count_request) telemetry().count(key, SkuEvent::request);
@@ -457,6 +458,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
 }
 
 Reservation PostgresStore::reserve(const ReserveRequest& request) {
+  const CallDeadline deadline(options_.call_timeout_ms);  // one bound over every attempt
   const WriteOptions& options = request.options;
   if (options.count_request) telemetry().count(request.key, SkuEvent::request);
   const std::vector<OrderLine> lines{{request.key, request.qty}};
@@ -564,6 +566,7 @@ std::optional<Reservation> PostgresStore::reserve_limited_in_one_statement(
 }
 
 std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& request) {
+  const CallDeadline deadline(options_.call_timeout_ms);  // one bound over every attempt
   const WriteOptions& options = request.options;
   // Locks go in sorted (sku, location) order; results come back in the caller's order.
   std::vector<std::size_t> order(request.lines.size());

@@ -62,7 +62,12 @@ std::string migration_names() {
 // runs without session state, SET LOCAL in each transaction, as behind a transaction-mode
 // pooler, on every connection (the pool's and the sweeper's).
 PostgresOptions effective(PostgresOptions options) {
-  options.dsn = with_application_name(options.dsn, options.application_name);
+  // Connecting is bounded by libpq's connect_timeout, whole seconds and at least 2: the
+  // call_timeout rounded up, at most 10 (so that a call opening a connection to a server
+  // that does not answer waits about its call_timeout, not longer).
+  const auto connect_s = static_cast<int>(std::clamp<std::int64_t>(
+      (options.call_timeout_ms + 999) / 1000, connect_timeout_min_s, connect_timeout_max_s));
+  options.dsn = with_connection_defaults(options.dsn, options.application_name, connect_s);
   if (options.layout == Layout::citus) options.pooler = Pooler::transaction;
   return options;
 }
@@ -74,10 +79,12 @@ PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry>
       options_(effective(std::move(options))),
       statements_(std::make_shared<Statements>(options_.schema, options_.layout == Layout::citus,
                                                migration_names())),
+      watchdog_(options_.dsn, options_.cancel_grace_ms),
       pool_(options_.dsn, statements_, options_.pool_size, options_.pool_timeout_ms,
-            options_.pooler) {
+            options_.pooler, watchdog_) {
   {
-    Pool::Lease first = pool_.acquire();  // fail fast on a bad DSN or a server that is down
+    Pool::Lease first =
+        pool_.acquire(call_deadline_us());  // fail fast on a bad DSN or a server that is down
     if (first->pooled() && options_.pooler == Pooler::detect) {
       log(LogLevel::info, "stockade.postgres",
           "a connection pooler stands between this engine and PostgreSQL (the cancel key's "
@@ -107,6 +114,58 @@ void PostgresStore::close() {
   sweeper_wake_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
   pool_.close();
+  watchdog_.stop();
+}
+
+void PostgresStore::run_again_or_give_up(bool& reconnected, const ErrorContext& context,
+                                         const char* cause) {
+  if (!reconnected) {
+    reconnected = true;
+    const std::size_t closed = pool_.drop_idle();
+    // INFO: nothing was committed and the engine recovers by itself.
+    reconnect_log().log(LogLevel::info, "stockade.postgres",
+                        "a database connection broke before its commit (" +
+                            plain_cause(scrub_secrets(cause, options_.dsn)) +
+                            "); nothing was committed, so the call runs again on a fresh "
+                            "connection (and " +
+                            std::to_string(closed) + " idle ones were closed with it)");
+    return;
+  }
+  ErrorContext c = context;
+  throw Error(ErrorCode::unavailable,
+              std::string("the database connection broke twice; nothing was changed: ") + cause,
+              std::move(c));
+}
+
+std::int64_t PostgresStore::call_deadline_us() const {
+  const std::int64_t scoped = CallDeadline::current();
+  return scoped != 0 ? scoped : steady_now_us() + options_.call_timeout_ms * 1000;
+}
+
+Error PostgresStore::past_deadline(const ErrorContext& context, bool commit_sent) const {
+  static LogLimiter deadlines;
+  const std::string bound = "the call's deadline (call_timeout " +
+                            std::to_string(options_.call_timeout_ms) + " ms) passed ";
+  ErrorContext c = context;
+  if (!commit_sent) {
+    Error error(ErrorCode::deadline_exceeded,
+                bound +
+                    "before its COMMIT was sent: the server was asked to cancel the call's "
+                    "work (and the connection was cut if it did not answer within "
+                    "cancel_grace); nothing was changed",
+                std::move(c));
+    deadlines.log(LogLevel::warning, "stockade.postgres", error.what());
+    return error;
+  }
+  Error error(ErrorCode::in_doubt,
+              bound +
+                  "after its COMMIT was sent (a commit waiting for a synchronous standby, or a "
+                  "server that stopped answering), so it may have committed: a cancelled wait "
+                  "for a synchronous standby leaves the commit done locally but maybe not "
+                  "replicated. Retry with the same idempotency key to learn the outcome",
+              std::move(c));
+  deadlines.log(LogLevel::warning, "stockade.postgres", error.what());
+  return error;
 }
 
 void PostgresStore::back_off_or_give_up(const WriteOptions* options, const ErrorContext& context,
@@ -240,6 +299,14 @@ void validate_postgres_options(const PostgresOptions& options) {
   if (options.resolve_timeout_ms <= 0 || options.resolve_timeout_ms > lock_timeout_ms_max) {
     throw_invalid_argument("resolve_timeout must be between 1 ms and " +
                            std::to_string(lock_timeout_ms_max) + " ms");
+  }
+  if (options.call_timeout_ms <= 0 || options.call_timeout_ms > lock_timeout_ms_max) {
+    throw_invalid_argument("call_timeout must be between 1 ms and " +
+                           std::to_string(lock_timeout_ms_max) + " ms");
+  }
+  if (options.cancel_grace_ms <= 0 || options.cancel_grace_ms > cancel_grace_ms_max) {
+    throw_invalid_argument("cancel_grace must be between 1 ms and " +
+                           std::to_string(cancel_grace_ms_max) + " ms");
   }
   if (options.sweep_batch == 0 || options.sweep_batch > expire_batch_max) {
     throw_invalid_argument("sweep_batch must be between 1 and " + std::to_string(expire_batch_max));

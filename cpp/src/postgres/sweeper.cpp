@@ -86,10 +86,13 @@ bool PostgresStore::stand_for_sweeper(std::unique_ptr<Connection>& leader, bool 
                                       std::int64_t election_key) {
   if (!leader || !leader->is_open()) {
     elected = false;
-    leader = std::make_unique<Connection>(options_.dsn, statements_, options_.pooler);
+    leader = std::make_unique<Connection>(options_.dsn, statements_, options_.pooler, &watchdog_,
+                                          call_deadline_us());
+    const Watchdog::Guard guard = arm_leader(*leader);
     leader->set_lock_timeout(options_.lock_timeout_ms);
   }
   if (leader->pooled() || elected) return true;
+  const Watchdog::Guard guard = arm_leader(*leader);
   pqxx::nontransaction session(leader->raw());
   const std::string sql = "SELECT pg_try_advisory_lock(" + std::to_string(election_key) + ")";
   return session.exec(sql)[0][0].as<bool>();
@@ -125,6 +128,7 @@ void PostgresStore::purge_on_leader(Connection& leader, std::int64_t election_ke
   bool outvoted = false;  // pooled: another engine holds the election lock now
   const auto delete_some = [&](Stmt statement, std::uint64_t n, std::int64_t cursor) {
     const auto started = std::chrono::steady_clock::now();
+    const Watchdog::Guard guard = arm_leader(leader);
     pqxx::work work(leader.raw());
     leader.begin(work);
     if (!elected_for(work, leader, election_key)) {
@@ -134,6 +138,7 @@ void PostgresStore::purge_on_leader(Connection& leader, std::int64_t election_ke
     Tx tx{work, leader};
     const PurgeStep step = purge_step(tx, statement, older_than_us, n, cursor);
     work.commit();
+    if (guard.fired()) throw past_deadline(ErrorContext{}, true);
     if (step.keys + step.reservations > 0) {
       std::unique_lock<std::mutex> rest(sweeper_mutex_);
       sweeper_wake_.wait_for(rest, (std::chrono::steady_clock::now() - started) / 2,
@@ -163,13 +168,22 @@ bool PostgresStore::elected_for(pqxx::transaction_base& work, const Connection& 
 
 std::optional<std::size_t> PostgresStore::sweep_batch(Connection& leader,
                                                       std::int64_t election_key) {
+  const Watchdog::Guard guard = arm_leader(leader);
   pqxx::work work(leader.raw());
   leader.begin(work);
   if (!elected_for(work, leader, election_key)) return std::nullopt;
   Tx tx{work, leader};
   const std::size_t n = expire_in(tx, options_.sweep_batch);
   work.commit();
+  // Past the deadline a cancel may still be on its way: the round fails, and the next one
+  // runs on a fresh session.
+  if (guard.fired()) throw past_deadline(ErrorContext{}, true);
   return n;
+}
+
+// Each of the sweeper's transactions is bounded like a caller's (call_timeout).
+Watchdog::Guard PostgresStore::arm_leader(Connection& leader) {
+  return watchdog_.arm(leader.raw(), leader.backend(), call_deadline_us());
 }
 
 }  // namespace stockade::detail::pg
