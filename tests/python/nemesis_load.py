@@ -1,0 +1,187 @@
+"""The nemesis test's workload: a seeded random mix of calls, each recorded in a history.
+
+Imported by test_nemesis.py for its threads, and run as a script for its second process:
+
+    python nemesis_load.py DSN SEED SECONDS PREFIX HISTORY_FILE
+
+Each call's request and outcome become one record (a dict, JSON-able): what was asked
+(``op``, ``sku``, ``qty``, ``key``, ``strategy``, ``target`` for a transition) and what the
+caller was told (``out``: "ok" or the error class's name; ``id`` and ``state`` of a
+reservation it got). The history is checked afterwards by test_nemesis.py's checker,
+which knows nothing of how the engine decides.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+import stockade
+
+SKUS = ["n-0", "n-1", "n-2", "n-3"]
+LEASED = "lease-0"  # leases and fenced restocks (of one unit each) go to this SKU only
+STRATEGIES = ["atomic", "pessimistic", "optimistic", "advisory", "batched", "auto"]
+RESTOCK = 1000  # every restock adds this many: in-doubt restocks are then countable
+SHORT_TTL = 1  # seconds: some holds lapse and expire during the run
+
+Record = Dict[str, Any]
+
+
+def engine(dsn: str) -> stockade.Engine:
+    return stockade.Engine.postgres(
+        dsn,
+        pool_size=6,
+        lock_timeout=1,
+        call_timeout=3,
+        cancel_grace=0.5,
+        resolve_timeout=2,
+    )
+
+
+class Workload:
+    """Threads that call `eng` at random until stopped; `history` holds every call."""
+
+    def __init__(self, eng: stockade.Engine, seed: int, prefix: str, threads: int) -> None:
+        self.eng = eng
+        self.seed = seed
+        self.prefix = prefix
+        self.history: List[Record] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(t,), daemon=True) for t in range(threads)
+        ]
+
+    def start(self) -> Workload:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in self._threads), "a caller never returned"
+
+    def _run(self, t: int) -> None:
+        rng = random.Random(f"{self.seed}-{self.prefix}-{t}")
+        held: List[str] = []  # ids this thread was told it holds
+        for i in range(10**9):
+            if self._stop.is_set():
+                return
+            record = self._one(rng, f"{self.prefix}-{t}-{i}", held)
+            with self._lock:
+                self.history.append(record)
+            if record["out"] not in ("ok", "OutOfStock"):
+                time.sleep(0.01)  # the server may be down: do not spin
+
+    def _one(self, rng: random.Random, name: str, held: List[str]) -> Record:
+        roll = rng.random()
+        sku = rng.choice(SKUS)
+        if roll < 0.55 or not held:
+            keyed = rng.random() < 0.8
+            record: Record = {
+                "op": "reserve",
+                "sku": sku,
+                "qty": rng.randint(1, 3),
+                "key": name if keyed else None,
+                "strategy": rng.choice(STRATEGIES),
+                "ttl": SHORT_TTL if rng.random() < 0.1 else 600,
+            }
+        elif roll < 0.85:
+            record = {"op": rng.choice(["confirm", "release", "extend"]), "target": None}
+            record["target"] = held.pop(rng.randrange(len(held)))
+        elif roll < 0.92:
+            record = {"op": "restock", "sku": sku}
+        elif roll < 0.97:
+            return self._leased(name)
+        else:
+            record = {"op": "expire_due"}
+        record["t0"] = time.monotonic()
+        try:
+            result = self._call(record)
+            record["out"] = "ok"
+            if isinstance(result, stockade.Reservation):
+                record["id"], record["state"] = str(result.id), result.state.value
+                if record["op"] == "reserve":
+                    held.append(record["id"])
+        except stockade.StockadeError as e:
+            record["out"] = type(e).__name__
+        record["t1"] = time.monotonic()
+        return record
+
+    def _leased(self, name: str) -> Record:
+        """A short lease on LEASED, then a restock fenced with its token: one record with
+        both outcomes (``out`` the lease's, ``write`` the fenced restock's)."""
+        record: Record = {"op": "lease", "owner": name, "t0": time.monotonic()}
+        try:
+            lease = self.eng.acquire_lease(LEASED, 0.5, owner=name)
+            record["out"], record["token"] = "ok", lease.token
+        except stockade.StockadeError as e:
+            record["out"] = type(e).__name__
+        record["t1"] = record["w0"] = time.monotonic()
+        if "token" in record:
+            try:
+                self.eng.restock(LEASED, 1, fencing_token=record["token"])
+                record["write"] = "ok"
+            except stockade.StockadeError as e:
+                record["write"] = type(e).__name__
+        record["w1"] = time.monotonic()
+        return record
+
+    def _call(self, r: Record) -> object:
+        eng = self.eng
+        if r["op"] == "reserve":
+            return eng.reserve(
+                r["sku"], r["qty"], idempotency_key=r["key"], strategy=r["strategy"], ttl=r["ttl"]
+            )
+        if r["op"] == "confirm":
+            return eng.confirm(r["target"])
+        if r["op"] == "release":
+            return eng.release(r["target"])
+        if r["op"] == "extend":
+            return eng.extend(r["target"], ttl=600)
+        if r["op"] == "restock":
+            return eng.restock(r["sku"], RESTOCK)
+        return eng.expire_due(limit=100)
+
+
+def main(argv: List[str]) -> None:
+    dsn, seed, seconds, prefix, path = argv[1], int(argv[2]), float(argv[3]), argv[4], argv[5]
+    with engine(dsn) as eng:
+        load = Workload(eng, seed, prefix, threads=4).start()
+        time.sleep(seconds)
+        load.stop()
+    with open(path, "w", encoding="utf-8") as out:
+        for record in load.history:
+            out.write(json.dumps(record) + "\n")
+
+
+def read_history(path: str) -> List[Record]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def resolve(eng: stockade.Engine, record: Record) -> Optional[str]:
+    """Retries an in-doubt keyed reserve with its request: the id it settles to."""
+    for _ in range(50):
+        try:
+            r = eng.reserve(
+                record["sku"],
+                record["qty"],
+                idempotency_key=record["key"],
+                strategy=record["strategy"],
+                ttl=record["ttl"],
+            )
+            return str(r.id)
+        except (stockade.InDoubt, stockade.Unavailable, stockade.DeadlineExceeded):
+            time.sleep(0.1)
+    return None
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,437 @@
+"""A randomized, overlapping fault schedule, checked against the whole history.
+
+Several threads in this process and four in a second one run a seeded random mix of calls
+(nemesis_load.py: keyed and keyless reserves under every strategy, confirm, release,
+extend, expiry, restocks) through a proxy, while a nemesis applies faults at random times,
+some overlapping: backend kills, `-m immediate` restarts, a kill during the recovery from
+a restart, cuts through the proxy before or after COMMIT or while a write waits, a SIGSTOP
+of the server shorter or longer than lock_timeout, and a commit that hangs waiting for a
+synchronous standby that is gone (while other faults go on).
+
+Every call's request and outcome go to a history. Afterwards, on a healthy server, the
+checker below replays the history against a model of the rules, reading the database
+with plain SQL and sharing no code with the engine's decisions:
+
+- every acknowledged reservation is in the database as acknowledged, and nothing is there
+  that no call could have made;
+- each idempotency key has exactly one outcome: a definite failure left no key, an
+  acknowledged one maps to its reservation, and each InDoubt settles on a same-key retry;
+- each reservation's final state is one its calls allow (an acknowledged confirm is
+  confirmed, a hold nobody touched is held, or expired only if its TTL was short);
+- each stock row satisfies 0 <= reserved <= on_hand, reserved is the sum of its holds,
+  and on_hand is the start plus the restocks that landed (every acknowledged one, and
+  some in-doubt ones) minus what was confirmed.
+
+STOCKADE_NEMESIS_SECONDS sets the run's length (default 60); STOCKADE_NEMESIS_SEED
+replays a seed. A failure prints the seed, each violation, and the history up to the
+first violating call.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+import pytest
+
+import stockade
+from nemesis_load import (
+    LEASED,
+    RESTOCK,
+    SHORT_TTL,
+    SKUS,
+    Record,
+    Workload,
+    engine,
+    read_history,
+    resolve,
+)
+from pgproxy import CommitCuttingProxy
+from stockade.tools.pgserver import TemporaryPostgres, run_sql
+from support import children_of
+
+pytestmark = [pytest.mark.nemesis, pytest.mark.faults]
+
+SECONDS = float(os.environ.get("STOCKADE_NEMESIS_SECONDS", "60"))
+START = 1_000_000  # each SKU's stock at the start
+KILL = (
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+)
+
+
+@pytest.fixture
+def server() -> Iterator[TemporaryPostgres]:
+    with TemporaryPostgres(max_connections=100) as pg:
+        yield pg
+
+
+class Nemesis:
+    """Applies seeded random faults to `server` (and through `proxy`) until `until`."""
+
+    def __init__(self, server: TemporaryPostgres, proxy: CommitCuttingProxy, dsn: str, seed: int):
+        self.server, self.proxy, self.dsn = server, proxy, dsn
+        self.rng = random.Random(seed)
+        self.applied: Counter[str] = Counter()
+        self.sync_until = 0.0  # while later than now, commits wait for a gone standby
+
+    def run(self, until: float) -> None:
+        while time.monotonic() < until:
+            time.sleep(self.rng.uniform(0.3, 2.0))
+            if self.sync_until and time.monotonic() > self.sync_until:
+                self._sync_standby(None)
+            fault = self.rng.choice(
+                ["kill", "restart", "restart+kill", "pause", "sync", "cut", "cut", "kill"]
+            )
+            self.applied[fault] += 1
+            getattr(self, "_" + fault.replace("+", "_"))()
+        self._sync_standby(None)
+
+    def _kill(self) -> None:
+        self._sql(KILL, self.dsn)
+
+    def _restart(self) -> None:
+        self.server.restart("immediate")
+
+    def _restart_kill(self) -> None:
+        self.server.restart("immediate")
+        time.sleep(self.rng.uniform(0.0, 0.3))
+        self._kill()
+
+    def _pause(self) -> None:
+        # Shorter or longer than the engines' lock_timeout (1 s).
+        pids = [self.server.pid, *children_of(self.server.pid)]
+        for pid in pids:
+            _signal(pid, signal.SIGSTOP)
+        try:
+            time.sleep(self.rng.uniform(0.5, 3.0))
+        finally:
+            for pid in pids:
+                _signal(pid, signal.SIGCONT)
+
+    def _sync(self) -> None:
+        # Overlaps what comes next: it ends after a while, at the start of a later turn.
+        self._sync_standby("gone")
+        self.sync_until = time.monotonic() + self.rng.uniform(0.5, 2.5)
+
+    def _cut(self) -> None:
+        self.proxy.arm(self.rng.choice(["before", "after", "stalled"]))
+
+    def _sync_standby(self, name: Optional[str]) -> None:
+        if name is None:
+            self.sync_until = 0.0
+        setting = (
+            f"SET synchronous_standby_names = '{name}'"
+            if name
+            else "RESET synchronous_standby_names"
+        )
+        for _ in range(50):  # the server may be restarting
+            if self._sql(f"ALTER SYSTEM {setting}", self.server.dsn()) is not None:
+                self._sql("SELECT pg_reload_conf()", self.server.dsn())
+                return
+            time.sleep(0.1)
+        raise AssertionError("the server never took the setting")
+
+    @staticmethod
+    def _sql(statement: str, dsn: str) -> Optional[str]:
+        try:
+            return run_sql(dsn, statement)
+        except stockade.StockadeError:
+            return None  # the server is restarting: the fault lands on a server that is down
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+# --- the checker: the history against a model, and the database read with plain SQL ---
+
+DEFINITE_TRANSITION_FAILURES = {"LockTimeout", "DeadlineExceeded", "Unavailable", "Overloaded"}
+
+
+class Checker:
+    def __init__(self, history: List[Record], rows: Dict[str, Tuple[int, int]]) -> None:
+        self.history = sorted(history, key=lambda r: r["t0"])
+        self.rows = rows  # sku -> (on_hand, reserved)
+        self.violations: List[Tuple[Optional[Record], str]] = []
+
+    def fail(self, record: Optional[Record], what: str) -> None:
+        self.violations.append((record, what))
+
+    def keys(self, stored: Dict[str, List[str]], settled: Dict[str, Optional[str]]) -> None:
+        """Each key has exactly one outcome. `stored`: the keys in the database before
+        any retry; `settled`: what each in-doubt key's retry returned."""
+        for r in self.history:
+            if r["op"] != "reserve" or r["key"] is None:
+                continue
+            there = stored.get(r["key"])
+            if r["out"] == "ok" and there != [r["id"]]:
+                self.fail(r, f"acknowledged {r['id']}, but the key holds {there}")
+            elif r["out"] == "InDoubt" and settled.get(r["key"]) is None:
+                self.fail(r, "InDoubt, and its retry never settled")
+            elif r["out"] not in ("ok", "InDoubt") and there is not None:
+                self.fail(r, f"told {r['out']} (nothing changed), but the key holds {there}")
+
+    def reservations(self, db: Dict[str, Tuple[str, int, str, Optional[str]]], made: Set[str]):
+        """`db`: id -> (sku, qty, state, key) of every reservation. `made`: the ids the
+        calls were told of, or that their keys' retries settled on."""
+        asked = {r["id"]: r for r in self.history if r["op"] == "reserve" and r["out"] == "ok"}
+        keyed = {r["key"]: r for r in self.history if r["op"] == "reserve" and r["key"]}
+        for rid in made:
+            if rid not in db:
+                self.fail(asked.get(rid), f"reservation {rid} is missing")
+        unknown = Counter()
+        for rid, (sku, qty, _, key) in db.items():
+            request = asked.get(rid) or (keyed.get(key) if key else None)
+            if request is None and key is not None:
+                self.fail(None, f"reservation {rid} has a key no call sent: {key}")
+            elif request is None:
+                unknown[(sku, qty)] += 1  # a keyless InDoubt that landed, or no call's
+            elif (request["sku"], request["qty"]) != (sku, qty):
+                self.fail(request, f"reservation {rid} is {sku} x{qty}")
+        in_doubt = Counter(
+            (r["sku"], r["qty"])
+            for r in self.history
+            if r["op"] == "reserve" and r["key"] is None and r["out"] == "InDoubt"
+        )
+        for what, n in unknown.items():
+            if n > in_doubt[what]:
+                self.fail(None, f"{n} keyless reservations {what} that no call was told of")
+        self.states(db)
+
+    def states(self, db: Dict[str, Tuple[str, int, str, Optional[str]]]) -> None:
+        ttl = {r["id"]: r["ttl"] for r in self.history if r["op"] == "reserve" and "id" in r}
+        touched = {r["target"]: r for r in self.history if "target" in r}
+        target = {"confirm": "confirmed", "release": "released", "extend": "held"}
+        for rid, (_, _, state, _) in db.items():
+            short = ttl.get(rid, SHORT_TTL) == SHORT_TTL
+            allowed = {"held", "expired"} if short else {"held"}
+            t = touched.get(rid)
+            if t is not None and t["out"] == "ok":
+                allowed = {target[t["op"]]}
+            elif t is not None and t["out"] in ("ReservationExpired", "InvalidState"):
+                allowed = {"expired"}  # it lapsed (and expired) before the transition
+            elif t is not None and t["out"] == "InDoubt":
+                allowed |= {target[t["op"]]}
+            elif t is not None and t["out"] not in DEFINITE_TRANSITION_FAILURES:
+                self.fail(t, f"a transition told {t['out']}")
+            if state not in allowed:
+                self.fail(t, f"reservation {rid} is {state}; its calls allow {sorted(allowed)}")
+            if t is not None and t["out"] in ("ReservationExpired", "InvalidState") and not short:
+                self.fail(t, "a hold with a long TTL expired")
+
+    def stock(self, db: Dict[str, Tuple[str, int, str, Optional[str]]]) -> None:
+        for sku in SKUS:
+            on_hand, reserved = self.rows[sku]
+            held = sum(q for s, q, st, _ in db.values() if s == sku and st == "held")
+            sold = sum(q for s, q, st, _ in db.values() if s == sku and st == "confirmed")
+            restocks = [r for r in self.history if r["op"] == "restock" and r["sku"] == sku]
+            acked = sum(1 for r in restocks if r["out"] == "ok")
+            maybe = sum(1 for r in restocks if r["out"] == "InDoubt")
+            landed, rest = divmod(on_hand + sold - START, RESTOCK)
+            if not 0 <= reserved <= on_hand:
+                self.fail(None, f"{sku}: reserved {reserved}, on_hand {on_hand}")
+            if reserved != held:
+                self.fail(None, f"{sku}: reserved {reserved}, but its holds sum to {held}")
+            if rest != 0 or not acked <= landed <= acked + maybe:
+                self.fail(
+                    None,
+                    f"{sku}: on_hand {on_hand} is not the start plus {acked} acknowledged "
+                    f"(and up to {maybe} in-doubt) restocks minus {sold} sold",
+                )
+
+    def leases(self) -> None:
+        """Fencing tokens never go backwards, and no fenced write lands once a newer lease
+        was acknowledged before it began. LEASED's on_hand is the start plus the fenced
+        restocks (one unit each) that landed."""
+        leases = sorted(
+            (r for r in self.history if r["op"] == "lease" and r["out"] == "ok"),
+            key=lambda r: r["t0"],
+        )
+        if len({r["token"] for r in leases}) != len(leases):
+            self.fail(None, "two leases were given the same fencing token")
+        for a in leases:
+            for b in leases:
+                if a["t1"] < b["t0"] and not a["token"] < b["token"]:
+                    self.fail(b, f"token {b['token']} came after token {a['token']}")
+            newer = [b for b in leases if b["token"] > a["token"] and b["t1"] < a["w0"]]
+            if a.get("write") == "ok" and newer:
+                self.fail(a, f"a write fenced with {a['token']} landed after lease {newer[0]}")
+        writes = [r.get("write") for r in self.history if r["op"] == "lease"]
+        acked, maybe = writes.count("ok"), writes.count("InDoubt")
+        on_hand, reserved = self.rows[LEASED]
+        if reserved != 0 or not START + acked <= on_hand <= START + acked + maybe:
+            self.fail(
+                None,
+                f"{LEASED}: on_hand {on_hand} is not the start plus {acked} acknowledged "
+                f"(and up to {maybe} in-doubt) fenced restocks",
+            )
+
+    def report(self, seed: int) -> str:
+        lines = [f"seed {seed}: {len(self.violations)} violations"]
+        lines += [f"  {what}  <- {record}" for record, what in self.violations[:20]]
+        first = min((r["t0"] for r, _ in self.violations if r is not None), default=None)
+        if first is not None:
+            prefix = [r for r in self.history if r["t0"] <= first]
+            lines.append(f"the history up to the first violating call ({len(prefix)} calls):")
+            lines += [f"  {r}" for r in prefix[-40:]]
+        return "\n".join(lines)
+
+
+def read_database(
+    dsn: str,
+) -> Tuple[
+    Dict[str, Tuple[str, int, str, Optional[str]]], Dict[str, List[str]], Dict[str, Tuple[int, int]]
+]:
+    def rows(sql: str) -> List[List[str]]:
+        out = run_sql(dsn, f"COPY ({sql}) TO STDOUT WITH (FORMAT csv)")
+        return [line.split(",") for line in out.splitlines() if line]
+
+    db = {
+        rid: (sku, int(qty), state, key or None)
+        for rid, sku, qty, state, key in rows(
+            "SELECT id, sku, qty, state, idempotency_key FROM stockade.reservation"
+        )
+    }
+    keys: Dict[str, List[str]] = defaultdict(list)
+    for key, rid in rows("SELECT key, unnest(reservation_ids) FROM stockade.idempotency"):
+        keys[key].append(rid)
+    stock = {
+        sku: (int(on_hand), int(reserved))
+        for sku, on_hand, reserved in rows("SELECT sku, on_hand, reserved FROM stockade.stock")
+    }
+    return db, dict(keys), stock
+
+
+def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
+    server: TemporaryPostgres,
+) -> None:
+    seed = int(os.environ.get("STOCKADE_NEMESIS_SEED", str(random.randrange(10**6))))
+    print(f"nemesis seed {seed} ({SECONDS:.0f} s)")
+    dsn = server.create_database("shop")
+    with stockade.Engine.postgres(dsn, pool_size=1) as eng:
+        eng.migrate()
+        for sku in [*SKUS, LEASED]:
+            eng.restock(sku, START)
+    proxy = CommitCuttingProxy("127.0.0.1", server.port)
+    history_file = Path(tempfile.mkdtemp(prefix="stockade-nemesis-")) / "history.jsonl"
+    worker: Optional[subprocess.Popen[str]] = None
+    try:
+        via = proxy.dsn("shop") + " connect_timeout=2"
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("nemesis_load.py")),
+                via,
+                str(seed),
+                str(SECONDS),
+                "p2",
+                str(history_file),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        with engine(via) as eng:
+            load = Workload(eng, seed, "p1", threads=6).start()
+            nemesis = Nemesis(server, proxy, dsn, seed)
+            nemesis.run(time.monotonic() + SECONDS - 1)
+            load.stop()
+        _, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err[-2000:]
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.wait(30)
+        proxy.close()
+    history = load.history + read_history(str(history_file))
+    time.sleep(0.5)  # sessions cut mid-call are gone by now
+    db, stored, _ = read_database(dsn)
+    settled: Dict[str, Optional[str]] = {}
+    with engine(dsn) as eng:
+        for r in history:
+            if r["op"] == "reserve" and r["key"] and r["out"] == "InDoubt":
+                settled[r["key"]] = resolve(eng, r)
+    db, _, rows = read_database(dsn)
+    checker = Checker(history, rows)
+    checker.keys(stored, settled)
+    made = {r["id"] for r in history if r["op"] == "reserve" and r["out"] == "ok"}
+    made |= {rid for rid in settled.values() if rid is not None}
+    checker.reservations(db, made)
+    checker.stock(db)
+    checker.leases()
+    outcomes = Counter(r["out"] for r in history)
+    print(
+        f"nemesis seed {seed}: {len(history)} calls {dict(outcomes)}, "
+        f"faults {dict(nemesis.applied)}, {len(settled)} InDoubt keys settled"
+    )
+    assert not checker.violations, checker.report(seed)
+
+
+def test_the_checker_finds_each_kind_of_violation() -> None:
+    # The checker must be able to fail: a history and database that break each rule once.
+    def reserve(key: Optional[str], rid: str, out: str = "ok", ttl: int = 600) -> Record:
+        return {
+            "op": "reserve",
+            "sku": "n-0",
+            "qty": 1,
+            "key": key,
+            "ttl": ttl,
+            "strategy": "atomic",
+            "out": out,
+            "id": rid,
+            "t0": 0.0,
+            "t1": 0.1,
+        }
+
+    history = [
+        reserve("k-lost", "r-lost"),  # acknowledged, then missing
+        reserve("k-refused", "-", out="LockTimeout"),  # definite failure, yet stored
+        reserve("k-held", "r-held"),  # untouched, long TTL, yet expired
+        {"op": "confirm", "target": "r-conf", "out": "ok", "t0": 1.0, "t1": 1.1},
+        reserve("k-conf", "r-conf"),  # confirmed per its call, yet released
+        {"op": "restock", "sku": "n-0", "out": "ok", "t0": 2.0, "t1": 2.1},
+        # A lease whose token goes backwards, and a stale write that landed anyway.
+        {"op": "lease", "out": "ok", "token": 9, "t0": 3.0, "t1": 3.1, "w0": 3.1, "write": "ok"},
+        {"op": "lease", "out": "ok", "token": 5, "t0": 3.2, "t1": 3.3, "w0": 3.3, "w1": 3.4},
+        {"op": "lease", "out": "ok", "token": 4, "t0": 2.5, "t1": 2.6, "w0": 3.5, "write": "ok"},
+    ]
+    db = {
+        "r-held": ("n-0", 1, "expired", "k-held"),
+        "r-conf": ("n-0", 1, "released", "k-conf"),
+        "r-ghost": ("n-0", 2, "held", None),  # no call was told of it, none was in doubt
+    }
+    stored = {"k-lost": ["r-lost"], "k-refused": ["r-x"], "k-held": ["r-held"]}
+    rows = {sku: (START, 0) for sku in [*SKUS, LEASED]}
+    rows["n-0"] = (START + 5, 7)  # a restock that did not land, a reserved count that is off
+    checker = Checker(history, rows)
+    checker.keys(stored, {})
+    checker.reservations(db, {"r-lost", "r-held", "r-conf"})
+    checker.stock(db)
+    checker.leases()
+    found = "\n".join(what for _, what in checker.violations)
+    for expected in (
+        "told LockTimeout (nothing changed), but the key holds",
+        "reservation r-lost is missing",
+        "keyless reservations ('n-0', 2) that no call was told of",
+        "reservation r-held is expired",
+        "reservation r-conf is released",
+        "n-0: reserved 7, but its holds sum to 2",
+        "n-0: on_hand",
+        "token 5 came after token 9",
+        "a write fenced with 4 landed after lease",
+        f"{LEASED}: on_hand",
+    ):
+        assert expected in found, (expected, found)
+    assert "seed 7" in checker.report(7)
