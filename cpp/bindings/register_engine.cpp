@@ -113,6 +113,8 @@ py::dict stats_dict(const StoreStats& s) {
   pool["waiting"] = s.pool.waiting;
   pool["pooled"] = s.pool.pooled;
   pool["routines"] = s.pool.routines;
+  pool["server"] = s.pool.server;
+  pool["server_changes"] = s.pool.server_changes;
   out["pool"] = pool;
   py::dict batcher;
   batcher["started"] = s.batcher.started;

@@ -345,6 +345,13 @@ class StockadeCollector(Collector):
         waiting = self._gauge("stockade_pool_waiting", "callers waiting for a connection")
         waiting.add_metric(self._values(), float(pool["waiting"]))
         yield waiting
+        changes = self._counter(
+            "stockade_server_changes_total",
+            "new connections that reached another server than the one before (a failover)",
+            [],
+        )
+        changes.add_metric(self._values(), float(pool["server_changes"]))
+        yield changes
 
     def _slots(self, stats: EngineStats) -> Iterator[Metric]:
         slots = stats["slots"]

@@ -107,6 +107,8 @@ class PoolStats(TypedDict):
     waiting: int
     pooled: bool  # connections run without session state (a transaction-mode pooler)
     routines: bool  # pooled: the newest connection calls the statement routines (migrate())
+    server: str  # direct: "<system identifier>/<timeline>" of the newest connection's server
+    server_changes: int  # new connections that reached another server (a failover)
 
 
 class EngineStats(TypedDict):

@@ -149,6 +149,7 @@ def test_a_failover_loses_nothing_it_should_not_and_the_engine_comes_back(
     )
     with stockade.Engine.postgres(dsn, pool_size=8, resolve_timeout=2) as eng:
         eng.restock("hot", 1_000_000)
+        before = eng.stats()["pool"]
         deadline = time.monotonic() + 30
         while not standby.caught_up() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -189,10 +190,16 @@ def test_a_failover_loses_nothing_it_should_not_and_the_engine_comes_back(
         )
         if mode == "synchronous":
             assert not lost, lost[:5]
+        # The engine saw the server change: same cluster, a new timeline.
+        after_pool = eng.stats()["pool"]
+        assert before["server_changes"] == 0 and after_pool["server_changes"] >= 1
+        assert after_pool["server"].split("/")[0] == before["server"].split("/")[0]
+        assert after_pool["server"] != before["server"]
     # The fence never takes the promoted standby's word for the old primary's session:
     # a session absent there proves nothing (design.md), so no lost commit is "final".
     messages = [r.getMessage() for r in caplog.records if r.name.startswith("stockade")]
     assert not [m for m in messages if "during COMMIT" in m and "outcome is final" in m]
+    assert [m for m in messages if "reached another server than the one before" in m]
 
 
 def served_since(told: Dict[str, Tuple[str, object, float, float]], kill: float) -> List[float]:

@@ -152,6 +152,12 @@ struct PoolStats {
   // PostgreSQL, pooled: the newest connection calls the statement routines that
   // migrate() makes (PL/pgSQL functions that keep their plans per server session).
   bool routines = false;
+  // PostgreSQL, direct: the server the newest connection reached, "<system identifier>/
+  // <timeline>" (a standby shows "/in recovery"), and how many times a new connection
+  // found a different one than the connection before it: a failover, or a DSN that
+  // leads to another cluster. Each change is also logged (WARNING).
+  std::string server;
+  std::uint64_t server_changes = 0;
 };
 
 // What one purge deleted.

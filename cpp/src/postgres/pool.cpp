@@ -327,17 +327,39 @@ Pool::Lease Pool::acquire(std::int64_t deadline_us) {
   lock.unlock();
   try {
     auto conn = std::make_unique<Connection>(dsn_, statements_, pooler_, &watchdog_, deadline_us);
-    if (conn->pooled()) {
-      std::lock_guard<std::mutex> seen(mutex_);
-      pooled_seen_ = true;
-      routines_newest_ = conn->routines();
-    }
+    note_server(*conn);
     return Lease(this, std::move(conn));
   } catch (...) {
     lock.lock();
     --open_;
     returned_.notify_one();
     throw;
+  }
+}
+
+void Pool::note_server(const Connection& conn) {
+  std::string changed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (conn.pooled()) {
+      pooled_seen_ = true;
+      routines_newest_ = conn.routines();
+      return;  // behind a pooler the server session, and so the server, is not known
+    }
+    const std::string& here = conn.backend().server;
+    if (here.empty() || here == server_) return;
+    if (!server_.empty()) {
+      ++server_changes_;
+      changed = server_;
+    }
+    server_ = here;
+  }
+  if (!changed.empty()) {
+    log(LogLevel::warning, "stockade.postgres",
+        "a new connection reached another server than the one before (" + changed + " then, " +
+            conn.backend().server +
+            " now: a failover, or a DSN that leads to another cluster); writes acknowledged "
+            "on the old server that had not reached this one are not here (docs/failover.md)");
   }
 }
 
@@ -367,8 +389,8 @@ std::size_t Pool::drop_idle() {
 
 PoolGauges Pool::gauges() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return PoolGauges{size_,    open_ - idle_.size(), idle_.size(),
-                    waiting_, pooled_seen_,         routines_newest_};
+  return PoolGauges{size_,        open_ - idle_.size(), idle_.size(), waiting_,
+                    pooled_seen_, routines_newest_,     server_,      server_changes_};
 }
 
 void Pool::close() {

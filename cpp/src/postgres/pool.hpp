@@ -183,9 +183,11 @@ struct PoolGauges {
   std::size_t size = 0;
   std::size_t in_use = 0;
   std::size_t idle = 0;
-  std::size_t waiting = 0;  // callers waiting for a connection
-  bool pooled = false;      // a connection opened so far runs as Connection::pooled()
-  bool routines = false;    // the newest pooled connection calls statement routines
+  std::size_t waiting = 0;           // callers waiting for a connection
+  bool pooled = false;               // a connection opened so far runs as Connection::pooled()
+  bool routines = false;             // the newest pooled connection calls statement routines
+  std::string server;                // the server the newest direct connection reached
+  std::uint64_t server_changes = 0;  // new connections that found another server
 };
 
 // A bounded pool. acquire() hands out an idle connection, opens a new one while fewer than
@@ -227,6 +229,8 @@ class Pool {
 
  private:
   void give_back(std::unique_ptr<Connection> conn, bool discard);
+  // Notes the server a new connection reached; logs and counts a change.
+  void note_server(const Connection& conn);
 
   const std::string dsn_;
   const std::shared_ptr<const Statements> statements_;
@@ -241,6 +245,8 @@ class Pool {
   std::size_t open_ = 0;  // idle, leased, and being opened
   bool pooled_seen_ = false;
   bool routines_newest_ = false;  // the newest pooled connection calls statement routines
+  std::string server_;            // see PoolGauges
+  std::uint64_t server_changes_ = 0;
   bool closed_ = false;
 };
 

@@ -155,7 +155,8 @@ class PostgresStore final : public Store, public TestHooks {
   StoreCounts exact_counts() const override;
   PoolStats pool_stats() const override {
     const PoolGauges g = pool_.gauges();
-    return PoolStats{g.size, g.in_use, g.idle, g.waiting, g.pooled, g.routines};
+    return PoolStats{g.size,   g.in_use,   g.idle,   g.waiting,
+                     g.pooled, g.routines, g.server, g.server_changes};
   }
   std::vector<std::string> migrate(int up_to) override;
   std::vector<std::pair<std::string, std::string>> migration_plan(int up_to) override;
