@@ -24,6 +24,9 @@ import stockade
 
 SKUS = ["n-0", "n-1", "n-2", "n-3"]
 LEASED = "lease-0"  # leases and fenced restocks (of one unit each) go to this SKU only
+LIMITED = ["n-2", "n-3"]  # one purchase-limit group, "drop", of PER_BUYER units per buyer
+PER_BUYER = 6
+BUYERS = 8
 STRATEGIES = ["atomic", "pessimistic", "optimistic", "advisory", "batched", "auto"]
 RESTOCK = 1000  # every restock adds this many: in-doubt restocks are then countable
 SHORT_TTL = 1  # seconds: some holds lapse and expire during the run
@@ -92,6 +95,8 @@ class Workload:
                 "strategy": rng.choice(STRATEGIES),
                 "ttl": SHORT_TTL if rng.random() < 0.1 else 600,
             }
+            if sku in LIMITED and rng.random() < 0.5:
+                record["buyer"] = f"b-{rng.randrange(BUYERS)}"
         elif roll < 0.85:
             record = {"op": rng.choice(["confirm", "release", "extend"]), "target": None}
             record["target"] = held.pop(rng.randrange(len(held)))
@@ -137,7 +142,12 @@ class Workload:
         eng = self.eng
         if r["op"] == "reserve":
             return eng.reserve(
-                r["sku"], r["qty"], idempotency_key=r["key"], strategy=r["strategy"], ttl=r["ttl"]
+                r["sku"],
+                r["qty"],
+                idempotency_key=r["key"],
+                strategy=r["strategy"],
+                ttl=r["ttl"],
+                buyer=r.get("buyer"),
             )
         if r["op"] == "confirm":
             return eng.confirm(r["target"])
@@ -176,6 +186,7 @@ def resolve(eng: stockade.Engine, record: Record) -> Optional[str]:
                 idempotency_key=record["key"],
                 strategy=record["strategy"],
                 ttl=record["ttl"],
+                buyer=record.get("buyer"),
             )
             return str(r.id)
         except (stockade.InDoubt, stockade.Unavailable, stockade.DeadlineExceeded):

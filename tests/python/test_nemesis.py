@@ -1,8 +1,9 @@
 """A randomized, overlapping fault schedule, checked against the whole history.
 
 Several threads in this process and four in a second one run a seeded random mix of calls
-(nemesis_load.py: keyed and keyless reserves under every strategy, confirm, release,
-extend, expiry, restocks) through a proxy, while a nemesis applies faults at random times,
+(nemesis_load.py: keyed and keyless reserves under every strategy, some with buyers under
+a purchase limit, confirm, release, extend, expiry, restocks, leases with fenced
+restocks) through a proxy, while a nemesis applies faults at random times,
 some overlapping: backend kills, `-m immediate` restarts, a kill during the recovery from
 a restart, cuts through the proxy before or after COMMIT or while a write waits, a SIGSTOP
 of the server shorter or longer than lock_timeout, and a commit that hangs waiting for a
@@ -20,7 +21,9 @@ with plain SQL and sharing no code with the engine's decisions:
   confirmed, a hold nobody touched is held, or expired only if its TTL was short);
 - each stock row satisfies 0 <= reserved <= on_hand, reserved is the sum of its holds,
   and on_hand is the start plus the restocks that landed (every acknowledged one, and
-  some in-doubt ones) minus what was confirmed.
+  some in-doubt ones) minus what was confirmed;
+- each buyer's allowance equals its held and confirmed units, within the limit;
+- fencing tokens never go backwards, and no fenced write lands after a newer lease.
 
 STOCKADE_NEMESIS_SECONDS sets the run's length (default 60); STOCKADE_NEMESIS_SEED
 replays a seed. A failure prints the seed, each violation, and the history up to the
@@ -45,6 +48,8 @@ import pytest
 import stockade
 from nemesis_load import (
     LEASED,
+    LIMITED,
+    PER_BUYER,
     RESTOCK,
     SHORT_TTL,
     SKUS,
@@ -278,6 +283,17 @@ class Checker:
                 f"(and up to {maybe} in-doubt) fenced restocks",
             )
 
+    def limits(self, counted: Dict[str, int], allowance: Dict[str, int]) -> None:
+        """Each buyer's allowance counts exactly its held and confirmed units in the group,
+        and stays within the limit. `counted`: those units per buyer, from the
+        reservations; `allowance`: buyer_allowance.held per buyer."""
+        for buyer in sorted(set(counted) | set(allowance)):
+            units, held = counted.get(buyer, 0), allowance.get(buyer, 0)
+            if units != held or held > PER_BUYER:
+                self.fail(
+                    None, f"buyer {buyer}: allowance {held}, holds {units}, limit {PER_BUYER}"
+                )
+
     def report(self, seed: int) -> str:
         lines = [f"seed {seed}: {len(self.violations)} violations"]
         lines += [f"  {what}  <- {record}" for record, what in self.violations[:20]]
@@ -314,6 +330,21 @@ def read_database(
     return db, dict(keys), stock
 
 
+def read_limits(dsn: str) -> Tuple[Dict[str, int], Dict[str, int]]:
+    """Per buyer: the held and confirmed units of its reservations in the group, and its
+    allowance row."""
+
+    def pairs(sql: str) -> Dict[str, int]:
+        out = run_sql(dsn, f"COPY ({sql}) TO STDOUT WITH (FORMAT csv)")
+        return {k: int(v) for k, v in (line.split(",") for line in out.splitlines() if line)}
+
+    counted = pairs(
+        "SELECT buyer, sum(qty) FROM stockade.reservation WHERE limit_group = 'drop' "
+        "AND state IN ('held', 'confirmed') GROUP BY buyer"
+    )
+    return counted, pairs("SELECT buyer, held FROM stockade.buyer_allowance WHERE held > 0")
+
+
 def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
     server: TemporaryPostgres,
 ) -> None:
@@ -324,6 +355,7 @@ def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
         eng.migrate()
         for sku in [*SKUS, LEASED]:
             eng.restock(sku, START)
+        eng.set_purchase_limit("drop", PER_BUYER, LIMITED)
     proxy = CommitCuttingProxy("127.0.0.1", server.port)
     history_file = Path(tempfile.mkdtemp(prefix="stockade-nemesis-")) / "history.jsonl"
     worker: Optional[subprocess.Popen[str]] = None
@@ -371,6 +403,7 @@ def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
     checker.reservations(db, made)
     checker.stock(db)
     checker.leases()
+    checker.limits(*read_limits(dsn))
     outcomes = Counter(r["out"] for r in history)
     print(
         f"nemesis seed {seed}: {len(history)} calls {dict(outcomes)}, "
@@ -420,6 +453,7 @@ def test_the_checker_finds_each_kind_of_violation() -> None:
     checker.reservations(db, {"r-lost", "r-held", "r-conf"})
     checker.stock(db)
     checker.leases()
+    checker.limits({"b-1": 2, "b-2": 7}, {"b-1": 3, "b-2": 7})
     found = "\n".join(what for _, what in checker.violations)
     for expected in (
         "told LockTimeout (nothing changed), but the key holds",
@@ -432,6 +466,8 @@ def test_the_checker_finds_each_kind_of_violation() -> None:
         "token 5 came after token 9",
         "a write fenced with 4 landed after lease",
         f"{LEASED}: on_hand",
+        "buyer b-1: allowance 3, holds 2",
+        f"buyer b-2: allowance 7, holds 7, limit {PER_BUYER}",
     ):
         assert expected in found, (expected, found)
     assert "seed 7" in checker.report(7)
