@@ -325,7 +325,10 @@ def read_database(
         keys[key].append(rid)
     stock = {
         sku: (int(on_hand), int(reserved))
-        for sku, on_hand, reserved in rows("SELECT sku, on_hand, reserved FROM stockade.stock")
+        # A SKU that auto split into hot-row slots has a row per slot: they add up.
+        for sku, on_hand, reserved in rows(
+            "SELECT sku, sum(on_hand), sum(reserved) FROM stockade.stock GROUP BY sku"
+        )
     }
     return db, dict(keys), stock
 
@@ -345,51 +348,31 @@ def read_limits(dsn: str) -> Tuple[Dict[str, int], Dict[str, int]]:
     return counted, pairs("SELECT buyer, held FROM stockade.buyer_allowance WHERE held > 0")
 
 
-def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
-    server: TemporaryPostgres,
-) -> None:
-    seed = int(os.environ.get("STOCKADE_NEMESIS_SEED", str(random.randrange(10**6))))
-    print(f"nemesis seed {seed} ({SECONDS:.0f} s)")
-    dsn = server.create_database("shop")
+def prepare(dsn: str) -> None:
+    """Migrates `dsn` and gives every SKU of the workload its stock and limit."""
     with stockade.Engine.postgres(dsn, pool_size=1) as eng:
         eng.migrate()
         for sku in [*SKUS, LEASED]:
             eng.restock(sku, START)
         eng.set_purchase_limit("drop", PER_BUYER, LIMITED)
-    proxy = CommitCuttingProxy("127.0.0.1", server.port)
-    history_file = Path(tempfile.mkdtemp(prefix="stockade-nemesis-")) / "history.jsonl"
-    worker: Optional[subprocess.Popen[str]] = None
-    try:
-        via = proxy.dsn("shop") + " connect_timeout=2"
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                str(Path(__file__).with_name("nemesis_load.py")),
-                via,
-                str(seed),
-                str(SECONDS),
-                "p2",
-                str(history_file),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        with engine(via) as eng:
-            load = Workload(eng, seed, "p1", threads=6).start()
-            nemesis = Nemesis(server, proxy, dsn, seed)
-            nemesis.run(time.monotonic() + SECONDS - 1)
-            load.stop()
-        _, err = worker.communicate(timeout=120)
-        assert worker.returncode == 0, err[-2000:]
-    finally:
-        if worker is not None and worker.poll() is None:
-            worker.kill()
-            worker.wait(30)
-        proxy.close()
-    history = load.history + read_history(str(history_file))
+
+
+def second_process(dsn: str, seed: int, seconds: float, history: Path) -> subprocess.Popen[str]:
+    """The workload's second process: four threads for `seconds`, its history to a file."""
+    script = str(Path(__file__).with_name("nemesis_load.py"))
+    return subprocess.Popen(
+        [sys.executable, script, dsn, str(seed), str(seconds), "p2", str(history)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
+    """Settles each in-doubt keyed reserve by its retry, then checks the history against
+    the database; returns the checker and how many keys were settled."""
     time.sleep(0.5)  # sessions cut mid-call are gone by now
-    db, stored, _ = read_database(dsn)
+    _, stored, _ = read_database(dsn)
     settled: Dict[str, Optional[str]] = {}
     with engine(dsn) as eng:
         for r in history:
@@ -404,10 +387,40 @@ def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
     checker.stock(db)
     checker.leases()
     checker.limits(*read_limits(dsn))
+    return checker, len(settled)
+
+
+def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
+    server: TemporaryPostgres,
+) -> None:
+    seed = int(os.environ.get("STOCKADE_NEMESIS_SEED", str(random.randrange(10**6))))
+    print(f"nemesis seed {seed} ({SECONDS:.0f} s)")
+    dsn = server.create_database("shop")
+    prepare(dsn)
+    proxy = CommitCuttingProxy("127.0.0.1", server.port)
+    history_file = Path(tempfile.mkdtemp(prefix="stockade-nemesis-")) / "history.jsonl"
+    worker: Optional[subprocess.Popen[str]] = None
+    try:
+        via = proxy.dsn("shop") + " connect_timeout=2"
+        worker = second_process(via, seed, SECONDS, history_file)
+        with engine(via) as eng:
+            load = Workload(eng, seed, "p1", threads=6).start()
+            nemesis = Nemesis(server, proxy, dsn, seed)
+            nemesis.run(time.monotonic() + SECONDS - 1)
+            load.stop()
+        _, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err[-2000:]
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.wait(30)
+        proxy.close()
+    history = load.history + read_history(str(history_file))
+    checker, settled = check(dsn, history)
     outcomes = Counter(r["out"] for r in history)
     print(
         f"nemesis seed {seed}: {len(history)} calls {dict(outcomes)}, "
-        f"faults {dict(nemesis.applied)}, {len(settled)} InDoubt keys settled"
+        f"faults {dict(nemesis.applied)}, {settled} InDoubt keys settled"
     )
     assert not checker.violations, checker.report(seed)
 
