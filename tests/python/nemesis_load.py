@@ -97,6 +97,14 @@ class Workload:
             }
             if sku in LIMITED and rng.random() < 0.5:
                 record["buyer"] = f"b-{rng.randrange(BUYERS)}"
+        elif roll < 0.62:
+            a, b = rng.sample([x for x in SKUS if x not in LIMITED] + LIMITED[:1], 2)
+            record = {
+                "op": "order",
+                "lines": {a: rng.randint(1, 2), b: rng.randint(1, 2)},
+                "key": name,
+                "strategy": rng.choice(["atomic", "pessimistic", "optimistic", "advisory"]),
+            }
         elif roll < 0.85:
             record = {"op": rng.choice(["confirm", "release", "extend"]), "target": None}
             record["target"] = held.pop(rng.randrange(len(held)))
@@ -114,6 +122,9 @@ class Workload:
                 record["id"], record["state"] = str(result.id), result.state.value
                 if record["op"] == "reserve":
                     held.append(record["id"])
+            if isinstance(result, list):  # an order's reservations, in line order
+                record["ids"] = [str(r.id) for r in result]
+                held.extend(record["ids"])
         except stockade.StockadeError as e:
             record["out"] = type(e).__name__
         record["t1"] = time.monotonic()
@@ -149,6 +160,8 @@ class Workload:
                 ttl=r["ttl"],
                 buyer=r.get("buyer"),
             )
+        if r["op"] == "order":
+            return eng.reserve_order(r["lines"], idempotency_key=r["key"], strategy=r["strategy"])
         if r["op"] == "confirm":
             return eng.confirm(r["target"])
         if r["op"] == "release":
@@ -176,10 +189,15 @@ def read_history(path: str) -> List[Record]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def resolve(eng: stockade.Engine, record: Record) -> Optional[str]:
-    """Retries an in-doubt keyed reserve with its request: the id it settles to."""
+def resolve(eng: stockade.Engine, record: Record) -> Optional[List[str]]:
+    """Retries an in-doubt keyed reserve or order with its request: the ids it settles to."""
     for _ in range(50):
         try:
+            if record["op"] == "order":
+                made = eng.reserve_order(
+                    record["lines"], idempotency_key=record["key"], strategy=record["strategy"]
+                )
+                return [str(r.id) for r in made]
             r = eng.reserve(
                 record["sku"],
                 record["qty"],
@@ -188,7 +206,7 @@ def resolve(eng: stockade.Engine, record: Record) -> Optional[str]:
                 ttl=record["ttl"],
                 buyer=record.get("buyer"),
             )
-            return str(r.id)
+            return [str(r.id)]
         except (stockade.InDoubt, stockade.Unavailable, stockade.DeadlineExceeded):
             time.sleep(0.1)
     return None

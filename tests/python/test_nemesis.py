@@ -2,8 +2,8 @@
 
 Several threads in this process and four in a second one run a seeded random mix of calls
 (nemesis_load.py: keyed and keyless reserves under every strategy, some with buyers under
-a purchase limit, confirm, release, extend, expiry, restocks, leases with fenced
-restocks) through a proxy, while a nemesis applies faults at random times,
+a purchase limit, keyed orders of two lines, confirm, release, extend, expiry, restocks,
+leases with fenced restocks) through a proxy, while a nemesis applies faults at random times,
 some overlapping: backend kills, `-m immediate` restarts, a kill during the recovery from
 a restart, cuts through the proxy before or after COMMIT or while a write waits, a SIGSTOP
 of the server shorter or longer than lock_timeout, and a commit that hangs waiting for a
@@ -165,6 +165,18 @@ def _signal(pid: int, sig: int) -> None:
 DEFINITE_TRANSITION_FAILURES = {"LockTimeout", "DeadlineExceeded", "Unavailable", "Overloaded"}
 
 
+def ids_of(r: Record) -> List[str]:
+    """The reservations a reserve or order was told of (none for other calls)."""
+    if r["op"] == "order":
+        return list(r.get("ids", []))
+    return [r["id"]] if r["op"] == "reserve" and "id" in r else []
+
+
+def lines_of(r: Record) -> Dict[str, int]:
+    """What a reserve or order asked for: {sku: qty}."""
+    return dict(r["lines"]) if r["op"] == "order" else {r["sku"]: r["qty"]}
+
+
 class Checker:
     def __init__(self, history: List[Record], rows: Dict[str, Tuple[int, int]]) -> None:
         self.history = sorted(history, key=lambda r: r["t0"])
@@ -174,15 +186,15 @@ class Checker:
     def fail(self, record: Optional[Record], what: str) -> None:
         self.violations.append((record, what))
 
-    def keys(self, stored: Dict[str, List[str]], settled: Dict[str, Optional[str]]) -> None:
+    def keys(self, stored: Dict[str, List[str]], settled: Dict[str, Optional[List[str]]]) -> None:
         """Each key has exactly one outcome. `stored`: the keys in the database before
         any retry; `settled`: what each in-doubt key's retry returned."""
         for r in self.history:
-            if r["op"] != "reserve" or r["key"] is None:
+            if r["op"] not in ("reserve", "order") or r["key"] is None:
                 continue
             there = stored.get(r["key"])
-            if r["out"] == "ok" and there != [r["id"]]:
-                self.fail(r, f"acknowledged {r['id']}, but the key holds {there}")
+            if r["out"] == "ok" and sorted(there or []) != sorted(ids_of(r)):
+                self.fail(r, f"acknowledged {ids_of(r)}, but the key holds {there}")
             elif r["out"] == "InDoubt" and settled.get(r["key"]) is None:
                 self.fail(r, "InDoubt, and its retry never settled")
             elif r["out"] not in ("ok", "InDoubt") and there is not None:
@@ -191,8 +203,8 @@ class Checker:
     def reservations(self, db: Dict[str, Tuple[str, int, str, Optional[str]]], made: Set[str]):
         """`db`: id -> (sku, qty, state, key) of every reservation. `made`: the ids the
         calls were told of, or that their keys' retries settled on."""
-        asked = {r["id"]: r for r in self.history if r["op"] == "reserve" and r["out"] == "ok"}
-        keyed = {r["key"]: r for r in self.history if r["op"] == "reserve" and r["key"]}
+        asked = {rid: r for r in self.history if r["out"] == "ok" for rid in ids_of(r)}
+        keyed = {r["key"]: r for r in self.history if r["op"] in ("reserve", "order") and r["key"]}
         for rid in made:
             if rid not in db:
                 self.fail(asked.get(rid), f"reservation {rid} is missing")
@@ -203,7 +215,7 @@ class Checker:
                 self.fail(None, f"reservation {rid} has a key no call sent: {key}")
             elif request is None:
                 unknown[(sku, qty)] += 1  # a keyless InDoubt that landed, or no call's
-            elif (request["sku"], request["qty"]) != (sku, qty):
+            elif lines_of(request).get(sku) != qty:
                 self.fail(request, f"reservation {rid} is {sku} x{qty}")
         in_doubt = Counter(
             (r["sku"], r["qty"])
@@ -216,7 +228,7 @@ class Checker:
         self.states(db)
 
     def states(self, db: Dict[str, Tuple[str, int, str, Optional[str]]]) -> None:
-        ttl = {r["id"]: r["ttl"] for r in self.history if r["op"] == "reserve" and "id" in r}
+        ttl = {rid: r.get("ttl", 600) for r in self.history for rid in ids_of(r)}
         touched = {r["target"]: r for r in self.history if "target" in r}
         target = {"confirm": "confirmed", "release": "released", "extend": "held"}
         for rid, (_, _, state, _) in db.items():
@@ -373,16 +385,16 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
     the database; returns the checker and how many keys were settled."""
     time.sleep(0.5)  # sessions cut mid-call are gone by now
     _, stored, _ = read_database(dsn)
-    settled: Dict[str, Optional[str]] = {}
+    settled: Dict[str, Optional[List[str]]] = {}
     with engine(dsn) as eng:
         for r in history:
-            if r["op"] == "reserve" and r["key"] and r["out"] == "InDoubt":
+            if r["op"] in ("reserve", "order") and r["key"] and r["out"] == "InDoubt":
                 settled[r["key"]] = resolve(eng, r)
     db, _, rows = read_database(dsn)
     checker = Checker(history, rows)
     checker.keys(stored, settled)
-    made = {r["id"] for r in history if r["op"] == "reserve" and r["out"] == "ok"}
-    made |= {rid for rid in settled.values() if rid is not None}
+    made = {rid for r in history if r["out"] == "ok" for rid in ids_of(r)}
+    made |= {rid for ids in settled.values() for rid in ids or []}
     checker.reservations(db, made)
     checker.stock(db)
     checker.leases()
@@ -448,6 +460,17 @@ def test_the_checker_finds_each_kind_of_violation() -> None:
         {"op": "confirm", "target": "r-conf", "out": "ok", "t0": 1.0, "t1": 1.1},
         reserve("k-conf", "r-conf"),  # confirmed per its call, yet released
         {"op": "restock", "sku": "n-0", "out": "ok", "t0": 2.0, "t1": 2.1},
+        # An order acknowledged with two reservations, of which the key holds one (and
+        # that one is not what was asked for).
+        {
+            "op": "order",
+            "lines": {"n-0": 1, "n-1": 2},
+            "key": "k-order",
+            "out": "ok",
+            "ids": ["o-1", "o-2"],
+            "t0": 2.2,
+            "t1": 2.3,
+        },
         # A lease whose token goes backwards, and a stale write that landed anyway.
         {"op": "lease", "out": "ok", "token": 9, "t0": 3.0, "t1": 3.1, "w0": 3.1, "write": "ok"},
         {"op": "lease", "out": "ok", "token": 5, "t0": 3.2, "t1": 3.3, "w0": 3.3, "w1": 3.4},
@@ -457,13 +480,20 @@ def test_the_checker_finds_each_kind_of_violation() -> None:
         "r-held": ("n-0", 1, "expired", "k-held"),
         "r-conf": ("n-0", 1, "released", "k-conf"),
         "r-ghost": ("n-0", 2, "held", None),  # no call was told of it, none was in doubt
+        "o-1": ("n-1", 5, "held", "k-order"),
+        "o-2": ("n-1", 2, "held", "k-order"),
     }
-    stored = {"k-lost": ["r-lost"], "k-refused": ["r-x"], "k-held": ["r-held"]}
+    stored = {
+        "k-lost": ["r-lost"],
+        "k-refused": ["r-x"],
+        "k-held": ["r-held"],
+        "k-order": ["o-1"],
+    }
     rows = {sku: (START, 0) for sku in [*SKUS, LEASED]}
     rows["n-0"] = (START + 5, 7)  # a restock that did not land, a reserved count that is off
     checker = Checker(history, rows)
     checker.keys(stored, {})
-    checker.reservations(db, {"r-lost", "r-held", "r-conf"})
+    checker.reservations(db, {"r-lost", "r-held", "r-conf", "o-1", "o-2"})
     checker.stock(db)
     checker.leases()
     checker.limits({"b-1": 2, "b-2": 7}, {"b-1": 3, "b-2": 7})
@@ -471,6 +501,8 @@ def test_the_checker_finds_each_kind_of_violation() -> None:
     for expected in (
         "told LockTimeout (nothing changed), but the key holds",
         "reservation r-lost is missing",
+        "acknowledged ['o-1', 'o-2'], but the key holds ['o-1']",
+        "reservation o-1 is n-1 x5",
         "keyless reservations ('n-0', 2) that no call was told of",
         "reservation r-held is expired",
         "reservation r-conf is released",
