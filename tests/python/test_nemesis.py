@@ -7,7 +7,8 @@ leases with fenced restocks) through a proxy, while a nemesis applies faults at 
 some overlapping: backend kills, `-m immediate` restarts, a kill during the recovery from
 a restart, cuts through the proxy before or after COMMIT or while a write waits, a SIGSTOP
 of the server shorter or longer than lock_timeout, and a commit that hangs waiting for a
-synchronous standby that is gone (while other faults go on).
+synchronous standby that is gone (while other faults go on). It runs directly, and through
+PgBouncer in transaction mode, which the nemesis restarts too.
 
 Every call's request and outcome go to a history. Afterwards, on a healthy server, the
 checker below replays the history against a model of the rules, reading the database
@@ -60,6 +61,7 @@ from nemesis_load import (
     resolve,
 )
 from pgproxy import CommitCuttingProxy
+from stockade.tools.pgbouncer import TemporaryPgBouncer, find_pgbouncer
 from stockade.tools.pgserver import TemporaryPostgres, run_sql
 from support import children_of
 
@@ -82,8 +84,15 @@ def server() -> Iterator[TemporaryPostgres]:
 class Nemesis:
     """Applies seeded random faults to `server` (and through `proxy`) until `until`."""
 
-    def __init__(self, server: TemporaryPostgres, proxy: CommitCuttingProxy, dsn: str, seed: int):
-        self.server, self.proxy, self.dsn = server, proxy, dsn
+    def __init__(
+        self,
+        server: TemporaryPostgres,
+        proxy: CommitCuttingProxy,
+        dsn: str,
+        seed: int,
+        bouncer: Optional[TemporaryPgBouncer] = None,
+    ):
+        self.server, self.proxy, self.dsn, self.bouncer = server, proxy, dsn, bouncer
         self.rng = random.Random(seed)
         self.applied: Counter[str] = Counter()
         self.sync_until = 0.0  # while later than now, commits wait for a gone standby
@@ -93,15 +102,18 @@ class Nemesis:
             time.sleep(self.rng.uniform(0.3, 2.0))
             if self.sync_until and time.monotonic() > self.sync_until:
                 self._sync_standby(None)
-            fault = self.rng.choice(
-                ["kill", "restart", "restart+kill", "pause", "sync", "cut", "cut", "kill"]
-            )
+            faults = ["kill", "restart", "restart+kill", "pause", "sync", "cut", "cut", "kill"]
+            fault = self.rng.choice(faults + (["bouncer"] if self.bouncer else []))
             self.applied[fault] += 1
             getattr(self, "_" + fault.replace("+", "_"))()
         self._sync_standby(None)
 
     def _kill(self) -> None:
         self._sql(KILL, self.dsn)
+
+    def _bouncer(self) -> None:
+        assert self.bouncer is not None
+        self.bouncer.restart()
 
     def _restart(self) -> None:
         self.server.restart("immediate")
@@ -402,14 +414,29 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
     return checker, len(settled)
 
 
+@pytest.fixture(params=["direct", "pgbouncer"])
+def bouncer(
+    request: pytest.FixtureRequest, server: TemporaryPostgres
+) -> Iterator[Optional[TemporaryPgBouncer]]:
+    """Direct, or through PgBouncer in transaction mode (which the nemesis restarts)."""
+    if request.param == "direct":
+        yield None
+        return
+    if find_pgbouncer() is None:
+        pytest.skip("pgbouncer is not installed")
+    with TemporaryPgBouncer(server, pool_size=10) as b:  # type: ignore[arg-type]
+        yield b
+
+
 def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
-    server: TemporaryPostgres,
+    server: TemporaryPostgres, bouncer: Optional[TemporaryPgBouncer]
 ) -> None:
     seed = int(os.environ.get("STOCKADE_NEMESIS_SEED", str(random.randrange(10**6))))
-    print(f"nemesis seed {seed} ({SECONDS:.0f} s)")
+    route = "through PgBouncer" if bouncer else "direct"
+    print(f"nemesis seed {seed} ({SECONDS:.0f} s, {route})")
     dsn = server.create_database("shop")
     prepare(dsn)
-    proxy = CommitCuttingProxy("127.0.0.1", server.port)
+    proxy = CommitCuttingProxy("127.0.0.1", bouncer.port if bouncer else server.port)
     history_file = Path(tempfile.mkdtemp(prefix="stockade-nemesis-")) / "history.jsonl"
     worker: Optional[subprocess.Popen[str]] = None
     try:
@@ -417,7 +444,7 @@ def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
         worker = second_process(via, seed, SECONDS, history_file)
         with engine(via) as eng:
             load = Workload(eng, seed, "p1", threads=6).start()
-            nemesis = Nemesis(server, proxy, dsn, seed)
+            nemesis = Nemesis(server, proxy, dsn, seed, bouncer)
             nemesis.run(time.monotonic() + SECONDS - 1)
             load.stop()
         _, err = worker.communicate(timeout=120)
@@ -431,7 +458,7 @@ def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
     checker, settled = check(dsn, history)
     outcomes = Counter(r["out"] for r in history)
     print(
-        f"nemesis seed {seed}: {len(history)} calls {dict(outcomes)}, "
+        f"nemesis seed {seed} ({route}): {len(history)} calls {dict(outcomes)}, "
         f"faults {dict(nemesis.applied)}, {settled} InDoubt keys settled"
     )
     assert not checker.violations, checker.report(seed)

@@ -81,16 +81,7 @@ class TemporaryPgBouncer:
             for attempt in range(5):
                 self.port = _free_port()
                 self._write_config()
-                self._process = subprocess.Popen(
-                    [binary, str(self._dir / "pgbouncer.ini")],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    cwd=str(self._dir),
-                    user=owner.pw_uid if owner else None,
-                    group=owner.pw_gid if owner else None,
-                    extra_groups=[] if owner else None,
-                )
+                self._spawn(binary)
                 if self._wait_listening(10.0):
                     break
                 self._end_process()
@@ -101,6 +92,21 @@ class TemporaryPgBouncer:
             raise
         atexit.register(self.stop)
         return self
+
+    def restart(self) -> None:
+        """Ends PgBouncer and starts it again on the same port and configuration: every
+        client and server connection through it drops, as in a pooler's restart."""
+        binary = find_pgbouncer()
+        if self._dir is None or binary is None:
+            raise RuntimeError("pgbouncer is not running")
+        self._end_process()
+        for _ in range(50):  # the port may take a moment to come free
+            self._spawn(binary)
+            if self._wait_listening(10.0):
+                return
+            self._end_process()
+            time.sleep(0.1)
+        raise Unavailable(f"pgbouncer did not restart: {self._log_tail()}")
 
     def stop(self) -> None:
         """Ends PgBouncer (by its PID) and removes its directory."""
@@ -161,6 +167,20 @@ class TemporaryPgBouncer:
             owner = pwd.getpwnam("postgres")
             for name in ("pgbouncer.ini", "userlist.txt"):
                 os.chown(self._dir / name, owner.pw_uid, owner.pw_gid)
+
+    def _spawn(self, binary: str) -> None:
+        assert self._dir is not None
+        owner = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+        self._process = subprocess.Popen(
+            [binary, str(self._dir / "pgbouncer.ini")],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=str(self._dir),
+            user=owner.pw_uid if owner else None,
+            group=owner.pw_gid if owner else None,
+            extra_groups=[] if owner else None,
+        )
 
     def _wait_listening(self, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
