@@ -413,9 +413,6 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
         throw past_deadline(context, true);
       }
       return result;
-    } catch (const Error&) {
-      if (guard.fired()) lease.discard();  // a late cancel must not reach another call
-      throw;
     } catch (const pqxx::in_doubt_error& e) {
       lease.discard();
       if (guard.fired()) throw past_deadline(context, true);
@@ -456,6 +453,9 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       ErrorContext c = context;
       throw Error(ErrorCode::database_error, std::string("database error: ") + e.what(),
                   std::move(c));
+    } catch (...) {  // stockade's errors, and the callers' signals (OptimisticRace, FastMiss)
+      if (guard.fired()) lease.discard();  // a late cancel must not reach another call
+      throw;
     }
   }
 }
