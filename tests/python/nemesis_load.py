@@ -18,7 +18,7 @@ import random
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Union
 
 import stockade
 
@@ -189,8 +189,11 @@ def read_history(path: str) -> List[Record]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def resolve(eng: stockade.Engine, record: Record) -> Optional[List[str]]:
-    """Retries an in-doubt keyed reserve or order with its request: the ids it settles to."""
+def resolve(eng: stockade.Engine, record: Record) -> Union[List[str], str, None]:
+    """Retries an in-doubt keyed reserve or order with its request: the ids it settles to,
+    or the name of the definite error it settles to (the first call did not land, and the
+    request is refused now, as a buyer whose limit filled up meanwhile is); None if it
+    never settles."""
     for _ in range(50):
         try:
             if record["op"] == "order":
@@ -209,6 +212,8 @@ def resolve(eng: stockade.Engine, record: Record) -> Optional[List[str]]:
             return [str(r.id)]
         except (stockade.InDoubt, stockade.Unavailable, stockade.DeadlineExceeded):
             time.sleep(0.1)
+        except stockade.StockadeError as e:
+            return type(e).__name__
     return None
 
 

@@ -42,7 +42,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple, Union
 
 import pytest
 
@@ -174,6 +174,8 @@ def _signal(pid: int, sig: int) -> None:
 
 # --- the checker: the history against a model, and the database read with plain SQL ---
 
+# What a retry of a request that did not land may be told now.
+REFUSALS = {"LimitExceeded", "OutOfStock"}
 DEFINITE_TRANSITION_FAILURES = {"LockTimeout", "DeadlineExceeded", "Unavailable", "Overloaded"}
 
 
@@ -209,6 +211,12 @@ class Checker:
                 self.fail(r, f"acknowledged {ids_of(r)}, but the key holds {there}")
             elif r["out"] == "InDoubt" and settled.get(r["key"]) is None:
                 self.fail(r, "InDoubt, and its retry never settled")
+            elif r["out"] == "InDoubt" and isinstance(settled[r["key"]], str):
+                # The first call did not land (else its retry would replay it), and the
+                # same request is refused now: only a refusal the stock or limit can give.
+                told = settled[r["key"]]
+                if told not in REFUSALS or there is not None:
+                    self.fail(r, f"InDoubt, and its retry was told {told} (key holds {there})")
             elif r["out"] not in ("ok", "InDoubt") and there is not None:
                 self.fail(r, f"told {r['out']} (nothing changed), but the key holds {there}")
 
@@ -397,7 +405,7 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
     the database; returns the checker and how many keys were settled."""
     time.sleep(0.5)  # sessions cut mid-call are gone by now
     _, stored, _ = read_database(dsn)
-    settled: Dict[str, Optional[List[str]]] = {}
+    settled: Dict[str, Union[List[str], str, None]] = {}
     with engine(dsn) as eng:
         for r in history:
             if r["op"] in ("reserve", "order") and r["key"] and r["out"] == "InDoubt":
@@ -406,7 +414,7 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
     checker = Checker(history, rows)
     checker.keys(stored, settled)
     made = {rid for r in history if r["out"] == "ok" for rid in ids_of(r)}
-    made |= {rid for ids in settled.values() for rid in ids or []}
+    made |= {rid for ids in settled.values() if isinstance(ids, list) for rid in ids}
     checker.reservations(db, made)
     checker.stock(db)
     checker.leases()
@@ -424,7 +432,10 @@ def bouncer(
         return
     if find_pgbouncer() is None:
         pytest.skip("pgbouncer is not installed")
-    with TemporaryPgBouncer(server, pool_size=10) as b:  # type: ignore[arg-type]
+    # After a failed server login PgBouncer waits server_login_retry (15 s) before trying
+    # again; a second keeps it in step with the nemesis's restarts.
+    settings = {"server_login_retry": "1"}
+    with TemporaryPgBouncer(server, pool_size=10, settings=settings) as b:  # type: ignore[arg-type]
         yield b
 
 
@@ -518,8 +529,9 @@ def test_the_checker_finds_each_kind_of_violation() -> None:
     }
     rows = {sku: (START, 0) for sku in [*SKUS, LEASED]}
     rows["n-0"] = (START + 5, 7)  # a restock that did not land, a reserved count that is off
+    history.append(reserve("k-doubt", "-", out="InDoubt"))  # its retry is told a conflict
     checker = Checker(history, rows)
-    checker.keys(stored, {})
+    checker.keys(stored, {"k-doubt": "IdempotencyConflict"})
     checker.reservations(db, {"r-lost", "r-held", "r-conf", "o-1", "o-2"})
     checker.stock(db)
     checker.leases()
@@ -527,6 +539,7 @@ def test_the_checker_finds_each_kind_of_violation() -> None:
     found = "\n".join(what for _, what in checker.violations)
     for expected in (
         "told LockTimeout (nothing changed), but the key holds",
+        "InDoubt, and its retry was told IdempotencyConflict",
         "reservation r-lost is missing",
         "acknowledged ['o-1', 'o-2'], but the key holds ['o-1']",
         "reservation o-1 is n-1 x5",
