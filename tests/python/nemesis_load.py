@@ -30,6 +30,7 @@ BUYERS = 8
 STRATEGIES = ["atomic", "pessimistic", "optimistic", "advisory", "batched", "auto"]
 RESTOCK = 1000  # every restock adds this many: in-doubt restocks are then countable
 SHORT_TTL = 1  # seconds: some holds lapse and expire during the run
+LONG_TTL = 86400  # seconds: the others outlive any run
 
 Record = Dict[str, Any]
 
@@ -93,7 +94,7 @@ class Workload:
                 "qty": rng.randint(1, 3),
                 "key": name if keyed else None,
                 "strategy": rng.choice(STRATEGIES),
-                "ttl": SHORT_TTL if rng.random() < 0.1 else 600,
+                "ttl": SHORT_TTL if rng.random() < 0.1 else LONG_TTL,
             }
             if sku in LIMITED and rng.random() < 0.5:
                 record["buyer"] = f"b-{rng.randrange(BUYERS)}"
@@ -161,13 +162,15 @@ class Workload:
                 buyer=r.get("buyer"),
             )
         if r["op"] == "order":
-            return eng.reserve_order(r["lines"], idempotency_key=r["key"], strategy=r["strategy"])
+            return eng.reserve_order(
+                r["lines"], ttl=LONG_TTL, idempotency_key=r["key"], strategy=r["strategy"]
+            )
         if r["op"] == "confirm":
             return eng.confirm(r["target"])
         if r["op"] == "release":
             return eng.release(r["target"])
         if r["op"] == "extend":
-            return eng.extend(r["target"], ttl=600)
+            return eng.extend(r["target"], ttl=LONG_TTL)
         if r["op"] == "restock":
             return eng.restock(r["sku"], RESTOCK)
         return eng.expire_due(limit=100)
@@ -198,7 +201,10 @@ def resolve(eng: stockade.Engine, record: Record) -> Union[List[str], str, None]
         try:
             if record["op"] == "order":
                 made = eng.reserve_order(
-                    record["lines"], idempotency_key=record["key"], strategy=record["strategy"]
+                    record["lines"],
+                    ttl=LONG_TTL,
+                    idempotency_key=record["key"],
+                    strategy=record["strategy"],
                 )
                 return [str(r.id) for r in made]
             r = eng.reserve(

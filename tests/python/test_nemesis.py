@@ -50,6 +50,7 @@ import stockade
 from nemesis_load import (
     LEASED,
     LIMITED,
+    LONG_TTL,
     PER_BUYER,
     RESTOCK,
     SHORT_TTL,
@@ -248,7 +249,7 @@ class Checker:
         self.states(db)
 
     def states(self, db: Dict[str, Tuple[str, int, str, Optional[str]]]) -> None:
-        ttl = {rid: r.get("ttl", 600) for r in self.history for rid in ids_of(r)}
+        ttl = {rid: r.get("ttl", LONG_TTL) for r in self.history for rid in ids_of(r)}
         touched = {r["target"]: r for r in self.history if "target" in r}
         target = {"confirm": "confirmed", "release": "released", "extend": "held"}
         for rid, (_, _, state, _) in db.items():
@@ -327,7 +328,11 @@ class Checker:
                 )
 
     def report(self, seed: int) -> str:
-        lines = [f"seed {seed}: {len(self.violations)} violations"]
+        """The seed, the first violations and the history up to the first violating call;
+        every violation also goes to a file, whose path the report names."""
+        path = Path(tempfile.mkdtemp(prefix="stockade-nemesis-")) / "violations.txt"
+        path.write_text("\n".join(f"{what}  <- {record}" for record, what in self.violations))
+        lines = [f"seed {seed}: {len(self.violations)} violations (all of them in {path})"]
         lines += [f"  {what}  <- {record}" for record, what in self.violations[:20]]
         first = min((r["t0"] for r, _ in self.violations if r is not None), default=None)
         if first is not None:
@@ -477,7 +482,7 @@ def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
 
 def test_the_checker_finds_each_kind_of_violation() -> None:
     # The checker must be able to fail: a history and database that break each rule once.
-    def reserve(key: Optional[str], rid: str, out: str = "ok", ttl: int = 600) -> Record:
+    def reserve(key: Optional[str], rid: str, out: str = "ok", ttl: int = LONG_TTL) -> Record:
         return {
             "op": "reserve",
             "sku": "n-0",
