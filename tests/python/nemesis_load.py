@@ -151,29 +151,33 @@ class Workload:
         return record
 
     def _call(self, r: Record) -> object:
-        eng = self.eng
-        if r["op"] == "reserve":
-            return eng.reserve(
-                r["sku"],
-                r["qty"],
-                idempotency_key=r["key"],
-                strategy=r["strategy"],
-                ttl=r["ttl"],
-                buyer=r.get("buyer"),
-            )
-        if r["op"] == "order":
-            return eng.reserve_order(
-                r["lines"], ttl=LONG_TTL, idempotency_key=r["key"], strategy=r["strategy"]
-            )
-        if r["op"] == "confirm":
-            return eng.confirm(r["target"])
-        if r["op"] == "release":
-            return eng.release(r["target"])
-        if r["op"] == "extend":
-            return eng.extend(r["target"], ttl=LONG_TTL)
-        if r["op"] == "restock":
-            return eng.restock(r["sku"], RESTOCK)
-        return eng.expire_due(limit=100)
+        return send(self.eng, r)
+
+
+def send(eng: stockade.Engine, r: Record) -> object:
+    """Makes the call `r` asks for (a retry of it, too)."""
+    if r["op"] == "reserve":
+        return eng.reserve(
+            r["sku"],
+            r["qty"],
+            idempotency_key=r["key"],
+            strategy=r["strategy"],
+            ttl=r["ttl"],
+            buyer=r.get("buyer"),
+        )
+    if r["op"] == "order":
+        return eng.reserve_order(
+            r["lines"], ttl=LONG_TTL, idempotency_key=r["key"], strategy=r["strategy"]
+        )
+    if r["op"] == "confirm":
+        return eng.confirm(r["target"])
+    if r["op"] == "release":
+        return eng.release(r["target"])
+    if r["op"] == "extend":
+        return eng.extend(r["target"], ttl=LONG_TTL)
+    if r["op"] == "restock":
+        return eng.restock(r["sku"], RESTOCK)
+    return eng.expire_due(limit=100)
 
 
 def main(argv: List[str]) -> None:
@@ -199,23 +203,8 @@ def resolve(eng: stockade.Engine, record: Record) -> Union[List[str], str, None]
     never settles."""
     for _ in range(50):
         try:
-            if record["op"] == "order":
-                made = eng.reserve_order(
-                    record["lines"],
-                    ttl=LONG_TTL,
-                    idempotency_key=record["key"],
-                    strategy=record["strategy"],
-                )
-                return [str(r.id) for r in made]
-            r = eng.reserve(
-                record["sku"],
-                record["qty"],
-                idempotency_key=record["key"],
-                strategy=record["strategy"],
-                ttl=record["ttl"],
-                buyer=record.get("buyer"),
-            )
-            return [str(r.id)]
+            made = send(eng, record)
+            return [str(r.id) for r in (made if isinstance(made, list) else [made])]
         except (stockade.InDoubt, stockade.Unavailable, stockade.DeadlineExceeded):
             time.sleep(0.1)
         except stockade.StockadeError as e:

@@ -158,11 +158,7 @@ def test_a_failover_loses_nothing_it_should_not_and_the_engine_comes_back(
             time.sleep(0.05)
         with Buyers(eng) as buyers:
             time.sleep(1.0)
-            for pid in [primary.pid, *children_of(primary.pid)]:  # the postmaster and every backend
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill_server(primary)
             killed_at = time.monotonic()
             standby.promote()
             promoted_in = time.monotonic() - killed_at
@@ -203,6 +199,15 @@ def test_a_failover_loses_nothing_it_should_not_and_the_engine_comes_back(
     messages = [r.getMessage() for r in caplog.records if r.name.startswith("stockade")]
     assert not [m for m in messages if "during COMMIT" in m and "outcome is final" in m]
     assert [m for m in messages if "reached another server than the one before" in m]
+
+
+def kill_server(server: TemporaryPostgres) -> None:
+    """SIGKILLs the postmaster and every backend: the primary dies without a word."""
+    for pid in [server.pid, *children_of(server.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def served_since(told: Dict[str, Tuple[str, object, float, float]], kill: float) -> List[float]:
@@ -246,11 +251,7 @@ def test_a_failover_under_mixed_calls_from_two_processes_keeps_every_rule(
         with engine(dsn) as eng:
             load = Workload(eng, seed, "p1", threads=4).start()
             time.sleep(3.0)
-            for pid in [primary.pid, *children_of(primary.pid)]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill_server(primary)
             killed_at = time.monotonic()
             standby.promote()
             time.sleep(max(0.0, started + 9.0 - time.monotonic()))
