@@ -40,6 +40,7 @@ PUBLIC: dict[str, str] = {
     "async": "base",
     "telemetry": "obs",
     "store": "store",
+    "journal": "store",
     "batch": "store",
     "testing": "store",
     "memory_store": "memory",

@@ -154,6 +154,12 @@ def generate() -> str:
     )
     if typing_names:
         imports.append(f"from typing import {', '.join(typing_names)}")
+    for n in tree.body:  # the standard library's other names the signatures use
+        elsewhere = n.module not in ("typing", "__future__") if isinstance(n, ast.ImportFrom) else 0
+        if isinstance(n, ast.ImportFrom) and n.level == 0 and elsewhere:
+            names = [a.name for a in n.names if a.name in used]
+            if names:
+                imports.append(f"from {n.module} import {', '.join(names)}")
     imports.append("")
     imports.append("from ._calls import EngineCalls")
     for n in tree.body:

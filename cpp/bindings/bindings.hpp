@@ -26,6 +26,8 @@ void register_testing(py::module_& m);
 using OptInt = std::optional<std::int64_t>;
 using OptStr = std::optional<std::string>;
 using Release = py::call_guard<py::gil_scoped_release>;
+// The journal's, the feed's and the audit's values and calls (register_record.cpp).
+void register_record(py::module_& m, py::class_<Engine>& c);
 
 // Per-call options as the Python layer passes them (strategy by name).
 CallOptions call_options(const OptStr& strategy, bool nowait, OptInt lock_timeout_ms,

@@ -206,19 +206,24 @@ void register_stock_calls(py::class_<Engine>& c) {
   c.def(
        "restock",
        [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
-          OptInt expected_version, OptInt fencing_token) {
-         return e.restock({sku, location}, qty, expected_version, fencing_token);
+          OptInt expected_version, OptInt fencing_token, const std::string& reason,
+          const std::string& actor) {
+         return e.restock({sku, location}, qty, expected_version, fencing_token, reason, actor);
        },
        py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("expected_version"),
-       py::arg("fencing_token") = py::none(), Release())
+       py::arg("fencing_token") = py::none(), py::arg("reason") = "", py::arg("actor") = "",
+       Release())
       .def(
           "set_on_hand",
           [](Engine& e, const std::string& sku, const std::string& location, Quantity on_hand,
-             OptInt expected_version, OptInt fencing_token) {
-            return e.set_on_hand({sku, location}, on_hand, expected_version, fencing_token);
+             OptInt expected_version, OptInt fencing_token, const std::string& reason,
+             const std::string& actor) {
+            return e.set_on_hand({sku, location}, on_hand, expected_version, fencing_token, reason,
+                                 actor);
           },
           py::arg("sku"), py::arg("location"), py::arg("on_hand"), py::arg("expected_version"),
-          py::arg("fencing_token") = py::none(), Release())
+          py::arg("fencing_token") = py::none(), py::arg("reason") = "", py::arg("actor") = "",
+          Release())
       .def(
           "set_backorder_limit",
           [](Engine& e, const std::string& sku, const std::string& location, Quantity limit,
@@ -494,6 +499,7 @@ void register_engine(py::module_& m) {
   register_lease_calls(c);
   register_reservation_calls(c);
   register_async_calls(c);
+  register_record(m, c);
 }
 
 }  // namespace stockade::bindings

@@ -52,7 +52,10 @@ void register_layer_options(py::module_& m) {
 void register_store_options(py::module_& m) {
   py::class_<MemoryOptions>(m, "MemoryOptions", "The memory store's options.")
       .def(py::init<>())
-      .def_readwrite("retention_us", &MemoryOptions::retention_us);
+      .def_readwrite("retention_us", &MemoryOptions::retention_us)
+      .def_readwrite("journal_max", &MemoryOptions::journal_max)
+      .def_readwrite("journal_retention_us", &MemoryOptions::journal_retention_us)
+      .def_readwrite("feed_lag_max_us", &MemoryOptions::feed_lag_max_us);
   py::class_<PostgresOptions>(m, "PostgresOptions", "The PostgreSQL store's options.")
       .def(py::init<>())
       .def_readwrite("dsn", &PostgresOptions::dsn)
@@ -73,7 +76,9 @@ void register_store_options(py::module_& m) {
       .def_readwrite("sweep_interval_ms", &PostgresOptions::sweep_interval_ms)
       .def_readwrite("sweep_batch", &PostgresOptions::sweep_batch)
       .def_readwrite("retention_ms", &PostgresOptions::retention_ms)
-      .def_readwrite("purge_batch", &PostgresOptions::purge_batch);
+      .def_readwrite("purge_batch", &PostgresOptions::purge_batch)
+      .def_readwrite("journal_retention_ms", &PostgresOptions::journal_retention_ms)
+      .def_readwrite("feed_lag_max_ms", &PostgresOptions::feed_lag_max_ms);
 }
 
 }  // namespace

@@ -41,7 +41,8 @@ void register_values(py::module_& m) {
       .def_property_readonly("backordered", &StockLevel::backordered)
       .def_readonly("discontinued", &StockLevel::discontinued)
       .def_readonly("leased", &StockLevel::leased)
-      .def_readonly("lease_expires_at_us", &StockLevel::lease_expires_at_us);
+      .def_readonly("lease_expires_at_us", &StockLevel::lease_expires_at_us)
+      .def_readonly("low_stock", &StockLevel::low_stock);
 
   py::class_<Lease>(m, "Lease", "A lease on a stock row, with its fencing token; times in us.")
       .def_property_readonly("sku", [](const Lease& l) { return l.key.sku; })

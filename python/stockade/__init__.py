@@ -27,6 +27,7 @@ from .errors import (
     DatabaseError,
     DeadlineExceeded,
     Discontinued,
+    FeedOverrun,
     FencingTokenStale,
     IdempotencyConflict,
     InDoubt,
@@ -50,6 +51,7 @@ from .errors import (
     Unavailable,
     VersionConflict,
 )
+from .journal import ALERTS, AuditReport, AuditViolation, Feed, Movement, StockChange
 from .limits import *  # noqa: F403 - the input limits, each named in stockade.limits
 from .stats import EngineStats, Metrics, RowCounts
 from .values import (
@@ -78,12 +80,17 @@ def _version() -> str:
 __version__ = _version()
 
 __all__ = [  # and stockade.limits' constants, added below
+    "ALERTS",
+    "AuditReport",
+    "AuditViolation",
     "ClaimAdvice",
     "DatabaseError",
     "DeadlineExceeded",
     "Discontinued",
     "Engine",
     "EngineStats",
+    "Feed",
+    "FeedOverrun",
     "FencingTokenStale",
     "IdempotencyConflict",
     "InDoubt",
@@ -99,6 +106,7 @@ __all__ = [  # and stockade.limits' constants, added below
     "ManualClock",
     "Metrics",
     "Misconfigured",
+    "Movement",
     "NotFound",
     "NotSupported",
     "OutOfStock",
@@ -109,6 +117,7 @@ __all__ = [  # and stockade.limits' constants, added below
     "RetriesExhausted",
     "RowCounts",
     "SchemaNotMigrated",
+    "StockChange",
     "StockLevel",
     "StockadeError",
     "Strategy",

@@ -8,24 +8,27 @@ twin's signature and checks are this call's.
 
 from __future__ import annotations
 
-from typing import Iterable, List, Mapping, Optional, Tuple, cast
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Iterable, List, Mapping, Optional, Tuple, cast
 
 from . import _core
 from ._checks import (
     DEFAULT_LOCATION,
-    UINT64_MAX,
     OrderKey,
     in_range,
     lease_owner,
     limit_skus,
     migration_number,
     order_lines,
+    purge_bounds,
     reservations,
 )
 from ._checks import lease as check_lease
 from .aio import Bridges
 from .claim import ClaimAdvice
 from .errors import InvalidArgument
+from .journal import AuditReport, Feed, Movement
 from .stats import EngineStats, Metrics, RowCounts
 from .values import (
     Lease,
@@ -46,6 +49,9 @@ from .values import (
     reservation_id_bytes,
     strategy_name,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Engine
 
 __all__ = ["EngineCalls"]
 
@@ -112,11 +118,15 @@ class EngineCalls:
         location: str = DEFAULT_LOCATION,
         expected_version: Optional[int] = None,
         fencing_token: Optional[int] = None,
+        reason: Optional[str] = None,
+        actor: Optional[str] = None,
     ) -> StockLevel:
         """Adds ``qty`` units to on_hand, creating the row if it does not exist.
 
         Raises ``Discontinued`` on a discontinued row, and ``LeaseHeld`` while another
-        holder's lease is live unless ``fencing_token`` is that lease's token."""
+        holder's lease is live unless ``fencing_token`` is that lease's token. ``reason``
+        and ``actor`` (each at most 200 bytes, e.g. ``reason="return"``,
+        ``actor="pos-17"``) go into the change's journal entry (:meth:`movements`)."""
         return StockLevel._from_core(
             self._core.restock(
                 sku=check_str("sku", sku),
@@ -124,6 +134,8 @@ class EngineCalls:
                 qty=check_int("qty", qty),
                 expected_version=check_optional_int("expected_version", expected_version),
                 fencing_token=check_optional_int("fencing_token", fencing_token),
+                reason=check_optional_str("reason", reason) or "",
+                actor=check_optional_str("actor", actor) or "",
             )
         )
 
@@ -135,9 +147,12 @@ class EngineCalls:
         location: str = DEFAULT_LOCATION,
         expected_version: Optional[int] = None,
         fencing_token: Optional[int] = None,
+        reason: Optional[str] = None,
+        actor: Optional[str] = None,
     ) -> StockLevel:
         """Sets on_hand (a stock count). What is reserved must stay covered by
-        ``on_hand + backorder_limit`` (else ``InvalidState``)."""
+        ``on_hand + backorder_limit`` (else ``InvalidState``). ``reason`` and ``actor`` go
+        into the journal entry, as with :meth:`restock`."""
         return StockLevel._from_core(
             self._core.set_on_hand(
                 sku=check_str("sku", sku),
@@ -145,6 +160,8 @@ class EngineCalls:
                 on_hand=check_int("on_hand", on_hand),
                 expected_version=check_optional_int("expected_version", expected_version),
                 fencing_token=check_optional_int("fencing_token", fencing_token),
+                reason=check_optional_str("reason", reason) or "",
+                actor=check_optional_str("actor", actor) or "",
             )
         )
 
@@ -503,13 +520,97 @@ class EngineCalls:
         and skip rows others hold. On PostgreSQL the horizon is on the database clock.
         ``retention=`` on :meth:`postgres` or :meth:`memory` purges in the background
         instead."""
-        older_than_us = duration_us("older_than", older_than)
-        if older_than_us < 0:
-            raise InvalidArgument("older_than must not be negative")
-        count = UINT64_MAX if limit is None else check_int("limit", limit)
-        if not 1 <= count <= UINT64_MAX:
-            raise InvalidArgument(f"limit must be at least 1, got {count}")
+        older_than_us, count = purge_bounds(older_than, limit)
         return int(self._core.purge(older_than_us=older_than_us, limit=count))
+
+    # --- the movement journal, the change feed, stock alerts, the audit ---
+
+    def movements(
+        self,
+        sku: Optional[str] = None,
+        *,
+        location: Optional[str] = None,
+        since: Optional[datetime] = None,
+        after: int = 0,
+        limit: int = 1000,
+    ) -> List[Movement]:
+        """The journal: one entry per change of a stock row, oldest first (docs/journal.md).
+
+        ``sku`` (and ``location``) narrow it to a SKU's rows; ``since`` to entries made at
+        or after that time; ``after`` to entries past that ``position`` (to page on:
+        pass the last one's). At most ``limit`` (1..100000) entries."""
+        since_us = 0
+        if since is not None:
+            if not isinstance(since, datetime) or since.tzinfo is None:
+                raise InvalidArgument("since must be a timezone-aware datetime")
+            since_us = int(since.timestamp() * 1_000_000)
+        return [
+            Movement._from_core(m)
+            for m in self._core.movements(
+                sku=check_optional_str("sku", sku),
+                location=check_optional_str("location", location),
+                after=check_int("after", after),
+                since_us=since_us,
+                limit=check_int("limit", limit),
+            )
+        ]
+
+    def feed(self, consumer: str, *, start: str = "earliest") -> Feed:
+        """Opens the change feed's consumer named ``consumer``, made on first use, and
+        returns it at its last committed position (:class:`stockade.Feed`).
+
+        A new consumer starts at the oldest change the journal holds (``start=
+        "earliest"``) or at the next one (``"latest"``). Raises ``FeedOverrun`` if
+        retention dropped changes it had not committed (see ``feed_lag_max``)."""
+        if start not in ("earliest", "latest"):
+            raise InvalidArgument(f"start must be 'earliest' or 'latest', got {start!r}")
+        name = check_str("consumer", consumer)
+        position = self._core.feed_open(consumer=name, from_start=start == "earliest")
+        return Feed(cast("Engine", self), name, position)
+
+    def set_low_stock(
+        self, sku: str, threshold: Optional[int], *, location: str = DEFAULT_LOCATION
+    ) -> StockLevel:
+        """Sets the row's low-stock threshold: the feed marks a change that takes
+        ``available`` below it (``low_stock``) or back to it (``recovered``); ``None``
+        takes it away. Sold-out and back-in-stock marks need no threshold. Moves the
+        row's version. ``NotSupported`` on a SKU with hot-row slots."""
+        return StockLevel._from_core(
+            self._core.set_low_stock(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                threshold=check_optional_int("threshold", threshold),
+            )
+        )
+
+    def audit(
+        self,
+        *,
+        sku: Optional[str] = None,
+        limit: int = 1000,
+        expiry_lag: TtlLike = 300,
+    ) -> AuditReport:
+        """Checks the invariants from the data itself and lists every violation (at most
+        ``limit``), with the row and what was expected (docs/journal.md, "The audit"):
+        each row's ``reserved`` equals the sum of its holds; no hold outlived its expiry by
+        more than ``expiry_lag`` (PostgreSQL; the sweeper's lag); purchase-limit counts
+        cover their buyers' holds; slot rows have their SKU; keys point to reservations;
+        the journal's entries chain and add up to each row. Holds no row lock."""
+        started = time.monotonic()
+        report = self._core.audit(
+            sku=check_optional_str("sku", sku),
+            limit=check_int("limit", limit),
+            expiry_lag_us=duration_us("expiry_lag", expiry_lag),
+        )
+        return AuditReport._from_core(report, time.monotonic() - started)
+
+    def purge_movements(self, older_than: TtlLike, *, limit: Optional[int] = None) -> int:
+        """Drops journal entries older than ``older_than`` that every feed consumer has
+        committed past (or older than ``feed_lag_max``, whatever the consumers: those it
+        passes get ``FeedOverrun``); returns how many went. ``journal_retention=`` does
+        it in the background."""
+        older_than_us, count = purge_bounds(older_than, limit)
+        return int(self._core.purge_movements(older_than_us=older_than_us, limit=count))
 
     # --- figures and advice ---
 

@@ -11,12 +11,14 @@ executor. Cancelling the awaitable does not cancel the call: it may still commit
 from __future__ import annotations
 
 import functools
+from datetime import datetime
 from typing import Iterable, List, Mapping, Optional, Tuple
 
 from ._calls import EngineCalls
 from ._checks import DEFAULT_LOCATION, OrderKey, order_lines, reservations
 from .aio import off_loop
 from .claim import ClaimAdvice
+from .journal import AuditReport, Feed, Movement
 from .stats import EngineStats, Metrics, RowCounts
 from .values import (
     Lease,
@@ -63,6 +65,8 @@ class EngineTwins(EngineCalls):
         location: str = DEFAULT_LOCATION,
         expected_version: Optional[int] = None,
         fencing_token: Optional[int] = None,
+        reason: Optional[str] = None,
+        actor: Optional[str] = None,
     ) -> StockLevel:
         """:meth:`restock` as an awaitable."""
         return await off_loop(
@@ -73,6 +77,8 @@ class EngineTwins(EngineCalls):
                 location=location,
                 expected_version=expected_version,
                 fencing_token=fencing_token,
+                reason=reason,
+                actor=actor,
             )
         )
 
@@ -84,6 +90,8 @@ class EngineTwins(EngineCalls):
         location: str = DEFAULT_LOCATION,
         expected_version: Optional[int] = None,
         fencing_token: Optional[int] = None,
+        reason: Optional[str] = None,
+        actor: Optional[str] = None,
     ) -> StockLevel:
         """:meth:`set_on_hand` as an awaitable."""
         return await off_loop(
@@ -94,6 +102,8 @@ class EngineTwins(EngineCalls):
                 location=location,
                 expected_version=expected_version,
                 fencing_token=fencing_token,
+                reason=reason,
+                actor=actor,
             )
         )
 
@@ -333,6 +343,48 @@ class EngineTwins(EngineCalls):
     async def purge_async(self, older_than: TtlLike, *, limit: Optional[int] = None) -> int:
         """:meth:`purge` as an awaitable."""
         return await off_loop(functools.partial(self.purge, older_than, limit=limit))
+
+    async def movements_async(
+        self,
+        sku: Optional[str] = None,
+        *,
+        location: Optional[str] = None,
+        since: Optional[datetime] = None,
+        after: int = 0,
+        limit: int = 1000,
+    ) -> List[Movement]:
+        """:meth:`movements` as an awaitable."""
+        return await off_loop(
+            functools.partial(
+                self.movements, sku, location=location, since=since, after=after, limit=limit
+            )
+        )
+
+    async def feed_async(self, consumer: str, *, start: str = "earliest") -> Feed:
+        """:meth:`feed` as an awaitable."""
+        return await off_loop(functools.partial(self.feed, consumer, start=start))
+
+    async def set_low_stock_async(
+        self, sku: str, threshold: Optional[int], *, location: str = DEFAULT_LOCATION
+    ) -> StockLevel:
+        """:meth:`set_low_stock` as an awaitable."""
+        return await off_loop(
+            functools.partial(self.set_low_stock, sku, threshold, location=location)
+        )
+
+    async def audit_async(
+        self, *, sku: Optional[str] = None, limit: int = 1000, expiry_lag: TtlLike = 300
+    ) -> AuditReport:
+        """:meth:`audit` as an awaitable."""
+        return await off_loop(
+            functools.partial(self.audit, sku=sku, limit=limit, expiry_lag=expiry_lag)
+        )
+
+    async def purge_movements_async(
+        self, older_than: TtlLike, *, limit: Optional[int] = None
+    ) -> int:
+        """:meth:`purge_movements` as an awaitable."""
+        return await off_loop(functools.partial(self.purge_movements, older_than, limit=limit))
 
     async def row_counts_async(self) -> RowCounts:
         """:meth:`row_counts` as an awaitable."""

@@ -78,6 +78,9 @@ class Engine(EngineTwins):
         home_slot: Optional[int] = None,
         slot_directory: int = 4096,
         auto_slots_max: int = 4,
+        journal_max: int = 100_000,
+        journal_retention: Optional[TtlLike] = None,
+        feed_lag_max: TtlLike = timedelta(days=7),
     ) -> Engine:
         """An engine over the embedded in-process store: real semantics, no durability.
 
@@ -104,7 +107,12 @@ class Engine(EngineTwins):
         processes batch one SKU's row (each finds it changed by another between its
         batches, for ``auto``'s 200 ms), ``auto`` splits the SKU into ``auto_slots_max``
         slots by itself (1: never; docs/hot-row.md, "Automatic slots"). The memory store
-        reports no row versions, so it never does."""
+        reports no row versions, so it never does.
+
+        The movement journal (:meth:`movements`, :meth:`feed`) keeps at most
+        ``journal_max`` entries (0: none), dropping the oldest; with ``journal_retention``
+        set, entries older than that go as the store purges, once every feed consumer
+        has read them or they are older than ``feed_lag_max`` (docs/journal.md)."""
         options, clock_core, memory = memory_options(_keywords(locals()))
         return cls(_core.Engine.memory(options=options, clock=clock_core, memory=memory))
 
@@ -139,6 +147,8 @@ class Engine(EngineTwins):
         home_slot: Optional[int] = None,
         slot_directory: int = 4096,
         auto_slots_max: int = 4,
+        journal_retention: Optional[TtlLike] = None,
+        feed_lag_max: TtlLike = timedelta(days=7),
     ) -> Engine:
         """An engine over PostgreSQL: the durable store.
 
@@ -165,10 +175,9 @@ class Engine(EngineTwins):
         database, one sweeps at a time. With ``retention`` set (it needs ``sweeper=True``)
         the sweeper also purges what is older than ``retention`` each round,
         ``purge_batch`` rows per transaction (see :meth:`purge`); without it nothing is
-        ever purged unless you call :meth:`purge`. ``batch_max``, ``batch_shards``,
-        ``batch_lock_slice``, ``batch_linger``, ``async_workers``, ``home_slot``,
-        ``slot_directory`` and ``auto_slots_max`` are as for :meth:`memory`; each batch
-        flusher holds one pooled connection while it applies a batch."""
+        ever purged unless you call :meth:`purge`. The batching and slot options, and
+        ``journal_retention`` and ``feed_lag_max`` (the sweeper purges the journal), are as
+        for :meth:`memory`; each batch flusher holds one pooled connection at a time."""
         logs.start()  # first, so that what the core logs while connecting is delivered
         postgres, options = postgres_options(dsn, _keywords(locals()))
         core = _core.Engine.postgres(postgres=postgres, options=options)

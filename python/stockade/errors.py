@@ -39,6 +39,7 @@ Unavailable              503     yes        1
 SchemaNotMigrated        500     no         -            the service's set-up: migrate()
 Misconfigured            500     no         -            role, password, database, GRANTs
 DeadlineExceeded         503     yes        1            call_timeout passed before COMMIT
+FeedOverrun              410     no         -            retention passed a feed consumer
 DatabaseError            500     no         -
 =======================  ======  =========  ===========  =================================
 """
@@ -52,6 +53,7 @@ __all__ = [
     "DatabaseError",
     "DeadlineExceeded",
     "Discontinued",
+    "FeedOverrun",
     "FencingTokenStale",
     "IdempotencyConflict",
     "InDoubt",
@@ -322,6 +324,18 @@ class DeadlineExceeded(StockadeError, TimeoutError):
     retry_after_default = 1.0
 
 
+class FeedOverrun(StockadeError):
+    """A change feed consumer fell behind what the journal keeps: retention dropped
+    changes it had not read (older than ``feed_lag_max``, or pushed out of the memory
+    store's ``journal_max``). Polling again cannot give them back, so the consumer stops
+    here instead of skipping them silently: drop it (:meth:`Feed.drop`) and open it again
+    to go on from the oldest change the journal still holds, after reconciling from
+    :meth:`Engine.stock`."""
+
+    code = "feed_overrun"
+    http_status = 410
+
+
 class DatabaseError(StockadeError):
     """Any other error the database raised; ``sqlstate`` says which."""
 
@@ -354,6 +368,7 @@ _BY_CODE: dict[str, type[StockadeError]] = {
         SchemaNotMigrated,
         Misconfigured,
         DeadlineExceeded,
+        FeedOverrun,
         DatabaseError,
     )
 }

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Tuple
 
 from . import _core
-from ._checks import auto_slots_max, counted, home_slot, positive, retention_us
+from ._checks import auto_slots_max, counted, home_slot, in_range, positive, retention_us
 from ._clock import ManualClock
 from .errors import InvalidType
 from .values import Strategy, check_bool, check_str, duration_ms, duration_us, strategy_name
@@ -50,6 +50,9 @@ def memory_options(
         raise InvalidType(f"clock must be a ManualClock, not {type(clock).__name__}")
     memory = _core.MemoryOptions()
     memory.retention_us = retention_us(given["retention"])
+    memory.journal_max = in_range("journal_max", given["journal_max"], 0, 10_000_000)
+    memory.journal_retention_us = retention_us(given["journal_retention"])
+    memory.feed_lag_max_us = duration_us("feed_lag_max", given["feed_lag_max"])
     return engine_options(given), (clock._core if clock is not None else None), memory
 
 
@@ -73,4 +76,6 @@ def postgres_options(
     out.sweep_batch = positive("sweep_batch", given["sweep_batch"])
     out.retention_ms = -(-retention_us(given["retention"]) // 1000)  # rounded up
     out.purge_batch = positive("purge_batch", given["purge_batch"])
+    out.journal_retention_ms = -(-retention_us(given["journal_retention"]) // 1000)
+    out.feed_lag_max_ms = duration_ms("feed_lag_max", given["feed_lag_max"])
     return out, engine_options(given)

@@ -124,7 +124,8 @@ class StockLevel:
     owed); ``backordered`` is how many units are promised beyond on_hand. A
     ``discontinued`` row is a tombstone (soft-deleted): new holds, sells and restocks raise
     ``Discontinued``. ``leased`` says a lease is live on the row (``acquire_lease``) until
-    ``lease_expires_at``.
+    ``lease_expires_at``. ``low_stock`` is the row's low-stock threshold for the change
+    feed's alerts (:meth:`Engine.set_low_stock`), or None.
     """
 
     sku: str
@@ -139,6 +140,7 @@ class StockLevel:
     discontinued: bool = False
     leased: bool = False
     lease_expires_at: Optional[datetime] = None
+    low_stock: Optional[int] = None
 
     @property
     def etag(self) -> str:
@@ -160,6 +162,7 @@ class StockLevel:
             s.discontinued,
             s.leased,
             _datetime(s.lease_expires_at_us) if s.leased else None,
+            s.low_stock,
         )
 
 

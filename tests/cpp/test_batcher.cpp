@@ -101,6 +101,25 @@ class DelegatingStore : public Store {
     return inner_->purge(older_than_us, limit);
   }
   StoreCounts counts() const override { return inner_->counts(); }
+  std::vector<Movement> movements(const MovementQuery& q) override { return inner_->movements(q); }
+  FeedPosition feed_open(const std::string& consumer, bool from_start) override {
+    return inner_->feed_open(consumer, from_start);
+  }
+  FeedBatch feed_poll(const std::string& consumer, const FeedPosition& from,
+                      std::size_t limit) override {
+    return inner_->feed_poll(consumer, from, limit);
+  }
+  void feed_commit(const std::string& consumer, const FeedPosition& at) override {
+    inner_->feed_commit(consumer, at);
+  }
+  bool feed_drop(const std::string& consumer) override { return inner_->feed_drop(consumer); }
+  StockLevel set_low_stock(const SkuKey& key, std::optional<Quantity> threshold) override {
+    return inner_->set_low_stock(key, threshold);
+  }
+  AuditReport audit(const AuditOptions& options) override { return inner_->audit(options); }
+  std::uint64_t purge_movements(std::int64_t older_than_us, std::uint64_t limit) override {
+    return inner_->purge_movements(older_than_us, limit);
+  }
 
  protected:
   std::shared_ptr<Store> inner_;

@@ -22,6 +22,7 @@ MIGRATIONS = [
     "004_purchase_limits.sql",
     "005_slot_column.sql",
     "006_limit_group_index.sql",
+    "007_journal.sql",
 ]
 
 # Every API test runs on each store, and on the Citus layout of the PostgreSQL one (a

@@ -108,11 +108,14 @@ class Engine {
   // one that made the engine, it only lets go of the engine (see check_process).
   void close();
 
+  // `reason` and `actor` go into the change's journal entry (validate_note_text).
   StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected_version = {},
-                     std::optional<FencingToken> fencing_token = {});
+                     std::optional<FencingToken> fencing_token = {}, const std::string& reason = {},
+                     const std::string& actor = {});
   StockLevel set_on_hand(const SkuKey& key, Quantity on_hand,
                          std::optional<Version> expected_version = {},
-                         std::optional<FencingToken> fencing_token = {});
+                         std::optional<FencingToken> fencing_token = {},
+                         const std::string& reason = {}, const std::string& actor = {});
   StockLevel set_backorder_limit(const SkuKey& key, Quantity limit,
                                  std::optional<Version> expected_version = {},
                                  std::optional<FencingToken> fencing_token = {});
@@ -174,6 +177,20 @@ class Engine {
   void submit_transition(Transition kind, const Uuid& id, std::int64_t ttl_us,
                          std::optional<Version> expected_version,
                          std::shared_ptr<CompletionSink> sink, std::uint64_t token);
+
+  // The movement journal, the change feed, stock alerts and the audit (Store, docs/journal.md).
+  std::vector<Movement> movements(const MovementQuery& query);
+  FeedPosition feed_open(const std::string& consumer, bool from_start = true);
+  FeedBatch feed_poll(const std::string& consumer, const FeedPosition& from, std::size_t limit);
+  void feed_commit(const std::string& consumer, const FeedPosition& at);
+  bool feed_drop(const std::string& consumer);
+  // The row's low-stock threshold (none: no low-stock alerts); NotSupported on a slotted SKU.
+  StockLevel set_low_stock(const SkuKey& key, std::optional<Quantity> threshold);
+  AuditReport audit(const AuditOptions& options);
+  // How many violations the last audit() of this engine found (-1: none ran yet).
+  std::int64_t last_audit_violations() const { return last_audit_violations_.load(); }
+  std::uint64_t purge_movements(std::int64_t older_than_us,
+                                std::uint64_t limit = std::numeric_limits<std::uint64_t>::max());
 
   // Retention (Store::purge): older_than_us >= 0, 1 <= limit.
   PurgeCounts purge(std::int64_t older_than_us,
@@ -277,6 +294,7 @@ class Engine {
   bool executor_closed_ = false;               // no new executor (set once the batcher has drained)
   std::unique_ptr<detail::SlotRouter> slots_;  // hot-row slots: where reserves and sells go
   std::unique_ptr<detail::AutoSlots> auto_slots_;  // when `auto` splits a SKU into slots
+  std::atomic<std::int64_t> last_audit_violations_{-1};
 };
 
 // Checks engine-wide options; throws InvalidArgument.

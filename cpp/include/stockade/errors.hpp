@@ -42,6 +42,7 @@ namespace stockade {
   X(schema_not_migrated, "the schema is missing or older: run migrate()")    \
   X(misconfigured, "the server refused the DSN's role, password or db")      \
   X(deadline_exceeded, "call_timeout passed before COMMIT; nothing changed") \
+  X(feed_overrun, "retention passed a feed consumer's position")             \
   X(database_error, "any other database error; context().sqlstate says which")
 
 enum class ErrorCode : std::uint8_t {

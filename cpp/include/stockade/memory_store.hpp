@@ -14,6 +14,14 @@ struct MemoryOptions {
   // every 64th reservation it makes purges up to 256 rows that are past it. The store has
   // no thread of its own, so a store that takes no reservations purges nothing more.
   std::int64_t retention_us = 0;
+  // The movement journal keeps at most this many entries, dropping the oldest (a feed
+  // consumer that had not read one is overrun); 0 journals nothing.
+  std::size_t journal_max = 100000;
+  // Store::purge also drops journal entries older than this (0: purge keeps them until
+  // journal_max pushes them out), once every feed consumer has read them or they are
+  // older than feed_lag_max_us.
+  std::int64_t journal_retention_us = 0;
+  std::int64_t feed_lag_max_us = 7LL * 24 * 3600 * 1000000;
 };
 
 std::shared_ptr<Store> make_memory_store(std::shared_ptr<Clock> clock,

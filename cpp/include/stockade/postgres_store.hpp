@@ -60,6 +60,12 @@ struct PostgresOptions {
   // (Store::purge), after expiring, in transactions of purge_batch rows.
   std::int64_t retention_ms = 0;
   std::size_t purge_batch = 5000;  // rows deleted per purge transaction
+  // The movement journal's retention: when > 0 (needs sweeper), the sweeper also drops
+  // journal entries older than this that every feed consumer has read (purge_movements);
+  // entries older than feed_lag_max_ms go even so, and a consumer that had not read them
+  // is told FeedOverrun.
+  std::int64_t journal_retention_ms = 0;
+  std::int64_t feed_lag_max_ms = 7LL * 24 * 3600 * 1000;
   // lock_timeout of the calls that take no lock options (restock, set_on_hand, the
   // transitions, expiry); Engine::postgres sets it to the engine's lock_timeout.
   std::int64_t lock_timeout_ms = 10000;

@@ -19,6 +19,7 @@
 
 #include "stockade/batch.hpp"
 #include "stockade/errors.hpp"
+#include "stockade/journal.hpp"
 #include "stockade/telemetry.hpp"
 #include "stockade/types.hpp"
 
@@ -178,6 +179,28 @@ class Store {
   // whole fails it throws, and no item took effect, except that InDoubt means the commit
   // may or may not have landed.
   virtual void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) = 0;
+
+  // The movement journal and its feed (stockade/journal.hpp, docs/journal.md).
+  // movements reads entries in position order. feed_open makes a named consumer if it is
+  // new (at the journal's start, or its end when `from_start` is false) and returns its
+  // committed position (FeedOverrun if retention passed it); feed_poll returns the
+  // changes after `from`, at most `limit`, each committed and none skipped, in position
+  // order (per row, version order); feed_commit stores a position; feed_drop forgets a
+  // consumer. set_low_stock sets a row's low-stock threshold (none: no alerts), moving
+  // its version.
+  virtual std::vector<Movement> movements(const MovementQuery& query) = 0;
+  virtual FeedPosition feed_open(const std::string& consumer, bool from_start) = 0;
+  virtual FeedBatch feed_poll(const std::string& consumer, const FeedPosition& from,
+                              std::size_t limit) = 0;
+  virtual void feed_commit(const std::string& consumer, const FeedPosition& at) = 0;
+  virtual bool feed_drop(const std::string& consumer) = 0;
+  virtual StockLevel set_low_stock(const SkuKey& key, std::optional<Quantity> threshold) = 0;
+  // Checks the invariants from the data (AuditOptions, AuditReport); holds no row lock.
+  virtual AuditReport audit(const AuditOptions& options) = 0;
+  // Drops journal entries older than `older_than_us` that every feed consumer has read
+  // (or older than the store's feed_lag_max, overrunning a consumer that had not), at
+  // most `limit`, oldest first; returns how many went.
+  virtual std::uint64_t purge_movements(std::int64_t older_than_us, std::uint64_t limit) = 0;
 
   // Retention, oldest first: deletes each idempotency key made before `older_than_us` ago
   // together with its reservations, once every one of them is terminal (confirmed,

@@ -116,6 +116,7 @@ struct StockLevel {
   FencingToken lease_token = 0;         // the token of the row's latest lease (0: never leased)
   bool leased = false;                  // a lease is live right now
   TimestampUs lease_expires_at_us = 0;  // when the live lease lapses (0: none live)
+  std::optional<Quantity> low_stock = std::nullopt;  // the threshold of the feed's low-stock alerts
 
   Quantity available() const { return on_hand + backorder_limit - reserved; }
   // Units promised beyond the physical stock: held past on_hand, or sold below zero.

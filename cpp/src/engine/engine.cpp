@@ -540,17 +540,22 @@ StockLevel Engine::stock(const SkuKey& key) {
 }
 
 StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
-                           std::optional<FencingToken> token) {
+                           std::optional<FencingToken> token, const std::string& reason,
+                           const std::string& actor) {
   check_process();
   validate_sku_key(key);
   validate_qty(qty);
   validate_expected_version(expected);
   validate_fencing_token(token);
+  validate_note_text(reason, "reason");
+  validate_note_text(actor, "actor");
+  const NoteScope note({"restock", reason, actor, ""});
   return observed(Op::restock, [&] { return slots_->restock(key, qty, expected, token); });
 }
 
 StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand, std::optional<Version> expected,
-                               std::optional<FencingToken> token) {
+                               std::optional<FencingToken> token, const std::string& reason,
+                               const std::string& actor) {
   check_process();
   validate_sku_key(key);
   if (on_hand < 0) {
@@ -558,6 +563,9 @@ StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand, std::optiona
   }
   validate_expected_version(expected);
   validate_fencing_token(token);
+  validate_note_text(reason, "reason");
+  validate_note_text(actor, "actor");
+  const NoteScope note({"set_on_hand", reason, actor, ""});
   return observed(Op::set_on_hand,
                   [&] { return slots_->set_on_hand(key, on_hand, expected, token); });
 }
@@ -802,6 +810,7 @@ Reservation Engine::transition(BatchOp op, const Uuid& id, std::optional<Version
   }
   tracker_.enter(shard_key);
   InFlight in_flight(tracker_, shard_key);
+  const NoteScope note({op == BatchOp::confirm ? "confirm" : "release", "", "", id.to_string()});
   if (op == BatchOp::confirm) {
     return observed(Op::confirm, [&] { return store_->confirm(id, expected); });
   }

@@ -198,6 +198,7 @@ std::vector<StockLevel> SlotRouter::fill_slot(const SkuKey& key,
     if (free < qty) throw_out_of_stock(key, free, qty);
     return respread(levels, static_cast<std::size_t>(target), qty, 0);
   };
+  const NoteScope note({"slot_move", "", "", ""});
   return store_.reshape(keys_of(rows), /*create=*/false, /*write_all=*/false,
                         options_.lock_timeout_ms, plan);
 }
@@ -237,6 +238,7 @@ StockLevel SlotRouter::set_slots(const SkuKey& key, int slots) {
     check_slottable(key, levels.front(), slots);
     return respread(levels, 0, 0, 0);
   };
+  const NoteScope note({"slot_move", "", "", ""});
   const std::vector<StockLevel> rows =
       store_.reshape(keys, /*create=*/true, /*write_all=*/true, options_.lock_timeout_ms, plan);
   directory_.put(key, slots);

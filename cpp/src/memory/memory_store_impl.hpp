@@ -36,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "memory/journal.hpp"
 #include "memory/row_cell.hpp"
 #include "memory/timed_lock.hpp"
 #include "stockade/clock.hpp"
@@ -48,8 +49,10 @@
 namespace stockade::detail {
 
 struct StockRow {
-  StockRow(SkuKey k, const RowValues& initial)
-      : key(std::move(k)), shard_key(row_shard_key(key.sku, key.location)), cell(initial) {}
+  StockRow(SkuKey k, const RowValues& initial, RowJournal* journal)
+      : key(std::move(k)),
+        shard_key(row_shard_key(key.sku, key.location)),
+        cell(initial, journal) {}
   const SkuKey key;
   const std::uint16_t shard_key;  // carried by the ids of this row's reservations
   RowCell cell;
@@ -133,6 +136,17 @@ class MemoryStore final : public Store, public TestHooks {
 
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override;
   StoreCounts counts() const override;
+
+  // The journal, its feed and the audit (record.cpp).
+  std::vector<Movement> movements(const MovementQuery& query) override;
+  FeedPosition feed_open(const std::string& consumer, bool from_start) override;
+  FeedBatch feed_poll(const std::string& consumer, const FeedPosition& from,
+                      std::size_t limit) override;
+  void feed_commit(const std::string& consumer, const FeedPosition& at) override;
+  bool feed_drop(const std::string& consumer) override;
+  StockLevel set_low_stock(const SkuKey& key, std::optional<Quantity> threshold) override;
+  AuditReport audit(const AuditOptions& options) override;
+  std::uint64_t purge_movements(std::int64_t older_than_us, std::uint64_t limit) override;
 
   Reservation naive_reserve_unsafe(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
                                    std::int64_t window_us) override;
@@ -225,7 +239,16 @@ class MemoryStore final : public Store, public TestHooks {
   std::uint64_t purge_reservations(TimestampUs horizon, std::uint64_t limit);
   void purge_as_you_go();  // retention: every 64th reservation purges a little
 
+  // The audit's passes (record.cpp): each appends what it finds to `report`.
+  struct AuditSums;
+  AuditSums audit_sums(const AuditOptions& options) const;
+  void audit_rows(const AuditOptions& options, const AuditSums& sums, AuditReport& report) const;
+  void audit_limits(const AuditSums& sums, AuditReport& report);
+  void audit_keys(AuditReport& report);
+  void audit_journal(const AuditOptions& options, AuditReport& report) const;
+
   std::shared_ptr<Clock> clock_;
+  std::unique_ptr<MemoryJournal> journal_;
   std::unique_ptr<std::array<StockShard, stock_shards>> stock_;
   std::unique_ptr<std::array<ReservationShard, reservation_shards>> reservations_;
   std::unique_ptr<std::array<TimedLock, advisory_stripes>> advisory_;

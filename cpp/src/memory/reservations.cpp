@@ -295,7 +295,10 @@ std::vector<Reservation> MemoryStore::with_idempotency(
 void MemoryStore::expire_locked(ReservationShard& shard, ReservationRecord& record,
                                 TimestampUs now) {
   Reservation& r = record.value;
-  release_stock(*record.row, r.qty, /*sold=*/false, now);
+  {
+    const NoteScope note({"expire", "", "", r.id.to_string()});
+    release_stock(*record.row, r.qty, /*sold=*/false, now);
+  }
   give_back(r);
   shard.held_by_expiry.erase({r.expires_at_us, r.id});
   r.state = ReservationState::expired;

@@ -137,9 +137,12 @@ PurgeCounts MemoryStore::purge(std::int64_t older_than_us, std::uint64_t limit) 
 }
 
 void MemoryStore::purge_as_you_go() {
-  if (options_.retention_us <= 0) return;
+  if (options_.retention_us <= 0 && options_.journal_retention_us <= 0) return;
   if ((reservations_made_.fetch_add(1, std::memory_order_relaxed) & 63) != 63) return;
-  purge(options_.retention_us, 256);
+  if (options_.retention_us > 0) purge(options_.retention_us, 256);
+  if (options_.journal_retention_us > 0) {
+    journal_->purge(options_.journal_retention_us, options_.feed_lag_max_us, 256);
+  }
 }
 
 }  // namespace stockade::detail

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
 
 #include "base/backoff.hpp"
@@ -42,8 +43,10 @@ struct RowValues {
   Quantity backorder_limit = 0;
   std::int64_t discontinued = 0;  // 0 or 1
   FencingToken lease_token = 0;
-  TimestampUs lease_expires_us = 0;  // 0: no lease (released, or never taken)
+  TimestampUs lease_expires_us = 0;   // 0: no lease (released, or never taken)
+  Quantity low_stock = no_low_stock;  // the low-stock threshold of the feed's alerts
 
+  static constexpr Quantity no_low_stock = INT64_MIN;
   bool lease_live(TimestampUs now) const { return lease_expires_us > now; }
 };
 
@@ -52,9 +55,20 @@ struct RowSnapshot {
   std::uint64_t seq = 0;
 };
 
+// Where a row's changes are journaled (memory/journal.hpp).
+class RowJournal {
+ public:
+  virtual ~RowJournal() = default;
+  // `before` is null when the change made the row.
+  virtual void record(const SkuKey& key, const RowValues* before, const RowValues& after) = 0;
+};
+
 class alignas(cache_line_size) RowCell {
  public:
-  explicit RowCell(const RowValues& initial) { store_fields(initial); }
+  explicit RowCell(const RowValues& initial, RowJournal* journal_ = nullptr) : journal(journal_) {
+    store_fields(initial);
+  }
+  RowJournal* const journal;  // none: the store journals nothing
 
   RowSnapshot read() const {
     SpinWait wait;
@@ -114,7 +128,8 @@ class alignas(cache_line_size) RowCell {
                      backorder_limit_.load(std::memory_order_relaxed),
                      discontinued_.load(std::memory_order_relaxed),
                      lease_token_.load(std::memory_order_relaxed),
-                     lease_expires_us_.load(std::memory_order_relaxed)};
+                     lease_expires_us_.load(std::memory_order_relaxed),
+                     low_stock_.load(std::memory_order_relaxed)};
   }
   void store_fields(const RowValues& v) {
     on_hand_.store(v.on_hand, std::memory_order_relaxed);
@@ -125,6 +140,7 @@ class alignas(cache_line_size) RowCell {
     discontinued_.store(v.discontinued, std::memory_order_relaxed);
     lease_token_.store(v.lease_token, std::memory_order_relaxed);
     lease_expires_us_.store(v.lease_expires_us, std::memory_order_relaxed);
+    low_stock_.store(v.low_stock, std::memory_order_relaxed);
   }
 
   std::atomic<std::uint64_t> seq_{0};
@@ -136,6 +152,7 @@ class alignas(cache_line_size) RowCell {
   std::atomic<std::int64_t> discontinued_{0};
   std::atomic<FencingToken> lease_token_{0};
   std::atomic<TimestampUs> lease_expires_us_{0};
+  std::atomic<Quantity> low_stock_{RowValues::no_low_stock};
 };
 
 [[noreturn]] void throw_invariant_violation(const RowValues& next, const SkuKey& key);
@@ -174,6 +191,8 @@ class RowLatch {
       throw_invariant_violation(next, key);
     }
     STOCKADE_ASSERT(next.version >= values_.version);  // versions never go back
+    // The journal's entry, appended under the latch: per row, entries follow versions.
+    if (cell_->journal != nullptr) cell_->journal->record(key, &values_, next);
     cell_->publish(next);
     cell_ = nullptr;
   }

@@ -69,6 +69,7 @@ StockLevel level_at(const SkuKey& key, const RowValues& v, TimestampUs now) {
   level.lease_token = v.lease_token;
   level.leased = v.lease_live(now);
   level.lease_expires_at_us = level.leased ? v.lease_expires_us : 0;
+  if (v.low_stock != RowValues::no_low_stock) level.low_stock = v.low_stock;
   return level;
 }
 
@@ -113,6 +114,7 @@ MemoryStore::MemoryStore(std::shared_ptr<Clock> clock, std::shared_ptr<Telemetry
                          MemoryOptions options)
     : Store(std::move(shared)),
       clock_(std::move(clock)),
+      journal_(std::make_unique<MemoryJournal>(clock_, options.journal_max)),
       stock_(std::make_unique<std::array<StockShard, stock_shards>>()),
       reservations_(std::make_unique<std::array<ReservationShard, reservation_shards>>()),
       advisory_(std::make_unique<std::array<TimedLock, advisory_stripes>>()),
@@ -135,7 +137,10 @@ std::pair<StockRow*, bool> MemoryStore::insert_row(const SkuKey& key, const RowV
   StockShard& shard = (*stock_)[shard_index(key, stock_shards)];
   std::unique_lock<std::shared_mutex> lock(shard.mutex);
   auto [it, inserted] = shard.rows.try_emplace(key, nullptr);
-  if (inserted) it->second = std::make_unique<StockRow>(key, initial);
+  if (inserted) {
+    it->second = std::make_unique<StockRow>(key, initial, journal_.get());
+    journal_->record(key, nullptr, initial);  // under the shard's lock: before any change
+  }
   return {it->second.get(), inserted};
 }
 

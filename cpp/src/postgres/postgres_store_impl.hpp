@@ -76,6 +76,26 @@ struct Tx {
   }
 };
 
+// A stock row read with the columns of stock_columns_sql() (stock.cpp).
+StockLevel level_from(const SkuKey& key, const pqxx::row& row);
+
+// Whether run() wraps its function in a transaction. A one-statement write behind a
+// transaction-mode pooler runs in a transaction of its own after all. That is where SET
+// LOCAL can bound its lock wait, and it keeps the outcome of a cut connection certain:
+// the engine cannot end a session it cannot see behind the pooler, but a transaction
+// whose COMMIT was never sent cannot commit, whereas an autocommit statement cut while it
+// waits for a lock still may. So does one whose changes carry a journal note (set_config
+// is local to a transaction).
+bool note_in_scope() noexcept;
+inline bool runs_in_transaction(RunMode mode, bool pooled) {
+  return mode == RunMode::transaction ||
+         (mode == RunMode::one_statement && (pooled || note_in_scope()));
+}
+
+// Whether the call on this thread carries a journal note (stockade/journal.hpp), and its
+// setting for the transaction (migration 007's trigger reads `stockade.note`).
+void set_note(Tx& tx);
+
 inline std::uint16_t shard_of(const SkuKey& key) {
   return row_shard_key(key.sku, key.location);
 }
@@ -153,6 +173,17 @@ class PostgresStore final : public Store, public TestHooks {
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override;
   StoreCounts counts() const override;
   StoreCounts exact_counts() const override;
+
+  // The journal, its feed and the audit (record.cpp).
+  std::vector<Movement> movements(const MovementQuery& query) override;
+  FeedPosition feed_open(const std::string& consumer, bool from_start) override;
+  FeedBatch feed_poll(const std::string& consumer, const FeedPosition& from,
+                      std::size_t limit) override;
+  void feed_commit(const std::string& consumer, const FeedPosition& at) override;
+  bool feed_drop(const std::string& consumer) override;
+  StockLevel set_low_stock(const SkuKey& key, std::optional<Quantity> threshold) override;
+  AuditReport audit(const AuditOptions& options) override;
+  std::uint64_t purge_movements(std::int64_t older_than_us, std::uint64_t limit) override;
   PoolStats pool_stats() const override {
     const PoolGauges g = pool_.gauges();
     return PoolStats{g.size,   g.in_use,   g.idle,   g.waiting,
@@ -221,6 +252,11 @@ class PostgresStore final : public Store, public TestHooks {
 
   // Stock rows inside a transaction.
   Level read_row(Tx& tx, Stmt s, const SkuKey& key);
+  // NotSupported on the Citus layout, naming `feature` (record.cpp).
+  void refuse_on_citus(const char* feature) const;
+  // The audit's checks of holds, limits, slot rows and keys (record.cpp).
+  void audit_holds(const AuditOptions& options, const std::string& sku, std::int64_t limit,
+                   AuditReport& report);
   // Reads the row under the lock the strategy takes (none for atomic and optimistic).
   StockLevel lock_row(Tx& tx, const SkuKey& key, const WriteOptions& options);
   void lock_advisory(Tx& tx, const SkuKey& key, const WriteOptions& options);
@@ -397,13 +433,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
     if (steady_now_us() >= deadline_us) throw past_deadline(context, false);  // none sent yet
     Pool::Lease lease = pool_.acquire(deadline_us);
     bool committing = false;
-    // A one-statement write behind a transaction-mode pooler runs in a transaction of its
-    // own after all. That is where SET LOCAL can bound its lock wait, and it keeps the
-    // outcome of a cut connection certain: the engine cannot end a session it cannot see
-    // behind the pooler, but a transaction whose COMMIT was never sent cannot commit,
-    // whereas an autocommit statement cut while it waits for a lock still may.
-    const bool in_transaction =
-        Mode == RunMode::transaction || (Mode == RunMode::one_statement && lease->pooled());
+    const bool in_transaction = runs_in_transaction(Mode, lease->pooled());
     // Disarmed before the lease goes back: a connection whose deadline fired is discarded.
     const Watchdog::Guard guard = watchdog_.arm(lease->raw(), lease->backend(), deadline_us);
     try {
@@ -478,6 +508,7 @@ auto PostgresStore::run_attempt(Pool::Lease& lease, const WriteOptions* options,
   std::optional<TransactionByHand> manual;
   if (by_hand) manual.emplace(*autocommit, *lease);
   Tx tx{work, *lease};
+  if (in_transaction && Mode != RunMode::read) set_note(tx);
   std::optional<Result> result;
   std::optional<Error> deferred;
   committing = !in_transaction && Mode == RunMode::one_statement;  // its statement commits

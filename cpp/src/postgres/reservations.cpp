@@ -352,6 +352,7 @@ std::size_t PostgresStore::expire_due(std::size_t limit) {
 }
 
 std::size_t PostgresStore::expire_in(Tx& tx, std::size_t limit) {
+  tx.exec(Stmt::note_set, "expire");  // the journal's cause for the rows it moves
   std::size_t expired = 0;
   // Units back to the buyers' counts first, then to the stock rows: each in sorted order,
   // parent rows before stock rows, as a reserve locks them.

@@ -22,7 +22,7 @@ std::string stock_columns() {
          ", backorder_limit, discontinued_at IS NOT NULL, lease_token,"
          " coalesce(lease_expires_at > now(), false),"
          " CASE WHEN lease_expires_at > now() THEN " +
-         epoch_us("lease_expires_at") + " ELSE 0 END";
+         epoch_us("lease_expires_at") + " ELSE 0 END, low_stock";
 }
 
 // The predicate on one stock row: $1 and $2 its SKU, and its hot-row slot.
@@ -109,6 +109,10 @@ int last_parameter(const std::string& sql) {
 
 }  // namespace
 
+std::string stock_columns_sql() {
+  return stock_columns();
+}
+
 std::string render_shard_markers(const std::string& sql, bool citus, bool* pinned) {
   const std::string k = "$" + std::to_string(last_parameter(sql) + 1) + "::int";
   std::string out;
@@ -180,6 +184,7 @@ Statements::Statements(const std::string& schema, bool citus, std::string schema
   add_batch_fast_limited_statement(schema, set);
   add_expiry_statements(schema, set);
   add_citus_statements(schema, set);
+  add_record_statements(schema, set);
   for (std::size_t i = 0; i < stmt_count; ++i) parameters_[i] = last_parameter(sql_[i]);
   if (!citus) name_routines();  // see routines()
 }

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -82,7 +83,26 @@ namespace stockade::detail::pg {
   X(purge_reservations_lock, citus)   \
   X(purge_keys_present, citus)        \
   X(purge_reservations_delete, citus) \
-  X(sku_rows, plain)
+  X(sku_rows, plain)                  \
+  X(note_set, plain)                  \
+  X(stock_set_low_stock, plain)       \
+  X(movements_all, plain)             \
+  X(movements_sku, plain)             \
+  X(feed_open, plain)                 \
+  X(feed_state, plain)                \
+  X(feed_snapshot, plain)             \
+  X(feed_read, plain)                 \
+  X(feed_commit, plain)               \
+  X(feed_drop, plain)                 \
+  X(purge_movements, plain)           \
+  X(audit_reserved, plain)            \
+  X(audit_lapsed, plain)              \
+  X(audit_limits, plain)              \
+  X(audit_slots, plain)               \
+  X(audit_keys, plain)                \
+  X(audit_journal, plain)             \
+  X(audit_journal_rows, plain)        \
+  X(audit_counts, plain)
 
 // Every statement the store runs on its hot paths; each is prepared once per connection,
 // on first use (so that a connection to an unmigrated database still opens).
@@ -180,6 +200,13 @@ class Statements {
   std::string schema_;
   std::string schema_version_;
 };
+
+// What the statement builders hand each statement's SQL to.
+using StatementSink = std::function<void(Stmt, const std::string&)>;
+// The journal's, the feed's and the audit's statements (statements_record.cpp).
+void add_record_statements(const std::string& schema, const StatementSink& set);
+// A stock row's columns as the store reads them (level_from in stock.cpp).
+std::string stock_columns_sql();
 
 // `sql` with its slot marker rendered: `@SLOT` is the stock row's hot-row slot, a parameter
 // one past the statement's last (so the callers pass the row's slot after the statement's

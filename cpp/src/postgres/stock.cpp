@@ -8,7 +8,6 @@
 #include "store/fingerprint.hpp"
 
 namespace stockade::detail::pg {
-namespace {
 
 // Every row the database returns passed its CHECK constraint; the assertion states what the
 // decisions made on it rely on.
@@ -20,9 +19,12 @@ StockLevel level_from(const SkuKey& key, const pqxx::row& row) {
   level.lease_token = row[6].as<std::int64_t>();
   level.leased = row[7].as<bool>();
   level.lease_expires_at_us = row[8].as<std::int64_t>();
+  if (!row[9].is_null()) level.low_stock = row[9].as<std::int64_t>();
   STOCKADE_ASSERT_ROW(level.on_hand, level.reserved, level.backorder_limit);
   return level;
 }
+
+namespace {
 
 std::int64_t elapsed_us(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
@@ -188,7 +190,7 @@ std::vector<StockLevel> PostgresStore::read_sku_rows(Tx& tx, const SkuKey& base)
   const pqxx::result rows = tx.exec_on(shard_of(base), Stmt::sku_rows, base.sku, base.location);
   std::vector<StockLevel> out;
   for (const auto& row : rows) {
-    out.push_back(level_from(slot_key(base, row[9].as<int>()), row));
+    out.push_back(level_from(slot_key(base, row[10].as<int>()), row));
   }
   std::sort(out.begin(), out.end(),
             [](const StockLevel& a, const StockLevel& b) { return a.key < b.key; });

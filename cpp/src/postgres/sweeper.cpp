@@ -43,6 +43,14 @@ void PostgresStore::sweep_loop() {
       elected = stand_for_sweeper(leader, elected, election_key);
       if (elected) expired = expire_as_leader(*leader, election_key, elected);
       if (elected && options_.retention_ms > 0) purge_on_leader(*leader, election_key);
+      if (elected && options_.journal_retention_ms > 0 && options_.layout != Layout::citus) {
+        const std::uint64_t gone =
+            purge_movements(options_.journal_retention_ms * 1000, options_.purge_batch * 16);
+        if (gone > 0) {
+          log(LogLevel::debug, "stockade.sweeper",
+              "journal retention dropped " + std::to_string(gone) + " entries");
+        }
+      }
     } catch (const pqxx::undefined_table&) {
       // The schema is not migrated yet (an engine opened before migrate()): nothing to
       // sweep, and not a failure. The session, and the election, stay.

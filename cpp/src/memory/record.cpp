@@ -1,0 +1,231 @@
+// MemoryStore: the movement journal, the change feed, low-stock thresholds and the audit
+// (docs/journal.md).
+//
+// The audit reads without stopping writers: a row and its holds are read at different
+// moments, so a violation it sees is looked at again (the row's version unchanged and the
+// holds summed anew) before it is reported; a write in flight between the two looks is
+// not a violation.
+#include <map>
+#include <thread>
+#include <unordered_map>
+
+#include "memory/memory_store_impl.hpp"
+
+namespace stockade::detail {
+
+namespace {
+
+void add(AuditReport& report, const AuditOptions& options, AuditViolation v) {
+  if (report.violations.size() >= options.limit) {
+    report.truncated = true;
+    return;
+  }
+  report.violations.push_back(std::move(v));
+}
+
+bool in_scope(const AuditOptions& options, const SkuKey& key) {
+  return !options.sku || key.sku == *options.sku;
+}
+
+}  // namespace
+
+struct MemoryStore::AuditSums {
+  std::unordered_map<SkuKey, Quantity, SkuKeyHash> held;  // per row
+  std::map<std::string, Quantity> counted;  // per group '\0' buyer: held and confirmed
+  std::uint64_t reservations = 0;
+};
+
+std::vector<Movement> MemoryStore::movements(const MovementQuery& query) {
+  return journal_->read(query);
+}
+
+FeedPosition MemoryStore::feed_open(const std::string& consumer, bool from_start) {
+  return journal_->open(consumer, from_start);
+}
+
+FeedBatch MemoryStore::feed_poll(const std::string& consumer, const FeedPosition& from,
+                                 std::size_t limit) {
+  return journal_->poll(consumer, from, limit);
+}
+
+void MemoryStore::feed_commit(const std::string& consumer, const FeedPosition& at) {
+  journal_->commit(consumer, at);
+}
+
+bool MemoryStore::feed_drop(const std::string& consumer) {
+  return journal_->drop(consumer);
+}
+
+std::uint64_t MemoryStore::purge_movements(std::int64_t older_than_us, std::uint64_t limit) {
+  return journal_->purge(older_than_us, options_.feed_lag_max_us, limit);
+}
+
+StockLevel MemoryStore::set_low_stock(const SkuKey& key, std::optional<Quantity> threshold) {
+  StockRow& row = require_row(key);
+  const TimestampUs now = clock_->now_us();
+  const auto decide = [&](const RowValues& v) {
+    RowValues next = changed(v, now);
+    next.low_stock = threshold.value_or(RowValues::no_low_stock);
+    return next;
+  };
+  return level_of(row, compare_and_set(row, decide, nullptr));
+}
+
+MemoryStore::AuditSums MemoryStore::audit_sums(const AuditOptions& options) const {
+  AuditSums sums;
+  for (const ReservationShard& shard : *reservations_) {
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    for (const auto& [id, record] : shard.records) {
+      const Reservation& r = record.value;
+      ++sums.reservations;
+      const bool counts =
+          r.state == ReservationState::held || r.state == ReservationState::confirmed;
+      if (counts && r.limit_group && r.buyer) {
+        sums.counted[*r.limit_group + '\0' + *r.buyer] += r.qty;
+      }
+      if (r.state != ReservationState::held || !in_scope(options, r.key)) continue;
+      sums.held[r.key] += r.qty;
+    }
+  }
+  return sums;
+}
+
+void MemoryStore::audit_rows(const AuditOptions& options, const AuditSums& sums,
+                             AuditReport& report) const {
+  std::vector<std::pair<StockRow*, RowValues>> suspects;
+  for (const StockShard& shard : *stock_) {
+    std::shared_lock<std::shared_mutex> lock(shard.mutex);
+    for (const auto& [key, row] : shard.rows) {
+      if (!in_scope(options, key)) continue;
+      ++report.rows;
+      const RowValues v = row->cell.read().values;
+      const auto it = sums.held.find(key);
+      const Quantity held = it == sums.held.end() ? 0 : it->second;
+      if (v.reserved != held) suspects.emplace_back(row.get(), v);
+      if (key.slot > 0 && find_row(slot_key(key, 0)) == nullptr) {
+        add(report, options,
+            {"slot_row_has_sku", key, "", "the SKU's own row (slot 0)", "no such row"});
+      }
+    }
+  }
+  if (suspects.empty()) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let writes in flight land
+  const AuditSums again = audit_sums(options);
+  for (const auto& [row, seen] : suspects) {
+    const RowValues v = row->cell.read().values;
+    const auto it = again.held.find(row->key);
+    const Quantity held = it == again.held.end() ? 0 : it->second;
+    if (v.version != seen.version || v.reserved == held) continue;
+    add(report, options,
+        {"reserved_matches_holds", row->key, "", "reserved = " + std::to_string(held),
+         "reserved = " + std::to_string(v.reserved)});
+  }
+}
+
+void MemoryStore::audit_limits(const AuditSums& sums, AuditReport& report) {
+  std::map<std::string, Quantity> counts;
+  {
+    std::lock_guard<std::mutex> lock(allowance_mutex_);
+    counts.insert(allowances_.begin(), allowances_.end());
+  }
+  std::map<std::string, Quantity> all = sums.counted;
+  for (const auto& [k, n] : counts) all.emplace(k, 0);
+  for (const auto& [k, expected] : all) {
+    const auto it = counts.find(k);
+    const Quantity found = it == counts.end() ? 0 : it->second;
+    if (found == expected) continue;
+    const std::size_t cut = k.find('\0');
+    AuditViolation v{"limit_matches_holds",
+                     {},
+                     k.substr(0, cut) + "/" + k.substr(cut + 1),
+                     "held = " + std::to_string(expected),
+                     "held = " + std::to_string(found)};
+    report.violations.push_back(std::move(v));
+  }
+}
+
+void MemoryStore::audit_keys(AuditReport& report) {
+  std::vector<std::pair<std::string, Uuid>> ids;
+  {
+    std::lock_guard<std::mutex> lock(idempotency_mutex_);
+    for (const auto& [key, entry] : idempotency_) {
+      if (entry.pending) continue;
+      for (const Uuid& id : entry.ids) ids.emplace_back(key, id);
+    }
+  }
+  for (const auto& [key, id] : ids) {
+    ReservationShard& shard = shard_of(id);
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    if (shard.records.count(id) != 0) continue;
+    report.violations.push_back({"key_has_reservations",
+                                 {},
+                                 shown(key, 128),
+                                 "reservation " + id.to_string(),
+                                 "no such reservation"});
+  }
+}
+
+void MemoryStore::audit_journal(const AuditOptions& options, AuditReport& report) const {
+  MovementQuery all;
+  all.limit = SIZE_MAX;
+  if (options.sku) all.sku = options.sku;
+  const std::vector<Movement> entries = journal_->read(all);
+  report.movements = entries.size();
+  report.journal_checked = options_.journal_max > 0;
+  if (!report.journal_checked) return;
+  std::unordered_map<SkuKey, const Movement*, SkuKeyHash> last;
+  for (const Movement& m : entries) {
+    const auto it = last.find(m.key);
+    if (it != last.end() && it->second->version_after != m.version_before) {
+      add(report, options,
+          {"journal_chain", m.key, "position " + std::to_string(m.position),
+           "version_before = " + std::to_string(it->second->version_after),
+           "version_before = " + std::to_string(m.version_before)});
+    }
+    if (it != last.end() && it->second->on_hand + m.on_hand_delta != m.on_hand) {
+      add(report, options,
+          {"journal_adds_up", m.key, "position " + std::to_string(m.position),
+           "on_hand = " + std::to_string(it->second->on_hand + m.on_hand_delta),
+           "on_hand = " + std::to_string(m.on_hand)});
+    }
+    last[m.key] = &m;
+  }
+  for (const auto& [key, m] : last) {
+    StockRow* row = find_row(key);
+    if (row == nullptr) continue;
+    const RowValues v = row->cell.read().values;
+    if (v.version != m->version_after) continue;  // written since the read: not a finding
+    if (v.on_hand != m->on_hand || v.reserved != m->reserved) {
+      add(report, options,
+          {"journal_matches_row", key, "position " + std::to_string(m->position),
+           "on_hand = " + std::to_string(m->on_hand) +
+               ", reserved = " + std::to_string(m->reserved),
+           "on_hand = " + std::to_string(v.on_hand) +
+               ", reserved = " + std::to_string(v.reserved)});
+    }
+  }
+}
+
+AuditReport MemoryStore::audit(const AuditOptions& options) {
+  AuditReport report;
+  // No hold_not_expired: the memory store has no sweeper, and its holds lapse into
+  // expiry only when expire_due() or a transition finds them.
+  report.checks = {"reserved_matches_holds", "limit_matches_holds", "slot_row_has_sku",
+                   "key_has_reservations",   "journal_chain",       "journal_adds_up",
+                   "journal_matches_row"};
+  const AuditSums sums = audit_sums(options);
+  report.reservations = sums.reservations;
+  audit_rows(options, sums, report);
+  if (!options.sku) {
+    audit_limits(sums, report);
+    audit_keys(report);
+  }
+  audit_journal(options, report);
+  if (report.violations.size() > options.limit) {
+    report.violations.resize(options.limit);
+    report.truncated = true;
+  }
+  return report;
+}
+
+}  // namespace stockade::detail

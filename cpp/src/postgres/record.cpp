@@ -1,0 +1,249 @@
+// PostgresStore: the movement journal, the change feed, low-stock thresholds and the audit
+// (migration 007, docs/journal.md).
+//
+// The feed. A consumer's position is a pair of snapshots: every change that committed in
+// `from` was delivered; a poll takes the current snapshot `to` and reads the changes that
+// committed in `to` but not in `from`, in position order. Per row, a change committed
+// later than another (it waited for that one's row lock) is never in an earlier batch,
+// and within a batch its position is the higher one (drawn after the lock), so each
+// row's changes arrive in version order. A batch larger than the poll's limit is read in
+// parts (`after`, the last position delivered of it). This is the PgQ scheme: it needs no
+// lock and skips nothing, whatever order transactions commit in.
+#include "postgres/postgres_store_impl.hpp"
+
+namespace stockade::detail::pg {
+
+namespace {
+
+Movement movement_from(const pqxx::row& r) {
+  Movement m;
+  m.position = r[0].as<std::int64_t>();
+  m.key = SkuKey{r[1].as<std::string>(), r[2].as<std::string>(), r[3].as<int>()};
+  m.version_before = r[4].as<std::int64_t>();
+  m.version_after = r[5].as<std::int64_t>();
+  m.on_hand_delta = r[6].as<std::int64_t>();
+  m.reserved_delta = r[7].as<std::int64_t>();
+  m.on_hand = r[8].as<std::int64_t>();
+  m.reserved = r[9].as<std::int64_t>();
+  m.available = r[10].as<std::int64_t>();
+  m.cause = r[11].as<std::string>();
+  m.reason = r[12].as<std::string>();
+  m.actor = r[13].as<std::string>();
+  m.ref = r[14].as<std::string>();
+  m.requests = r[15].as<std::int64_t>();
+  m.alerts = r[16].as<std::uint32_t>();
+  m.at_us = r[17].as<std::int64_t>();
+  return m;
+}
+
+std::vector<Movement> movements_from(const pqxx::result& rows) {
+  std::vector<Movement> out;
+  out.reserve(rows.size());
+  for (const auto& r : rows) out.push_back(movement_from(r));
+  return out;
+}
+
+[[noreturn]] void throw_overrun(const std::string& consumer) {
+  throw Error(ErrorCode::feed_overrun,
+              "feed consumer " + shown(consumer) +
+                  " fell behind what the journal keeps: retention dropped changes it had not "
+                  "read (feed_lag_max); drop it and open it again to go on from the journal's "
+                  "start");
+}
+
+[[noreturn]] void throw_no_consumer(const std::string& consumer) {
+  throw Error(ErrorCode::not_found, "no feed consumer " + shown(consumer) + " (it was dropped)");
+}
+
+void add(AuditReport& report, const AuditOptions& options, AuditViolation v) {
+  if (report.violations.size() >= options.limit) {
+    report.truncated = true;
+    return;
+  }
+  report.violations.push_back(std::move(v));
+}
+
+SkuKey key_at(const pqxx::row& r) {
+  return SkuKey{r[0].as<std::string>(), r[1].as<std::string>(), r[2].as<int>()};
+}
+
+}  // namespace
+
+bool note_in_scope() noexcept {
+  const JournalNote* note = current_note();
+  return note != nullptr && !note->empty();
+}
+
+void set_note(Tx& tx) {
+  const JournalNote* note = current_note();
+  if (note == nullptr || note->empty()) return;
+  const std::string sep = "\x1f";
+  tx.exec(Stmt::note_set, note->cause + sep + note->reason + sep + note->actor + sep + note->ref);
+}
+
+void PostgresStore::refuse_on_citus(const char* feature) const {
+  if (options_.layout != Layout::citus) return;
+  throw Error(ErrorCode::not_supported,
+              std::string(feature) + " is not built for the Citus layout yet (docs/journal.md)");
+}
+
+std::vector<Movement> PostgresStore::movements(const MovementQuery& q) {
+  refuse_on_citus("the movement journal");
+  const auto limit = static_cast<std::int64_t>(q.limit);
+  return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    if (!q.sku) return movements_from(tx.exec(Stmt::movements_all, q.after, q.since_us, limit));
+    return movements_from(tx.exec(Stmt::movements_sku, q.after, q.since_us, limit, *q.sku,
+                                  q.location.value_or(std::string())));
+  });
+}
+
+FeedPosition PostgresStore::feed_open(const std::string& consumer, bool from_start) {
+  refuse_on_citus("the change feed");
+  return run(nullptr, ErrorContext{}, [&](Tx& tx) {
+    const pqxx::result r = tx.exec(Stmt::feed_open, consumer, from_start);
+    if (r[0][3].as<bool>()) throw_overrun(consumer);
+    return FeedPosition{r[0][0].as<std::string>(), r[0][1].as<std::string>(),
+                        r[0][2].as<std::int64_t>()};
+  });
+}
+
+FeedBatch PostgresStore::feed_poll(const std::string& consumer, const FeedPosition& from,
+                                   std::size_t limit) {
+  refuse_on_citus("the change feed");
+  return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    const pqxx::result state = tx.exec(Stmt::feed_state, consumer);
+    if (state.empty()) throw_no_consumer(consumer);
+    if (state[0][0].as<bool>()) throw_overrun(consumer);
+    FeedBatch batch;
+    batch.next = from;
+    // Taken before the read, in a statement of its own: every change it shows as
+    // committed is visible to the read's later snapshot.
+    if (batch.next.to.empty()) {
+      batch.next.to = tx.exec(Stmt::feed_snapshot)[0][0].as<std::string>();
+      batch.next.after = 0;
+    }
+    batch.changes = movements_from(tx.exec(Stmt::feed_read, batch.next.from, batch.next.to,
+                                           batch.next.after, static_cast<std::int64_t>(limit)));
+    if (batch.changes.size() < limit) {  // the batch is read: the next poll starts a new one
+      batch.next = FeedPosition{batch.next.to, "", 0};
+    } else {
+      batch.next.after = batch.changes.back().position;
+    }
+    return batch;
+  });
+}
+
+void PostgresStore::feed_commit(const std::string& consumer, const FeedPosition& at) {
+  refuse_on_citus("the change feed");
+  run(nullptr, ErrorContext{}, [&](Tx& tx) {
+    if (!tx.exec(Stmt::feed_commit, consumer, at.from, at.to, at.after).empty()) return 0;
+    const pqxx::result state = tx.exec(Stmt::feed_state, consumer);
+    if (state.empty()) throw_no_consumer(consumer);
+    throw_overrun(consumer);
+  });
+}
+
+bool PostgresStore::feed_drop(const std::string& consumer) {
+  refuse_on_citus("the change feed");
+  return run(nullptr, ErrorContext{},
+             [&](Tx& tx) { return !tx.exec(Stmt::feed_drop, consumer).empty(); });
+}
+
+StockLevel PostgresStore::set_low_stock(const SkuKey& key, std::optional<Quantity> threshold) {
+  return run(nullptr, context_of(key), [&](Tx& tx) {
+    const pqxx::result r =
+        tx.exec_on(shard_of(key), Stmt::stock_set_low_stock, key.sku, key.location,
+                   threshold.value_or(0), threshold.has_value(), key.slot);
+    if (r.empty()) throw_stock_not_found(key);
+    return observed_write(level_from(key, r[0]));
+  });
+}
+
+std::uint64_t PostgresStore::purge_movements(std::int64_t older_than_us, std::uint64_t limit) {
+  refuse_on_citus("the movement journal");
+  std::uint64_t gone = 0;
+  while (gone < limit) {
+    const std::uint64_t n = std::min<std::uint64_t>(limit - gone, options_.purge_batch);
+    const std::uint64_t step = run(nullptr, ErrorContext{}, [&](Tx& tx) {
+      return tx
+          .exec(Stmt::purge_movements, older_than_us, options_.feed_lag_max_ms * 1000,
+                static_cast<std::int64_t>(n))[0][0]
+          .as<std::uint64_t>();
+    });
+    gone += step;
+    if (step == 0) break;
+  }
+  return gone;
+}
+
+AuditReport PostgresStore::audit(const AuditOptions& options) {
+  refuse_on_citus("the audit");
+  const std::string sku = options.sku.value_or(std::string());
+  const auto limit = static_cast<std::int64_t>(options.limit) + 1;
+  AuditReport report;
+  report.checks = {"reserved_matches_holds", "hold_not_expired", "limit_matches_holds",
+                   "slot_row_has_sku", "key_has_reservations"};
+  // Each check is one read-only statement: no row lock, and a snapshot held only for the
+  // statement (about a second per million reservations).
+  run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    const pqxx::row counts = tx.exec(Stmt::audit_counts, sku)[0];
+    report.rows = counts[0].as<std::uint64_t>();
+    report.reservations = counts[1].as<std::uint64_t>();
+    report.movements = counts[2].as<std::uint64_t>();
+    report.journal_checked = counts[3].as<bool>();
+    return 0;
+  });
+  audit_holds(options, sku, limit, report);
+  if (!report.journal_checked) return report;
+  report.checks.insert(report.checks.end(),
+                       {"journal_chain", "journal_adds_up", "journal_matches_row"});
+  run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    for (const Stmt s : {Stmt::audit_journal, Stmt::audit_journal_rows}) {
+      for (const auto& r : tx.exec(s, sku, limit)) {
+        // Both read: sku, location, slot, position, check, expected, found.
+        add(report, options,
+            {r[4].as<std::string>(), key_at(r), "position " + r[3].as<std::string>(),
+             r[5].as<std::string>(), r[6].as<std::string>()});
+      }
+    }
+    return 0;
+  });
+  return report;
+}
+
+void PostgresStore::audit_holds(const AuditOptions& options, const std::string& sku,
+                                std::int64_t limit, AuditReport& report) {
+  run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    for (const auto& r : tx.exec(Stmt::audit_reserved, sku, limit)) {
+      add(report, options,
+          {"reserved_matches_holds", key_at(r), "", "reserved = " + r[4].as<std::string>(),
+           r[3].is_null() ? "no such row" : "reserved = " + r[3].as<std::string>()});
+    }
+    for (const auto& r : tx.exec(Stmt::audit_lapsed, sku, options.expiry_lag_us, limit)) {
+      add(report, options,
+          {"hold_not_expired",
+           SkuKey{r[1].as<std::string>(), r[2].as<std::string>(), r[3].as<int>()},
+           r[0].as<std::string>(), "expired by the sweeper", "still held"});
+    }
+    for (const auto& r : tx.exec(Stmt::audit_slots, sku, limit)) {
+      add(report, options,
+          {"slot_row_has_sku", key_at(r), "", "the SKU's own row (slot 0)", "no such row"});
+    }
+    if (!sku.empty()) return 0;
+    for (const auto& r : tx.exec(Stmt::audit_limits, limit)) {
+      add(report, options,
+          {"limit_matches_holds", SkuKey{"", "", 0},
+           r[0].as<std::string>() + "/" + r[1].as<std::string>(),
+           "held >= " + r[2].as<std::string>() + " and <= per_buyer " + r[4].as<std::string>(),
+           "held = " + r[3].as<std::string>()});
+    }
+    for (const auto& r : tx.exec(Stmt::audit_keys, limit)) {
+      add(report, options,
+          {"key_has_reservations", SkuKey{"", "", 0}, shown(r[0].as<std::string>(), 128),
+           "reservation " + r[1].as<std::string>(), "no such reservation"});
+    }
+    return 0;
+  });
+}
+
+}  // namespace stockade::detail::pg

@@ -1,0 +1,107 @@
+// The journal's rules that both stores share: the note in scope, the checks of its texts,
+// and how a change's cause and alerts are read from it. The PostgreSQL trigger of
+// migration 007 reads them the same way (sql/007_journal.sql); test_journal.py checks that
+// both stores journal a change alike.
+#include "stockade/journal.hpp"
+
+#include <string_view>
+
+#include "stockade/errors.hpp"
+
+namespace stockade {
+
+namespace {
+
+thread_local const JournalNote* current = nullptr;
+
+constexpr std::size_t note_text_bytes_max = 200;
+constexpr std::size_t consumer_bytes_max = 128;
+
+void check_plain_text(const std::string& text, const char* field, std::size_t bytes_max,
+                      bool may_be_empty) {
+  const std::string name(field);
+  if (text.empty() && !may_be_empty) throw_invalid_argument(name + " must not be empty");
+  if (text.size() > bytes_max) {
+    throw_invalid_argument(name + " is " + std::to_string(text.size()) +
+                           " bytes long (UTF-8); the limit is " + std::to_string(bytes_max));
+  }
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      throw_invalid_argument(name + " must not contain control characters");
+    }
+  }
+  if (!is_valid_utf8(text)) throw_invalid_argument(name + " must be valid UTF-8");
+}
+
+bool between(Quantity before, Quantity after, Quantity line) {
+  return before >= line && after < line;
+}
+
+}  // namespace
+
+void validate_note_text(const std::string& text, const char* field) {
+  check_plain_text(text, field, note_text_bytes_max, true);
+}
+
+void validate_consumer_name(const std::string& name) {
+  check_plain_text(name, "consumer", consumer_bytes_max, false);
+}
+
+NoteScope::NoteScope(JournalNote note) : note_(std::move(note)), outer_(current) {
+  current = &note_;
+}
+
+NoteScope::~NoteScope() {
+  current = outer_;
+}
+
+const JournalNote* current_note() noexcept {
+  return current;
+}
+
+std::string cause_of(const RowChange& before, const RowChange& after, const std::string& said) {
+  if (after.created) {
+    if (said == "set_on_hand" || said == "slot_move") return said;
+    return after.on_hand > 0 ? "restock" : "create";
+  }
+  if (after.discontinued != before.discontinued) {
+    return after.discontinued ? "discontinue" : "reinstate";
+  }
+  if (after.backorder_limit != before.backorder_limit) return "backorder_limit";
+  if (after.low_stock != before.low_stock) return "low_stock";
+  if (after.lease_token != before.lease_token ||
+      after.lease_expires_us != before.lease_expires_us) {
+    return "lease";
+  }
+  const Quantity d_on = after.on_hand - before.on_hand;
+  const Quantity d_res = after.reserved - before.reserved;
+  if (d_on == 0 && d_res == 0) return "touch";
+  if (d_on == 0 && d_res > 0) return "hold";
+  if (d_on == 0) {
+    // A confirm that finds its hold lapsed expires it.
+    return said == "expire" || said == "confirm" ? "expire" : "release";
+  }
+  if (d_res == d_on) return "confirm";
+  if (d_res == 0) {
+    if (said == "set_on_hand" || said == "slot_move" || said == "restock") return said;
+    return d_on > 0 ? "restock" : "sell";
+  }
+  return "batch";
+}
+
+std::uint32_t alerts_of(const RowChange& before, const RowChange& after) {
+  const Quantity was =
+      after.created ? 0 : before.on_hand + before.backorder_limit - before.reserved;
+  const Quantity now = after.on_hand + after.backorder_limit - after.reserved;
+  std::uint32_t flags = 0;
+  if (after.low_stock && !after.created && before.low_stock == after.low_stock) {
+    if (between(was, now, *after.low_stock)) flags |= alert_low_stock;
+    if (between(now, was, *after.low_stock)) flags |= alert_recovered;
+  }
+  if (!after.created && was > 0 && now <= 0) flags |= alert_sold_out;
+  if ((after.created || was <= 0) && now > 0) flags |= alert_back_in_stock;
+  return flags;
+}
+
+}  // namespace stockade

@@ -1,0 +1,253 @@
+"""The movement journal, the change feed, stock alerts and the audit (docs/journal.md).
+
+Every change of a stock row is journaled in the transaction of the change (on PostgreSQL
+a row trigger, migration 007), so :meth:`Engine.movements` answers *why* a row changed
+and :meth:`Engine.feed` delivers *every* committed change to a named, durable consumer,
+at least once and in version order per row. :meth:`Engine.audit` checks the invariants
+from the data itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, AsyncIterator, Dict, FrozenSet, List, Optional, Tuple
+
+from . import _core
+from .aio import off_loop
+from .errors import InvalidArgument
+from .values import _datetime, check_int
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Engine
+
+__all__ = ["ALERTS", "AuditReport", "AuditViolation", "Feed", "Movement", "StockChange"]
+
+# The alert flags a change may carry, by name (bits of the journal's `alerts` column).
+ALERTS: Dict[str, int] = {"low_stock": 1, "sold_out": 2, "back_in_stock": 4, "recovered": 8}
+
+# poll(timeout=...) looks again after these waits, doubling from the first to the last.
+_WAIT_FIRST = 0.005
+_WAIT_MAX = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Movement:
+    """One journal entry: one change of one stock row (a :class:`StockChange` in a feed).
+
+    ``version`` is the row's version after the change and ``version_before`` before it (0
+    when the change made the row); a batch moves a row's version by its count of requests
+    (``requests``) in one entry, with its net deltas. ``on_hand``, ``reserved`` and
+    ``available`` are the row's values after the change. ``cause`` names the operation
+    (``restock``, ``set_on_hand``, ``sell``, ``hold``, ``confirm``, ``release``,
+    ``expire``, ``batch``, ``backorder_limit``, ``discontinue``, ``reinstate``,
+    ``lease``, ``low_stock``, ``slot_move``, ``create``, ``touch``); ``reason`` and
+    ``actor`` are what the caller passed, ``ref`` the reservation id where there is one.
+    ``alerts`` names the lines the change crossed (:data:`ALERTS`). ``slot`` is the
+    hot-row slot of the row (0: the SKU's own row). ``position`` orders the journal.
+    """
+
+    position: int
+    sku: str
+    location: str
+    slot: int
+    version_before: int
+    version: int
+    on_hand_delta: int
+    reserved_delta: int
+    on_hand: int
+    reserved: int
+    available: int
+    cause: str
+    reason: Optional[str]
+    actor: Optional[str]
+    ref: Optional[str]
+    requests: int
+    alerts: FrozenSet[str]
+    at: datetime
+
+    @property
+    def key(self) -> Tuple[str, str, int]:
+        """``(sku, location, version)``: what a handler keeps to drop a repeated change."""
+        return (self.sku, self.location, self.version)
+
+    @classmethod
+    def _from_core(cls, m: _core.Movement) -> Movement:
+        return cls(
+            m.position,
+            m.sku,
+            m.location,
+            m.slot,
+            m.version_before,
+            m.version_after,
+            m.on_hand_delta,
+            m.reserved_delta,
+            m.on_hand,
+            m.reserved,
+            m.available,
+            m.cause,
+            m.reason or None,
+            m.actor or None,
+            m.ref or None,
+            m.requests,
+            frozenset(name for name, bit in ALERTS.items() if m.alerts & bit),
+            _datetime(m.at_us),
+        )
+
+
+StockChange = Movement
+
+
+class Feed:
+    """A named, durable consumer of the change feed, from :meth:`Engine.feed`.
+
+    :meth:`poll` returns the next committed changes, in position order (per row, version
+    order), and moves this object's position past them; :meth:`commit` stores that
+    position in the store, so a consumer opened again under the same name resumes after
+    its last commit. Delivery is at least once: a change polled but not committed comes
+    again after a restart; :attr:`Movement.key` lets a handler drop repeats.
+    """
+
+    def __init__(self, engine: Engine, name: str, position: _core.FeedPosition) -> None:
+        self._engine = engine
+        self.name = name
+        self._position = position
+        self._committed = position
+
+    def poll(self, limit: int = 1000, timeout: Optional[float] = None) -> List[Movement]:
+        """The next changes, at most ``limit``. With ``timeout`` (seconds) and none there
+        yet, waits up to that long for one, looking again after waits that double from 5
+        ms to 200 ms; without it, returns at once (maybe an empty list)."""
+        count = check_int("limit", limit)
+        if timeout is not None and not 0 <= timeout <= 3600:
+            raise InvalidArgument(f"timeout must be between 0 and 3600 seconds, got {timeout}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = _WAIT_FIRST
+        while True:
+            batch = self._engine._core.feed_poll(
+                consumer=self.name, position=self._position, limit=count
+            )
+            self._position = batch.next
+            if batch.changes or deadline is None:
+                return [Movement._from_core(m) for m in batch.changes]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            time.sleep(min(wait, left))
+            wait = min(wait * 2, _WAIT_MAX)
+
+    def commit(self) -> None:
+        """Stores the position after the last poll: a restart resumes there."""
+        self._engine._core.feed_commit(consumer=self.name, position=self._position)
+        self._committed = self._position
+
+    def drop(self) -> bool:
+        """Forgets the consumer in the store (its position goes); says whether it was there."""
+        return bool(self._engine._core.feed_drop(consumer=self.name))
+
+    async def poll_async(
+        self, limit: int = 1000, timeout: Optional[float] = None
+    ) -> List[Movement]:
+        """:meth:`poll` as an awaitable (it runs on the loop's default executor)."""
+        return await off_loop(lambda: self.poll(limit, timeout))
+
+    async def commit_async(self) -> None:
+        """:meth:`commit` as an awaitable."""
+        await off_loop(self.commit)
+
+    def __aiter__(self) -> AsyncIterator[Movement]:
+        return self._changes()
+
+    async def _changes(self) -> AsyncIterator[Movement]:
+        while True:
+            for change in await self.poll_async(timeout=1.0):
+                yield change
+            await asyncio.sleep(0)
+
+    def __repr__(self) -> str:
+        return f"Feed({self.name!r}, after={self._position.after})"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditViolation:
+    """One broken invariant: which ``check``, the row it concerns (``sku`` None when it
+    concerns none), the ``subject`` (a reservation id, a key, a group/buyer, a journal
+    position), and what was ``expected`` against what was ``found``."""
+
+    check: str
+    sku: Optional[str]
+    location: Optional[str]
+    slot: int
+    subject: str
+    expected: str
+    found: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    """What :meth:`Engine.audit` checked and found. ``ok`` when it found nothing."""
+
+    violations: List[AuditViolation]
+    truncated: bool
+    rows: int
+    reservations: int
+    movements: int
+    journal_checked: bool
+    checks: List[str]
+    seconds: float = field(default=0.0)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_dict(self) -> dict:
+        """The report as plain JSON-ready values (``stockade audit --json``)."""
+        return {
+            "ok": self.ok,
+            "violations": [
+                {
+                    "check": v.check,
+                    "sku": v.sku,
+                    "location": v.location,
+                    "slot": v.slot,
+                    "subject": v.subject,
+                    "expected": v.expected,
+                    "found": v.found,
+                }
+                for v in self.violations
+            ],
+            "truncated": self.truncated,
+            "rows": self.rows,
+            "reservations": self.reservations,
+            "movements": self.movements,
+            "journal_checked": self.journal_checked,
+            "checks": list(self.checks),
+            "seconds": round(self.seconds, 3),
+        }
+
+    @classmethod
+    def _from_core(cls, r: _core.AuditReport, seconds: float) -> AuditReport:
+        violations = [
+            AuditViolation(
+                v.check,
+                v.sku or None,
+                v.location or None if v.sku else None,
+                v.slot,
+                v.subject,
+                v.expected,
+                v.found,
+            )
+            for v in r.violations
+        ]
+        return cls(
+            violations,
+            r.truncated,
+            r.rows,
+            r.reservations,
+            r.movements,
+            r.journal_checked,
+            list(r.checks),
+            seconds,
+        )
