@@ -78,6 +78,49 @@ for attempt in (
         attempt()
     except stockade.StockadeError as e:
         print(f"{type(e).__name__:>16}: {e}")"""),
+    new_markdown_cell("""## The journal: a SKU's level from its movements
+
+Every change of a stock row is journaled with its cause (docs/journal.md), so a SKU's
+history can be replayed and plotted: here a day of deliveries, holds, sales and a stock
+count, then `on_hand` and `available` read back from `movements()`. The alerts mark the
+changes that crossed the low-stock line or sold the SKU out."""),
+    new_code_cell("""import random
+import matplotlib.pyplot as plt
+
+eng.restock("teapot", 40, reason="delivery", actor="dock-1")
+eng.set_low_stock("teapot", 10)
+rng = random.Random(7)
+holds = []
+for step in range(24 * 4):  # a day, a quarter of an hour at a time
+    clock.advance(timedelta(minutes=15))
+    eng.expire_due()  # what a sweeper does
+    try:
+        if rng.random() < 0.6:
+            holds.append(eng.reserve("teapot", rng.randint(1, 3), ttl=timedelta(hours=2)))
+        if holds and rng.random() < 0.45:
+            eng.confirm(holds.pop().id)  # the newest checks out
+        elif holds and rng.random() < 0.1:
+            eng.release(holds.pop().id)
+        if step % 32 == 31:
+            eng.restock("teapot", 30, reason="delivery", actor="dock-1")
+        if step == 60:
+            level = eng.stock("teapot")
+            eng.set_on_hand("teapot", max(level.reserved, level.on_hand - 2), reason="count")
+    except stockade.StockadeError:
+        pass  # sold out, or a hold that lapsed before its confirm
+moves = eng.movements("teapot")
+fig, ax = plt.subplots(figsize=(8, 3.5))
+ax.step([m.at for m in moves], [m.on_hand for m in moves], where="post", label="on_hand")
+ax.step([m.at for m in moves], [m.available for m in moves], where="post", label="available")
+alerts = [m for m in moves if m.alerts & {"low_stock", "sold_out"}]
+ax.scatter([m.at for m in alerts], [m.available for m in alerts], color="red", zorder=3,
+           label="low stock / sold out")
+ax.axhline(10, color="grey", linestyle=":", linewidth=1)
+ax.set_ylabel("units"); ax.legend(loc="upper right"); ax.set_title("teapot, from its journal")
+fig.autofmt_xdate(); plt.show()
+from collections import Counter
+print(Counter(m.cause for m in moves))
+print(eng.audit())"""),
     new_markdown_cell("""## Idempotency keys
 
 Retrying a request with the same key returns the same reservation, so a client that lost

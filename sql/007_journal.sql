@@ -92,7 +92,7 @@ BEGIN
           OR NEW.lease_expires_at IS DISTINCT FROM OLD.lease_expires_at THEN
         cause := 'lease';
     ELSIF d_on = 0 AND d_rs = 0 THEN
-        cause := 'touch';
+        cause := CASE WHEN said = 'set_on_hand' THEN said ELSE 'touch' END;
     ELSIF d_on = 0 AND d_rs > 0 THEN
         cause := 'hold';
     ELSIF d_on = 0 THEN

@@ -59,7 +59,13 @@ void register_feed_calls(py::class_<Engine>& c) {
       .def("feed_poll", &Engine::feed_poll, py::arg("consumer"), py::arg("position"),
            py::arg("limit"), Release())
       .def("feed_commit", &Engine::feed_commit, py::arg("consumer"), py::arg("position"), Release())
-      .def("feed_drop", &Engine::feed_drop, py::arg("consumer"), Release());
+      .def("feed_drop", &Engine::feed_drop, py::arg("consumer"), Release())
+      .def(
+          "feed_wait",
+          [](Engine& e, std::int64_t timeout_ms) {
+            return std::string(feed_wake_name(e.feed_wait(timeout_ms)));
+          },
+          py::arg("timeout_ms"), Release());
 }
 
 }  // namespace

@@ -38,6 +38,7 @@ GAUGE_MODES = {
     "stockade_up": "min",
     "stockade_rows": "max",  # statistics estimates of one database, read by each process
     "stockade_sweeper_leader": "max",  # of all engines on one database, one leads
+    "stockade_audit_violations": "max",  # one database, audited by whichever process ran it
 }
 
 Family = Dict[str, object]

@@ -10,10 +10,11 @@ from the data itself.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, AsyncIterator, Dict, FrozenSet, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, FrozenSet, List, Optional, Tuple
 
 from . import _core
 from .aio import off_loop
@@ -28,7 +29,10 @@ __all__ = ["ALERTS", "AuditReport", "AuditViolation", "Feed", "Movement", "Stock
 # The alert flags a change may carry, by name (bits of the journal's `alerts` column).
 ALERTS: Dict[str, int] = {"low_stock": 1, "sold_out": 2, "back_in_stock": 4, "recovered": 8}
 
-# poll(timeout=...) looks again after these waits, doubling from the first to the last.
+# poll(timeout=...) looks again at least this often (seconds), whatever woke it.
+_RECHECK = 1.0
+# Without LISTEN (a transaction-mode pooler) it looks again after waits that double from the
+# first to the last.
 _WAIT_FIRST = 0.005
 _WAIT_MAX = 0.2
 
@@ -115,16 +119,23 @@ class Feed:
         self.name = name
         self._position = position
         self._committed = position
+        # How this feed's waits ended: "changed" (a NOTIFY, or a change in the memory
+        # store), "timeout", or "unsupported" (no LISTEN: it polled with backoff).
+        self.wakes: Dict[str, int] = {}
 
     def poll(self, limit: int = 1000, timeout: Optional[float] = None) -> List[Movement]:
-        """The next changes, at most ``limit``. With ``timeout`` (seconds) and none there
-        yet, waits up to that long for one, looking again after waits that double from 5
-        ms to 200 ms; without it, returns at once (maybe an empty list)."""
+        """The next changes, at most ``limit``. With ``timeout`` (seconds, up to 3600) and
+        none there yet, waits up to that long for one: woken by ``LISTEN``/``NOTIFY`` on
+        PostgreSQL (a writer's engine sends one NOTIFY per few milliseconds of commits),
+        and looking again at least every second all the same (a change that came without
+        a NOTIFY: a writer that died after its commit, a manual SQL fix). Behind a
+        transaction-mode pooler, where ``LISTEN`` cannot work, it looks again after waits
+        that double from 5 ms to 200 ms. Without ``timeout`` it returns at once."""
         count = check_int("limit", limit)
         if timeout is not None and not 0 <= timeout <= 3600:
             raise InvalidArgument(f"timeout must be between 0 and 3600 seconds, got {timeout}")
         deadline = None if timeout is None else time.monotonic() + timeout
-        wait = _WAIT_FIRST
+        backoff = _WAIT_FIRST
         while True:
             batch = self._engine._core.feed_poll(
                 consumer=self.name, position=self._position, limit=count
@@ -135,8 +146,11 @@ class Feed:
             left = deadline - time.monotonic()
             if left <= 0:
                 return []
-            time.sleep(min(wait, left))
-            wait = min(wait * 2, _WAIT_MAX)
+            wake = self._engine._core.feed_wait(timeout_ms=math.ceil(min(left, _RECHECK) * 1000))
+            self.wakes[wake] = self.wakes.get(wake, 0) + 1
+            if wake == "unsupported":
+                time.sleep(min(backoff, left))
+                backoff = min(backoff * 2, _WAIT_MAX)
 
     def commit(self) -> None:
         """Stores the position after the last poll: a restart resumes there."""
@@ -202,7 +216,7 @@ class AuditReport:
     def ok(self) -> bool:
         return not self.violations
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Dict[str, Any]:
         """The report as plain JSON-ready values (``stockade audit --json``)."""
         return {
             "ok": self.ok,

@@ -238,6 +238,12 @@ class StockadeCollector(Collector):
         up = self._gauge("stockade_up", "1 if the last scrape could read the engine's stats")
         up.add_metric(self._values(), 1.0 if stats is not None else 0.0)
         yield up
+        audit = self._gauge(
+            "stockade_audit_violations",
+            "violations the engine's last audit() found (-1: none ran; docs/journal.md)",
+        )
+        audit.add_metric(self._values(), float(self._engine._core.last_audit_violations))
+        yield audit
         yield from self._calls(metrics)
         yield from self._batches(metrics)
         if stats is not None:

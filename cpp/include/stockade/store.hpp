@@ -201,6 +201,11 @@ class Store {
   // (or older than the store's feed_lag_max, overrunning a consumer that had not), at
   // most `limit`, oldest first; returns how many went.
   virtual std::uint64_t purge_movements(std::int64_t older_than_us, std::uint64_t limit) = 0;
+  // Waits up to `timeout_us` for a change to be journaled (by any process, on PostgreSQL:
+  // LISTEN/NOTIFY), so that a feed's poll need not spin. `changed` may come early (a poll
+  // then finds nothing new) and a change may be missed (a writer that died before its
+  // NOTIFY, a manual SQL change): callers poll again after a bounded wait all the same.
+  virtual FeedWake feed_wait(std::int64_t timeout_us) = 0;
 
   // Retention, oldest first: deletes each idempotency key made before `older_than_us` ago
   // together with its reservations, once every one of them is terminal (confirmed,

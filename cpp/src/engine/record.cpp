@@ -59,6 +59,14 @@ bool Engine::feed_drop(const std::string& consumer) {
   return store_->feed_drop(consumer);
 }
 
+FeedWake Engine::feed_wait(std::int64_t timeout_ms) {
+  check_process();
+  if (timeout_ms < 0 || timeout_ms > 60'000) {
+    throw_invalid_argument("a feed wait is 0 to 60000 ms, got " + std::to_string(timeout_ms));
+  }
+  return store_->feed_wait(timeout_ms * 1000);
+}
+
 StockLevel Engine::set_low_stock(const SkuKey& key, std::optional<Quantity> threshold) {
   check_process();
   validate_sku_key(key);

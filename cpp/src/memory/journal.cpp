@@ -65,10 +65,21 @@ void MemoryJournal::record(const SkuKey& key, const RowValues* before, const Row
   m.requests = std::max<std::int64_t>(after.version - m.version_before, 1);
   m.alerts = alerts_of(was, now);
   m.at_us = after.updated_at_us != 0 ? after.updated_at_us : clock_->now_us();
-  std::lock_guard<std::mutex> lock(mutex_);
-  m.position = next_++;
-  entries_.push_back(std::move(m));
-  if (entries_.size() > capacity_) drop_front_locked();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    m.position = next_++;
+    entries_.push_back(std::move(m));
+    if (entries_.size() > capacity_) drop_front_locked();
+  }
+  appended_.notify_all();  // no waiter: an atomic load, no system call
+}
+
+FeedWake MemoryJournal::wait(std::int64_t timeout_us) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const std::int64_t seen = next_;
+  const bool changed = appended_.wait_for(lock, std::chrono::microseconds(timeout_us),
+                                          [&] { return next_ != seen; });
+  return changed ? FeedWake::changed : FeedWake::timeout;
 }
 
 void MemoryJournal::drop_front_locked() {

@@ -8,6 +8,7 @@
 // consumer whose next change was dropped is overrun, and its poll says so (FeedOverrun).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -40,6 +41,8 @@ class MemoryJournal final : public RowJournal {
   // `limit`. Returns how many went.
   std::uint64_t purge(std::int64_t older_than_us, std::int64_t lag_max_us, std::uint64_t limit);
   std::uint64_t size() const;
+  // Waits up to `timeout_us` for an entry to be appended.
+  FeedWake wait(std::int64_t timeout_us) const;
 
  private:
   struct Consumer {
@@ -52,6 +55,7 @@ class MemoryJournal final : public RowJournal {
   std::shared_ptr<Clock> clock_;
   const std::size_t capacity_;
   mutable std::mutex mutex_;
+  mutable std::condition_variable appended_;
   std::deque<Movement> entries_;
   std::int64_t next_ = 1;
   std::map<std::string, Consumer> consumers_;

@@ -147,6 +147,7 @@ class MemoryStore final : public Store, public TestHooks {
   StockLevel set_low_stock(const SkuKey& key, std::optional<Quantity> threshold) override;
   AuditReport audit(const AuditOptions& options) override;
   std::uint64_t purge_movements(std::int64_t older_than_us, std::uint64_t limit) override;
+  FeedWake feed_wait(std::int64_t timeout_us) override { return journal_->wait(timeout_us); }
 
   Reservation naive_reserve_unsafe(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
                                    std::int64_t window_us) override;

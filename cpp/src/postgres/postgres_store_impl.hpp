@@ -76,6 +76,9 @@ struct Tx {
   }
 };
 
+// The NOTIFY channel of the change feed of `schema` (record.cpp).
+std::string feed_channel(const std::string& schema);
+
 // A stock row read with the columns of stock_columns_sql() (stock.cpp).
 StockLevel level_from(const SkuKey& key, const pqxx::row& row);
 
@@ -184,6 +187,7 @@ class PostgresStore final : public Store, public TestHooks {
   StockLevel set_low_stock(const SkuKey& key, std::optional<Quantity> threshold) override;
   AuditReport audit(const AuditOptions& options) override;
   std::uint64_t purge_movements(std::int64_t older_than_us, std::uint64_t limit) override;
+  FeedWake feed_wait(std::int64_t timeout_us) override;
   PoolStats pool_stats() const override {
     const PoolGauges g = pool_.gauges();
     return PoolStats{g.size,   g.in_use,   g.idle,   g.waiting,
@@ -374,6 +378,29 @@ class PostgresStore final : public Store, public TestHooks {
   static constexpr int fast_skips_after_miss = 16;
   std::atomic<int> fast_skips_{0};
 
+  // The change feed's wake-ups (record.cpp): a write that committed marks feed_dirty_,
+  // and the notifier thread sends one NOTIFY for what committed in each short interval;
+  // feed_wait LISTENs on a connection of its own (listener_, used by one waiter at a time:
+  // `listening_`), and the others wait for its news (listen_generation_).
+  void note_commit() {
+    if (!feed_dirty_.load(std::memory_order_relaxed) &&
+        !feed_dirty_.exchange(true, std::memory_order_relaxed)) {
+      notify_wake_.notify_one();
+    }
+  }
+  void notify_loop();
+  bool listen_once(std::int64_t until_us);
+  std::atomic<bool> feed_dirty_{false};
+  std::condition_variable notify_wake_;  // with sweeper_mutex_ (which guards stopping_)
+  std::thread notifier_;
+  std::mutex listen_mutex_;
+  std::condition_variable listen_cv_;
+  std::uint64_t listen_generation_ = 0;
+  bool listening_ = false;
+  bool listen_refused_ = false;  // behind a transaction-mode pooler: LISTEN cannot work
+  std::unique_ptr<Connection> listener_;
+  std::string channel_;
+
   mutable std::mutex sweeper_mutex_;  // guards stopping_
   std::condition_variable sweeper_wake_;
   bool stopping_ = false;
@@ -523,6 +550,7 @@ auto PostgresStore::run_attempt(Pool::Lease& lease, const WriteOptions* options,
   } else {
     work.commit();
   }
+  if (Mode != RunMode::read) note_commit();  // the feed's waiters hear of it (record.cpp)
   if (deferred) throw Error(*deferred);
   return std::move(*result);
 }

@@ -9,7 +9,12 @@
 // row's changes arrive in version order. A batch larger than the poll's limit is read in
 // parts (`after`, the last position delivered of it). This is the PgQ scheme: it needs no
 // lock and skips nothing, whatever order transactions commit in.
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
 #include "postgres/postgres_store_impl.hpp"
+#include "stockade/hash.hpp"
 
 namespace stockade::detail::pg {
 
@@ -244,6 +249,119 @@ void PostgresStore::audit_holds(const AuditOptions& options, const std::string& 
     }
     return 0;
   });
+}
+
+}  // namespace stockade::detail::pg
+
+namespace stockade::detail::pg {
+
+namespace {
+
+// How long the notifier gathers commits before one NOTIFY, and how long one waiter holds
+// the listening connection before it looks at its deadline again.
+constexpr auto notify_interval = std::chrono::milliseconds(5);
+constexpr std::int64_t listen_slice_us = 100'000;
+
+}  // namespace
+
+std::string feed_channel(const std::string& schema) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(stable_hash64({"feed", schema})));
+  return std::string("stockade_feed_") + hex;  // within NAMEDATALEN, whatever the schema
+}
+
+// One NOTIFY on the feed's channel for the commits of each interval: a pg_notify in the
+// writing transaction would take the server's notify lock through every COMMIT and its
+// flush, one committer at a time. A writer that dies between its COMMIT and the NOTIFY
+// leaves the waiters to their bounded wait.
+void PostgresStore::notify_loop() {
+  std::unique_lock<std::mutex> lock(sweeper_mutex_);
+  while (!stopping_) {
+    notify_wake_.wait_for(lock, std::chrono::seconds(1), [this] {
+      return stopping_ || feed_dirty_.load(std::memory_order_relaxed);
+    });
+    if (stopping_) break;
+    if (!feed_dirty_.load(std::memory_order_relaxed)) continue;
+    notify_wake_.wait_for(lock, notify_interval, [this] { return stopping_; });
+    feed_dirty_.store(false, std::memory_order_relaxed);
+    lock.unlock();
+    try {
+      run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+        tx.exec(Stmt::feed_notify, channel_);
+        return 0;
+      });
+    } catch (const std::exception& e) {  // the waiters fall back on their bounded wait
+      log(LogLevel::debug, "stockade.feed", std::string("a feed NOTIFY failed: ") + e.what());
+    }
+    lock.lock();
+  }
+}
+
+FeedWake PostgresStore::feed_wait(std::int64_t timeout_us) {
+  refuse_on_citus("the change feed");
+  const std::int64_t until = steady_now_us() + timeout_us;
+  std::unique_lock<std::mutex> lock(listen_mutex_);
+  const std::uint64_t seen = listen_generation_;
+  while (listen_generation_ == seen) {
+    if (listen_refused_) return FeedWake::unsupported;
+    const std::int64_t now = steady_now_us();
+    if (now >= until) return FeedWake::timeout;
+    if (listening_) {  // another waiter holds the connection: wait for its news
+      listen_cv_.wait_for(lock, std::chrono::microseconds(std::min(until - now, listen_slice_us)));
+      continue;
+    }
+    listening_ = true;
+    lock.unlock();
+    bool heard = false;
+    try {
+      heard = listen_once(std::min(until, now + listen_slice_us));
+    } catch (...) {
+      lock.lock();
+      listening_ = false;
+      listen_cv_.notify_all();
+      throw;
+    }
+    lock.lock();
+    listening_ = false;
+    if (heard) ++listen_generation_;
+    listen_cv_.notify_all();
+  }
+  return FeedWake::changed;
+}
+
+// Waits on the listening connection until `until_us` (steady clock); true if a
+// notification came. Opens the connection (and LISTENs) first if there is none; a broken
+// one is dropped, and the wait ends as a timeout.
+bool PostgresStore::listen_once(std::int64_t until_us) {
+  try {
+    if (!listener_) {
+      {
+        std::lock_guard<std::mutex> stop(sweeper_mutex_);
+        if (stopping_) return false;
+      }
+      auto conn = std::make_unique<Connection>(options_.dsn, statements_, options_.pooler,
+                                               &watchdog_, call_deadline_us());
+      if (conn->pooled()) {
+        log(LogLevel::info, "stockade.feed",
+            "LISTEN does not work through a transaction-mode pooler: the change feed's "
+            "poll(timeout=...) polls with backoff instead");
+        std::lock_guard<std::mutex> lock(listen_mutex_);
+        listen_refused_ = true;
+        return false;
+      }
+      pqxx::nontransaction(conn->raw()).exec("LISTEN " + channel_);
+      listener_ = std::move(conn);
+    }
+    const std::int64_t left = std::max<std::int64_t>(until_us - steady_now_us(), 0);
+    return listener_->raw().await_notification(left / 1'000'000, left % 1'000'000) > 0;
+  } catch (const std::exception& e) {
+    listener_.reset();
+    log(LogLevel::debug, "stockade.feed", std::string("the feed's LISTEN broke: ") + e.what());
+    std::this_thread::sleep_for(std::chrono::microseconds(
+        std::min<std::int64_t>(std::max<std::int64_t>(until_us - steady_now_us(), 0), 100'000)));
+    return false;
+  }
 }
 
 }  // namespace stockade::detail::pg

@@ -94,6 +94,7 @@ namespace stockade::detail::pg {
   X(feed_read, plain)                 \
   X(feed_commit, plain)               \
   X(feed_drop, plain)                 \
+  X(feed_notify, plain)               \
   X(purge_movements, plain)           \
   X(audit_reserved, plain)            \
   X(audit_lapsed, plain)              \

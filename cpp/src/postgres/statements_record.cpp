@@ -51,6 +51,8 @@ void add_feed_statements(const std::string& schema, const StatementSink& set) {
           " after_id = $4::bigint, committed_at = now()"
           " WHERE name = $1 AND overrun_at IS NULL RETURNING 1");
   set(Stmt::feed_drop, "DELETE FROM " + consumer + " WHERE name = $1 RETURNING 1");
+  // The wake-up of the feed's waiters (its channel names the schema: feed_channel()).
+  set(Stmt::feed_notify, "SELECT pg_notify($1, '')");
   // Retention of the journal: of the oldest $3 entries, those older than $1 microseconds
   // that every consumer has passed, or older than $2 (feed_lag_max) whatever the
   // consumers; a consumer that had not passed one it deletes is marked overrun.

@@ -100,6 +100,8 @@ PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry>
   }
   telemetry().sweeper_enabled(options_.sweeper);
   if (options_.sweeper) sweeper_ = std::thread([this] { sweep_loop(); });
+  channel_ = feed_channel(options_.schema);
+  if (options_.layout != Layout::citus) notifier_ = std::thread([this] { notify_loop(); });
 }
 
 PostgresStore::~PostgresStore() {
@@ -112,7 +114,14 @@ void PostgresStore::close() {
     stopping_ = true;
   }
   sweeper_wake_.notify_all();
+  notify_wake_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
+  if (notifier_.joinable()) notifier_.join();
+  {
+    std::unique_lock<std::mutex> lock(listen_mutex_);  // a waiter holds it a slice at most
+    listen_cv_.wait(lock, [this] { return !listening_; });
+    listener_.reset();
+  }
   pool_.close();
   watchdog_.stop();
 }

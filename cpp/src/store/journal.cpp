@@ -40,6 +40,18 @@ bool between(Quantity before, Quantity after, Quantity line) {
 
 }  // namespace
 
+const char* feed_wake_name(FeedWake wake) noexcept {
+  switch (wake) {
+    case FeedWake::changed:
+      return "changed";
+    case FeedWake::timeout:
+      return "timeout";
+    case FeedWake::unsupported:
+      return "unsupported";
+  }
+  return "timeout";
+}
+
 void validate_note_text(const std::string& text, const char* field) {
   check_plain_text(text, field, note_text_bytes_max, true);
 }
@@ -76,7 +88,7 @@ std::string cause_of(const RowChange& before, const RowChange& after, const std:
   }
   const Quantity d_on = after.on_hand - before.on_hand;
   const Quantity d_res = after.reserved - before.reserved;
-  if (d_on == 0 && d_res == 0) return "touch";
+  if (d_on == 0 && d_res == 0) return said == "set_on_hand" ? said : "touch";  // a count
   if (d_on == 0 && d_res > 0) return "hold";
   if (d_on == 0) {
     // A confirm that finds its hold lapsed expires it.

@@ -1,0 +1,180 @@
+"""Benchmark: what the movement journal and its change feed cost, and how fast the audit
+reads, on one throwaway PostgreSQL (docs/journal.md).
+
+  1. the hot SKU, 64 blocking C++ clients, batched (and atomic): with the journal on
+     (the stock table's row trigger enabled) against off (the trigger disabled), the
+     cases interleaved --rounds times; the ratio of the medians;
+  2. a consumer keeping up with the hot SKU at full speed for --lag-seconds: it polls
+     and commits all along; each change's lag is the time from its transaction's start
+     (the entry's `at`, on the database clock of this same host) to its delivery. p50,
+     p99 and the largest, and the changes it read against those written;
+  3. the audit of --reservations holds over 1,000 SKUs (written with plain SQL in one
+     consistent state): seconds, and rows per second.
+
+With --flush-delay-us N every WAL flush waits N microseconds first (commit_delay with
+commit_siblings = 0: a network disk or a synchronous standby).
+
+    python benchmarks/journal.py [--seconds 3] [--rounds 3] [--lag-seconds 60]
+                                 [--reservations 1000000] [--flush-delay-us 0]
+                                 [--sections 1,2,3] [--json FILE]
+
+It is a benchmark, not a test: it prints figures and ratios and checks no target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable, Dict, List, Optional
+
+import stockade
+from hot_sku import UNITS, c_load
+from stockade.tools.bench import slow_flush_settings
+from stockade.tools.pgserver import TemporaryPostgres
+
+TRIGGER = "ALTER TABLE stockade.stock {} TRIGGER stock_journal"
+
+
+def overhead_section(
+    eng: stockade.Engine, sql: Callable[[str], str], args: argparse.Namespace
+) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    print("\n## 1. the journal on against off: one hot SKU, 64 blocking C++ clients")
+    print("| strategy | journal | rounds (reservations/s) | median |\n|---|---|---|---:|")
+    for strategy in ("batched", "atomic"):
+        rates: Dict[str, List[float]] = {"on": [], "off": []}
+        for n in range(args.rounds):
+            for state in ("on", "off") if n % 2 == 0 else ("off", "on"):
+                sql(TRIGGER.format("ENABLE" if state == "on" else "DISABLE"))
+                sql("CHECKPOINT")
+                sku = f"hot-{strategy}-{state}-{n}"
+                eng.restock(sku, UNITS)
+                rates[state].append(c_load(eng, [sku], strategy, 64, 1, args.seconds)["rate"])
+        sql(TRIGGER.format("ENABLE"))
+        for state in ("on", "off"):
+            shown = ", ".join(f"{r:,.0f}" for r in rates[state])
+            print(f"| {strategy} | {state} | {shown} | {statistics.median(rates[state]):,.0f} |")
+        ratio = statistics.median(rates["on"]) / statistics.median(rates["off"])
+        print(f"\n{strategy}: journal on / off = {ratio:.2f}x")
+        out[strategy] = {"on": rates["on"], "off": rates["off"], "ratio": ratio}
+    return out
+
+
+def lag_section(eng: stockade.Engine, args: argparse.Namespace) -> Dict[str, Any]:
+    print(f"\n## 2. a consumer at full speed for {args.lag_seconds:g} s (batched, 64 clients)")
+    feed = eng.feed("bench-lag", start="latest")
+    lags: List[float] = []
+    stop = threading.Event()
+    read = [0]
+
+    def consume() -> None:
+        while True:
+            stopping = stop.is_set()
+            changes = feed.poll(limit=5000, timeout=0.05)
+            now = datetime.now(timezone.utc)
+            lags.extend((now - c.at).total_seconds() for c in changes)
+            read[0] += len(changes)
+            feed.commit()
+            if stopping and not changes:
+                return
+
+    sku = "hot-lag"
+    eng.restock(sku, UNITS)
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    load = c_load(eng, [sku], "batched", 64, 1, args.lag_seconds)
+    stop.set()
+    consumer.join()
+    written = len(eng.movements(sku, limit=100_000))  # the restock too: after the feed began
+    lags.sort()
+    pick = lambda q: lags[min(len(lags) - 1, int(len(lags) * q))] * 1000  # noqa: E731
+    out = {
+        "reservations_per_s": load["rate"],
+        "changes_written": written,
+        "changes_read": read[0],
+        "lag_p50_ms": pick(0.50),
+        "lag_p99_ms": pick(0.99),
+        "lag_max_ms": lags[-1] * 1000,
+    }
+    print(
+        f"{load['rate']:,.0f} reservations/s in {written:,} journal entries; the consumer "
+        f"read {read[0]:,}; lag p50 {out['lag_p50_ms']:.1f} ms, p99 {out['lag_p99_ms']:.1f} ms,"
+        f" max {out['lag_max_ms']:.1f} ms"
+    )
+    return out
+
+
+def audit_section(
+    eng: stockade.Engine, sql: Callable[[str], str], args: argparse.Namespace
+) -> Dict[str, Any]:
+    n = args.reservations
+    print(f"\n## 3. the audit of {n:,} holds over 1,000 SKUs")
+    sql(
+        "INSERT INTO stockade.stock (sku, location, on_hand) SELECT 'audit-' || i, 'default',"
+        f" {n} FROM generate_series(1, 1000) AS i"
+    )
+    sql(
+        "INSERT INTO stockade.reservation (id, sku, location, qty, state, expires_at)"
+        " SELECT gen_random_uuid(), 'audit-' || (1 + i % 1000), 'default', 1, 'held',"
+        f" now() + interval '1 day' FROM generate_series(1, {n}) AS i"
+    )
+    sql(
+        "UPDATE stockade.stock s SET reserved = h.n, version = version + 1 FROM (SELECT sku,"
+        " count(*) AS n FROM stockade.reservation WHERE sku LIKE 'audit-%' GROUP BY sku) h"
+        " WHERE s.sku = h.sku"
+    )
+    sql("VACUUM ANALYZE")
+    started = time.perf_counter()
+    report = eng.audit()
+    seconds = time.perf_counter() - started
+    assert report.ok, report.violations[:5]
+    rate = report.reservations / seconds
+    print(
+        f"{report.rows:,} rows, {report.reservations:,} reservations, {report.movements:,} "
+        f"journal entries: {seconds:.2f} s, {rate:,.0f} reservations/s, no violation"
+    )
+    return {"seconds": seconds, "reservations": report.reservations, "per_s": rate}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="per case of section 1")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lag-seconds", type=float, default=60.0)
+    parser.add_argument("--reservations", type=int, default=1_000_000)
+    parser.add_argument("--flush-delay-us", type=int, default=0)
+    parser.add_argument("--sections", default="1,2,3")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    sections = {int(x) for x in args.sections.split(",")}
+    settings = slow_flush_settings(args.flush_delay_us)
+    flush = (
+        f"a slow flush: commit_delay = {args.flush_delay_us} us, commit_siblings = 0"
+        if settings
+        else "the machine's own disk"
+    )
+    print(f"# stockade journal benchmark: fsync and synchronous_commit on; {flush}")
+    report: Dict[str, Any] = {"flush_delay_us": args.flush_delay_us}
+    with TemporaryPostgres(settings=settings) as pg:
+        with stockade.Engine.postgres(pg.dsn(), pool_size=64) as eng:
+            eng.migrate()
+            sql = lambda statement: pg.sql(statement)  # noqa: E731
+            if 1 in sections:
+                report["overhead"] = overhead_section(eng, sql, args)
+            if 2 in sections:
+                report["lag"] = lag_section(eng, args)
+            if 3 in sections:
+                report["audit"] = audit_section(eng, sql, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
