@@ -1,9 +1,11 @@
 """Benchmark: what the movement journal and its change feed cost, and how fast the audit
 reads, on one throwaway PostgreSQL (docs/journal.md).
 
-  1. the hot SKU, 64 blocking C++ clients, batched (and atomic): with the journal on
-     (the stock table's row trigger enabled) against off (the trigger disabled), the
-     cases interleaved --rounds times; the ratio of the medians;
+  1. the hot SKU, 64 blocking C++ clients, batched (and atomic): with the journal and
+     the feed on (the stock table's row trigger, the engine's NOTIFYs, and a consumer
+     polling and committing all along) against both off (the trigger disabled, an engine
+     with feed_notify=False, no consumer), the cases interleaved --rounds times; the
+     ratio of the medians;
   2. a consumer keeping up with the hot SKU at full speed for --lag-seconds: it polls
      and commits all along; each change's lag is the time from its transaction's start
      (the entry's `at`, on the database clock of this same host) to its delivery. p50,
@@ -40,27 +42,59 @@ from stockade.tools.pgserver import TemporaryPostgres
 TRIGGER = "ALTER TABLE stockade.stock {} TRIGGER stock_journal"
 
 
+class Consumer:
+    """A feed consumer polling and committing in a thread of its own while a case runs."""
+
+    def __init__(self, eng: stockade.Engine, name: str) -> None:
+        self.feed = eng.feed(name, start="latest")
+        self.stop = threading.Event()
+        self.read = 0
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            stopping = self.stop.is_set()
+            changes = self.feed.poll(limit=5000, timeout=0.05)
+            self.read += len(changes)
+            self.feed.commit()
+            if stopping and not changes:
+                return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 def overhead_section(
-    eng: stockade.Engine, sql: Callable[[str], str], args: argparse.Namespace
+    engines: Dict[str, stockade.Engine], sql: Callable[[str], str], args: argparse.Namespace
 ) -> Dict[str, Any]:
+    """ "on": the trigger, the engine's NOTIFYs and a consumer polling all along; "off":
+    none of them."""
     out: Dict[str, Any] = {}
-    print("\n## 1. the journal on against off: one hot SKU, 64 blocking C++ clients")
-    print("| strategy | journal | rounds (reservations/s) | median |\n|---|---|---|---:|")
+    print("\n## 1. the journal and the feed on against off: one hot SKU, 64 blocking C++ clients")
+    print("| strategy | journal and feed | rounds (reservations/s) | median |\n|---|---|---|---:|")
     for strategy in ("batched", "atomic"):
         rates: Dict[str, List[float]] = {"on": [], "off": []}
         for n in range(args.rounds):
             for state in ("on", "off") if n % 2 == 0 else ("off", "on"):
                 sql(TRIGGER.format("ENABLE" if state == "on" else "DISABLE"))
                 sql("CHECKPOINT")
+                eng = engines[state]
                 sku = f"hot-{strategy}-{state}-{n}"
                 eng.restock(sku, UNITS)
-                rates[state].append(c_load(eng, [sku], strategy, 64, 1, args.seconds)["rate"])
+                consumer = Consumer(eng, f"bench-{sku}") if state == "on" else None
+                try:
+                    rates[state].append(c_load(eng, [sku], strategy, 64, 1, args.seconds)["rate"])
+                finally:
+                    if consumer is not None:
+                        consumer.close()
         sql(TRIGGER.format("ENABLE"))
         for state in ("on", "off"):
             shown = ", ".join(f"{r:,.0f}" for r in rates[state])
             print(f"| {strategy} | {state} | {shown} | {statistics.median(rates[state]):,.0f} |")
         ratio = statistics.median(rates["on"]) / statistics.median(rates["off"])
-        print(f"\n{strategy}: journal on / off = {ratio:.2f}x")
+        print(f"\n{strategy}: on / off = {ratio:.2f}x")
         out[strategy] = {"on": rates["on"], "off": rates["off"], "ratio": ratio}
     return out
 
@@ -161,11 +195,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"# stockade journal benchmark: fsync and synchronous_commit on; {flush}")
     report: Dict[str, Any] = {"flush_delay_us": args.flush_delay_us}
     with TemporaryPostgres(settings=settings) as pg:
-        with stockade.Engine.postgres(pg.dsn(), pool_size=64) as eng:
+        with (
+            stockade.Engine.postgres(pg.dsn(), pool_size=66) as eng,
+            stockade.Engine.postgres(pg.dsn(), pool_size=66, feed_notify=False) as quiet,
+        ):
             eng.migrate()
             sql = lambda statement: pg.sql(statement)  # noqa: E731
             if 1 in sections:
-                report["overhead"] = overhead_section(eng, sql, args)
+                report["overhead"] = overhead_section({"on": eng, "off": quiet}, sql, args)
             if 2 in sections:
                 report["lag"] = lag_section(eng, args)
             if 3 in sections:

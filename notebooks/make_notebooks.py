@@ -109,7 +109,7 @@ for step in range(24 * 4):  # a day, a quarter of an hour at a time
     except stockade.StockadeError:
         pass  # sold out, or a hold that lapsed before its confirm
 moves = eng.movements("teapot")
-fig, ax = plt.subplots(figsize=(8, 3.5))
+fig, ax = plt.subplots(figsize=(8, 3.5), layout="constrained")
 ax.step([m.at for m in moves], [m.on_hand for m in moves], where="post", label="on_hand")
 ax.step([m.at for m in moves], [m.available for m in moves], where="post", label="available")
 alerts = [m for m in moves if m.alerts & {"low_stock", "sold_out"}]
@@ -117,7 +117,9 @@ ax.scatter([m.at for m in alerts], [m.available for m in alerts], color="red", z
            label="low stock / sold out")
 ax.axhline(10, color="grey", linestyle=":", linewidth=1)
 ax.set_ylabel("units"); ax.legend(loc="upper right"); ax.set_title("teapot, from its journal")
-fig.autofmt_xdate(); plt.show()
+ax.tick_params(axis="x", labelrotation=30)
+fig.suptitle("A SKU's level, replayed from the movement journal")
+plt.show()
 from collections import Counter
 print(Counter(m.cause for m in moves))
 print(eng.audit())"""),

@@ -78,7 +78,8 @@ void register_store_options(py::module_& m) {
       .def_readwrite("retention_ms", &PostgresOptions::retention_ms)
       .def_readwrite("purge_batch", &PostgresOptions::purge_batch)
       .def_readwrite("journal_retention_ms", &PostgresOptions::journal_retention_ms)
-      .def_readwrite("feed_lag_max_ms", &PostgresOptions::feed_lag_max_ms);
+      .def_readwrite("feed_lag_max_ms", &PostgresOptions::feed_lag_max_ms)
+      .def_readwrite("feed_notify", &PostgresOptions::feed_notify);
 }
 
 }  // namespace

@@ -266,6 +266,7 @@ class PostgresOptions:
     purge_batch: int
     journal_retention_ms: int
     feed_lag_max_ms: int
+    feed_notify: bool
 
 class Engine:
     """The engine facade over one store."""

@@ -149,6 +149,7 @@ class Engine(EngineTwins):
         auto_slots_max: int = 4,
         journal_retention: Optional[TtlLike] = None,
         feed_lag_max: TtlLike = timedelta(days=7),
+        feed_notify: bool = True,
     ) -> Engine:
         """An engine over PostgreSQL: the durable store.
 
@@ -158,26 +159,25 @@ class Engine(EngineTwins):
         connection is lost during a commit, the engine ends that server session (so the
         write cannot commit later) and looks for what it wrote, spending at most
         ``resolve_timeout`` on it before it raises ``InDoubt`` (see docs/strategies.md,
-        "Guarantees"). ``call_timeout`` bounds each call's whole time, COMMIT included:
-        past it the engine cancels the server's work (and cuts the connection
-        ``cancel_grace`` later) and raises ``DeadlineExceeded``, or ``InDoubt`` if COMMIT
-        was sent (docs/failover.md). Every connection carries ``application_name``
-        (unless the DSN or ``PGAPPNAME`` sets one), for ``pg_stat_activity``.
-        ``pooler`` says whether a transaction-mode pooler (PgBouncer's ``pool_mode =
-        transaction``) may stand in between: ``"pgbouncer-transaction"`` keeps no session
-        state, and a commit whose connection is lost stays ``InDoubt`` (no session can be
-        ended to settle it); ``"none"`` keeps it (direct, or a session-mode pooler);
-        ``"auto"`` decides per connection (docs/scaling-out.md). ``layout="citus"`` is for a
-        Citus coordinator (docs/scaling-out.md). Call :meth:`migrate` once to create the
-        schema.
-        With ``sweeper=True`` a background thread expires due holds every
-        ``sweep_interval``, ``sweep_batch`` per transaction; of all engines on one
-        database, one sweeps at a time. With ``retention`` set (it needs ``sweeper=True``)
-        the sweeper also purges what is older than ``retention`` each round,
-        ``purge_batch`` rows per transaction (see :meth:`purge`); without it nothing is
-        ever purged unless you call :meth:`purge`. The batching and slot options, and
+        "Guarantees"). ``call_timeout`` bounds each call's whole time, COMMIT included: past
+        it the engine cancels the server's work (and cuts the connection ``cancel_grace``
+        later) and raises ``DeadlineExceeded``, or ``InDoubt`` if COMMIT was sent
+        (docs/failover.md). Every connection carries ``application_name`` (unless the DSN or
+        ``PGAPPNAME`` sets one). ``pooler`` says whether a transaction-mode pooler
+        (PgBouncer's ``pool_mode = transaction``) may stand in between:
+        ``"pgbouncer-transaction"`` keeps no session state, and a commit whose connection is
+        lost stays ``InDoubt`` (no session can be ended to settle it); ``"none"`` keeps it
+        (direct, or a session-mode pooler); ``"auto"`` decides per connection.
+        ``layout="citus"`` is for a Citus coordinator (both: docs/scaling-out.md). Call
+        :meth:`migrate` once to create the schema. With ``sweeper=True`` a background thread
+        expires due holds every ``sweep_interval``, ``sweep_batch`` per transaction; of all
+        engines on one database, one sweeps at a time. With ``retention`` set (it needs
+        ``sweeper=True``) the sweeper also purges what is older than ``retention`` each
+        round, ``purge_batch`` rows per transaction (see :meth:`purge`); without it nothing
+        is ever purged unless you call :meth:`purge`. The batching and slot options, and
         ``journal_retention`` and ``feed_lag_max`` (the sweeper purges the journal), are as
-        for :meth:`memory`; each batch flusher holds one pooled connection at a time."""
+        for :meth:`memory`; each batch flusher holds one connection at a time.
+        ``feed_notify`` wakes the change feed's waiters with NOTIFY (docs/journal.md)."""
         logs.start()  # first, so that what the core logs while connecting is delivered
         postgres, options = postgres_options(dsn, _keywords(locals()))
         core = _core.Engine.postgres(postgres=postgres, options=options)

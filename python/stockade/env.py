@@ -16,6 +16,8 @@ STOCKADE_CALL_TIMEOUT           call_timeout                        seconds
 STOCKADE_DEFAULT_TTL            default_ttl                         seconds
 STOCKADE_SWEEPER                sweeper                             1/0, true/false, yes/no
 STOCKADE_RETENTION              retention (needs the sweeper)       seconds
+STOCKADE_JOURNAL_RETENTION      journal_retention (needs sweeper)   seconds
+STOCKADE_FEED_LAG_MAX           feed_lag_max                        seconds
 STOCKADE_APPLICATION_NAME       application_name                    text
 STOCKADE_POOLER                 pooler                              auto, none or
                                                                     pgbouncer-transaction
@@ -90,6 +92,8 @@ _OPTIONS: Dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "STOCKADE_DEFAULT_TTL": ("default_ttl", _seconds),
     "STOCKADE_SWEEPER": ("sweeper", _flag),
     "STOCKADE_RETENTION": ("retention", _seconds),
+    "STOCKADE_JOURNAL_RETENTION": ("journal_retention", _seconds),
+    "STOCKADE_FEED_LAG_MAX": ("feed_lag_max", _seconds),
     "STOCKADE_APPLICATION_NAME": ("application_name", _text),
     "STOCKADE_POOLER": ("pooler", _text),
     "STOCKADE_LAYOUT": ("layout", _text),

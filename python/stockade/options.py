@@ -78,4 +78,5 @@ def postgres_options(
     out.purge_batch = positive("purge_batch", given["purge_batch"])
     out.journal_retention_ms = -(-retention_us(given["journal_retention"]) // 1000)
     out.feed_lag_max_ms = duration_ms("feed_lag_max", given["feed_lag_max"])
+    out.feed_notify = check_bool("feed_notify", given["feed_notify"])
     return out, engine_options(given)

@@ -219,3 +219,27 @@ def test_citus_benchmark_prints_every_route(citus_cluster: object) -> None:
         assert case in out.stdout
     assert " f0 " in out.stdout and " f1" not in out.stdout
     assert "purge() of keyed" in out.stdout and out.stdout.count(" rows/s ") == 3
+
+
+@pytest.mark.postgres
+def test_journal_benchmark_prints_every_section(tmp_path: Path) -> None:
+    out = run_benchmark(
+        "journal.py",
+        "--seconds",
+        "0.2",
+        "--rounds",
+        "2",
+        "--lag-seconds",
+        "0.5",
+        "--reservations",
+        "2000",
+        "--json",
+        str(tmp_path / "journal.json"),
+    )
+    for title in ("## 1.", "## 2.", "## 3."):
+        assert title in out.stdout
+    report = json.loads((tmp_path / "journal.json").read_text())
+    assert set(report["overhead"]) == {"batched", "atomic"}
+    lag = report["lag"]
+    assert lag["changes_read"] == lag["changes_written"]  # the consumer missed nothing
+    assert report["audit"]["reservations"] >= 2000

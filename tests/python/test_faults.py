@@ -517,6 +517,8 @@ def check_after_faults(
     assert level.reserved == len(load.told) == eng.row_counts()["reservation_count"]
     held = run_sql(dsn, "SELECT coalesce(sum(qty), 0) FROM stockade.reservation")
     assert int(held) == level.reserved
+    report = eng.audit()  # and the journal chains every row through the faults
+    assert report.ok, report.violations[:5]
     return load.outcomes()
 
 

@@ -208,6 +208,12 @@ class EngineModel(RuleBasedStateMachine):
                 held_qty[hold.sku] += hold.qty
         assert held_qty == self.reserved
 
+    def teardown(self) -> None:
+        # The audit agrees with the model: the engine's data proves its own invariants,
+        # and the journal chains every row to the state the model expects.
+        report = self.engine.audit(expiry_lag=10**6)
+        assert report.ok, report.violations[:5]
+
 
 TestEngineModel = EngineModel.TestCase
 TestEngineModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

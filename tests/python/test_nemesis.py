@@ -424,6 +424,10 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
     checker.stock(db)
     checker.leases()
     checker.limits(*read_limits(dsn))
+    with engine(dsn) as eng:  # and the engine's own audit of the same data agrees
+        for v in eng.audit(expiry_lag=3600).violations:
+            found = f"expected {v.expected}, found {v.found}"
+            checker.fail(None, f"audit: {v.check} {v.sku} {v.subject}: {found}")
     return checker, len(settled)
 
 

@@ -44,7 +44,10 @@ def test_notebooks_use_the_public_api_and_label_their_plots(name: str) -> None:
     if "plt.subplots" in code:
         # Every panel has a title and a legend; the figure a title; one style per strategy.
         assert code.count("set_title") >= code.count("set_ylabel") > 0
-        assert "legend(" in code and "suptitle" in code and "STYLE[" in code
+        assert "legend(" in code and "suptitle" in code
+        # The measuring notebooks draw strategies, each in its one style (the quickstart's
+        # plot draws one SKU's level from its journal).
+        assert "STYLE[" in code or name == "01_quickstart.ipynb"
         assert 'layout="constrained"' in code  # titles and labels never overlap
 
 

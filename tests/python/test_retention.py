@@ -274,6 +274,10 @@ def version_one_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
 # What migrations 002 to 005 add, taken out again: what is left is the version-1 schema,
 # with data that the engine wrote.
 BACK_TO_VERSION_ONE = """
+DROP TABLE stockade.movement, stockade.feed_consumer;
+DROP TRIGGER stock_journal ON stockade.stock;
+DROP FUNCTION stockade.journal_stock();
+ALTER TABLE stockade.stock DROP COLUMN low_stock;
 DROP INDEX stockade.reservation_terminal_updated, stockade.idempotency_created;
 ALTER TABLE stockade.stock DROP COLUMN slot, ADD PRIMARY KEY (sku, location);
 ALTER TABLE stockade.reservation DROP COLUMN slot;

@@ -22,7 +22,7 @@ from stockade import _core
 from stockade.testing import race
 from stockade.tools.pgserver import run_sql
 from stockade.tools.pytest_plugin import PostgresForTests
-from support import MIGRATIONS
+from support import MIGRATIONS, assert_audit_clean
 
 Sibling = Callable[..., stockade.Engine]
 
@@ -137,6 +137,7 @@ def test_four_replicas_sell_out_exactly(
     level = engine.stock("drop")
     assert (level.reserved, level.available) == (units, 0)
     assert engine.row_counts()["reservation_count"] == units
+    assert_audit_clean(engine)
 
 
 def test_auto_splits_a_row_replicas_batch_and_they_learn_it(
@@ -494,6 +495,7 @@ def test_threads_on_one_engine_sell_out_exactly_across_slots(engine: stockade.En
     level = engine.stock("hot")
     assert level.reserved == sum(sold) and level.reserved <= 200
     assert level.available < 3  # nobody left while 3 units were free
+    assert_audit_clean(engine)
 
 
 # A slotted SKU as version 4 of the schema wrote it: its slot rows' locations carried

@@ -66,6 +66,9 @@ struct PostgresOptions {
   // is told FeedOverrun.
   std::int64_t journal_retention_ms = 0;
   std::int64_t feed_lag_max_ms = 7LL * 24 * 3600 * 1000;
+  // Wake the change feed's waiters (in any process) with one NOTIFY per few milliseconds
+  // of this engine's commits, from a thread of its own (docs/journal.md).
+  bool feed_notify = true;
   // lock_timeout of the calls that take no lock options (restock, set_on_hand, the
   // transitions, expiry); Engine::postgres sets it to the engine's lock_timeout.
   std::int64_t lock_timeout_ms = 10000;

@@ -389,10 +389,12 @@ class PostgresStore final : public Store, public TestHooks {
     }
   }
   void notify_loop();
+  void send_notify();
   bool listen_once(std::int64_t until_us);
   std::atomic<bool> feed_dirty_{false};
   std::condition_variable notify_wake_;  // with sweeper_mutex_ (which guards stopping_)
   std::thread notifier_;
+  std::unique_ptr<Connection> notifier_conn_;  // the notifier thread's alone
   std::mutex listen_mutex_;
   std::condition_variable listen_cv_;
   std::uint64_t listen_generation_ = 0;

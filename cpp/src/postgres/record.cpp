@@ -286,15 +286,29 @@ void PostgresStore::notify_loop() {
     notify_wake_.wait_for(lock, notify_interval, [this] { return stopping_; });
     feed_dirty_.store(false, std::memory_order_relaxed);
     lock.unlock();
-    try {
-      run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
-        tx.exec(Stmt::feed_notify, channel_);
-        return 0;
-      });
-    } catch (const std::exception& e) {  // the waiters fall back on their bounded wait
-      log(LogLevel::debug, "stockade.feed", std::string("a feed NOTIFY failed: ") + e.what());
-    }
+    send_notify();
     lock.lock();
+  }
+}
+
+// On a connection of the notifier's own, not the pool's: it never takes a caller's
+// connection, and it never holds one across a migrate(). Bounded by call_timeout; a
+// failure drops the connection (the next NOTIFY opens another).
+void PostgresStore::send_notify() {
+  try {
+    if (!notifier_conn_) {
+      notifier_conn_ = std::make_unique<Connection>(options_.dsn, statements_, options_.pooler,
+                                                    &watchdog_, call_deadline_us());
+    }
+    Connection& conn = *notifier_conn_;
+    const Watchdog::Guard guard = watchdog_.arm(conn.raw(), conn.backend(), call_deadline_us());
+    pqxx::nontransaction work(conn.raw());
+    Tx tx{work, conn};
+    tx.exec(Stmt::feed_notify, channel_);
+    if (guard.fired()) notifier_conn_.reset();
+  } catch (const std::exception& e) {  // the waiters fall back on their bounded wait
+    notifier_conn_.reset();
+    log(LogLevel::debug, "stockade.feed", std::string("a feed NOTIFY failed: ") + e.what());
   }
 }
 

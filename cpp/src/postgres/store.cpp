@@ -101,7 +101,9 @@ PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry>
   telemetry().sweeper_enabled(options_.sweeper);
   if (options_.sweeper) sweeper_ = std::thread([this] { sweep_loop(); });
   channel_ = feed_channel(options_.schema);
-  if (options_.layout != Layout::citus) notifier_ = std::thread([this] { notify_loop(); });
+  if (options_.feed_notify && options_.layout != Layout::citus) {
+    notifier_ = std::thread([this] { notify_loop(); });
+  }
 }
 
 PostgresStore::~PostgresStore() {
@@ -117,6 +119,7 @@ void PostgresStore::close() {
   notify_wake_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
   if (notifier_.joinable()) notifier_.join();
+  notifier_conn_.reset();
   {
     std::unique_lock<std::mutex> lock(listen_mutex_);  // a waiter holds it a slice at most
     listen_cv_.wait(lock, [this] { return !listening_; });
