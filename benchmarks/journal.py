@@ -7,16 +7,17 @@ reads, on one throwaway PostgreSQL (docs/journal.md).
      with feed_notify=False, no consumer), the cases interleaved --rounds times; the
      ratio of the medians;
   2. a consumer keeping up with the hot SKU at full speed for --lag-seconds: it polls
-     and commits all along; each change's lag is the time from its transaction's start
-     (the entry's `at`, on the database clock of this same host) to its delivery. p50,
-     p99 and the largest, and the changes it read against those written;
+     and commits all along (after a poll that was not full it waits 20 ms first); each
+     change's lag is the time from its transaction's start (the entry's `at`, on the
+     database clock of this same host) to its delivery. p50, p99 and the largest, and the
+     changes it read against those written;
   3. the audit of --reservations holds over 1,000 SKUs (written with plain SQL in one
      consistent state): seconds, and rows per second.
 
 With --flush-delay-us N every WAL flush waits N microseconds first (commit_delay with
 commit_siblings = 0: a network disk or a synchronous standby).
 
-    python benchmarks/journal.py [--seconds 3] [--rounds 3] [--lag-seconds 60]
+    python benchmarks/journal.py [--seconds 3] [--rounds 5] [--lag-seconds 60]
                                  [--reservations 1000000] [--flush-delay-us 0]
                                  [--sections 1,2,3] [--json FILE]
 
@@ -32,14 +33,18 @@ import sys
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import stockade
+from common import process_cpu_s, server_cpu_s
 from hot_sku import UNITS, c_load
 from stockade.tools.bench import slow_flush_settings
 from stockade.tools.pgserver import TemporaryPostgres
 
 TRIGGER = "ALTER TABLE stockade.stock {} TRIGGER stock_journal"
+# A consumer that got less than a full poll waits this long (seconds) before the next one,
+# as a Kafka consumer's fetch.max.wait does: a poll and a commit per 20 ms, not per batch.
+LINGER = 0.02
 
 
 class Consumer:
@@ -60,6 +65,8 @@ class Consumer:
             self.feed.commit()
             if stopping and not changes:
                 return
+            if len(changes) < 5000:
+                time.sleep(LINGER)  # let changes gather: a poll per LINGER, not per batch
 
     def close(self) -> None:
         self.stop.set()
@@ -73,9 +80,13 @@ def overhead_section(
     none of them."""
     out: Dict[str, Any] = {}
     print("\n## 1. the journal and the feed on against off: one hot SKU, 64 blocking C++ clients")
-    print("| strategy | journal and feed | rounds (reservations/s) | median |\n|---|---|---|---:|")
+    print(
+        "| strategy | journal and feed | rounds (reservations/s) | median | CPU s per 1,000:"
+        " engine and consumer | server |\n|---|---|---|---:|---:|---:|"
+    )
     for strategy in ("batched", "atomic"):
         rates: Dict[str, List[float]] = {"on": [], "off": []}
+        cpu_ms: Dict[str, List[Tuple[float, float]]] = {"on": [], "off": []}
         for n in range(args.rounds):
             for state in ("on", "off") if n % 2 == 0 else ("off", "on"):
                 sql(TRIGGER.format("ENABLE" if state == "on" else "DISABLE"))
@@ -84,18 +95,32 @@ def overhead_section(
                 sku = f"hot-{strategy}-{state}-{n}"
                 eng.restock(sku, UNITS)
                 consumer = Consumer(eng, f"bench-{sku}") if state == "on" else None
+                cpu = (process_cpu_s(), server_cpu_s(args.postmaster))
                 try:
-                    rates[state].append(c_load(eng, [sku], strategy, 64, 1, args.seconds)["rate"])
+                    r = c_load(eng, [sku], strategy, 64, 1, args.seconds)
                 finally:
                     if consumer is not None:
                         consumer.close()
+                per_k = 1000 / max(r["granted"], 1)
+                cpu_ms[state].append(
+                    (
+                        (process_cpu_s() - cpu[0]) * per_k,
+                        (server_cpu_s(args.postmaster) - cpu[1]) * per_k,
+                    )
+                )
+                rates[state].append(r["rate"])
         sql(TRIGGER.format("ENABLE"))
         for state in ("on", "off"):
             shown = ", ".join(f"{r:,.0f}" for r in rates[state])
-            print(f"| {strategy} | {state} | {shown} | {statistics.median(rates[state]):,.0f} |")
+            engine_s = statistics.median(c[0] for c in cpu_ms[state])
+            server_s = statistics.median(c[1] for c in cpu_ms[state])
+            print(
+                f"| {strategy} | {state} | {shown} | {statistics.median(rates[state]):,.0f} |"
+                f" {engine_s:.3f} | {server_s:.3f} |"
+            )
         ratio = statistics.median(rates["on"]) / statistics.median(rates["off"])
         print(f"\n{strategy}: on / off = {ratio:.2f}x")
-        out[strategy] = {"on": rates["on"], "off": rates["off"], "ratio": ratio}
+        out[strategy] = {"on": rates["on"], "off": rates["off"], "ratio": ratio, "cpu_s": cpu_ms}
     return out
 
 
@@ -116,6 +141,8 @@ def lag_section(eng: stockade.Engine, args: argparse.Namespace) -> Dict[str, Any
             feed.commit()
             if stopping and not changes:
                 return
+            if len(changes) < 5000:
+                time.sleep(LINGER)
 
     sku = "hot-lag"
     eng.restock(sku, UNITS)
@@ -124,7 +151,9 @@ def lag_section(eng: stockade.Engine, args: argparse.Namespace) -> Dict[str, Any
     load = c_load(eng, [sku], "batched", 64, 1, args.lag_seconds)
     stop.set()
     consumer.join()
-    written = len(eng.movements(sku, limit=100_000))  # the restock too: after the feed began
+    written, after = 0, 0  # the restock too: it came after the feed began
+    while page := eng.movements(sku, after=after, limit=100_000):
+        written, after = written + len(page), page[-1].position
     lags.sort()
     pick = lambda q: lags[min(len(lags) - 1, int(len(lags) * q))] * 1000  # noqa: E731
     out = {
@@ -178,7 +207,7 @@ def audit_section(
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="per case of section 1")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--lag-seconds", type=float, default=60.0)
     parser.add_argument("--reservations", type=int, default=1_000_000)
     parser.add_argument("--flush-delay-us", type=int, default=0)
@@ -195,6 +224,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"# stockade journal benchmark: fsync and synchronous_commit on; {flush}")
     report: Dict[str, Any] = {"flush_delay_us": args.flush_delay_us}
     with TemporaryPostgres(settings=settings) as pg:
+        args.postmaster = pg.pid
         with (
             stockade.Engine.postgres(pg.dsn(), pool_size=66) as eng,
             stockade.Engine.postgres(pg.dsn(), pool_size=66, feed_notify=False) as quiet,

@@ -391,6 +391,7 @@ class PostgresStore final : public Store, public TestHooks {
   void notify_loop();
   void send_notify();
   bool listen_once(std::int64_t until_us);
+  void drain_listener();
   std::atomic<bool> feed_dirty_{false};
   std::condition_variable notify_wake_;  // with sweeper_mutex_ (which guards stopping_)
   std::thread notifier_;

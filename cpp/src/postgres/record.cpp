@@ -115,16 +115,17 @@ FeedPosition PostgresStore::feed_open(const std::string& consumer, bool from_sta
 FeedBatch PostgresStore::feed_poll(const std::string& consumer, const FeedPosition& from,
                                    std::size_t limit) {
   refuse_on_citus("the change feed");
+  drain_listener();
   return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
     const pqxx::result state = tx.exec(Stmt::feed_state, consumer);
     if (state.empty()) throw_no_consumer(consumer);
     if (state[0][0].as<bool>()) throw_overrun(consumer);
     FeedBatch batch;
     batch.next = from;
-    // Taken before the read, in a statement of its own: every change it shows as
-    // committed is visible to the read's later snapshot.
+    // The snapshot is taken before the read, in a statement of its own: every change it
+    // shows as committed is visible to the read's later snapshot.
     if (batch.next.to.empty()) {
-      batch.next.to = tx.exec(Stmt::feed_snapshot)[0][0].as<std::string>();
+      batch.next.to = state[0][1].as<std::string>();
       batch.next.after = 0;
     }
     batch.changes = movements_from(tx.exec(Stmt::feed_read, batch.next.from, batch.next.to,
@@ -259,7 +260,7 @@ namespace {
 
 // How long the notifier gathers commits before one NOTIFY, and how long one waiter holds
 // the listening connection before it looks at its deadline again.
-constexpr auto notify_interval = std::chrono::milliseconds(5);
+constexpr auto notify_interval = std::chrono::milliseconds(20);
 constexpr std::int64_t listen_slice_us = 100'000;
 
 }  // namespace
@@ -342,6 +343,19 @@ FeedWake PostgresStore::feed_wait(std::int64_t timeout_us) {
     listen_cv_.notify_all();
   }
   return FeedWake::changed;
+}
+
+// A consumer that keeps finding changes never waits, so the NOTIFYs its listening session
+// receives would pile up unread (and hold back the server's notification queue): each
+// poll reads them off, without blocking, unless a waiter holds the session.
+void PostgresStore::drain_listener() {
+  std::unique_lock<std::mutex> lock(listen_mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || listening_ || !listener_) return;
+  try {
+    listener_->raw().get_notifs();
+  } catch (const std::exception&) {
+    listener_.reset();  // the next wait opens another
+  }
 }
 
 // Waits on the listening connection until `until_us` (steady clock); true if a

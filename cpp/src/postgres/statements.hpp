@@ -90,7 +90,6 @@ namespace stockade::detail::pg {
   X(movements_sku, plain)             \
   X(feed_open, plain)                 \
   X(feed_state, plain)                \
-  X(feed_snapshot, plain)             \
   X(feed_read, plain)                 \
   X(feed_commit, plain)               \
   X(feed_drop, plain)                 \

@@ -32,8 +32,9 @@ void add_feed_statements(const std::string& schema, const StatementSink& set) {
           " WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM made))"
           " SELECT snap_from::text, coalesce(snap_to::text, ''), after_id, overrun_at IS NOT NULL"
           " FROM one");
-  set(Stmt::feed_state, "SELECT overrun_at IS NOT NULL FROM " + consumer + " WHERE name = $1");
-  set(Stmt::feed_snapshot, "SELECT pg_current_snapshot()::text");
+  // The consumer's standing, and the current snapshot (for a poll that starts a batch).
+  set(Stmt::feed_state, "SELECT overrun_at IS NOT NULL, pg_current_snapshot()::text FROM " +
+                            consumer + " WHERE name = $1");
   // The changes that committed in snapshot $2 but not in $1, after position $3: a
   // transaction's entries appear once it has ended, whatever the order in which the
   // transactions took their positions (no `WHERE id > last`, which skips one that took
