@@ -93,6 +93,7 @@ MemoryStore::AuditSums MemoryStore::audit_sums(const AuditOptions& options) cons
 void MemoryStore::audit_rows(const AuditOptions& options, const AuditSums& sums,
                              AuditReport& report) const {
   std::vector<std::pair<StockRow*, RowValues>> suspects;
+  std::vector<SkuKey> slot_rows;  // looked up after the shard's lock is let go
   for (const StockShard& shard : *stock_) {
     std::shared_lock<std::shared_mutex> lock(shard.mutex);
     for (const auto& [key, row] : shard.rows) {
@@ -102,11 +103,13 @@ void MemoryStore::audit_rows(const AuditOptions& options, const AuditSums& sums,
       const auto it = sums.held.find(key);
       const Quantity held = it == sums.held.end() ? 0 : it->second;
       if (v.reserved != held) suspects.emplace_back(row.get(), v);
-      if (key.slot > 0 && find_row(slot_key(key, 0)) == nullptr) {
-        add(report, options,
-            {"slot_row_has_sku", key, "", "the SKU's own row (slot 0)", "no such row"});
-      }
+      if (key.slot > 0) slot_rows.push_back(key);
     }
+  }
+  for (const SkuKey& key : slot_rows) {
+    if (find_row(slot_key(key, 0)) != nullptr) continue;
+    add(report, options,
+        {"slot_row_has_sku", key, "", "the SKU's own row (slot 0)", "no such row"});
   }
   if (suspects.empty()) return;
   std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let writes in flight land
