@@ -230,7 +230,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             stockade.Engine.postgres(pg.dsn(), pool_size=66, feed_notify=False) as quiet,
         ):
             eng.migrate()
-            sql = lambda statement: pg.sql(statement)  # noqa: E731
+            sql = pg.sql
             if 1 in sections:
                 report["overhead"] = overhead_section({"on": eng, "off": quiet}, sql, args)
             if 2 in sections:

@@ -118,7 +118,6 @@ class Feed:
         self._engine = engine
         self.name = name
         self._position = position
-        self._committed = position
         # How this feed's waits ended: "changed" (a NOTIFY, or a change in the memory
         # store), "timeout", or "unsupported" (no LISTEN: it polled with backoff).
         self.wakes: Dict[str, int] = {}
@@ -155,7 +154,6 @@ class Feed:
     def commit(self) -> None:
         """Stores the position after the last poll: a restart resumes there."""
         self._engine._core.feed_commit(consumer=self.name, position=self._position)
-        self._committed = self._position
 
     def drop(self) -> bool:
         """Forgets the consumer in the store (its position goes); says whether it was there."""

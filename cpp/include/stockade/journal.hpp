@@ -140,6 +140,9 @@ struct AuditViolation {
   std::string expected;
   std::string found;
 };
+struct AuditReport;
+// Adds `v` to `report`, or marks it truncated once it holds options.limit violations.
+void add_violation(AuditReport& report, const AuditOptions& options, AuditViolation v);
 struct AuditReport {
   std::vector<AuditViolation> violations;
   bool truncated = false;  // more violations than the limit

@@ -244,8 +244,8 @@ class MemoryStore final : public Store, public TestHooks {
   struct AuditSums;
   AuditSums audit_sums(const AuditOptions& options) const;
   void audit_rows(const AuditOptions& options, const AuditSums& sums, AuditReport& report) const;
-  void audit_limits(const AuditSums& sums, AuditReport& report);
-  void audit_keys(AuditReport& report);
+  void audit_limits(const AuditOptions& options, const AuditSums& sums, AuditReport& report);
+  void audit_keys(const AuditOptions& options, AuditReport& report);
   void audit_journal(const AuditOptions& options, AuditReport& report) const;
 
   std::shared_ptr<Clock> clock_;

@@ -15,14 +15,6 @@ namespace stockade::detail {
 
 namespace {
 
-void add(AuditReport& report, const AuditOptions& options, AuditViolation v) {
-  if (report.violations.size() >= options.limit) {
-    report.truncated = true;
-    return;
-  }
-  report.violations.push_back(std::move(v));
-}
-
 bool in_scope(const AuditOptions& options, const SkuKey& key) {
   return !options.sku || key.sku == *options.sku;
 }
@@ -108,8 +100,8 @@ void MemoryStore::audit_rows(const AuditOptions& options, const AuditSums& sums,
   }
   for (const SkuKey& key : slot_rows) {
     if (find_row(slot_key(key, 0)) != nullptr) continue;
-    add(report, options,
-        {"slot_row_has_sku", key, "", "the SKU's own row (slot 0)", "no such row"});
+    add_violation(report, options,
+                  {"slot_row_has_sku", key, "", "the SKU's own row (slot 0)", "no such row"});
   }
   if (suspects.empty()) return;
   std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let writes in flight land
@@ -119,13 +111,14 @@ void MemoryStore::audit_rows(const AuditOptions& options, const AuditSums& sums,
     const auto it = again.held.find(row->key);
     const Quantity held = it == again.held.end() ? 0 : it->second;
     if (v.version != seen.version || v.reserved == held) continue;
-    add(report, options,
-        {"reserved_matches_holds", row->key, "", "reserved = " + std::to_string(held),
-         "reserved = " + std::to_string(v.reserved)});
+    add_violation(report, options,
+                  {"reserved_matches_holds", row->key, "", "reserved = " + std::to_string(held),
+                   "reserved = " + std::to_string(v.reserved)});
   }
 }
 
-void MemoryStore::audit_limits(const AuditSums& sums, AuditReport& report) {
+void MemoryStore::audit_limits(const AuditOptions& options, const AuditSums& sums,
+                               AuditReport& report) {
   std::map<std::string, Quantity> counts;
   {
     std::lock_guard<std::mutex> lock(allowance_mutex_);
@@ -138,16 +131,16 @@ void MemoryStore::audit_limits(const AuditSums& sums, AuditReport& report) {
     const Quantity found = it == counts.end() ? 0 : it->second;
     if (found == expected) continue;
     const std::size_t cut = k.find('\0');
-    AuditViolation v{"limit_matches_holds",
-                     {},
-                     k.substr(0, cut) + "/" + k.substr(cut + 1),
-                     "held = " + std::to_string(expected),
-                     "held = " + std::to_string(found)};
-    report.violations.push_back(std::move(v));
+    add_violation(report, options,
+                  {"limit_matches_holds",
+                   {},
+                   k.substr(0, cut) + "/" + k.substr(cut + 1),
+                   "held = " + std::to_string(expected),
+                   "held = " + std::to_string(found)});
   }
 }
 
-void MemoryStore::audit_keys(AuditReport& report) {
+void MemoryStore::audit_keys(const AuditOptions& options, AuditReport& report) {
   std::vector<std::pair<std::string, Uuid>> ids;
   {
     std::lock_guard<std::mutex> lock(idempotency_mutex_);
@@ -160,11 +153,12 @@ void MemoryStore::audit_keys(AuditReport& report) {
     ReservationShard& shard = shard_of(id);
     std::lock_guard<std::mutex> lock(shard.mutex);
     if (shard.records.count(id) != 0) continue;
-    report.violations.push_back({"key_has_reservations",
-                                 {},
-                                 shown(key, 128),
-                                 "reservation " + id.to_string(),
-                                 "no such reservation"});
+    add_violation(report, options,
+                  {"key_has_reservations",
+                   {},
+                   shown(key, 128),
+                   "reservation " + id.to_string(),
+                   "no such reservation"});
   }
 }
 
@@ -180,16 +174,16 @@ void MemoryStore::audit_journal(const AuditOptions& options, AuditReport& report
   for (const Movement& m : entries) {
     const auto it = last.find(m.key);
     if (it != last.end() && it->second->version_after != m.version_before) {
-      add(report, options,
-          {"journal_chain", m.key, "position " + std::to_string(m.position),
-           "version_before = " + std::to_string(it->second->version_after),
-           "version_before = " + std::to_string(m.version_before)});
+      add_violation(report, options,
+                    {"journal_chain", m.key, "position " + std::to_string(m.position),
+                     "version_before = " + std::to_string(it->second->version_after),
+                     "version_before = " + std::to_string(m.version_before)});
     }
     if (it != last.end() && it->second->on_hand + m.on_hand_delta != m.on_hand) {
-      add(report, options,
-          {"journal_adds_up", m.key, "position " + std::to_string(m.position),
-           "on_hand = " + std::to_string(it->second->on_hand + m.on_hand_delta),
-           "on_hand = " + std::to_string(m.on_hand)});
+      add_violation(report, options,
+                    {"journal_adds_up", m.key, "position " + std::to_string(m.position),
+                     "on_hand = " + std::to_string(it->second->on_hand + m.on_hand_delta),
+                     "on_hand = " + std::to_string(m.on_hand)});
     }
     last[m.key] = &m;
   }
@@ -199,12 +193,12 @@ void MemoryStore::audit_journal(const AuditOptions& options, AuditReport& report
     const RowValues v = row->cell.read().values;
     if (v.version != m->version_after) continue;  // written since the read: not a finding
     if (v.on_hand != m->on_hand || v.reserved != m->reserved) {
-      add(report, options,
-          {"journal_matches_row", key, "position " + std::to_string(m->position),
-           "on_hand = " + std::to_string(m->on_hand) +
-               ", reserved = " + std::to_string(m->reserved),
-           "on_hand = " + std::to_string(v.on_hand) +
-               ", reserved = " + std::to_string(v.reserved)});
+      add_violation(report, options,
+                    {"journal_matches_row", key, "position " + std::to_string(m->position),
+                     "on_hand = " + std::to_string(m->on_hand) +
+                         ", reserved = " + std::to_string(m->reserved),
+                     "on_hand = " + std::to_string(v.on_hand) +
+                         ", reserved = " + std::to_string(v.reserved)});
     }
   }
 }
@@ -220,14 +214,10 @@ AuditReport MemoryStore::audit(const AuditOptions& options) {
   report.reservations = sums.reservations;
   audit_rows(options, sums, report);
   if (!options.sku) {
-    audit_limits(sums, report);
-    audit_keys(report);
+    audit_limits(options, sums, report);
+    audit_keys(options, report);
   }
   audit_journal(options, report);
-  if (report.violations.size() > options.limit) {
-    report.violations.resize(options.limit);
-    report.truncated = true;
-  }
   return report;
 }
 

@@ -60,14 +60,6 @@ std::vector<Movement> movements_from(const pqxx::result& rows) {
   throw Error(ErrorCode::not_found, "no feed consumer " + shown(consumer) + " (it was dropped)");
 }
 
-void add(AuditReport& report, const AuditOptions& options, AuditViolation v) {
-  if (report.violations.size() >= options.limit) {
-    report.truncated = true;
-    return;
-  }
-  report.violations.push_back(std::move(v));
-}
-
 SkuKey key_at(const pqxx::row& r) {
   return SkuKey{r[0].as<std::string>(), r[1].as<std::string>(), r[2].as<int>()};
 }
@@ -207,9 +199,9 @@ AuditReport PostgresStore::audit(const AuditOptions& options) {
     for (const Stmt s : {Stmt::audit_journal, Stmt::audit_journal_rows}) {
       for (const auto& r : tx.exec(s, sku, limit)) {
         // Both read: sku, location, slot, position, check, expected, found.
-        add(report, options,
-            {r[4].as<std::string>(), key_at(r), "position " + r[3].as<std::string>(),
-             r[5].as<std::string>(), r[6].as<std::string>()});
+        add_violation(report, options,
+                      {r[4].as<std::string>(), key_at(r), "position " + r[3].as<std::string>(),
+                       r[5].as<std::string>(), r[6].as<std::string>()});
       }
     }
     return 0;
@@ -221,32 +213,35 @@ void PostgresStore::audit_holds(const AuditOptions& options, const std::string& 
                                 std::int64_t limit, AuditReport& report) {
   run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
     for (const auto& r : tx.exec(Stmt::audit_reserved, sku, limit)) {
-      add(report, options,
+      add_violation(
+          report, options,
           {"reserved_matches_holds", key_at(r), "", "reserved = " + r[4].as<std::string>(),
            r[3].is_null() ? "no such row" : "reserved = " + r[3].as<std::string>()});
     }
     for (const auto& r : tx.exec(Stmt::audit_lapsed, sku, options.expiry_lag_us, limit)) {
-      add(report, options,
-          {"hold_not_expired",
-           SkuKey{r[1].as<std::string>(), r[2].as<std::string>(), r[3].as<int>()},
-           r[0].as<std::string>(), "expired by the sweeper", "still held"});
+      add_violation(report, options,
+                    {"hold_not_expired",
+                     SkuKey{r[1].as<std::string>(), r[2].as<std::string>(), r[3].as<int>()},
+                     r[0].as<std::string>(), "expired by the sweeper", "still held"});
     }
     for (const auto& r : tx.exec(Stmt::audit_slots, sku, limit)) {
-      add(report, options,
+      add_violation(
+          report, options,
           {"slot_row_has_sku", key_at(r), "", "the SKU's own row (slot 0)", "no such row"});
     }
     if (!sku.empty()) return 0;
     for (const auto& r : tx.exec(Stmt::audit_limits, limit)) {
-      add(report, options,
+      add_violation(
+          report, options,
           {"limit_matches_holds", SkuKey{"", "", 0},
            r[0].as<std::string>() + "/" + r[1].as<std::string>(),
            "held >= " + r[2].as<std::string>() + " and <= per_buyer " + r[4].as<std::string>(),
            "held = " + r[3].as<std::string>()});
     }
     for (const auto& r : tx.exec(Stmt::audit_keys, limit)) {
-      add(report, options,
-          {"key_has_reservations", SkuKey{"", "", 0}, shown(r[0].as<std::string>(), 128),
-           "reservation " + r[1].as<std::string>(), "no such reservation"});
+      add_violation(report, options,
+                    {"key_has_reservations", SkuKey{"", "", 0}, shown(r[0].as<std::string>(), 128),
+                     "reservation " + r[1].as<std::string>(), "no such reservation"});
     }
     return 0;
   });

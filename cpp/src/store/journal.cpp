@@ -102,6 +102,14 @@ std::string cause_of(const RowChange& before, const RowChange& after, const std:
   return "batch";
 }
 
+void add_violation(AuditReport& report, const AuditOptions& options, AuditViolation v) {
+  if (report.violations.size() >= options.limit) {
+    report.truncated = true;
+    return;
+  }
+  report.violations.push_back(std::move(v));
+}
+
 std::uint32_t alerts_of(const RowChange& before, const RowChange& after) {
   const Quantity was =
       after.created ? 0 : before.on_hand + before.backorder_limit - before.reserved;
