@@ -25,6 +25,7 @@ from ._checks import (
     reservations,
 )
 from ._checks import lease as check_lease
+from ._clock import epoch_us
 from .aio import Bridges
 from .claim import ClaimAdvice
 from .errors import InvalidArgument
@@ -543,7 +544,7 @@ class EngineCalls:
         if since is not None:
             if not isinstance(since, datetime) or since.tzinfo is None:
                 raise InvalidArgument("since must be a timezone-aware datetime")
-            since_us = int(since.timestamp() * 1_000_000)
+            since_us = epoch_us(since)
         return [
             Movement._from_core(m)
             for m in self._core.movements(

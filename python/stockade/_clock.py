@@ -14,6 +14,13 @@ __all__ = ["ManualClock"]
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
+def epoch_us(when: datetime) -> int:
+    """Microseconds since the Unix epoch of a timezone-aware datetime, exactly (a float's
+    ``timestamp() * 1e6`` can be a microsecond off)."""
+    delta = when - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
 class ManualClock:
     """A clock for the memory store that moves only when told to.
 
@@ -28,8 +35,7 @@ class ManualClock:
     def _us(when: datetime) -> int:
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise InvalidType("the clock needs a timezone-aware datetime")
-        delta = when - _EPOCH
-        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        return epoch_us(when)
 
     def now(self) -> datetime:
         """The clock's current time (UTC)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List
 
 import stockade
 
@@ -91,15 +91,7 @@ def children_of(pid: int) -> List[int]:
     return out
 
 
-def audit_of(engine: stockade.Engine) -> Optional[stockade.AuditReport]:
-    """The engine's audit, or None on the Citus layout (not built there yet)."""
-    try:
-        return engine.audit(expiry_lag=3600)
-    except stockade.NotSupported:
-        return None
-
-
 def assert_audit_clean(engine: stockade.Engine) -> None:
     """After a race: the audit finds nothing (docs/journal.md)."""
-    report = audit_of(engine)
-    assert report is None or report.ok, report.violations[:10] if report else None
+    report = engine.audit(expiry_lag=3600)
+    assert report.ok, report.violations[:10]

@@ -53,7 +53,7 @@ def test_migrate_distributes_the_tables_co_located(
 ) -> None:
     assert engine.migration_plan() == []  # everything applied, the citus/ files too
     schema = engine._schema
-    # Citus's metadata: four tables hash-distributed on shard_key, in one co-location
+    # Citus's metadata: five tables hash-distributed on shard_key, in one co-location
     # group; the purchase-limit groups and their SKUs are reference tables.
     tables = run_sql(
         citus_cluster.dsn(),
@@ -62,24 +62,25 @@ def test_migrate_distributes_the_tables_co_located(
         f" WHERE logicalrelid::text LIKE '{schema}.%' ORDER BY 1",
     ).splitlines()
     by_table = {t.split()[0].split(".")[1]: t.split()[1:] for t in tables}
-    distributed = ["buyer_allowance", "idempotency", "reservation", "stock"]
+    distributed = ["buyer_allowance", "idempotency", "movement", "reservation", "stock"]
     assert sorted(by_table) == sorted([*distributed, "purchase_limit", "purchase_limit_sku"])
     assert {by_table[t][0] for t in distributed} == {"h"}
     assert len({by_table[t][1] for t in distributed}) == 1
     assert {by_table[t][2] for t in distributed} == {"shard_key"}
     assert {by_table[t][0] for t in ("purchase_limit", "purchase_limit_sku")} == {"n"}
-    # A SKU's row, its reservation and its key lie on shards of one placement.
+    # A SKU's row, its reservation, its key and its journal lie on shards of one placement.
     engine.restock("tee", 3)
     engine.reserve("tee", 1, idempotency_key="k")
     nodes = run_sql(
         citus_cluster.dsn(),
         "SELECT count(DISTINCT pl.groupid) || ' ' || count(*) FROM (SELECT"
         " get_shard_id_for_distribution_column(t::regclass, k.shard_key) AS shardid FROM"
-        f" unnest(ARRAY['{schema}.stock', '{schema}.reservation', '{schema}.idempotency']) t,"
+        f" unnest(ARRAY['{schema}.stock', '{schema}.reservation', '{schema}.idempotency',"
+        f" '{schema}.movement']) t,"
         f" (SELECT shard_key FROM {schema}.stock WHERE sku = 'tee') k) x"
         " JOIN pg_dist_placement pl USING (shardid)",
     )
-    assert nodes == "1 3", nodes  # three shards (one per table), on one node
+    assert nodes == "1 4", nodes  # four shards (one per table), on one node
     # A plain engine on that schema is told which layout it has, before anything runs.
     with stockade.Engine.postgres(dsn, schema=engine._schema, pool_size=1) as plain:
         with pytest.raises(stockade.InvalidState, match="layout='citus'"):

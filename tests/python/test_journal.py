@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Iterator, List
+from typing import Iterator, List, NamedTuple
 
 import pytest
 
@@ -20,7 +20,27 @@ from stockade.tools.pgserver import find_bindir
 from stockade.tools.pytest_plugin import PostgresForTests
 from support import field
 
-pytestmark = pytest.mark.not_on_citus("the journal, the feed and the audit (NotSupported)")
+
+def engine_with(backend: str, request: pytest.FixtureRequest, **options: object) -> stockade.Engine:
+    """A PostgreSQL engine of the backend with these options, on a migrated schema of its
+    own, closed (and on Citus dropped) after the test."""
+    if backend == "postgres":
+        return request.getfixturevalue("stockade_engine_factory")(**options)
+    schema = f"citus_j{next(_schemas)}"
+    eng = stockade.Engine.postgres(
+        request.getfixturevalue("citus_dsn"), layout="citus", schema=schema, **options
+    )
+    eng.migrate()
+
+    def drop() -> None:
+        eng.drop_schema(confirm=schema)
+        eng.close()
+
+    request.addfinalizer(drop)
+    return eng
+
+
+_schemas = itertools.count(1)
 
 
 def causes(moves: List[stockade.Movement]) -> List[str]:
@@ -193,10 +213,14 @@ def test_poll_waits_for_a_change_up_to_its_timeout(engine: stockade.Engine) -> N
 def test_a_waiting_poll_is_woken_by_a_change_from_another_engine(
     backend: str, request: pytest.FixtureRequest, pooled: bool
 ) -> None:
-    if backend == "citus":
-        pytest.skip("not built on the Citus layout yet")
     if backend == "memory":
         writer = reader = request.getfixturevalue("memory_engine")
+    elif backend == "citus":
+        reader = request.getfixturevalue("citus_engine")
+        writer = stockade.Engine.postgres(
+            request.getfixturevalue("citus_dsn"), layout="citus", schema=reader._schema
+        )
+        request.addfinalizer(writer.close)
     else:
         reader = request.getfixturevalue("stockade_engine")
         writer = stockade.Engine.postgres(request.getfixturevalue("stockade_database"))
@@ -264,15 +288,13 @@ def test_purge_movements_keeps_what_a_consumer_has_not_read(engine: stockade.Eng
 
 
 def test_a_consumer_passed_by_feed_lag_max_is_told(backend: str, request) -> None:
-    if backend == "citus":
-        pytest.skip("not built on the Citus layout yet")
     if backend == "memory":
         eng = stockade.Engine.memory(journal_max=3)
         feed = eng.feed("behind")
         for _ in range(5):
             eng.restock("a", 1)  # the journal keeps 3: two the consumer had not read go
     else:
-        eng = request.getfixturevalue("stockade_engine_factory")(feed_lag_max=timedelta(seconds=1))
+        eng = engine_with(backend, request, feed_lag_max=timedelta(seconds=1))
         feed = eng.feed("behind")
         eng.restock("a", 1)
         time.sleep(1.5)
@@ -313,22 +335,42 @@ class OpenTransaction:
         assert self.proc.returncode == 0
 
 
+class OnSql(NamedTuple):
+    """An engine on one PostgreSQL layout, a superuser's DSN to its database, its schema."""
+
+    engine: stockade.Engine
+    admin_dsn: str
+    schema: str
+
+
 @pytest.fixture
-def admin_dsn(stockade_postgres: PostgresForTests, stockade_database: str) -> str:
-    return stockade_postgres.admin_dsn(field(stockade_database, "dbname"))
+def on_sql(backend: str, request: pytest.FixtureRequest) -> OnSql:
+    if backend == "citus":
+        eng = request.getfixturevalue("citus_engine")
+        return OnSql(eng, request.getfixturevalue("citus_dsn"), eng._schema)
+    pg: PostgresForTests = request.getfixturevalue("stockade_postgres")
+    database = request.getfixturevalue("stockade_database")
+    return OnSql(
+        request.getfixturevalue("stockade_engine"),
+        pg.admin_dsn(field(database, "dbname")),
+        "stockade",
+    )
 
 
-def test_a_transaction_that_commits_last_is_not_skipped(
-    stockade_engine: stockade.Engine, admin_dsn: str
-) -> None:
-    eng = stockade_engine
+# The tests that write with plain SQL beside the engine, on each PostgreSQL layout.
+on_both_layouts = pytest.mark.parametrize("backend", ["postgres", "citus"])
+
+
+@on_both_layouts
+def test_a_transaction_that_commits_last_is_not_skipped(on_sql: OnSql) -> None:
+    eng = on_sql.engine
     eng.restock("early", 1)
     eng.restock("late", 1)
     feed = eng.feed("careful")
     assert len(feed.poll()) == 2
     # The first transaction takes its journal position now and commits after another.
-    bump = "UPDATE stockade.stock SET on_hand = on_hand + 1, version = version + 1"
-    first = OpenTransaction(admin_dsn, bump + " WHERE sku = 'early'")
+    bump = f"UPDATE {on_sql.schema}.stock SET on_hand = on_hand + 1, version = version + 1"
+    first = OpenTransaction(on_sql.admin_dsn, bump + " WHERE sku = 'early'")
     try:
         eng.restock("late", 1)
         got = feed.poll()
@@ -337,32 +379,26 @@ def test_a_transaction_that_commits_last_is_not_skipped(
         first.commit()
     got = feed.poll()
     assert [(c.sku, c.version) for c in got] == [("early", 2)]
-    assert got[0].position < eng.movements("late")[-1].position  # it took its place first
+    if on_sql.schema == "stockade":  # one server's positions follow the transactions' order
+        assert got[0].position < eng.movements("late")[-1].position  # it took its place first
     feed.commit()
 
 
-def test_a_rolled_back_change_never_appears(
-    stockade_engine: stockade.Engine, stockade_postgres: PostgresForTests, admin_dsn: str
-) -> None:
-    feed = stockade_engine.feed("strict")
-    stockade_engine.restock("a", 1)
-    run = "BEGIN; UPDATE stockade.stock SET on_hand = 99; ROLLBACK;"
-    subprocess.run([str(find_bindir() / "psql"), "-X", "-q", admin_dsn, "-c", run], check=True)
-    stockade_engine.restock("a", 1)
+@on_both_layouts
+def test_a_rolled_back_change_never_appears(on_sql: OnSql) -> None:
+    feed = on_sql.engine.feed("strict")
+    on_sql.engine.restock("a", 1)
+    psql(on_sql.admin_dsn, f"BEGIN; UPDATE {on_sql.schema}.stock SET on_hand = 99; ROLLBACK;")
+    on_sql.engine.restock("a", 1)
     assert [c.on_hand for c in feed.poll()] == [1, 2]
 
 
-def test_a_manual_sql_change_is_journaled_and_the_audit_finds_its_damage(
-    stockade_engine: stockade.Engine, stockade_postgres: PostgresForTests, admin_dsn: str
-) -> None:
-    eng = stockade_engine
+@on_both_layouts
+def test_a_manual_sql_change_is_journaled_and_the_audit_finds_its_damage(on_sql: OnSql) -> None:
+    eng = on_sql.engine
     eng.restock("a", 10)
     eng.reserve("a", 2)
-    subprocess.run(
-        [str(find_bindir() / "psql"), "-X", "-q", admin_dsn, "-c",
-         "UPDATE stockade.stock SET reserved = 5 WHERE sku = 'a'"],
-        check=True,
-    )  # fmt: skip
+    psql(on_sql.admin_dsn, f"UPDATE {on_sql.schema}.stock SET reserved = 5 WHERE sku = 'a'")
     last = eng.movements("a")[-1]
     assert (last.cause, last.reserved_delta) == ("hold", 3)  # read from the change itself
     found = eng.audit().violations
@@ -371,58 +407,88 @@ def test_a_manual_sql_change_is_journaled_and_the_audit_finds_its_damage(
     ]
 
 
-def psql(dsn: str, statement: str) -> None:
-    subprocess.run([str(find_bindir() / "psql"), "-X", "-q", dsn, "-c", statement], check=True)
+def psql(dsn: str, script: str) -> str:
+    """Runs the statements one by one (Citus sends a distributed table's DDL on with the
+    text of its query, which must hold that one command), and returns what they print."""
+    return subprocess.run(
+        [str(find_bindir() / "psql"), "-X", "-qAt", "-v", "ON_ERROR_STOP=1", dsn],
+        input=script, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
 
 
+# Each written on schema {s}; on Citus a row names its shard key ({k}: the column, {v}: a
+# value), and a trigger of a distributed table is changed under citus.enable_unsafe_triggers.
 CORRUPTIONS = {
-    "reserved_matches_holds": "UPDATE stockade.stock SET reserved = reserved + 1 WHERE sku = 'a'",
-    "hold_not_expired": "UPDATE stockade.reservation SET expires_at = now() - interval '1 hour'"
-    " WHERE id = (SELECT id FROM stockade.reservation WHERE state = 'held' LIMIT 1)",
-    "limit_matches_holds": "UPDATE stockade.buyer_allowance SET held = 0",
-    "slot_row_has_sku": "INSERT INTO stockade.stock (sku, location, slot, on_hand)"
-    " VALUES ('ghost', 'default', 2, 0)",
-    "key_has_reservations": "DELETE FROM stockade.reservation WHERE state = 'confirmed'",
-    "journal_chain": "DELETE FROM stockade.movement WHERE id = (SELECT min(id) + 1 FROM"
-    " stockade.movement WHERE sku = 'a')",
-    "journal_matches_row": "ALTER TABLE stockade.stock DISABLE TRIGGER stock_journal;"
-    " UPDATE stockade.stock SET on_hand = on_hand + 1, version = version + 1 WHERE sku = 'a';"
-    " ALTER TABLE stockade.stock ENABLE TRIGGER stock_journal",
+    "reserved_matches_holds": "UPDATE {s}.stock SET reserved = reserved + 1 WHERE sku = 'a'",
+    "hold_not_expired": "UPDATE {s}.reservation SET expires_at = now() - interval '1 hour'"
+    " WHERE id = (SELECT id FROM {s}.reservation WHERE state = 'held' LIMIT 1)",
+    "limit_matches_holds": "UPDATE {s}.buyer_allowance SET held = 0",
+    "slot_row_has_sku": "INSERT INTO {s}.stock (sku, location, slot, on_hand{k})"
+    " VALUES ('ghost', 'default', 2, 0{v})",
+    "key_has_reservations": "DELETE FROM {s}.reservation WHERE state = 'confirmed'",
+    "journal_chain": "DELETE FROM {s}.movement WHERE id = (SELECT min(id) + 1 FROM"
+    " {s}.movement WHERE sku = 'a')",
+    "journal_matches_row": "{unsafe}ALTER TABLE {s}.stock DISABLE TRIGGER stock_journal;"
+    " UPDATE {s}.stock SET on_hand = on_hand + 1, version = version + 1 WHERE sku = 'a';"
+    " ALTER TABLE {s}.stock ENABLE TRIGGER stock_journal",
 }
 
 
+def corruption(check: str, schema: str, citus: bool) -> str:
+    unsafe = "SET citus.enable_unsafe_triggers = on; " if citus else ""
+    k, v = (", shard_key", ", 1") if citus else ("", "")
+    return CORRUPTIONS[check].format(s=schema, k=k, v=v, unsafe=unsafe)
+
+
+@on_both_layouts
 @pytest.mark.parametrize("check", sorted(CORRUPTIONS))
-def test_the_audit_finds_each_kind_of_corruption(
-    stockade_engine: stockade.Engine, admin_dsn: str, stockade_database: str, check: str
-) -> None:
-    eng = stockade_engine
+def test_the_audit_finds_each_kind_of_corruption(on_sql: OnSql, backend: str, check: str) -> None:
+    eng = on_sql.engine
     eng.restock("a", 20)
     eng.set_purchase_limit("drop", 10, ["a"])
     eng.reserve("a", 2, buyer="ann", idempotency_key="k1")
     eng.confirm(eng.reserve("a", 1, buyer="bob", idempotency_key="k2").id)
     assert eng.audit(expiry_lag=60).ok
-    psql(admin_dsn, CORRUPTIONS[check])
+    psql(on_sql.admin_dsn, corruption(check, on_sql.schema, backend == "citus"))
     report = eng.audit(expiry_lag=60)
     assert check in {v.check for v in report.violations}, report.violations
     assert eng._core.last_audit_violations == len(report.violations)
     # The command line says so too, and fails.
+    where = ["--dsn", on_sql.admin_dsn, "--schema", on_sql.schema, "--layout",
+             "citus" if backend == "citus" else "plain"]  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "-m", "stockade", "audit", "--dsn", stockade_database, "--json"],
+        [sys.executable, "-m", "stockade", "audit", *where, "--json"],
         capture_output=True, text=True,
     )  # fmt: skip
     assert out.returncode == 1, out.stderr
     assert check in {v["check"] for v in json.loads(out.stdout)["violations"]}
 
 
-def test_the_journal_is_refused_on_citus(citus_engine: stockade.Engine) -> None:
-    citus_engine.restock("a", 1)
-    for call in (
-        lambda: citus_engine.movements(),
-        lambda: citus_engine.feed("c"),
-        lambda: citus_engine.audit(),
-    ):
-        with pytest.raises(stockade.NotSupported, match="Citus"):
-            call()
+@pytest.mark.parametrize("backend", ["citus"])
+def test_the_feed_reads_every_node_of_a_citus_cluster_in_version_order_per_row(
+    on_sql: OnSql,
+) -> None:
+    eng = on_sql.engine
+    skus = [f"s{i}" for i in range(12)]
+    feed = eng.feed("nodes")
+    for round_ in range(3):
+        for sku in skus:
+            eng.restock(sku, 1 + round_)
+    got = feed.poll()
+    table = f"{on_sql.schema}.movement"
+    keys = psql(on_sql.admin_dsn, f"SELECT string_agg(DISTINCT shard_key::text, ',') FROM {table}")
+    nodes = psql(
+        on_sql.admin_dsn,
+        f"SELECT count(DISTINCT nodeport) FROM citus_shards WHERE shardid IN (SELECT"
+        f" get_shard_id_for_distribution_column('{table}', k) FROM unnest('{{{keys}}}'::int[]) k)",
+    )
+    assert nodes == "2"  # the entries lie on both workers, each counting its own xids
+    assert len(got) == 36 and feed.poll() == []
+    for sku in skus:
+        assert [c.version for c in got if c.sku == sku] == [1, 2, 3]
+    feed.commit()
+    eng.restock("s0", 1)
+    assert [(c.sku, c.version) for c in eng.feed("nodes").poll()] == [("s0", 4)]
 
 
 @pytest.fixture

@@ -256,8 +256,6 @@ class PostgresStore final : public Store, public TestHooks {
 
   // Stock rows inside a transaction.
   Level read_row(Tx& tx, Stmt s, const SkuKey& key);
-  // NotSupported on the Citus layout, naming `feature` (record.cpp).
-  void refuse_on_citus(const char* feature) const;
   // The audit's checks of holds, limits, slot rows and keys (record.cpp).
   void audit_holds(const AuditOptions& options, const std::string& sku, std::int64_t limit,
                    AuditReport& report);

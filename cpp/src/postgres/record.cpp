@@ -9,6 +9,11 @@
 // row's changes arrive in version order. A batch larger than the poll's limit is read in
 // parts (`after`, the last position delivered of it). This is the PgQ scheme: it needs no
 // lock and skips nothing, whatever order transactions commit in.
+//
+// On the Citus layout the journal lies on the shards beside its rows (citus/103) and each
+// node counts its own transactions: a snapshot becomes one per node group, and each shard
+// reads its node's, so the same reads run on every shard at once. Per row the order holds
+// as on one server, for a row's entries all lie on its node.
 #include <algorithm>
 #include <cstdio>
 #include <thread>
@@ -75,17 +80,19 @@ void set_note(Tx& tx) {
   const JournalNote* note = current_note();
   if (note == nullptr || note->empty()) return;
   const std::string sep = "\x1f";
-  tx.exec(Stmt::note_set, note->cause + sep + note->reason + sep + note->actor + sep + note->ref);
-}
-
-void PostgresStore::refuse_on_citus(const char* feature) const {
-  if (options_.layout != Layout::citus) return;
-  throw Error(ErrorCode::not_supported,
-              std::string(feature) + " is not built for the Citus layout yet (docs/journal.md)");
+  const std::string text = note->cause + sep + note->reason + sep + note->actor + sep + note->ref;
+  if (!tx.conn.statements().citus()) {
+    tx.exec(Stmt::note_set, text);
+    return;
+  }
+  // Citus carries a SET LOCAL to the workers, where the trigger runs (the transaction
+  // began with citus.propagate_set_commands = 'local'), but not a set_config() call; in a
+  // query of its own, as lock_timeout's (pool.cpp). The text is checked (no control
+  // characters but the separators, bounded) and quoted.
+  tx.work.exec("SET LOCAL stockade.note = " + tx.work.quote(text));
 }
 
 std::vector<Movement> PostgresStore::movements(const MovementQuery& q) {
-  refuse_on_citus("the movement journal");
   const auto limit = static_cast<std::int64_t>(q.limit);
   return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
     if (!q.sku) return movements_from(tx.exec(Stmt::movements_all, q.after, q.since_us, limit));
@@ -95,7 +102,6 @@ std::vector<Movement> PostgresStore::movements(const MovementQuery& q) {
 }
 
 FeedPosition PostgresStore::feed_open(const std::string& consumer, bool from_start) {
-  refuse_on_citus("the change feed");
   return run(nullptr, ErrorContext{}, [&](Tx& tx) {
     const pqxx::result r = tx.exec(Stmt::feed_open, consumer, from_start);
     if (r[0][3].as<bool>()) throw_overrun(consumer);
@@ -106,7 +112,6 @@ FeedPosition PostgresStore::feed_open(const std::string& consumer, bool from_sta
 
 FeedBatch PostgresStore::feed_poll(const std::string& consumer, const FeedPosition& from,
                                    std::size_t limit) {
-  refuse_on_citus("the change feed");
   drain_listener();
   return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
     const pqxx::result state = tx.exec(Stmt::feed_state, consumer);
@@ -132,7 +137,6 @@ FeedBatch PostgresStore::feed_poll(const std::string& consumer, const FeedPositi
 }
 
 void PostgresStore::feed_commit(const std::string& consumer, const FeedPosition& at) {
-  refuse_on_citus("the change feed");
   run(nullptr, ErrorContext{}, [&](Tx& tx) {
     if (!tx.exec(Stmt::feed_commit, consumer, at.from, at.to, at.after).empty()) return 0;
     const pqxx::result state = tx.exec(Stmt::feed_state, consumer);
@@ -142,7 +146,6 @@ void PostgresStore::feed_commit(const std::string& consumer, const FeedPosition&
 }
 
 bool PostgresStore::feed_drop(const std::string& consumer) {
-  refuse_on_citus("the change feed");
   return run(nullptr, ErrorContext{},
              [&](Tx& tx) { return !tx.exec(Stmt::feed_drop, consumer).empty(); });
 }
@@ -158,14 +161,21 @@ StockLevel PostgresStore::set_low_stock(const SkuKey& key, std::optional<Quantit
 }
 
 std::uint64_t PostgresStore::purge_movements(std::int64_t older_than_us, std::uint64_t limit) {
-  refuse_on_citus("the movement journal");
+  const bool citus = options_.layout == Layout::citus;
+  const std::int64_t lag_max_us = options_.feed_lag_max_ms * 1000;
   std::uint64_t gone = 0;
   while (gone < limit) {
-    const std::uint64_t n = std::min<std::uint64_t>(limit - gone, options_.purge_batch);
+    const auto n =
+        static_cast<std::int64_t>(std::min<std::uint64_t>(limit - gone, options_.purge_batch));
     const std::uint64_t step = run(nullptr, ErrorContext{}, [&](Tx& tx) {
+      if (!citus) {
+        return tx.exec(Stmt::purge_movements, older_than_us, lag_max_us, n)[0][0]
+            .as<std::uint64_t>();
+      }
+      const pqxx::row live = tx.exec(Stmt::feed_consumers_live)[0];
       return tx
-          .exec(Stmt::purge_movements, older_than_us, options_.feed_lag_max_ms * 1000,
-                static_cast<std::int64_t>(n))[0][0]
+          .exec(Stmt::purge_movements_citus, older_than_us, lag_max_us, n,
+                live[0].as<std::string>(), live[1].as<std::string>())[0][0]
           .as<std::uint64_t>();
     });
     gone += step;
@@ -175,7 +185,6 @@ std::uint64_t PostgresStore::purge_movements(std::int64_t older_than_us, std::ui
 }
 
 AuditReport PostgresStore::audit(const AuditOptions& options) {
-  refuse_on_citus("the audit");
   const std::string sku = options.sku.value_or(std::string());
   const auto limit = static_cast<std::int64_t>(options.limit) + 1;
   AuditReport report;
@@ -309,7 +318,6 @@ void PostgresStore::send_notify() {
 }
 
 FeedWake PostgresStore::feed_wait(std::int64_t timeout_us) {
-  refuse_on_citus("the change feed");
   const std::int64_t until = steady_now_us() + timeout_us;
   std::unique_lock<std::mutex> lock(listen_mutex_);
   const std::uint64_t seen = listen_generation_;
@@ -363,8 +371,11 @@ bool PostgresStore::listen_once(std::int64_t until_us) {
         std::lock_guard<std::mutex> stop(sweeper_mutex_);
         if (stopping_) return false;
       }
-      auto conn = std::make_unique<Connection>(options_.dsn, statements_, options_.pooler,
-                                               &watchdog_, call_deadline_us());
+      // The Citus layout runs its pool as if pooled (effective(), store.cpp); LISTEN on
+      // the coordinator works all the same unless a pooler really stands before it.
+      const Pooler pooler = options_.layout == Layout::citus ? Pooler::detect : options_.pooler;
+      auto conn = std::make_unique<Connection>(options_.dsn, statements_, pooler, &watchdog_,
+                                               call_deadline_us());
       if (conn->pooled()) {
         log(LogLevel::info, "stockade.feed",
             "LISTEN does not work through a transaction-mode pooler: the change feed's "

@@ -95,6 +95,8 @@ namespace stockade::detail::pg {
   X(feed_drop, plain)                 \
   X(feed_notify, plain)               \
   X(purge_movements, plain)           \
+  X(feed_consumers_live, citus)       \
+  X(purge_movements_citus, citus)     \
   X(audit_reserved, plain)            \
   X(audit_lapsed, plain)              \
   X(audit_limits, plain)              \
@@ -204,7 +206,7 @@ class Statements {
 // What the statement builders hand each statement's SQL to.
 using StatementSink = std::function<void(Stmt, const std::string&)>;
 // The journal's, the feed's and the audit's statements (statements_record.cpp).
-void add_record_statements(const std::string& schema, const StatementSink& set);
+void add_record_statements(const std::string& schema, bool citus, const StatementSink& set);
 // A stock row's columns as the store reads them (level_from in stock.cpp).
 std::string stock_columns_sql();
 

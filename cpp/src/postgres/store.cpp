@@ -101,9 +101,7 @@ PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry>
   telemetry().sweeper_enabled(options_.sweeper);
   if (options_.sweeper) sweeper_ = std::thread([this] { sweep_loop(); });
   channel_ = feed_channel(options_.schema);
-  if (options_.feed_notify && options_.layout != Layout::citus) {
-    notifier_ = std::thread([this] { notify_loop(); });
-  }
+  if (options_.feed_notify) notifier_ = std::thread([this] { notify_loop(); });
 }
 
 PostgresStore::~PostgresStore() {

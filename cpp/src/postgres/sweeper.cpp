@@ -43,7 +43,7 @@ void PostgresStore::sweep_loop() {
       elected = stand_for_sweeper(leader, elected, election_key);
       if (elected) expired = expire_as_leader(*leader, election_key, elected);
       if (elected && options_.retention_ms > 0) purge_on_leader(*leader, election_key);
-      if (elected && options_.journal_retention_ms > 0 && options_.layout != Layout::citus) {
+      if (elected && options_.journal_retention_ms > 0) {
         const std::uint64_t gone =
             purge_movements(options_.journal_retention_ms * 1000, options_.purge_batch * 16);
         if (gone > 0) {

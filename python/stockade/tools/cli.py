@@ -497,7 +497,9 @@ def advise(args: argparse.Namespace) -> int:
 
 def audit(args: argparse.Namespace) -> int:
     try:
-        with Engine.postgres(args.dsn, schema=args.schema, pool_size=1) as engine:
+        with Engine.postgres(
+            args.dsn, schema=args.schema, layout=args.layout, pool_size=1
+        ) as engine:
             report = engine.audit(sku=args.sku, limit=args.limit, expiry_lag=args.expiry_lag)
     except StockadeError as exc:
         print(f"stockade audit: {exc}", file=sys.stderr)
@@ -599,6 +601,10 @@ def _add_bench(commands: _Commands) -> None:
     b.set_defaults(run=bench)
 
 
+def _add_layout(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--layout", choices=["plain", "citus"], default="plain", help=text)
+
+
 def _add_migrate(commands: _Commands) -> None:
     m = commands.command(
         "migrate",
@@ -609,12 +615,7 @@ def _add_migrate(commands: _Commands) -> None:
     m.add_argument("--dsn", help=DSN_HELP)
     m.add_argument("--schema", default="stockade", help="the schema to create or upgrade")
     m.add_argument("--to", type=int, default=None, help="stop after this migration number")
-    m.add_argument(
-        "--layout",
-        choices=["plain", "citus"],
-        default="plain",
-        help="citus: distribute the tables on a Citus coordinator (sql/citus/)",
-    )
+    _add_layout(m, "citus: distribute the tables on a Citus coordinator (sql/citus/)")
     m.add_argument(
         "--dry-run", action="store_true", help="print the SQL that would run; change nothing"
     )
@@ -669,6 +670,7 @@ def _add_audit(commands: _Commands) -> None:
     )
     a.add_argument("--dsn", help=DSN_HELP)
     a.add_argument("--schema", default="stockade", help="the schema to audit")
+    _add_layout(a, "citus: the schema is distributed on a Citus coordinator")
     a.add_argument("--sku", help="audit this SKU's rows only")
     a.add_argument("--limit", type=int, default=1000, help="report at most this many")
     a.add_argument(
