@@ -15,11 +15,14 @@ reads, on one throwaway PostgreSQL (docs/journal.md).
      consistent state): seconds, and rows per second.
 
 With --flush-delay-us N every WAL flush waits N microseconds first (commit_delay with
-commit_siblings = 0: a network disk or a synchronous standby).
+commit_siblings = 0: a network disk or a synchronous standby). With --citus, sections 1
+and 2 run on a three-node Citus cluster on loopback instead (layout="citus"; the Citus
+build beside the project), where the trigger runs on the workers' shards and the feed
+reads each node by its own snapshots; the server's CPU is the three nodes'.
 
     python benchmarks/journal.py [--seconds 3] [--rounds 5] [--lag-seconds 60]
                                  [--reservations 1000000] [--flush-delay-us 0]
-                                 [--sections 1,2,3] [--json FILE]
+                                 [--sections 1,2,3] [--citus] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.
 """
@@ -39,7 +42,8 @@ import stockade
 from common import process_cpu_s, server_cpu_s
 from hot_sku import UNITS, c_load
 from stockade.tools.bench import slow_flush_settings
-from stockade.tools.pgserver import TemporaryPostgres
+from stockade.tools.citus import TemporaryCitus
+from stockade.tools.pgserver import TemporaryPostgres, run_sql
 
 TRIGGER = "ALTER TABLE stockade.stock {} TRIGGER stock_journal"
 # A consumer that got less than a full poll waits this long (seconds) before the next one,
@@ -95,7 +99,7 @@ def overhead_section(
                 sku = f"hot-{strategy}-{state}-{n}"
                 eng.restock(sku, UNITS)
                 consumer = Consumer(eng, f"bench-{sku}") if state == "on" else None
-                cpu = (process_cpu_s(), server_cpu_s(args.postmaster))
+                cpu = (process_cpu_s(), server_cpu(args))
                 try:
                     r = c_load(eng, [sku], strategy, 64, 1, args.seconds)
                 finally:
@@ -105,7 +109,7 @@ def overhead_section(
                 cpu_ms[state].append(
                     (
                         (process_cpu_s() - cpu[0]) * per_k,
-                        (server_cpu_s(args.postmaster) - cpu[1]) * per_k,
+                        (server_cpu(args) - cpu[1]) * per_k,
                     )
                 )
                 rates[state].append(r["rate"])
@@ -204,6 +208,30 @@ def audit_section(
     return {"seconds": seconds, "reservations": report.reservations, "per_s": rate}
 
 
+def server_cpu(args: argparse.Namespace) -> float:
+    """CPU seconds so far of the server's nodes (one, or a Citus cluster's three)."""
+    return sum(server_cpu_s(pid) for pid in args.postmasters)
+
+
+def run_on_citus(args: argparse.Namespace, sections: set, report: Dict[str, Any]) -> None:
+    """Sections 1 and 2 on a coordinator and two workers (--citus)."""
+    with TemporaryCitus() as cluster:
+        args.postmasters = cluster.pids()
+        dsn = cluster.dsn() + "?options=-c%20citus.shard_count%3D4"
+        # Citus changes a distributed table's triggers only under this setting.
+        unsafe = dsn + "%20-c%20citus.enable_unsafe_triggers%3Don"
+        with (
+            stockade.Engine.postgres(dsn, layout="citus", pool_size=66) as eng,
+            stockade.Engine.postgres(dsn, layout="citus", pool_size=66, feed_notify=False) as quiet,
+        ):
+            eng.migrate()
+            sql = lambda statement: run_sql(unsafe, statement)  # noqa: E731
+            if 1 in sections:
+                report["overhead"] = overhead_section({"on": eng, "off": quiet}, sql, args)
+            if 2 in sections:
+                report["lag"] = lag_section(eng, args)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="per case of section 1")
@@ -212,6 +240,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--reservations", type=int, default=1_000_000)
     parser.add_argument("--flush-delay-us", type=int, default=0)
     parser.add_argument("--sections", default="1,2,3")
+    parser.add_argument(
+        "--citus", action="store_true", help="sections 1 and 2 on a three-node Citus cluster"
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     sections = {int(x) for x in args.sections.split(",")}
@@ -221,10 +252,26 @@ def main(argv: Optional[List[str]] = None) -> int:
         if settings
         else "the machine's own disk"
     )
-    print(f"# stockade journal benchmark: fsync and synchronous_commit on; {flush}")
-    report: Dict[str, Any] = {"flush_delay_us": args.flush_delay_us}
+    where = "a three-node Citus cluster on loopback" if args.citus else "one server"
+    print(f"# stockade journal benchmark: {where}; fsync and synchronous_commit on; {flush}")
+    report: Dict[str, Any] = {"flush_delay_us": args.flush_delay_us, "citus": args.citus}
+    if args.citus:
+        if settings:
+            parser.error("--citus runs on the machine's own disk (no --flush-delay-us)")
+        run_on_citus(args, sections, report)
+    else:
+        run_on_one_server(args, sections, settings, report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+def run_on_one_server(
+    args: argparse.Namespace, sections: set, settings: Dict[str, str], report: Dict[str, Any]
+) -> None:
     with TemporaryPostgres(settings=settings) as pg:
-        args.postmaster = pg.pid
+        args.postmasters = [pg.pid]
         with (
             stockade.Engine.postgres(pg.dsn(), pool_size=66) as eng,
             stockade.Engine.postgres(pg.dsn(), pool_size=66, feed_notify=False) as quiet,
@@ -237,10 +284,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                 report["lag"] = lag_section(eng, args)
             if 3 in sections:
                 report["audit"] = audit_section(eng, sql, args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-    return 0
 
 
 if __name__ == "__main__":

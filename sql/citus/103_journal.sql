@@ -10,9 +10,9 @@
 --
 -- Each node counts transactions on its own, so a feed consumer's position is one
 -- snapshot per node group (a jsonb object, group id to pg_snapshot text; a group that is
--- missing has delivered nothing yet): feed_snapshots() takes them on every node, and
--- feed_snapshot() picks the local node's out of such an object where a statement runs on
--- a shard. A shard moved to another node (a rebalance) brings its entries' transaction
+-- missing has delivered nothing yet): feed_snapshots() takes them on every node (through
+-- feed_clock, a table of one row per shard, co-located), and feed_snapshot() picks the
+-- local node's out of such an object where a statement runs on a shard. A shard moved to another node (a rebalance) brings its entries' transaction
 -- ids from the old node: drop and reopen feeds after one (docs/journal.md).
 --
 -- The trigger function is the one of 007 with shard_key added to its INSERT (rewritten
@@ -27,11 +27,30 @@ CREATE FUNCTION {{schema}}.feed_snapshot(snaps jsonb) RETURNS pg_snapshot
       FROM pg_catalog.pg_dist_local_group
 $$;
 
+CREATE FUNCTION {{schema}}.feed_node() RETURNS integer LANGUAGE sql STABLE AS $$
+    SELECT groupid FROM pg_catalog.pg_dist_local_group
+$$;
+
+-- Every node's snapshot, from a read of feed_clock (one row per shard: the statement runs
+-- on each shard, on the connections Citus keeps, in under a millisecond). A node that
+-- holds journal shards but no clock row (after a shard split) is asked directly, over
+-- new connections (run_command_on_all_nodes, about 20 ms): a node missing from a
+-- position would read as "nothing delivered" there.
 CREATE FUNCTION {{schema}}.feed_snapshots() RETURNS jsonb LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     snaps jsonb := '{}'::jsonb;
     r     record;
 BEGIN
+    FOR r IN SELECT {{schema}}.feed_node() AS g, pg_current_snapshot()::text AS s
+               FROM {{schema}}.feed_clock LOOP
+        snaps := snaps || jsonb_build_object(r.g::text, r.s);
+    END LOOP;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_shard d
+                     JOIN pg_catalog.pg_dist_placement p USING (shardid)
+                    WHERE d.logicalrelid = '{{schema}}.movement'::regclass
+                      AND NOT snaps ? p.groupid::text) THEN
+        RETURN snaps;
+    END IF;
     FOR r IN SELECT n.groupid, c.success, c.result
                FROM run_command_on_all_nodes('SELECT pg_current_snapshot()') c
                JOIN pg_catalog.pg_dist_node n ON n.nodeid = c.nodeid LOOP
@@ -66,6 +85,10 @@ CREATE INDEX movement_id ON {{schema}}.movement (id);
 SELECT create_distributed_table('{{schema}}.movement', 'shard_key',
                                 colocate_with => '{{schema}}.stock');
 
+CREATE TABLE {{schema}}.feed_clock (shard_key integer PRIMARY KEY);
+SELECT create_distributed_table('{{schema}}.feed_clock', 'shard_key',
+                                colocate_with => '{{schema}}.stock');
+
 ALTER TABLE {{schema}}.feed_consumer ALTER COLUMN snap_from TYPE jsonb USING '{}'::jsonb;
 ALTER TABLE {{schema}}.feed_consumer ALTER COLUMN snap_to TYPE jsonb USING NULL;
 
@@ -78,3 +101,8 @@ BEGIN
             ' FOR EACH ROW EXECUTE FUNCTION {{schema}}.journal_stock()';
 END
 $$;
+
+-- One clock row per shard: the smallest shard key (0 to 65535) that each shard holds.
+INSERT INTO {{schema}}.feed_clock (shard_key)
+SELECT min(k) FROM generate_series(0, 65535) AS k
+ GROUP BY get_shard_id_for_distribution_column('{{schema}}.stock', k);

@@ -243,3 +243,18 @@ def test_journal_benchmark_prints_every_section(tmp_path: Path) -> None:
     lag = report["lag"]
     assert lag["changes_read"] == lag["changes_written"]  # the consumer missed nothing
     assert report["audit"]["reservations"] >= 2000
+
+
+@pytest.mark.citus
+def test_journal_benchmark_runs_on_citus(citus_cluster: object, tmp_path: Path) -> None:
+    # citus_cluster (conftest) skips this where the Citus build does not fit; the script
+    # starts a cluster of its own.
+    out = run_benchmark(
+        "journal.py", "--citus", "--sections", "1,2", "--seconds", "0.2", "--rounds", "2",
+        "--lag-seconds", "0.5", "--json", str(tmp_path / "journal.json"),
+    )  # fmt: skip
+    assert "Citus cluster" in out.stdout
+    report = json.loads((tmp_path / "journal.json").read_text())
+    assert report["citus"] and set(report["overhead"]) == {"batched", "atomic"}
+    lag = report["lag"]
+    assert lag["changes_read"] == lag["changes_written"] > 0  # every node read, nothing missed

@@ -53,7 +53,7 @@ def test_migrate_distributes_the_tables_co_located(
 ) -> None:
     assert engine.migration_plan() == []  # everything applied, the citus/ files too
     schema = engine._schema
-    # Citus's metadata: five tables hash-distributed on shard_key, in one co-location
+    # Citus's metadata: six tables hash-distributed on shard_key, in one co-location
     # group; the purchase-limit groups and their SKUs are reference tables.
     tables = run_sql(
         citus_cluster.dsn(),
@@ -62,7 +62,9 @@ def test_migrate_distributes_the_tables_co_located(
         f" WHERE logicalrelid::text LIKE '{schema}.%' ORDER BY 1",
     ).splitlines()
     by_table = {t.split()[0].split(".")[1]: t.split()[1:] for t in tables}
-    distributed = ["buyer_allowance", "idempotency", "movement", "reservation", "stock"]
+    distributed = [
+        "buyer_allowance", "feed_clock", "idempotency", "movement", "reservation", "stock"
+    ]  # fmt: skip
     assert sorted(by_table) == sorted([*distributed, "purchase_limit", "purchase_limit_sku"])
     assert {by_table[t][0] for t in distributed} == {"h"}
     assert len({by_table[t][1] for t in distributed}) == 1

@@ -227,7 +227,7 @@ def _there(eng: stockade.Engine, r: stockade.Reservation) -> bool:
 
 
 def test_a_failover_under_mixed_calls_from_two_processes_keeps_every_rule(
-    pair: Tuple[TemporaryPostgres, Standby, str],
+    pair: Tuple[TemporaryPostgres, Standby, str], tmp_path: Path
 ) -> None:
     # The nemesis test's workload (keyed and keyless reserves under every strategy, with
     # buyers under a limit, confirms, releases, extends, restocks, fenced restocks) from
@@ -244,7 +244,7 @@ def test_a_failover_under_mixed_calls_from_two_processes_keeps_every_rule(
     while not standby.caught_up() and time.monotonic() < deadline:
         time.sleep(0.05)
     seed = random.randrange(10**6)
-    history_file = Path(tempfile.mkdtemp(prefix="stockade-failover-")) / "history.jsonl"
+    history_file = tmp_path / "history.jsonl"  # pytest keeps the last runs' only
     started = time.monotonic()
     worker = second_process(dsn, seed, 9.0, history_file)
     try:

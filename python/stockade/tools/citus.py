@@ -135,6 +135,10 @@ class TemporaryCitus:
         """The coordinator's libpq URI (user postgres, trust authentication)."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
+    def pids(self) -> List[int]:
+        """The postmasters' PIDs of the coordinator and the workers that are running."""
+        return [] if self._base is None else self._pids(self._base)
+
     def log_text(self, node: str = "coordinator") -> str:
         """The server log of ``node`` (coordinator, worker1 or worker2) so far."""
         if self._base is None:
