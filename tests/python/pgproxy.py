@@ -68,6 +68,11 @@ class CommitCuttingProxy:
         if mode == "stalled":
             threading.Thread(target=self._watch_stalls, daemon=True).start()
 
+    def disarm(self) -> None:
+        """Takes back an arm that has not cut yet."""
+        with self._lock:
+            self._armed = None
+
     def freeze(self) -> None:
         """Stops relaying, both ways and for new connections, without closing anything."""
         self._flowing.clear()
@@ -108,6 +113,10 @@ class CommitCuttingProxy:
             try:
                 server = socket.create_connection(self.upstream, timeout=5)
                 server.settimeout(None)
+                # It relays message by message: without this, Nagle's algorithm holds each
+                # small message back for the ACK of the one before (40 ms a round trip).
+                for end in (client, server):
+                    end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:  # the server is down (restarting): the client sees a refusal
                 _close(client)
                 continue

@@ -593,43 +593,77 @@ def test_backend_kills_under_load_lose_nothing(
         assert counts.get("ok", 0) > 0
 
 
-@pytest.mark.parametrize("fault", ["backend kills", "restart"])
+# The statements a cut lands on while auto splits a SKU: the COMMIT of a transaction (the
+# split itself, a slot fill, a keyed batch that took the long way) and the one-statement
+# writes the hot path runs in autocommit (atomic, and a keyed batch on one row).
+CUT_TARGETS = [None, "stockade_hold_atomic", "stockade_batch_fast_one_keyed"]
+
+
+def cut_commits_until(proxy: CommitCuttingProxy, split: Callable[[], bool]) -> int:
+    """Arms the proxy again and again, "before" and "after" in turn: on COMMIT alone until
+    the SKU is split (the split is a transaction of its own, and so is a slot fill), then
+    on each target, until six cuts landed (30 s at most); returns the cuts."""
+    deadline = time.monotonic() + 30
+    for turn in itertools.count():
+        was_split = split()
+        if (proxy.cuts >= 6 and was_split) or time.monotonic() > deadline:
+            proxy.disarm()
+            return proxy.cuts
+        before = proxy.cuts
+        target = CUT_TARGETS[turn % len(CUT_TARGETS)] if was_split else None
+        proxy.arm("before" if turn % 2 == 0 else "after", target)
+        until = time.monotonic() + 1.0
+        while proxy.cuts == before and time.monotonic() < until:
+            time.sleep(0.005)
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("fault", ["backend kills", "restart", "commit cuts"])
 def test_faults_while_auto_splits_a_hot_sku_lose_nothing(
     own_server: TemporaryPostgres, own_database: str, fault: str
 ) -> None:
     # Two engines (replicas with home slots 0 and 1) batch one SKU under `auto`, which
     # splits it into slots by itself while the faults land: backend kills through the
-    # split, or a server restart. Every acknowledged reservation is there, nothing a
-    # definite failure refused committed, each key's replay gives exactly one, and the
-    # SKU's sums over its rows match the reservations.
-    with (
-        stockade.Engine.postgres(own_database, pool_size=8, home_slot=0) as eng,
-        stockade.Engine.postgres(own_database, pool_size=8, home_slot=1) as replica,
-    ):
-        eng.restock("hot", 1_000_000)
+    # split, a server restart, or connections cut at COMMIT (or at a one-statement write)
+    # before it is sent or after it committed, its answer lost. Every acknowledged
+    # reservation is there, nothing a definite failure refused committed, each key's
+    # replay gives exactly one, and the SKU's sums over its rows match the reservations.
+    proxy = CommitCuttingProxy("127.0.0.1", own_server.port)
+    via = proxy.dsn(field(own_database, "dbname")) if fault == "commit cuts" else own_database
+    try:
+        with (
+            stockade.Engine.postgres(via, pool_size=8, home_slot=0) as eng,
+            stockade.Engine.postgres(via, pool_size=8, home_slot=1) as replica,
+        ):
+            eng.restock("hot", 1_000_000)
 
-        def slots() -> int:
-            try:
-                return eng.slot_count("hot")
-            except stockade.StockadeError:  # a killed connection, twice: look again later
-                return 1
+            def slots() -> int:
+                try:
+                    return eng.slot_count("hot")
+                except stockade.StockadeError:  # a killed connection, twice: look again later
+                    return 1
 
-        with Load(eng, "auto", threads=16, replicas=[replica]) as load:
-            if fault == "restart":
-                wait_until(lambda: slots() > 1, timeout=30)
-                own_server.restart("immediate")
-                time.sleep(0.7)
-            else:
-                deadline = time.monotonic() + 30
-                kills = 0
-                while kills < 6 or (slots() == 1 and time.monotonic() < deadline):
-                    time.sleep(0.25)
-                    run_sql(own_database, KILL_BACKENDS)
-                    kills += 1
-        assert eng.slot_count("hot") == 4, "auto did not split the SKU"
-        counts = check_after_faults(eng, own_database, load, own_server)
-        print(f"auto split, {fault}: {counts}")
-        assert counts.get("ok", 0) > 0
+            with Load(eng, "auto", threads=16, replicas=[replica]) as load:
+                if fault == "restart":
+                    wait_until(lambda: slots() > 1, timeout=30)
+                    own_server.restart("immediate")
+                    time.sleep(0.7)
+                elif fault == "commit cuts":
+                    cuts = cut_commits_until(proxy, lambda: slots() > 1)
+                    assert cuts >= 6, f"only {cuts} cuts landed"
+                else:
+                    deadline = time.monotonic() + 30
+                    kills = 0
+                    while kills < 6 or (slots() == 1 and time.monotonic() < deadline):
+                        time.sleep(0.25)
+                        run_sql(own_database, KILL_BACKENDS)
+                        kills += 1
+            assert eng.slot_count("hot") == 4, "auto did not split the SKU"
+            counts = check_after_faults(eng, own_database, load, own_server)
+            print(f"auto split, {fault}: {counts}")
+            assert counts.get("ok", 0) > 0
+    finally:
+        proxy.close()
 
 
 # --- processes: a SIGKILLed client, four processes racing ---
