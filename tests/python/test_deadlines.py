@@ -24,6 +24,7 @@ import pytest
 
 import stockade
 from pgproxy import CommitCuttingProxy
+from stockade.testing import hold_lock
 from stockade.tools.pgserver import TemporaryPostgres
 
 pytestmark = pytest.mark.faults
@@ -191,9 +192,23 @@ def test_a_server_that_stops_answering_is_cut_at_the_deadline(
     server: TemporaryPostgres, shop: str, frozen_proxy: CommitCuttingProxy
 ) -> None:
     dbname = shop.split("dbname=")[1].split()[0]
-    with engine(frozen_proxy.dsn(dbname) + " connect_timeout=2") as eng:
-        # Four connections open before the freeze, so that each caller starts on one.
-        call_all({f"warm-{i}": lambda: eng.stock("hot") for i in range(4)})
+    with (
+        engine(frozen_proxy.dsn(dbname) + " connect_timeout=2") as eng,
+        stockade.Engine.postgres(shop, pool_size=1) as holder,
+    ):
+        # Four connections open before the freeze, so that each caller starts on one: four
+        # reserves wait together behind a row lock another session holds, each on a
+        # connection of its own (quick calls one after another may share one).
+        wait = lambda: eng.reserve("hot", 1, strategy="pessimistic")  # noqa: E731
+        warm = {f"warm-{i}": wait for i in range(4)}
+        with hold_lock(holder, "hot"):
+            warming = threading.Thread(target=call_all, args=(warm,))
+            warming.start()
+            until = time.monotonic() + 0.8  # within lock_timeout (1 s)
+            while eng.stats()["pool"]["in_use"] < 4 and time.monotonic() < until:
+                time.sleep(0.02)
+        warming.join(30)
+        assert eng.stats()["pool"]["idle"] >= 4
         frozen_proxy.freeze()
         calls: Dict[str, object] = {
             "k-atomic": lambda: eng.reserve("hot", 1, idempotency_key="k-atomic"),
