@@ -50,6 +50,7 @@ py::dict slots_dict(const SlotStats& s) {
   out["auto_splits"] = s.auto_splits;
   out["learned"] = s.learned;
   out["kept"] = s.kept;
+  out["auto_merges"] = s.auto_merges;
   py::list recent;
   for (const SlotDecisionStats& d : s.recent) {
     py::dict r;
@@ -57,6 +58,7 @@ py::dict slots_dict(const SlotStats& s) {
     r["location"] = d.key.location;
     r["slots"] = d.slots;
     r["split"] = d.split;
+    r["merged"] = d.merged;
     r["why"] = d.why;
     r["age_s"] = d.age_s;
     recent.append(r);

@@ -46,7 +46,8 @@ void register_layer_options(py::module_& m) {
       .def_readwrite("async_queue_max", &EngineOptions::async_queue_max)
       .def_readwrite("home_slot", &EngineOptions::home_slot)
       .def_readwrite("slot_directory", &EngineOptions::slot_directory)
-      .def_readwrite("auto_slots_max", &EngineOptions::auto_slots_max);
+      .def_readwrite("auto_slots_max", &EngineOptions::auto_slots_max)
+      .def_readwrite("auto_slots_cool_ms", &EngineOptions::auto_slots_cool_ms);
 }
 
 void register_store_options(py::module_& m) {

@@ -253,15 +253,18 @@ class EngineCalls:
         room takes free units from the others (every row locked, in order) before it
         refuses, so ``OutOfStock`` still means the SKU as a whole is short. ``stock()``
         sums the rows; ``restock`` and ``set_on_hand`` spread over them; If-Match
-        (``expected_version``) names the summed version. Slots only grow (fewer raises
-        ``InvalidArgument``). A SKU with a live lease or a backorder limit cannot take
+        (``expected_version``) names the summed version. Fewer slots than the SKU has
+        takes them away (``1``: one row again): the rows past ``slots`` retire, their free
+        units move to the others at once, and the holds on them stay until confirmed,
+        released or expired. A SKU with a live lease or a backorder limit cannot take
         slots (``InvalidState``); leases, fencing tokens and backorder limits raise
-        ``NotSupported`` on a slotted SKU (``discontinue`` and ``reinstate`` set every
-        row at once). Returns the SKU's summed level. They pay where
-        several processes send one SKU batches and a commit flush is slow against CPU;
-        see docs/scaling-out.md for what they measured. ``auto`` makes them by itself
-        when it sees several processes batch one row (``auto_slots_max``,
-        docs/hot-row.md, "Automatic slots")."""
+        ``NotSupported`` on a slotted SKU, or while a retired row still keeps units
+        (``discontinue`` and ``reinstate`` set every row at once). Returns the SKU's
+        summed level. They pay where several processes send one SKU batches and a commit
+        flush is slow against CPU; see docs/scaling-out.md for what they measured.
+        ``auto`` makes them by itself when it sees several processes batch one row
+        (``auto_slots_max``), and merges them back once the SKU has cooled
+        (``auto_slots_cool``; docs/hot-row.md, "Automatic slots")."""
         return StockLevel._from_core(
             self._core.set_slots(
                 sku=check_str("sku", sku),
@@ -271,8 +274,8 @@ class EngineCalls:
         )
 
     def slot_count(self, sku: str, *, location: str = DEFAULT_LOCATION) -> int:
-        """How many rows the SKU's units are spread over: 1 without slots, 0 if the SKU
-        has no row."""
+        """How many of the SKU's rows take new reserves (its active hot-row slots): 1
+        without slots or after they were taken away, 0 if the SKU has no row."""
         return int(
             self._core.slot_count(
                 sku=check_str("sku", sku), location=check_str("location", location)

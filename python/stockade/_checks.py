@@ -13,7 +13,7 @@ from typing import Iterable, List, Mapping, Optional, Tuple, Union
 
 from . import _core
 from .errors import InvalidArgument, InvalidType
-from .values import Lease, Reservation, check_int, check_str, duration_us, shown
+from .values import Lease, Reservation, check_int, check_str, duration_ms, duration_us, shown
 
 OrderKey = Union[str, Tuple[str, str]]
 DEFAULT_LOCATION = "default"
@@ -78,6 +78,19 @@ def auto_slots_max(value: object) -> int:
             f"auto_slots_max must be between 1 (no automatic slots) and {most}, got {slots}"
         )
     return slots
+
+
+def auto_slots_cool_ms(value: object) -> int:
+    """``auto_slots_cool``: how long a slotted SKU stays cool before ``auto`` merges it
+    (None: never, which the core takes as 0)."""
+    if value is None:
+        return 0
+    ms = duration_ms("auto_slots_cool", value)
+    if ms <= 0:
+        raise InvalidArgument(
+            f"auto_slots_cool must be positive, or None (never merge), got {value}"
+        )
+    return ms
 
 
 def home_slot(value: object) -> int:

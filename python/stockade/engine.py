@@ -78,6 +78,7 @@ class Engine(EngineTwins):
         home_slot: Optional[int] = None,
         slot_directory: int = 4096,
         auto_slots_max: int = 4,
+        auto_slots_cool: Optional[TtlLike] = timedelta(seconds=60),
         journal_max: int = 100_000,
         journal_retention: Optional[TtlLike] = None,
         feed_lag_max: TtlLike = timedelta(days=7),
@@ -107,7 +108,9 @@ class Engine(EngineTwins):
         processes batch one SKU's row (each finds it changed by another between its
         batches, for ``auto``'s 200 ms), ``auto`` splits the SKU into ``auto_slots_max``
         slots by itself (1: never; docs/hot-row.md, "Automatic slots"). The memory store
-        reports no row versions, so it never does.
+        reports no row versions, so it never does. Once none of a slotted SKU's requests
+        that ``auto`` routes here has run batched for ``auto_slots_cool``, the engine takes
+        its slots away again (``set_slots(sku, 1)``; ``None``: never).
 
         The movement journal (:meth:`movements`, :meth:`feed`) keeps at most
         ``journal_max`` entries (0: none), dropping the oldest; with ``journal_retention``
@@ -147,6 +150,7 @@ class Engine(EngineTwins):
         home_slot: Optional[int] = None,
         slot_directory: int = 4096,
         auto_slots_max: int = 4,
+        auto_slots_cool: Optional[TtlLike] = timedelta(seconds=60),
         journal_retention: Optional[TtlLike] = None,
         feed_lag_max: TtlLike = timedelta(days=7),
         feed_notify: bool = True,
@@ -174,10 +178,9 @@ class Engine(EngineTwins):
         engines on one database, one sweeps at a time. With ``retention`` set (it needs
         ``sweeper=True``) the sweeper also purges what is older than ``retention`` each
         round, ``purge_batch`` rows per transaction (see :meth:`purge`); without it nothing
-        is ever purged unless you call :meth:`purge`. The batching and slot options, and
-        ``journal_retention`` and ``feed_lag_max`` (the sweeper purges the journal), are as
-        for :meth:`memory`; each batch flusher holds one connection at a time.
-        ``feed_notify`` wakes the change feed's waiters with NOTIFY (docs/journal.md)."""
+        is ever purged unless you call :meth:`purge`. The batching and slot options,
+        ``journal_retention`` and ``feed_lag_max`` are as for :meth:`memory` (each flusher
+        holds one connection at a time); ``feed_notify`` wakes feed waiters with NOTIFY."""
         logs.start()  # first, so that what the core logs while connecting is delivered
         postgres, options = postgres_options(dsn, _keywords(locals()))
         core = _core.Engine.postgres(postgres=postgres, options=options)

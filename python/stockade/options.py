@@ -13,7 +13,15 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Tuple
 
 from . import _core
-from ._checks import auto_slots_max, counted, home_slot, in_range, positive, retention_us
+from ._checks import (
+    auto_slots_cool_ms,
+    auto_slots_max,
+    counted,
+    home_slot,
+    in_range,
+    positive,
+    retention_us,
+)
 from ._clock import ManualClock
 from .errors import InvalidType
 from .values import Strategy, check_bool, check_str, duration_ms, duration_us, strategy_name
@@ -38,6 +46,7 @@ def engine_options(given: Mapping[str, Any]) -> _core.EngineOptions:
     out.home_slot = home_slot(given["home_slot"])
     out.slot_directory = positive("slot_directory", given["slot_directory"])
     out.auto_slots_max = auto_slots_max(given["auto_slots_max"])
+    out.auto_slots_cool_ms = auto_slots_cool_ms(given["auto_slots_cool"])
     return out
 
 

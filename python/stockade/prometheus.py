@@ -364,12 +364,13 @@ class StockadeCollector(Collector):
         decided = self._counter(
             "stockade_auto_slots_total",
             "what auto did about hot-row slots: SKUs it split, splits of other engines it "
-            "learned, SKUs it kept on one row",
+            "learned, SKUs it kept on one row, SKUs it merged back when they cooled",
             ["outcome"],
         )
         decided.add_metric(self._values("split"), float(slots["auto_splits"]))
         decided.add_metric(self._values("learned"), float(slots["learned"]))
         decided.add_metric(self._values("kept"), float(slots["kept"]))
+        decided.add_metric(self._values("merged"), float(slots["auto_merges"]))
         yield decided
 
     def _sweeper(self, stats: EngineStats) -> Iterator[Metric]:

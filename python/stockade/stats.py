@@ -85,7 +85,8 @@ class SlotDecision(TypedDict):
     sku: str
     location: str
     slots: int  # what it has now
-    split: bool  # True: this engine split it; False: learned another's split, or kept
+    split: bool  # True: this engine split it; False: learned another's split, kept, merged
+    merged: bool  # True: this engine merged its slots back into one row (it had cooled)
     why: str
     age_s: float
 
@@ -97,6 +98,7 @@ class SlotStats(TypedDict):
     auto_splits: int  # SKUs this engine split
     learned: int  # splits of other engines this one found
     kept: int  # SKUs kept on one row: set_slots refused them
+    auto_merges: int  # slotted SKUs this engine merged back into one row when they cooled
     recent: List[SlotDecision]  # the last 16, most recent last
 
 

@@ -49,8 +49,9 @@ class DelegatingStore : public Store {
   }
   std::vector<StockLevel> sku_rows(const SkuKey& k) override { return inner_->sku_rows(k); }
   std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create, bool write_all,
-                                  std::int64_t ms, const ReshapePlan& plan) override {
-    return inner_->reshape(rows, create, write_all, ms, plan);
+                                  std::int64_t ms, const ReshapePlan& plan,
+                                  int active_slots) override {
+    return inner_->reshape(rows, create, write_all, ms, plan, active_slots);
   }
   StockLevel set_on_hand(const SkuKey& k, Quantity q, std::optional<Version> v,
                          std::optional<FencingToken> t) override {
@@ -879,10 +880,11 @@ Quantity race_two_engines(Engine& a, Engine& b, const SkuKey& key, int threads, 
 
 class AutoSlotsTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Engine> engine(int home, int auto_slots_max = 4) {
+  std::unique_ptr<Engine> engine(int home, int auto_slots_max = 4, std::int64_t cool_ms = 60000) {
     EngineOptions options;
     options.home_slot = home;
     options.auto_slots_max = auto_slots_max;
+    options.auto_slots_cool_ms = cool_ms;
     return std::make_unique<Engine>(store, options);
   }
   std::shared_ptr<VersionReportingStore> store =
@@ -952,6 +954,46 @@ TEST_F(AutoSlotsTest, a_sku_slots_cannot_carry_or_auto_slots_max_1_stays_on_one_
     a->close();
     b->close();
   }
+}
+
+// A slotted SKU whose requests run unbatched for auto_slots_cool_ms is merged back into one
+// row by `auto` (which says so); while they run batched it is not; with the measure off
+// (0) never. The holds made on the slots stay whole.
+TEST_F(AutoSlotsTest, a_slotted_sku_that_cools_is_merged_back_and_a_hot_one_is_not) {
+  auto a = engine(0, 4, 150);
+  auto never = engine(1, 4, 0);
+  a->restock(hot, 1000000);
+  a->set_slots(hot, 4);
+  EXPECT_EQ(never->slot_count(hot), 4);
+  // Hot: 16 callers at once run batched; no merge while they do.
+  race_two_engines(*a, *a, hot, 16, 0.6, [] { return false; });
+  EXPECT_EQ(a->stats().slots.auto_merges, 0u);
+  EXPECT_EQ(a->slot_count(hot), 4);
+  // Cool: one caller at a time, on both engines; only `a` measures.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (a->stats().slots.auto_merges == 0 && std::chrono::steady_clock::now() < until) {
+    a->reserve(hot, 1);
+    never->reserve(hot, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const StoreStats s = a->stats();
+  ASSERT_EQ(s.slots.auto_merges, 1u) << "no merge within 10 s of cool requests";
+  EXPECT_TRUE(s.slots.recent.back().merged);
+  EXPECT_NE(s.slots.recent.back().why.find("ran batched"), std::string::npos);
+  EXPECT_EQ(a->slot_count(hot), 1);
+  EXPECT_EQ(never->stats().slots.auto_merges, 0u);
+  bool said = false;
+  for (const std::string& r : a->recommend(hot).reasons) {
+    said = said || r.rfind("slots: auto merged the slots of it back", 0) == 0;
+  }
+  EXPECT_TRUE(said) << "recommend() does not say that auto merged the SKU";
+  const StockLevel level = a->stock(hot);
+  EXPECT_EQ(level.on_hand, 1000000);
+  Quantity held = 0;
+  for (const StockLevel& row : store->sku_rows(hot)) held += row.reserved;
+  EXPECT_EQ(level.reserved, held);
+  a->close();
+  never->close();
 }
 
 // One engine alone on its row never splits it: nobody else writes it.

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "hotrow/slot_directory.hpp"
 #include "stockade/engine.hpp"
 #include "stockade/hash.hpp"
 #include "test_support.hpp"
@@ -172,6 +173,110 @@ TEST_F(Slots, replicas_on_every_slot_sell_out_exactly) {
     EXPECT_LE(row.reserved, row.on_hand);
   }
   for (auto& r : replicas) r->close();
+}
+
+// Taking slots away retires the rows past the count: their free units go home at once,
+// their holds stay and end there (confirm, release, expiry), units a release frees on a
+// retired row reach a buyer of the own row, a replica that still routes to a retired slot
+// learns the merge on its first refusal, and once the retired rows are empty the SKU
+// takes a lease again; slots can then come back.
+TEST(SlotMerge, retired_rows_keep_their_holds_and_their_units_go_home) {
+  auto clock = std::make_shared<ManualClock>(1'800'000'000'000'000LL);
+  auto store = make_memory_store(clock, std::make_shared<Telemetry>(TelemetryOptions{}));
+  const SkuKey sku{"merge", "default"};
+  std::vector<std::unique_ptr<Engine>> replicas;
+  for (int i = 0; i < 4; ++i) {
+    EngineOptions options;
+    options.home_slot = i;
+    options.default_strategy = Strategy::atomic;
+    replicas.push_back(std::make_unique<Engine>(store, options));
+  }
+  Engine& any = *replicas[0];
+  any.restock(sku, 100);
+  any.set_slots(sku, 4);
+  for (auto& r : replicas) EXPECT_EQ(r->slot_count(sku), 4);  // each learns the split
+  std::vector<Reservation> holds;                             // one on each slot row
+  for (int i = 0; i < 4; ++i) {
+    holds.push_back(replicas[static_cast<std::size_t>(i)]->reserve(sku, 5, 60'000'000));
+  }
+  const Reservation expiring = replicas[3]->reserve(sku, 2, 1'000'000);
+  const StockLevel before = any.stock(sku);
+  EXPECT_EQ(before.reserved, 22);
+
+  const StockLevel merged = replicas[0]->set_slots(sku, 1);
+  EXPECT_EQ(merged.on_hand, before.on_hand);
+  EXPECT_EQ(merged.reserved, before.reserved);
+  EXPECT_GT(merged.version, before.version);
+  EXPECT_EQ(merged.active_slots, 1);
+  EXPECT_EQ(any.slot_count(sku), 1);
+  std::vector<StockLevel> rows = store->sku_rows(sku);
+  ASSERT_EQ(rows.size(), 4u);                   // retired, not removed
+  EXPECT_EQ(rows[0].on_hand, 100 - 5 - 5 - 7);  // all but what the retired rows hold
+  EXPECT_EQ(rows[1].on_hand, 5);                // only what its hold keeps
+  EXPECT_EQ(rows[3].on_hand, 7);
+  EXPECT_STOCKADE_ERROR(any.acquire_lease(sku, 60'000'000, "ops"), ErrorCode::not_supported);
+
+  // The holds end on their rows.
+  replicas[1]->confirm(holds[1].id);
+  replicas[2]->release(holds[2].id);  // 5 units free on a retired row
+  clock->advance_us(2'000'000);
+  EXPECT_EQ(store->expire_due(100), 1u);
+  EXPECT_EQ(any.get_reservation(expiring.id).state, ReservationState::expired);
+  const StockLevel mid = any.stock(sku);
+  EXPECT_EQ(mid.on_hand, 95);
+  EXPECT_EQ(mid.reserved, 10);
+
+  // A replica whose home is a retired slot still routes there once: the empty row refuses,
+  // it reads the rows, learns the merge, and the units (those freed on retired rows too)
+  // reach it through the own row.
+  const Reservation all = replicas[3]->reserve(sku, mid.available(), 60'000'000);
+  EXPECT_EQ(all.qty, 85);
+  EXPECT_EQ(replicas[3]->slot_count(sku), 1);
+  EXPECT_STOCKADE_ERROR(replicas[2]->reserve(sku, 1), ErrorCode::out_of_stock);
+  rows = store->sku_rows(sku);
+  EXPECT_EQ(rows[0].reserved, 85 + 5);  // and the hold made there before the merge
+  EXPECT_EQ(rows[2].on_hand, 0);        // the released units went home
+
+  // Every hold ends; the retired rows are empty, and the SKU is a one-row SKU again.
+  replicas[0]->release(holds[0].id);
+  replicas[3]->release(holds[3].id);
+  replicas[3]->release(all.id);
+  rows = store->sku_rows(sku);
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].reserved, 0);
+  }
+  any.restock(sku, 1);  // a restock goes to the own row; retired rows' free units too
+  any.reserve(sku, any.stock(sku).available());
+  for (const StockLevel& row : store->sku_rows(sku)) {
+    if (row.key.slot > 0) {
+      EXPECT_EQ(row.on_hand, 0) << row.key.slot;
+    }
+  }
+  const Lease lease = any.acquire_lease(sku, 60'000'000, "ops");
+  EXPECT_STOCKADE_ERROR(any.set_slots(sku, 2), ErrorCode::invalid_state);  // leased
+  EXPECT_TRUE(any.release_lease(sku, lease.token));
+  EXPECT_EQ(any.set_slots(sku, 3).active_slots, 3);  // retired rows come back
+  EXPECT_EQ(store->sku_rows(sku).size(), 4u);
+  EXPECT_EQ(replicas[2]->slot_count(sku), 3);
+  for (auto& r : replicas) r->close();
+}
+
+// A directory entry is ordered by the own row's version: an older read (more slots)
+// never undoes a newer one (fewer), and a SKU merged back stays known until then.
+TEST(SlotMerge, the_directory_keeps_the_newest_count_it_saw) {
+  detail::SlotDirectory directory(8);
+  const SkuKey sku{"dir", "default"};
+  directory.put(sku, 1, 1, 5);  // never slotted: not remembered
+  EXPECT_EQ(directory.get(sku), 1);
+  directory.put(sku, 4, 4, 10);
+  EXPECT_EQ(directory.get(sku), 4);
+  directory.put(sku, 1, 4, 20);  // merged back
+  EXPECT_EQ(directory.get(sku), 1);
+  EXPECT_EQ(directory.rows(sku), 4);
+  directory.put(sku, 4, 4, 12);  // a read from before the merge, recorded late
+  EXPECT_EQ(directory.get(sku), 1);
+  directory.put(sku, 3, 4, 21);
+  EXPECT_EQ(directory.get(sku), 3);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ MIGRATIONS = [
     "005_slot_column.sql",
     "006_limit_group_index.sql",
     "007_journal.sql",
+    "008_active_slots.sql",
 ]
 
 # Every API test runs on each store, and on the Citus layout of the PostgreSQL one (a

@@ -267,6 +267,7 @@ def test_stats_report_strategies_and_hottest_skus(engine: stockade.Engine, backe
         "auto_splits": 0,
         "learned": 0,
         "kept": 0,
+        "auto_merges": 0,
         "recent": [],
     }
     counts = engine.row_counts()

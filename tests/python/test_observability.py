@@ -151,7 +151,7 @@ def test_calls_outcomes_and_latency_are_exported(engine: stockade.Engine) -> Non
     assert "stockade_lock_wait_seconds_total" in m and "stockade_purged_total" in m
     assert "stockade_batch_gathered_total" in m
     slots = m["stockade_auto_slots_total"]
-    assert {slots[labels(outcome=o)] for o in ("split", "learned", "kept")} == {0}
+    assert {slots[labels(outcome=o)] for o in ("split", "learned", "kept", "merged")} == {0}
 
 
 def test_hot_sku_labels_are_bounded(engine: stockade.Engine) -> None:

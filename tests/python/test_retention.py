@@ -277,7 +277,7 @@ BACK_TO_VERSION_ONE = """
 DROP TABLE stockade.movement, stockade.feed_consumer;
 DROP TRIGGER stock_journal ON stockade.stock;
 DROP FUNCTION stockade.journal_stock();
-ALTER TABLE stockade.stock DROP COLUMN low_stock;
+ALTER TABLE stockade.stock DROP COLUMN low_stock, DROP COLUMN slots;
 DROP INDEX stockade.reservation_terminal_updated, stockade.idempotency_created;
 ALTER TABLE stockade.stock DROP COLUMN slot, ADD PRIMARY KEY (sku, location);
 ALTER TABLE stockade.reservation DROP COLUMN slot;

@@ -13,6 +13,7 @@ import asyncio
 import threading
 import time
 import uuid
+from datetime import timedelta
 from typing import Callable, Iterator, List
 
 import pytest
@@ -325,8 +326,6 @@ def test_what_slots_do_not_support_is_refused(engine: stockade.Engine) -> None:
     ]:
         with pytest.raises(stockade.NotSupported, match="hot-row slots"):
             call()
-    with pytest.raises(stockade.InvalidArgument, match="only grow"):
-        engine.set_slots("hot", 1)
     for bad in [0, 65]:
         with pytest.raises(stockade.InvalidArgument):
             engine.set_slots("hot", bad)
@@ -358,6 +357,182 @@ def test_what_slots_do_not_support_is_refused(engine: stockade.Engine) -> None:
         engine.set_slots("gone", 2)
     for sku in ["leased", "owed", "gone"]:
         assert engine.slot_count(sku) == 1
+    # Slots taken away, with nothing held on the retired rows: the SKU is a one-row SKU
+    # again, and what slots refused works.
+    assert engine.set_slots("hot", 1).available == 10
+    assert engine.slot_count("hot") == 1
+    assert engine.set_backorder_limit("hot", 2).backorder_limit == 2
+    with pytest.raises(stockade.InvalidState, match="backorder"):
+        engine.set_slots("hot", 2)
+
+
+def test_taking_slots_away_keeps_every_hold_and_the_units_go_home(
+    engine: stockade.Engine, sibling: Sibling, wait: Callable[[float], None]
+) -> None:
+    # Holds on every slot row; then set_slots(1) from one replica. The retired rows keep
+    # their holds, which confirm, release and expire there; every replica, including
+    # those whose home slot retired, learns the merge; the units freed on retired rows
+    # reach buyers, and the SKU sells out exactly.
+    engine.restock("merge", 40)
+    engine.set_slots("merge", 4)
+    replicas = [sibling(home_slot=i, strategy="atomic") for i in range(4)]
+    holds = [r.reserve("merge", 5, ttl=600) for r in replicas]
+    short = replicas[3].reserve("merge", 2, ttl=1)
+    before = engine.stock("merge")
+    merged = replicas[1].set_slots("merge", 1)
+    assert (merged.on_hand, merged.reserved) == (before.on_hand, before.reserved)
+    assert merged.version > before.version
+    assert [r.slot_count("merge") for r in replicas] == [1, 1, 1, 1]
+
+    replicas[0].confirm(holds[0].id)
+    replicas[2].release(holds[2].id)
+    wait(2.5)
+    assert engine.expire_due() == 1
+    assert engine.reservation(short.id).state == stockade.ReservationState.EXPIRED
+    level = engine.stock("merge")
+    assert (level.on_hand, level.reserved) == (35, 10)
+
+    granted = [0] * 8
+
+    def buy(i: int) -> None:
+        eng = replicas[i % 4]
+        while True:
+            try:
+                eng.reserve("merge", 1)
+            except stockade.OutOfStock:
+                return
+            except stockade.Overloaded:
+                continue
+            granted[i] += 1
+
+    out = race(8, buy)
+    assert out.errors == [None] * 8
+    assert sum(granted) == level.available == 25
+    replicas[3].confirm(holds[3].id)
+    replicas[1].release(holds[1].id)
+    final = engine.stock("merge")
+    assert (final.on_hand, final.reserved, final.available) == (30, 25, 5)
+    assert_audit_clean(engine)
+
+
+def test_auto_merges_a_slotted_sku_back_once_it_cooled(
+    backend: str, engine: stockade.Engine, sibling: Sibling
+) -> None:
+    # Requests one at a time never run batched: after auto_slots_cool the engine that
+    # routes them merges the SKU back into one row, says so, and the others learn it.
+    def cooling(eng: stockade.Engine) -> stockade.Engine:
+        eng.restock("cooling", 100)
+        eng.set_slots("cooling", 4)
+        return eng
+
+    if backend == "memory":  # the memory store lives in its engine: one of its own
+        cooler = cooling(stockade.Engine.memory(auto_slots_cool=0.2))
+        others = [cooler]
+    else:
+        cooling(engine)
+        cooler = sibling(home_slot=3, auto_slots_cool=0.2)
+        others = [engine, sibling(home_slot=1, auto_slots_cool=None)]
+    deadline, held = time.monotonic() + 10, 0
+    while cooler.stats()["slots"]["auto_merges"] == 0 and time.monotonic() < deadline:
+        cooler.reserve("cooling", 1)
+        held += 1
+        time.sleep(0.02)
+    slots = cooler.stats()["slots"]
+    assert slots["auto_merges"] == 1, "no merge within 10 s of one request at a time"
+    assert slots["recent"][-1]["merged"] and "ran batched" in slots["recent"][-1]["why"]
+    assert any(r.startswith("slots: auto merged") for r in cooler.recommend("cooling").reasons)
+    assert [e.slot_count("cooling") for e in [cooler, *others]] == [1] * (1 + len(others))
+    level = cooler.stock("cooling")
+    assert (level.on_hand, level.reserved) == (100, held)
+    assert cooler.reserve("cooling", 100 - held).qty == 100 - held
+    if backend == "memory":
+        cooler.close()
+    for bad in [0, -1, timedelta(0)]:
+        with pytest.raises(stockade.InvalidArgument, match="auto_slots_cool"):
+            stockade.Engine.memory(auto_slots_cool=bad)
+
+
+def test_splits_and_merges_racing_writes_lose_nothing(
+    engine: stockade.Engine, sibling: Sibling, wait: Callable[[float], None]
+) -> None:
+    # One replica splits and merges the SKU over and over (4, 1, 3, 1 slots) while
+    # others restock it, reserve with If-Match (expected_version), hold it briefly and
+    # expire those holds as the sweeper does, then set its on_hand with If-Match. Every
+    # acknowledged write is there, and the rows agree with the reservations.
+    engine.restock("flux", 1000)
+    shaper = sibling(home_slot=1)
+    writer = sibling(home_slot=2, strategy="atomic")
+    counts = {"restocked": 0, "if_match": 0, "conflicts": 0, "short": 0}
+    last_set: List[int] = []
+    reshaping = threading.Event()
+
+    def reshape(_: int) -> None:
+        shapes = [4, 1, 3, 1]
+        deadline, i = time.monotonic() + 2.0, 0
+        while time.monotonic() < deadline and i < 200:
+            shaper.set_slots("flux", shapes[i % 4])
+            reshaping.set()
+            i += 1
+            time.sleep(0.002)  # room for a read and an If-Match write in between, at times
+
+    def restock(_: int) -> None:
+        reshaping.wait(5)
+        for _ in range(60):
+            writer.restock("flux", 1)
+            counts["restocked"] += 1
+
+    def if_match(_: int) -> None:
+        reshaping.wait(5)
+        for _ in range(600):  # until 10 got through: most meet another write in between
+            if counts["if_match"] >= 10:
+                return
+            version = writer.stock("flux").version
+            try:
+                writer.reserve("flux", 1, ttl=600, expected_version=version)
+                counts["if_match"] += 1
+            except stockade.VersionConflict:
+                counts["conflicts"] += 1
+
+    def hold_and_sweep(_: int) -> None:
+        reshaping.wait(5)
+        for _ in range(30):
+            writer.reserve("flux", 1, ttl=0.2)
+            counts["short"] += 1
+            engine.expire_due()
+
+    workers = [reshape, restock, if_match, hold_and_sweep]
+    out = race(len(workers), lambda i: workers[i](i))
+    assert out.errors == [None] * len(workers)
+    assert counts["if_match"] > 0
+    wait(1.0)
+    engine.expire_due()
+    level = engine.stock("flux")
+    assert level.on_hand == 1000 + counts["restocked"]
+    assert level.reserved == counts["if_match"]
+    assert_audit_clean(engine)
+
+    # set_on_hand with If-Match against the same reshaping: the last one acknowledged holds.
+    reshaping.clear()
+
+    def set_on_hand(_: int) -> None:
+        reshaping.wait(5)
+        for n in range(400):  # until 5 got through
+            if len(last_set) >= 5:
+                return
+            try:
+                version = writer.stock("flux").version
+                writer.set_on_hand("flux", 500 + n, expected_version=version)
+                last_set.append(500 + n)
+            except stockade.VersionConflict:
+                pass
+
+    out = race(2, lambda i: [reshape, set_on_hand][i](i))
+    assert out.errors == [None, None]
+    assert last_set, "no set_on_hand got through"
+    level = engine.stock("flux")
+    assert level.on_hand == last_set[-1]
+    assert level.reserved == counts["if_match"]
+    assert_audit_clean(engine)
 
 
 def test_discontinuing_a_slotted_sku_closes_every_slot_at_once(
@@ -461,8 +636,6 @@ def test_slotting_a_sku_while_another_replica_leases_it_never_gives_both(
 def test_holds_on_a_slot_expire_back_into_it(
     memory_engine: stockade.Engine, clock: stockade.ManualClock
 ) -> None:
-    from datetime import timedelta
-
     memory_engine.restock("hot", 8)
     memory_engine.set_slots("hot", 4)
     held = memory_engine.reserve("hot", 8, ttl=timedelta(seconds=30))

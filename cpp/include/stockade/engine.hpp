@@ -41,7 +41,12 @@ struct EngineOptions {
   // How many rows `auto` splits a SKU into when several processes batch its one row
   // (hotrow/auto_slots.hpp); 1: never.
   int auto_slots_max = 4;
+  // How long a slotted SKU's requests that `auto` routes here must run unbatched before
+  // this engine takes its slots away (set_slots(key, 1)); 0: never.
+  std::int64_t auto_slots_cool_ms = 60000;
 };
+
+inline constexpr std::int64_t auto_slots_cool_ms_max = 7LL * 24 * 3600 * 1000;  // a week
 
 inline constexpr std::size_t slot_directory_max = 1 << 20;
 // Entries of the table through which refusals share their reads of a SKU's rows.
@@ -140,12 +145,15 @@ class Engine {
   // then go to this engine's home slot; a slot without room takes free units from the
   // others (every row locked, in order) before it may refuse, so OutOfStock stays true
   // for the SKU as a whole. stock() sums the rows (version: the sum of their versions);
-  // restock and set_on_hand spread over them. Slots only grow (fewer than the SKU has
-  // raises InvalidArgument); a SKU with a lease, a backorder limit or discontinued
-  // cannot take them (InvalidState), and those features raise NotSupported on a slotted
-  // SKU. Returns the SKU's summed level.
+  // restock and set_on_hand spread over them. Fewer slots than the SKU has takes them
+  // away (set_slots(key, 1): one row again): the rows past `slots` retire, their free
+  // units move to the active rows at once, and the holds on them stay there until
+  // confirmed, released or expired. A SKU with a lease, a backorder limit or
+  // discontinued cannot take slots (InvalidState), and those features raise
+  // NotSupported on a slotted SKU (one whose retired rows still keep units, too).
+  // Returns the SKU's summed level.
   StockLevel set_slots(const SkuKey& key, int slots);
-  // How many rows the SKU's units are spread over (1: not slotted; 0: no such SKU).
+  // How many of the SKU's rows take new reserves (1: not slotted; 0: no such SKU).
   int slot_count(const SkuKey& key);
   StockLevel sell(const SkuKey& key, Quantity qty, const CallOptions& call = {});
 
@@ -263,6 +271,10 @@ class Engine {
   // learn or make the SKU's slots, on an async worker (settle_slots).
   void on_row_shared(const SkuKey& row, std::size_t batch, std::optional<Strategy> routed);
   void settle_slots(const SkuKey& key, bool split, std::size_t batch);
+  // A request `auto` routed to a slotted SKU (`hot`: batched): when the SKU has cooled,
+  // takes its slots away on an async worker (cool_slots).
+  void on_slotted_routed(const SkuKey& key, bool hot);
+  void cool_slots(const SkuKey& key);
   void through_batcher(BatchItem& item, const Route& route, std::shared_ptr<CompletionSink> sink,
                        std::uint64_t token);
   bool batches_transitions(std::uint16_t shard_key) const;

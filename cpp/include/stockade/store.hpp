@@ -152,11 +152,14 @@ class Store {
   // invariant_violation. Returns the rows as they stand after. Rows are of one SKU:
   // `rows` <= slots_max. Whenever rows are made, the first row in key order (the SKU's
   // own) gets a new version in the same transaction: the engine relies on a SKU's slot
-  // rows never appearing while its own row keeps its version.
+  // rows never appearing while its own row keeps its version. With `active_slots` > 0,
+  // the first row in key order (the SKU's own) is written with that count
+  // (StockLevel::active_slots) and a new version, in the same transaction: slots are
+  // taken away only so, and the engine orders what it learns by that version.
   using ReshapePlan = std::function<std::vector<Quantity>(const std::vector<StockLevel>&)>;
   virtual std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create,
                                           bool write_all, std::int64_t lock_timeout_ms,
-                                          const ReshapePlan& plan) = 0;
+                                          const ReshapePlan& plan, int active_slots = 0) = 0;
 
   // Reservations.
   virtual Reservation reserve(const ReserveRequest& request) = 0;

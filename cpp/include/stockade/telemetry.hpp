@@ -84,12 +84,14 @@ struct SkuStats {
   int slots = 1;                     // rows its units are spread over, as this engine knows
 };
 // What `auto` did about hot-row slots (hotrow/auto_slots.hpp): SKUs it split, splits of
-// other engines it learned, SKUs it kept on one row (set_slots refused), and the last few
+// other engines it learned, SKUs it kept on one row (set_slots refused), SKUs it merged
+// back into one row when they cooled, and the last few
 // of these decisions with their reasons, most recent last.
 struct SlotDecisionStats {
   SkuKey key;
   int slots = 1;
   bool split = false;
+  bool merged = false;
   std::string why;
   double age_s = 0;  // since the decision
 };
@@ -98,6 +100,7 @@ struct SlotStats {
   std::uint64_t auto_splits = 0;
   std::uint64_t learned = 0;
   std::uint64_t kept = 0;
+  std::uint64_t auto_merges = 0;
   std::vector<SlotDecisionStats> recent;
 };
 struct BatcherStats {

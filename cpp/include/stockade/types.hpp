@@ -117,6 +117,10 @@ struct StockLevel {
   bool leased = false;                  // a lease is live right now
   TimestampUs lease_expires_at_us = 0;  // when the live lease lapses (0: none live)
   std::optional<Quantity> low_stock = std::nullopt;  // the threshold of the feed's low-stock alerts
+  // On a SKU's own row (slot 0): how many of the SKU's rows take new reserves and sells,
+  // the first ones in slot order (0: every row it has). Rows past them are *retired*
+  // hot-row slots: they keep their holds until those end, and their free units go home.
+  int active_slots = 0;
 
   Quantity available() const { return on_hand + backorder_limit - reserved; }
   // Units promised beyond the physical stock: held past on_hand, or sold below zero.

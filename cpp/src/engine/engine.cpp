@@ -109,6 +109,10 @@ void validate_engine_options(const EngineOptions& options) {
                            std::to_string(slot_directory_max));
   }
   detail::validate_auto_slots_max(options.auto_slots_max);
+  if (options.auto_slots_cool_ms < 0 || options.auto_slots_cool_ms > auto_slots_cool_ms_max) {
+    throw_invalid_argument("auto_slots_cool_ms must be between 0 (never merge) and " +
+                           std::to_string(auto_slots_cool_ms_max));
+  }
   if (options.async_queue_max < 1 || options.async_queue_max > batcher_queue_capacity_max) {
     throw_invalid_argument("async_queue_max must be between 1 and " +
                            std::to_string(batcher_queue_capacity_max));
@@ -122,6 +126,13 @@ TelemetryOptions telemetry_options(const EngineOptions& options) {
 }
 
 namespace {
+
+detail::AutoSlotsOptions auto_slots_options(const EngineOptions& options) {
+  detail::AutoSlotsOptions out;
+  out.slots_max = options.auto_slots_max;
+  out.cool_ms = options.auto_slots_cool_ms;
+  return out;
+}
 
 detail::SlotRouterOptions slot_router_options(const EngineOptions& options, std::int64_t pid) {
   detail::SlotRouterOptions out;
@@ -186,8 +197,7 @@ Engine::Engine(std::shared_ptr<Store> store, EngineOptions options)
       tracker_(*contention_),
       slots_(std::make_unique<detail::SlotRouter>(*store_,
                                                   slot_router_options(options_, creator_pid_))),
-      auto_slots_(
-          std::make_unique<detail::AutoSlots>(detail::AutoSlotsOptions{options_.auto_slots_max})) {
+      auto_slots_(std::make_unique<detail::AutoSlots>(auto_slots_options(options_))) {
   // A batched call on a slotted SKU starts on a row whose flusher is idle (pipelining).
   slots_->choose_slots_with([this](const SkuKey& key, int slots, int home) {
     const HotRowBatcher* batcher = started_batcher_.load(std::memory_order_acquire);
@@ -348,10 +358,47 @@ void Engine::settle_slots(const SkuKey& key, bool split, std::size_t batch) {
     decision.why = std::string("kept on one row: ") + e.what();
   }
   log(LogLevel::info, "stockade.slots",
-      (decision.split       ? "auto split "
-       : decision.slots > 1 ? "learned the slots of "
-                            : "auto did not split ") +
-          detail::describe(key) + ": " + decision.why);
+      detail::outcome_of(decision, detail::describe(key)) + ": " + decision.why);
+  auto_slots_->record(std::move(decision));
+}
+
+void Engine::on_slotted_routed(const SkuKey& key, bool hot) {
+  if (auto_slots_->on_slotted(key, hot, steady_now_us()) != detail::AutoSlots::Action::merge) {
+    return;
+  }
+  bool queued = false;
+  try {
+    queued = executor().try_submit([this, key] { cool_slots(key); });
+  } catch (const Error&) {  // the engine is closing
+  }
+  if (!queued) auto_slots_->cooled(key);
+}
+
+void Engine::cool_slots(const SkuKey& key) {
+  struct Done {  // however this ends, the measure starts over
+    detail::AutoSlots& slots;
+    const SkuKey& key;
+    ~Done() { slots.cooled(key); }
+  } done{*auto_slots_, key};
+  const std::int64_t now = steady_now_us();
+  const std::int64_t cool_ms = auto_slots_->cool_ms(key, now);
+  detail::AutoSlotDecision decision{key, 1, false, "", now};
+  try {
+    const int had = slots_->slot_count(key);
+    if (had <= 1) return;  // another engine (or a caller) took them away first
+    (void)slots_->set_slots(key, 1);
+    decision.merged = true;
+    decision.why = "none of its requests here ran batched for " + std::to_string(cool_ms) +
+                   " ms: its " + std::to_string(had) + " slots were merged back into one row";
+  } catch (const Error& e) {
+    // A lock or pool timeout, a lost connection: the SKU keeps its slots for now, and the
+    // measure starts over.
+    log(LogLevel::info, "stockade.slots",
+        "auto could not merge the slots of " + detail::describe(key) + " back: " + e.what());
+    return;
+  }
+  log(LogLevel::info, "stockade.slots",
+      detail::outcome_of(decision, detail::describe(key)) + ": " + decision.why);
   auto_slots_->record(std::move(decision));
 }
 
@@ -437,6 +484,9 @@ Route Engine::route(const SkuKey& key, const CallOptions& call) {
   r.options = resolve(call);
   r.asked = r.options.strategy;
   const Strategy mode = tracker_.enter(key);
+  if (r.asked == Strategy::automatic && slots_->known_slots(key) > 1) {
+    on_slotted_routed(key, mode == Strategy::batched);
+  }
   Strategy run = r.asked == Strategy::automatic ? mode : r.asked;
   if (run == Strategy::batched && (r.options.expected_version || r.options.fencing_token)) {
     run = Strategy::atomic;
@@ -881,10 +931,11 @@ StoreStats Engine::stats(std::size_t sku_limit) const {
   out.slots.auto_splits = auto_slots_->splits();
   out.slots.learned = auto_slots_->learned();
   out.slots.kept = auto_slots_->refused();
+  out.slots.auto_merges = auto_slots_->merges();
   const std::int64_t now = steady_now_us();
   for (const detail::AutoSlotDecision& d : auto_slots_->recent()) {
     out.slots.recent.push_back(
-        {d.key, d.slots, d.split, d.why, static_cast<double>(now - d.at_us) / 1e6});
+        {d.key, d.slots, d.split, d.merged, d.why, static_cast<double>(now - d.at_us) / 1e6});
   }
   out.backend = store_->backend_name();
   const StoreCounts counts = store_->counts();
@@ -904,12 +955,7 @@ Advice Engine::recommend(const SkuKey& key) const {
   Advice advice = advise(key, tracker_.heat(key), options_.automatic);
   const int slots = slots_->known_slots(key);
   if (const auto decided = auto_slots_->decision(key)) {
-    advice.reasons.push_back("slots: " +
-                             std::string(decided->split       ? "auto split it: "
-                                         : decided->slots > 1 ? "learned: "
-                                                              : "auto did not "
-                                                                "split it: ") +
-                             decided->why);
+    advice.reasons.push_back("slots: " + detail::outcome_of(*decided, "it") + ": " + decided->why);
   }
   if (slots > 1) {
     advice.reasons.push_back("slots: its units are spread over " + std::to_string(slots) +

@@ -1,6 +1,8 @@
 // AutoSlots (auto_slots.hpp): when `auto` splits a SKU into hot-row slots.
 #include "hotrow/auto_slots.hpp"
 
+#include <algorithm>
+
 #include "stockade/batcher.hpp"
 #include "stockade/errors.hpp"
 #include "stockade/hash.hpp"
@@ -14,11 +16,50 @@ void validate_auto_slots_max(int slots) {
   }
 }
 
+std::string outcome_of(const AutoSlotDecision& decision, const std::string& what) {
+  if (decision.split) return "auto split " + what;
+  if (decision.merged) return "auto merged the slots of " + what + " back";
+  return (decision.slots > 1 ? "learned the slots of " : "auto did not split ") + what;
+}
+
 AutoSlots::AutoSlots(AutoSlotsOptions options)
-    : options_(options), entries_(std::max<std::size_t>(1, options.entries)) {}
+    : options_(options),
+      entries_(std::max<std::size_t>(1, options.entries)),
+      hot_us_(std::max<std::size_t>(1, options.entries)) {}
 
 AutoSlots::Entry& AutoSlots::entry(const SkuKey& key) const {
   return entries_[SkuKeyHash{}(key) % entries_.size()];
+}
+
+std::atomic<std::int64_t>& AutoSlots::hot_us(const SkuKey& key) const {
+  return hot_us_[SkuKeyHash{}(key) % hot_us_.size()];
+}
+
+AutoSlots::Action AutoSlots::on_slotted(const SkuKey& key, bool hot, std::int64_t now_us) {
+  if (options_.cool_ms <= 0) return Action::none;
+  std::atomic<std::int64_t>& last = hot_us(key);
+  const std::int64_t seen = last.load(std::memory_order_relaxed);
+  if (hot || seen == 0) {
+    // At most one store per millisecond per cell: hot requests do not fight over it.
+    if (now_us - seen > 1000) last.store(now_us, std::memory_order_relaxed);
+    return Action::none;
+  }
+  if (now_us - seen < options_.cool_ms * 1000) return Action::none;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (std::find(merging_.begin(), merging_.end(), key) != merging_.end()) return Action::none;
+  merging_.push_back(key);
+  return Action::merge;
+}
+
+void AutoSlots::cooled(const SkuKey& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  merging_.erase(std::remove(merging_.begin(), merging_.end(), key), merging_.end());
+  hot_us(key).store(0, std::memory_order_relaxed);  // the next measure starts over
+}
+
+std::int64_t AutoSlots::cool_ms(const SkuKey& key, std::int64_t now_us) const {
+  const std::int64_t seen = hot_us(key).load(std::memory_order_relaxed);
+  return seen == 0 ? 0 : (now_us - seen) / 1000;
 }
 
 AutoSlots::Action AutoSlots::on_shared(const SkuKey& key, std::size_t batch, std::int64_t now_us) {
@@ -55,6 +96,8 @@ void AutoSlots::record(AutoSlotDecision decision) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (decision.split) {
     ++splits_;
+  } else if (decision.merged) {
+    ++merges_;
   } else if (decision.slots > 1) {
     ++learned_;
   } else {
@@ -98,6 +141,11 @@ std::uint64_t AutoSlots::learned() const {
 std::uint64_t AutoSlots::refused() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return refused_;
+}
+
+std::uint64_t AutoSlots::merges() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return merges_;
 }
 
 }  // namespace stockade::detail

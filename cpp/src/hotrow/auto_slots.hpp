@@ -18,10 +18,19 @@
 // replicas that split share with it; so the same signal makes it read the SKU's rows
 // (at most once per `recheck_ms` per SKU), and it finds the slots.
 //
+// Merging back: a SKU this engine knows as slotted, whose requests `auto` has routed here
+// without running any of them batched (the contention tracker's mode) for `cool_ms`, has
+// cooled: the engine takes its slots away (set_slots(key, 1)). The measure is this
+// process's: a replica whose own load on the SKU fell merges it while others may still be
+// hot, and they split it again after `shared_for_ms` of sharing its row; so a SKU hot in
+// some replicas and cool in others changes at most once per `cool_ms` each way. A SKU
+// that gets no request at all here is not measured (nothing to route, nothing to cost).
+//
 // Bounded: a fixed table of `entries` SKUs by hash (a collision only restarts the
-// measure), and the last `recent_max` decisions.
+// measure), the same for cooling, and the last `recent_max` decisions.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -38,21 +47,27 @@ struct AutoSlotsOptions {
   std::int64_t shared_for_ms = 200;  // shared this long, continuously, before a split
   std::int64_t recheck_ms = 100;     // at most one read of a SKU's rows per this long
   std::int64_t refused_ms = 60000;   // a SKU set_slots refused is not asked again for this long
+  std::int64_t cool_ms = 60000;  // cool this long (none of its requests batched): merge; 0: never
   std::size_t entries = 256;
 };
 
 // What `auto` did about a SKU's slots, for recommend() and stats().
 struct AutoSlotDecision {
   SkuKey key;
-  int slots = 1;       // what it has now (1: kept on one row)
-  bool split = false;  // false: learned from another replica, or refused
+  int slots = 1;       // what it has now (1: kept on one row, or merged)
+  bool split = false;  // false: learned from another replica, refused, or merged
   std::string why;
   std::int64_t at_us = 0;  // steady clock
+  bool merged = false;     // this engine took its slots away: it had cooled
 };
+
+// What a decision did to `what` (a SKU, or "it"), in words, for the log line and
+// recommend(): "auto split it", "learned the slots of it", "auto merged it", ...
+std::string outcome_of(const AutoSlotDecision& decision, const std::string& what);
 
 class AutoSlots {
  public:
-  enum class Action { none, learn, split };
+  enum class Action { none, learn, split, merge };
 
   explicit AutoSlots(AutoSlotsOptions options);
 
@@ -64,6 +79,12 @@ class AutoSlots {
   // action is given once until done(key): one task per SKU at a time.
   Action on_shared(const SkuKey& key, std::size_t batch, std::int64_t now_us);
   void done(const SkuKey& key);
+  // A request of the slotted SKU `key` that `auto` routed; `hot`: it runs batched. merge
+  // once none has been hot for cool_ms (given once until cooled(key)); else none.
+  Action on_slotted(const SkuKey& key, bool hot, std::int64_t now_us);
+  void cooled(const SkuKey& key);
+  // How long the SKU has been cool, for the log line (0 if not tracked).
+  std::int64_t cool_ms(const SkuKey& key, std::int64_t now_us) const;
   // How long the row has been shared, for the log line (0 if not tracked).
   std::int64_t shared_ms(const SkuKey& key, std::int64_t now_us) const;
 
@@ -74,6 +95,7 @@ class AutoSlots {
   std::uint64_t splits() const;
   std::uint64_t learned() const;
   std::uint64_t refused() const;
+  std::uint64_t merges() const;
 
   static constexpr std::size_t recent_max = 16;
 
@@ -88,14 +110,21 @@ class AutoSlots {
 
   // The table's entry for `key` (by hash; the caller holds mutex_ and checks its key).
   Entry& entry(const SkuKey& key) const;
+  // When a request of a SKU whose hash falls in this cell last ran batched (or, if none
+  // did, when the measure started; 0: not started). Lock-free: every routed request of a
+  // slotted SKU reads it. SKUs that share a cell keep each other hot, never cool.
+  std::atomic<std::int64_t>& hot_us(const SkuKey& key) const;
 
   const AutoSlotsOptions options_;
   mutable std::mutex mutex_;
   mutable std::vector<Entry> entries_;
+  mutable std::vector<std::atomic<std::int64_t>> hot_us_;
+  std::vector<SkuKey> merging_;  // SKUs whose merge is under way
   std::deque<AutoSlotDecision> recent_;
   std::uint64_t splits_ = 0;
   std::uint64_t learned_ = 0;
   std::uint64_t refused_ = 0;
+  std::uint64_t merges_ = 0;
 };
 
 // Throws InvalidArgument unless 1 <= slots_max <= slots_max (types.hpp).

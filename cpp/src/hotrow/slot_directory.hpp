@@ -1,7 +1,8 @@
-// The engine's directory of slotted SKUs: how many rows each spreads its units over, as
-// this process last saw it. A routing hint only: a SKU missing from it runs on its own
-// row, and the first refusal there looks the SKU's rows up (Store::sku_rows) and adds it.
-// Bounded by EngineOptions::slot_directory; the oldest entry makes room for a new one.
+// The engine's directory of slotted SKUs: how many rows each spreads its units over (and
+// how many of them take new reserves), as this process last saw it. A routing hint only: a SKU
+// missing from it runs on its own row, and the first refusal there looks the SKU's rows up
+// (Store::sku_rows) and adds it. Bounded by EngineOptions::slot_directory; the oldest entry makes
+// room for a new one.
 #pragma once
 
 #include <atomic>
@@ -24,44 +25,56 @@ class SlotDirectory {
  public:
   explicit SlotDirectory(std::size_t capacity) : capacity_(capacity) {}
 
-  // The SKU's slot count as last seen, or 1 when it is not known to have slots.
-  int get(const SkuKey& key) const {
-    if (size_.load(std::memory_order_acquire) == 0) return 1;  // no slotted SKU: no lock
-    std::shared_lock<std::shared_mutex> lock(mutex_);
-    auto it = slots_.find(key);
-    return it == slots_.end() ? 1 : it->second;
-  }
+  // The SKU's active slot count as last seen (StockLevel::active_slots), or 1 when it is
+  // not known to have slots.
+  int get(const SkuKey& key) const { return find(key).active; }
+  // How many rows it has, retired slots included (1 when not known to have more).
+  int rows(const SkuKey& key) const { return find(key).rows; }
 
-  // Records what a read of the SKU's rows found (slots only grow, so a smaller count is
-  // an older read and is ignored).
-  void put(const SkuKey& key, int slots) {
-    if (slots <= 1) return;
+  // Records what a read of the SKU's rows found: `active` of its `rows` take new reserves,
+  // as of version `version` of its own row. Slots can be taken away, so counts are
+  // ordered by that version (a new split or merge moves it): an older read is ignored.
+  void put(const SkuKey& key, int active, int rows, Version version) {
     std::unique_lock<std::shared_mutex> lock(mutex_);
     auto it = slots_.find(key);
     if (it != slots_.end()) {
-      if (slots > it->second) it->second = slots;
+      if (version >= it->second.version) it->second = Entry{active, rows, version};
       return;
     }
+    if (rows <= 1) return;  // never slotted: nothing to remember
     if (slots_.size() >= capacity_ && !order_.empty()) {
       slots_.erase(order_.front());
       order_.pop_front();
     }
-    slots_.emplace(key, slots);
+    slots_.emplace(key, Entry{active, rows, version});
     order_.push_back(key);
     size_.store(slots_.size(), std::memory_order_release);
   }
 
  private:
+  struct Entry {
+    int active = 1;
+    int rows = 1;
+    Version version = 0;
+  };
+  Entry find(const SkuKey& key) const {
+    if (size_.load(std::memory_order_acquire) == 0) return {};  // no slotted SKU: no lock
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    auto it = slots_.find(key);
+    return it == slots_.end() ? Entry{} : it->second;
+  }
+
   const std::size_t capacity_;
   std::atomic<std::size_t> size_{0};
   mutable std::shared_mutex mutex_;
-  std::unordered_map<SkuKey, int, SkuKeyHash> slots_;
+  std::unordered_map<SkuKey, Entry, SkuKeyHash> slots_;
   std::deque<SkuKey> order_;  // insertion order, for eviction
 };
 
 // Shared reads of a SKU's rows after refusals. A refusal on a row is the SKU's when the
 // SKU has no other rows, or when its rows together were short: a snapshot of them taken
-// *after* the refusal shows either (slots only grow). Refusals come in floods (a sold-out
+// *after* the refusal shows either (rows are never removed: taking slots away retires
+// them). Refusals come in floods (a sold-out
 // hot SKU), so the callers refused at about the same time share one such read: each waits
 // for a read that began after its call did, or starts one. And a read that found the own
 // row alone at version V proves, without another read, every later refusal decided at V

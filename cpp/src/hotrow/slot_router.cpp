@@ -11,6 +11,7 @@ namespace {
 StockLevel summed(const SkuKey& key, const std::vector<StockLevel>& rows) {
   StockLevel out = rows.front();  // the SKU's own row: its limit, tombstone and lease
   out.key = key;
+  out.active_slots = active_rows(rows);
   if (rows.size() == 1) return out;
   out.on_hand = 0;
   out.reserved = 0;
@@ -54,16 +55,18 @@ Quantity movable(const StockLevel& row) {
   return std::max<Quantity>(0, row.on_hand - row.reserved);
 }
 
-// New on_hand for each row so that the movable units are spread as spread() says; the
-// sum of on_hand stays what it was.
-std::vector<Quantity> respread(const std::vector<StockLevel>& rows, std::size_t target,
+// New on_hand for each row so that the movable units (and `add`) are spread as spread()
+// says over the first `active` rows, `target` among them; a retired row (past `active`)
+// keeps only what it holds. The sum of on_hand stays what it was, plus `add`.
+std::vector<Quantity> respread(const std::vector<StockLevel>& rows, int active, std::size_t target,
                                Quantity least, Quantity add) {
   Quantity total = add;
   for (const StockLevel& row : rows) total += movable(row);
-  const std::vector<Quantity> share = spread(total, rows.size(), target, least);
+  const std::size_t n = std::clamp<std::size_t>(static_cast<std::size_t>(active), 1, rows.size());
+  const std::vector<Quantity> share = spread(total, n, std::min(target, n - 1), least);
   std::vector<Quantity> out(rows.size());
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    out[i] = rows[i].on_hand - movable(rows[i]) + share[i];
+    out[i] = rows[i].on_hand - movable(rows[i]) + (i < n ? share[i] : 0);
   }
   return out;
 }
@@ -133,8 +136,20 @@ SkuKey SlotRouter::first_row(const SkuKey& key, bool spread) const {
 
 std::vector<StockLevel> SlotRouter::learn(const SkuKey& key) {
   std::vector<StockLevel> rows = store_.sku_rows(key);
-  directory_.put(key, static_cast<int>(rows.size()));
+  remember(key, rows);
   return rows;
+}
+
+const std::vector<StockLevel>& SlotRouter::remember(const SkuKey& key,
+                                                    const std::vector<StockLevel>& rows) {
+  if (!rows.empty()) {
+    directory_.put(key, active_rows(rows), static_cast<int>(rows.size()), rows.front().version);
+  }
+  return rows;
+}
+
+int SlotRouter::slot_count(const SkuKey& key) {
+  return active_rows(learn(key));
 }
 
 // After a refusal on one of the SKU's rows (decided at version `refused_at` of its own
@@ -161,9 +176,7 @@ StockLevel SlotRouter::set_tombstone(const SkuKey& key, bool discontinued,
                                      const std::optional<Version>& expected,
                                      const std::optional<FencingToken>& token) {
   const auto check = [&](const std::vector<StockLevel>& rows) {
-    if (rows.size() > 1 && token) {
-      throw_not_built_for_slots(key, "a fencing token (leases)", rows.size());
-    }
+    if (token) refuse_if_slots(key, "a fencing token (leases)", rows);
     StockLevel sku = summed(key, rows);
     bool already = true;
     for (const StockLevel& row : rows) already = already && row.discontinued == discontinued;
@@ -174,21 +187,24 @@ StockLevel SlotRouter::set_tombstone(const SkuKey& key, bool discontinued,
     sku.discontinued = false;  // reinstating is a write to a discontinued SKU
     check_writable(sku, expected, token);
   };
-  const std::vector<StockLevel> rows =
-      store_.set_discontinued(key, discontinued, options_.lock_timeout_ms, check);
-  directory_.put(key, static_cast<int>(rows.size()));
-  return summed(key, rows);
+  return summed(key, remember(key, store_.set_discontinued(key, discontinued,
+                                                           options_.lock_timeout_ms, check)));
 }
 
 void SlotRouter::refuse_on_slots(const SkuKey& key, const char* feature) {
-  const std::size_t rows = learn(key).size();
-  if (rows > 1) throw_not_built_for_slots(key, feature, rows);
+  refuse_if_slots(key, feature, learn(key));
+}
+
+int SlotRouter::target_of(const std::vector<StockLevel>& rows, bool own_row) const {
+  return own_row ? 0 : home_of(std::max(1, active_rows(rows)));
 }
 
 std::vector<StockLevel> SlotRouter::fill_slot(const SkuKey& key,
-                                              const std::vector<StockLevel>& rows, int target,
+                                              const std::vector<StockLevel>& rows, bool own_row,
                                               Quantity qty,
                                               const std::optional<Version>& expected) {
+  // The target is decided on the rows as locked: the SKU's slots may have been taken away
+  // (or added) since `rows` were read.
   const auto plan = [&](const std::vector<StockLevel>& levels) {
     check_expected(key, expected, summed(key, levels).version);
     Quantity free = 0;
@@ -196,26 +212,28 @@ std::vector<StockLevel> SlotRouter::fill_slot(const SkuKey& key,
     // Every row is locked: true of the SKU at this instant (the caller counts it, if it
     // stands).
     if (free < qty) throw_out_of_stock(key, free, qty);
-    return respread(levels, static_cast<std::size_t>(target), qty, 0);
+    return respread(levels, active_rows(levels),
+                    static_cast<std::size_t>(target_of(levels, own_row)), qty, 0);
   };
   const NoteScope note({"slot_move", "", "", ""});
-  return store_.reshape(keys_of(rows), /*create=*/false, /*write_all=*/false,
-                        options_.lock_timeout_ms, plan);
+  return remember(key, store_.reshape(keys_of(rows), /*create=*/false, /*write_all=*/false,
+                                      options_.lock_timeout_ms, plan));
 }
 
 namespace {
 
-// set_slots refuses a SKU that is discontinued, leased or has a backorder limit.
-void check_slottable(const SkuKey& key, const StockLevel& own, int slots) {
+// set_slots refuses to give slots to a SKU that is discontinued, leased or has a backorder
+// limit. (Taking them all away is allowed on a discontinued SKU: it only moves free units.)
+void check_slottable(const SkuKey& key, const StockLevel& own) {
   if (own.discontinued) {
     throw Error(ErrorCode::discontinued, describe(key) + " is discontinued", context_of(key));
   }
-  if (slots > 1 && own.leased) {
+  if (own.leased) {
     throw Error(ErrorCode::invalid_state,
                 describe(key) + " is leased; hot-row slots are not built for a leased SKU",
                 context_of(key));
   }
-  if (slots > 1 && own.backorder_limit > 0) {
+  if (own.backorder_limit > 0) {
     throw Error(
         ErrorCode::invalid_state,
         describe(key) + " has a backorder limit; hot-row slots are not built for backorders",
@@ -225,24 +243,27 @@ void check_slottable(const SkuKey& key, const StockLevel& own, int slots) {
 
 }  // namespace
 
+// Adding slots makes the missing rows (or takes retired ones back); taking them away
+// retires the rows past `slots`: their free units move to the active rows now, and the
+// holds on them stay there until they end (a later refusal, restock or set_slots moves
+// what those leave free). Either way one reshape, which writes the count on the own row.
 StockLevel SlotRouter::set_slots(const SkuKey& key, int slots) {
-  const std::size_t have = learn(key).size();
-  if (static_cast<std::size_t>(slots) < have) {
-    throw_invalid_argument(describe(key) + " already spreads its units over " +
-                           std::to_string(have) +
-                           " rows; slots only grow (taking them away is not built)");
+  const std::vector<StockLevel> have = learn(key);
+  if (have.size() <= 1 && slots <= 1) {
+    if (have.empty()) throw_stock_not_found(key);
+    return summed(key, have);  // one row, and it stays one
   }
+  const int rows = std::max(slots, static_cast<int>(have.size()));
   std::vector<SkuKey> keys;
-  for (int i = 0; i < slots; ++i) keys.push_back(slot_key(key, i));
+  for (int i = 0; i < rows; ++i) keys.push_back(slot_key(key, i));
   const auto plan = [&](const std::vector<StockLevel>& levels) {
-    check_slottable(key, levels.front(), slots);
-    return respread(levels, 0, 0, 0);
+    if (slots > 1) check_slottable(key, levels.front());
+    return respread(levels, slots, 0, 0, 0);
   };
   const NoteScope note({"slot_move", "", "", ""});
-  const std::vector<StockLevel> rows =
-      store_.reshape(keys, /*create=*/true, /*write_all=*/true, options_.lock_timeout_ms, plan);
-  directory_.put(key, slots);
-  return summed(key, rows);
+  const bool create = slots > static_cast<int>(have.size());
+  return summed(key, remember(key, store_.reshape(keys, create, /*write_all=*/create,
+                                                  options_.lock_timeout_ms, plan, slots)));
 }
 
 StockLevel SlotRouter::restock(const SkuKey& key, Quantity qty,
@@ -259,7 +280,7 @@ StockLevel SlotRouter::restock(const SkuKey& key, Quantity qty,
     if (levels.front().discontinued) {
       throw Error(ErrorCode::discontinued, describe(key) + " is discontinued", context_of(key));
     }
-    return respread(levels, 0, 0, qty);
+    return respread(levels, active_rows(levels), 0, 0, qty);
   };
   return summed(key, store_.reshape(keys_of(rows), false, false, options_.lock_timeout_ms, plan));
 }
@@ -277,7 +298,7 @@ StockLevel SlotRouter::set_on_hand(const SkuKey& key, Quantity on_hand,
     // Every row keeps what it holds; the free units are spread anew.
     std::vector<StockLevel> held = levels;
     for (StockLevel& row : held) row.on_hand = row.reserved;
-    return respread(held, 0, 0, on_hand - sum.reserved);
+    return respread(held, active_rows(levels), 0, 0, on_hand - sum.reserved);
   };
   return summed(key, store_.reshape(keys_of(rows), false, false, options_.lock_timeout_ms, plan));
 }
@@ -286,7 +307,7 @@ StockLevel SlotRouter::set_on_hand(const SkuKey& key, Quantity on_hand,
 // right after the sale. (An engine that has not seen the SKU's slots yet answers with the
 // row it sold from.)
 StockLevel SlotRouter::level_after_sell(const SkuKey& key, StockLevel row_level) {
-  if (known_slots(key) > 1) row_level = summed(key, learn(key));
+  if (directory_.rows(key) > 1) row_level = summed(key, learn(key));
   row_level.key = key;
   return row_level;
 }
@@ -294,12 +315,10 @@ StockLevel SlotRouter::level_after_sell(const SkuKey& key, StockLevel row_level)
 int SlotRouter::check_and_fill(const SkuKey& key, Quantity qty, Version expected,
                                std::optional<Version>* row_expected) {
   const std::vector<StockLevel> rows = learn(key);
-  const int k = std::max<int>(1, static_cast<int>(rows.size()));
-  if (k > 1) {
-    const int target = home_of(k);
-    *row_expected = fill_slot(key, rows, target, qty, expected)[target].version;
-  }
-  return k;
+  if (rows.size() <= 1) return 1;
+  const std::vector<StockLevel> filled = fill_slot(key, rows, false, qty, expected);
+  *row_expected = filled[static_cast<std::size_t>(target_of(filled, false))].version;
+  return std::max(1, active_rows(filled));
 }
 
 int SlotRouter::after_refusal(const SkuKey& key, Quantity qty, const Error& refusal, int k,
@@ -323,9 +342,8 @@ int SlotRouter::after_refusal(const SkuKey& key, Quantity qty, const Error& refu
                     " times and taken by others each time; nothing was reserved or sold",
                 context_of(key));
   }
-  k = static_cast<int>(rows.size());
   try {
-    fill_slot(key, rows, home_of(k), qty, std::nullopt);
+    k = std::max(1, active_rows(fill_slot(key, rows, false, qty, std::nullopt)));
   } catch (const Error& e) {
     if (e.code() == ErrorCode::in_doubt) {
       // Only units moved between the SKU's rows, if anything: nothing was reserved or
@@ -338,9 +356,9 @@ int SlotRouter::after_refusal(const SkuKey& key, Quantity qty, const Error& refu
     // A refusal over every row the read found is the SKU's, unless slots were added since
     // (their units were not counted): then the next round reads them.
     if (e.code() != ErrorCode::out_of_stock) throw;
-    const std::size_t now = learn(key).size();
-    if (now == rows.size()) throw;
-    k = static_cast<int>(now);
+    const std::vector<StockLevel> now = learn(key);
+    if (now.size() == rows.size()) throw;
+    k = std::max(1, active_rows(now));
   }
   return k;
 }
@@ -359,7 +377,7 @@ void SlotRouter::refill_order_line(const std::vector<OrderLine>& lines, const Er
   const std::vector<StockLevel> rows = rows_after_refusal(
       line, known_slots(line) <= 1 ? refusal.context().actual_version : std::nullopt);
   if (rows.size() <= 1) throw refusal;
-  fill_slot(line, rows, 0, it->qty, std::nullopt);
+  fill_slot(line, rows, /*own_row=*/true, it->qty, std::nullopt);
 }
 
 std::shared_ptr<CompletionSink> slot_checked_sink(

@@ -70,8 +70,10 @@ class SlotRouter {
   std::vector<StockLevel> learn(const SkuKey& key);
   // The SKU's summed level (NotFound when it has no row).
   StockLevel stock(const SkuKey& key);
-  int slot_count(const SkuKey& key) { return static_cast<int>(learn(key).size()); }
-  // set_slots: spreads the SKU's free units over `slots` rows (only grows).
+  // How many of the SKU's rows take new reserves (its active slots), read now.
+  int slot_count(const SkuKey& key);
+  // set_slots: spreads the SKU's free units over `slots` rows, adding rows or retiring
+  // those past `slots` (taking slots away).
   StockLevel set_slots(const SkuKey& key, int slots);
   // Restock and set_on_hand of the SKU as a whole: the store's own call on a SKU with
   // one row, else spread over its rows.
@@ -158,8 +160,15 @@ class SlotRouter {
   // next attempt, having moved units into this engine's slot; throws what ends the call.
   int after_refusal(const SkuKey& key, Quantity qty, const Error& refusal, int k, int round);
   std::vector<StockLevel> rows_after_refusal(const SkuKey& key, std::optional<Version> refused_at);
+  // Records in the directory what `rows` (one snapshot, the own row first) say.
+  const std::vector<StockLevel>& remember(const SkuKey& key, const std::vector<StockLevel>& rows);
+  // The row a fill moves units into: the SKU's own (an order's line), or this engine's
+  // slot among the active ones `rows` show.
+  int target_of(const std::vector<StockLevel>& rows, bool own_row) const;
+  // Moves free units into the target row (target_of, decided on the rows as locked) so
+  // that it has `qty`; OutOfStock when all of them together are short. Returns the rows.
   std::vector<StockLevel> fill_slot(const SkuKey& key, const std::vector<StockLevel>& rows,
-                                    int target, Quantity qty,
+                                    bool own_row, Quantity qty,
                                     const std::optional<Version>& expected);
 
   Store& store_;

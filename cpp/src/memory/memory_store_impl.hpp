@@ -122,7 +122,8 @@ class MemoryStore final : public Store, public TestHooks {
   StockLevel stock(const SkuKey& key) override;
   std::vector<StockLevel> sku_rows(const SkuKey& base) override;
   std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create, bool write_all,
-                                  std::int64_t lock_timeout_ms, const ReshapePlan& plan) override;
+                                  std::int64_t lock_timeout_ms, const ReshapePlan& plan,
+                                  int active_slots) override;
   StockLevel sell(const SellRequest& request) override;
 
   Reservation reserve(const ReserveRequest& request) override;

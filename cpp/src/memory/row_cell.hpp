@@ -45,6 +45,7 @@ struct RowValues {
   FencingToken lease_token = 0;
   TimestampUs lease_expires_us = 0;   // 0: no lease (released, or never taken)
   Quantity low_stock = no_low_stock;  // the low-stock threshold of the feed's alerts
+  std::int64_t active_slots = 0;      // on a SKU's own row: StockLevel::active_slots
 
   static constexpr Quantity no_low_stock = INT64_MIN;
   bool lease_live(TimestampUs now) const { return lease_expires_us > now; }
@@ -129,7 +130,8 @@ class alignas(cache_line_size) RowCell {
                      discontinued_.load(std::memory_order_relaxed),
                      lease_token_.load(std::memory_order_relaxed),
                      lease_expires_us_.load(std::memory_order_relaxed),
-                     low_stock_.load(std::memory_order_relaxed)};
+                     low_stock_.load(std::memory_order_relaxed),
+                     active_slots_.load(std::memory_order_relaxed)};
   }
   void store_fields(const RowValues& v) {
     on_hand_.store(v.on_hand, std::memory_order_relaxed);
@@ -141,6 +143,7 @@ class alignas(cache_line_size) RowCell {
     lease_token_.store(v.lease_token, std::memory_order_relaxed);
     lease_expires_us_.store(v.lease_expires_us, std::memory_order_relaxed);
     low_stock_.store(v.low_stock, std::memory_order_relaxed);
+    active_slots_.store(v.active_slots, std::memory_order_relaxed);
   }
 
   std::atomic<std::uint64_t> seq_{0};
@@ -153,6 +156,7 @@ class alignas(cache_line_size) RowCell {
   std::atomic<FencingToken> lease_token_{0};
   std::atomic<TimestampUs> lease_expires_us_{0};
   std::atomic<Quantity> low_stock_{RowValues::no_low_stock};
+  std::atomic<std::int64_t> active_slots_{0};
 };
 
 [[noreturn]] void throw_invariant_violation(const RowValues& next, const SkuKey& key);

@@ -70,6 +70,7 @@ StockLevel level_at(const SkuKey& key, const RowValues& v, TimestampUs now) {
   level.leased = v.lease_live(now);
   level.lease_expires_at_us = level.leased ? v.lease_expires_us : 0;
   if (v.low_stock != RowValues::no_low_stock) level.low_stock = v.low_stock;
+  level.active_slots = static_cast<int>(v.active_slots);
   return level;
 }
 
@@ -289,7 +290,13 @@ StockLevel MemoryStore::set_backorder_limit(const SkuKey& key, Quantity limit,
 // the slot rows, or its compare-and-set fails and it runs again and sees them, or the
 // write lands first and set_slots then finds the lease or the limit and refuses.
 void MemoryStore::refuse_if_slotted(const SkuKey& key, const char* feature) const {
-  if (find_row(slot_key(key, 1)) != nullptr) throw_not_built_for_slots(key, feature, 0);
+  if (find_row(slot_key(key, 1)) == nullptr) return;  // no slot row: the common case
+  std::vector<StockLevel> rows;
+  const TimestampUs now = clock_->now_us();
+  for (const StockRow* row : rows_of_sku(key)) {
+    rows.push_back(level_at(row->key, row->cell.read().values, now));
+  }
+  refuse_if_slots(key, feature, rows);
 }
 
 std::vector<StockLevel> MemoryStore::set_discontinued(const SkuKey& key, bool discontinued,
@@ -434,10 +441,10 @@ std::vector<StockLevel> latched_levels(const std::vector<SkuKey>& keys,
 // reshape's last step, with every row latched: writes the plan's on_hand where it changes
 // a row (every row with `write_all`), after checking every row's invariant first, so that
 // a refusal writes none.
-std::vector<StockLevel> publish_reshape(const std::vector<SkuKey>& keys,
+std::vector<StockLevel> publish_reshape(const std::vector<SkuKey>& keys, std::size_t first,
                                         const std::vector<Quantity>& on_hand,
                                         std::vector<RowLatch>& latches, bool write_all,
-                                        TimestampUs now) {
+                                        int active_slots, TimestampUs now) {
   if (on_hand.size() != keys.size()) {
     throw Error(ErrorCode::invariant_violation,
                 "a reshape plan returned " + std::to_string(on_hand.size()) + " quantities for " +
@@ -446,9 +453,11 @@ std::vector<StockLevel> publish_reshape(const std::vector<SkuKey>& keys,
   std::vector<RowValues> next(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     next[i] = latches[i].values();
-    if (on_hand[i] == next[i].on_hand && !write_all) continue;
+    const bool count = i == first && active_slots > 0;  // the own row takes the slot count
+    if (on_hand[i] == next[i].on_hand && !write_all && !count) continue;
     next[i] = changed(next[i], now);
     next[i].on_hand = on_hand[i];
+    if (count) next[i].active_slots = active_slots;
     if (next[i].reserved > next[i].on_hand + next[i].backorder_limit) {
       throw_invariant_violation(next[i], keys[i]);  // before any row is written
     }
@@ -466,7 +475,7 @@ std::vector<StockLevel> publish_reshape(const std::vector<SkuKey>& keys,
 
 std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bool create,
                                              bool write_all, std::int64_t lock_timeout_ms,
-                                             const ReshapePlan& plan) {
+                                             const ReshapePlan& plan, int active_slots) {
   const TimestampUs now = clock_->now_us();
   std::vector<std::size_t> order(keys.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -527,7 +536,8 @@ std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bo
       throw;
     }
   }
-  return publish_reshape(keys, on_hand, latches, write_all || made, now);
+  return publish_reshape(keys, order.front(), on_hand, latches, write_all || made, active_slots,
+                         now);
 }
 
 StockLevel MemoryStore::sell(const SellRequest& request) {

@@ -150,7 +150,8 @@ class PostgresStore final : public Store, public TestHooks {
   StockLevel stock(const SkuKey& key) override;
   std::vector<StockLevel> sku_rows(const SkuKey& base) override;
   std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create, bool write_all,
-                                  std::int64_t lock_timeout_ms, const ReshapePlan& plan) override;
+                                  std::int64_t lock_timeout_ms, const ReshapePlan& plan,
+                                  int active_slots) override;
   StockLevel sell(const SellRequest& request) override;
   StockLevel set_backorder_limit(const SkuKey& key, Quantity limit, std::optional<Version> expected,
                                  std::optional<FencingToken> token) override;

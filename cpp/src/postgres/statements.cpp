@@ -22,7 +22,7 @@ std::string stock_columns() {
          ", backorder_limit, discontinued_at IS NOT NULL, lease_token,"
          " coalesce(lease_expires_at > now(), false),"
          " CASE WHEN lease_expires_at > now() THEN " +
-         epoch_us("lease_expires_at") + " ELSE 0 END, low_stock";
+         epoch_us("lease_expires_at") + " ELSE 0 END, low_stock, coalesce(slots, 0)";
 }
 
 // The predicate on one stock row: $1 and $2 its SKU, and its hot-row slot.
@@ -323,6 +323,12 @@ void Statements::add_stock_statements(const std::string& schema, Set& set) {
   set(Stmt::stock_set_on_hand,
       returning_stock("UPDATE " + stock +
                       " SET on_hand = $3, version = version + 1, updated_at = now()" + key));
+  // reshape's write of a SKU's own row when it sets how many of the SKU's rows are active.
+  set(Stmt::stock_set_slots,
+      returning_stock("UPDATE " + stock +
+                      " SET on_hand = $3, slots = $4::smallint, version = version + 1,"
+                      " updated_at = now()" +
+                      key));
   // The one conditional write: moves on_hand and reserved by deltas only while at least
   // $5 units stay available, the row is open to the writer (not discontinued; no lease
   // live, or $7 is its fencing token) and (if $6 >= 0) the version is $6. Every strategy

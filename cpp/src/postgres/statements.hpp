@@ -21,6 +21,7 @@ namespace stockade::detail::pg {
   X(stock_lock_skip, routine)         \
   X(stock_insert, routine)            \
   X(stock_set_on_hand, plain)         \
+  X(stock_set_slots, plain)           \
   X(stock_delta, routine)             \
   X(stock_settle, routine)            \
   X(stock_set_backorder_limit, plain) \

@@ -20,6 +20,7 @@ StockLevel level_from(const SkuKey& key, const pqxx::row& row) {
   level.leased = row[7].as<bool>();
   level.lease_expires_at_us = row[8].as<std::int64_t>();
   if (!row[9].is_null()) level.low_stock = row[9].as<std::int64_t>();
+  level.active_slots = row[10].as<int>();
   STOCKADE_ASSERT_ROW(level.on_hand, level.reserved, level.backorder_limit);
   return level;
 }
@@ -190,7 +191,7 @@ std::vector<StockLevel> PostgresStore::read_sku_rows(Tx& tx, const SkuKey& base)
   const pqxx::result rows = tx.exec_on(shard_of(base), Stmt::sku_rows, base.sku, base.location);
   std::vector<StockLevel> out;
   for (const auto& row : rows) {
-    out.push_back(level_from(slot_key(base, row[10].as<int>()), row));
+    out.push_back(level_from(slot_key(base, row[11].as<int>()), row));
   }
   std::sort(out.begin(), out.end(),
             [](const StockLevel& a, const StockLevel& b) { return a.key < b.key; });
@@ -199,7 +200,7 @@ std::vector<StockLevel> PostgresStore::read_sku_rows(Tx& tx, const SkuKey& base)
 
 std::vector<StockLevel> PostgresStore::reshape(const std::vector<SkuKey>& keys, bool create,
                                                bool write_all, std::int64_t lock_timeout_ms,
-                                               const ReshapePlan& plan) {
+                                               const ReshapePlan& plan, int active_slots) {
   WriteOptions wait;
   wait.strategy = Strategy::pessimistic;
   wait.lock_timeout_ms = lock_timeout_ms;
@@ -243,9 +244,15 @@ std::vector<StockLevel> PostgresStore::reshape(const std::vector<SkuKey>& keys, 
       }
     }
     for (std::size_t i : order) {
+      const SkuKey& key = keys[i];
+      if (i == order.front() && active_slots > 0) {  // the own row takes the slot count
+        levels[i] =
+            level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_slots, key.sku, key.location,
+                                       on_hand[i], active_slots, key.slot)[0]);
+        continue;
+      }
       // Rows made: every row is written, so the first in key order moves its version.
       if (on_hand[i] == levels[i].on_hand && !write_all && !made) continue;
-      const SkuKey& key = keys[i];
       levels[i] = level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_on_hand, key.sku,
                                              key.location, on_hand[i], key.slot)[0]);
     }
@@ -285,8 +292,7 @@ StockLevel PostgresStore::set_backorder_limit(const SkuKey& key, Quantity limit,
 // the SKU between that read and the write (set_slots, in turn, refuses a leased row or
 // one with a limit under the same lock).
 void PostgresStore::refuse_if_slotted(Tx& tx, const SkuKey& key, const char* feature) {
-  const std::size_t rows = read_sku_rows(tx, key).size();
-  if (rows > 1) throw_not_built_for_slots(key, feature, rows);
+  refuse_if_slots(key, feature, read_sku_rows(tx, key));
 }
 
 std::vector<StockLevel> PostgresStore::set_discontinued(const SkuKey& key, bool discontinued,

@@ -2,7 +2,9 @@
 // the same whichever backend raised them.
 #pragma once
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "stockade/errors.hpp"
 #include "stockade/types.hpp"
@@ -95,6 +97,28 @@ inline void check_writable(const StockLevel& row, const std::optional<Version>& 
   check_expected(key, expected, row.version);
 }
 
+// How many of a SKU's rows (Store::sku_rows: the own row first, in slot order) take new
+// reserves and sells: the own row says (StockLevel::active_slots; 0, as written before
+// slots could be taken away, means every row). The rows past them are retired slots.
+inline int active_rows(const std::vector<StockLevel>& rows) {
+  if (rows.empty()) return 0;
+  const int all = static_cast<int>(rows.size());
+  const int said = rows.front().active_slots;
+  return said <= 0 ? all : std::min(said, all);
+}
+
+// Whether a SKU counts as slotted for what slots do not build (leases, fencing tokens,
+// backorder limits): it has active slot rows, or a retired one that still keeps units
+// (held, or free ones not moved home yet). A SKU whose slots were taken away and whose
+// retired rows are empty is a one-row SKU again.
+inline bool has_slots(const std::vector<StockLevel>& rows) {
+  if (active_rows(rows) > 1) return true;
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    if (rows[i].on_hand != 0 || rows[i].reserved != 0) return true;
+  }
+  return false;
+}
+
 // What hot-row slots do not build (leases, backorder limits), refused on a SKU that has
 // them: `rows` of them, or 0 when the caller only knows that it has some.
 [[noreturn]] inline void throw_not_built_for_slots(const SkuKey& key, const char* feature,
@@ -105,6 +129,12 @@ inline void check_writable(const StockLevel& row, const std::optional<Version>& 
                   (rows > 1 ? " spreads its units over " + std::to_string(rows) + " rows"
                             : std::string(" has slot rows")),
               context_of(key));
+}
+
+// The same, when `rows` (Store::sku_rows) say the SKU has slots (has_slots).
+inline void refuse_if_slots(const SkuKey& key, const char* feature,
+                            const std::vector<StockLevel>& rows) {
+  if (has_slots(rows)) throw_not_built_for_slots(key, feature, rows.size());
 }
 
 // set_on_hand and set_backorder_limit: what is promised must stay covered.

@@ -1,0 +1,13 @@
+-- stockade schema, version 8: hot-row slots can be taken away.
+--
+-- stock.slots, on a SKU's own row (slot 0): how many of the SKU's rows take new reserves
+-- and sells, the first ones in slot order. NULL (every row written before this version)
+-- means all of the rows the SKU has, which is what they meant when slots only grew. The
+-- rows past the count are retired slots: they keep the holds made on them until those
+-- are confirmed, released or expire, and their free units move to the active rows.
+-- Only the engine's reshape writes it, in the transaction that moves the units, together
+-- with a new version of the own row (docs/design.md, section 10).
+--
+-- (No CHECK on its range, for the reason 005 gives: the engine writes 1 to 64 only.)
+-- Adding a NULL column without a default rewrites nothing, on either layout.
+ALTER TABLE {{schema}}.stock ADD COLUMN slots smallint NULL;
