@@ -10,7 +10,8 @@ as a network disk or a synchronous standby does: each WAL flush waits N microsec
      on --replicas rows, and from it the Little's-law bound for the blocking clients
      (clients / the time a row stays locked per transaction); sections 1 and 5 show each
      case as a share of that bound;
-  1. hot SKU, 64 C++ client threads, one blocking call at a time, every strategy;
+  1. hot SKU, 64 C++ client threads, one blocking call at a time, every strategy, and
+     batched with an idempotency key on every request;
   2. hot SKU, 64 C++ clients keeping --window async requests each in flight (batched, auto);
   3. hot SKU, asyncio tasks in Python awaiting reserve_async (batched, auto): 64 of them,
      and --asyncio-tasks of them;
@@ -67,7 +68,13 @@ STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic", "batched", "aut
 
 
 def c_load(
-    eng: stockade.Engine, skus: List[str], strategy: str, clients: int, window: int, seconds: float
+    eng: stockade.Engine,
+    skus: List[str],
+    strategy: str,
+    clients: int,
+    window: int,
+    seconds: float,
+    keyed: bool = False,
 ) -> Dict[str, Any]:
     out: Dict[str, Any] = asdict(
         drive_load(
@@ -78,6 +85,7 @@ def c_load(
             seconds=seconds,
             ttl=timedelta(microseconds=TTL_US),
             strategy=strategy,
+            keyed=keyed,
         )
     )
     out["rate"] = out["granted"] / out["seconds"]
@@ -321,6 +329,9 @@ def hot_sections(
             eng, [fresh_sku(eng, f"hot-{strategy}")], strategy, args.clients, 1, args.seconds
         )
         hot.append({"case": strategy, **r})
+    # An idempotency key on every request: a batch claims its keys in its own transaction.
+    r = c_load(eng, [fresh_sku(eng, "hot-keyed")], "batched", args.clients, 1, args.seconds, True)
+    hot.append({"case": "batched, keyed", **r})
     atomic = hot[0]["rate"]
     table(f"1. one hot SKU, {args.clients} C++ clients, blocking calls", hot, atomic, args.bound)
     report["hot_blocking"] = hot
@@ -363,6 +374,7 @@ def hot_sections(
         {
             "batched_vs_atomic_hot": batched / atomic,
             "auto_vs_batched_hot": auto_hot / batched,
+            "keyed_vs_keyless_batched_hot": hot[-1]["rate"] / batched,
             "cpp_windowed_batched_per_s": windowed[0]["rate"],
             "asyncio_batched_per_s": aio[0]["rate"],
             "asyncio_batched_many_tasks_per_s": aio[1]["rate"],
