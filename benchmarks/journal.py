@@ -230,6 +230,8 @@ def run_on_citus(args: argparse.Namespace, sections: set, report: Dict[str, Any]
                 report["overhead"] = overhead_section({"on": eng, "off": quiet}, sql, args)
             if 2 in sections:
                 report["lag"] = lag_section(eng, args)
+    if 3 in sections:
+        print("\n(section 3, the audit's speed, is a one-server figure: not run with --citus)")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import time
 from datetime import datetime, timezone
-from typing import Iterator
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -25,7 +25,15 @@ import stockade
 from pgproxy import CommitCuttingProxy
 from stockade.tools.citus import TemporaryCitus, citus_available
 from stockade.tools.pytest_plugin import PostgresForTests
-from support import BACKENDS, PER_REQUEST_STRATEGIES, START, Now, Wait, field
+from support import (
+    BACKENDS,
+    PER_REQUEST_STRATEGIES,
+    START,
+    Now,
+    Wait,
+    drop_citus_schema,
+    field,
+)
 
 
 @pytest.fixture
@@ -78,24 +86,30 @@ def citus_dsn(citus_cluster: TemporaryCitus) -> str:
 
 
 @pytest.fixture
-def citus_engine(citus_dsn: str) -> Iterator[stockade.Engine]:
-    """An engine with layout='citus' over a fresh schema on the cluster, dropped after."""
-    schema = f"citus_t{next(_citus_schemas)}"
-    with stockade.Engine.postgres(citus_dsn, layout="citus", schema=schema) as eng:
+def citus_engine_factory(citus_dsn: str) -> Iterator[Callable[..., stockade.Engine]]:
+    """Makes engines with layout='citus' (with the given options), each over a fresh,
+    migrated schema of the cluster (or the one `schema=` names); closes them after the
+    test and drops their schemas (support.drop_citus_schema)."""
+    made: List[Tuple[stockade.Engine, str]] = []
+
+    def make(schema: Optional[str] = None, **options: Any) -> stockade.Engine:
+        name = schema or f"citus_t{next(_citus_schemas)}"
+        eng = stockade.Engine.postgres(citus_dsn, layout="citus", schema=name, **options)
+        made.append((eng, name))
         eng.migrate()
-        yield eng
-        # Dropping distributed tables has the coordinator connect to every worker; on a
-        # loaded machine one such connection has failed once in a while (Unavailable,
-        # "connection to the remote node ... failed"). That is the cluster's hiccup, not
-        # the test's outcome: try again a few times, then fail.
-        for attempt in range(3):
-            try:
-                eng.drop_schema(confirm=schema)
-                break
-            except stockade.Unavailable:
-                if attempt == 2:
-                    raise
-                time.sleep(1.0)
+        return eng
+
+    yield make
+    for eng, _ in made:
+        eng.close()
+    for name in dict.fromkeys(name for _, name in made):
+        drop_citus_schema(citus_dsn, name)
+
+
+@pytest.fixture
+def citus_engine(citus_engine_factory: Callable[..., stockade.Engine]) -> stockade.Engine:
+    """An engine with layout='citus' over a fresh schema on the cluster, dropped after."""
+    return citus_engine_factory()
 
 
 @pytest.fixture

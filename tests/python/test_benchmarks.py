@@ -45,6 +45,7 @@ def test_hot_sku_benchmark_prints_every_table(tmp_path: Path) -> None:
         assert title in out.stdout
     for strategy in ("atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"):
         assert f"| {strategy} |" in out.stdout
+    assert "| batched, keyed |" in out.stdout and "keyed_vs_keyless_batched_hot" in out.stdout
     assert (tmp_path / "hot.json").read_text().count("rate") >= 16
     assert "replicas_2_vs_1_batched" in out.stdout
     # the ceiling of hot-row slots: a row per process, and one process over several rows

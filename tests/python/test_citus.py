@@ -15,7 +15,7 @@ import itertools
 import threading
 import time
 from datetime import timedelta
-from typing import List
+from typing import Iterator, List
 
 import pytest
 
@@ -24,7 +24,7 @@ from stockade import OutOfStock
 from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus
 from stockade.tools.pgserver import run_sql
-from support import wait_for
+from support import drop_citus_schema, wait_for
 
 pytestmark = pytest.mark.citus
 
@@ -39,8 +39,11 @@ def dsn(citus_dsn: str) -> str:
 
 
 @pytest.fixture
-def schema() -> str:
-    return f"citus_own_{next(_schemas)}"
+def schema(dsn: str) -> Iterator[str]:
+    """A schema name for a test that opens its own engines; dropped after the test."""
+    name = f"citus_own_{next(_schemas)}"
+    yield name
+    drop_citus_schema(dsn, name)
 
 
 @pytest.fixture
@@ -156,7 +159,6 @@ def test_the_sweeper_expires_holds_shard_by_shard(dsn: str, schema: str) -> None
             time.sleep(0.2)
         assert [eng.reservation(h.id).state.value for h in holds] == ["expired"] * len(holds)
         assert all(eng.stock(s).reserved == 0 for s in skus)
-        eng.drop_schema(confirm=schema)
 
 
 def test_the_sweeper_purges_shard_by_shard_with_retention(dsn: str, schema: str) -> None:
@@ -199,7 +201,6 @@ def test_the_sweeper_purges_shard_by_shard_with_retention(dsn: str, schema: str)
         assert wait_for(lambda: eng.stats()["sweeper"]["purged_keys"] == 13)
         assert eng.stats()["sweeper"]["purged_reservations"] == 27
         assert [eng.stock(s).on_hand for s in ("a", "b", "c")] == [4, 4, 5]
-        eng.drop_schema(confirm=schema)
 
 
 def test_purge_walks_every_old_entry_past_one_read(engine: stockade.Engine) -> None:
@@ -311,7 +312,6 @@ def test_two_engines_and_the_batcher_sell_out_exactly(dsn: str, schema: str) -> 
         for s in skus:
             level = one.stock(s)
             assert (level.reserved, level.available) == (50, 0)
-        one.drop_schema(confirm=schema)
 
 
 def test_the_layout_option_is_checked_before_connecting() -> None:
@@ -357,7 +357,6 @@ def test_a_write_for_one_sku_runs_on_one_worker_with_a_plain_commit(
             # transaction (which the worker would log as a warning each time)
             assert any("SET LOCAL lock_timeout" in line for line in issued), strategy
             assert not any("already a transaction in progress" in line for line in lines)
-        eng.drop_schema(confirm=schema)
 
 
 def test_a_buyers_count_and_reservation_commit_together(
@@ -405,4 +404,3 @@ def test_a_buyers_count_and_reservation_commit_together(
                 assert prepared is two_phase, (buyer, strategy)
         assert eng.buyer_held("g", apart) == 3 and eng.buyer_held("g", together) == 3
         assert eng.stock("solo").reserved == 6
-        eng.drop_schema(confirm=schema)

@@ -24,23 +24,8 @@ from support import field
 def engine_with(backend: str, request: pytest.FixtureRequest, **options: object) -> stockade.Engine:
     """A PostgreSQL engine of the backend with these options, on a migrated schema of its
     own, closed (and on Citus dropped) after the test."""
-    if backend == "postgres":
-        return request.getfixturevalue("stockade_engine_factory")(**options)
-    schema = f"citus_j{next(_schemas)}"
-    eng = stockade.Engine.postgres(
-        request.getfixturevalue("citus_dsn"), layout="citus", schema=schema, **options
-    )
-    eng.migrate()
-
-    def drop() -> None:
-        eng.drop_schema(confirm=schema)
-        eng.close()
-
-    request.addfinalizer(drop)
-    return eng
-
-
-_schemas = itertools.count(1)
+    factory = "stockade_engine_factory" if backend == "postgres" else "citus_engine_factory"
+    return request.getfixturevalue(factory)(**options)
 
 
 def causes(moves: List[stockade.Movement]) -> List[str]:

@@ -327,10 +327,13 @@ class Checker:
                     None, f"buyer {buyer}: allowance {held}, holds {units}, limit {PER_BUYER}"
                 )
 
-    def report(self, seed: int) -> str:
+    def report(self, seed: int, directory: Optional[Path] = None) -> str:
         """The seed, the first violations and the history up to the first violating call;
-        every violation also goes to a file, whose path the report names."""
-        path = Path(tempfile.mkdtemp(prefix="stockade-nemesis-")) / "violations.txt"
+        every violation also goes to a file in `directory` (by default a new one that
+        outlives the run, since a report is made when a run fails), whose path it names."""
+        if directory is None:
+            directory = Path(tempfile.mkdtemp(prefix="stockade-nemesis-"))
+        path = directory / "violations.txt"
         path.write_text("\n".join(f"{what}  <- {record}" for record, what in self.violations))
         lines = [f"seed {seed}: {len(self.violations)} violations (all of them in {path})"]
         lines += [f"  {what}  <- {record}" for record, what in self.violations[:20]]
@@ -449,7 +452,7 @@ def bouncer(
 
 
 def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
-    server: TemporaryPostgres, bouncer: Optional[TemporaryPgBouncer]
+    server: TemporaryPostgres, bouncer: Optional[TemporaryPgBouncer], tmp_path: Path
 ) -> None:
     seed = int(os.environ.get("STOCKADE_NEMESIS_SEED", str(random.randrange(10**6))))
     route = "through PgBouncer" if bouncer else "direct"
@@ -457,7 +460,7 @@ def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
     dsn = server.create_database("shop")
     prepare(dsn)
     proxy = CommitCuttingProxy("127.0.0.1", bouncer.port if bouncer else server.port)
-    history_file = Path(tempfile.mkdtemp(prefix="stockade-nemesis-")) / "history.jsonl"
+    history_file = tmp_path / "history.jsonl"
     worker: Optional[subprocess.Popen[str]] = None
     try:
         via = proxy.dsn("shop") + " connect_timeout=2"
@@ -484,7 +487,7 @@ def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
     assert not checker.violations, checker.report(seed)
 
 
-def test_the_checker_finds_each_kind_of_violation() -> None:
+def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
     # The checker must be able to fail: a history and database that break each rule once.
     def reserve(key: Optional[str], rid: str, out: str = "ok", ttl: int = LONG_TTL) -> Record:
         return {
@@ -564,4 +567,4 @@ def test_the_checker_finds_each_kind_of_violation() -> None:
         f"buyer b-2: allowance 7, holds 7, limit {PER_BUYER}",
     ):
         assert expected in found, (expected, found)
-    assert "seed 7" in checker.report(7)
+    assert "seed 7" in checker.report(7, tmp_path)

@@ -128,3 +128,31 @@ def test_the_audit_sees_a_generic_plan_that_scans(filled: Filled) -> None:
         False,
     )
     assert "reservation" in SEQ_SCAN.findall(generic_plan(*filled, old_pick))
+
+
+def test_the_keyed_batch_looks_its_keys_up_by_index_on_a_new_database(
+    stockade_postgres: PostgresForTests,
+) -> None:
+    """Each connection plans a statement once, and a plan made while a table was small
+    lasts until an ANALYZE of it replans it. On a new database every table is empty. The
+    keyed one-row batch looks for its keys while it holds the hot row's lock, so that look
+    must read the key index at any size. Written as NOT EXISTS over ``key = ANY(...)`` it
+    was planned as a sequential scan of the empty table, which then read every key stored
+    since under the row lock (keyed batches at 0.42x of keyless, docs/benchmarks.md); as
+    a count it is planned on the index."""
+    database = stockade_postgres.new_database()  # migrated, every table empty
+    try:
+        keyed = next(s for s in prepared_statements() if s.name.endswith("batch_fast_one_keyed"))
+        plan = generic_plan(stockade_postgres, database, keyed)
+        assert "idempotency" not in SEQ_SCAN.findall(plan), plan
+        old_look = PreparedStatement(
+            "old_keyed_look",
+            "UPDATE stockade.stock SET version = version + 1 WHERE sku = $1 AND NOT EXISTS"
+            " (SELECT 1 FROM stockade.idempotency WHERE key = ANY($2::text[]))",
+            2,
+            False,
+        )
+        old = generic_plan(stockade_postgres, database, old_look)
+        assert "idempotency" in SEQ_SCAN.findall(old), old
+    finally:
+        stockade_postgres.drop_database(database)
