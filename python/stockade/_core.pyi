@@ -237,6 +237,7 @@ class EngineOptions:
     home_slot: int
     slot_directory: int
     auto_slots_max: int
+    auto_slots_cool_ms: int
 
 class MemoryOptions:
     """The memory store's options."""

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Callable, Dict, Iterator, List, Sequence
+from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
 import pytest
 
@@ -25,7 +25,7 @@ from pgproxy import CommitCuttingProxy
 from stockade import ReservationState
 from stockade.testing import hold_lock
 from stockade.tools.pgserver import TemporaryPostgres, run_sql
-from support import ALL_STRATEGIES, field
+from support import ALL_STRATEGIES, assert_audit_clean, field
 
 pytestmark = pytest.mark.faults
 
@@ -690,6 +690,8 @@ def run(t):
                             strategy=strategy, ttl=600)
         except stockade.OutOfStock:
             return
+        except stockade.Overloaded:
+            continue  # a slotted SKU: units moved into this slot were taken first
         say(f"ok {key} {r.id}")
 
 workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
@@ -742,6 +744,49 @@ def test_a_sigkilled_client_loses_nothing_it_was_told(
         level = eng.stock("hot")
         assert level.reserved == len(attempted) == eng.row_counts()["reservation_count"]
         print(f"SIGKILL, {strategy}: {len(told)} told, {len(attempted)} attempted")
+
+
+@pytest.mark.parametrize("case", ["batched on 4 slots", "auto splits it"])
+def test_four_processes_racing_for_a_slotted_sku_grant_exactly_the_units(
+    own_database: str, case: str
+) -> None:
+    # Four processes of 16 threads each: on a SKU with 4 hot-row slots set by hand
+    # (batched: each process's batches pipelined over the rows, units moved between them
+    # as slots run dry), or on one row that `auto` splits by itself once the processes
+    # share it; once it has, set_on_hand gives the SKU a known end under the same load.
+    # Exactly the units are granted, once each, and the rows agree.
+    batched = case.startswith("batched")
+    units = 4_000 if batched else 1_000_000
+    with stockade.Engine.postgres(own_database, pool_size=1) as eng:
+        eng.restock("hot", units)
+        if batched:
+            eng.set_slots("hot", 4)
+        strategy = "batched" if batched else "auto"
+        clients = [start_client(own_database, strategy, 16, "nokey") for _ in range(4)]
+        # Their output is read as it comes: a full pipe would stop them mid-race.
+        outs: List[Tuple[str, str]] = [("", "")] * 4
+
+        def read(i: int) -> None:
+            outs[i] = clients[i].communicate(timeout=300)
+
+        readers = [threading.Thread(target=read, args=(i,)) for i in range(4)]
+        for r in readers:
+            r.start()
+        if not batched:
+            deadline = time.monotonic() + 30
+            while eng.slot_count("hot") < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            units = eng.set_on_hand("hot", eng.stock("hot").reserved + 3_000).on_hand
+        for r in readers:
+            r.join()
+        assert [c.returncode for c in clients] == [0, 0, 0, 0], [e for _, e in outs]
+        granted = [line.split()[2] for out, _ in outs for line in out.splitlines() if "ok " in line]
+        assert len(granted) == len(set(granted)) == units
+        level = eng.stock("hot")
+        assert (level.reserved, level.available) == (units, 0)
+        assert eng.row_counts()["reservation_count"] == units
+        assert eng.slot_count("hot") == 4, "the SKU is not on 4 slots"
+        assert_audit_clean(eng)
 
 
 @pytest.mark.parametrize("strategy", ["batched", "auto"])
