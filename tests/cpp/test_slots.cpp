@@ -245,7 +245,9 @@ TEST(SlotMerge, retired_rows_keep_their_holds_and_their_units_go_home) {
   for (std::size_t i = 1; i < rows.size(); ++i) {
     EXPECT_EQ(rows[i].reserved, 0);
   }
-  any.restock(sku, 1);  // a restock goes to the own row; retired rows' free units too
+  // A restock goes to the own row; reserving all there is takes the retired rows' free
+  // units home first (the own row alone is short).
+  any.restock(sku, 1);
   any.reserve(sku, any.stock(sku).available());
   for (const StockLevel& row : store->sku_rows(sku)) {
     if (row.key.slot > 0) {

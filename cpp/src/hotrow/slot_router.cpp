@@ -245,8 +245,8 @@ void check_slottable(const SkuKey& key, const StockLevel& own) {
 
 // Adding slots makes the missing rows (or takes retired ones back); taking them away
 // retires the rows past `slots`: their free units move to the active rows now, and the
-// holds on them stay there until they end (a later refusal, restock or set_slots moves
-// what those leave free). Either way one reshape, which writes the count on the own row.
+// holds on them stay there until they end (a later refusal, set_on_hand or set_slots
+// moves what those leave free). Either way one reshape, which writes the count on the own row.
 StockLevel SlotRouter::set_slots(const SkuKey& key, int slots) {
   const std::vector<StockLevel> have = learn(key);
   if (have.size() <= 1 && slots <= 1) {
