@@ -746,6 +746,24 @@ def test_a_sigkilled_client_loses_nothing_it_was_told(
         print(f"SIGKILL, {strategy}: {len(told)} told, {len(attempted)} attempted")
 
 
+def assert_sold_out_exactly(
+    eng: stockade.Engine,
+    clients: List[subprocess.Popen[str]],
+    outs: List[Tuple[str, str]],
+    units: int,
+) -> List[str]:
+    """The client processes ended cleanly and were told of exactly `units` reservations,
+    each once, which are all of "hot" and all the reservations there are; returns their
+    ids."""
+    assert [c.returncode for c in clients] == [0] * len(clients), [e for _, e in outs]
+    granted = [line.split()[2] for out, _ in outs for line in out.splitlines() if "ok " in line]
+    assert len(granted) == len(set(granted)) == units
+    level = eng.stock("hot")
+    assert (level.reserved, level.available) == (units, 0)
+    assert eng.row_counts()["reservation_count"] == units
+    return granted
+
+
 @pytest.mark.parametrize("case", ["batched on 4 slots", "auto splits it"])
 def test_four_processes_racing_for_a_slotted_sku_grant_exactly_the_units(
     own_database: str, case: str
@@ -779,12 +797,7 @@ def test_four_processes_racing_for_a_slotted_sku_grant_exactly_the_units(
             units = eng.set_on_hand("hot", eng.stock("hot").reserved + 3_000).on_hand
         for r in readers:
             r.join()
-        assert [c.returncode for c in clients] == [0, 0, 0, 0], [e for _, e in outs]
-        granted = [line.split()[2] for out, _ in outs for line in out.splitlines() if "ok " in line]
-        assert len(granted) == len(set(granted)) == units
-        level = eng.stock("hot")
-        assert (level.reserved, level.available) == (units, 0)
-        assert eng.row_counts()["reservation_count"] == units
+        assert_sold_out_exactly(eng, clients, outs, units)
         assert eng.slot_count("hot") == 4, "the SKU is not on 4 slots"
         assert_audit_clean(eng)
 
@@ -798,11 +811,6 @@ def test_four_processes_racing_for_one_sku_grant_exactly_the_units(
         eng.restock("hot", units)
         clients = [start_client(own_database, strategy, 16, "nokey") for _ in range(4)]
         outs = [c.communicate(timeout=120) for c in clients]
-        assert [c.returncode for c in clients] == [0, 0, 0, 0], [e for _, e in outs]
-        granted = [line.split()[2] for out, _ in outs for line in out.splitlines() if "ok " in line]
-        assert len(granted) == len(set(granted)) == units
-        level = eng.stock("hot")
-        assert (level.reserved, level.available) == (units, 0)
-        assert eng.row_counts()["reservation_count"] == units
+        granted = assert_sold_out_exactly(eng, clients, outs, units)
         for rid in granted[:: units // 30]:
             assert eng.reservation(rid).state is ReservationState.HELD
