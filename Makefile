@@ -86,13 +86,15 @@ test-asan: system-deps $(VENV)/.tools-stamp
 	ASAN_OPTIONS="halt_on_error=1 detect_leaks=1" UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1" \
 		$(CTEST) --test-dir $(BUILD)/asan --output-on-failure -j $(JOBS)
 
+# Each pytest pass ends with its slowest tests (--durations), so that drift in the suite's
+# own time shows in every run's log.
 test-python: install
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 # Every PostgreSQL test (contract, races, faults) once more, with the engines connecting
 # through a throwaway PgBouncer in transaction mode (see the pytest plugin).
 test-pooled: install
-	$(PY) -m pytest -m postgres --stockade-pooler pgbouncer
+	$(PY) -m pytest -m postgres --stockade-pooler pgbouncer --durations=15
 
 # The memory store's strategies side by side, driven from C++ (a benchmark, not a test).
 bench: system-deps $(VENV)/.tools-stamp

@@ -18,7 +18,14 @@ namespace py = pybind11;
 void register_errors(py::module_& m);
 void register_types(py::module_& m);
 void register_options(py::module_& m);
-void register_engine(py::module_& m);
+// The Engine class with its construction and lifecycle; each area below adds its calls.
+py::class_<Engine> register_engine(py::module_& m);
+// The blocking calls on stock rows, leases and reservations (register_calls.cpp).
+void register_calls(py::class_<Engine>& c);
+// stats(), metrics() and recommend() (register_stats.cpp).
+void register_stats(py::class_<Engine>& c);
+// The async calls and their AsyncChannel (register_async.cpp).
+void register_async(py::module_& m, py::class_<Engine>& c);
 // Test hooks and tooling (the oversell canary, hold_lock, the C++ load driver): not part
 // of the engine's API, bound apart so that the API's bindings stay the API.
 void register_testing(py::module_& m);

@@ -8,6 +8,10 @@ PYBIND11_MODULE(_core, m) {
   stockade::bindings::register_errors(m);
   stockade::bindings::register_types(m);
   stockade::bindings::register_options(m);
-  stockade::bindings::register_engine(m);
+  auto engine = stockade::bindings::register_engine(m);
+  stockade::bindings::register_calls(engine);
+  stockade::bindings::register_stats(engine);
+  stockade::bindings::register_async(m, engine);
+  stockade::bindings::register_record(m, engine);
   stockade::bindings::register_testing(m);
 }

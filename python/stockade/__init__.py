@@ -20,37 +20,11 @@ except ImportError as exc:  # pragma: no cover - only without a built extension
         "`pip install .`), which compiles the C++ engine with CMake."
     ) from exc
 
+from . import errors as _errors
 from . import limits as _limits
 from .claim import ClaimAdvice, claim_test
 from .engine import Engine, ManualClock
-from .errors import (
-    DatabaseError,
-    DeadlineExceeded,
-    Discontinued,
-    FeedOverrun,
-    FencingTokenStale,
-    IdempotencyConflict,
-    InDoubt,
-    InvalidArgument,
-    InvalidState,
-    InvalidType,
-    InvariantViolation,
-    LeaseHeld,
-    LimitExceeded,
-    LockNotAvailable,
-    LockTimeout,
-    Misconfigured,
-    NotFound,
-    NotSupported,
-    OutOfStock,
-    Overloaded,
-    ReservationExpired,
-    RetriesExhausted,
-    SchemaNotMigrated,
-    StockadeError,
-    Unavailable,
-    VersionConflict,
-)
+from .errors import *  # noqa: F403 - the error classes, each named in stockade.errors
 from .journal import ALERTS, AuditReport, AuditViolation, Feed, Movement, StockChange
 from .limits import *  # noqa: F403 - the input limits, each named in stockade.limits
 from .stats import EngineStats, Metrics, RowCounts
@@ -79,54 +53,29 @@ def _version() -> str:
 
 __version__ = _version()
 
-__all__ = [  # and stockade.limits' constants, added below
+__all__ = [  # and stockade.errors' classes and stockade.limits' constants, added below
     "ALERTS",
     "AuditReport",
     "AuditViolation",
     "ClaimAdvice",
-    "DatabaseError",
-    "DeadlineExceeded",
-    "Discontinued",
     "Engine",
     "EngineStats",
     "Feed",
-    "FeedOverrun",
-    "FencingTokenStale",
-    "IdempotencyConflict",
-    "InDoubt",
-    "InvalidArgument",
-    "InvalidState",
-    "InvalidType",
-    "InvariantViolation",
     "Lease",
-    "LeaseHeld",
-    "LimitExceeded",
-    "LockNotAvailable",
-    "LockTimeout",
     "ManualClock",
     "Metrics",
-    "Misconfigured",
     "Movement",
-    "NotFound",
-    "NotSupported",
-    "OutOfStock",
-    "Overloaded",
     "Reservation",
-    "ReservationExpired",
     "ReservationState",
-    "RetriesExhausted",
     "RowCounts",
-    "SchemaNotMigrated",
     "StockChange",
     "StockLevel",
-    "StockadeError",
     "Strategy",
     "StrategyLike",
     "StrategyName",
-    "Unavailable",
-    "VersionConflict",
     "__version__",
     "claim_test",
     "version_from_etag",
 ]
+__all__ += _errors.__all__
 __all__ += _limits.__all__

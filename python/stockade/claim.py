@@ -1,4 +1,5 @@
-"""The Claim Test: which answer to the lost update fits a write (DESIGN.md section 1).
+"""The Claim Test: which answer to the lost update fits a write (docs/design.md, section 1,
+"The problem and the strategies").
 
 Question zero: can one atomic statement (or a constraint) remove the window entirely?
 Then no lock at all. Otherwise, in order: Hold (does the window fit inside one short

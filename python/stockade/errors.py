@@ -46,6 +46,7 @@ DatabaseError            500     no         -
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Optional
 
@@ -374,6 +375,9 @@ _BY_CODE: dict[str, type[StockadeError]] = {
 }
 
 
+_LOGGER = logging.getLogger("stockade")
+
+
 def _from_core(
     code: str,
     message: str,
@@ -385,8 +389,12 @@ def _from_core(
     actual_version: Optional[int],
     state: str,
 ) -> StockadeError:
-    """Builds the exception for an error raised by the C++ core (called from _core)."""
+    """Builds the exception for an error raised by the C++ core (called from _core).
+    A broken invariant is a bug whatever the caller does with it, so it is also logged,
+    at ERROR on ``stockade``: an operator sees it even when a caller swallows it."""
     cls = _BY_CODE.get(code, StockadeError)
+    if cls is InvariantViolation:
+        _LOGGER.error("a bug in the engine (please report it): %s", message)
     return cls(
         message,
         sku=sku or None,

@@ -38,7 +38,7 @@ StrategyName = Literal["atomic", "pessimistic", "advisory", "optimistic", "batch
 
 
 class Strategy(str, enum.Enum):
-    """How a write protects itself from the lost update (DESIGN.md section 1).
+    """How a write protects itself from the lost update (docs/design.md, section 1).
 
     Every ``strategy=`` parameter accepts a member or its string name.
     """

@@ -21,13 +21,14 @@ import time
 from typing import Any, Dict, List, Union
 
 import stockade
+from support import ALL_STRATEGIES as STRATEGIES
+from support import PER_REQUEST_STRATEGIES
 
 SKUS = ["n-0", "n-1", "n-2", "n-3"]
 LEASED = "lease-0"  # leases and fenced restocks (of one unit each) go to this SKU only
 LIMITED = ["n-2", "n-3"]  # one purchase-limit group, "drop", of PER_BUYER units per buyer
 PER_BUYER = 6
 BUYERS = 8
-STRATEGIES = ["atomic", "pessimistic", "optimistic", "advisory", "batched", "auto"]
 RESTOCK = 1000  # every restock adds this many: in-doubt restocks are then countable
 SHORT_TTL = 1  # seconds: some holds lapse and expire during the run
 LONG_TTL = 86400  # seconds: the others outlive any run
@@ -104,7 +105,7 @@ class Workload:
                 "op": "order",
                 "lines": {a: rng.randint(1, 2), b: rng.randint(1, 2)},
                 "key": name,
-                "strategy": rng.choice(["atomic", "pessimistic", "optimistic", "advisory"]),
+                "strategy": rng.choice(PER_REQUEST_STRATEGIES),
             }
         elif roll < 0.85:
             record = {"op": rng.choice(["confirm", "release", "extend"]), "target": None}

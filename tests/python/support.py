@@ -11,21 +11,14 @@ import stockade
 from stockade.tools.pgserver import run_sql
 
 # The strategies that serve each request in its own transaction, and all of them (batched
-# folds requests into shared transactions; auto picks atomic or batched per SKU).
-PER_REQUEST_STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic"]
-ALL_STRATEGIES = [*PER_REQUEST_STRATEGIES, "batched", "auto"]
+# folds requests into shared transactions; auto picks atomic or batched per SKU), in the
+# order of stockade.Strategy.
+ALL_STRATEGIES = [s.value for s in stockade.Strategy]
+PER_REQUEST_STRATEGIES = [s for s in ALL_STRATEGIES if s not in ("batched", "auto")]
 
-# The migrations in sql/, in order.
-MIGRATIONS = [
-    "001_schema.sql",
-    "002_retention.sql",
-    "003_stock_row_patterns.sql",
-    "004_purchase_limits.sql",
-    "005_slot_column.sql",
-    "006_limit_group_index.sql",
-    "007_journal.sql",
-    "008_active_slots.sql",
-]
+# The migrations in sql/, in order: the numbered files there.
+SQL_DIR = Path(__file__).parents[2] / "sql"
+MIGRATIONS = sorted(p.name for p in SQL_DIR.glob("[0-9][0-9][0-9]_*.sql"))
 
 # Every API test runs on each store, and on the Citus layout of the PostgreSQL one (a
 # three-node cluster; skipped where the Citus build beside the project does not fit).

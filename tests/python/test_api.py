@@ -1,5 +1,5 @@
-"""The public API of DESIGN.md section 5 on both stores: every call, its value objects,
-and its errors. Times are checked against the store's clock (`store_now`), and time moves
+"""The public API (docs/api.md) on both stores: every call, its value objects, and its
+errors. Times are checked against the store's clock (`store_now`), and time moves
 with `wait` (the manual clock on memory, the database clock on PostgreSQL)."""
 
 from __future__ import annotations

@@ -24,11 +24,11 @@ from stockade import OutOfStock
 from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus
 from stockade.tools.pgserver import run_sql
+from support import ALL_STRATEGIES as STRATEGIES
 from support import drop_citus_schema, wait_for
 
 pytestmark = pytest.mark.citus
 
-STRATEGIES = ["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]
 _schemas = itertools.count(1)
 
 

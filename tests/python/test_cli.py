@@ -16,12 +16,12 @@ import stockade
 from stockade.tools.cli import main
 from stockade.tools.loadgen import NAIVE, flash_sale
 from stockade.tools.pgserver import run_sql
-from support import MIGRATIONS
+from support import ALL_STRATEGIES, MIGRATIONS, PER_REQUEST_STRATEGIES
 
 
 def demo_rows(out: str) -> dict[str, list[str]]:
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
-    for name in ["atomic", "pessimistic", "advisory", "optimistic", NAIVE]:
+    for name in [*PER_REQUEST_STRATEGIES, NAIVE]:
         assert name in rows, out
     return rows
 
@@ -31,7 +31,7 @@ def test_demo_reports_every_strategy_with_no_oversell(capsys: pytest.CaptureFixt
     assert main(argv) == 0
     out = capsys.readouterr().out
     rows = demo_rows(out)
-    for name in ["atomic", "pessimistic", "advisory", "optimistic", "batched", "auto"]:
+    for name in ALL_STRATEGIES:
         granted, refused, failed, oversold = rows[name][1:5]
         assert (granted, refused, failed, oversold) == ("50", "550", "0", "0"), out
 
@@ -132,7 +132,7 @@ def test_bench_peers_runs_pgbench_and_redis_next_to_stockade(
     out = capsys.readouterr().out
     cases = json.loads((tmp_path / "bench.json").read_text())["cases"]
     runners = {(c["runner"], c["strategy"]) for c in cases}
-    for strategy in ["atomic", "pessimistic", "advisory", "optimistic"]:
+    for strategy in PER_REQUEST_STRATEGIES:
         assert ("pgbench", strategy) in runners
     assert all(c["rate"] > 0 for c in cases if c["strategy"] != "optimistic")
     assert "- pgbench atomic: stockade atomic" in out

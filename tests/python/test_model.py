@@ -1,6 +1,6 @@
 """Both stores against a model: random operation sequences, one reference.
 
-Goal: the engine follows the lifecycle of DESIGN.md (held -> confirmed | released |
+Goal: the engine follows the lifecycle of docs/design.md, section 2 (held -> confirmed | released |
 expired, expiry from the store clock, versions growing on every change, refusals
 changing nothing) in any order of calls, not only in the orders the example tests
 chose. Method: a Hypothesis state machine applies the same operations to the engine and

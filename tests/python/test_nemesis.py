@@ -201,6 +201,15 @@ class Checker:
     def fail(self, record: Optional[Record], what: str) -> None:
         self.violations.append((record, what))
 
+    def engine_bugs(self) -> None:
+        """No call is ever told of a broken invariant: the engine calls that answer its own
+        bug, so it is never an accepted outcome, even one that left nothing behind."""
+        for r in self.history:
+            if r["out"] == "InvariantViolation":
+                self.fail(
+                    r, "told InvariantViolation: the engine decided on values it did not read"
+                )
+
     def keys(self, stored: Dict[str, List[str]], settled: Dict[str, Optional[List[str]]]) -> None:
         """Each key has exactly one outcome. `stored`: the keys in the database before
         any retry; `settled`: what each in-doubt key's retry returned."""
@@ -420,6 +429,7 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
                 settled[r["key"]] = resolve(eng, r)
     db, _, rows = read_database(dsn)
     checker = Checker(history, rows)
+    checker.engine_bugs()
     checker.keys(stored, settled)
     made = {rid for r in history if r["out"] == "ok" for rid in ids_of(r)}
     made |= {rid for ids in settled.values() if isinstance(ids, list) for rid in ids}
@@ -542,7 +552,9 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
     rows = {sku: (START, 0) for sku in [*SKUS, LEASED]}
     rows["n-0"] = (START + 5, 7)  # a restock that did not land, a reserved count that is off
     history.append(reserve("k-doubt", "-", out="InDoubt"))  # its retry is told a conflict
+    history.append(reserve(None, "-", out="InvariantViolation"))  # nothing left, still a bug
     checker = Checker(history, rows)
+    checker.engine_bugs()
     checker.keys(stored, {"k-doubt": "IdempotencyConflict"})
     checker.reservations(db, {"r-lost", "r-held", "r-conf", "o-1", "o-2"})
     checker.stock(db)
@@ -551,6 +563,7 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
     found = "\n".join(what for _, what in checker.violations)
     for expected in (
         "told LockTimeout (nothing changed), but the key holds",
+        "told InvariantViolation",
         "InDoubt, and its retry was told IdempotencyConflict",
         "reservation r-lost is missing",
         "acknowledged ['o-1', 'o-2'], but the key holds ['o-1']",

@@ -119,12 +119,13 @@ def test_check_constraint_refuses_an_oversold_row(stockade_database: str) -> Non
         sql(stockade_database, "UPDATE stockade.stock SET reserved = 6 WHERE sku = 's'")
 
 
+@pytest.mark.engine_bug_expected
 def test_a_check_violation_surfaces_as_invariant_violation(
-    stockade_engine: stockade.Engine, stockade_database: str
+    stockade_engine: stockade.Engine, stockade_database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The naive canary writes reserved from a stale read; if on_hand falls meanwhile, the
     # CHECK constraint refuses the write. The engine must report it as a bug-level error
-    # with its SQLSTATE, never swallow it.
+    # with its SQLSTATE, never swallow it, and log it at ERROR for an operator.
     stockade_engine.restock("s", 10)
 
     def sell_while_the_canary_waits() -> None:
@@ -141,6 +142,8 @@ def test_a_check_violation_surfaces_as_invariant_violation(
     )
     assert isinstance(out.errors[0], stockade.InvariantViolation), out.errors
     assert out.errors[0].sqlstate == "23514"
+    bugs = [r for r in caplog.records if "a bug in the engine" in r.getMessage()]
+    assert bugs and bugs[0].levelname == "ERROR" and bugs[0].name == "stockade"
     lvl = stockade_engine.stock("s")
     assert (lvl.on_hand, lvl.reserved) == (0, 0)
 

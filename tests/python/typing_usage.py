@@ -1,6 +1,6 @@
 """A user's program, type-checked with mypy --strict by test_typing.py (never run).
 
-It exercises the public API the way DESIGN.md section 5 shows it, so that the stubs and
+It exercises the public API the way docs/api.md shows it, so that the stubs and
 annotations are checked against real use, and that misuse is reported.
 """
 

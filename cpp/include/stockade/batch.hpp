@@ -1,6 +1,6 @@
 // The batch seam: what the hot-row batcher hands a store (Store::apply_batch), one
-// BatchItem per request. The batcher fills the input fields from a preallocated record;
-// the store fills the outcome.
+// BatchItem per request. The batcher assigns each request (BatchRequest) to a preallocated
+// record; the store fills the outcome.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +21,9 @@ inline bool is_transition(BatchOp op) {
   return op == BatchOp::confirm || op == BatchOp::release;
 }
 
-struct BatchItem {
-  // Input.
+// What one request asks, as the engine makes it and the batcher carries it to a store. It
+// travels whole (BatchItem::assign), so that a field added here reaches every copy.
+struct BatchRequest {
   BatchOp op = BatchOp::reserve;
   SkuKey key;                                  // reserve and sell
   Quantity qty = 0;                            // reserve and sell
@@ -46,6 +47,10 @@ struct BatchItem {
   // nothing of such a refusal.
   bool count_request = true;
   bool count_refusal = true;
+};
+
+// One request in a batch: what it asks, and its outcome, which the store writes.
+struct BatchItem : BatchRequest {
   // Outcome, written by the store.
   bool ok = false;
   // Requests in the batch it ran in (its last, if it ran again on another slot row);
@@ -69,6 +74,12 @@ struct BatchItem {
     ok = false;
     error.reset();
     row_found = row_left = 0;
+  }
+  // Takes `request` whole, with a clean outcome (the batcher reuses its records: the
+  // strings keep their capacity).
+  void assign(const BatchRequest& request) {
+    static_cast<BatchRequest&>(*this) = request;
+    clear_outcome();
   }
 
   // The 16-bit shard key of the row this request is about: from its SKU, or from the

@@ -181,7 +181,6 @@ class Engine {
   void submit_reserve_order(const std::vector<OrderLine>& lines, std::optional<std::int64_t> ttl_us,
                             std::optional<std::string> idempotency_key, const CallOptions& call,
                             std::shared_ptr<CompletionSink> sink, std::uint64_t token);
-  enum class Transition { confirm, release, extend };
   void submit_transition(Transition kind, const Uuid& id, std::int64_t ttl_us,
                          std::optional<Version> expected_version,
                          std::shared_ptr<CompletionSink> sink, std::uint64_t token);

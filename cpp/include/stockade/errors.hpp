@@ -71,6 +71,12 @@ struct ErrorContext {
   std::string state;  // the current reservation state, for invalid_state and the like
 };
 
+// What the caller of a write whose outcome is unknown (InDoubt) can do to learn it, by
+// what the write was about: a transition of a reservation reads the reservation back; a
+// write to a stock row reads the row back, and a reserve with an idempotency key retries
+// with that key, which returns the reservation if it landed.
+std::string in_doubt_hint(const ErrorContext& context);
+
 // A message on one line: libpq's and the server's texts end in a newline and break lines
 // with "\n\t" (connection failures) or "\nDETAIL:"; each line break and the whitespace
 // around it become one space, and trailing whitespace goes.

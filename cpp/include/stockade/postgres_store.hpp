@@ -1,6 +1,6 @@
 // PostgresStore: the durable store, over libpqxx (6.4 and 7.x).
 //
-// A bounded pool of connections with prepared statements; every strategy of DESIGN.md
+// A bounded pool of connections with prepared statements; every strategy of docs/design.md
 // section 1 in SQL; reservations with TTLs from the database clock; idempotency keys in
 // their own table; a commit whose outcome is unknown raises InDoubt. The schema lives in
 // sql/ (compiled into the library) and is applied by Store::migrate().

@@ -3,10 +3,10 @@
 // The engine and the hot-row batcher talk to a Store; nothing else does. Test-only
 // facilities (the oversell canary, holding a lock as another session) are a separate
 // interface, TestHooks in stockade/testing.hpp, so the production seam stays this one. A store
-// implements every strategy of DESIGN.md section 1 in its own terms (SQL for PostgreSQL,
-// compare-and-set and locks for memory) and keeps the same semantics and errors: inputs
-// reach it already validated by the Engine, and it must never let a committed state break
-// 0 <= reserved <= on_hand + backorder_limit.
+// implements every strategy of docs/design.md ("1. The problem and the strategies") in its own
+// terms (SQL for PostgreSQL, compare-and-set and locks for memory) and keeps the same semantics and
+// errors: inputs reach it already validated by the Engine, and it must never let a committed state
+// break 0 <= reserved <= on_hand + backorder_limit.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +43,10 @@ struct WriteOptions {
   bool count_request = true;
   bool count_refusal = true;
 };
+
+// A change of a held reservation's state: sold, given back, or held longer. One type for
+// the engine's calls and both stores.
+enum class Transition { confirm, release, extend };
 
 struct ReserveRequest {
   SkuKey key;

@@ -5,7 +5,7 @@
 // kernel's CSPRNG (getrandom), so ids cannot be guessed from one another. Sixteen of the
 // random bits (the first 16 bits of rand_b) carry the row's shard key, a stable hash of
 // (sku, location), so a sharded layout can route `confirm(id)` to one shard without a
-// lookup table (DESIGN.md section 7).
+// lookup table (docs/design.md, "10. Scale-out").
 #pragma once
 
 #include <array>

@@ -39,6 +39,18 @@ std::string one_line(const std::string& message) {
   return out;
 }
 
+std::string in_doubt_hint(const ErrorContext& context) {
+  if (context.reservation_id) {
+    return "read the reservation back: its state and version show whether the change landed";
+  }
+  if (!context.sku.empty()) {
+    return "a reserve or order with an idempotency key: retry with the same key, which returns "
+           "its reservation if it landed; any other write: read the stock row back (its version, "
+           "and movements()) before writing again";
+  }
+  return "read back what the call changes before calling it again";
+}
+
 void throw_invalid_argument(const std::string& message) {
   throw Error(ErrorCode::invalid_argument, message);
 }

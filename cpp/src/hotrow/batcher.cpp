@@ -59,25 +59,6 @@ Error closed_error() {
   return Error(ErrorCode::invalid_state, "the engine is closed");
 }
 
-void copy_input(BatchItem& to, const BatchItem& from) {
-  to.op = from.op;
-  to.key.sku.assign(from.key.sku);  // reuses the record's capacity
-  to.key.location.assign(from.key.location);
-  to.key.slot = from.key.slot;
-  to.qty = from.qty;
-  to.ttl_us = from.ttl_us;
-  to.idempotency_key = from.idempotency_key;
-  to.buyer = from.buyer;
-  to.id = from.id;
-  to.expected_version = from.expected_version;
-  to.counted_as = from.counted_as;
-  to.started_us = from.started_us;
-  to.count_request = from.count_request;
-  to.count_refusal = from.count_refusal;
-  to.in_flight = from.in_flight;
-  to.clear_outcome();
-}
-
 Completion completion_of(BatchItem& item, std::uint64_t token) {
   Completion c;
   c.token = token;
@@ -294,13 +275,7 @@ void HotRowBatcher::queue_or_report(const BatchItem& item, Fn&& queue) {
     queue();
   } catch (const Error& e) {
     BatchItem report;
-    report.op = item.op;
-    report.key = item.key;
-    report.id = item.id;
-    report.counted_as = item.counted_as;
-    report.started_us = item.started_us;
-    report.count_refusal = item.count_refusal;
-    report.in_flight = item.in_flight;
+    report.assign(item);
     report.error = e;
     finish(report);
     throw;
@@ -321,7 +296,7 @@ void HotRowBatcher::run(BatchItem& item, std::int64_t lock_timeout_ms) {
   queue_or_report(item, [&] {
     index = acquire(shard);
     Slot& slot = shard.slots[index];
-    copy_input(slot.item, item);
+    slot.item.assign(item);
     slot.lock_timeout_ms = lock_timeout_ms;
     slot.lock_deadline = SteadyClock::now() + std::chrono::milliseconds(lock_timeout_ms);
     slot.sink.reset();
@@ -338,11 +313,12 @@ void HotRowBatcher::run(BatchItem& item, std::int64_t lock_timeout_ms) {
       ErrorContext context;
       context.sku = item.key.sku;
       context.location = item.key.location;
+      if (is_transition(item.op)) context.reservation_id = item.id;
+      const std::string hint = in_doubt_hint(context);
       throw Error(ErrorCode::in_doubt,
                   "the batch of this request gave no outcome within " +
                       std::to_string(lock_timeout_ms + options_.result_timeout_ms) +
-                      " ms (lock_timeout + result_timeout); it may still be applied: look the "
-                      "reservation up, or retry with the same idempotency key",
+                      " ms (lock_timeout + result_timeout); it may still be applied: " + hint,
                   std::move(context));
     }
   }
@@ -362,7 +338,7 @@ void HotRowBatcher::submit(const BatchItem& item, std::int64_t lock_timeout_ms,
   queue_or_report(item, [&] {
     const std::uint32_t index = acquire(shard);
     Slot& slot = shard.slots[index];
-    copy_input(slot.item, item);
+    slot.item.assign(item);
     slot.lock_timeout_ms = lock_timeout_ms;
     slot.lock_deadline = SteadyClock::now() + std::chrono::milliseconds(lock_timeout_ms);
     slot.sink = std::move(sink);

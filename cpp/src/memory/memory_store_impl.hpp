@@ -1,6 +1,7 @@
 // MemoryStore internals.
 //
-// What it guarantees: the semantics of DESIGN.md sections 2 and 4 without durability.
+// What it guarantees: the semantics of docs/design.md ("2. Guarantees", "3. Errors")
+// without durability.
 // Committed stock rows never break 0 <= reserved <= on_hand + backorder_limit, whatever the
 // strategy, the number of threads, or the mix of strategies on one row: every write to a row goes
 // through its RowCell latch, and every strategy decides on the values it then commits
@@ -182,7 +183,6 @@ class MemoryStore final : public Store, public TestHooks {
     bool pending = true;
     TimestampUs created_us = 0;
   };
-  enum class Transition { confirm, release, extend };
 
   // Stock rows (stock.cpp).
   StockRow* find_row(const SkuKey& key) const;

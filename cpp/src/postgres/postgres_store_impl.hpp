@@ -31,6 +31,7 @@
 #include <unordered_map>
 
 #include "base/backoff.hpp"
+#include "postgres/arrays.hpp"
 #include "postgres/dsn.hpp"
 #include "postgres/pool.hpp"
 #include "postgres/sqlstate.hpp"
@@ -212,7 +213,6 @@ class PostgresStore final : public Store, public TestHooks {
   std::vector<Reservation> read_many(Tx& tx, const std::vector<Uuid>& ids);
 
  private:
-  enum class Transition { confirm, release, extend };
   using Level = std::optional<StockLevel>;
 
   // Runs fn(Tx&) as one transaction; see the file comment. RunMode::read runs a read of
@@ -416,20 +416,9 @@ ReservationState parse_state(const std::string& name);
 // A new hold as inserted; `times` holds its expires_at and created_at (epoch us).
 Reservation new_hold(const Uuid& id, const SkuKey& key, Quantity qty,
                      const std::optional<std::string>& idempotency_key, const pqxx::row& times);
-// The SQLSTATE of abort_statement() (migration 004): a one-statement write undid itself.
-inline constexpr const char* statement_aborted = "SK001";
-std::string uuid_array(const std::vector<Uuid>& ids);
-// PostgreSQL array literals. Text elements are double-quoted, with backslashes and quotes
-// escaped, so any text but NUL (which validation already refuses) survives.
-std::string text_array(const std::vector<std::string>& values);
-std::string int_array(const std::vector<std::int64_t>& values);
-// The reservations of `rows` (reservation_columns()) in the order of `ids`; NotFound if one
-// is missing.
 // The reservations `found` in the order of `ids`; NotFound for one that is missing.
 std::vector<Reservation> in_order(const std::vector<Reservation>& found,
                                   const std::vector<Uuid>& ids);
-// The ids of array_to_string(uuid[], ','), as the idempotency table returns them.
-std::vector<Uuid> parse_ids(const std::string& list);
 bool valid_schema_name(const std::string& schema);
 bool reserved_schema_name(const std::string& schema);
 
@@ -497,7 +486,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       // An error reply is definite, even to COMMIT: the transaction rolled back.
       if (guard.fired()) {
         lease.discard();
-        if (state == "57014") throw past_deadline(context, false);  // our cancel request
+        if (state == query_canceled) throw past_deadline(context, false);  // our cancel request
         throw translate(e, failure);
       }
       if (is_retryable(state)) {  // 40001 / 40P01 as a plain sql_error (libpqxx 7)

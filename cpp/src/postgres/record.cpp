@@ -136,13 +136,30 @@ FeedBatch PostgresStore::feed_poll(const std::string& consumer, const FeedPositi
   });
 }
 
+// Storing a position writes the same values however often it runs, so a commit whose
+// COMMIT was lost runs once more, within the same call_timeout, instead of telling the
+// caller InDoubt; only if that one is lost too does the caller hear of it, with what it
+// can do (commit again: it is safe).
 void PostgresStore::feed_commit(const std::string& consumer, const FeedPosition& at) {
-  run(nullptr, ErrorContext{}, [&](Tx& tx) {
-    if (!tx.exec(Stmt::feed_commit, consumer, at.from, at.to, at.after).empty()) return 0;
-    const pqxx::result state = tx.exec(Stmt::feed_state, consumer);
-    if (state.empty()) throw_no_consumer(consumer);
-    throw_overrun(consumer);
-  });
+  const CallDeadline deadline(options_.call_timeout_ms);
+  for (int lost = 0;; ++lost) {
+    try {
+      run(nullptr, ErrorContext{}, [&](Tx& tx) {
+        if (!tx.exec(Stmt::feed_commit, consumer, at.from, at.to, at.after).empty()) return 0;
+        const pqxx::result state = tx.exec(Stmt::feed_state, consumer);
+        if (state.empty()) throw_no_consumer(consumer);
+        throw_overrun(consumer);
+      });
+      return;
+    } catch (const LostCommit& e) {
+      if (lost == 0) continue;
+      throw Error(ErrorCode::in_doubt,
+                  "the connection was lost twice while the feed's position was stored; "
+                  "whether it was stored is unknown, and committing the same position again "
+                  "is safe (storing it is idempotent): " +
+                      e.prelude);
+    }
+  }
 }
 
 bool PostgresStore::feed_drop(const std::string& consumer) {

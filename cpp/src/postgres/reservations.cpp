@@ -48,26 +48,6 @@ Reservation new_hold(const Uuid& id, const SkuKey& key, Quantity qty,
   return r;
 }
 
-std::string uuid_array(const std::vector<Uuid>& ids) {
-  std::string out = "{";
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (i > 0) out += ',';
-    out += ids[i].to_string();
-  }
-  return out + "}";
-}
-
-std::vector<Uuid> parse_ids(const std::string& list) {
-  std::vector<Uuid> ids;
-  for (std::size_t start = 0; start < list.size();) {
-    std::size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    ids.push_back(Uuid::parse(std::string_view(list).substr(start, end - start)));
-    start = end + 1;
-  }
-  return ids;
-}
-
 // The session is ended first, so that the write cannot commit behind the engine's back.
 // A settled loss logs nothing yet: the engine looks for the write, and find_landed logs
 // one INFO line that says what it found and did. An unsettled one is a WARNING: the write

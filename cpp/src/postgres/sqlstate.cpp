@@ -14,7 +14,7 @@ constexpr std::array<SqlStateRule, 18> rules{{
     {"40001", A::retry, C::overloaded, "serialization failures"},
     {"40P01", A::retry, C::overloaded, "deadlocks"},
     {"55P03", A::lock, C::lock_timeout, "lock not available"},
-    {"57014", A::raise, C::overloaded,
+    {query_canceled, A::raise, C::overloaded,
      "the server canceled the statement (statement_timeout or a cancel request); nothing "
      "was changed"},
     {"23505", A::raise, C::idempotency_conflict, "a unique key is already taken"},
@@ -22,7 +22,7 @@ constexpr std::array<SqlStateRule, 18> rules{{
      "the database refused a write that breaks a CHECK constraint (a bug in the engine; "
      "please report it)"},
     {"22003", A::raise, C::invalid_argument, "a quantity would overflow a 64-bit value"},
-    {"42P01", A::raise, C::schema_not_migrated, "the schema is missing or not migrated"},
+    {undefined_table, A::raise, C::schema_not_migrated, "the schema is missing or not migrated"},
     {"3F000", A::raise, C::schema_not_migrated, "the schema is missing or not migrated"},
     {"42703", A::raise, C::schema_not_migrated,
      "the schema is older than this version of stockade (a column is missing)"},
@@ -104,7 +104,8 @@ std::string sqlstate_of(const pqxx::sql_error& e) {
   if (dynamic_cast<const pqxx::insufficient_privilege*>(&e) != nullptr) return "42501";
   if (dynamic_cast<const pqxx::unique_violation*>(&e) != nullptr) return "23505";
   if (dynamic_cast<const pqxx::check_violation*>(&e) != nullptr) return "23514";
-  if (dynamic_cast<const pqxx::undefined_table*>(&e) != nullptr) return "42P01";
+  if (dynamic_cast<const pqxx::undefined_table*>(&e) != nullptr)
+    return std::string(undefined_table);
   if (dynamic_cast<const pqxx::undefined_column*>(&e) != nullptr) return "42703";
   if (dynamic_cast<const pqxx::too_many_connections*>(&e) != nullptr) return "53300";
   return state;

@@ -13,6 +13,15 @@
 
 namespace stockade::detail::pg {
 
+// The SQLSTATEs the store tests for by name outside rule_for(); the first two have their
+// rules in the table (sqlstate.cpp) too.
+inline constexpr std::string_view query_canceled = "57014";   // a cancel request: ours, if
+                                                              // the call's watchdog fired
+inline constexpr std::string_view undefined_table = "42P01";  // the schema is not migrated
+// abort_statement() (migration 004): a one-statement write undid itself, as its caller
+// asked, and the caller decides the long way.
+inline constexpr std::string_view statement_aborted = "SK001";
+
 // What the transaction runner does with a failed statement's SQLSTATE.
 enum class SqlAction {
   retry,  // the server rolled the transaction back (40001, 40P01): run it again, bounded
@@ -73,16 +82,14 @@ inline std::string rollback_sqlstate(const pqxx::transaction_rollback& e) {
 inline Error in_doubt(const ErrorContext& context, const std::string& cause, bool settled,
                       bool pooled = false) {
   const char* why =
-      settled  ? "The server session has ended, so the outcome is final: read the reservation "
-                 "back, or retry with the same idempotency key: "
+      settled  ? "The server session has ended, so the outcome is final; to learn it, "
       : pooled ? "A connection pooler stands between the engine and the server session, which "
-                 "therefore cannot be ended, so the write may still complete: retry later with "
-                 "the same idempotency key: "
+                 "therefore cannot be ended, so the write may still complete; a little later, "
                : "The server session could not be ended in time, so the write may still "
-                 "complete: retry later with the same idempotency key: ";
+                 "complete; a little later, ";
   return Error(ErrorCode::in_doubt,
                "the connection was lost during COMMIT (" + plain_cause(cause) +
-                   "); the outcome is unknown. " + why + cause,
+                   "); the outcome is unknown. " + why + in_doubt_hint(context) + ": " + cause,
                context);
 }
 

@@ -11,11 +11,6 @@
 namespace stockade::detail::pg {
 namespace {
 
-// Timestamps travel as microseconds since the epoch (UTC), the unit of TimestampUs.
-std::string epoch_us(const std::string& column) {
-  return "(extract(epoch FROM " + column + ") * 1000000)::bigint";
-}
-
 // A stock row as level_from reads it: the counts, then what check_writable needs.
 std::string stock_columns() {
   return "on_hand, reserved, version, " + epoch_us("updated_at") +
@@ -70,9 +65,8 @@ OneRowPieces one_row_pieces(const std::string& schema) {
             " version = version + $5::bigint, updated_at = now()" +
             row_key + " AND " + std::string(room) + " >= $3::bigint + $4::bigint AND " + open_row;
   p.moved_end = " RETURNING sku, location, on_hand, reserved, version, backorder_limit),";
-  p.made = " made AS (INSERT INTO " + schema +
-           ".reservation (id, sku, location, slot, qty, state, version, expires_at,"
-           " idempotency_key, created_at, updated_at@SKC) SELECT i::uuid, $1, $2, @SLOT, q,"
+  p.made = " made AS (INSERT INTO " + new_reservation(schema + ".reservation", false) +
+           " SELECT i::uuid, $1, $2, @SLOT, q,"
            " 'held', 1,"
            " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now()@SKV"
            " FROM unnest($6::text[], $7::bigint[], $8::bigint[], $9::text[]) AS r(i, q, t, ik)"
@@ -108,6 +102,17 @@ int last_parameter(const std::string& sql) {
 }
 
 }  // namespace
+
+std::string epoch_us(const std::string& column) {
+  return "(extract(epoch FROM " + column + ") * 1000000)::bigint";
+}
+
+std::string new_reservation(const std::string& table, bool buyer) {
+  return table +
+         " (id, sku, location, slot, qty, state, version, expires_at, idempotency_key,"
+         " created_at, updated_at" +
+         (buyer ? ", buyer, limit_group" : "") + "@SKC)";
+}
 
 std::string stock_columns_sql() {
   return stock_columns();
@@ -202,11 +207,12 @@ void Statements::add_expiry_statements(const std::string& schema, Set& set) {
   set(Stmt::expire_lock, "SELECT id::text FROM " + schema +
                              ".reservation WHERE state = 'held' AND expires_at <= now()@PIN"
                              " ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED");
-  set(Stmt::expire_set, "UPDATE " + schema +
-                            ".reservation r SET state = 'expired', version = r.version + 1,"
-                            " updated_at = now() WHERE r.id = ANY($1::uuid[])@PIN(r)"
-                            " RETURNING r.sku, r.location, r.qty, coalesce(r.limit_group, ''),"
-                            " coalesce(r.buyer, ''), r.slot");
+  set(Stmt::expire_set,
+      "UPDATE " + schema +
+          ".reservation r SET state = 'expired', version = r.version + 1,"
+          " updated_at = now() WHERE r.id = ANY($1::uuid[])@PIN(r)"
+          " AND r.state = 'held' RETURNING r.sku, r.location, r.qty, coalesce(r.limit_group, ''),"
+          " coalesce(r.buyer, ''), r.slot");
 }
 
 // The statements of the Citus layout alone: retention by shard group, and stats()' counts.
@@ -405,11 +411,10 @@ void Statements::add_lease_statements(const std::string& schema, Set& set) {
           " AND " + room + " >= $3 AND ($4 < 0 OR version = $4) AND " + open_row +
           " RETURNING sku, location, slot, version)"
           " INSERT INTO " +
-          reservation +
-          " (id, sku, location, slot, qty, state, version, expires_at, idempotency_key,"
-          " created_at, updated_at@SKC) SELECT $5::uuid, sku, location, slot, $3, 'held', 1, " +
-          ttl_from_now(6) + ", NULLIF($7, ''), now(), now()@SKV FROM held RETURNING " +
-          epoch_us("expires_at") + ", " + epoch_us("created_at") + ", (SELECT version FROM held)");
+          new_reservation(reservation, false) +
+          " SELECT $5::uuid, sku, location, slot, $3, 'held', 1, " + ttl_from_now(6) +
+          ", NULLIF($7, ''), now(), now()@SKV FROM held RETURNING " + epoch_us("expires_at") +
+          ", " + epoch_us("created_at") + ", (SELECT version FROM held)");
 }
 
 // Reservations and the sweeper's pick.
@@ -417,11 +422,9 @@ template <class Set>
 void Statements::add_reservation_statements(const std::string& schema, Set& set) {
   const std::string reservation = schema + ".reservation";
   set(Stmt::reservation_insert,
-      "WITH w AS (INSERT INTO " + reservation +
-          " (id, sku, location, qty, state, version, expires_at, idempotency_key, created_at,"
-          " updated_at, buyer, limit_group, slot@SKC) VALUES ($1::uuid, $2, $3, $4, 'held', 1, " +
-          ttl_from_now(5) +
-          ", NULLIF($6, ''), now(), now(), NULLIF($7, ''), NULLIF($8, ''), @SLOT@SKV)"
+      "WITH w AS (INSERT INTO " + new_reservation(reservation, true) +
+          " VALUES ($1::uuid, $2, $3, @SLOT, $4, 'held', 1, " + ttl_from_now(5) +
+          ", NULLIF($6, ''), now(), now(), NULLIF($7, ''), NULLIF($8, '')@SKV)"
           " RETURNING expires_at, created_at) SELECT " +
           epoch_us("expires_at") + ", " + epoch_us("created_at") + " FROM w");
   const std::string reservation_get =
@@ -437,9 +440,11 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
   set(Stmt::reservation_get_many, "SELECT " + reservation_columns() + " FROM " + reservation +
                                       " WHERE id = ANY($1::uuid[])@PIN");
   // The sweeper's pick: due holds in expiry order, skipping rows a transition has locked,
-  // expired in place; the units to return come back per row, sorted for lock order. The
-  // update finds the picked rows by id through an array (ids_of), so that its generic plan
-  // looks each one up by primary key whatever the table's size (docs/design.md, "Plans").
+  // expired in place (the UPDATE checks `held` again on the version it writes: a verdict
+  // read in a locking CTE is not what PostgreSQL rechecks, see batch_fast); the units to return
+  // come back per row, sorted for lock order. The update finds the picked rows by id through an
+  // array (ids_of), so that its generic plan looks each one up by primary key whatever the table's
+  // size (docs/design.md, "Plans").
   set(Stmt::expire_pick,
       "WITH due AS (SELECT id FROM " + reservation +
           " WHERE state = 'held' AND expires_at <= now()@PIN ORDER BY expires_at LIMIT $1"
@@ -449,7 +454,7 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
           " r SET state = 'expired', version = r.version + 1, updated_at = now()"
           " WHERE r.id = " +
           ids_of("id", "due") +
-          "@PIN(r) RETURNING r.sku, r.location, r.slot, r.qty, r.limit_group,"
+          "@PIN(r) AND r.state = 'held' RETURNING r.sku, r.location, r.slot, r.qty, r.limit_group,"
           " r.buyer) SELECT sku, location, sum(qty)::bigint, count(*), coalesce(limit_group, ''),"
           " coalesce(buyer, ''), slot FROM done GROUP BY sku, location, slot, limit_group, buyer"
           " ORDER BY sku COLLATE \"C\", location COLLATE \"C\", slot");
@@ -654,9 +659,8 @@ void Statements::add_batch_statements(const std::string& schema, Set& set) {
           " WHERE s.sku = d.sku AND s.location = d.location AND s.slot = d.slot@PIN(s)"
           " RETURNING 1)"
           " INSERT INTO " +
-          schema +
-          ".reservation (id, sku, location, slot, qty, state, version, expires_at,"
-          " idempotency_key, created_at, updated_at, buyer, limit_group@SKC) SELECT i::uuid, k,"
+          new_reservation(schema + ".reservation", true) +
+          " SELECT i::uuid, k,"
           " l, rs, q, 'held', 1, now() + t * interval '1 microsecond', NULLIF(ik, ''), now(),"
           " now(), NULLIF(rb, ''), NULLIF(rg, '')@SKV FROM unnest($6::text[], $7::text[],"
           " $8::text[], $9::bigint[], $10::bigint[], $11::text[], $13::text[], $14::text[],"
@@ -687,8 +691,16 @@ template <class Set>
 void Statements::add_batch_fast_statements(const std::string& schema, Set& set) {
   // The fast path, one statement in autocommit: if every touched row exists and has room
   // for all of its requests, lock the rows (sorted), write the deltas and insert every
-  // reservation; otherwise change nothing and return no row. The verdict is computed
-  // from the locked rows before the UPDATE touches any of them, so lock order holds.
+  // reservation; otherwise change nothing and return no row. The lock CTE's verdict gates
+  // the UPDATE, so every row is locked in sorted order before the UPDATE touches any.
+  // The verdict does not decide the write, though: under concurrent writers to the same
+  // rows it was seen to admit a row whose newest version, the one the UPDATE changes, had
+  // no room (issue 45: about one contended two-row batch in thirty broke the stock CHECK).
+  // So the UPDATE checks each row's room and openness itself, in its WHERE, which
+  // PostgreSQL evaluates again on the version it writes; the reservations go in only if
+  // every row moved; and a statement that moved some rows but not all aborts itself
+  // (abort_statement, SK001), which undoes the rows it moved: the caller decides the
+  // batch the long way, on rows it reads under their locks.
   set(Stmt::batch_fast,
       "WITH d AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],"
       " $5::bigint[], $15::int[]) AS d(sku, location, sold, held, changes, slot)),"
@@ -705,19 +717,23 @@ void Statements::add_batch_fast_statements(const std::string& schema, Set& set) 
           ".stock AS s SET on_hand = s.on_hand - d.sold, reserved = s.reserved + d.held,"
           " version = s.version + d.changes, updated_at = now() FROM d, verdict"
           " WHERE verdict.all_fit AND s.sku = d.sku AND s.location = d.location"
-          " AND s.slot = d.slot@PIN(s)"
+          " AND s.slot = d.slot@PIN(s) AND " +
+          room + " >= d.sold + d.held AND " + open_row +
           " RETURNING s.sku, s.location, s.on_hand, s.reserved, s.version, s.backorder_limit,"
           " s.slot),"
           " made AS (INSERT INTO " +
-          schema +
-          ".reservation (id, sku, location, slot, qty, state, version, expires_at,"
-          " idempotency_key, created_at, updated_at, buyer, limit_group@SKC) SELECT i::uuid, k,"
+          new_reservation(schema + ".reservation", true) +
+          " SELECT i::uuid, k,"
           " l, rs, q, 'held', 1, now() + t * interval '1 microsecond', NULLIF(ik, ''), now(),"
           " now(), NULLIF(rb, ''), NULLIF(rg, '')@SKV FROM unnest($6::text[], $7::text[],"
           " $8::text[], $9::bigint[], $10::bigint[], $11::text[], $13::text[], $14::text[],"
-          " $16::int[]) AS r(i, k, l, q, t, ik, rb, rg, rs), verdict WHERE verdict.all_fit)"
+          " $16::int[]) AS r(i, k, l, q, t, ik, rb, rg, rs) WHERE (SELECT count(*) FROM moved)"
+          " = $12)"
           " SELECT sku, location, on_hand, reserved, version, " +
-          epoch_us("now()") + ", backorder_limit, slot FROM moved");
+          epoch_us("now()") +
+          ", backorder_limit, slot FROM moved WHERE CASE WHEN (SELECT count(*) FROM moved) = $12"
+          " THEN true ELSE " +
+          schema + ".abort_statement() END");
 }
 
 // The fast paths for a batch on one row (the hot SKU), with keys, with buyers, and on
@@ -796,9 +812,8 @@ void Statements::add_batch_fast_limited_statement(const std::string& schema, Set
           " ON CONFLICT (group_name, buyer) DO UPDATE SET held = a.held + EXCLUDED.held"
           " WHERE a.held + EXCLUDED.held <= (SELECT cap FROM lim) RETURNING 1)," +
           moved + " AND (SELECT count(*) FROM taken) = (SELECT count(*) FROM asks)" + moved_end +
-          " made AS (INSERT INTO " + schema +
-          ".reservation (id, sku, location, slot, qty, state, version, expires_at,"
-          " idempotency_key, created_at, updated_at, buyer, limit_group@SKC) SELECT i::uuid, $1,"
+          " made AS (INSERT INTO " + new_reservation(schema + ".reservation", true) +
+          " SELECT i::uuid, $1,"
           " $2, @SLOT, q, 'held', 1,"
           " now() + t * interval '1 microsecond', NULLIF(ik, ''), now(), now(), NULLIF(b, ''),"
           " CASE WHEN b <> '' THEN (SELECT g FROM lim) END@SKV FROM req"

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -219,5 +220,39 @@ std::string render_slot_marker(const std::string& sql);
 // `sql` with its shard-key markers rendered for the layout; sets *pinned when the result
 // takes the shard key as a parameter. Exposed for tests.
 std::string render_shard_markers(const std::string& sql, bool citus, bool* pinned);
+
+// A timestamp as it travels: microseconds since the epoch (UTC), the unit of TimestampUs.
+std::string epoch_us(const std::string& column);
+
+// `table` and the columns of a new reservation, in the one order every INSERT of one lists
+// them (`buyer`: with its buyer and purchase-limit group), with the `@SKC` marker.
+std::string new_reservation(const std::string& table, bool buyer);
+
+// A value quoted as an SQL literal (the connection's quoting).
+using Quote = std::function<std::string(const std::string&)>;
+
+// The reservations a Citus batch inserts, one element per reservation (`buyers` and
+// `groups` may be empty: none).
+struct CitusHolds {
+  const std::vector<std::string>& ids;
+  const std::vector<std::string>& skus;
+  const std::vector<std::string>& locations;
+  const std::vector<std::int64_t>& slots;
+  const std::vector<std::int64_t>& qtys;
+  const std::vector<std::int64_t>& ttls;
+  const std::vector<std::string>& keys;
+  const std::vector<std::string>& buyers;
+  const std::vector<std::string>& groups;
+};
+
+// The Citus layout's multi-row INSERTs of a batch's reservations and of its keys
+// (statements_citus_batch.cpp); `skip_taken`: ON CONFLICT DO NOTHING RETURNING the keys
+// claimed.
+std::string citus_holds_sql(const Quote& quote, const std::string& schema, std::uint16_t shard,
+                            std::int64_t now_us, const CitusHolds& h);
+std::string citus_keys_sql(const Quote& quote, const std::string& schema, std::uint16_t shard,
+                           const std::vector<std::string>& names,
+                           const std::vector<std::string>& prints,
+                           const std::vector<std::string>& ids, bool skip_taken);
 
 }  // namespace stockade::detail::pg

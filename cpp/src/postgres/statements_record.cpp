@@ -8,17 +8,13 @@ namespace stockade::detail::pg {
 
 namespace {
 
-std::string epoch(const std::string& column) {
-  return "(extract(epoch from " + column + ") * 1000000)::bigint";
-}
-
 // A journal entry as movement_from (record.cpp) reads it.
 std::string movement_columns(const std::string& m) {
   return m + "id, " + m + "sku, " + m + "location, " + m + "slot, " + m + "version_before, " + m +
          "version_after, " + m + "on_hand_delta, " + m + "reserved_delta, " + m + "on_hand, " + m +
          "reserved, " + m + "available, " + m + "cause, coalesce(" + m + "reason, ''), coalesce(" +
          m + "actor, ''), coalesce(" + m + "ref, ''), " + m + "requests, " + m + "alerts, " +
-         epoch(m + "at");
+         epoch_us(m + "at");
 }
 
 // A feed position's snapshot from parameter `n`: one server's, or on Citus the snapshot of

@@ -167,12 +167,14 @@ Error PostgresStore::past_deadline(const ErrorContext& context, bool commit_sent
     deadlines.log(LogLevel::warning, "stockade.postgres", error.what());
     return error;
   }
+  const std::string hint = in_doubt_hint(c);
   Error error(ErrorCode::in_doubt,
               bound +
                   "after its COMMIT was sent (a commit waiting for a synchronous standby, or a "
                   "server that stopped answering), so it may have committed: a cancelled wait "
                   "for a synchronous standby leaves the commit done locally but maybe not "
-                  "replicated. Retry with the same idempotency key to learn the outcome",
+                  "replicated. To learn the outcome, " +
+                  hint,
               std::move(c));
   deadlines.log(LogLevel::warning, "stockade.postgres", error.what());
   return error;
@@ -211,7 +213,7 @@ StoreCounts PostgresStore::counts() const {
   } catch (const Error& e) {
     // A schema that migrate() has not made yet holds no rows: stats() still answers
     // (a metrics scrape may come first), with zeros.
-    if (e.context().sqlstate == "42P01") return out;
+    if (e.context().sqlstate == undefined_table) return out;
     throw;
   }
   out.sku_count = rows[0][0].as<std::uint64_t>();

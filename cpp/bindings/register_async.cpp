@@ -1,0 +1,126 @@
+// stockade._core's async calls: each is queued in C++ and completes on an AsyncChannel,
+// whose eventfd the asyncio glue (stockade.aio) watches; no Python thread waits.
+#include <pybind11/stl.h>
+
+#include <type_traits>
+#include <variant>
+
+#include "bindings.hpp"
+#include "stockade/async.hpp"
+#include "stockade/engine.hpp"
+#include "stockade/errors.hpp"
+
+namespace stockade::bindings {
+namespace {
+
+using Sink = std::shared_ptr<AsyncChannel>;
+
+void register_async_calls(py::class_<Engine>& c) {
+  c.def(
+       "submit_reserve",
+       [](Engine& e, Sink channel, std::uint64_t token, const std::string& sku,
+          const std::string& location, Quantity qty, OptInt ttl_us, OptStr idempotency_key,
+          const OptStr& strategy, bool nowait, OptInt lock_timeout_ms, OptInt expected_version,
+          OptStr buyer) {
+         CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
+         call.buyer = std::move(buyer);
+         e.submit_reserve({sku, location}, qty, ttl_us, std::move(idempotency_key), call,
+                          std::move(channel), token);
+       },
+       py::arg("channel"), py::arg("token"), py::arg("sku"), py::arg("location"), py::arg("qty"),
+       py::arg("ttl_us"), py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
+       py::arg("lock_timeout_ms"), py::arg("expected_version"), py::arg("buyer") = py::none(),
+       Release())
+      .def(
+          "submit_sell",
+          [](Engine& e, Sink channel, std::uint64_t token, const std::string& sku,
+             const std::string& location, Quantity qty, const OptStr& strategy, bool nowait,
+             OptInt lock_timeout_ms, OptInt expected_version, OptInt fencing_token) {
+            CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
+            call.fencing_token = fencing_token;
+            e.submit_sell({sku, location}, qty, call, std::move(channel), token);
+          },
+          py::arg("channel"), py::arg("token"), py::arg("sku"), py::arg("location"), py::arg("qty"),
+          py::arg("strategy"), py::arg("nowait"), py::arg("lock_timeout_ms"),
+          py::arg("expected_version"), py::arg("fencing_token") = py::none(), Release())
+      .def(
+          "submit_reserve_order",
+          [](Engine& e, Sink channel, std::uint64_t token,
+             const std::vector<std::tuple<std::string, std::string, Quantity>>& lines,
+             OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
+             OptInt lock_timeout_ms, OptStr buyer) {
+            std::vector<OrderLine> order;
+            order.reserve(lines.size());
+            for (const auto& [sku, location, qty] : lines) order.push_back({{sku, location}, qty});
+            CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
+            call.buyer = std::move(buyer);
+            e.submit_reserve_order(order, ttl_us, std::move(idempotency_key), call,
+                                   std::move(channel), token);
+          },
+          py::arg("channel"), py::arg("token"), py::arg("lines"), py::arg("ttl_us"),
+          py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
+          py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(), Release());
+  auto transition = [](Transition kind) {
+    return [kind](Engine& e, Sink channel, std::uint64_t token, const Uuid& id,
+                  OptInt expected_version) {
+      e.submit_transition(kind, id, 0, expected_version, std::move(channel), token);
+    };
+  };
+  c.def("submit_confirm", transition(Transition::confirm), py::arg("channel"), py::arg("token"),
+        py::arg("id"), py::arg("expected_version"), Release())
+      .def("submit_release", transition(Transition::release), py::arg("channel"), py::arg("token"),
+           py::arg("id"), py::arg("expected_version"), Release())
+      .def(
+          "submit_extend",
+          [](Engine& e, Sink channel, std::uint64_t token, const Uuid& id, std::int64_t ttl_us,
+             OptInt expected_version) {
+            e.submit_transition(Transition::extend, id, ttl_us, expected_version,
+                                std::move(channel), token);
+          },
+          py::arg("channel"), py::arg("token"), py::arg("id"), py::arg("ttl_us"),
+          py::arg("expected_version"), Release());
+}
+
+// A completion's value as the Python layer receives it: the bound value types, or a list
+// of reservations for an order.
+py::object completion_value(Completion& c) {
+  return std::visit(
+      [](auto& v) -> py::object {
+        using V = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<V, std::monostate>) {
+          return py::none();
+        } else {
+          return py::cast(std::move(v));
+        }
+      },
+      c.value);
+}
+
+void register_async_channel(py::module_& m) {
+  py::class_<AsyncChannel, std::shared_ptr<AsyncChannel>>(
+      m, "AsyncChannel",
+      "Completions of async calls, delivered in bulk: fd becomes readable while some wait; "
+      "drain() takes them all as (token, value, error) tuples.")
+      .def(py::init<>())
+      .def_property_readonly("fd", &AsyncChannel::fd)
+      .def("waiting", &AsyncChannel::waiting)
+      .def("drain", [](AsyncChannel& channel) {
+        std::vector<Completion> done = channel.drain();
+        py::list out(done.size());
+        for (std::size_t i = 0; i < done.size(); ++i) {
+          Completion& c = done[i];
+          py::object error = c.error ? error_object(*c.error) : py::object(py::none());
+          out[i] = py::make_tuple(c.token, completion_value(c), error);
+        }
+        return out;
+      });
+}
+
+}  // namespace
+
+void register_async(py::module_& m, py::class_<Engine>& c) {
+  register_async_channel(m);
+  register_async_calls(c);
+}
+
+}  // namespace stockade::bindings

@@ -1,0 +1,180 @@
+// stockade._core.Engine's blocking calls on stock rows, leases and reservations. The GIL is
+// released around every call that may block (locks, backoff, contention), so Python
+// threads run the engine in parallel. Arguments arrive already type-checked and converted
+// by the Python layer (stockade._calls); values are checked here, in C++.
+#include <pybind11/stl.h>
+
+#include <tuple>
+
+#include "bindings.hpp"
+#include "stockade/engine.hpp"
+#include "stockade/errors.hpp"
+
+namespace stockade::bindings {
+namespace {
+
+void register_lease_calls(py::class_<Engine>& c) {
+  c.def(
+       "acquire_lease",
+       [](Engine& e, const std::string& sku, const std::string& location, std::int64_t ttl_us,
+          const std::string& owner) { return e.acquire_lease({sku, location}, ttl_us, owner); },
+       py::arg("sku"), py::arg("location"), py::arg("ttl_us"), py::arg("owner"), Release())
+      .def(
+          "renew_lease",
+          [](Engine& e, const std::string& sku, const std::string& location, FencingToken token,
+             std::int64_t ttl_us) { return e.renew_lease({sku, location}, token, ttl_us); },
+          py::arg("sku"), py::arg("location"), py::arg("token"), py::arg("ttl_us"), Release())
+      .def(
+          "release_lease",
+          [](Engine& e, const std::string& sku, const std::string& location, FencingToken token) {
+            return e.release_lease({sku, location}, token);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("token"), Release());
+}
+
+void register_stock_calls(py::class_<Engine>& c) {
+  c.def(
+       "set_slots",
+       [](Engine& e, const std::string& sku, const std::string& location, int slots) {
+         return e.set_slots({sku, location}, slots);
+       },
+       py::arg("sku"), py::arg("location"), py::arg("slots"), Release())
+      .def(
+          "slot_count",
+          [](Engine& e, const std::string& sku, const std::string& location) {
+            return e.slot_count({sku, location});
+          },
+          py::arg("sku"), py::arg("location"), Release());
+  c.def(
+       "restock",
+       [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
+          OptInt expected_version, OptInt fencing_token, const std::string& reason,
+          const std::string& actor) {
+         return e.restock({sku, location}, qty, expected_version, fencing_token, reason, actor);
+       },
+       py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("expected_version"),
+       py::arg("fencing_token") = py::none(), py::arg("reason") = "", py::arg("actor") = "",
+       Release())
+      .def(
+          "set_on_hand",
+          [](Engine& e, const std::string& sku, const std::string& location, Quantity on_hand,
+             OptInt expected_version, OptInt fencing_token, const std::string& reason,
+             const std::string& actor) {
+            return e.set_on_hand({sku, location}, on_hand, expected_version, fencing_token, reason,
+                                 actor);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("on_hand"), py::arg("expected_version"),
+          py::arg("fencing_token") = py::none(), py::arg("reason") = "", py::arg("actor") = "",
+          Release())
+      .def(
+          "set_backorder_limit",
+          [](Engine& e, const std::string& sku, const std::string& location, Quantity limit,
+             OptInt expected_version, OptInt fencing_token) {
+            return e.set_backorder_limit({sku, location}, limit, expected_version, fencing_token);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("limit"), py::arg("expected_version"),
+          py::arg("fencing_token"), Release())
+      .def(
+          "set_discontinued",
+          [](Engine& e, const std::string& sku, const std::string& location, bool discontinued,
+             OptInt expected_version, OptInt fencing_token) {
+            return discontinued ? e.discontinue({sku, location}, expected_version, fencing_token)
+                                : e.reinstate({sku, location}, expected_version, fencing_token);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("discontinued"), py::arg("expected_version"),
+          py::arg("fencing_token"), Release())
+      .def(
+          "stock",
+          [](Engine& e, const std::string& sku, const std::string& location) {
+            return e.stock({sku, location});
+          },
+          py::arg("sku"), py::arg("location"), Release())
+      .def(
+          "sell",
+          [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
+             const OptStr& strategy, bool nowait, OptInt lock_timeout_ms, OptInt expected_version,
+             OptInt fencing_token) {
+            CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
+            call.fencing_token = fencing_token;
+            return e.sell({sku, location}, qty, call);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("strategy"),
+          py::arg("nowait"), py::arg("lock_timeout_ms"), py::arg("expected_version"),
+          py::arg("fencing_token") = py::none(), Release());
+}
+
+void register_reservation_calls(py::class_<Engine>& c) {
+  c.def(
+       "reserve",
+       [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
+          OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
+          OptInt lock_timeout_ms, OptInt expected_version, OptStr buyer) {
+         CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
+         call.buyer = std::move(buyer);
+         return e.reserve({sku, location}, qty, ttl_us, std::move(idempotency_key), call);
+       },
+       py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("ttl_us"),
+       py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
+       py::arg("lock_timeout_ms"), py::arg("expected_version"), py::arg("buyer") = py::none(),
+       Release())
+      .def(
+          "reserve_order",
+          [](Engine& e, const std::vector<std::tuple<std::string, std::string, Quantity>>& lines,
+             OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
+             OptInt lock_timeout_ms, OptStr buyer) {
+            std::vector<OrderLine> order;
+            order.reserve(lines.size());
+            for (const auto& [sku, location, qty] : lines) order.push_back({{sku, location}, qty});
+            CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
+            call.buyer = std::move(buyer);
+            return e.reserve_order(order, ttl_us, std::move(idempotency_key), call);
+          },
+          py::arg("lines"), py::arg("ttl_us"), py::arg("idempotency_key"), py::arg("strategy"),
+          py::arg("nowait"), py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(), Release())
+      .def(
+          "set_purchase_limit",
+          [](Engine& e, const std::string& group, Quantity per_buyer,
+             const std::vector<std::string>& skus) {
+            e.set_purchase_limit(PurchaseLimit{group, per_buyer, skus});
+          },
+          py::arg("group"), py::arg("per_buyer"), py::arg("skus"), Release())
+      .def("remove_purchase_limit", &Engine::remove_purchase_limit, py::arg("group"), Release())
+      .def("buyer_held", &Engine::buyer_held, py::arg("group"), py::arg("buyer"), Release())
+      .def(
+          "confirm",
+          [](Engine& e, const Uuid& id, OptInt expected_version) {
+            return e.confirm(id, expected_version);
+          },
+          py::arg("id"), py::arg("expected_version"), Release())
+      .def(
+          "release",
+          [](Engine& e, const Uuid& id, OptInt expected_version) {
+            return e.release(id, expected_version);
+          },
+          py::arg("id"), py::arg("expected_version"), Release())
+      .def(
+          "extend",
+          [](Engine& e, const Uuid& id, std::int64_t ttl_us, OptInt expected_version) {
+            return e.extend(id, ttl_us, expected_version);
+          },
+          py::arg("id"), py::arg("ttl_us"), py::arg("expected_version"), Release())
+      .def(
+          "get_reservation", [](Engine& e, const Uuid& id) { return e.get_reservation(id); },
+          py::arg("id"), Release())
+      .def(
+          "expire_due", [](Engine& e, std::size_t limit) { return e.expire_due(limit); },
+          py::arg("limit"), Release());
+}
+
+// The async twins: each queues its call and returns at once; the outcome reaches the
+// channel under `token`. The GIL is released while queueing, which may wait (bounded)
+// for room.
+}  // namespace
+
+void register_calls(py::class_<Engine>& c) {
+  register_stock_calls(c);
+  register_lease_calls(c);
+  register_reservation_calls(c);
+}
+
+}  // namespace stockade::bindings

@@ -1,0 +1,113 @@
+// What the engine's source files share (engine/*.cpp): the batcher's requests of each kind,
+// the contention tracker's guard for a per-request call, the option checks, and the
+// templates that count a call's outcome.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "stockade/contention.hpp"
+#include "stockade/engine.hpp"
+#include "stockade/errors.hpp"
+
+namespace stockade::detail::engine {
+
+inline bool waits_for_locks(Strategy s) {
+  return s == Strategy::pessimistic || s == Strategy::advisory;
+}
+
+// The batcher's requests of each kind: a reserve or sell on a row, and a transition.
+inline BatchRequest row_request(BatchOp op, const SkuKey& key, Quantity qty, Strategy asked) {
+  BatchRequest request;
+  request.op = op;
+  request.started_us = steady_now_us();
+  request.counted_as = asked;
+  request.key = key;
+  request.qty = qty;
+  return request;
+}
+
+inline BatchItem reserve_item(const SkuKey& key, Quantity qty, std::int64_t ttl_us,
+                              std::optional<std::string> idempotency_key, Strategy asked) {
+  BatchItem item;
+  item.assign(row_request(BatchOp::reserve, key, qty, asked));
+  item.ttl_us = ttl_us;
+  item.idempotency_key = std::move(idempotency_key);
+  return item;
+}
+
+// Purchase limits count holds: a sell takes no buyer.
+inline void refuse_buyer(const CallOptions& call) {
+  if (call.buyer) {
+    throw_invalid_argument("sell takes no buyer: purchase limits count holds (reserve)");
+  }
+}
+
+inline BatchItem sell_item(const SkuKey& key, Quantity qty, Strategy asked) {
+  BatchItem item;
+  item.assign(row_request(BatchOp::sell, key, qty, asked));
+  return item;
+}
+
+inline BatchItem transition_item(BatchOp op, const Uuid& id, std::optional<Version> expected) {
+  BatchItem item;
+  item.op = op;
+  item.started_us = steady_now_us();
+  item.id = id;
+  item.expected_version = expected;
+  return item;
+}
+
+// Leaves the contention tracker when a per-request call ends, however it ends.
+class InFlight {
+ public:
+  InFlight(ContentionTracker& tracker, std::uint16_t shard_key)
+      : tracker_(&tracker), shard_key_(shard_key) {}
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  ~InFlight() {
+    if (tracker_ != nullptr) tracker_->leave(shard_key_);
+  }
+
+ private:
+  ContentionTracker* tracker_;
+  std::uint16_t shard_key_;
+};
+
+// InvalidArgument unless 1 ms <= ms <= lock_timeout_ms_max (engine/options.cpp).
+void validate_lock_timeout_ms(std::int64_t ms);
+
+}  // namespace stockade::detail::engine
+
+namespace stockade {
+
+// Counts the outcome of one strategy-routed call.
+template <class Result, class Fn>
+Result Engine::counted(Op op, Strategy strategy, bool refusal_final, std::int64_t started_us,
+                       Fn&& fn) {
+  try {
+    Result result = fn();
+    record_outcome(op, strategy, nullptr, started_us);
+    return result;
+  } catch (const Error& e) {
+    if (refusal_final || e.code() != ErrorCode::out_of_stock) {
+      record_outcome(op, strategy, &e, started_us);
+    }
+    throw;
+  }
+}
+
+template <class Fn>
+auto Engine::observed(Op op, Fn&& fn) -> decltype(fn()) {
+  const std::int64_t started = steady_now_us();
+  try {
+    auto result = fn();
+    telemetry_->record_call(op, std::nullopt, nullptr, steady_now_us() - started);
+    return result;
+  } catch (const Error& e) {
+    telemetry_->record_call(op, std::nullopt, &e, steady_now_us() - started);
+    throw;
+  }
+}
+
+}  // namespace stockade

@@ -1,0 +1,464 @@
+// BatchTx's steps (batch_tx.hpp): claim keys, lock reservations and rows, decide each
+// request, write the rows, the reservations and the transitions, free refused keys.
+#include <algorithm>
+#include <limits>
+
+#include "base/invariant.hpp"
+#include "postgres/batch_tx.hpp"
+#include "stockade/hash.hpp"
+#include "store/fingerprint.hpp"
+
+namespace stockade::detail::pg {
+
+void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
+  std::vector<std::string> names, fingerprints, ids;
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    if (!keyed(i)) continue;
+    const BatchItem& item = *items_[i];
+    WriteOptions options;
+    options.buyer = item.buyer;
+    prints_[i] =
+        fingerprint(ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, options});
+    const std::string& print = prints_[i];
+    auto [it, first] = keys_.try_emplace(*item.idempotency_key);
+    if (!first) {
+      decided_[i] = true;  // a duplicate inside the batch: settled by settle_duplicates()
+      continue;
+    }
+    it->second = KeyClaim{i, print, false, std::nullopt, std::nullopt};
+    names.push_back(it->first);
+    fingerprints.push_back(print);
+    ids.push_back(ids_[i].to_string());
+  }
+  if (names.empty()) return;
+  const Statements& statements = tx.conn.statements();
+  const pqxx::result claimed =
+      statements.citus()
+          ? tx.conn.exec_sql(tx.work, citus_keys_sql(quoting(tx.work), statements.schema(), shard_,
+                                                     names, fingerprints, ids, true))
+          : tx.exec_on(shard_, Stmt::batch_claim, text_array(names), text_array(fingerprints),
+                       text_array(ids));
+  for (const auto& row : claimed) keys_.at(row[0].as<std::string>()).claimed = true;
+  std::vector<std::string> taken;
+  for (const auto& [name, claim] : keys_) {
+    if (!claim.claimed) taken.push_back(name);
+  }
+  if (!taken.empty()) replay(store, tx, taken);
+}
+
+// Keys committed before this batch: the same request replays its reservation, a different
+// one is a conflict.
+void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string>& names) {
+  const pqxx::result found = tx.exec_on(shard_, Stmt::batch_keys_get, text_array(names));
+  for (const auto& row : found) {
+    KeyClaim& claim = keys_.at(row[0].as<std::string>());
+    BatchItem& item = *items_[claim.first];
+    decided_[claim.first] = true;
+    claim.stored_fingerprint = row[1].as<std::string>();
+    if (*claim.stored_fingerprint != claim.fingerprint) {
+      fail(item, idempotency_conflict(*item.idempotency_key));
+    }
+    // Read even on a conflict: a later duplicate in the batch may be the same request.
+    claim.stored = store.fetch(tx, parse_ids(row[2].as<std::string>())).front();
+    if (!item.error) {
+      item.reservation = *claim.stored;
+      item.ok = true;
+    }
+  }
+  for (const std::string& name : names) {
+    const KeyClaim& claim = keys_.at(name);
+    if (!decided_[claim.first]) {
+      // Neither claimed nor found: its holder rolled back between the two statements.
+      // Rare; the request fails as a lock wait would, and its caller may retry at once.
+      fail(*items_[claim.first],
+           Error(ErrorCode::lock_timeout,
+                 "idempotency key " + shown(name) + " was released by a concurrent request; retry",
+                 context_of(items_[claim.first]->key)));
+      decided_[claim.first] = true;
+    }
+  }
+}
+
+void BatchTx::lock_reservations(Tx& tx) {
+  std::vector<Uuid> ids;
+  for (const BatchItem* item : items_) {
+    if (is_transition(item->op)) ids.push_back(item->id);
+  }
+  if (ids.empty()) return;
+  for (const auto& row : tx.exec_on(shard_, Stmt::batch_lock_reservations, uuid_array(ids))) {
+    Hold hold;
+    hold.reservation = read_reservation(row, &hold.lapsed);
+    holds_.emplace(hold.reservation.id, std::move(hold));
+  }
+}
+
+void BatchTx::lock_rows(Tx& tx) {
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    if (decided_[i]) continue;
+    if (!is_transition(items_[i]->op)) {
+      rows_.try_emplace(items_[i]->key);
+    } else if (auto it = holds_.find(items_[i]->id); it != holds_.end()) {
+      rows_.try_emplace(it->second.reservation.key);
+    }
+  }
+  if (rows_.empty()) return;
+  std::vector<std::string> skus, locations;
+  std::vector<std::int64_t> slots;
+  for (const auto& [key, state] : rows_) {
+    skus.push_back(key.sku);
+    locations.push_back(key.location);
+    slots.push_back(key.slot);
+  }
+  std::map<SkuKey, RowState> found;
+  const pqxx::result rows = tx.exec_on(shard_, Stmt::batch_lock, text_array(skus),
+                                       text_array(locations), int_array(slots));
+  for (const auto& row : rows) {
+    RowState state;
+    state.on_hand = row[2].as<std::int64_t>();
+    state.reserved = row[3].as<std::int64_t>();
+    state.version = row[4].as<std::int64_t>();
+    now_us_ = row[5].as<std::int64_t>();
+    state.backorder_limit = row[6].as<std::int64_t>();
+    state.discontinued = row[7].as<bool>();
+    state.leased = row[8].as<bool>();
+    found.emplace(SkuKey{row[0].as<std::string>(), row[1].as<std::string>(), row[9].as<int>()},
+                  state);
+  }
+  rows_ = std::move(found);
+}
+
+void BatchTx::decide() {
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    if (decided_[i]) continue;
+    decided_[i] = true;
+    BatchItem& item = *items_[i];
+    if (is_transition(item.op)) {
+      decide_transition(item);
+      continue;
+    }
+    auto it = rows_.find(item.key);
+    if (it == rows_.end()) {
+      fail(item, stock_not_found(item.key));
+      continue;
+    }
+    RowState& row = it->second;
+    // as locked, or as decided so far
+    STOCKADE_ASSERT_ROW(row.on_hand, row.reserved, row.backorder_limit);
+    STOCKADE_ASSERT(item.qty > 0);
+    if (item.op == BatchOp::reserve && item.buyer && limit_refuses(item)) continue;
+    if (row.discontinued || row.leased) {  // batched calls carry no fencing token
+      try {
+        check_writable(level_of(item.key, row), std::nullopt, std::nullopt);
+      } catch (const Error& e) {
+        fail(item, e);
+        continue;
+      }
+    }
+    const Quantity available = row.on_hand + row.backorder_limit - row.reserved;
+    if (available < item.qty) {
+      fail(item, out_of_stock(item.key, available, item.qty, row.version));
+      continue;
+    }
+    ++row.changes;
+    if (item.op == BatchOp::sell) {
+      row.on_hand -= item.qty;
+      row.sold += item.qty;
+      STOCKADE_ASSERT_ROW(row.on_hand, row.reserved, row.backorder_limit);
+      item.level = level_of(item.key, row);
+      item.level.updated_at_us = now_us_;
+    } else {
+      row.reserved += item.qty;
+      row.held += item.qty;
+      STOCKADE_ASSERT_ROW(row.on_hand, row.reserved, row.backorder_limit);
+      Reservation& r = item.reservation;
+      r = Reservation{};
+      r.id = ids_[i];
+      r.key = item.key;
+      r.qty = item.qty;
+      r.version = 1;
+      r.expires_at_us = now_us_ + item.ttl_us;
+      r.created_at_us = r.updated_at_us = now_us_;
+      r.idempotency_key = item.idempotency_key;
+      r.buyer = item.buyer;
+      if (item.buyer) {
+        if (auto limit = limits_.find(item.key.sku); limit != limits_.end()) {
+          r.limit_group = limit->second.first;
+          allowances_[{limit->second.first, *item.buyer}].delta += item.qty;
+        }
+      }
+    }
+    item.ok = true;
+  }
+}
+
+// Writes every row's summed deltas and inserts every reservation granted here (not those
+// replayed from an earlier key), with `statement` (batch_write or batch_fast).
+pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
+  std::vector<std::string> skus, locations;
+  std::vector<std::int64_t> sold, held, changes, slots;
+  for (const auto& [key, row] : rows_) {
+    if (row.changes == 0 && statement == Stmt::batch_write) continue;
+    skus.push_back(key.sku);
+    locations.push_back(key.location);
+    slots.push_back(key.slot);
+    sold.push_back(row.sold);
+    held.push_back(row.held);
+    changes.push_back(row.changes);
+  }
+  std::vector<std::string> ids, r_skus, r_locations, r_keys, r_buyers, r_groups;
+  std::vector<std::int64_t> qtys, ttls, r_slots;
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    const BatchItem& item = *items_[i];
+    if (!item.ok || item.op != BatchOp::reserve || item.reservation.id != ids_[i]) continue;
+    ids.push_back(ids_[i].to_string());
+    r_skus.push_back(item.key.sku);
+    r_locations.push_back(item.key.location);
+    r_slots.push_back(item.key.slot);
+    r_keys.push_back(item.idempotency_key.value_or(std::string()));
+    r_buyers.push_back(item.reservation.buyer.value_or(std::string()));
+    r_groups.push_back(item.reservation.limit_group.value_or(std::string()));
+    qtys.push_back(item.qty);
+    ttls.push_back(item.ttl_us);
+  }
+  reservations_written_ = ids.size();
+  if (skus.empty()) return pqxx::result();
+  if (tx.conn.statements().citus() && statement == Stmt::batch_write) {
+    // Two statements there (see citus_move_one in statements.cpp); the rows are locked.
+    const auto moved = static_cast<std::size_t>(
+        tx.exec_on(shard_, Stmt::citus_move, text_array(skus), text_array(locations),
+                   int_array(sold), int_array(held), int_array(changes), int_array(slots))
+            .affected_rows());
+    if (moved != skus.size()) {
+      throw Error(ErrorCode::invariant_violation, "a batch moved " + std::to_string(moved) +
+                                                      " of its " + std::to_string(skus.size()) +
+                                                      " locked rows; rolled back");
+    }
+    if (ids.empty()) return pqxx::result();
+    return tx.conn.exec_sql(
+        tx.work, citus_holds_sql(quoting(tx.work), tx.conn.statements().schema(), shard_, now_us_,
+                                 CitusHolds{ids, r_skus, r_locations, r_slots, qtys, ttls, r_keys,
+                                            r_buyers, r_groups}));
+  }
+  return tx.exec_on(shard_, statement, text_array(skus), text_array(locations), int_array(sold),
+                    int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
+                    text_array(r_locations), int_array(qtys), int_array(ttls), text_array(r_keys),
+                    static_cast<std::int64_t>(skus.size()), text_array(r_buyers),
+                    text_array(r_groups), int_array(slots), int_array(r_slots));
+}
+
+// write() for a batch on several rows, through batch_fast: a row that lacked room when the
+// UPDATE reached it, though the lock's verdict said it had some, aborts the statement
+// (SK001), which undoes it whole; the full path then decides on the rows as locked.
+pqxx::result BatchTx::write_fast(Tx& tx) {
+  try {
+    return write(tx, Stmt::batch_fast);
+  } catch (const pqxx::sql_error& e) {
+    if (e.sqlstate() == statement_aborted) throw FastMiss{};
+    throw;
+  }
+}
+
+// A confirm or release, by the per-request rules: NotFound, VersionConflict, a hold no
+// longer held (InvalidState or ReservationExpired); a lapsed hold is expired here, which
+// the batch commits, and then raises ReservationExpired.
+void BatchTx::decide_transition(BatchItem& item) {
+  auto it = holds_.find(item.id);
+  if (it == holds_.end()) {
+    ErrorContext context;
+    context.reservation_id = item.id;
+    fail(item, Error(ErrorCode::not_found, "no reservation " + item.id.to_string(), context));
+    return;
+  }
+  Reservation& r = it->second.reservation;
+  try {
+    check_expected(r, item.expected_version);
+  } catch (const Error& e) {
+    fail(item, e);
+    return;
+  }
+  if (r.state != ReservationState::held) {
+    fail(item, not_holdable(r));
+    return;
+  }
+  auto found = rows_.find(r.key);  // locked with the batch's rows
+  if (found == rows_.end()) {
+    fail(item,
+         Error(ErrorCode::invariant_violation,
+               "the stock row of a reservation is missing: " + describe(r.key), context_of(r.key)));
+    return;
+  }
+  RowState& row = found->second;
+  STOCKADE_ASSERT(r.qty > 0 && r.qty <= row.reserved);  // a held hold's units are reserved
+  const bool sold = item.op == BatchOp::confirm && !it->second.lapsed;
+  if (!sold && r.buyer && r.limit_group) {  // released or expired: the units go back
+    if (auto a = allowances_.find({*r.limit_group, *r.buyer}); a != allowances_.end()) {
+      a->second.delta -= r.qty;
+    }
+  }
+  row.reserved -= r.qty;
+  row.held -= r.qty;
+  if (sold) {
+    row.on_hand -= r.qty;
+    row.sold += r.qty;
+  }
+  ++row.changes;
+  STOCKADE_ASSERT_ROW(row.on_hand, row.reserved, row.backorder_limit);
+  r.state = it->second.lapsed             ? ReservationState::expired
+            : item.op == BatchOp::confirm ? ReservationState::confirmed
+                                          : ReservationState::released;
+  ++r.version;
+  r.updated_at_us = now_us_;
+  transitions_.emplace_back(r.id, reservation_state_name(r.state));
+  if (it->second.lapsed) {
+    fail(item, not_holdable(r));
+    return;
+  }
+  item.reservation = r;
+  item.ok = true;
+}
+
+void BatchTx::write_transitions(Tx& tx) {
+  if (transitions_.empty()) return;
+  std::vector<Uuid> ids;
+  std::vector<std::string> states;
+  for (const auto& [id, state] : transitions_) {
+    ids.push_back(id);
+    states.emplace_back(state);
+  }
+  const auto written = static_cast<std::size_t>(
+      tx.exec_on(shard_, Stmt::batch_transition, uuid_array(ids), text_array(states))
+          .affected_rows());
+  if (written != ids.size()) {
+    throw Error(ErrorCode::invariant_violation, "a batch changed " + std::to_string(written) +
+                                                    " of " + std::to_string(ids.size()) +
+                                                    " reservations; rolled back");
+  }
+}
+
+// The arrays of a one-row batch's reservations (write_one), one element per granted
+// reserve, and of its new keys (one per keyed reserve).
+struct OneRowHolds {
+  std::vector<std::string> ids, keys, buyers;
+  std::vector<std::int64_t> qtys, ttls;
+  bool any_buyer = false;
+};
+struct NewKeys {
+  std::vector<std::string> names, prints, ids;
+};
+
+// write() for a batch on one row, through batch_fast_one: the key travels once.
+pqxx::result BatchTx::write_one(Tx& tx) {
+  const auto& [key, row] = *rows_.begin();
+  OneRowHolds h;
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    const BatchItem& item = *items_[i];
+    if (!item.ok || item.op != BatchOp::reserve) continue;
+    h.ids.push_back(ids_[i].to_string());
+    h.keys.push_back(item.idempotency_key.value_or(std::string()));
+    h.buyers.push_back(item.buyer.value_or(std::string()));
+    h.any_buyer = h.any_buyer || item.buyer.has_value();
+    h.qtys.push_back(item.qty);
+    h.ttls.push_back(item.ttl_us);
+  }
+  reservations_written_ = h.ids.size();
+  if (h.any_buyer) {  // needs_full_path() sent keyed batches with buyers the long way
+    try {
+      return tx.exec_on(shard_, Stmt::batch_fast_one_limited, key.sku, key.location, row.sold,
+                        row.held, row.changes, text_array(h.ids), int_array(h.qtys),
+                        int_array(h.ttls), text_array(h.keys), text_array(h.buyers), key.slot);
+    } catch (const pqxx::sql_error& e) {
+      if (e.sqlstate() == statement_aborted) throw FastMiss{};  // rolled back in full
+      throw;
+    }
+  }
+  if (!any_keyed() && !tx.conn.statements().citus()) {
+    return tx.exec_on(shard_, Stmt::batch_fast_one, key.sku, key.location, row.sold, row.held,
+                      row.changes, text_array(h.ids), int_array(h.qtys), int_array(h.ttls),
+                      text_array(h.keys), key.slot);
+  }
+  NewKeys k;
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    if (!keyed(i)) continue;
+    const BatchItem& item = *items_[i];
+    k.names.push_back(*item.idempotency_key);
+    k.prints.push_back(fingerprint(
+        ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, WriteOptions{}}));
+    k.ids.push_back(ids_[i].to_string());
+  }
+  if (tx.conn.statements().citus()) return write_one_citus(tx, h, k);
+  try {
+    return tx.exec_on(shard_, Stmt::batch_fast_one_keyed, key.sku, key.location, row.sold, row.held,
+                      row.changes, text_array(h.ids), int_array(h.qtys), int_array(h.ttls),
+                      text_array(h.keys), text_array(k.names), text_array(k.prints),
+                      text_array(k.ids), key.slot);
+  } catch (const pqxx::unique_violation&) {
+    throw FastMiss{};  // a key claimed in flight elsewhere: the statement rolled back
+  }
+}
+
+// write_one on Citus: the same writes as separate statements of one transaction (see
+// citus_move_one).
+pqxx::result BatchTx::write_one_citus(Tx& tx, const OneRowHolds& h, const NewKeys& k) {
+  const auto& [key, row] = *rows_.begin();
+  if (!k.names.empty() &&
+      tx.exec_on(shard_, Stmt::citus_keys_taken, text_array(k.names))[0][0].as<std::int64_t>() >
+          0) {
+    return pqxx::result();  // a replay or a conflict: the full path decides
+  }
+  pqxx::result moved = tx.exec_on(shard_, Stmt::citus_move_one, key.sku, key.location, row.sold,
+                                  row.held, row.changes, key.slot);
+  if (moved.empty()) return moved;
+  const std::string& schema = tx.conn.statements().schema();
+  if (!h.ids.empty()) {
+    const std::vector<std::string> skus(h.ids.size(), key.sku),
+        locations(h.ids.size(), key.location), none;
+    const std::vector<std::int64_t> slots(h.ids.size(), key.slot);
+    const std::int64_t now_us = moved[0][5].as<std::int64_t>();  // the move's now()
+    tx.conn.exec_sql(tx.work, citus_holds_sql(quoting(tx.work), schema, shard_, now_us,
+                                              CitusHolds{h.ids, skus, locations, slots, h.qtys,
+                                                         h.ttls, h.keys, none, none}));
+  }
+  if (!k.names.empty()) {
+    try {
+      tx.conn.exec_sql(tx.work, citus_keys_sql(quoting(tx.work), schema, shard_, k.names, k.prints,
+                                               k.ids, false));
+    } catch (const pqxx::unique_violation&) {
+      throw FastMiss{};  // claimed elsewhere meanwhile: the transaction rolls back
+    }
+  }
+  return moved;
+}
+
+void BatchTx::unclaim_refused(Tx& tx) {
+  std::vector<std::string> names;
+  for (const auto& [name, claim] : keys_) {
+    if (claim.claimed && !items_[claim.first]->ok) names.push_back(name);
+  }
+  if (!names.empty()) tx.exec_on(shard_, Stmt::batch_unclaim, text_array(names));
+}
+
+// Requests that repeat a key already seen in this batch. The key's request is the one
+// stored before the batch, if there was one, else the batch's first with that key; the
+// same request gets that one's outcome, a different one IdempotencyConflict.
+void BatchTx::settle_duplicates() {
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    if (!keyed(i)) continue;
+    BatchItem& item = *items_[i];
+    const KeyClaim& claim = keys_.at(*item.idempotency_key);
+    if (claim.first == i) continue;
+    const std::string& owner = claim.stored_fingerprint.value_or(claim.fingerprint);
+    if (prints_[i] != owner) {
+      fail(item, idempotency_conflict(*item.idempotency_key));
+    } else if (claim.stored) {
+      item.reservation = *claim.stored;
+      item.ok = true;
+    } else {
+      const BatchItem& first = *items_[claim.first];
+      item.ok = first.ok;
+      item.reservation = first.reservation;
+      item.error = first.error;
+    }
+  }
+}
+
+}  // namespace stockade::detail::pg

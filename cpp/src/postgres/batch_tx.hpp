@@ -1,0 +1,347 @@
+// BatchTx: one batch of requests while its transaction runs (PostgresStore::apply_batch,
+// batch.cpp). Its methods live in batch_tx.cpp, and the purchase-limit part in
+// batch_limits.cpp.
+//
+// The fast path, for a batch of reserves and sells: one statement in autocommit (one
+// round trip, its own commit) locks the touched rows in sorted order and, if every row
+// has room for all of its requests, writes the summed deltas and inserts every
+// reservation; if not, it changes nothing. That is the common case under a flash sale
+// until the last units go. A batch on one row with distinct idempotency keys takes it
+// too: its statement moves the row and claims the keys; a key that exists already fails
+// the claim, which rolls the statement back (a replay, a conflict, or no room: the full
+// path decides those). It saves most of the round trips of the full path.
+//
+// The full path, one transaction whose statements run once per batch, whatever its size,
+// with arrays for arguments:
+//   1. claim the batch's new idempotency keys (sorted), and read the keys that exist;
+//   2. lock every touched stock row, in sorted key order, and read it;
+//   3. decide each request in arrival order against the rows as read, in C++;
+//   4. write every row's summed deltas and insert every reservation, in one statement;
+//   5. free the keys of requests that were refused, so that a retry can run afresh.
+// The runner commits. A batch whose fast statement found no room runs the full path, as
+// a new transaction that reads the rows afresh; either way one transaction commits the
+// batch's changes. After a miss the store skips the fast path for a few batches, so a
+// sold-out SKU does not pay for it on every batch. The lock order is the one every other path
+// keeps: idempotency keys before stock rows, stock rows sorted. So batches from many engines, and
+// per-request calls, cannot deadlock with each other.
+//
+// A granted change moves a row's version by one, as a per-request write would: a batch
+// that grants 40 units in 40 requests moves the version by 40, and the stock level a sell
+// returns is the row as it stood right after that sale.
+#pragma once
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "base/invariant.hpp"
+#include "postgres/postgres_store_impl.hpp"
+#include "store/fingerprint.hpp"
+
+namespace stockade::detail::pg {
+
+struct RowState {
+  Quantity on_hand = 0;
+  Quantity reserved = 0;
+  Version version = 0;
+  Quantity backorder_limit = 0;
+  bool discontinued = false;
+  bool leased = false;
+  Quantity sold = 0;
+  Quantity held = 0;
+  std::int64_t changes = 0;
+};
+
+// The row as the batch has decided it so far (its lease, if live, is not this batch's).
+inline StockLevel level_of(const SkuKey& key, const RowState& row) {
+  StockLevel level{key, row.on_hand, row.reserved, row.version + row.changes, 0};
+  level.backorder_limit = row.backorder_limit;
+  level.discontinued = row.discontinued;
+  level.leased = row.leased;
+  return level;
+}
+
+// A key's first request in the batch, and what the database said about the key.
+struct KeyClaim {
+  std::size_t first = 0;
+  std::string fingerprint;  // of the first request
+  bool claimed = false;     // this batch inserted the key: its first request decides
+  std::optional<std::string> stored_fingerprint;  // the key existed: its request's
+  std::optional<Reservation> stored;              // ... and the reservation it made
+};
+
+// A reservation a transition in the batch is about, as locked (and as changed so far).
+struct Hold {
+  Reservation reservation;
+  bool lapsed = false;  // expires_at <= now() when it was locked
+};
+
+// The keyed fast statement failed on a key claimed elsewhere meanwhile; it rolled back, and
+// the full path decides the batch.
+struct FastMiss {};
+
+// The statements layer's quoting (Quote), by the transaction's connection.
+inline Quote quoting(pqxx::transaction_base& work) {
+  return [&work](const std::string& value) { return work.quote(value); };
+}
+
+inline void fail(BatchItem& item, Error error) {
+  item.ok = false;
+  item.error = std::move(error);
+}
+
+struct OneRowHolds;
+struct NewKeys;
+
+class BatchTx {
+ public:
+  BatchTx(const std::vector<BatchItem*>& items, std::int64_t now_ms)
+      : items_(items),
+        ids_(items.size()),
+        prints_(items.size()),
+        decided_(items.size(), false),
+        shard_(items.empty() ? 0 : items.front()->shard_key()) {
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      items[i]->clear_outcome();
+      ids_[i] = make_uuid_v7(now_ms, row_shard_key(items[i]->key.sku, items[i]->key.location));
+    }
+  }
+
+  // The id the fast path gave its first reserve request, if it has one.
+  std::optional<Uuid> first_reservation_id() const {
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      if (items_[i]->op == BatchOp::reserve) return ids_[i];
+    }
+    return std::nullopt;
+  }
+
+  // A reservation the full path decided to make in this attempt (not a replay), if any:
+  // the attempt's transaction committed if and only if it is in the database.
+  std::optional<Uuid> made_reservation_id() const {
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      const BatchItem& item = *items_[i];
+      if (item.ok && item.op == BatchOp::reserve && item.reservation.id == ids_[i]) return ids_[i];
+    }
+    return std::nullopt;
+  }
+
+  // The fast statement landed though its answer was lost: every request was granted.
+  // Reservations are read back; a sell's resulting level is unknown, so it is in doubt.
+  void adopt_landed(PostgresStore& store, Tx& tx, const Error& in_doubt_error) {
+    std::vector<Uuid> ids;
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      if (items_[i]->op == BatchOp::reserve) ids.push_back(ids_[i]);
+    }
+    const std::vector<Reservation> made = store.fetch(tx, ids);
+    std::size_t next = 0;
+    for (BatchItem* item : items_) {
+      item->clear_outcome();
+      if (item->op == BatchOp::reserve) {
+        item->reservation = made[next++];
+        item->ok = true;
+      } else {
+        item->error = in_doubt_error;
+      }
+    }
+  }
+
+  // Transitions need the full path, and so do idempotency keys, unless the batch is on one
+  // row and its keys are distinct: then the keyed fast statement claims them all or none.
+  bool needs_full_path() const {
+    std::set<std::string_view> names;
+    bool buyers = false;
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      if (is_transition(items_[i]->op)) return true;
+      buyers = buyers || items_[i]->buyer.has_value();
+      if (keyed(i) && !names.insert(*items_[i]->idempotency_key).second) return true;
+    }
+    const bool one = one_row();
+    // Buyers (purchase limits): the one-row statement takes their allowances, without keys.
+    if (buyers && (!one || !names.empty())) return true;
+    return !names.empty() && !one;
+  }
+
+  bool has_buyer() const {
+    return std::any_of(items_.begin(), items_.end(),
+                       [](const BatchItem* item) { return item->buyer.has_value(); });
+  }
+
+  // Whether every request of the batch is for one row.
+  bool one_row() const {
+    for (const BatchItem* item : items_) {
+      if (is_transition(item->op) || !(item->key == items_.front()->key)) return false;
+    }
+    return true;
+  }
+
+  // Once the batch committed: each reserve and sell, and each confirm or release that
+  // went through, learns its row's version as the batch found it and as it left it
+  // (BatchItem::row_found; a transition's row is its reservation's). A row the batch did
+  // not read (an unknown SKU, an answer adopted after a lost commit) has version 0 and
+  // says nothing.
+  // Also reports what each row moved to (Store::report_write, for `auto`'s tracker): a row that
+  // moved by more than this batch's changes since this process's last write has other writers.
+  template <class Report>
+  void report_row_versions(const Report& report) const {
+    for (const auto& [key, row] : rows_) {
+      if (row.version != 0 && row.changes > 0) {
+        report(key, row.version + row.changes, static_cast<std::uint32_t>(row.changes));
+      }
+    }
+    const SkuKey* last = nullptr;
+    const RowState* row = nullptr;
+    for (BatchItem* item : items_) {
+      if (is_transition(item->op) && !item->ok) continue;
+      const SkuKey& key = item->row_key();
+      if (last == nullptr || !(key == *last)) {
+        const auto it = rows_.find(key);
+        row = it == rows_.end() ? nullptr : &it->second;
+        last = &key;
+      }
+      if (row == nullptr || row->version == 0) continue;
+      item->row_found = row->version;
+      item->row_left = row->version + row->changes;
+    }
+  }
+
+  bool any_keyed() const {
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      if (keyed(i)) return true;
+    }
+    return false;
+  }
+
+  // The fast path; false if some row lacked room (nothing was changed).
+  bool run_fast(Tx& tx) {
+    reset();
+    for (const BatchItem* item : items_) {
+      RowState& row = rows_[item->key];
+      row.on_hand = std::numeric_limits<Quantity>::max() / 2;  // decide as if all fit
+    }
+    decide();
+    // quantity_max keeps a batch's sums far below the made-up level, so every request was
+    // granted; should that ever fail, the full path decides against the rows as they are.
+    for (const BatchItem* item : items_) {
+      if (!item->ok) return false;
+    }
+    const pqxx::result moved = rows_.size() == 1 ? write_one(tx) : write_fast(tx);
+    if (moved.empty()) return false;
+    // Decide again from the rows as they stood before the write: every request fits, and
+    // each gets the row's values right after it.
+    const bool one_row = rows_.size() == 1;
+    for (const auto& row : moved) {
+      // One row: its key; several (batch_fast): the row's slot is its last column.
+      RowState& state = one_row ? rows_.begin()->second
+                                : rows_.at(SkuKey{row[0].as<std::string>(),
+                                                  row[1].as<std::string>(), row[7].as<int>()});
+      state.on_hand = row[2].as<std::int64_t>() + state.sold;
+      state.reserved = row[3].as<std::int64_t>() - state.held;
+      state.version = row[4].as<std::int64_t>() - state.changes;
+      state.backorder_limit = row[6].as<std::int64_t>();
+      state.sold = state.held = state.changes = 0;
+      now_us_ = row[5].as<std::int64_t>();
+    }
+    std::fill(decided_.begin(), decided_.end(), false);
+    decide();
+    // The limited one-row statement names the SKU's purchase-limit group last.
+    if (one_row && moved[0].size() > 7 && !moved[0][7].as<std::string>().empty()) {
+      for (BatchItem* item : items_) {
+        if (item->ok && item->op == BatchOp::reserve && item->buyer) {
+          item->reservation.limit_group = moved[0][7].as<std::string>();
+        }
+      }
+    }
+    return true;
+  }
+
+  void run_full(PostgresStore& store, Tx& tx) {
+    reset();
+    claim_keys(store, tx);
+    lock_reservations(tx);
+    lock_allowances(tx);
+    lock_rows(tx);
+    decide();
+    // affected_rows() is an int in libpqxx 7 and unsigned in 6.4.
+    const auto inserted = static_cast<std::size_t>(write(tx, Stmt::batch_write).affected_rows());
+    if (inserted != reservations_written_) {
+      // The rows are locked, so every update matches; anything else is a bug. Throwing
+      // rolls the whole batch back.
+      throw Error(ErrorCode::invariant_violation,
+                  "a batch wrote " + std::to_string(inserted) + " of " +
+                      std::to_string(reservations_written_) + " reservations; rolled back");
+    }
+    write_transitions(tx);
+    write_allowances(tx);
+    unclaim_refused(tx);
+    settle_duplicates();
+  }
+
+ private:
+  // A retried attempt starts from clean outcomes.
+  void reset() {
+    rows_.clear();
+    keys_.clear();
+    holds_.clear();
+    transitions_.clear();
+    limits_.clear();
+    allowances_.clear();
+    std::fill(decided_.begin(), decided_.end(), false);
+    for (BatchItem* item : items_) item->clear_outcome();
+  }
+
+  bool keyed(std::size_t i) const {
+    return items_[i]->op == BatchOp::reserve && items_[i]->idempotency_key.has_value();
+  }
+
+  void claim_keys(PostgresStore& store, Tx& tx);
+  void replay(PostgresStore& store, Tx& tx, const std::vector<std::string>& names);
+  void lock_reservations(Tx& tx);
+  void lock_allowances(Tx& tx);
+  void write_allowances(Tx& tx);
+  std::vector<pqxx::result> allowance_statement(Tx& tx, Stmt statement,
+                                                const std::vector<std::string>& groups,
+                                                const std::vector<std::string>& buyers,
+                                                const std::vector<std::int64_t>& deltas);
+  // Purchase limits for a reserve with a buyer: LimitExceeded (true) or room (false).
+  bool limit_refuses(BatchItem& item);
+  void lock_rows(Tx& tx);
+  void decide();
+  void decide_transition(BatchItem& item);
+  void write_transitions(Tx& tx);
+  pqxx::result write(Tx& tx, Stmt statement);
+  pqxx::result write_fast(Tx& tx);
+  pqxx::result write_one(Tx& tx);
+  pqxx::result write_one_citus(Tx& tx, const OneRowHolds& h, const NewKeys& k);
+  void unclaim_refused(Tx& tx);
+  void settle_duplicates();
+
+  const std::vector<BatchItem*>& items_;
+  std::vector<Uuid> ids_;
+  std::vector<std::string> prints_;  // fingerprints of keyed requests
+  std::vector<bool> decided_;
+  std::map<std::string, KeyClaim> keys_;
+  std::map<SkuKey, RowState> rows_;
+  std::map<Uuid, Hold> holds_;  // the reservations transitions are about, as locked
+  std::vector<std::pair<Uuid, const char*>> transitions_;  // new states to write
+  // Purchase limits: each limited SKU's (group, per_buyer), and each (group, buyer) parent
+  // row as locked, with the change this batch makes to it.
+  struct Allowance {
+    Quantity held = 0;
+    Quantity delta = 0;
+  };
+  std::map<std::string, std::pair<std::string, Quantity>> limits_;
+  std::map<std::pair<std::string, std::string>, Allowance> allowances_;
+  TimestampUs now_us_ = 0;
+  std::size_t reservations_written_ = 0;
+  // The shard key of the batch's rows: on the Citus layout, apply_batch gives a BatchTx the
+  // requests of one shard key only, so that each statement runs on one shard.
+  std::uint16_t shard_ = 0;
+};
+
+}  // namespace stockade::detail::pg

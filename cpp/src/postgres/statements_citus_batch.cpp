@@ -1,0 +1,60 @@
+// The SQL a batch sends on the Citus layout that cannot be a prepared statement: multi-row
+// INSERT ... VALUES of new reservations and of their idempotency keys, with every value
+// quoted into the text (see citus_move_one in statements.cpp). Citus routes such an INSERT
+// to the one shard its shard key names; an INSERT ... SELECT of many rows would go through
+// COPY and make the transaction two-phase.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "postgres/statements.hpp"
+
+namespace stockade::detail::pg {
+
+// Empty strings stand for NULL, as in the prepared statements' NULLIF. The times are the
+// batch's `now_us` (from the statement that locked or moved its row): a now() in the INSERT
+// would be the worker's, which Citus began later than the coordinator's.
+std::string citus_holds_sql(const Quote& quote, const std::string& schema, std::uint16_t shard,
+                            std::int64_t now_us, const CitusHolds& h) {
+  const auto text_or_null = [&](const std::string& v) { return v.empty() ? "NULL" : quote(v); };
+  const std::string now =
+      "('epoch'::timestamptz + " + std::to_string(now_us) + " * interval '1 microsecond')";
+  std::string sql =
+      "INSERT INTO " +
+      render_shard_markers(new_reservation(schema + ".reservation", true), true, nullptr) +
+      " VALUES ";
+  for (std::size_t i = 0; i < h.ids.size(); ++i) {
+    sql += (i == 0 ? "(" : ", (") + quote(h.ids[i]) + "::uuid, " + quote(h.skus[i]) + ", " +
+           quote(h.locations[i]) + ", " + std::to_string(h.slots[i]) + ", " +
+           std::to_string(h.qtys[i]) + ", 'held', 1, " + now + " + " + std::to_string(h.ttls[i]) +
+           " * interval '1 microsecond', " + text_or_null(h.keys[i]) + ", " + now + ", " + now +
+           ", " + text_or_null(h.buyers.empty() ? std::string() : h.buyers[i]) + ", " +
+           text_or_null(h.groups.empty() ? std::string() : h.groups[i]) + ", " +
+           std::to_string(shard) + ")";
+  }
+  return sql;
+}
+
+// Keys go in sorted bytewise, as batch_claim claims them.
+std::string citus_keys_sql(const Quote& quote, const std::string& schema, std::uint16_t shard,
+                           const std::vector<std::string>& names,
+                           const std::vector<std::string>& prints,
+                           const std::vector<std::string>& ids, bool skip_taken) {
+  std::vector<std::size_t> order(names.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return names[a] < names[b];  // std::string compares bytewise, as COLLATE "C"
+  });
+  std::string sql = "INSERT INTO " + schema +
+                    ".idempotency (key, request_fingerprint, reservation_ids, created_at,"
+                    " shard_key) VALUES ";
+  for (std::size_t n = 0; n < order.size(); ++n) {
+    const std::size_t i = order[n];
+    sql += (n == 0 ? "(" : ", (") + quote(names[i]) + ", " + quote(prints[i]) + ", ARRAY[" +
+           quote(ids[i]) + "::uuid], now(), " + std::to_string(shard) + ")";
+  }
+  if (skip_taken) sql += " ON CONFLICT (shard_key, key) DO NOTHING RETURNING key";
+  return sql;
+}
+
+}  // namespace stockade::detail::pg
