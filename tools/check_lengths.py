@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Checks that no function in cpp/ or python/stockade/ runs over 70 lines (its head, body
-and docstring included): a function that long does more than one thing.
+and docstring included): a function that long does more than one thing. Also that no
+source file of the engine (cpp/src) runs over 800 lines: a file that long holds more than
+one concern.
 
-    python tools/check_lengths.py [--max 70]   # from the repository root; exits 1 if any
+    python tools/check_lengths.py [--max 70] [--file-max 800]   # exits 1 if any
 
 Python functions are measured from the syntax tree. C++ functions are found by a scan of
 the source with comments and string literals blanked (raw strings too): a brace block is a
@@ -102,9 +104,15 @@ def python_functions(path: pathlib.Path) -> list[tuple[int, int, str]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max", type=int, default=70)
+    parser.add_argument("--file-max", type=int, default=800)
     args = parser.parse_args()
     long: list[str] = []
     count = 0
+    for path in sorted((ROOT / "cpp" / "src").rglob("*")):
+        if path.suffix in {".cpp", ".hpp"}:
+            lines = len(path.read_text(encoding="utf-8").splitlines())
+            if lines > args.file_max:
+                long.append(f"{path.relative_to(ROOT)}: {lines} lines, over {args.file_max}")
     for path in sorted((ROOT / "cpp").rglob("*")):
         if path.suffix in {".cpp", ".hpp"}:
             for start, lines, head in cpp_functions(path):
@@ -119,9 +127,16 @@ def main() -> int:
     for entry in long:
         print(entry, file=sys.stderr)
     if long:
-        print(f"check_lengths: {len(long)} function(s) over {args.max} lines", file=sys.stderr)
+        print(
+            f"check_lengths: {len(long)} function(s) over {args.max} lines or file(s) over "
+            f"{args.file_max}",
+            file=sys.stderr,
+        )
         return 1
-    print(f"check_lengths: {count} functions, none over {args.max} lines")
+    print(
+        f"check_lengths: {count} functions, none over {args.max} lines; no cpp/src file over "
+        f"{args.file_max} lines"
+    )
     return 0
 
 

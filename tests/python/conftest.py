@@ -14,17 +14,15 @@ clock instead (test_postgres.py).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Iterator, List
 
 import pytest
 
 import stockade
 from pgproxy import CommitCuttingProxy
-from stockade.tools.citus import TemporaryCitus, citus_available
 from stockade.tools.pytest_plugin import PostgresForTests
 from support import (
     BACKENDS,
@@ -32,7 +30,6 @@ from support import (
     START,
     Now,
     Wait,
-    drop_citus_schema,
     field,
 )
 
@@ -91,56 +88,9 @@ def engine(backend: str, request: pytest.FixtureRequest) -> Iterator[stockade.En
         marker = request.node.get_closest_marker("not_on_citus")
         if marker is not None:
             pytest.skip(f"not built on the Citus layout yet: {marker.args[0]}")
-        yield request.getfixturevalue("citus_engine")
+        yield request.getfixturevalue("stockade_citus_engine")
     else:
         yield request.getfixturevalue("stockade_engine")
-
-
-@pytest.fixture(scope="session")
-def citus_cluster() -> Iterator[TemporaryCitus]:
-    """A coordinator and two workers on loopback for the session (stockade.tools.citus)."""
-    ok, why = citus_available()
-    if not ok:
-        pytest.skip(why)
-    with TemporaryCitus() as cluster:
-        yield cluster
-
-
-# Few shards keep create_distributed_table quick; their placements still span both workers.
-CITUS_SHARDS = "?options=-c%20citus.shard_count%3D4"
-_citus_schemas = itertools.count(1)
-
-
-@pytest.fixture
-def citus_dsn(citus_cluster: TemporaryCitus) -> str:
-    return citus_cluster.dsn() + CITUS_SHARDS
-
-
-@pytest.fixture
-def citus_engine_factory(citus_dsn: str) -> Iterator[Callable[..., stockade.Engine]]:
-    """Makes engines with layout='citus' (with the given options), each over a fresh,
-    migrated schema of the cluster (or the one `schema=` names); closes them after the
-    test and drops their schemas (support.drop_citus_schema)."""
-    made: List[Tuple[stockade.Engine, str]] = []
-
-    def make(schema: Optional[str] = None, **options: Any) -> stockade.Engine:
-        name = schema or f"citus_t{next(_citus_schemas)}"
-        eng = stockade.Engine.postgres(citus_dsn, layout="citus", schema=name, **options)
-        made.append((eng, name))
-        eng.migrate()
-        return eng
-
-    yield make
-    for eng, _ in made:
-        eng.close()
-    for name in dict.fromkeys(name for _, name in made):
-        drop_citus_schema(citus_dsn, name)
-
-
-@pytest.fixture
-def citus_engine(citus_engine_factory: Callable[..., stockade.Engine]) -> stockade.Engine:
-    """An engine with layout='citus' over a fresh schema on the cluster, dropped after."""
-    return citus_engine_factory()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Callable, List
 
 import stockade
-from stockade.tools.pgserver import run_sql
 
 # The strategies that serve each request in its own transaction, and all of them (batched
 # folds requests into shared transactions; auto picks atomic or batched per SKU), in the
@@ -90,23 +89,3 @@ def assert_audit_clean(engine: stockade.Engine) -> None:
     """After a race: the audit finds nothing (docs/journal.md)."""
     report = engine.audit(expiry_lag=3600)
     assert report.ok, report.violations[:10]
-
-
-def drop_citus_schema(dsn: str, schema: str) -> None:
-    """Drops a test's schema on the Citus cluster, if the test made it. Dropping
-    distributed tables has the coordinator connect to every worker; on a loaded machine
-    one such connection has failed once in a while (Unavailable, "connection to the
-    remote node ... failed"). That is the cluster's hiccup, not the test's outcome: try
-    again a few times, then fail."""
-    made = f"SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}'"
-    if run_sql(dsn, made) == "0":
-        return
-    with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1) as eng:
-        for attempt in range(3):
-            try:
-                eng.drop_schema(confirm=schema)
-                return
-            except stockade.Unavailable:
-                if attempt == 2:
-                    raise
-                time.sleep(1.0)

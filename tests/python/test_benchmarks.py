@@ -198,8 +198,8 @@ def test_pooler_benchmark_prints_every_route(tmp_path: Path) -> None:
 
 
 @pytest.mark.citus
-def test_citus_benchmark_prints_every_route(citus_cluster: object) -> None:
-    # citus_cluster (conftest) skips this where the Citus build does not fit; the script
+def test_citus_benchmark_prints_every_route(stockade_citus: object) -> None:
+    # stockade_citus (conftest) skips this where the Citus build does not fit; the script
     # starts a cluster of its own.
     out = run_benchmark(
         "citus.py",
@@ -247,8 +247,8 @@ def test_journal_benchmark_prints_every_section(tmp_path: Path) -> None:
 
 
 @pytest.mark.citus
-def test_journal_benchmark_runs_on_citus(citus_cluster: object, tmp_path: Path) -> None:
-    # citus_cluster (conftest) skips this where the Citus build does not fit; the script
+def test_journal_benchmark_runs_on_citus(stockade_citus: object, tmp_path: Path) -> None:
+    # stockade_citus (conftest) skips this where the Citus build does not fit; the script
     # starts a cluster of its own.
     out = run_benchmark(
         "journal.py", "--citus", "--sections", "1,2", "--seconds", "0.2", "--rounds", "2",

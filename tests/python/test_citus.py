@@ -22,10 +22,10 @@ import pytest
 import stockade
 from stockade import OutOfStock
 from stockade.tools import drive_load
-from stockade.tools.citus import TemporaryCitus
+from stockade.tools.citus import TemporaryCitus, drop_citus_schema
 from stockade.tools.pgserver import run_sql
 from support import ALL_STRATEGIES as STRATEGIES
-from support import drop_citus_schema, wait_for
+from support import wait_for
 
 pytestmark = pytest.mark.citus
 
@@ -33,9 +33,9 @@ _schemas = itertools.count(1)
 
 
 @pytest.fixture
-def dsn(citus_dsn: str) -> str:
-    """The coordinator of the session's cluster (conftest: citus_cluster)."""
-    return citus_dsn
+def dsn(stockade_citus_dsn: str) -> str:
+    """The coordinator of the session's cluster (conftest: stockade_citus)."""
+    return stockade_citus_dsn
 
 
 @pytest.fixture
@@ -47,19 +47,19 @@ def schema(dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def engine(citus_engine: stockade.Engine) -> stockade.Engine:
-    return citus_engine
+def engine(stockade_citus_engine: stockade.Engine) -> stockade.Engine:
+    return stockade_citus_engine
 
 
 def test_migrate_distributes_the_tables_co_located(
-    engine: stockade.Engine, citus_cluster: TemporaryCitus, dsn: str
+    engine: stockade.Engine, stockade_citus: TemporaryCitus, dsn: str
 ) -> None:
     assert engine.migration_plan() == []  # everything applied, the citus/ files too
     schema = engine._schema
     # Citus's metadata: six tables hash-distributed on shard_key, in one co-location
     # group; the purchase-limit groups and their SKUs are reference tables.
     tables = run_sql(
-        citus_cluster.dsn(),
+        stockade_citus.dsn(),
         "SELECT logicalrelid::text || ' ' || partmethod::text || ' ' || colocationid || ' ' ||"
         " coalesce(column_to_column_name(logicalrelid, partkey), '-') FROM pg_dist_partition"
         f" WHERE logicalrelid::text LIKE '{schema}.%' ORDER BY 1",
@@ -77,7 +77,7 @@ def test_migrate_distributes_the_tables_co_located(
     engine.restock("tee", 3)
     engine.reserve("tee", 1, idempotency_key="k")
     nodes = run_sql(
-        citus_cluster.dsn(),
+        stockade_citus.dsn(),
         "SELECT count(DISTINCT pl.groupid) || ' ' || count(*) FROM (SELECT"
         " get_shard_id_for_distribution_column(t::regclass, k.shard_key) AS shardid FROM"
         f" unnest(ARRAY['{schema}.stock', '{schema}.reservation', '{schema}.idempotency',"
@@ -321,7 +321,7 @@ def test_the_layout_option_is_checked_before_connecting() -> None:
 
 
 def test_a_write_for_one_sku_runs_on_one_worker_with_a_plain_commit(
-    citus_cluster: TemporaryCitus, dsn: str, schema: str
+    stockade_citus: TemporaryCitus, dsn: str, schema: str
 ) -> None:
     # citus.log_remote_commands makes the coordinator log each command it sends to a
     # worker, with the worker's address: between two marks (reads of SKUs that do not
@@ -341,7 +341,7 @@ def test_a_write_for_one_sku_runs_on_one_worker_with_a_plain_commit(
             r = eng.reserve("solo", 1, strategy=strategy)
             eng.confirm(r.id)
             mark(f"mark-{strategy}-end")
-            text = citus_cluster.log_text()
+            text = stockade_citus.log_text()
             lines = text[
                 text.index(f"mark-{strategy}-start") : text.index(f"mark-{strategy}-end")
             ].splitlines()
@@ -360,7 +360,7 @@ def test_a_write_for_one_sku_runs_on_one_worker_with_a_plain_commit(
 
 
 def test_a_buyers_count_and_reservation_commit_together(
-    citus_cluster: TemporaryCitus, dsn: str, schema: str
+    stockade_citus: TemporaryCitus, dsn: str, schema: str
 ) -> None:
     # A buyer's count in a group lies on the shard of its own shard key (group, buyer):
     # when that shard is on another worker than the SKU's row, the reserve commits in two
@@ -372,7 +372,7 @@ def test_a_buyers_count_and_reservation_commit_together(
 
     def node(table: str, shard_key: int) -> str:
         return run_sql(
-            citus_cluster.dsn(),
+            stockade_citus.dsn(),
             "SELECT nodeport FROM citus_shards WHERE shardid ="
             f" get_shard_id_for_distribution_column('{schema}.{table}', {shard_key})",
         )
@@ -394,7 +394,7 @@ def test_a_buyers_count_and_reservation_commit_together(
                 eng.reserve("solo", 1, buyer=buyer, strategy=strategy)
                 with pytest.raises(stockade.NotFound):
                     eng.stock(end)
-                text = citus_cluster.log_text()
+                text = stockade_citus.log_text()
                 issued = [
                     line
                     for line in text[text.index(start) : text.index(end)].splitlines()

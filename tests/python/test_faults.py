@@ -200,7 +200,7 @@ def test_close_racing_batched_callers_answers_every_one(
         return
     if backend == "citus":
         check = stockade.Engine.postgres(
-            request.getfixturevalue("citus_dsn"), layout="citus", schema=engine._schema
+            request.getfixturevalue("stockade_citus_dsn"), layout="citus", schema=engine._schema
         )
     else:
         check = stockade.Engine.postgres(request.getfixturevalue("stockade_database"))

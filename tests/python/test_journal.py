@@ -24,7 +24,9 @@ from support import field
 def engine_with(backend: str, request: pytest.FixtureRequest, **options: object) -> stockade.Engine:
     """A PostgreSQL engine of the backend with these options, on a migrated schema of its
     own, closed (and on Citus dropped) after the test."""
-    factory = "stockade_engine_factory" if backend == "postgres" else "citus_engine_factory"
+    factory = (
+        "stockade_engine_factory" if backend == "postgres" else "stockade_citus_engine_factory"
+    )
     return request.getfixturevalue(factory)(**options)
 
 
@@ -201,9 +203,9 @@ def test_a_waiting_poll_is_woken_by_a_change_from_another_engine(
     if backend == "memory":
         writer = reader = request.getfixturevalue("memory_engine")
     elif backend == "citus":
-        reader = request.getfixturevalue("citus_engine")
+        reader = request.getfixturevalue("stockade_citus_engine")
         writer = stockade.Engine.postgres(
-            request.getfixturevalue("citus_dsn"), layout="citus", schema=reader._schema
+            request.getfixturevalue("stockade_citus_dsn"), layout="citus", schema=reader._schema
         )
         request.addfinalizer(writer.close)
     else:
@@ -332,8 +334,8 @@ class OnSql(NamedTuple):
 @pytest.fixture
 def on_sql(backend: str, request: pytest.FixtureRequest) -> OnSql:
     if backend == "citus":
-        eng = request.getfixturevalue("citus_engine")
-        return OnSql(eng, request.getfixturevalue("citus_dsn"), eng._schema, True)
+        eng = request.getfixturevalue("stockade_citus_engine")
+        return OnSql(eng, request.getfixturevalue("stockade_citus_dsn"), eng._schema, True)
     pg: PostgresForTests = request.getfixturevalue("stockade_postgres")
     database = request.getfixturevalue("stockade_database")
     return OnSql(

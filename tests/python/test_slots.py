@@ -44,7 +44,7 @@ def sibling(
             eng = stockade.Engine.postgres(dsn, home_slot=home_slot, **options)  # type: ignore[arg-type]
         else:
             eng = stockade.Engine.postgres(
-                request.getfixturevalue("citus_dsn"),
+                request.getfixturevalue("stockade_citus_dsn"),
                 layout="citus",
                 schema=engine._schema or "stockade",
                 home_slot=home_slot,
@@ -742,22 +742,22 @@ DELETE FROM {schema}.schema_migrations WHERE version IN (5, 102);
 
 @pytest.mark.citus
 def test_citus_migration_102_moves_slot_rows_to_their_column_in_place(
-    citus_engine: stockade.Engine, citus_dsn: str
+    stockade_citus_engine: stockade.Engine, stockade_citus_dsn: str
 ) -> None:
-    schema = citus_engine._schema
+    schema = stockade_citus_engine._schema
     assert schema is not None
     key = _core.shard_key_of("hot", "eu")
     hold = str(uuid.UUID(bytes=_core.make_uuid_v7(1_700_000_000_000, key)))
     # Citus changes a distributed table's triggers only under this setting.
-    unsafe = citus_dsn + "%20-c%20citus.enable_unsafe_triggers%3Don"
+    unsafe = stockade_citus_dsn + "%20-c%20citus.enable_unsafe_triggers%3Don"
     for statement in CITUS_BACK_TO_VERSION_FOUR.format(schema=schema).strip().split(";\n"):
         run_sql(unsafe, statement)
     run_sql(
-        citus_dsn,
+        stockade_citus_dsn,
         OLD_FORM_ROWS.format(schema=schema, sk_col=", shard_key", sk=f", {key}", hold=hold),
     )
-    with stockade.Engine.postgres(citus_dsn, layout="citus", schema=schema) as eng:
+    with stockade.Engine.postgres(stockade_citus_dsn, layout="citus", schema=schema) as eng:
         assert eng.migrate() == ["005_slot_column.sql", "citus/102_slot_column.sql"]
     run_sql(unsafe, f"ALTER TABLE {schema}.stock ENABLE TRIGGER stock_journal")
-    with stockade.Engine.postgres(citus_dsn, layout="citus", schema=schema) as eng:
-        check_slot_rows_moved(eng, citus_dsn, schema, hold)
+    with stockade.Engine.postgres(stockade_citus_dsn, layout="citus", schema=schema) as eng:
+        check_slot_rows_moved(eng, stockade_citus_dsn, schema, hold)

@@ -181,14 +181,6 @@ class Statements {
   template <class Set>
   void add_limit_statements(const std::string& schema, Set& set);
   template <class Set>
-  void add_batch_statements(const std::string& schema, Set& set);
-  template <class Set>
-  void add_batch_fast_statements(const std::string& schema, Set& set);
-  template <class Set>
-  void add_batch_fast_one_statements(const std::string& schema, Set& set);
-  template <class Set>
-  void add_batch_fast_limited_statement(const std::string& schema, Set& set);
-  template <class Set>
   void add_expiry_statements(const std::string& schema, Set& set);
   template <class Set>
   void add_citus_statements(const std::string& schema, Set& set);
@@ -207,6 +199,27 @@ class Statements {
 
 // What the statement builders hand each statement's SQL to.
 using StatementSink = std::function<void(Stmt, const std::string&)>;
+// The hot-row batcher's statements (statements_batch.cpp): the full path's, the fast path
+// on several rows, on one row (with keys, and on Citus), and on one row with buyers.
+void add_batch_statements(const std::string& schema, const StatementSink& set);
+void add_batch_fast_statements(const std::string& schema, const StatementSink& set);
+void add_batch_fast_one_statements(const std::string& schema, const StatementSink& set);
+void add_batch_fast_limited_statement(const std::string& schema, const StatementSink& set);
+
+// Pieces of SQL that several statement builders share.
+namespace sql {
+// The predicate on one stock row: $1 and $2 its SKU, and its hot-row slot.
+inline constexpr const char* row_key = " WHERE sku = $1 AND location = $2 AND slot = @SLOT@PIN";
+// The units a row can still promise (migration 003: backorders).
+inline constexpr const char* room = "on_hand + backorder_limit - reserved";
+// Whether a write without a fencing token may change the row: not discontinued, and no
+// lease live (the rule of check_writable, which classifies a refusal afterwards).
+inline constexpr const char* open_row =
+    "discontinued_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at <= now())";
+}  // namespace sql
+
+// A reservation's columns as read_reservation reads them.
+std::string reservation_columns();
 // The journal's, the feed's and the audit's statements (statements_record.cpp).
 void add_record_statements(const std::string& schema, bool citus, const StatementSink& set);
 // A stock row's columns as the store reads them (level_from in stock.cpp).

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from ..errors import Unavailable
-from .pgserver import _free_port
+from .pgserver import _free_port, run_sql
 
-__all__ = ["TemporaryCitus", "citus_available", "find_citus_dir"]
+__all__ = ["TemporaryCitus", "citus_available", "drop_citus_schema", "find_citus_dir"]
 
 # install.sh's exit code for "this Citus build does not fit this machine".
 NOT_AVAILABLE = 3
@@ -177,3 +177,25 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def drop_citus_schema(dsn: str, schema: str) -> None:
+    """Drops a schema of the Citus layout on the cluster at ``dsn``, if it exists. Dropping
+    distributed tables has the coordinator connect to every worker; on a loaded machine
+    one such connection has failed once in a while (Unavailable, "connection to the
+    remote node ... failed"). That is the cluster's hiccup: try again a few times, then
+    raise."""
+    from ..engine import Engine  # here, not above: the engine imports the tools lazily
+
+    made = f"SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}'"
+    if run_sql(dsn, made) == "0":
+        return
+    with Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1) as eng:
+        for attempt in range(3):
+            try:
+                eng.drop_schema(confirm=schema)
+                return
+            except Unavailable:
+                if attempt == 2:
+                    raise
+                time.sleep(1.0)

@@ -19,6 +19,19 @@ Installing stockade makes these fixtures available to every test suite:
     and their databases dropped after the test.
 ``stockade_memory_engine`` (function)
     ``Engine.memory()`` for tests that need no server.
+``stockade_citus`` (session)
+    A Citus coordinator and two workers on loopback
+    (:class:`stockade.tools.citus.TemporaryCitus`); the test is skipped, with the reason,
+    where no Citus build fits the machine.
+``stockade_citus_dsn`` (function)
+    The coordinator's DSN, with few shards per table (``citus.shard_count`` 4), which keeps
+    ``create_distributed_table`` quick while the placements still span both workers.
+``stockade_citus_engine_factory`` (function)
+    A callable that makes engines with ``layout="citus"`` and your options, each over a
+    fresh, migrated schema of the cluster (or the one ``schema=`` names); all are closed
+    and their schemas dropped after the test.
+``stockade_citus_engine`` (function)
+    One such engine.
 
 Options (``pytest --help``, section "stockade"): ``--stockade-dsn`` (else
 ``$STOCKADE_TEST_DSN``, else the ini option ``stockade_dsn``) points the suite at a server
@@ -43,11 +56,16 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 import pytest
 
 from ..engine import Engine
+from .citus import TemporaryCitus, citus_available, drop_citus_schema
 from .pgbouncer import TemporaryPgBouncer
 from .pgserver import TemporaryPostgres, conninfo_with, quote_ident, run_sql
 
 __all__ = [
     "PostgresForTests",
+    "stockade_citus",
+    "stockade_citus_dsn",
+    "stockade_citus_engine",
+    "stockade_citus_engine_factory",
     "stockade_database",
     "stockade_engine",
     "stockade_engine_factory",
@@ -242,3 +260,51 @@ def stockade_memory_engine() -> Iterator[Engine]:
     """An engine over the in-process memory store, closed after the test."""
     with Engine.memory() as eng:
         yield eng
+
+
+@pytest.fixture(scope="session")
+def stockade_citus() -> Iterator[TemporaryCitus]:
+    """A coordinator and two workers on loopback for the session."""
+    ok, why = citus_available()
+    if not ok:
+        pytest.skip(why)
+    with TemporaryCitus() as cluster:
+        yield cluster
+
+
+# Few shards keep create_distributed_table quick; their placements still span both workers.
+CITUS_SHARDS = "?options=-c%20citus.shard_count%3D4"
+_citus_schemas = itertools.count(1)
+
+
+@pytest.fixture
+def stockade_citus_dsn(stockade_citus: TemporaryCitus) -> str:
+    """The coordinator's DSN, with four shards per distributed table."""
+    return stockade_citus.dsn() + CITUS_SHARDS
+
+
+@pytest.fixture
+def stockade_citus_engine_factory(stockade_citus_dsn: str) -> Iterator[Callable[..., Engine]]:
+    """Makes engines with layout='citus' (with the given options), each over a fresh,
+    migrated schema of the cluster (or the one ``schema=`` names); closes them after the
+    test and drops their schemas."""
+    made: List[Tuple[Engine, str]] = []
+
+    def make(schema: Optional[str] = None, **options: Any) -> Engine:
+        name = schema or f"citus_t{os.getpid()}_{next(_citus_schemas)}"
+        engine = Engine.postgres(stockade_citus_dsn, layout="citus", schema=name, **options)
+        made.append((engine, name))
+        engine.migrate()
+        return engine
+
+    yield make
+    for engine, _ in made:
+        engine.close()
+    for name in dict.fromkeys(name for _, name in made):
+        drop_citus_schema(stockade_citus_dsn, name)
+
+
+@pytest.fixture
+def stockade_citus_engine(stockade_citus_engine_factory: Callable[..., Engine]) -> Engine:
+    """An engine with layout='citus' over a fresh schema on the cluster, dropped after."""
+    return stockade_citus_engine_factory()
