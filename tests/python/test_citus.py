@@ -21,6 +21,7 @@ import pytest
 
 import stockade
 from stockade import OutOfStock
+from stockade.testing import race
 from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus, drop_citus_schema
 from stockade.tools.pgserver import run_sql
@@ -279,11 +280,8 @@ def test_racing_threads_sell_out_exactly(engine: stockade.Engine, strategy: str)
             with lock:
                 granted.append(str(r.id))
 
-    threads = [threading.Thread(target=buyer) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out = race(8, lambda _: buyer())
+    assert not any(out.errors), out.errors
     level = engine.stock("hot")
     assert len(granted) == len(set(granted)) == units
     assert refused[0] == 8  # each buyer stopped at OutOfStock

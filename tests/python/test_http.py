@@ -6,7 +6,6 @@ If-Match is VersionConflict (412), optimistic retries running out is RetriesExha
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
@@ -14,6 +13,7 @@ import stockade
 import stockade.http as http
 from stockade import errors
 from stockade.http import ETag
+from stockade.testing import race
 
 
 def test_every_error_class_has_an_http_status_and_retryability() -> None:
@@ -46,10 +46,8 @@ def test_optimistic_retries_running_out_is_retries_exhausted_not_version_conflic
     # hear VersionConflict (a 412 to a client that sent no If-Match).
     engine = stockade.Engine.postgres(stockade_database, retries_max=0, pool_size=16)
     lost: list[BaseException] = []
-    barrier = threading.Barrier(32)
 
     def buyer() -> None:
-        barrier.wait(10)
         for _ in range(40):
             try:
                 engine.reserve("hot", 1, strategy="optimistic")
@@ -58,11 +56,8 @@ def test_optimistic_retries_running_out_is_retries_exhausted_not_version_conflic
 
     with engine:
         engine.restock("hot", 1_000_000)
-        threads = [threading.Thread(target=buyer) for _ in range(32)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        out = race(32, lambda _: buyer(), timeout=60)
+    assert not any(out.errors), out.errors
     assert lost, "no compare-and-set lost: the race did not happen"
     assert all(isinstance(e, stockade.RetriesExhausted) for e in lost), lost[:3]
     for e in lost:

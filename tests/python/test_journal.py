@@ -16,6 +16,7 @@ from typing import Iterator, List, NamedTuple
 import pytest
 
 import stockade
+from stockade.testing import race
 from stockade.tools.pgserver import find_bindir
 from stockade.tools.pytest_plugin import PostgresForTests
 from support import field
@@ -75,11 +76,8 @@ def test_a_batch_writes_one_entry_per_row_with_its_requests(engine: stockade.Eng
         for _ in range(50):
             engine.reserve("hot", 1, strategy="batched")
 
-    threads = [threading.Thread(target=buyer) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out = race(8, lambda _: buyer())
+    assert not any(out.errors), out.errors
     moves = engine.movements("hot", limit=10_000)
     holds = [m for m in moves if m.cause == "hold"]
     assert sum(m.requests for m in holds) == 400

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Iterator, List
 
 import pytest
 
 import stockade
 import stockade.tools.hooks
+from stockade.testing import race
 from stockade.tools.pytest_plugin import PostgresForTests
 
 pytest.importorskip("opentelemetry.sdk")
@@ -108,18 +108,13 @@ def test_batched_calls_carry_their_batch_size(
     traced: stockade.Engine, exporter: InMemorySpanExporter
 ) -> None:
     traced.restock("hot", 10_000)
-    barrier = threading.Barrier(16)
 
     def buyer() -> None:
-        barrier.wait()
         for _ in range(20):
             traced.reserve("hot", 1, strategy="batched")
 
-    threads = [threading.Thread(target=buyer) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out = race(16, lambda _: buyer())
+    assert not any(out.errors), out.errors
     sizes = [
         s.attributes["db.operation.batch.size"]
         for s in spans(exporter, "reserve")
