@@ -892,3 +892,29 @@ def test_four_processes_racing_for_one_sku_grant_exactly_the_units(
         granted = assert_sold_out_exactly(eng, clients, outs, units)
         for rid in granted[:: units // 30]:
             assert eng.reservation(rid).state is ReservationState.HELD
+
+
+@pytest.mark.parametrize("call", ["restock", "confirm"])
+def test_an_in_doubt_answer_names_what_that_call_can_do(
+    proxy: CommitCuttingProxy, stockade_database: str, pooled: bool, call: str
+) -> None:
+    # Goal: an InDoubt's hint fits the call (issue 45): a transition is told to read its
+    # reservation back, a write to a stock row to read the row back; neither is told of a
+    # reservation or a key it does not have. Method: the proxy cuts the call's COMMIT
+    # after it was sent, with atomic (a restock and a confirm each run in a transaction).
+    if pooled:
+        pytest.skip("the proxy stands in front of the server, not of the pooler")
+    with stockade.Engine.postgres(
+        proxy.dsn(field(stockade_database, "dbname")), strategy="atomic"
+    ) as eng:
+        eng.restock("hint", 5)
+        r = eng.reserve("hint", 1)
+        proxy.arm("after")
+        with pytest.raises(stockade.InDoubt) as told:
+            eng.restock("hint", 1) if call == "restock" else eng.confirm(r.id)
+    message = str(told.value)
+    if call == "confirm":
+        assert "read the reservation back" in message, message
+    else:
+        assert "read the stock row back" in message, message
+        assert "read the reservation back" not in message, message

@@ -16,6 +16,7 @@ from typing import Iterator, List, NamedTuple
 import pytest
 
 import stockade
+from pgproxy import CommitCuttingProxy
 from stockade.testing import race
 from stockade.tools.pgserver import find_bindir
 from stockade.tools.pytest_plugin import PostgresForTests
@@ -488,3 +489,25 @@ def test_a_memory_store_without_a_journal_journals_nothing(memory_only: stockade
     memory_only.restock("a", 1)
     assert memory_only.movements() == []
     assert memory_only.audit().ok and not memory_only.audit().journal_checked
+
+
+@pytest.mark.parametrize("cut", ["before", "after"])
+def test_a_feed_commit_whose_connection_is_cut_stores_its_position_by_itself(
+    proxy: CommitCuttingProxy, stockade_database: str, pooled: bool, cut: str
+) -> None:
+    # Goal: storing a feed position is idempotent, so a commit cut before or after its
+    # COMMIT reached the server runs once more by itself instead of telling the caller
+    # InDoubt (issue 45). Method: the proxy cuts the feed commit's COMMIT; commit() must
+    # return, and a fresh engine's consumer must resume past every change polled.
+    if pooled:
+        pytest.skip("the proxy stands in front of the server, not of the pooler")
+    with stockade.Engine.postgres(proxy.dsn(field(stockade_database, "dbname"))) as eng:
+        for i in range(5):
+            eng.restock(f"f-{i}", 1)
+        feed = eng.feed("cut")
+        assert len(feed.poll(limit=100, timeout=0)) == 5
+        proxy.arm(cut)
+        feed.commit()
+        assert proxy.cuts == 1
+    with stockade.Engine.postgres(stockade_database) as eng:
+        assert eng.feed("cut").poll(limit=100, timeout=0) == []
