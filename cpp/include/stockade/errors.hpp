@@ -76,6 +76,9 @@ struct ErrorContext {
 // write to a stock row reads the row back, and a reserve with an idempotency key retries
 // with that key, which returns the reservation if it landed.
 std::string in_doubt_hint(const ErrorContext& context);
+// Every InDoubt message ends with this and then its hint, so that an outcome shared by
+// several calls (a batch's) can give each call its own hint (rehint_in_doubt).
+inline constexpr const char* in_doubt_hint_lead = " To learn it: ";
 
 // A message on one line: libpq's and the server's texts end in a newline and break lines
 // with "\n\t" (connection failures) or "\nDETAIL:"; each line break and the whitespace
@@ -94,6 +97,10 @@ class Error : public std::runtime_error {
   ErrorCode code_;
   ErrorContext context_;
 };
+
+// `error` (an InDoubt shared by several calls) for the call about `context`: its context,
+// and its message with the hint after in_doubt_hint_lead replaced by that call's.
+Error rehint_in_doubt(const Error& error, const ErrorContext& context);
 
 [[noreturn]] void throw_invalid_argument(const std::string& message);
 

@@ -51,6 +51,13 @@ std::string in_doubt_hint(const ErrorContext& context) {
   return "read back what the call changes before calling it again";
 }
 
+Error rehint_in_doubt(const Error& error, const ErrorContext& context) {
+  const std::string message = error.what();
+  const std::size_t at = message.rfind(in_doubt_hint_lead);
+  const std::string head = at == std::string::npos ? message + "." : message.substr(0, at);
+  return Error(error.code(), head + in_doubt_hint_lead + in_doubt_hint(context) + ".", context);
+}
+
 void throw_invalid_argument(const std::string& message) {
   throw Error(ErrorCode::invalid_argument, message);
 }

@@ -55,6 +55,20 @@ constexpr int gather_share = 8;
 
 using SteadyClock = std::chrono::steady_clock;
 
+// `base` about `item`'s call: its reservation (a confirm or release) or its row.
+ErrorContext context_of_request(const BatchItem& item, ErrorContext base = {}) {
+  if (is_transition(item.op)) {
+    base.sku.clear();
+    base.location.clear();
+    base.reservation_id = item.id;
+  } else {
+    base.sku = item.key.sku;
+    base.location = item.key.location;
+    base.reservation_id.reset();
+  }
+  return base;
+}
+
 Error closed_error() {
   return Error(ErrorCode::invalid_state, "the engine is closed");
 }
@@ -310,15 +324,13 @@ void HotRowBatcher::run(BatchItem& item, std::int64_t lock_timeout_ms) {
     const auto bound = std::chrono::milliseconds(lock_timeout_ms + options_.result_timeout_ms);
     if (!slot.cv.wait_for(lock, bound, [&] { return slot.done; })) {
       slot.abandoned = true;
-      ErrorContext context;
-      context.sku = item.key.sku;
-      context.location = item.key.location;
-      if (is_transition(item.op)) context.reservation_id = item.id;
+      ErrorContext context = context_of_request(item);
       const std::string hint = in_doubt_hint(context);
       throw Error(ErrorCode::in_doubt,
                   "the batch of this request gave no outcome within " +
                       std::to_string(lock_timeout_ms + options_.result_timeout_ms) +
-                      " ms (lock_timeout + result_timeout); it may still be applied: " + hint,
+                      " ms (lock_timeout + result_timeout); it may still be applied." +
+                      in_doubt_hint_lead + hint + ".",
                   std::move(context));
     }
   }
@@ -489,7 +501,11 @@ void HotRowBatcher::attempt(std::vector<BatchItem*>& items, const std::vector<Sl
     STOCKADE_ASSERT(failure || !(item->ok && item->error));  // decided one way, not both
     if (failure) {
       item->ok = false;
-      item->error = failure;
+      // A shared InDoubt names what each call can do: a transition's reservation, a
+      // reserve's key, or another write's row.
+      item->error = failure->code() == ErrorCode::in_doubt
+                        ? rehint_in_doubt(*failure, context_of_request(*item, failure->context()))
+                        : *failure;
     } else if (!item->ok && !item->error) {
       item->error = Error(ErrorCode::invariant_violation,
                           "the store returned a batch with a request left undecided");

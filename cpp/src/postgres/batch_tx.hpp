@@ -82,8 +82,9 @@ struct Hold {
   bool lapsed = false;  // expires_at <= now() when it was locked
 };
 
-// The keyed fast statement failed on a key claimed elsewhere meanwhile; it rolled back, and
-// the full path decides the batch.
+// A fast statement undid itself: the keyed one found a key claimed elsewhere meanwhile
+// (23505), or the limited or multi-row one moved some rows but not all (abort_statement,
+// SK001). It rolled back whole, and the full path decides the batch.
 struct FastMiss {};
 
 // The statements layer's quoting (Quote), by the transaction's connection.

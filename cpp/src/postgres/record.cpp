@@ -140,8 +140,18 @@ FeedBatch PostgresStore::feed_poll(const std::string& consumer, const FeedPositi
 // COMMIT was lost runs once more, within the same call_timeout, instead of telling the
 // caller InDoubt; only if that one is lost too does the caller hear of it, with what it
 // can do (commit again: it is safe).
+// A second attempt that cannot run or is cut too leaves the caller with an InDoubt that says
+// so; a deadline that passed before the second attempt sent anything does not mean that
+// nothing was stored (the first may have), so it is InDoubt as well. (Two processes that
+// commit one consumer's positions at once may store either, retried or not: one consumer,
+// one committer.)
 void PostgresStore::feed_commit(const std::string& consumer, const FeedPosition& at) {
   const CallDeadline deadline(options_.call_timeout_ms);
+  const auto unknown = [](const std::string& why) {
+    return Error(ErrorCode::in_doubt,
+                 "the feed's position may or may not be stored (" + why +
+                     "); committing the same position again is safe: storing it is idempotent");
+  };
   for (int lost = 0;; ++lost) {
     try {
       run(nullptr, ErrorContext{}, [&](Tx& tx) {
@@ -152,12 +162,12 @@ void PostgresStore::feed_commit(const std::string& consumer, const FeedPosition&
       });
       return;
     } catch (const LostCommit& e) {
-      if (lost == 0) continue;
-      throw Error(ErrorCode::in_doubt,
-                  "the connection was lost twice while the feed's position was stored; "
-                  "whether it was stored is unknown, and committing the same position again "
-                  "is safe (storing it is idempotent): " +
-                      e.prelude);
+      if (lost > 0) throw unknown("the connection was lost twice: " + e.prelude);
+    } catch (const Error& e) {
+      const bool timed_out =
+          e.code() == ErrorCode::deadline_exceeded || e.code() == ErrorCode::in_doubt;
+      if (lost > 0 && timed_out) throw unknown(e.what());
+      throw;
     }
   }
 }

@@ -66,8 +66,8 @@ LostCommit PostgresStore::lost_commit(const Backend& backend, const ErrorContext
   if (!settled) {
     log(LogLevel::warning, "stockade.postgres",
         lost.prelude +
-            ", so the write may still land: the caller is told InDoubt unless it "
-            "is found, and must retry with the same idempotency key");
+            ", so the write may still land: unless the engine finds it, the caller is "
+            "told InDoubt with what that call can do to learn the outcome");
   }
   return lost;
 }

@@ -82,14 +82,16 @@ inline std::string rollback_sqlstate(const pqxx::transaction_rollback& e) {
 inline Error in_doubt(const ErrorContext& context, const std::string& cause, bool settled,
                       bool pooled = false) {
   const char* why =
-      settled  ? "The server session has ended, so the outcome is final; to learn it, "
+      settled  ? "The server session has ended, so the outcome is final."
       : pooled ? "A connection pooler stands between the engine and the server session, which "
-                 "therefore cannot be ended, so the write may still complete; a little later, "
+                 "therefore cannot be ended, so the write may still complete: look a little "
+                 "later."
                : "The server session could not be ended in time, so the write may still "
-                 "complete; a little later, ";
+                 "complete: look a little later.";
   return Error(ErrorCode::in_doubt,
                "the connection was lost during COMMIT (" + plain_cause(cause) +
-                   "); the outcome is unknown. " + why + in_doubt_hint(context) + ": " + cause,
+                   "); the outcome is unknown. " + why + " (" + one_line(cause) + ")" +
+                   in_doubt_hint_lead + in_doubt_hint(context) + ".",
                context);
 }
 

@@ -173,8 +173,8 @@ Error PostgresStore::past_deadline(const ErrorContext& context, bool commit_sent
                   "after its COMMIT was sent (a commit waiting for a synchronous standby, or a "
                   "server that stopped answering), so it may have committed: a cancelled wait "
                   "for a synchronous standby leaves the commit done locally but maybe not "
-                  "replicated. To learn the outcome, " +
-                  hint,
+                  "replicated." +
+                  in_doubt_hint_lead + hint + ".",
               std::move(c));
   deadlines.log(LogLevel::warning, "stockade.postgres", error.what());
   return error;
