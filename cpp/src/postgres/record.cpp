@@ -141,8 +141,9 @@ FeedBatch PostgresStore::feed_poll(const std::string& consumer, const FeedPositi
 // caller InDoubt; only if that one is lost too does the caller hear of it, with what it
 // can do (commit again: it is safe).
 // A second attempt that cannot run or is cut too leaves the caller with an InDoubt that says
-// so; a deadline that passed before the second attempt sent anything does not mean that
-// nothing was stored (the first may have), so it is InDoubt as well. (Two processes that
+// so, and so does any other InDoubt of the call; a deadline that passed before the second
+// attempt sent anything does not mean that nothing was stored (the first may have), so it
+// is InDoubt as well. (Two processes that
 // commit one consumer's positions at once may store either, retried or not: one consumer,
 // one committer.)
 void PostgresStore::feed_commit(const std::string& consumer, const FeedPosition& at) {
@@ -164,9 +165,11 @@ void PostgresStore::feed_commit(const std::string& consumer, const FeedPosition&
     } catch (const LostCommit& e) {
       if (lost > 0) throw unknown("the connection was lost twice: " + e.prelude);
     } catch (const Error& e) {
-      const bool timed_out =
-          e.code() == ErrorCode::deadline_exceeded || e.code() == ErrorCode::in_doubt;
-      if (lost > 0 && timed_out) throw unknown(e.what());
+      // Any InDoubt (a deadline that fired after COMMIT was sent), and after a lost
+      // commit a deadline that fired before the retry sent anything.
+      const bool unsure =
+          e.code() == ErrorCode::in_doubt || (lost > 0 && e.code() == ErrorCode::deadline_exceeded);
+      if (unsure) throw unknown(e.what());
       throw;
     }
   }
