@@ -1,5 +1,24 @@
 // Connections to PostgreSQL: one connection with its prepared statements and session
 // settings, and a bounded pool of them.
+//
+// What the pool guarantees: at most `size` connections are open at once, counting those
+// being opened, so the server never sees more sessions from one engine than pool_size
+// allows, whatever the traffic. A caller waits for one no longer than the pool's timeout
+// (Overloaded) or its call's deadline, whichever comes first (DeadlineExceeded, and
+// nothing was changed); no wait is unbounded. A connection comes back either whole
+// (idle, reused newest first, so that the idle ones past a burst are the ones that age)
+// or discarded: a lease marks it discarded when its state is unknown (a broken link, a
+// deadline that fired, a commit whose outcome is not known), and it is then closed, never
+// handed to another call. Opening and closing happen outside the pool's lock, so a slow
+// connect or close holds up no other caller.
+//
+// What it does not do: it does not test a connection before lending it. A connection the
+// server dropped while it sat idle fails on its first statement, which run() treats as a
+// break before anything was sent (and retries) or as a lost commit (and resolves); after
+// one such break the store drops the idle siblings too (drop_idle()), since a restart or a
+// failover breaks them all. It also does not balance across servers: one DSN, one server
+// (or one pooler) at a time, and a connection that reaches another server than the one
+// before is logged and counted (a failover), not refused.
 #pragma once
 
 #include <array>
