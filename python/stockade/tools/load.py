@@ -5,6 +5,10 @@ function, so that their figures are the engine's and the database's, not a Pytho
 With ``window == 1`` each client makes blocking calls one at a time (a request handler per
 client); with ``window > 1`` each keeps that many async requests in flight through the
 engine's submit path (a server multiplexing many buyers on one thread).
+
+Not to be confused with :mod:`stockade.tools.loadgen`: this module measures throughput
+from C++ threads (``drive_load``, a benchmark's tool); ``loadgen`` runs a flash sale from
+Python threads and checks its outcome (``flash_sale``, a test's and the demo's tool).
 """
 
 from __future__ import annotations

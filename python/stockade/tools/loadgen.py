@@ -5,6 +5,9 @@ attempts, one unit each, and reports what happened: granted, refused, failed, ov
 throughput, latency, retries and lock waits. It is the core of ``stockade demo`` and of
 load scenarios in pytest. The strategy ``"naive-unsafe"`` runs the deliberately broken
 read-modify-write canary instead of a real strategy, to show what an oversell looks like.
+
+Not to be confused with :mod:`stockade.tools.load`, the C++ load driver that benchmarks
+use for throughput (``drive_load``); this module checks outcomes from Python threads.
 """
 
 from __future__ import annotations
