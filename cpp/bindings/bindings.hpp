@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "stockade/engine.hpp"
 #include "stockade/errors.hpp"
@@ -35,6 +37,11 @@ using OptStr = std::optional<std::string>;
 using Release = py::call_guard<py::gil_scoped_release>;
 // The journal's, the feed's and the audit's values and calls (register_record.cpp).
 void register_record(py::module_& m, py::class_<Engine>& c);
+
+// An order's lines as the Python layer passes them, (sku, location, qty) each, and as the
+// engine takes them (register_calls.cpp; the blocking and the async order share it).
+using OrderLineIn = std::tuple<std::string, std::string, Quantity>;
+std::vector<OrderLine> order_lines(const std::vector<OrderLineIn>& lines);
 
 // Per-call options as the Python layer passes them (strategy by name).
 CallOptions call_options(const OptStr& strategy, bool nowait, OptInt lock_timeout_ms,

@@ -45,13 +45,10 @@ void register_async_calls(py::class_<Engine>& c) {
           py::arg("expected_version"), py::arg("fencing_token") = py::none(), Release())
       .def(
           "submit_reserve_order",
-          [](Engine& e, Sink channel, std::uint64_t token,
-             const std::vector<std::tuple<std::string, std::string, Quantity>>& lines,
+          [](Engine& e, Sink channel, std::uint64_t token, const std::vector<OrderLineIn>& lines,
              OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
              OptInt lock_timeout_ms, OptStr buyer) {
-            std::vector<OrderLine> order;
-            order.reserve(lines.size());
-            for (const auto& [sku, location, qty] : lines) order.push_back({{sku, location}, qty});
+            const std::vector<OrderLine> order = order_lines(lines);
             CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
             call.buyer = std::move(buyer);
             e.submit_reserve_order(order, ttl_us, std::move(idempotency_key), call,

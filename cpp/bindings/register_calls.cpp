@@ -11,6 +11,14 @@
 #include "stockade/errors.hpp"
 
 namespace stockade::bindings {
+
+std::vector<OrderLine> order_lines(const std::vector<OrderLineIn>& lines) {
+  std::vector<OrderLine> order;
+  order.reserve(lines.size());
+  for (const auto& [sku, location, qty] : lines) order.push_back({{sku, location}, qty});
+  return order;
+}
+
 namespace {
 
 void register_lease_calls(py::class_<Engine>& c) {
@@ -119,12 +127,10 @@ void register_reservation_calls(py::class_<Engine>& c) {
        Release())
       .def(
           "reserve_order",
-          [](Engine& e, const std::vector<std::tuple<std::string, std::string, Quantity>>& lines,
-             OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
-             OptInt lock_timeout_ms, OptStr buyer) {
-            std::vector<OrderLine> order;
-            order.reserve(lines.size());
-            for (const auto& [sku, location, qty] : lines) order.push_back({{sku, location}, qty});
+          [](Engine& e, const std::vector<OrderLineIn>& lines, OptInt ttl_us,
+             OptStr idempotency_key, const OptStr& strategy, bool nowait, OptInt lock_timeout_ms,
+             OptStr buyer) {
+            const std::vector<OrderLine> order = order_lines(lines);
             CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
             call.buyer = std::move(buyer);
             return e.reserve_order(order, ttl_us, std::move(idempotency_key), call);
