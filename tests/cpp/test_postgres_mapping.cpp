@@ -112,6 +112,9 @@ TEST(SqlstateMapping, LostConnectionsAreNamedPlainly) {
   EXPECT_EQ(plain_cause("FATAL:  terminating connection due to administrator command\nserver "
                         "closed the connection unexpectedly"),
             "the server ended the session: a restart, a shutdown or pg_terminate_backend");
+  EXPECT_EQ(plain_cause("Connection to database failed"),
+            "the connection broke and could not be opened again: the server was down or "
+            "restarting");
   EXPECT_EQ(plain_cause("something new\nand more"), "something new");
   EXPECT_EQ(plain_cause(std::string(500, 'x')).size(), 160U);
 }

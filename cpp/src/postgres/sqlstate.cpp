@@ -72,13 +72,16 @@ std::string plain_cause(std::string_view message) {
   struct Plain {
     std::string_view marker, said;
   };
-  static constexpr std::array<Plain, 7> plain{{
+  static constexpr std::array<Plain, 8> plain{{
       {"terminating connection due to administrator command",
        "the server ended the session: a restart, a shutdown or pg_terminate_backend"},
       {"server closed the connection", "the server closed the connection"},
       {"not connected",
        "the server had already closed the connection: a restart or an ended session"},
       {"Connection lost while committing", "the connection broke while COMMIT was on its way"},
+      // libpqxx 6.4 tries to reopen a broken connection once, and says this when it cannot.
+      {"Connection to database failed",
+       "the connection broke and could not be opened again: the server was down or restarting"},
       {"timed out", "the connection timed out"},
       {"Connection reset", "the connection was reset"},
       {"Broken pipe", "the connection was reset"},
