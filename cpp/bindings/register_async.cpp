@@ -60,7 +60,7 @@ void register_async_calls(py::class_<Engine>& c) {
   auto transition = [](Transition kind) {
     return [kind](Engine& e, Sink channel, std::uint64_t token, const Uuid& id,
                   OptInt expected_version) {
-      e.submit_transition(kind, id, 0, expected_version, std::move(channel), token);
+      e.submit_transition({id, kind, 0, expected_version}, std::move(channel), token);
     };
   };
   c.def("submit_confirm", transition(Transition::confirm), py::arg("channel"), py::arg("token"),
@@ -71,7 +71,7 @@ void register_async_calls(py::class_<Engine>& c) {
           "submit_extend",
           [](Engine& e, Sink channel, std::uint64_t token, const Uuid& id, std::int64_t ttl_us,
              OptInt expected_version) {
-            e.submit_transition(Transition::extend, id, ttl_us, expected_version,
+            e.submit_transition({id, Transition::extend, ttl_us, expected_version},
                                 std::move(channel), token);
           },
           py::arg("channel"), py::arg("token"), py::arg("id"), py::arg("ttl_us"),

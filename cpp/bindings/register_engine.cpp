@@ -41,7 +41,7 @@ py::class_<Engine> register_engine(py::module_& m) {
       .def("drop_schema", &Engine::drop_schema, Release())
       .def(
           "purge",
-          [](Engine& e, std::int64_t older_than_us, std::uint64_t limit) {
+          [](Engine& e, std::int64_t older_than_us, std::optional<std::int64_t> limit) {
             return e.purge(older_than_us, limit).total();
           },
           py::arg("older_than_us"), py::arg("limit"), Release())

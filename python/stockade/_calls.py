@@ -21,7 +21,6 @@ from ._checks import (
     limit_skus,
     migration_number,
     order_lines,
-    purge_bounds,
     reservations,
 )
 from ._checks import lease as check_lease
@@ -524,8 +523,12 @@ class EngineCalls:
         and skip rows others hold. On PostgreSQL the horizon is on the database clock.
         ``retention=`` on :meth:`postgres` or :meth:`memory` purges in the background
         instead."""
-        older_than_us, count = purge_bounds(older_than, limit)
-        return int(self._core.purge(older_than_us=older_than_us, limit=count))
+        return int(
+            self._core.purge(
+                older_than_us=duration_us("older_than", older_than),
+                limit=check_optional_int("limit", limit),
+            )
+        )
 
     # --- the movement journal, the change feed, stock alerts, the audit ---
 
@@ -613,8 +616,12 @@ class EngineCalls:
         committed past (or older than ``feed_lag_max``, whatever the consumers: those it
         passes get ``FeedOverrun``); returns how many went. ``journal_retention=`` does
         it in the background."""
-        older_than_us, count = purge_bounds(older_than, limit)
-        return int(self._core.purge_movements(older_than_us=older_than_us, limit=count))
+        return int(
+            self._core.purge_movements(
+                older_than_us=duration_us("older_than", older_than),
+                limit=check_optional_int("limit", limit),
+            )
+        )
 
     # --- figures and advice ---
 

@@ -17,7 +17,6 @@ from .values import Lease, Reservation, check_int, check_str, duration_ms, durat
 
 OrderKey = Union[str, Tuple[str, str]]
 DEFAULT_LOCATION = "default"
-UINT64_MAX = 2**64 - 1
 
 
 def where(dsn: str) -> str:
@@ -45,18 +44,6 @@ def retention_us(retention: object) -> int:
     if us <= 0:
         raise InvalidArgument("retention must be positive (None: nothing is purged by itself)")
     return us
-
-
-def purge_bounds(older_than: object, limit: object) -> Tuple[int, int]:
-    """``purge`` and ``purge_movements``: the horizon's age in microseconds (not negative)
-    and the most rows to take (None: no bound)."""
-    older_than_us = duration_us("older_than", older_than)
-    if older_than_us < 0:
-        raise InvalidArgument("older_than must not be negative")
-    count = UINT64_MAX if limit is None else check_int("limit", limit)
-    if not 1 <= count <= UINT64_MAX:
-        raise InvalidArgument(f"limit must be at least 1, got {count}")
-    return older_than_us, count
 
 
 def positive(name: str, value: object) -> int:

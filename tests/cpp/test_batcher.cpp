@@ -87,15 +87,7 @@ class DelegatingStore : public Store {
   std::vector<Reservation> reserve_order(const OrderRequest& r) override {
     return inner_->reserve_order(r);
   }
-  Reservation confirm(const Uuid& id, std::optional<Version> v) override {
-    return inner_->confirm(id, v);
-  }
-  Reservation release(const Uuid& id, std::optional<Version> v) override {
-    return inner_->release(id, v);
-  }
-  Reservation extend(const Uuid& id, std::int64_t t, std::optional<Version> v) override {
-    return inner_->extend(id, t, v);
-  }
+  Reservation transition(const TransitionRequest& r) override { return inner_->transition(r); }
   Reservation get_reservation(const Uuid& id) override { return inner_->get_reservation(id); }
   std::size_t expire_due(std::size_t limit) override { return inner_->expire_due(limit); }
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override {

@@ -168,6 +168,8 @@ class Engine {
   Reservation release(const Uuid& id, std::optional<Version> expected_version = {});
   Reservation extend(const Uuid& id, std::int64_t ttl_us,
                      std::optional<Version> expected_version = {});
+  // The three above in one call, the way both stores take them.
+  Reservation transition(const TransitionRequest& request);
   Reservation get_reservation(const Uuid& id);
   std::size_t expire_due(std::size_t limit = 1000);
 
@@ -181,9 +183,8 @@ class Engine {
   void submit_reserve_order(const std::vector<OrderLine>& lines, std::optional<std::int64_t> ttl_us,
                             std::optional<std::string> idempotency_key, const CallOptions& call,
                             std::shared_ptr<CompletionSink> sink, std::uint64_t token);
-  void submit_transition(Transition kind, const Uuid& id, std::int64_t ttl_us,
-                         std::optional<Version> expected_version,
-                         std::shared_ptr<CompletionSink> sink, std::uint64_t token);
+  void submit_transition(const TransitionRequest& request, std::shared_ptr<CompletionSink> sink,
+                         std::uint64_t token);
 
   // The movement journal, the change feed, stock alerts and the audit (Store, docs/journal.md).
   std::vector<Movement> movements(const MovementQuery& query);
@@ -198,12 +199,11 @@ class Engine {
   AuditReport audit(const AuditOptions& options);
   // How many violations the last audit() of this engine found (-1: none ran yet).
   std::int64_t last_audit_violations() const { return last_audit_violations_.load(); }
+  // Retention (Store::purge, Store::purge_movements): older_than_us >= 0, and limit (none:
+  // no bound) >= 1, checked here once for both.
   std::uint64_t purge_movements(std::int64_t older_than_us,
-                                std::uint64_t limit = std::numeric_limits<std::uint64_t>::max());
-
-  // Retention (Store::purge): older_than_us >= 0, 1 <= limit.
-  PurgeCounts purge(std::int64_t older_than_us,
-                    std::uint64_t limit = std::numeric_limits<std::uint64_t>::max());
+                                std::optional<std::int64_t> limit = std::nullopt);
+  PurgeCounts purge(std::int64_t older_than_us, std::optional<std::int64_t> limit = std::nullopt);
   // stats() costs O(1) in the number of rows (its counts may be estimates, see
   // StoreCounts); row_counts() counts every row, exactly.
   StoreStats stats(std::size_t sku_limit = 20) const;
@@ -278,7 +278,9 @@ class Engine {
                        std::uint64_t token);
   bool batches_transitions(std::uint16_t shard_key) const;
   Route transition_route() const;
-  Reservation transition(BatchOp op, const Uuid& id, std::optional<Version> expected);
+  void check_transition(const TransitionRequest& request) const;
+  bool batches(const TransitionRequest& request) const;
+  Reservation run_transition(const TransitionRequest& request);
   template <class Fn>
   void run_async(std::shared_ptr<CompletionSink> sink, std::uint64_t token, Fn fn);
 

@@ -48,6 +48,15 @@ struct WriteOptions {
 // the engine's calls and both stores.
 enum class Transition { confirm, release, extend };
 
+// One transition of one reservation, the one request type for all three: a field a new
+// kind of transition needs is added here once.
+struct TransitionRequest {
+  Uuid id;
+  Transition kind = Transition::confirm;
+  std::int64_t ttl_us = 0;  // extend only: the hold's new TTL, counted from now
+  std::optional<Version> expected_version;
+};
+
 struct ReserveRequest {
   SkuKey key;
   Quantity qty = 0;
@@ -168,10 +177,9 @@ class Store {
   // Reservations.
   virtual Reservation reserve(const ReserveRequest& request) = 0;
   virtual std::vector<Reservation> reserve_order(const OrderRequest& request) = 0;
-  virtual Reservation confirm(const Uuid& id, std::optional<Version> expected_version) = 0;
-  virtual Reservation release(const Uuid& id, std::optional<Version> expected_version) = 0;
-  virtual Reservation extend(const Uuid& id, std::int64_t ttl_us,
-                             std::optional<Version> expected_version) = 0;
+  // Confirms, releases or extends a held reservation under its row's lock. A hold past
+  // its expiry is expired there and then (as the sweeper would have) and refused.
+  virtual Reservation transition(const TransitionRequest& request) = 0;
   virtual Reservation get_reservation(const Uuid& id) = 0;
   virtual std::size_t expire_due(std::size_t limit) = 0;
 

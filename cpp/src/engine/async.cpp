@@ -135,31 +135,17 @@ void Engine::submit_reserve_order(const std::vector<OrderLine>& lines,
             });
 }
 
-void Engine::submit_transition(Transition kind, const Uuid& id, std::int64_t ttl_us,
-                               std::optional<Version> expected_version,
+void Engine::submit_transition(const TransitionRequest& request,
                                std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
-  check_process();
-  validate_expected_version(expected_version);
-  if (kind == Transition::extend) validate_ttl_us(ttl_us);
+  check_transition(request);
   if (!sink) throw_invalid_argument("an async call needs a completion sink");
-  if (kind != Transition::extend && batches_transitions(id.shard_key())) {
-    tracker_.enter(id.shard_key());  // the batcher leaves
-    BatchItem item = transition_item(
-        kind == Transition::confirm ? BatchOp::confirm : BatchOp::release, id, expected_version);
+  if (batches(request)) {
+    tracker_.enter(request.id.shard_key());  // the batcher leaves
+    BatchItem item = transition_item(request);
     through_batcher(item, transition_route(), std::move(sink), token);
     return;
   }
-  run_async(std::move(sink), token, [this, kind, id, ttl_us, expected_version] {
-    switch (kind) {
-      case Transition::confirm:
-        return confirm(id, expected_version);
-      case Transition::release:
-        return release(id, expected_version);
-      case Transition::extend:
-        break;
-    }
-    return extend(id, ttl_us, expected_version);
-  });
+  run_async(std::move(sink), token, [this, request] { return transition(request); });
 }
 
 }  // namespace stockade

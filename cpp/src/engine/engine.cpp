@@ -616,44 +616,55 @@ Route Engine::transition_route() const {
   return route;
 }
 
-Reservation Engine::transition(BatchOp op, const Uuid& id, std::optional<Version> expected) {
+void Engine::check_transition(const TransitionRequest& request) const {
   check_process();
-  validate_expected_version(expected);
-  const std::uint16_t shard_key = id.shard_key();
-  if (batches_transitions(shard_key)) {
-    tracker_.enter(shard_key);  // the batcher leaves
-    BatchItem item = transition_item(op, id, expected);
-    through_batcher(item, transition_route(), nullptr, 0);
-    return std::move(item.reservation);
+  if (request.kind == Transition::extend) validate_ttl_us(request.ttl_us);
+  validate_expected_version(request.expected_version);
+}
+
+// A confirm or release goes through the batcher when the row's SKU batches
+// (batches_transitions); an extend writes the reservation alone, and runs on the store.
+bool Engine::batches(const TransitionRequest& request) const {
+  return request.kind != Transition::extend && batches_transitions(request.id.shard_key());
+}
+
+Reservation Engine::run_transition(const TransitionRequest& request) {
+  if (request.kind == Transition::extend) {
+    return observed(Op::extend, [&] { return store_->transition(request); });
   }
+  const bool confirm = request.kind == Transition::confirm;
+  const std::uint16_t shard_key = request.id.shard_key();
   tracker_.enter(shard_key);
   InFlight in_flight(tracker_, shard_key);
-  const NoteScope note({op == BatchOp::confirm ? "confirm" : "release", "", "", id.to_string()});
-  if (op == BatchOp::confirm) {
-    return observed(Op::confirm, [&] { return store_->confirm(id, expected); });
+  const NoteScope note({confirm ? "confirm" : "release", "", "", request.id.to_string()});
+  return observed(confirm ? Op::confirm : Op::release, [&] { return store_->transition(request); });
+}
+
+Reservation Engine::transition(const TransitionRequest& request) {
+  check_transition(request);
+  Reservation out;
+  if (batches(request)) {
+    tracker_.enter(request.id.shard_key());  // the batcher leaves
+    BatchItem item = transition_item(request);
+    through_batcher(item, transition_route(), nullptr, 0);
+    out = std::move(item.reservation);
+  } else {
+    out = run_transition(request);
   }
-  return observed(Op::release, [&] { return store_->release(id, expected); });
+  detail::unslot(out);
+  return out;
 }
 
 Reservation Engine::confirm(const Uuid& id, std::optional<Version> expected) {
-  Reservation out = transition(BatchOp::confirm, id, expected);
-  detail::unslot(out);
-  return out;
+  return transition({id, Transition::confirm, 0, expected});
 }
 
 Reservation Engine::release(const Uuid& id, std::optional<Version> expected) {
-  Reservation out = transition(BatchOp::release, id, expected);
-  detail::unslot(out);
-  return out;
+  return transition({id, Transition::release, 0, expected});
 }
 
 Reservation Engine::extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) {
-  check_process();
-  validate_ttl_us(ttl_us);
-  validate_expected_version(expected);
-  Reservation out = observed(Op::extend, [&] { return store_->extend(id, ttl_us, expected); });
-  detail::unslot(out);
-  return out;
+  return transition({id, Transition::extend, ttl_us, expected});
 }
 
 Reservation Engine::get_reservation(const Uuid& id) {
@@ -672,11 +683,10 @@ std::size_t Engine::expire_due(std::size_t limit) {
   return observed(Op::expire_due, [&] { return store_->expire_due(limit); });
 }
 
-PurgeCounts Engine::purge(std::int64_t older_than_us, std::uint64_t limit) {
+PurgeCounts Engine::purge(std::int64_t older_than_us, std::optional<std::int64_t> limit) {
   check_process();
-  if (older_than_us < 0) throw_invalid_argument("older_than must not be negative");
-  if (limit == 0) throw_invalid_argument("limit must be at least 1");
-  return observed(Op::purge, [&] { return store_->purge(older_than_us, limit); });
+  const std::uint64_t count = purge_limit(older_than_us, limit);
+  return observed(Op::purge, [&] { return store_->purge(older_than_us, count); });
 }
 
 }  // namespace stockade

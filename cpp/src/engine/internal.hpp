@@ -49,12 +49,13 @@ inline BatchItem sell_item(const SkuKey& key, Quantity qty, Strategy asked) {
   return item;
 }
 
-inline BatchItem transition_item(BatchOp op, const Uuid& id, std::optional<Version> expected) {
+// A confirm or release as the batcher's request (an extend is never batched).
+inline BatchItem transition_item(const TransitionRequest& request) {
   BatchItem item;
-  item.op = op;
+  item.op = request.kind == Transition::confirm ? BatchOp::confirm : BatchOp::release;
   item.started_us = steady_now_us();
-  item.id = id;
-  item.expected_version = expected;
+  item.id = request.id;
+  item.expected_version = request.expected_version;
   return item;
 }
 
@@ -76,6 +77,10 @@ class InFlight {
 
 // InvalidArgument unless 1 ms <= ms <= lock_timeout_ms_max (engine/options.cpp).
 void validate_lock_timeout_ms(std::int64_t ms);
+
+// purge() and purge_movements(): InvalidArgument unless older_than_us >= 0 and limit (none:
+// no bound) >= 1; returns the limit as the stores take it (engine/options.cpp).
+std::uint64_t purge_limit(std::int64_t older_than_us, std::optional<std::int64_t> limit);
 
 }  // namespace stockade::detail::engine
 

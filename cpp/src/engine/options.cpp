@@ -1,4 +1,6 @@
 // The engine's options: their checks, and what the telemetry takes from them.
+#include <limits>
+#include <optional>
 #include <string>
 
 #include "engine/internal.hpp"
@@ -15,6 +17,19 @@ void validate_lock_timeout_ms(std::int64_t ms) {
                            std::to_string(lock_timeout_ms_max) + " ms, got " + std::to_string(ms) +
                            " ms");
   }
+}
+
+std::uint64_t purge_limit(std::int64_t older_than_us, std::optional<std::int64_t> limit) {
+  if (older_than_us < 0) {
+    throw_invalid_argument("older_than must not be negative, got " + std::to_string(older_than_us) +
+                           " us");
+  }
+  if (!limit) return std::numeric_limits<std::uint64_t>::max();
+  if (*limit < 1) {
+    throw_invalid_argument("limit must be at least 1 (None: no bound), got " +
+                           std::to_string(*limit));
+  }
+  return static_cast<std::uint64_t>(*limit);
 }
 
 }  // namespace detail::engine

@@ -1,5 +1,6 @@
 // Engine: the movement journal, the change feed, stock alerts and the audit
 // (docs/journal.md). Each call checks its input and hands it to the store.
+#include "engine/internal.hpp"
 #include "hotrow/slot_router.hpp"
 #include "stockade/engine.hpp"
 
@@ -88,11 +89,10 @@ AuditReport Engine::audit(const AuditOptions& options) {
   return report;
 }
 
-std::uint64_t Engine::purge_movements(std::int64_t older_than_us, std::uint64_t limit) {
+std::uint64_t Engine::purge_movements(std::int64_t older_than_us,
+                                      std::optional<std::int64_t> limit) {
   check_process();
-  if (older_than_us < 0) throw_invalid_argument("older_than must not be negative");
-  if (limit < 1) throw_invalid_argument("limit must be at least 1");
-  return store_->purge_movements(older_than_us, limit);
+  return store_->purge_movements(older_than_us, detail::engine::purge_limit(older_than_us, limit));
 }
 
 }  // namespace stockade

@@ -129,9 +129,7 @@ class MemoryStore final : public Store, public TestHooks {
 
   Reservation reserve(const ReserveRequest& request) override;
   std::vector<Reservation> reserve_order(const OrderRequest& request) override;
-  Reservation confirm(const Uuid& id, std::optional<Version> expected) override;
-  Reservation release(const Uuid& id, std::optional<Version> expected) override;
-  Reservation extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) override;
+  Reservation transition(const TransitionRequest& request) override;
   Reservation get_reservation(const Uuid& id) override;
   std::size_t expire_due(std::size_t limit) override;
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
@@ -215,8 +213,6 @@ class MemoryStore final : public Store, public TestHooks {
                               TimestampUs now, const std::optional<std::string>& key) const;
   void insert_reservation(const Reservation& reservation, StockRow* row);
   ReservationShard& shard_of(const Uuid& id) const;
-  Reservation transition(const Uuid& id, Transition kind, std::int64_t ttl_us,
-                         std::optional<Version> expected);
   void expire_locked(ReservationShard& shard, ReservationRecord& record, TimestampUs now);
   void release_stock(StockRow& row, Quantity qty, bool sold, TimestampUs now);
   Reservation reserve_now(StockRow& row, const ReserveRequest& request,

@@ -311,22 +311,24 @@ void MemoryStore::mark_terminal(ReservationShard& shard, const Reservation& r) {
   shard.terminal_by_time.emplace(r.updated_at_us, r.id);
 }
 
-Reservation MemoryStore::transition(const Uuid& id, Transition kind, std::int64_t ttl_us,
-                                    std::optional<Version> expected) {
+Reservation MemoryStore::transition(const TransitionRequest& request) {
+  const Uuid& id = request.id;
+  const Transition kind = request.kind;
   ReservationShard& shard = shard_of(id);
   std::lock_guard<std::mutex> lock(shard.mutex);
   auto it = shard.records.find(id);
   if (it == shard.records.end()) throw_reservation_not_found(id);
   ReservationRecord& record = it->second;
   Reservation& r = record.value;
-  check_expected(r, expected);
+  check_expected(r, request.expected_version);
   if (r.state != ReservationState::held) throw not_holdable(r);
   const TimestampUs now = clock_->now_us();
   if (now >= r.expires_at_us) {
     expire_locked(shard, record, now);  // lazily, as the sweeper would have
     throw not_holdable(r);
   }
-  const TimestampUs extended = kind == Transition::extend ? expiry_of(now, ttl_us, "the hold") : 0;
+  const TimestampUs extended =
+      kind == Transition::extend ? expiry_of(now, request.ttl_us, "the hold") : 0;
   switch (kind) {
     case Transition::confirm:
       release_stock(*record.row, r.qty, /*sold=*/true, now);
@@ -349,19 +351,6 @@ Reservation MemoryStore::transition(const Uuid& id, Transition kind, std::int64_
   r.updated_at_us = now;
   if (kind != Transition::extend) mark_terminal(shard, r);
   return r;
-}
-
-Reservation MemoryStore::confirm(const Uuid& id, std::optional<Version> expected) {
-  return transition(id, Transition::confirm, 0, expected);
-}
-
-Reservation MemoryStore::release(const Uuid& id, std::optional<Version> expected) {
-  return transition(id, Transition::release, 0, expected);
-}
-
-Reservation MemoryStore::extend(const Uuid& id, std::int64_t ttl_us,
-                                std::optional<Version> expected) {
-  return transition(id, Transition::extend, ttl_us, expected);
 }
 
 Reservation MemoryStore::get_reservation(const Uuid& id) {
@@ -444,10 +433,10 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
           item->level = sell(SellRequest{item->key, item->qty, write});
           break;
         case BatchOp::confirm:
-          item->reservation = confirm(item->id, item->expected_version);
-          break;
         case BatchOp::release:
-          item->reservation = release(item->id, item->expected_version);
+          item->reservation = transition(
+              {item->id, item->op == BatchOp::confirm ? Transition::confirm : Transition::release,
+               0, item->expected_version});
           break;
       }
       item->ok = true;

@@ -168,9 +168,7 @@ class PostgresStore final : public Store, public TestHooks {
 
   Reservation reserve(const ReserveRequest& request) override;
   std::vector<Reservation> reserve_order(const OrderRequest& request) override;
-  Reservation confirm(const Uuid& id, std::optional<Version> expected) override;
-  Reservation release(const Uuid& id, std::optional<Version> expected) override;
-  Reservation extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) override;
+  Reservation transition(const TransitionRequest& request) override;
   Reservation get_reservation(const Uuid& id) override;
   std::size_t expire_due(std::size_t limit) override;
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
@@ -311,8 +309,6 @@ class PostgresStore final : public Store, public TestHooks {
                                             const std::string& fingerprint,
                                             const std::vector<Uuid>& ids,
                                             const std::function<std::vector<Reservation>()>& run);
-  Reservation transition(const Uuid& id, Transition kind, std::int64_t ttl_us,
-                         std::optional<Version> expected);
   void move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantity released);
   // Expires at most `limit` due holds inside `tx`; returns how many.
   std::size_t expire_in(Tx& tx, std::size_t limit);

@@ -266,8 +266,9 @@ void PostgresStore::move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantit
   report_write(key, rows[0][0].as<Version>());
 }
 
-Reservation PostgresStore::transition(const Uuid& id, Transition kind, std::int64_t ttl_us,
-                                      std::optional<Version> expected) {
+Reservation PostgresStore::transition(const TransitionRequest& request) {
+  const Uuid& id = request.id;
+  const Transition kind = request.kind;
   ErrorContext context;
   context.reservation_id = id;
   return run(nullptr, context, [&](Tx& tx) {
@@ -275,7 +276,7 @@ Reservation PostgresStore::transition(const Uuid& id, Transition kind, std::int6
     if (rows.empty()) throw_reservation_not_found(id);
     bool lapsed = false;
     Reservation r = read_reservation(rows[0], &lapsed);
-    check_expected(r, expected);
+    check_expected(r, request.expected_version);
     if (r.state != ReservationState::held) throw not_holdable(r);
     if (lapsed) {  // expire it lazily, as the sweeper would have, and say so
       give_back(tx, r);
@@ -299,22 +300,10 @@ Reservation PostgresStore::transition(const Uuid& id, Transition kind, std::int6
         next = "held";
         break;
     }
-    return read_reservation(tx.exec_on(id.shard_key(), Stmt::reservation_set, id.to_string(), next,
-                                       kind == Transition::extend ? ttl_us : std::int64_t{0})[0]);
+    return read_reservation(
+        tx.exec_on(id.shard_key(), Stmt::reservation_set, id.to_string(), next,
+                   kind == Transition::extend ? request.ttl_us : std::int64_t{0})[0]);
   });
-}
-
-Reservation PostgresStore::confirm(const Uuid& id, std::optional<Version> expected) {
-  return transition(id, Transition::confirm, 0, expected);
-}
-
-Reservation PostgresStore::release(const Uuid& id, std::optional<Version> expected) {
-  return transition(id, Transition::release, 0, expected);
-}
-
-Reservation PostgresStore::extend(const Uuid& id, std::int64_t ttl_us,
-                                  std::optional<Version> expected) {
-  return transition(id, Transition::extend, ttl_us, expected);
 }
 
 Reservation PostgresStore::get_reservation(const Uuid& id) {
