@@ -9,6 +9,8 @@ as a client would, a bounded number of times.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import stockade
@@ -83,3 +85,25 @@ def test_sell_race_of_256_threads_sells_exactly_100_units(
     assert out.errors == [None] * BUYERS
     assert sum(1 for s in out.results if s) == UNITS
     assert engine.stock("hot").on_hand == 0
+
+
+def test_race_runs_meanwhile_on_the_calling_thread_while_the_racers_run() -> None:
+    # The racers wait for an event only meanwhile sets: they cannot finish before it runs,
+    # and race joins them only after it returns. What it raises is raised at once.
+    go = threading.Event()
+    caller = threading.get_ident()
+    ran_on: list[int] = []
+
+    def meanwhile() -> None:
+        ran_on.append(threading.get_ident())
+        go.set()
+
+    out = race(4, lambda i: go.wait(10) and i, timeout=10, meanwhile=meanwhile)
+    assert ran_on == [caller]
+    assert out.errors == [None] * 4 and out.results == [0, 1, 2, 3]
+
+    def fails() -> None:
+        raise KeyError("meanwhile")
+
+    with pytest.raises(KeyError, match="meanwhile"):
+        race(2, lambda i: i, timeout=10, meanwhile=fails)
