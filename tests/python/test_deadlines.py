@@ -15,16 +15,17 @@ behind, and an InDoubt is settled by a same-key retry to exactly one reservation
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from datetime import timedelta
-from typing import Dict, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
 import stockade
 from pgproxy import CommitCuttingProxy
-from stockade.testing import hold_lock
+from stockade.testing import hold_lock, race
 from stockade.tools.pgserver import TemporaryPostgres
 
 pytestmark = pytest.mark.faults
@@ -71,12 +72,15 @@ def engine(dsn: str) -> stockade.Engine:
 Told = Dict[str, Tuple[object, float]]
 
 
-def call_all(calls: Dict[str, object]) -> Told:
-    """Runs each call on a thread of its own, at once; key -> (outcome, seconds taken)."""
+def call_all(calls: Dict[str, object], meanwhile: Optional[Callable[[], object]] = None) -> Told:
+    """Runs each call on a thread of its own, at once (with `meanwhile` on this thread,
+    stockade.testing.race); key -> (outcome, seconds taken)."""
     told: Told = {}
     lock = threading.Lock()
+    items = list(calls.items())
 
-    def one(key: str, call: object) -> None:
+    def one(i: int) -> None:
+        key, call = items[i]
         started = time.monotonic()
         try:
             out: object = call()  # type: ignore[operator]
@@ -85,11 +89,8 @@ def call_all(calls: Dict[str, object]) -> Told:
         with lock:
             told[key] = (out, time.monotonic() - started)
 
-    threads = [threading.Thread(target=one, args=item) for item in calls.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    out = race(len(items), one, timeout=30, meanwhile=meanwhile)
+    assert not any(out.errors), out.errors
     assert len(told) == len(calls), "a caller was never answered"
     return told
 
@@ -164,15 +165,17 @@ def test_close_returns_within_its_bound_while_commits_hang(
     server.sql("ALTER SYSTEM SET synchronous_standby_names = 'gone'")
     server.sql("SELECT pg_reload_conf()")
     time.sleep(0.3)
-    told: Told = {}
     calls = {f"n-{i}": lambda: eng.reserve("hot", 1, strategy="batched") for i in range(6)}
-    waiter = threading.Thread(target=lambda: told.update(call_all(calls)))
-    waiter.start()
-    time.sleep(0.2)
-    started = time.monotonic()
-    eng.close()
-    closed_in = time.monotonic() - started
-    waiter.join(30)
+    closing: List[float] = []
+
+    def close_while_they_wait() -> None:
+        time.sleep(0.2)
+        started = time.monotonic()
+        eng.close()
+        closing.append(time.monotonic() - started)
+
+    told = call_all(calls, meanwhile=close_while_they_wait)
+    (closed_in,) = closing
     print(f"close() while commits hang: {closed_in:.2f} s")
     assert closed_in <= BOUND
     assert len(told) == 6
@@ -201,13 +204,16 @@ def test_a_server_that_stops_answering_is_cut_at_the_deadline(
         # connection of its own (quick calls one after another may share one).
         wait = lambda: eng.reserve("hot", 1, strategy="pessimistic")  # noqa: E731
         warm = {f"warm-{i}": wait for i in range(4)}
-        with hold_lock(holder, "hot"):
-            warming = threading.Thread(target=call_all, args=(warm,))
-            warming.start()
-            until = time.monotonic() + 0.8  # within lock_timeout (1 s)
-            while eng.stats()["pool"]["in_use"] < 4 and time.monotonic() < until:
-                time.sleep(0.02)
-        warming.join(30)
+        with contextlib.ExitStack() as locked:
+            locked.enter_context(hold_lock(holder, "hot"))
+
+            def four_in_use_then_unlock() -> None:
+                until = time.monotonic() + 0.8  # within lock_timeout (1 s)
+                while eng.stats()["pool"]["in_use"] < 4 and time.monotonic() < until:
+                    time.sleep(0.02)
+                locked.close()
+
+            call_all(warm, meanwhile=four_in_use_then_unlock)
         assert eng.stats()["pool"]["idle"] >= 4
         frozen_proxy.freeze()
         calls: Dict[str, object] = {

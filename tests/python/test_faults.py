@@ -8,6 +8,7 @@ the reservations), and the engine goes on serving. Run them alone with ``-m faul
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -85,16 +86,17 @@ def test_a_write_cut_while_it_waits_for_a_row_lock_is_answered_exactly_once(
             except stockade.StockadeError as e:
                 outcomes[i] = e
 
-        with hold_lock(holder, "hot", kind=kind):
+        with contextlib.ExitStack() as locked:
+            locked.enter_context(hold_lock(holder, "hot", kind=kind))
             proxy.arm("stalled", stall=0.3)
-            threads = [threading.Thread(target=call, args=(i,)) for i in range(callers)]
-            for t in threads:
-                t.start()
-            wait_until(lambda: proxy.cuts == 1)
-            time.sleep(0.5)  # the engine resolves the cut while the lock is still held
-        for t in threads:
-            t.join(30)
-        assert not any(t.is_alive() for t in threads)
+
+            def cut_then_unlock() -> None:
+                wait_until(lambda: proxy.cuts == 1)
+                time.sleep(0.5)  # the engine resolves the cut while the lock is still held
+                locked.close()
+
+            out = race(callers, call, timeout=30, meanwhile=cut_then_unlock)
+        assert not any(out.errors), out.errors
         errors = [o for o in outcomes.values() if not isinstance(o, stockade.Reservation)]
         assert errors == []  # resolved: the session was ended, the write ran once more
         made = [o for o in outcomes.values() if isinstance(o, stockade.Reservation)]
@@ -131,20 +133,21 @@ def test_a_transition_batch_cut_at_commit_or_while_waiting_changes_the_hold_once
             except stockade.StockadeError as e:
                 told[i] = e
 
-        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(holds))]
         if cut == "after":
             proxy.arm("after")
-            for t in threads:
-                t.start()
+            raced = race(len(holds), call, timeout=30)
         else:
-            with hold_lock(holder, "hot"):
+            with contextlib.ExitStack() as locked:
+                locked.enter_context(hold_lock(holder, "hot"))
                 proxy.arm("stalled", stall=0.3)
-                for t in threads:
-                    t.start()
-                wait_until(lambda: proxy.cuts == 1)
-                time.sleep(0.3)
-        for t in threads:
-            t.join(30)
+
+                def cut_then_unlock() -> None:
+                    wait_until(lambda: proxy.cuts == 1)
+                    time.sleep(0.3)
+                    locked.close()
+
+                raced = race(len(holds), call, timeout=30, meanwhile=cut_then_unlock)
+        assert not any(raced.errors), raced.errors
         assert proxy.cuts == 1
         for i, out in told.items():
             if cut == "stalled":
@@ -169,10 +172,8 @@ def test_close_racing_batched_callers_answers_every_one(
     engine.restock("hot", 1_000_000)
     told: List[object] = []
     lock = threading.Lock()
-    go = threading.Barrier(33)
 
     def call() -> None:
-        go.wait(10)
         for _ in range(50):
             try:
                 out: object = engine.reserve("hot", 1, strategy="batched")
@@ -181,15 +182,12 @@ def test_close_racing_batched_callers_answers_every_one(
             with lock:
                 told.append(out)
 
-    threads = [threading.Thread(target=call) for _ in range(32)]
-    for t in threads:
-        t.start()
-    go.wait(10)
-    time.sleep(0.02)
-    engine.close()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads)
+    def close_soon() -> None:
+        time.sleep(0.02)
+        engine.close()
+
+    out = race(32, lambda _: call(), timeout=30, meanwhile=close_soon)
+    assert not any(out.errors), out.errors
     made = [o for o in told if isinstance(o, stockade.Reservation)]
     others = [o for o in told if not isinstance(o, stockade.Reservation)]
     assert all(isinstance(o, stockade.InvalidState) for o in others)
@@ -333,13 +331,15 @@ def test_each_batched_request_is_held_to_its_own_lock_timeout(stockade_database:
             except stockade.StockadeError as e:
                 outcomes[i] = e
 
-        threads = [threading.Thread(target=call, args=(i,)) for i in range(11)]
-        with hold_lock(holder, "hot"):
-            for t in threads:
-                t.start()
-            time.sleep(1.0)
-        for t in threads:
-            t.join(30)
+        with contextlib.ExitStack() as locked:
+            locked.enter_context(hold_lock(holder, "hot"))
+
+            def unlock_after_a_second() -> None:
+                time.sleep(1.0)
+                locked.close()
+
+            out = race(11, call, timeout=30, meanwhile=unlock_after_a_second)
+        assert not any(out.errors), out.errors
         assert isinstance(outcomes[0], stockade.LockTimeout)
         assert "100 ms" in str(outcomes[0])
         made = [o for o in outcomes.values() if isinstance(o, stockade.Reservation)]
@@ -361,7 +361,9 @@ def test_a_row_locked_elsewhere_delays_only_its_own_requests(stockade_database: 
         eng.restock("y", 100)
         start = time.monotonic()
 
-        def call(sku: str, timeout: float) -> None:
+        def call(i: int) -> None:
+            # 5 callers for x that give up after 0.5 s, 5 that wait 10 s, 20 for y.
+            sku, timeout = ("x", 0.5) if i < 5 else ("x", 10.0) if i < 10 else ("y", 1.0)
             try:
                 out: object = eng.reserve(sku, 1, strategy="batched", lock_timeout=timeout)
             except stockade.StockadeError as e:
@@ -370,15 +372,15 @@ def test_a_row_locked_elsewhere_delays_only_its_own_requests(stockade_database: 
                 outcomes[sku].append(out)
                 finished[sku].append(time.monotonic() - start)
 
-        with hold_lock(holder, "x"):
-            threads = [threading.Thread(target=call, args=("x", 0.5)) for _ in range(5)]
-            threads += [threading.Thread(target=call, args=("x", 10.0)) for _ in range(5)]
-            threads += [threading.Thread(target=call, args=("y", 1.0)) for _ in range(20)]
-            for t in threads:
-                t.start()
-            time.sleep(1.5)
-        for t in threads:
-            t.join(30)
+        with contextlib.ExitStack() as locked:
+            locked.enter_context(hold_lock(holder, "x"))
+
+            def unlock_later() -> None:
+                time.sleep(1.5)
+                locked.close()
+
+            out = race(30, call, timeout=30, meanwhile=unlock_later)
+        assert not any(out.errors), out.errors
         assert all(isinstance(o, stockade.Reservation) for o in outcomes["y"])
         assert len(outcomes["y"]) == 20 and max(finished["y"]) < 1.0
         timed_out = [o for o in outcomes["x"] if isinstance(o, stockade.LockTimeout)]
@@ -749,6 +751,7 @@ def test_faults_while_auto_splits_a_hot_sku_lose_nothing(
 CLIENT_SCRIPT = r"""
 import os, sys, threading
 import stockade
+from stockade.testing import race
 
 eng = stockade.Engine.postgres(os.environ["FAULTS_DSN"], pool_size=8)
 strategy, threads, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -772,11 +775,9 @@ def run(t):
             continue  # a slotted SKU: units moved into this slot were taken first
         say(f"ok {key} {r.id}")
 
-workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
-for w in workers:
-    w.start()
-for w in workers:
-    w.join()
+# A worker's error fails the process (its exit code), instead of dying with its thread.
+out = race(threads, run, timeout=600)
+assert not any(out.errors), out.errors
 say("done")
 """
 
@@ -859,22 +860,23 @@ def test_four_processes_racing_for_a_slotted_sku_grant_exactly_the_units(
             eng.set_slots("hot", 4)
         strategy = "batched" if batched else "auto"
         clients = [start_client(own_database, strategy, 16, "nokey") for _ in range(4)]
-        # Their output is read as it comes: a full pipe would stop them mid-race.
-        outs: List[Tuple[str, str]] = [("", "")] * 4
 
-        def read(i: int) -> None:
-            outs[i] = clients[i].communicate(timeout=300)
-
-        readers = [threading.Thread(target=read, args=(i,)) for i in range(4)]
-        for r in readers:
-            r.start()
-        if not batched:
+        def split_then_end() -> None:
+            nonlocal units
             deadline = time.monotonic() + 30
             while eng.slot_count("hot") < 4 and time.monotonic() < deadline:
                 time.sleep(0.05)
             units = eng.set_on_hand("hot", eng.stock("hot").reserved + 3_000).on_hand
-        for r in readers:
-            r.join()
+
+        # Their output is read as it comes: a full pipe would stop them mid-race.
+        read = race(
+            4,
+            lambda i: clients[i].communicate(timeout=300),
+            timeout=330,
+            meanwhile=None if batched else split_then_end,
+        )
+        assert not any(read.errors), read.errors
+        outs = [out or ("", "") for out in read.results]
         assert_sold_out_exactly(eng, clients, outs, units)
         assert eng.slot_count("hot") == 4, "the SKU is not on 4 slots"
         assert_audit_clean(eng)
