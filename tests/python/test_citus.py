@@ -295,16 +295,13 @@ def test_two_engines_and_the_batcher_sell_out_exactly(dsn: str, schema: str) -> 
         for s in skus:
             one.restock(s, 50)
         with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=16) as two:
-            results = []
-
-            def run(eng: stockade.Engine) -> None:
-                results.append(drive_load(eng, skus, clients=8, seconds=2.0, strategy="auto"))
-
-            threads = [threading.Thread(target=run, args=(e,)) for e in (one, two)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            engines = (one, two)
+            out = race(
+                2,
+                lambda i: drive_load(engines[i], skus, clients=8, seconds=2.0, strategy="auto"),
+            )
+        assert not any(out.errors), out.errors
+        results = out.succeeded()
         assert sum(r.failed for r in results) == 0
         assert sum(r.granted for r in results) == 6 * 50
         for s in skus:

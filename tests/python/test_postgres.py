@@ -8,6 +8,7 @@ database cloned from the migrated template (or an empty one where migration is t
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import subprocess
 import threading
@@ -301,15 +302,19 @@ def test_broken_connections_are_replaced_transparently(
 ) -> None:
     # Fill the pool with idle connections: eight callers queue on a held row lock.
     stockade_engine.restock("s", 100)
-    with stockade.testing.hold_lock(stockade_engine, "s"):
-        waiting = threading.Thread(
-            target=lambda: stockade.testing.race(
-                8, lambda i: stockade_engine.reserve("s", 1, strategy="pessimistic")
-            )
+    with contextlib.ExitStack() as locked:
+        locked.enter_context(stockade.testing.hold_lock(stockade_engine, "s"))
+
+        def unlock_later() -> None:
+            time.sleep(0.3)
+            locked.close()
+
+        out = stockade.testing.race(
+            8,
+            lambda i: stockade_engine.reserve("s", 1, strategy="pessimistic"),
+            meanwhile=unlock_later,
         )
-        waiting.start()
-        time.sleep(0.3)
-    waiting.join()
+    assert not any(out.errors), out.errors
     dbname = field(stockade_database, "dbname")
     killed = sql(
         stockade_database,

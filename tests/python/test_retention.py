@@ -12,11 +12,12 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator
 
 import pytest
 
 import stockade
+from stockade.testing import race
 from stockade.tools.pgserver import run_sql
 from stockade.tools.pytest_plugin import PostgresForTests
 from support import MIGRATIONS, wait_for
@@ -131,50 +132,41 @@ def test_purge_racing_replays_never_strands_a_key(
     # up: every confirmed unit is sold, every fresh hold released.
     engine.restock("s", 10**6)
     stop = threading.Event()
-    errors: List[BaseException] = []
     confirmed = [0] * 3
     replays = {"same": 0, "fresh": 0}
     lock = threading.Lock()
 
     def buyer(n: int) -> None:
-        try:
-            for i in range(10**6):
-                if stop.is_set():
-                    return
-                key = f"k-{n}-{i}"
-                first = engine.reserve("s", 1, ttl=LONG, idempotency_key=key)
-                engine.confirm(first.id)
-                confirmed[n] += 1
-                again = engine.reserve("s", 1, ttl=LONG, idempotency_key=key)
-                if again.id == first.id:
-                    assert again.state is stockade.ReservationState.CONFIRMED
-                    outcome = "same"
-                else:  # purged in between: a fresh hold, given back
-                    assert again.state is stockade.ReservationState.HELD
-                    engine.release(again.id)
-                    outcome = "fresh"
-                with lock:
-                    replays[outcome] += 1
-        except BaseException as e:
-            errors.append(e)
+        for i in range(10**6):
+            if stop.is_set():
+                return
+            key = f"k-{n}-{i}"
+            first = engine.reserve("s", 1, ttl=LONG, idempotency_key=key)
+            engine.confirm(first.id)
+            confirmed[n] += 1
+            again = engine.reserve("s", 1, ttl=LONG, idempotency_key=key)
+            if again.id == first.id:
+                assert again.state is stockade.ReservationState.CONFIRMED
+                outcome = "same"
+            else:  # purged in between: a fresh hold, given back
+                assert again.state is stockade.ReservationState.HELD
+                engine.release(again.id)
+                outcome = "fresh"
+            with lock:
+                replays[outcome] += 1
 
     def purger() -> None:
-        try:
-            while not stop.is_set():
-                settle(backend, wait)
-                engine.purge(timedelta(0))
-        except BaseException as e:
-            errors.append(e)
+        while not stop.is_set():
+            settle(backend, wait)
+            engine.purge(timedelta(0))
 
-    threads = [threading.Thread(target=buyer, args=(n,)) for n in range(3)]
-    threads.append(threading.Thread(target=purger))
-    for t in threads:
-        t.start()
-    time.sleep(1.5)
-    stop.set()
-    for t in threads:
-        t.join(timeout=60)
-    assert errors == []
+    def stop_later() -> None:
+        time.sleep(1.5)
+        stop.set()
+
+    # Three buyers and, as the fourth racer, the purger.
+    out = race(4, lambda n: buyer(n) if n < 3 else purger(), timeout=60, meanwhile=stop_later)
+    assert out.errors == [None] * 4
     assert sum(confirmed) > 0 and replays["same"] + replays["fresh"] > 0
     assert engine.stats()["sweeper"]["purged_keys"] > 0  # the purge did race the replays
     level = engine.stock("s")

@@ -163,15 +163,14 @@ def test_auto_splits_a_row_replicas_batch_and_they_learn_it(
         rows = [h for h in eng.stats()["hottest_skus"] if h["sku"] == "surge"]
         return rows[0]["slots"] if rows else 1
 
-    threads = [threading.Thread(target=buy, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + (30 if backend != "memory" else 2)
-    while time.monotonic() < deadline and not all(known(e) == 4 for e in replicas):
-        time.sleep(0.05)
-    stop.set()
-    for t in threads:
-        t.join()
+    def until_both_know_then_stop() -> None:
+        deadline = time.monotonic() + (30 if backend != "memory" else 2)
+        while time.monotonic() < deadline and not all(known(e) == 4 for e in replicas):
+            time.sleep(0.05)
+        stop.set()
+
+    out = race(16, buy, meanwhile=until_both_know_then_stop)
+    assert not any(out.errors), out.errors
     level = engine.stock("surge")
     assert (level.on_hand, level.reserved) == (1_000_000, sum(granted))
     if backend == "memory":
@@ -584,11 +583,10 @@ def test_a_discontinue_racing_reserves_on_every_slot_stops_them_all(
     engine.restock("hot", 100_000)
     engine.set_slots("hot", 4)
     replicas = [sibling(home_slot=slot) for slot in range(4)]
-    started = threading.Barrier(5)
     granted = [0] * 4
+    gone: List[stockade.StockLevel] = []
 
     def buy(i: int) -> None:
-        started.wait()
         for _ in range(100_000):
             try:
                 replicas[i].reserve("hot", 1, strategy="batched" if i % 2 else "atomic")
@@ -596,18 +594,15 @@ def test_a_discontinue_racing_reserves_on_every_slot_stops_them_all(
                 return
             granted[i] += 1
 
-    threads = [threading.Thread(target=buy, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    started.wait()
-    while sum(granted) < 200:
-        threading.Event().wait(0.005)
-    gone = engine.discontinue("hot")
-    for t in threads:
-        t.join(timeout=60)
-        assert not t.is_alive()
-    assert gone.reserved == sum(granted)
-    assert engine.stock("hot") == gone
+    def discontinue_after_200() -> None:
+        while sum(granted) < 200:
+            threading.Event().wait(0.005)
+        gone.append(engine.discontinue("hot"))
+
+    out = race(4, buy, timeout=60, meanwhile=discontinue_after_200)
+    assert not any(out.errors), out.errors
+    assert gone[0].reserved == sum(granted)
+    assert engine.stock("hot") == gone[0]
 
 
 def test_slotting_a_sku_while_another_replica_leases_it_never_gives_both(

@@ -52,14 +52,13 @@ def writes_until_refused(
                 late.append(i)
         raise AssertionError(f"never saw {refused.__name__}")
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    assert wait_for(lambda: len(landed) >= 50)
-    close()
-    closed.set()
-    for t in threads:
-        t.join()
+    def close_after_50() -> None:
+        assert wait_for(lambda: len(landed) >= 50)
+        close()
+        closed.set()
+
+    out = race(16, writer, meanwhile=close_after_50)
+    assert not any(out.errors), out.errors
     return len(landed), len(late)
 
 
