@@ -18,6 +18,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import pytest
 
 import stockade
+from stockade.testing import race
 from stockade.tools.pgserver import TemporaryPostgres, run_sql
 
 pytestmark = pytest.mark.faults
@@ -146,21 +147,22 @@ def test_two_consumers_see_every_change_in_order_through_kills_and_a_restart(
             subprocess.Popen([sys.executable, "-c", TRAFFIC, dsn, str(SECONDS), str(seed)])
             for seed in (1, 2)
         ]
-        threads = [
-            threading.Thread(target=script["traffic"], args=(eng, random.Random(s), until))
-            for s in range(8)
-        ]
-        try:
-            for t in threads:
-                t.start()
+
+        def kills_and_a_restart() -> None:
             for n in range(int(SECONDS / 1.5)):
                 time.sleep(1.5)
                 if n == 3:
                     race_server.restart("immediate")
                 else:
                     run_sql(dsn, KILL_BACKENDS)
-            for t in threads:
-                t.join()
+
+        try:
+            out = race(
+                8,
+                lambda s: script["traffic"](eng, random.Random(s), until),
+                meanwhile=kills_and_a_restart,
+            )
+            assert not any(out.errors), out.errors
             for w in workers:
                 assert w.wait(timeout=120) == 0
         finally:

@@ -26,6 +26,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import pytest
 
 import stockade
+from stockade.testing import race
 from stockade.tools.pgserver import _free_port
 from support import children_of
 
@@ -114,14 +115,11 @@ class Buyers:
         self.retries = 0
         self._keys = iter(keys)
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
+        self._thread_count = threads
 
     def run(self) -> None:
-        for t in self._threads:
-            t.start()
-        for t in self._threads:
-            t.join(120)
-        assert not any(t.is_alive() for t in self._threads)
+        out = race(self._thread_count, lambda _: self._run(), timeout=120)
+        assert not any(out.errors), out.errors
 
     def _next(self) -> Optional[str]:
         with self._lock:
