@@ -41,7 +41,7 @@ void register_layer_options(py::module_& m) {
       .def_readwrite("default_ttl_us", &EngineOptions::default_ttl_us)
       .def_readwrite("batcher", &EngineOptions::batcher)
       .def_readwrite("automatic", &EngineOptions::automatic)
-      .def_readwrite("sku_slots", &EngineOptions::sku_slots)
+      .def_readwrite("sku_entries", &EngineOptions::sku_entries)
       .def_readwrite("async_workers", &EngineOptions::async_workers)
       .def_readwrite("async_queue_max", &EngineOptions::async_queue_max)
       .def_readwrite("home_slot", &EngineOptions::home_slot)

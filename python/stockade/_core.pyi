@@ -231,7 +231,7 @@ class EngineOptions:
     default_ttl_us: int
     batcher: BatcherOptions
     automatic: AutoOptions
-    sku_slots: int
+    sku_entries: int
     async_workers: int
     async_queue_max: int
     home_slot: int

@@ -150,7 +150,7 @@ class HotRowBatcher {
   const BatcherOptions& options() const { return options_; }
 
  private:
-  struct Slot;
+  struct Record;
   struct Shard;
 
   Shard& shard_for(const BatchItem& item);
@@ -168,7 +168,7 @@ class HotRowBatcher {
   void take(Shard& shard, std::vector<std::uint32_t>& indices, bool may_wait);
   void apply(Shard& shard, std::vector<std::uint32_t>& indices, std::vector<BatchItem*>& items,
              std::vector<std::uint32_t>& deferred);
-  void attempt(std::vector<BatchItem*>& items, const std::vector<Slot*>& slots);
+  void attempt(std::vector<BatchItem*>& items, const std::vector<Record*>& records);
   // After a committed batch: whether another writer moved its row since the last one.
   void observe(Shard& shard, const std::vector<BatchItem*>& items);
   // Whether the next batch, starting with the record `first`, should wait for more.

@@ -27,10 +27,10 @@ struct EngineOptions {
   int retries_max = 5;
   std::int64_t lock_timeout_ms = 10000;
   std::int64_t default_ttl_us = 15LL * 60 * 1000 * 1000;
-  BatcherOptions batcher;         // the hot-row layer, started by the first batched request
-  AutoOptions automatic;          // when `auto` switches a SKU between atomic and batched
-  std::size_t sku_slots = 1024;   // per-SKU counters kept at most (Telemetry)
-  std::size_t async_workers = 8;  // C++ threads for async calls that run per request
+  BatcherOptions batcher;          // the hot-row layer, started by the first batched request
+  AutoOptions automatic;           // when `auto` switches a SKU between atomic and batched
+  std::size_t sku_entries = 1024;  // per-SKU counters kept at most (Telemetry)
+  std::size_t async_workers = 8;   // C++ threads for async calls that run per request
   std::size_t async_queue_max = 65536;
   // Hot-row slots: which slot of a slotted SKU this engine sends its reserves and sells
   // to (its home; -1: the process id's, so that replicas forked one after another take

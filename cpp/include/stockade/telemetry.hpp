@@ -5,14 +5,14 @@
 //
 // Memory is bounded by configuration, never by traffic:
 //   - per strategy: a fixed array of relaxed atomics, one cache line per strategy;
-//   - per SKU: a fixed table of `sku_slots` entries. A SKU takes a free slot among the
-//     `sku_probe` slots its hash points to; when all are taken it evicts the one with the
+//   - per SKU: a fixed table of `sku_entries` entries. A SKU takes a free entry among the
+//     `sku_probe` entries its hash points to; when all are taken it evicts the one with the
 //     fewest requests (so the hottest SKUs stay and cold ones come and go). A client that
-//     invents SKUs churns the coldest slots but cannot grow the table;
+//     invents SKUs churns the coldest entries but cannot grow the table;
 //   - contention heat (the `auto` strategy's signal): the tracker's fixed table of cells.
 //
 // Writes are relaxed atomics (per SKU, under one of a fixed set of striped locks while the
-// slot is found). A snapshot is exact per counter, not across counters.
+// entry is found). A snapshot is exact per counter, not across counters.
 #pragma once
 
 #include <array>
@@ -250,10 +250,10 @@ struct MetricsSnapshot {
 enum class SkuEvent : std::uint8_t { request, refused, conflict, lock_wait };
 
 struct TelemetryOptions {
-  std::size_t sku_slots = 1024;  // per-SKU counters kept at most (a power of two)
+  std::size_t sku_entries = 1024;  // per-SKU counters kept at most (a power of two)
 };
 
-inline constexpr std::size_t telemetry_sku_slots_max = 1u << 20;
+inline constexpr std::size_t telemetry_sku_entries_max = 1u << 20;
 inline constexpr std::size_t sku_probe = 8;  // slots a SKU may take, from its hash on
 
 // Throws InvalidArgument naming the option out of range.

@@ -69,7 +69,7 @@ void validate_engine_options(const EngineOptions& options) {
 
 TelemetryOptions telemetry_options(const EngineOptions& options) {
   TelemetryOptions out;
-  out.sku_slots = options.sku_slots;
+  out.sku_entries = options.sku_entries;
   return out;
 }
 

@@ -112,7 +112,7 @@ void validate_batcher_options(const BatcherOptions& o) {
             " ms");
 }
 
-struct HotRowBatcher::Slot {
+struct HotRowBatcher::Record {
   BatchItem item;
   std::int64_t lock_timeout_ms = 0;
   SteadyClock::time_point lock_deadline;  // queued at + lock_timeout: the request's own bound
@@ -127,7 +127,7 @@ struct HotRowBatcher::Slot {
 struct HotRowBatcher::Shard {
   explicit Shard(std::size_t capacity)
       // One node more than records: a queue keeps a dummy node.
-      : slots(new Slot[capacity]), free(capacity + 1), ready(capacity + 1) {
+      : records(new Record[capacity]), free(capacity + 1), ready(capacity + 1) {
     for (std::uint32_t i = 0; i < capacity; ++i) {
       const bool pushed = free.bounded_push(i);
       assert(pushed);
@@ -135,7 +135,7 @@ struct HotRowBatcher::Shard {
     }
   }
 
-  std::unique_ptr<Slot[]> slots;
+  std::unique_ptr<Record[]> records;
   boost::lockfree::stack<std::uint32_t> free;
   boost::lockfree::queue<std::uint32_t> ready;
   // Requests queued or being applied. Producers count before they push, so a flusher
@@ -156,7 +156,7 @@ struct HotRowBatcher::Shard {
   std::vector<std::vector<std::uint32_t>> spare;
   bool flusher_done = false;
   // The flusher's scratch: the records of the batch being applied (reused, no allocation).
-  std::vector<Slot*> batch_slots;
+  std::vector<Record*> batch_records;
   // The flusher's view of the row it batches most recently, alone in a batch: the version
   // its last batch left it at, and until when it counts as shared with another writer.
   SkuKey watched;
@@ -254,7 +254,7 @@ void HotRowBatcher::enqueue(Shard& shard, std::uint32_t index) {
   shard.pending.fetch_add(1);
   if (closing_.load()) {
     shard.pending.fetch_sub(1);
-    shard.slots[index].sink.reset();
+    shard.records[index].sink.reset();
     shard.free.bounded_push(index);
     throw closed_error();
   }
@@ -309,21 +309,21 @@ void HotRowBatcher::run(BatchItem& item, std::int64_t lock_timeout_ms) {
   std::uint32_t index = 0;
   queue_or_report(item, [&] {
     index = acquire(shard);
-    Slot& slot = shard.slots[index];
-    slot.item.assign(item);
-    slot.lock_timeout_ms = lock_timeout_ms;
-    slot.lock_deadline = SteadyClock::now() + std::chrono::milliseconds(lock_timeout_ms);
-    slot.sink.reset();
-    slot.done = false;
-    slot.abandoned = false;
+    Record& record = shard.records[index];
+    record.item.assign(item);
+    record.lock_timeout_ms = lock_timeout_ms;
+    record.lock_deadline = SteadyClock::now() + std::chrono::milliseconds(lock_timeout_ms);
+    record.sink.reset();
+    record.done = false;
+    record.abandoned = false;
     enqueue(shard, index);
   });
-  Slot& slot = shard.slots[index];
+  Record& record = shard.records[index];
   {
-    std::unique_lock<std::mutex> lock(slot.mutex);
+    std::unique_lock<std::mutex> lock(record.mutex);
     const auto bound = std::chrono::milliseconds(lock_timeout_ms + options_.result_timeout_ms);
-    if (!slot.cv.wait_for(lock, bound, [&] { return slot.done; })) {
-      slot.abandoned = true;
+    if (!record.cv.wait_for(lock, bound, [&] { return record.done; })) {
+      record.abandoned = true;
       ErrorContext context = context_of_request(item);
       const std::string hint = in_doubt_hint(context);
       throw Error(ErrorCode::in_doubt,
@@ -334,11 +334,11 @@ void HotRowBatcher::run(BatchItem& item, std::int64_t lock_timeout_ms) {
                   std::move(context));
     }
   }
-  item.ok = slot.item.ok;
-  last_batch_size = slot.item.batch_size;
-  item.reservation = std::move(slot.item.reservation);
-  item.level = std::move(slot.item.level);
-  item.error = std::move(slot.item.error);
+  item.ok = record.item.ok;
+  last_batch_size = record.item.batch_size;
+  item.reservation = std::move(record.item.reservation);
+  item.level = std::move(record.item.level);
+  item.error = std::move(record.item.error);
   shard.free.bounded_push(index);
   if (!item.ok) throw *item.error;
 }
@@ -349,12 +349,12 @@ void HotRowBatcher::submit(const BatchItem& item, std::int64_t lock_timeout_ms,
   Shard& shard = shard_for(item);
   queue_or_report(item, [&] {
     const std::uint32_t index = acquire(shard);
-    Slot& slot = shard.slots[index];
-    slot.item.assign(item);
-    slot.lock_timeout_ms = lock_timeout_ms;
-    slot.lock_deadline = SteadyClock::now() + std::chrono::milliseconds(lock_timeout_ms);
-    slot.sink = std::move(sink);
-    slot.token = token;
+    Record& record = shard.records[index];
+    record.item.assign(item);
+    record.lock_timeout_ms = lock_timeout_ms;
+    record.lock_deadline = SteadyClock::now() + std::chrono::milliseconds(lock_timeout_ms);
+    record.sink = std::move(sink);
+    record.token = token;
     enqueue(shard, index);
   });
 }
@@ -367,7 +367,7 @@ void HotRowBatcher::flush_loop(Shard& shard) {
   indices.reserve(options_.batch_max);
   deferred.reserve(options_.batch_max);
   items.reserve(options_.batch_max);
-  shard.batch_slots.reserve(options_.batch_max);
+  shard.batch_records.reserve(options_.batch_max);
   for (;;) {
     // Deferred requests go first: they were queued before anything still in the queue,
     // so a SKU's requests are still decided in arrival order.
@@ -472,17 +472,17 @@ void HotRowBatcher::complete_loop(Shard& shard) {
   }
 }
 
-// One attempt at the requests `items` (at `slots`) as one batch. It waits for row locks
+// One attempt at the requests `items` (at `records`) as one batch. It waits for row locks
 // no longer than the most urgent of them has left (at least 1 ms, so that a request late
 // out of the queue still gets one try) and never longer than lock_slice_ms, so that a row
 // locked elsewhere holds the shard up for one slice at most. A failure of the whole batch
 // becomes each request's error.
-void HotRowBatcher::attempt(std::vector<BatchItem*>& items, const std::vector<Slot*>& slots) {
+void HotRowBatcher::attempt(std::vector<BatchItem*>& items, const std::vector<Record*>& records) {
   const SteadyClock::time_point now = SteadyClock::now();
   std::int64_t wait_ms = options_.lock_slice_ms;
-  for (const Slot* slot : slots) {
+  for (const Record* record : records) {
     const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(slot->lock_deadline - now).count();
+        std::chrono::duration_cast<std::chrono::milliseconds>(record->lock_deadline - now).count();
     wait_ms = std::min<std::int64_t>(wait_ms, std::max<std::int64_t>(left, 1));
   }
   std::optional<Error> failure;
@@ -547,13 +547,13 @@ bool same_row(const BatchItem& a, const BatchItem& b) {
 void HotRowBatcher::apply(Shard& shard, std::vector<std::uint32_t>& indices,
                           std::vector<BatchItem*>& items, std::vector<std::uint32_t>& deferred) {
   items.clear();
-  std::vector<Slot*>& slots = shard.batch_slots;
-  slots.clear();
+  std::vector<Record*>& records = shard.batch_records;
+  records.clear();
   for (std::uint32_t index : indices) {
-    items.push_back(&shard.slots[index].item);
-    slots.push_back(&shard.slots[index]);
+    items.push_back(&shard.records[index].item);
+    records.push_back(&shard.records[index]);
   }
-  attempt(items, slots);
+  attempt(items, records);
   observe(shard, items);
   const bool whole_batch_blocked =
       items.size() > 1 &&
@@ -563,35 +563,35 @@ void HotRowBatcher::apply(Shard& shard, std::vector<std::uint32_t>& indices,
       })) {
     std::vector<bool> tried(items.size(), false);
     std::vector<BatchItem*> group_items;
-    std::vector<Slot*> group_slots;
+    std::vector<Record*> group_records;
     for (std::size_t i = 0; i < items.size(); ++i) {
       if (tried[i]) continue;
       group_items.clear();
-      group_slots.clear();
+      group_records.clear();
       for (std::size_t j = i; j < items.size(); ++j) {  // in arrival order within the row
         if (tried[j] || !same_row(*items[j], *items[i])) continue;
         tried[j] = true;
         group_items.push_back(items[j]);
-        group_slots.push_back(slots[j]);
+        group_records.push_back(records[j]);
       }
-      attempt(group_items, group_slots);
+      attempt(group_items, group_records);
     }
   }
   // Keep the decided requests in `indices` (in order), move the deferred ones out.
   const SteadyClock::time_point now = SteadyClock::now();
   std::size_t kept = 0;
   for (std::size_t i = 0; i < indices.size(); ++i) {
-    Slot& slot = *slots[i];
-    if (blocked(slot.item)) {
-      if (slot.lock_deadline > now) {
-        slot.item.clear_outcome();
+    Record& record = *records[i];
+    if (blocked(record.item)) {
+      if (record.lock_deadline > now) {
+        record.item.clear_outcome();
         deferred.push_back(indices[i]);
         continue;
       }
-      ErrorContext context = slot.item.error->context();
-      slot.item.error =
+      ErrorContext context = record.item.error->context();
+      record.item.error =
           Error(ErrorCode::lock_timeout,
-                "waited " + std::to_string(slot.lock_timeout_ms) +
+                "waited " + std::to_string(record.lock_timeout_ms) +
                     " ms (the request's lock_timeout) for a lock on its row, held elsewhere",
                 std::move(context));
     }
@@ -646,7 +646,7 @@ void HotRowBatcher::observe(Shard& shard, const std::vector<BatchItem*>& items) 
 
 bool HotRowBatcher::should_linger(Shard& shard, std::uint32_t first) const {
   if (options_.contended_linger_us == 0) return false;
-  const BatchItem& item = shard.slots[first].item;
+  const BatchItem& item = shard.records[first].item;
   // A lone request per batch gains nothing from company that does not come: only a row
   // whose last batch carried several requests is worth the wait.
   return shard.watched_batch >= 2 && !is_transition(item.op) && item.key == shard.watched &&
@@ -680,26 +680,26 @@ void HotRowBatcher::complete(Shard& shard, const std::vector<std::uint32_t>& ind
     completions.clear();
   };
   for (std::uint32_t index : indices) {
-    Slot& slot = shard.slots[index];
-    finish(slot.item);
-    if (!slot.sink) {  // a blocked caller: it reads the outcome and frees the record
+    Record& record = shard.records[index];
+    finish(record.item);
+    if (!record.sink) {  // a blocked caller: it reads the outcome and frees the record
       bool abandoned = false;
       {
-        std::lock_guard<std::mutex> lock(slot.mutex);
-        abandoned = slot.abandoned;
-        slot.done = true;
-        if (!abandoned) slot.cv.notify_one();
+        std::lock_guard<std::mutex> lock(record.mutex);
+        abandoned = record.abandoned;
+        record.done = true;
+        if (!abandoned) record.cv.notify_one();
       }
       if (abandoned) shard.free.bounded_push(index);  // its caller gave up waiting
       continue;
     }
-    if (slot.sink.get() != current) {
+    if (record.sink.get() != current) {
       post();
-      holder = slot.sink;
+      holder = record.sink;
       current = holder.get();
     }
-    completions.push_back(completion_of(slot.item, slot.token));
-    slot.sink.reset();
+    completions.push_back(completion_of(record.item, record.token));
+    record.sink.reset();
     shard.free.bounded_push(index);
   }
   post();

@@ -70,13 +70,13 @@ struct Telemetry::CallTable {
   }
 };
 
-// The per-SKU table: buckets of sku_probe slots. A SKU lives in the bucket its stable
-// hash names, and its slot is found by that hash (its tag) without a lock: counting is a
-// few relaxed atomics. Only taking a slot locks the bucket: a newcomer takes a free slot,
-// or the slot with the fewest requests, whose counters restart from zero. A count that
+// The per-SKU table: buckets of sku_probe entries. A SKU lives in the bucket its stable
+// hash names, and its entry is found by that hash (its tag) without a lock: counting is a
+// few relaxed atomics. Only taking an entry locks the bucket: a newcomer takes a free entry,
+// or the entry with the fewest requests, whose counters restart from zero. A count that
 // races with an eviction may land on the newcomer; figures are statistics, not ledgers.
 struct Telemetry::SkuTable {
-  struct Slot {
+  struct Entry {
     std::atomic<std::uint64_t> tag{0};  // the key's hash; 0: free
     SkuKey key;                         // written and read under the bucket's mutex
     std::atomic<std::uint64_t> requests{0};
@@ -86,28 +86,28 @@ struct Telemetry::SkuTable {
   };
   struct alignas(cache_line_size) Bucket {
     std::mutex mutex;
-    std::array<Slot, sku_probe> slots;
+    std::array<Entry, sku_probe> entries;
   };
 
-  explicit SkuTable(std::size_t slots) : buckets(slots / sku_probe) {}
+  explicit SkuTable(std::size_t entries) : buckets(entries / sku_probe) {}
 
-  static Slot* find(Bucket& bucket, std::uint64_t tag) {
-    for (Slot& slot : bucket.slots) {
-      if (slot.tag.load(std::memory_order_acquire) == tag) return &slot;
+  static Entry* find(Bucket& bucket, std::uint64_t tag) {
+    for (Entry& entry : bucket.entries) {
+      if (entry.tag.load(std::memory_order_acquire) == tag) return &entry;
     }
     return nullptr;
   }
 
-  static Slot& take(Bucket& bucket, std::uint64_t tag, const SkuKey& key) {
+  static Entry& take(Bucket& bucket, std::uint64_t tag, const SkuKey& key) {
     std::lock_guard<std::mutex> lock(bucket.mutex);
-    if (Slot* found = find(bucket, tag)) return *found;  // another thread took it first
-    Slot* coldest = &bucket.slots[0];
-    for (Slot& slot : bucket.slots) {
-      if (slot.tag.load(std::memory_order_relaxed) == 0) {
-        coldest = &slot;
+    if (Entry* found = find(bucket, tag)) return *found;  // another thread took it first
+    Entry* coldest = &bucket.entries[0];
+    for (Entry& entry : bucket.entries) {
+      if (entry.tag.load(std::memory_order_relaxed) == 0) {
+        coldest = &entry;
         break;
       }
-      if (read(slot.requests) < read(coldest->requests)) coldest = &slot;
+      if (read(entry.requests) < read(coldest->requests)) coldest = &entry;
     }
     coldest->tag.store(0, std::memory_order_relaxed);
     coldest->key = key;
@@ -123,16 +123,17 @@ struct Telemetry::SkuTable {
 };
 
 void validate_telemetry_options(const TelemetryOptions& options) {
-  const std::size_t n = options.sku_slots;
-  if (n < sku_probe || n > telemetry_sku_slots_max || (n & (n - 1)) != 0) {
-    throw_invalid_argument("sku_slots must be a power of two between " + std::to_string(sku_probe) +
-                           " and " + std::to_string(telemetry_sku_slots_max));
+  const std::size_t n = options.sku_entries;
+  if (n < sku_probe || n > telemetry_sku_entries_max || (n & (n - 1)) != 0) {
+    throw_invalid_argument("sku_entries must be a power of two between " +
+                           std::to_string(sku_probe) + " and " +
+                           std::to_string(telemetry_sku_entries_max));
   }
 }
 
 Telemetry::Telemetry(TelemetryOptions options)
     : options_((validate_telemetry_options(options), options)),
-      skus_(std::make_unique<SkuTable>(options.sku_slots)),
+      skus_(std::make_unique<SkuTable>(options.sku_entries)),
       calls_(std::make_unique<CallTable>()) {}
 
 Telemetry::~Telemetry() = default;
@@ -168,20 +169,20 @@ void Telemetry::count(const SkuKey& row_key, SkuEvent event, std::uint64_t n) {
   const std::uint64_t tag =
       std::max<std::uint64_t>(1, stable_hash64({row_key.sku, row_key.location}));
   SkuTable::Bucket& bucket = skus_->buckets[tag & (skus_->buckets.size() - 1)];
-  SkuTable::Slot* slot = SkuTable::find(bucket, tag);
-  if (slot == nullptr) slot = &SkuTable::take(bucket, tag, base_key(row_key));
+  SkuTable::Entry* entry = SkuTable::find(bucket, tag);
+  if (entry == nullptr) entry = &SkuTable::take(bucket, tag, base_key(row_key));
   switch (event) {
     case SkuEvent::request:
-      bump(slot->requests, n);
+      bump(entry->requests, n);
       break;
     case SkuEvent::refused:
-      bump(slot->refused, n);
+      bump(entry->refused, n);
       break;
     case SkuEvent::conflict:
-      bump(slot->conflicts, n);
+      bump(entry->conflicts, n);
       break;
     case SkuEvent::lock_wait:
-      bump(slot->lock_waits, n);
+      bump(entry->lock_waits, n);
       break;
   }
 }
@@ -266,7 +267,7 @@ StoreStats Telemetry::snapshot(std::size_t sku_limit) const {
   }
   for (SkuTable::Bucket& bucket : skus_->buckets) {
     std::lock_guard<std::mutex> lock(bucket.mutex);
-    for (const SkuTable::Slot& s : bucket.slots) {
+    for (const SkuTable::Entry& s : bucket.entries) {
       if (s.tag.load(std::memory_order_relaxed) != 0) {
         out.hottest_skus.push_back(SkuStats{s.key, read(s.requests), read(s.refused),
                                             read(s.conflicts), read(s.lock_waits)});
