@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta, timezone
+from typing import List
 
 import pytest
 
@@ -347,14 +348,15 @@ def test_blocking_calls_release_the_gil(engine: stockade.Engine) -> None:
 
     engine.restock("s", 1)
     done = threading.Event()
+    outcome: List[object] = []
     ticks = 0
     with stockade.testing.hold_lock(engine, "s"):
 
         def blocked() -> None:
             try:
-                engine.reserve("s", 1, strategy="pessimistic", lock_timeout=0.3)
-            except stockade.LockTimeout:
-                pass
+                outcome.append(engine.reserve("s", 1, strategy="pessimistic", lock_timeout=0.3))
+            except BaseException as e:  # judged on the main thread: nothing is lost here
+                outcome.append(e)
             done.set()
 
         t = threading.Thread(target=blocked)
@@ -364,7 +366,10 @@ def test_blocking_calls_release_the_gil(engine: stockade.Engine) -> None:
         while time.monotonic() < deadline and not done.is_set():
             ticks += 1
         assert not done.is_set(), "the reserve returned before its lock_timeout"
-    t.join()
+    t.join(timeout=10)
+    assert done.is_set(), "the reserve did not return after its lock was released"
+    # The lock went before the timeout: the reserve got the unit, or (a slow machine) timed out.
+    assert isinstance(outcome[0], (stockade.Reservation, stockade.LockTimeout)), outcome
     assert ticks > 1000
 
 
