@@ -20,12 +20,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Generic, List, Optional, TypeVar
 
-from .tools.hooks import hold_lock, limited_reserve_by_check, naive_reserve
+from .tools.hooks import HeldLock, hold_lock, limited_reserve_by_check, naive_reserve
 from .tools.loadgen import FlashSaleReport, LoadInvariantError, flash_sale
 from .values import check_int
 
 __all__ = [
     "FlashSaleReport",
+    "HeldLock",
     "LoadInvariantError",
     "RaceResult",
     "flash_sale",

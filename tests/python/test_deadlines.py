@@ -15,7 +15,6 @@ behind, and an InDoubt is settled by a same-key retry to exactly one reservation
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from datetime import timedelta
@@ -204,14 +203,13 @@ def test_a_server_that_stops_answering_is_cut_at_the_deadline(
         # connection of its own (quick calls one after another may share one).
         wait = lambda: eng.reserve("hot", 1, strategy="pessimistic")  # noqa: E731
         warm = {f"warm-{i}": wait for i in range(4)}
-        with contextlib.ExitStack() as locked:
-            locked.enter_context(hold_lock(holder, "hot"))
+        with hold_lock(holder, "hot") as locked:
 
             def four_in_use_then_unlock() -> None:
                 until = time.monotonic() + 0.8  # within lock_timeout (1 s)
                 while eng.stats()["pool"]["in_use"] < 4 and time.monotonic() < until:
                     time.sleep(0.02)
-                locked.close()
+                locked.release()
 
             call_all(warm, meanwhile=four_in_use_then_unlock)
         assert eng.stats()["pool"]["idle"] >= 4

@@ -8,7 +8,6 @@ the reservations), and the engine goes on serving. Run them alone with ``-m faul
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
@@ -86,14 +85,13 @@ def test_a_write_cut_while_it_waits_for_a_row_lock_is_answered_exactly_once(
             except stockade.StockadeError as e:
                 outcomes[i] = e
 
-        with contextlib.ExitStack() as locked:
-            locked.enter_context(hold_lock(holder, "hot", kind=kind))
+        with hold_lock(holder, "hot", kind=kind) as locked:
             proxy.arm("stalled", stall=0.3)
 
             def cut_then_unlock() -> None:
                 wait_until(lambda: proxy.cuts == 1)
                 time.sleep(0.5)  # the engine resolves the cut while the lock is still held
-                locked.close()
+                locked.release()
 
             out = race(callers, call, timeout=30, meanwhile=cut_then_unlock)
         assert not any(out.errors), out.errors
@@ -137,14 +135,13 @@ def test_a_transition_batch_cut_at_commit_or_while_waiting_changes_the_hold_once
             proxy.arm("after")
             raced = race(len(holds), call, timeout=30)
         else:
-            with contextlib.ExitStack() as locked:
-                locked.enter_context(hold_lock(holder, "hot"))
+            with hold_lock(holder, "hot") as locked:
                 proxy.arm("stalled", stall=0.3)
 
                 def cut_then_unlock() -> None:
                     wait_until(lambda: proxy.cuts == 1)
                     time.sleep(0.3)
-                    locked.close()
+                    locked.release()
 
                 raced = race(len(holds), call, timeout=30, meanwhile=cut_then_unlock)
         assert not any(raced.errors), raced.errors
@@ -331,12 +328,11 @@ def test_each_batched_request_is_held_to_its_own_lock_timeout(stockade_database:
             except stockade.StockadeError as e:
                 outcomes[i] = e
 
-        with contextlib.ExitStack() as locked:
-            locked.enter_context(hold_lock(holder, "hot"))
+        with hold_lock(holder, "hot") as locked:
 
             def unlock_after_a_second() -> None:
                 time.sleep(1.0)
-                locked.close()
+                locked.release()
 
             out = race(11, call, timeout=30, meanwhile=unlock_after_a_second)
         assert not any(out.errors), out.errors
@@ -372,12 +368,11 @@ def test_a_row_locked_elsewhere_delays_only_its_own_requests(stockade_database: 
                 outcomes[sku].append(out)
                 finished[sku].append(time.monotonic() - start)
 
-        with contextlib.ExitStack() as locked:
-            locked.enter_context(hold_lock(holder, "x"))
+        with hold_lock(holder, "x") as locked:
 
             def unlock_later() -> None:
                 time.sleep(1.5)
-                locked.close()
+                locked.release()
 
             out = race(30, call, timeout=30, meanwhile=unlock_later)
         assert not any(out.errors), out.errors

@@ -8,7 +8,6 @@ database cloned from the migrated template (or an empty one where migration is t
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import subprocess
 import threading
@@ -302,12 +301,11 @@ def test_broken_connections_are_replaced_transparently(
 ) -> None:
     # Fill the pool with idle connections: eight callers queue on a held row lock.
     stockade_engine.restock("s", 100)
-    with contextlib.ExitStack() as locked:
-        locked.enter_context(stockade.testing.hold_lock(stockade_engine, "s"))
+    with stockade.testing.hold_lock(stockade_engine, "s") as locked:
 
         def unlock_later() -> None:
             time.sleep(0.3)
-            locked.close()
+            locked.release()
 
         out = stockade.testing.race(
             8,

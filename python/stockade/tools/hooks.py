@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator, List
+from typing import Any, Iterator, List
 
 from .. import _core
 from ..engine import DEFAULT_LOCATION, Engine
@@ -92,6 +92,17 @@ def limited_reserve_by_check(
     )
 
 
+class HeldLock:
+    """The lock ``hold_lock`` holds. ``release()`` lets it go before the ``with`` block
+    ends (then the block's end does nothing more); call it on the thread that took it."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    def release(self) -> None:
+        self._handle.release()
+
+
 @contextmanager
 def hold_lock(
     engine: Engine,
@@ -100,9 +111,10 @@ def hold_lock(
     kind: StrategyLike = Strategy.PESSIMISTIC,
     location: str = DEFAULT_LOCATION,
     timeout: TtlLike = timedelta(seconds=10),
-) -> Iterator[None]:
+) -> Iterator[HeldLock]:
     """Holds the lock that ``kind`` (pessimistic or advisory) takes on a row, as another
-    session would, for the body of the ``with`` block. Enter and exit on one thread."""
+    session would, for the body of the ``with`` block, or until the ``HeldLock`` it gives
+    is released. Enter and exit on one thread."""
     handle = _core.hold_lock(
         engine._native(),
         sku=check_str("sku", sku),
@@ -111,7 +123,7 @@ def hold_lock(
         timeout_ms=duration_ms("timeout", timeout),
     )
     try:
-        yield
+        yield HeldLock(handle)
     finally:
         handle.release()
 
