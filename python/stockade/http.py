@@ -9,7 +9,10 @@ If-Match into the ``expected_version`` stockade checks atomically with the write
 Errors (RFC 9457): :func:`problem` turns a :class:`~stockade.StockadeError` into a status,
 headers (``Content-Type: application/problem+json``, and ``Retry-After`` when a retry can
 help) and a JSON body, from the error's ``http_status``, ``retryable`` and
-``retry_after``::
+``retry_after``. A 5xx body never carries the error's message (it may quote the server: a
+host, a port, a part of the DSN, the server's own text): it says what happened in plain
+words, with the code and a retry hint, and the message goes to the ``stockade.http``
+logger instead::
 
     try:
         r = engine.reserve(sku, qty, idempotency_key=key)
@@ -20,6 +23,7 @@ help) and a JSON body, from the error's ``http_status``, ``retryable`` and
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -158,32 +162,96 @@ _TITLES = {
     503: "Service Unavailable",
 }
 
+# What a body says, by code, where the error's message cannot be shown: every 5xx, and a
+# 4xx the server raised (its message quotes the server's text). Plain words for the caller;
+# the message itself goes to the log.
+_PLAIN = {
+    "retries_exhausted": "Too many requests changed this item at once; nothing was changed.",
+    "lock_not_available": "Another request holds this item's lock; nothing was changed.",
+    "lock_timeout": "Another request held this item's lock too long; nothing was changed.",
+    "idempotency_conflict": "The idempotency key was already used for another request.",
+    "in_doubt": "The outcome is unknown: the change may or may not have been made. Sending "
+    "the request again with the same Idempotency-Key tells which.",
+    "overloaded": "The service is busy; nothing was changed.",
+    "invalid_argument": "A value of the request is out of range; nothing was changed.",
+    "not_supported": "The service does not support this request.",
+    "invariant_violation": "The service refused a change that would break its stock; "
+    "nothing was changed.",
+    "unavailable": "The service cannot reach its database right now; nothing was changed.",
+    "schema_not_migrated": "The service's database is not set up yet.",
+    "misconfigured": "The service's database connection is misconfigured.",
+    "deadline_exceeded": "The database did not answer in time; nothing was changed.",
+    "database_error": "The database failed to answer the request.",
+}
+_PLAIN_OTHER = "The service failed to answer the request."
+
+_LOG = logging.getLogger("stockade.http")
+
 
 def _cut(text: str) -> str:
     return text if len(text) <= PROBLEM_TEXT_MAX else text[: PROBLEM_TEXT_MAX - 3] + "..."
+
+
+def _shows_message(error: StockadeError) -> bool:
+    """Whether the body may carry the error's message: a 4xx the engine raised about the
+    caller's own input. A 5xx, or an error the server raised (it has a SQLSTATE), is told
+    in plain words instead."""
+    return error.http_status < 500 and error.sqlstate is None
+
+
+def _plain_detail(error: StockadeError, retry_after: Optional[int]) -> str:
+    text = _PLAIN.get(error.code, _PLAIN_OTHER)
+    if retry_after is not None:
+        return f"{text} Retry in {retry_after} s."
+    if error.http_status >= 500:
+        return f"{text} Retrying will not help; the service's log has the details."
+    return text
+
+
+def _log_withheld(error: StockadeError, status: int, instance: Optional[str]) -> None:
+    """The message a body left out, on ``stockade.http``: ERROR for a 5xx a retry does not
+    fix (an operator must act), INFO otherwise (a transient fault the core logs itself)."""
+    level = logging.ERROR if status >= 500 and not error.retryable else logging.INFO
+    where = f" for {shown(instance)}" if instance is not None else ""
+    state = f" (SQLSTATE {error.sqlstate})" if error.sqlstate else ""
+    _LOG.log(level, "answered %d %s%s: %s%s", status, error.code, where, error.message, state)
 
 
 def problem(
     error: StockadeError, *, instance: Optional[str] = None
 ) -> Tuple[int, Dict[str, str], Dict[str, Any]]:
     """The HTTP response for ``error``, as RFC 9457 problem details: ``(status, headers,
-    body)``. ``type`` is ``urn:stockade:error:<code>``; ``detail`` is the error's message
-    (bounded, with the caller's values escaped); the body also carries ``code``,
-    ``retryable`` and, where known, ``sku``, ``location``, ``reservation_id``,
-    ``expected_version`` and ``actual_version``. ``Retry-After`` is set (whole seconds,
-    rounded up) when the error has a ``retry_after``. ``instance`` and ``detail`` are cut
-    to ``PROBLEM_TEXT_MAX`` (1024) characters, the cut marked with ``...``."""
+    body)``. ``type`` is ``urn:stockade:error:<code>``; the body also carries ``code``,
+    ``retryable``, ``retry_after`` (whole seconds, rounded up, when a retry can help; the
+    ``Retry-After`` header too) and, where known, ``sku``, ``location``,
+    ``reservation_id``, ``expected_version`` and ``actual_version``.
+
+    ``detail`` is the error's message (bounded, with the caller's values escaped) only for
+    a 4xx about the caller's own input. A 5xx, or an error the database raised (one with a
+    ``sqlstate``), gets a plain sentence for its code and a retry hint instead: never a
+    host, a port, a part of the DSN or the server's text. The message is logged on
+    ``stockade.http`` (ERROR for a 5xx a retry does not fix, INFO otherwise). ``instance``
+    and ``detail`` are cut to ``PROBLEM_TEXT_MAX`` (1024) characters, the cut marked with
+    ``...``."""
     if not isinstance(error, StockadeError):
         raise InvalidArgument(f"problem() takes a StockadeError, not {type(error).__name__}")
     status = error.http_status
+    retry_after = None if error.retry_after is None else max(0, math.ceil(error.retry_after))
+    if _shows_message(error):
+        detail = error.message
+    else:
+        detail = _plain_detail(error, retry_after)
+        _log_withheld(error, status, instance)
     body: Dict[str, Any] = {
         "type": f"urn:stockade:error:{error.code}",
         "title": _TITLES.get(status, "Error"),
         "status": status,
-        "detail": _cut(error.message),
+        "detail": _cut(detail),
         "code": error.code,
         "retryable": error.retryable,
     }
+    if retry_after is not None:
+        body["retry_after"] = retry_after
     if instance is not None:
         body["instance"] = _cut(instance)
     for name in ("sku", "location", "expected_version", "actual_version", "state"):
@@ -193,6 +261,6 @@ def problem(
     if error.reservation_id is not None:
         body["reservation_id"] = str(error.reservation_id)
     headers = {"Content-Type": "application/problem+json"}
-    if error.retry_after is not None:
-        headers["Retry-After"] = str(max(0, math.ceil(error.retry_after)))
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     return status, headers, body

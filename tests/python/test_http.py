@@ -144,3 +144,47 @@ def test_problem_never_echoes_a_hostile_value_raw(engine: stockade.Engine) -> No
     assert len(body["instance"]) == http.PROBLEM_TEXT_MAX and body["instance"].endswith("...")
     assert body["instance"].startswith("/skus/yyy") and len(body["detail"]) < 300
     assert "SKU_BYTES_MAX" in body["detail"]
+
+
+# What a server's message may hold: a host, a port, the DSN's parts, the server's own text.
+INTERNALS = ["10.20.30.40", "55432", "db.internal", "dbname=", "hunter2", "Is the server"]
+SERVER_TEXT = (
+    'cannot connect to PostgreSQL: connection to server at "10.20.30.40", port 55432 failed: '
+    "Connection refused. Is the server running? (host=db.internal dbname=shop "
+    "password=hunter2)"
+)
+
+
+def every_error_class() -> list[type[stockade.StockadeError]]:
+    classes = [getattr(errors, name) for name in errors.__all__]
+    return [c for c in classes if isinstance(c, type) and issubclass(c, stockade.StockadeError)]
+
+
+@pytest.mark.parametrize("cls", every_error_class(), ids=lambda c: c.__name__)
+def test_a_problem_body_carries_no_server_internals(
+    cls: type[stockade.StockadeError], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Goal: a 5xx body (or one for an error the database raised) never shows a host, a
+    # port, a DSN part or a server message, yet says what happened (a plain title and
+    # detail, the code) and whether to retry; the full text goes to the log. A 4xx the
+    # engine raised about the caller's input keeps its message.
+    with caplog.at_level("INFO", logger="stockade.http"):
+        status, headers, body = http.problem(cls(SERVER_TEXT), instance="/skus/tee")
+        _, _, from_server = http.problem(cls(SERVER_TEXT, sqlstate="08006"))
+    text = json.dumps(body)
+    assert body["code"] == cls.code and body["title"] and body["detail"]
+    assert body["status"] == status == cls.http_status
+    if status >= 500:
+        for internal in INTERNALS:
+            assert internal not in text, (cls.__name__, internal, body)
+        if cls.retryable:
+            assert body["retry_after"] == 1 and headers["Retry-After"] == "1"
+            assert "Retry in 1 s." in body["detail"]
+        else:
+            assert "Retrying will not help" in body["detail"] and "retry_after" not in body
+        assert SERVER_TEXT in caplog.text and "/skus/tee" in caplog.text
+    else:
+        assert body["detail"] == SERVER_TEXT  # the caller's own input, as the engine said it
+    for internal in INTERNALS:  # from the database, any status: plain words only
+        assert internal not in json.dumps(from_server), (cls.__name__, internal, from_server)
+    assert "SQLSTATE 08006" in caplog.text
