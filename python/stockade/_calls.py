@@ -27,7 +27,7 @@ from ._checks import lease as check_lease
 from ._clock import epoch_us
 from .aio import Bridges
 from .claim import ClaimAdvice
-from .errors import InvalidArgument
+from .errors import InvalidArgument, InvalidType
 from .journal import AuditReport, Feed, Movement
 from .stats import EngineStats, Metrics, RowCounts
 from .values import (
@@ -39,7 +39,9 @@ from .values import (
     StrategyLike,
     TtlLike,
     check_bool,
+    check_count,
     check_int,
+    check_int32,
     check_optional_int,
     check_optional_str,
     check_str,
@@ -268,7 +270,7 @@ class EngineCalls:
             self._core.set_slots(
                 sku=check_str("sku", sku),
                 location=check_str("location", location),
-                slots=check_int("slots", slots),
+                slots=check_int32("slots", slots),
             )
         )
 
@@ -548,7 +550,9 @@ class EngineCalls:
         pass the last one's). At most ``limit`` (1..100000) entries."""
         since_us = 0
         if since is not None:
-            if not isinstance(since, datetime) or since.tzinfo is None:
+            if not isinstance(since, datetime):
+                raise InvalidType(f"since must be a datetime, not {type(since).__name__}")
+            if since.tzinfo is None:
                 raise InvalidArgument("since must be a timezone-aware datetime")
             since_us = epoch_us(since)
         return [
@@ -558,7 +562,7 @@ class EngineCalls:
                 location=check_optional_str("location", location),
                 after=check_int("after", after),
                 since_us=since_us,
-                limit=check_int("limit", limit),
+                limit=check_count("limit", limit),
             )
         ]
 
@@ -569,7 +573,7 @@ class EngineCalls:
         A new consumer starts at the oldest change the journal holds (``start=
         "earliest"``) or at the next one (``"latest"``). Raises ``FeedOverrun`` if
         retention dropped changes it had not committed (see ``feed_lag_max``)."""
-        if start not in ("earliest", "latest"):
+        if check_str("start", start) not in ("earliest", "latest"):
             raise InvalidArgument(f"start must be 'earliest' or 'latest', got {start!r}")
         name = check_str("consumer", consumer)
         position = self._core.feed_open(consumer=name, from_start=start == "earliest")
@@ -606,7 +610,7 @@ class EngineCalls:
         started = time.monotonic()
         report = self._core.audit(
             sku=check_optional_str("sku", sku),
-            limit=check_int("limit", limit),
+            limit=check_count("limit", limit),
             expiry_lag_us=duration_us("expiry_lag", expiry_lag),
         )
         return AuditReport._from_core(report, time.monotonic() - started)
@@ -650,9 +654,7 @@ class EngineCalls:
         (``counts_exact`` is False) the first two are the statistics collector's live-row
         estimates, and holds are counted up to 10,000 (more reads as 10,000). Use
         :meth:`row_counts` for exact figures."""
-        limit = check_int("sku_limit", sku_limit)
-        if limit < 0:
-            raise InvalidArgument("sku_limit must not be negative")
+        limit = check_count("sku_limit", sku_limit)
         return cast(EngineStats, self._core.stats(sku_limit=limit))
 
     def recommend(self, sku: str, *, location: str = DEFAULT_LOCATION) -> ClaimAdvice:

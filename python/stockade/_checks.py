@@ -13,7 +13,16 @@ from typing import Iterable, List, Mapping, Optional, Tuple, Union
 
 from . import _core
 from .errors import InvalidArgument, InvalidType
-from .values import Lease, Reservation, check_int, check_str, duration_ms, duration_us, shown
+from .values import (
+    Lease,
+    Reservation,
+    check_int,
+    check_int32,
+    check_str,
+    duration_ms,
+    duration_us,
+    shown,
+)
 
 OrderKey = Union[str, Tuple[str, str]]
 DEFAULT_LOCATION = "default"
@@ -30,7 +39,7 @@ def migration_number(to: object) -> int:
     """``migrate(to=...)``: None (all, 0 to the core) or a migration number, 1 or more."""
     if to is None:
         return 0
-    number = check_int("to", to)
+    number = check_int32("to", to)
     if number < 1:
         raise InvalidArgument(f"to must be a migration number (1 or more), got {number}")
     return number

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, FrozenSet, List, Opt
 from . import _core
 from .aio import off_loop
 from .errors import InvalidArgument
-from .values import _datetime, check_int
+from .values import _datetime, check_count, duration_us
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Engine
@@ -35,6 +35,8 @@ _RECHECK = 1.0
 # first to the last.
 _WAIT_FIRST = 0.005
 _WAIT_MAX = 0.2
+# poll(timeout=...) waits at most this long (seconds).
+_POLL_TIMEOUT_MAX = 3600
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,16 @@ class Movement:
 StockChange = Movement
 
 
+def _poll_timeout(timeout: object) -> float:
+    """``Feed.poll(timeout=...)``: seconds (or a timedelta), 0 to 3600."""
+    us = duration_us("timeout", timeout)
+    if not 0 <= us <= _POLL_TIMEOUT_MAX * 1_000_000:
+        raise InvalidArgument(
+            f"timeout must be between 0 and {_POLL_TIMEOUT_MAX} seconds, got {timeout}"
+        )
+    return us / 1_000_000
+
+
 class Feed:
     """A named, durable consumer of the change feed, from :meth:`Engine.feed`.
 
@@ -130,10 +142,8 @@ class Feed:
         a NOTIFY: a writer that died after its commit, a manual SQL fix). Behind a
         transaction-mode pooler, where ``LISTEN`` cannot work, it looks again after waits
         that double from 5 ms to 200 ms. Without ``timeout`` it returns at once."""
-        count = check_int("limit", limit)
-        if timeout is not None and not 0 <= timeout <= 3600:
-            raise InvalidArgument(f"timeout must be between 0 and 3600 seconds, got {timeout}")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        count = check_count("limit", limit)
+        deadline = None if timeout is None else time.monotonic() + _poll_timeout(timeout)
         backoff = _WAIT_FIRST
         while True:
             batch = self._engine._core.feed_poll(

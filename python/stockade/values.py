@@ -258,6 +258,26 @@ def check_int(name: str, value: object) -> int:
     return value
 
 
+INT32_MAX = 2**31 - 1
+
+
+def check_int32(name: str, value: object) -> int:
+    """An int the core takes as a C++ ``int``: a 32-bit integer (its range is checked there)."""
+    number = check_int(name, value)
+    if not -INT32_MAX - 1 <= number <= INT32_MAX:
+        raise InvalidArgument(f"{name} {number} does not fit in a 32-bit integer")
+    return number
+
+
+def check_count(name: str, value: object) -> int:
+    """An int the core takes as a count (unsigned, ``std::size_t``): 0 or more, within 64
+    bits (its range is checked there)."""
+    number = check_int(name, value)
+    if number < 0:
+        raise InvalidArgument(f"{name} must not be negative, got {number}")
+    return number
+
+
 def check_optional_int(name: str, value: object) -> Optional[int]:
     return None if value is None else check_int(name, value)
 

@@ -7,6 +7,7 @@ the reservation table exactly as they were. Method: snapshot, call, compare.
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from datetime import timedelta
 from typing import Any, Callable
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stockade
+from public_api import ENGINE_CALLS, FEED_CALLS, World, arguments_of, invoke, ordered, public_calls
 
 INT64_MAX = 2**63 - 1
 
@@ -160,3 +162,95 @@ def test_input_limits_are_exported_and_an_error_names_the_one_passed(
         with pytest.raises(stockade.InvalidArgument, match=named):
             call()
     assert snapshot(stocked) == before
+
+
+# --- every argument of every public call, found by introspection ---
+
+WRONG_TYPE = object()  # no parameter takes it
+# Values past what a parameter may hold: negative (for a C++ count), past 32 bits (for a
+# C++ int), past 64 bits, empty, not a number.
+PROBE_VALUES: list[object] = [
+    -1,
+    0,
+    2**31,
+    2**40,
+    2**64,
+    2**70,
+    -(2**70),
+    "",
+    float("nan"),
+    float("inf"),
+]
+# A DSN that nothing answers: an engine whose options pass fails fast with Unavailable.
+NOWHERE = "host=127.0.0.1 port=1 connect_timeout=2"
+
+
+def probes(method: Callable[..., object], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """(parameter, value, args, kwargs): the call with one argument replaced, for every
+    parameter of ``method`` and every probe value."""
+    signature = inspect.signature(method)
+    for name, parameter in signature.parameters.items():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        for value in [WRONG_TYPE, *PROBE_VALUES]:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            bound.arguments[name] = value
+            yield name, value, bound.args, bound.kwargs
+
+
+def answer(run: Callable[[], object]) -> BaseException | None:
+    """What the call raised (None: it returned); an engine it made is closed."""
+    try:
+        made = run()
+    except Exception as e:
+        return e
+    if isinstance(made, stockade.Engine):
+        made.close()
+    return None
+
+
+def misfits(where: str, value: object, raised: BaseException | None) -> list[str]:
+    """What is wrong with the answer to a probe: a wrong type must raise InvalidType, and
+    no probe may raise anything but a stockade error."""
+    if value is WRONG_TYPE and not isinstance(raised, stockade.InvalidType):
+        return [f"{where}: a wrong type gave {raised!r}, not InvalidType"]
+    if raised is not None and not isinstance(raised, stockade.StockadeError):
+        return [f"{where}={value!r}: {type(raised).__name__}: {raised}"]
+    return []
+
+
+def test_every_argument_of_every_public_call_gets_a_stockade_error(
+    memory_engine: stockade.Engine,
+) -> None:
+    # Goal: no argument of any call, a call added later included, reaches the binding
+    # with a type or a value it cannot take (pybind11's TypeError "incompatible function
+    # arguments", an OverflowError, ...): each is InvalidType or InvalidArgument, or the
+    # store's answer. Method: every public method of Engine and Feed and every awaitable
+    # twin (public_api), each parameter in turn given a wrong type and bad values. The
+    # binding converts alike on either store, so the memory store answers for both.
+    world = World.made(memory_engine)
+    found: list[str] = []
+    for cls, table in ((stockade.Feed, FEED_CALLS), (stockade.Engine, ENGINE_CALLS)):
+        target: Any = world.feed if cls is stockade.Feed else memory_engine
+        for name in ordered(public_calls(cls)):
+            args, kwargs = arguments_of(name, table, world)
+            for parameter, value, a, k in probes(getattr(target, name), args, kwargs):
+                raised = answer(lambda: invoke(target, name, a, k))  # noqa: B023
+                found += misfits(f"{cls.__name__}.{name}({parameter}", value, raised)
+    assert found == []
+
+
+@pytest.mark.parametrize("factory", ["memory", "postgres"])
+def test_every_keyword_of_the_constructors_gets_a_stockade_error(factory: str) -> None:
+    # Goal: the constructors hold to the same rule. Method: each keyword in turn given a
+    # wrong type and bad values (PostgreSQL: towards a port nothing answers on, so options
+    # that pass end in Unavailable at once).
+    make = getattr(stockade.Engine, factory)
+    base: tuple[Any, ...] = () if factory == "memory" else (NOWHERE,)
+    found: list[str] = []
+    for parameter, value, a, k in probes(make, base, {}):
+        if parameter == "dsn" and value is not WRONG_TYPE:
+            continue  # a DSN's values: test_hostile_input (an empty one reads PG*)
+        found += misfits(f"Engine.{factory}({parameter}", value, answer(lambda: make(*a, **k)))  # noqa: B023
+    assert found == []
