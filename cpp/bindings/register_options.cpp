@@ -56,7 +56,8 @@ void register_store_options(py::module_& m) {
       .def_readwrite("retention_us", &MemoryOptions::retention_us)
       .def_readwrite("journal_max", &MemoryOptions::journal_max)
       .def_readwrite("journal_retention_us", &MemoryOptions::journal_retention_us)
-      .def_readwrite("feed_lag_max_us", &MemoryOptions::feed_lag_max_us);
+      .def_readwrite("feed_lag_max_us", &MemoryOptions::feed_lag_max_us)
+      .def_readwrite("expire_lapsed", &MemoryOptions::expire_lapsed);
   py::class_<PostgresOptions>(m, "PostgresOptions", "The PostgreSQL store's options.")
       .def(py::init<>())
       .def_readwrite("dsn", &PostgresOptions::dsn)

@@ -246,6 +246,7 @@ class MemoryOptions:
     journal_max: int
     journal_retention_us: int
     feed_lag_max_us: int
+    expire_lapsed: bool
 
 class PostgresOptions:
     """The PostgreSQL store's options."""

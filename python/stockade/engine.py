@@ -82,8 +82,17 @@ class Engine(EngineTwins):
         journal_max: int = 100_000,
         journal_retention: Optional[TtlLike] = None,
         feed_lag_max: TtlLike = timedelta(days=7),
+        sweeper: bool = True,
     ) -> Engine:
         """An engine over the embedded in-process store: real semantics, no durability.
+
+        A hold lapses at its expiry by itself (``sweeper=True``, the default): every call
+        that reads or writes stock or a reservation first expires the holds past their
+        expiry (up to 1,024 per call; the store has no thread of its own), a refused
+        request frees lapsed holds before its refusal stands, and :meth:`reservation`
+        reports a lapsed hold as expired. ``sweeper=False`` keeps a lapsed hold's units
+        until :meth:`expire_due` runs or a confirm, release or extend finds it lapsed: a
+        buyer may be refused units that no one holds any more.
 
         ``batch_max`` bounds the requests one batch carries, ``batch_shards`` is the number
         of flusher threads of the hot-row layer, and ``async_workers`` the number of C++
@@ -137,7 +146,7 @@ class Engine(EngineTwins):
         application_name: str = "stockade",
         pooler: str = "auto",
         layout: str = "plain",
-        sweeper: bool = False,
+        sweeper: bool = True,
         sweep_interval: TtlLike = timedelta(seconds=1),
         sweep_batch: int = 1000,
         retention: Optional[TtlLike] = None,
@@ -173,10 +182,15 @@ class Engine(EngineTwins):
         lost stays ``InDoubt`` (no session can be ended to settle it); ``"none"`` keeps it
         (direct, or a session-mode pooler); ``"auto"`` decides per connection.
         ``layout="citus"`` is for a Citus coordinator (both: docs/scaling-out.md). Call
-        :meth:`migrate` once to create the schema. With ``sweeper=True`` a background thread
-        expires due holds every ``sweep_interval``, ``sweep_batch`` per transaction; of all
-        engines on one database, one sweeps at a time. With ``retention`` set (it needs
-        ``sweeper=True``) the sweeper also purges what is older than ``retention`` each
+        :meth:`migrate` once to create the schema. A hold lapses at its expiry by itself
+        (``sweeper=True``, the default): a background thread expires lapsed holds every
+        ``sweep_interval`` (1 s), ``sweep_batch`` per transaction, and of all engines on one
+        database one sweeps at a time; a request refused for want of units first frees
+        lapsed holds (at most once per 10 ms per engine) and runs again. ``sweeper=False``
+        keeps a lapsed hold's units until :meth:`expire_due` runs or a confirm, release or
+        extend finds it lapsed: a buyer may be refused units no one holds any more, and
+        ``reservation(id)`` says ``held`` past ``expires_at``. With ``retention`` set (it
+        needs ``sweeper=True``) the sweeper also purges what is older than ``retention`` each
         round, ``purge_batch`` rows per transaction (see :meth:`purge`); without it nothing
         is ever purged unless you call :meth:`purge`. The batching and slot options,
         ``journal_retention`` and ``feed_lag_max`` are as for :meth:`memory` (each flusher

@@ -14,7 +14,7 @@ STOCKADE_LOCK_TIMEOUT           lock_timeout                        seconds (dec
 STOCKADE_POOL_TIMEOUT           pool_timeout                        seconds
 STOCKADE_CALL_TIMEOUT           call_timeout                        seconds
 STOCKADE_DEFAULT_TTL            default_ttl                         seconds
-STOCKADE_SWEEPER                sweeper                             1/0, true/false, yes/no
+STOCKADE_SWEEPER                sweeper (default on)                1/0, true/false, yes/no
 STOCKADE_RETENTION              retention (needs the sweeper)       seconds
 STOCKADE_JOURNAL_RETENTION      journal_retention (needs sweeper)   seconds
 STOCKADE_FEED_LAG_MAX           feed_lag_max                        seconds

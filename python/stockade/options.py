@@ -62,6 +62,7 @@ def memory_options(
     memory.journal_max = in_range("journal_max", given["journal_max"], 0, 10_000_000)
     memory.journal_retention_us = retention_us(given["journal_retention"])
     memory.feed_lag_max_us = duration_us("feed_lag_max", given["feed_lag_max"])
+    memory.expire_lapsed = check_bool("sweeper", given["sweeper"])
     return engine_options(given), (clock._core if clock is not None else None), memory
 
 

@@ -87,6 +87,7 @@ class DelegatingStore : public Store {
   Reservation transition(const TransitionRequest& r) override { return inner_->transition(r); }
   Reservation get_reservation(const Uuid& id) override { return inner_->get_reservation(id); }
   std::size_t expire_due(std::size_t limit) override { return inner_->expire_due(limit); }
+  std::size_t free_lapsed(std::size_t limit) override { return inner_->free_lapsed(limit); }
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override {
     return inner_->purge(older_than_us, limit);
   }

@@ -254,6 +254,9 @@ TEST_F(MemoryEngine, extend_moves_expiry_from_now) {
 }
 
 TEST_F(MemoryEngine, expire_due_expires_only_lapsed_holds_up_to_the_limit) {
+  MemoryOptions asked_only;
+  asked_only.expire_lapsed = false;  // holds lapse only when expire_due() runs
+  engine = Engine::memory({}, clock, asked_only);
   engine->restock(sku, 100);
   for (int i = 0; i < 5; ++i) engine->reserve(sku, 1, minute_us);
   const Reservation long_hold = engine->reserve(sku, 10, 60 * minute_us);
@@ -266,6 +269,23 @@ TEST_F(MemoryEngine, expire_due_expires_only_lapsed_holds_up_to_the_limit) {
   EXPECT_EQ(engine->stock(sku).reserved, 10);
   EXPECT_EQ(engine->get_reservation(long_hold.id).state, ReservationState::held);
   EXPECT_EQ(engine->stats().held_count, 1u);
+}
+
+// By default holds lapse as the store goes: no call to expire_due() is needed, and a
+// pass expires at most expire_lapsed_batch of them per call.
+TEST_F(MemoryEngine, lapsed_holds_expire_as_the_store_goes) {
+  engine->restock(sku, 5000);
+  const std::size_t many = expire_lapsed_batch + 10;
+  for (std::size_t i = 0; i < many; ++i) engine->reserve(sku, 1, minute_us);
+  const Reservation long_hold = engine->reserve(sku, 10, 60 * minute_us);
+  clock->advance_us(2 * minute_us);
+  EXPECT_EQ(engine->stock(sku).reserved, 20);  // a pass of 1,024, then the other 10
+  EXPECT_EQ(engine->stock(sku).reserved, 10);
+  EXPECT_EQ(engine->get_reservation(long_hold.id).state, ReservationState::held);
+  EXPECT_EQ(engine->expire_due(100), 0u);
+  clock->advance_us(60 * minute_us);
+  EXPECT_EQ(engine->get_reservation(long_hold.id).state, ReservationState::expired);
+  EXPECT_EQ(engine->stock(sku).reserved, 0);
 }
 
 TEST_F(MemoryEngine, sell_decrements_on_hand_without_a_hold) {

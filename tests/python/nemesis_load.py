@@ -44,6 +44,9 @@ def engine(dsn: str) -> stockade.Engine:
         call_timeout=3,
         cancel_grace=0.5,
         resolve_timeout=2,
+        # Holds expire by the workload's own expire_due calls, which the history records;
+        # a sweeper's expiries would be changes no call made.
+        sweeper=False,
     )
 
 

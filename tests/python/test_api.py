@@ -199,6 +199,33 @@ def test_idempotency_key_replays_and_conflicts(engine: stockade.Engine) -> None:
     assert engine.stock("s").on_hand == 8
 
 
+@pytest.mark.parametrize("strategy", ["atomic", "batched"])
+def test_an_idempotency_conflict_names_what_differs(
+    engine: stockade.Engine, backend: str, strategy: str
+) -> None:
+    engine.restock("s", 10)
+    engine.restock("t", 10)
+    engine.reserve("s", 2, idempotency_key="k", ttl=60, strategy=strategy)
+
+    def conflict(**asked: object) -> str:
+        with pytest.raises(stockade.IdempotencyConflict) as caught:
+            engine.reserve(**{"sku": "s", "qty": 2, "ttl": 60, "strategy": strategy, **asked})
+        return str(caught.value)
+
+    assert "qty 2 first, 3 now" in conflict(idempotency_key="k", qty=3)
+    if backend != "citus":  # there a key is unique per shard key (docs/scaling-out.md)
+        assert "sku 's' at 'default' first, 't' at 'default' now" in conflict(
+            idempotency_key="k", sku="t"
+        )
+    # The retry that forgot ttl= (the engine's default, 15 min): the message says so.
+    message = conflict(idempotency_key="k", ttl=None)
+    assert "ttl 60 s first, 900 s now" in message and "default_ttl" in message
+    engine.reserve_order({"s": 1, "t": 2}, idempotency_key="o", ttl=60)
+    with pytest.raises(stockade.IdempotencyConflict, match=r"lines \[.*x1.*x2\] first"):
+        engine.reserve_order({"s": 1, "t": 3}, idempotency_key="o", ttl=60)
+    assert engine.stock("s").reserved == 3 and engine.stock("t").reserved == 2
+
+
 def test_concurrent_duplicates_of_one_key_end_as_one_reservation(engine: stockade.Engine) -> None:
     engine.restock("s", 1000)
     out = stockade.testing.race(64, lambda i: engine.reserve("s", 5, idempotency_key="dup", ttl=60))

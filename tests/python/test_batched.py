@@ -331,7 +331,7 @@ def test_a_one_statement_write_cut_around_its_statement_still_answers_exactly_on
     # transaction-mode pooler the statement runs in a transaction of its own: its COMMIT
     # is cut, and a write that did not land stays InDoubt.)
     dbname = field(stockade_database, "dbname")
-    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
+    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2, sweeper=False) as eng:
         eng.restock("hot", 10)
         proxy.arm(cut, statement=None if pooled else statement)
         if in_doubt_after_cut(pooled, cut):
@@ -352,7 +352,7 @@ def test_a_sell_only_fast_batch_cut_after_commit_is_in_doubt(
     proxy: CommitCuttingProxy, stockade_database: str, pooled: bool
 ) -> None:
     dbname = field(stockade_database, "dbname")
-    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
+    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2, sweeper=False) as eng:
         eng.restock("hot", 10)
         proxy.arm("after", statement=None if pooled else "stockade_batch_fast_one")
         with pytest.raises(stockade.InDoubt):
@@ -371,7 +371,7 @@ def test_a_keyed_batch_cut_at_commit_is_resolved_by_the_engine(
     # there (after), the batch's decisions stand; absent (before), the batch runs again.
     # Either way one.
     dbname = field(stockade_database, "dbname")
-    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2) as eng:
+    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=2, sweeper=False) as eng:
         eng.restock("hot", 10)
         if path == "full":
             with pytest.raises(stockade.OutOfStock):  # a miss: the next batches skip fast

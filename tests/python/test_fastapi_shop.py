@@ -137,6 +137,28 @@ def test_concurrent_requests_never_oversell(client: Tuple) -> None:
     assert engine.row_counts()["reservation_count"] == 50
 
 
+def test_a_hold_lapses_at_its_ttl_with_no_setup(client: Tuple) -> None:
+    # The shop runs no sweeper of its own: the engine's default one lets the hold lapse.
+    engine, app = client
+    engine.restock("cap", 5)
+
+    async def main() -> None:
+        async with open_client(app) as c:
+            held = await c.post("/skus/cap/reservations", json={"qty": 4, "ttl_seconds": 1})
+            assert held.status_code == 201
+            for _ in range(40):  # sweep_interval is 1 s: back within about 2 s of the TTL
+                if (await c.get("/skus/cap")).json()["available"] == 5:
+                    break
+                await asyncio.sleep(0.1)
+            assert (await c.get("/skus/cap")).json()["available"] == 5
+            gone = await c.get(f"/reservations/{held.json()['id']}")
+            assert gone.json()["state"] == "expired"
+            all_of_it = await c.post("/skus/cap/reservations", json={"qty": 5})
+            assert all_of_it.status_code == 201
+
+    run(main())
+
+
 def test_metrics_endpoint_speaks_prometheus(client: Tuple) -> None:
     pytest.importorskip("prometheus_client")
     engine, app = client

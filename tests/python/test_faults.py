@@ -70,7 +70,9 @@ def test_a_write_cut_while_it_waits_for_a_row_lock_is_answered_exactly_once(
     with (
         stockade.Engine.postgres(stockade_database, pool_size=1) as holder,
         # Slices longer than the test, so that the batch's wait is one statement to cut.
-        stockade.Engine.postgres(proxy.dsn(dbname), pool_size=4, batch_lock_slice=10) as eng,
+        stockade.Engine.postgres(
+            proxy.dsn(dbname), pool_size=4, batch_lock_slice=10, sweeper=False
+        ) as eng,
     ):
         eng.restock("hot", 100)
         eng.set_purchase_limit("drop", 1000, ["hot"])
@@ -118,7 +120,7 @@ def test_a_transition_batch_cut_at_commit_or_while_waiting_changes_the_hold_once
     with (
         stockade.Engine.postgres(stockade_database, pool_size=1) as holder,
         stockade.Engine.postgres(
-            proxy.dsn(dbname), pool_size=4, strategy="batched", batch_lock_slice=10
+            proxy.dsn(dbname), pool_size=4, strategy="batched", batch_lock_slice=10, sweeper=False
         ) as eng,
     ):
         eng.restock("hot", 10)

@@ -501,7 +501,9 @@ def test_a_feed_commit_whose_connection_is_cut_stores_its_position_by_itself(
     # return, and a fresh engine's consumer must resume past every change polled.
     if pooled:
         pytest.skip("the proxy stands in front of the server, not of the pooler")
-    with stockade.Engine.postgres(proxy.dsn(field(stockade_database, "dbname"))) as eng:
+    with stockade.Engine.postgres(
+        proxy.dsn(field(stockade_database, "dbname")), sweeper=False
+    ) as eng:
         for i in range(5):
             eng.restock(f"f-{i}", 1)
         feed = eng.feed("cut")

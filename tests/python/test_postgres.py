@@ -389,7 +389,7 @@ def test_a_reserve_whose_commit_is_cut_is_resolved_by_the_engine(
     # transaction-mode pooler it cannot end the session: found, it answers; absent, the
     # write may still land, so InDoubt, and the retry with the key settles it.
     dbname = field(stockade_database, "dbname")
-    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=1) as eng:
+    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=1, sweeper=False) as eng:
         eng.restock("s", 10)
         proxy.arm(cut)
         if in_doubt_after_cut(pooled, cut):
@@ -413,7 +413,9 @@ def test_a_cut_commit_the_engine_cannot_settle_is_in_doubt_and_a_retry_resolves_
     # The server cannot be reached after the cut, so the engine cannot end the lost
     # session within resolve_timeout: it says InDoubt, never a definite outcome.
     dbname = field(stockade_database, "dbname")
-    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=1, resolve_timeout=0.3) as eng:
+    with stockade.Engine.postgres(
+        proxy.dsn(dbname), pool_size=1, resolve_timeout=0.3, sweeper=False
+    ) as eng:
         eng.restock("s", 10)
         proxy.arm(cut)
         proxy.refuse_new = True
@@ -438,7 +440,7 @@ def test_an_in_doubt_confirm_can_be_read_back(
     proxy: CommitCuttingProxy, stockade_database: str
 ) -> None:
     dbname = field(stockade_database, "dbname")
-    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=1) as eng:
+    with stockade.Engine.postgres(proxy.dsn(dbname), pool_size=1, sweeper=False) as eng:
         eng.restock("s", 10)
         r = eng.reserve("s", 4)
         proxy.arm("after")
@@ -527,6 +529,8 @@ def test_the_sweeper_expires_due_holds_and_one_engine_sweeps(
         )
         assert leaders == "1"
     with stockade.Engine.postgres(stockade_database, pool_size=1) as c:
+        assert c.stats()["sweeper"]["enabled"] is True  # on by default
+    with stockade.Engine.postgres(stockade_database, pool_size=1, sweeper=False) as c:
         assert c.stats()["sweeper"]["enabled"] is False
 
 

@@ -85,7 +85,7 @@ def test_the_fence_ends_the_runtime_roles_own_lost_session(
     # After a cut COMMIT the engine ends its lost server session (pg_terminate_backend,
     # which a role may call on its own sessions) before it looks: no superuser needed.
     with stockade.Engine.postgres(
-        proxy.dsn(field(stockade_database, "dbname"), user=runtime_role), pool_size=1
+        proxy.dsn(field(stockade_database, "dbname"), user=runtime_role), pool_size=1, sweeper=False
     ) as eng:
         eng.restock("s", 10)
         proxy.arm(cut)

@@ -203,7 +203,7 @@ def test_retention_options_are_checked(stockade_database: str) -> None:
     with pytest.raises(stockade.InvalidType):
         stockade.Engine.memory(retention="7d")
     with pytest.raises(stockade.InvalidArgument, match="needs sweeper=True"):
-        stockade.Engine.postgres(stockade_database, retention=timedelta(days=7))
+        stockade.Engine.postgres(stockade_database, retention=timedelta(days=7), sweeper=False)
     with pytest.raises(stockade.InvalidArgument, match="purge_batch"):
         stockade.Engine.postgres(stockade_database, purge_batch=0)
 

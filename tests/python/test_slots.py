@@ -395,7 +395,7 @@ def test_taking_slots_away_keeps_every_hold_and_the_units_go_home(
     replicas[0].confirm(holds[0].id)
     replicas[2].release(holds[2].id)
     wait(2.5)
-    assert engine.expire_due() == 1
+    engine.expire_due()  # unless the sweeper (on by default) came first
     assert engine.reservation(short.id).state == stockade.ReservationState.EXPIRED
     level = engine.stock("merge")
     assert (level.on_hand, level.reserved) == (35, 10)

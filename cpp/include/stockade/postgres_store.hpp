@@ -53,7 +53,10 @@ struct PostgresOptions {
   std::string schema = "stockade";      // [a-z_][a-z0-9_]*, at most 63 bytes
   std::size_t pool_size = 8;            // connections, opened on demand
   std::int64_t pool_timeout_ms = 5000;  // waiting longer for a connection raises Overloaded
-  bool sweeper = false;                 // run a background sweeper (one per database is elected)
+  // A background sweeper (one per database is elected) expires lapsed holds every
+  // sweep_interval_ms, and a refused request frees lapsed holds before its refusal stands.
+  // false: holds lapse only when expire_due() runs or a transition finds one lapsed.
+  bool sweeper = true;
   std::int64_t sweep_interval_ms = 1000;
   std::size_t sweep_batch = 1000;  // holds expired per transaction
   // Retention: when > 0 (needs sweeper), the sweeper also purges what is older than this

@@ -182,6 +182,10 @@ class Store {
   virtual Reservation transition(const TransitionRequest& request) = 0;
   virtual Reservation get_reservation(const Uuid& id) = 0;
   virtual std::size_t expire_due(std::size_t limit) = 0;
+  // A request was refused for want of units: when this store lets holds lapse by itself
+  // (its sweeper is on), expires up to `limit` lapsed holds, oldest first, so that the
+  // request may run again; returns how many (0 when holds lapse only when asked).
+  virtual std::size_t free_lapsed(std::size_t limit) = 0;
 
   // Applies a batch of reserve, sell, confirm and release requests as one transaction,
   // deciding each in the order given (arrival order): grant while units are available,

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "stockade/log.hpp"
+#include "stockade/telemetry.hpp"
 #include "store/error_helpers.hpp"
 
 namespace stockade::detail {
@@ -364,12 +366,27 @@ int SlotRouter::after_refusal(const SkuKey& key, Quantity qty, const Error& refu
 }
 
 bool SlotRouter::refusal_stands(const SkuKey& key, const Error& refusal) {
+  if (freed_lapsed_holds()) return false;
   return rows_after_refusal(key, refusal.context().actual_version).size() <= 1;
+}
+
+bool SlotRouter::freed_lapsed_holds() {
+  const std::int64_t now = steady_now_us();
+  std::int64_t last = lapsed_checked_us_.load(std::memory_order_relaxed);
+  if (last != 0 && now - last < lapsed_check_gap_us) return false;
+  if (!lapsed_checked_us_.compare_exchange_strong(last, now)) return false;  // another did
+  try {
+    return store_.free_lapsed(lapsed_check_batch) > 0;
+  } catch (const Error& e) {
+    log(LogLevel::debug, "stockade", std::string("freeing lapsed holds failed: ") + e.what());
+    return false;
+  }
 }
 
 // The order takes every line from the SKU's own row: a line short there takes units from
 // its slots, if it has any.
 void SlotRouter::refill_order_line(const std::vector<OrderLine>& lines, const Error& refusal) {
+  if (freed_lapsed_holds()) return;  // the order runs again with the lapsed holds' units
   const SkuKey line{refusal.context().sku, refusal.context().location};
   auto it =
       std::find_if(lines.begin(), lines.end(), [&](const OrderLine& l) { return l.key == line; });

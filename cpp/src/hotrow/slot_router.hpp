@@ -15,6 +15,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -38,6 +40,11 @@ struct SlotAttempt {
   bool count_request = true;
   bool count_refusal = true;
 };
+
+// A refused request frees lapsed holds at most this often per engine (SlotRouter), and at
+// most this many per check.
+inline constexpr std::int64_t lapsed_check_gap_us = 10'000;
+inline constexpr std::size_t lapsed_check_batch = 1000;
 
 struct SlotRouterOptions {
   int home = 0;                     // this engine's slot of every slotted SKU (mod its slots)
@@ -96,7 +103,9 @@ class SlotRouter {
   // row first_row() picks). When that row is short, the SKU's rows are
   // read: with none but its own, the refusal stands; else free units move into the slot
   // from the others (which refuses for the SKU as a whole when they are short too) and
-  // the attempt runs again, a bounded number of times. With `expected` (If-Match: the sum
+  // the attempt runs again, a bounded number of times. Before the first refusal stands,
+  // lapsed holds are freed (freed_lapsed_holds): if some were, the attempt runs again in
+  // the same round. With `expected` (If-Match: the sum
   // of the rows' versions), the rows are checked and filled first, and the attempt takes
   // the slot's own version after that.
   //
@@ -120,6 +129,7 @@ class SlotRouter {
         throw;
       }
     }
+    bool lapsed_tried = false;
     for (int round = 1;; ++round) {
       std::optional<Error> refusal;
       try {
@@ -132,6 +142,13 @@ class SlotRouter {
         if (e.code() != ErrorCode::out_of_stock || expected) throw;
         refusal = e;
       }
+      if (!lapsed_tried) {
+        lapsed_tried = true;
+        if (freed_lapsed_holds()) {
+          --round;  // the same round again: the lapsed holds' units are back
+          continue;
+        }
+      }
       try {
         k = after_refusal(key, qty, *refusal, k, round);
       } catch (const Error& e) {
@@ -142,8 +159,15 @@ class SlotRouter {
   }
 
   // An async call's first attempt, on this engine's slot, was refused: whether that
-  // refusal is the SKU's (it has no other rows). An error reading them propagates.
+  // refusal is the SKU's (it has no other rows, and no lapsed holds were freed). An
+  // error reading the rows propagates.
   bool refusal_stands(const SkuKey& key, const Error& refusal);
+  // A request was refused for want of units: frees lapsed holds (Store::free_lapsed, a
+  // no-op when the store's sweeper is off), at most once per lapsed_check_gap_us in this
+  // engine, so that the refusals of a sold-out SKU do not each cost a sweep. True when
+  // it freed some: the request should run again. An error freeing them is logged at
+  // DEBUG and leaves the refusal as it was.
+  bool freed_lapsed_holds();
   // An order's line was refused on the SKU's own row (`refusal` names it): moves units
   // into that row from the SKU's slots so that the order may run again. Throws when the
   // refusal stands (no slots, or they are short too).
@@ -176,6 +200,7 @@ class SlotRouter {
   SlotChooser chooser_;
   SlotDirectory directory_;
   SlotProbes probes_;
+  std::atomic<std::int64_t> lapsed_checked_us_{0};  // steady_now_us of the last check
 };
 
 // The sink of an async reserve or sell whose refusal `retry` checks against the SKU's

@@ -29,6 +29,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -45,6 +46,7 @@
 #include "stockade/memory_store.hpp"
 #include "stockade/store.hpp"
 #include "stockade/testing.hpp"
+#include "store/fingerprint.hpp"
 #include "store/purchase_limits.hpp"
 
 namespace stockade::detail {
@@ -132,6 +134,9 @@ class MemoryStore final : public Store, public TestHooks {
   Reservation transition(const TransitionRequest& request) override;
   Reservation get_reservation(const Uuid& id) override;
   std::size_t expire_due(std::size_t limit) override;
+  std::size_t free_lapsed(std::size_t limit) override {
+    return options_.expire_lapsed ? expire_due(limit) : 0;
+  }
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
 
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override;
@@ -226,8 +231,9 @@ class MemoryStore final : public Store, public TestHooks {
       const std::function<std::vector<Reservation>(const LineGroups&)>& make);
   // A released or expired hold gives its units back to its buyer's count.
   void give_back(const Reservation& r);
+  // `asked`: what the request asks, for the message of a conflict (store/fingerprint.hpp).
   std::vector<Reservation> with_idempotency(const std::string& key, const std::string& fingerprint,
-                                            const WriteOptions& options,
+                                            const Asked& asked, const WriteOptions& options,
                                             const std::function<std::vector<Reservation>()>& run);
   std::vector<Reservation> fetch_all(const std::vector<Uuid>& ids);
   void mark_terminal(ReservationShard& shard, const Reservation& r);
@@ -236,6 +242,16 @@ class MemoryStore final : public Store, public TestHooks {
   PurgeCounts purge_keys(TimestampUs horizon, std::uint64_t limit);
   std::uint64_t purge_reservations(TimestampUs horizon, std::uint64_t limit);
   void purge_as_you_go();  // retention: every 64th reservation purges a little
+  // Holds lapse as the store goes (MemoryOptions::expire_lapsed): expires the holds past
+  // their expiry, unless the earliest expiry the store knows of is still ahead (then it
+  // costs a clock read and one atomic load). Call with no latch or shard lock held.
+  void expire_lapsed();
+  // Expires up to `limit` holds due at `now`, from a rotating first shard; sets `*next`
+  // to the earliest expiry left in the shards it went through (not past `now` when it
+  // stopped at the limit). Returns how many it expired.
+  std::size_t expire_until(TimestampUs now, std::size_t limit, TimestampUs* next);
+  // The earliest expiry of a hold may now be `at`.
+  void note_expiry(TimestampUs at);
 
   // The audit's passes (record.cpp): each appends what it finds to `report`.
   struct AuditSums;
@@ -272,6 +288,8 @@ class MemoryStore final : public Store, public TestHooks {
   std::unordered_map<SkuKey, std::string, SkuKeyHash> lease_owners_;
   std::atomic<FencingToken> lease_tokens_{0};
   std::atomic<std::size_t> expire_cursor_{0};
+  // No hold expires before this (it may be earlier than the true earliest, never later).
+  std::atomic<TimestampUs> earliest_expiry_{std::numeric_limits<TimestampUs>::max()};
   std::atomic<std::size_t> purge_cursor_{0};
   std::atomic<std::uint64_t> reservations_made_{0};
   const MemoryOptions options_;

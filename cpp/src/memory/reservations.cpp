@@ -42,6 +42,13 @@ void MemoryStore::insert_reservation(const Reservation& reservation, StockRow* r
   std::lock_guard<std::mutex> lock(shard.mutex);
   shard.records.emplace(reservation.id, ReservationRecord{reservation, row});
   shard.held_by_expiry.emplace(reservation.expires_at_us, reservation.id);
+  note_expiry(reservation.expires_at_us);
+}
+
+void MemoryStore::note_expiry(TimestampUs at) {
+  TimestampUs seen = earliest_expiry_.load(std::memory_order_relaxed);
+  while (at < seen && !earliest_expiry_.compare_exchange_weak(seen, at)) {
+  }
 }
 
 void MemoryStore::release_stock(StockRow& row, Quantity qty, bool sold, TimestampUs now) {
@@ -77,6 +84,7 @@ Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& reques
 
 Reservation MemoryStore::reserve(const ReserveRequest& request) {
   StockRow& row = require_row(request.key);
+  expire_lapsed();
   purge_as_you_go();
   const auto run = [&] {
     if (!request.options.buyer) {
@@ -88,7 +96,8 @@ Reservation MemoryStore::reserve(const ReserveRequest& request) {
                          });
   };
   if (!request.idempotency_key) return run().front();
-  return with_idempotency(*request.idempotency_key, fingerprint(request), request.options, run)
+  return with_idempotency(*request.idempotency_key, fingerprint(request), asked_by(request),
+                          request.options, run)
       .front();
 }
 
@@ -175,6 +184,7 @@ bool MemoryStore::remove_purchase_limit(const std::string& group) {
 }
 
 Quantity MemoryStore::buyer_held(const std::string& group, const std::string& buyer) {
+  expire_lapsed();
   std::lock_guard<std::mutex> lock(allowance_mutex_);
   auto it = allowances_.find(group + '\0' + buyer);
   return it == allowances_.end() ? 0 : it->second;
@@ -209,6 +219,7 @@ std::vector<Reservation> MemoryStore::order_now(const OrderRequest& request,
 
 std::vector<Reservation> MemoryStore::reserve_order(const OrderRequest& request) {
   for (const auto& line : request.lines) require_row(line.key);  // NotFound before any write
+  expire_lapsed();
   purge_as_you_go();
   const auto run = [&] {
     if (!request.options.buyer) return order_now(request, LineGroups(request.lines.size()));
@@ -216,8 +227,8 @@ std::vector<Reservation> MemoryStore::reserve_order(const OrderRequest& request)
                          [&](const LineGroups& groups) { return order_now(request, groups); });
   };
   if (!request.idempotency_key) return run();
-  std::vector<Reservation> made =
-      with_idempotency(*request.idempotency_key, fingerprint(request), request.options, run);
+  std::vector<Reservation> made = with_idempotency(*request.idempotency_key, fingerprint(request),
+                                                   asked_by(request), request.options, run);
   // A replay returns the reservations in this call's line order, whatever the first
   // call's order was (the fingerprint ignores line order).
   std::vector<Reservation> out;
@@ -241,8 +252,8 @@ std::vector<Reservation> MemoryStore::fetch_all(const std::vector<Uuid>& ids) {
 // lock_timeout) and then replays its result; a later duplicate replays at once. A key whose
 // first request failed is free again, so a retry after OutOfStock runs afresh.
 std::vector<Reservation> MemoryStore::with_idempotency(
-    const std::string& key, const std::string& fingerprint, const WriteOptions& options,
-    const std::function<std::vector<Reservation>()>& run) {
+    const std::string& key, const std::string& fingerprint, const Asked& asked,
+    const WriteOptions& options, const std::function<std::vector<Reservation>()>& run) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(options.lock_timeout_ms);
   {
@@ -255,7 +266,19 @@ std::vector<Reservation> MemoryStore::with_idempotency(
         keys_by_time_.emplace_back(now, key);
         break;
       }
-      if (it->second.fingerprint != fingerprint) throw idempotency_conflict(key);
+      if (it->second.fingerprint != fingerprint) {
+        if (it->second.pending) throw idempotency_conflict(key);  // nothing made to compare
+        const std::vector<Uuid> ids = it->second.ids;
+        lock.unlock();
+        std::vector<Reservation> made;
+        try {
+          made = fetch_all(ids);
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::not_found) throw;  // purged meanwhile: say no more
+          throw idempotency_conflict(key);
+        }
+        throw idempotency_conflict(key, asked_by(made), asked);
+      }
       if (!it->second.pending) {
         const std::vector<Uuid> ids = it->second.ids;
         lock.unlock();
@@ -345,6 +368,7 @@ Reservation MemoryStore::transition(const TransitionRequest& request) {
       shard.held_by_expiry.erase({r.expires_at_us, r.id});
       r.expires_at_us = extended;
       shard.held_by_expiry.emplace(r.expires_at_us, r.id);
+      note_expiry(r.expires_at_us);
       break;
   }
   r.version += 1;
@@ -358,15 +382,29 @@ Reservation MemoryStore::get_reservation(const Uuid& id) {
   std::lock_guard<std::mutex> lock(shard.mutex);
   auto it = shard.records.find(id);
   if (it == shard.records.end()) throw_reservation_not_found(id);
-  return it->second.value;
+  ReservationRecord& record = it->second;
+  if (options_.expire_lapsed && record.value.state == ReservationState::held) {
+    const TimestampUs now = clock_->now_us();
+    if (now >= record.value.expires_at_us) expire_locked(shard, record, now);  // it lapsed
+  }
+  return record.value;
 }
 
 std::size_t MemoryStore::expire_due(std::size_t limit) {
-  const TimestampUs now = clock_->now_us();
+  TimestampUs next = 0;
+  return expire_until(clock_->now_us(), limit, &next);
+}
+
+std::size_t MemoryStore::expire_until(TimestampUs now, std::size_t limit, TimestampUs* next) {
   std::size_t expired = 0;
+  *next = std::numeric_limits<TimestampUs>::max();
   // Start at a rotating shard so that small limits do not always favour shard 0.
   const std::size_t first = expire_cursor_.fetch_add(1, std::memory_order_relaxed);
-  for (std::size_t n = 0; n < reservation_shards && expired < limit; ++n) {
+  for (std::size_t n = 0; n < reservation_shards; ++n) {
+    if (expired >= limit) {
+      *next = std::min(*next, now);  // shards not gone through may have due holds
+      break;
+    }
     ReservationShard& shard = (*reservations_)[(first + n) % reservation_shards];
     std::lock_guard<std::mutex> lock(shard.mutex);
     while (expired < limit && !shard.held_by_expiry.empty() &&
@@ -375,8 +413,22 @@ std::size_t MemoryStore::expire_due(std::size_t limit) {
       expire_locked(shard, shard.records.at(id), now);
       ++expired;
     }
+    if (!shard.held_by_expiry.empty()) {
+      *next = std::min(*next, shard.held_by_expiry.begin()->first);
+    }
   }
   return expired;
+}
+
+void MemoryStore::expire_lapsed() {
+  if (!options_.expire_lapsed) return;
+  const TimestampUs now = clock_->now_us();
+  if (now < earliest_expiry_.load(std::memory_order_acquire)) return;
+  // Raised first, so that a hold made during the pass lowers it again (note_expiry).
+  earliest_expiry_.store(std::numeric_limits<TimestampUs>::max(), std::memory_order_release);
+  TimestampUs next = 0;
+  expire_until(now, expire_lapsed_batch, &next);
+  note_expiry(next);
 }
 
 StoreCounts MemoryStore::counts() const {
@@ -414,6 +466,7 @@ namespace stockade::detail {
 // keeps the batch's semantics (arrival-order decisions, idempotency inside the batch,
 // per-request errors) identical to PostgreSQL's, which is what the memory store is for.
 void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) {
+  expire_lapsed();
   WriteOptions write;
   write.strategy = Strategy::atomic;
   write.lock_timeout_ms = options.lock_timeout_ms;

@@ -256,6 +256,7 @@ StockLevel MemoryStore::restock(const SkuKey& key, Quantity qty, std::optional<V
 StockLevel MemoryStore::set_on_hand(const SkuKey& key, Quantity on_hand,
                                     std::optional<Version> expected,
                                     std::optional<FencingToken> token) {
+  expire_lapsed();  // a lapsed hold keeps no units that set_on_hand must leave
   const TimestampUs now = clock_->now_us();
   const auto decide = [&](const RowValues& v) {
     check_row(key, v, now, expected, token);
@@ -394,6 +395,7 @@ bool MemoryStore::release_lease(const SkuKey& key, FencingToken token) {
 
 StockLevel MemoryStore::stock(const SkuKey& key) {
   const StockRow& row = require_row(key);
+  expire_lapsed();
   return level_of(row, row.cell.read().values);
 }
 
@@ -410,6 +412,7 @@ std::vector<StockRow*> MemoryStore::rows_of_sku(const SkuKey& base) const {
 }
 
 std::vector<StockLevel> MemoryStore::sku_rows(const SkuKey& base) {
+  expire_lapsed();
   const std::vector<StockRow*> rows = rows_of_sku(base);
   // One snapshot: every row's latch at once, taken in slot order (which is key order).
   std::vector<RowLatch> latches;
@@ -542,6 +545,7 @@ std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bo
 
 StockLevel MemoryStore::sell(const SellRequest& request) {
   StockRow& row = require_row(request.key);
+  expire_lapsed();
   const TimestampUs now = clock_->now_us();
   const auto decide = [&](const RowValues& v) {
     check_row(row.key, v, now, request.options.expected_version, request.options.fencing_token);

@@ -10,15 +10,27 @@
 
 namespace stockade::detail::pg {
 
+namespace {
+
+// The reserve a batched request asks for, as the per-request path takes it.
+ReserveRequest request_of(const BatchItem& item) {
+  WriteOptions options;
+  options.buyer = item.buyer;
+  return ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, options};
+}
+
+Asked asked_of(const BatchItem& item) {
+  return asked_by(request_of(item));
+}
+
+}  // namespace
+
 void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
   std::vector<std::string> names, fingerprints, ids;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     if (!keyed(i)) continue;
     const BatchItem& item = *items_[i];
-    WriteOptions options;
-    options.buyer = item.buyer;
-    prints_[i] =
-        fingerprint(ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, options});
+    prints_[i] = fingerprint(request_of(item));
     const std::string& print = prints_[i];
     auto [it, first] = keys_.try_emplace(*item.idempotency_key);
     if (!first) {
@@ -55,11 +67,12 @@ void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string
     BatchItem& item = *items_[claim.first];
     decided_[claim.first] = true;
     claim.stored_fingerprint = row[1].as<std::string>();
-    if (*claim.stored_fingerprint != claim.fingerprint) {
-      fail(item, idempotency_conflict(*item.idempotency_key));
-    }
     // Read even on a conflict: a later duplicate in the batch may be the same request.
-    claim.stored = store.fetch(tx, parse_ids(row[2].as<std::string>())).front();
+    const std::vector<Reservation> made = store.fetch(tx, parse_ids(row[2].as<std::string>()));
+    claim.stored = made.front();
+    if (*claim.stored_fingerprint != claim.fingerprint) {
+      fail(item, idempotency_conflict(*item.idempotency_key, asked_by(made), asked_of(item)));
+    }
     if (!item.error) {
       item.reservation = *claim.stored;
       item.ok = true;
@@ -448,7 +461,9 @@ void BatchTx::settle_duplicates() {
     if (claim.first == i) continue;
     const std::string& owner = claim.stored_fingerprint.value_or(claim.fingerprint);
     if (prints_[i] != owner) {
-      fail(item, idempotency_conflict(*item.idempotency_key));
+      const Asked first = claim.stored ? asked_by(std::vector<Reservation>{*claim.stored})
+                                       : asked_of(*items_[claim.first]);
+      fail(item, idempotency_conflict(*item.idempotency_key, first, asked_of(item)));
     } else if (claim.stored) {
       item.reservation = *claim.stored;
       item.ok = true;

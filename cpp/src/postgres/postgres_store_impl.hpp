@@ -42,6 +42,7 @@
 #include "stockade/postgres_store.hpp"
 #include "stockade/testing.hpp"
 #include "store/error_helpers.hpp"
+#include "store/fingerprint.hpp"
 #include "store/purchase_limits.hpp"
 
 namespace stockade::detail::pg {
@@ -171,6 +172,9 @@ class PostgresStore final : public Store, public TestHooks {
   Reservation transition(const TransitionRequest& request) override;
   Reservation get_reservation(const Uuid& id) override;
   std::size_t expire_due(std::size_t limit) override;
+  std::size_t free_lapsed(std::size_t limit) override {
+    return options_.sweeper ? expire_due(limit) : 0;
+  }
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
 
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override;
@@ -305,8 +309,9 @@ class PostgresStore final : public Store, public TestHooks {
                                 const std::vector<Uuid>& ids, std::int64_t ttl_us,
                                 const std::optional<std::string>& idempotency_key,
                                 const WriteOptions& options);
+  // `asked`: what the request asks, for the message of a conflict (store/fingerprint.hpp).
   std::vector<Reservation> with_idempotency(Tx& tx, const std::string& key,
-                                            const std::string& fingerprint,
+                                            const std::string& fingerprint, const Asked& asked,
                                             const std::vector<Uuid>& ids,
                                             const std::function<std::vector<Reservation>()>& run);
   void move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantity released);

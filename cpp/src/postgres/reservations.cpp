@@ -235,8 +235,8 @@ std::vector<Reservation> in_order(const std::vector<Reservation>& found,
 // commits, the duplicate replays its reservations; if it rolls back (OutOfStock, a lost
 // connection), the duplicate claims the key and runs afresh.
 std::vector<Reservation> PostgresStore::with_idempotency(
-    Tx& tx, const std::string& key, const std::string& fingerprint, const std::vector<Uuid>& ids,
-    const std::function<std::vector<Reservation>()>& body) {
+    Tx& tx, const std::string& key, const std::string& fingerprint, const Asked& asked,
+    const std::vector<Uuid>& ids, const std::function<std::vector<Reservation>()>& body) {
   // The key lives with the request's rows: the shard key of its SKU (of an order, of its
   // first line in key order, as a replay sorts them too), which the first id carries.
   const std::uint16_t shard = ids.at(0).shard_key();
@@ -246,10 +246,11 @@ std::vector<Reservation> PostgresStore::with_idempotency(
     }
     const pqxx::result found = tx.exec_on(shard, Stmt::idempotency_get, key);
     if (found.empty()) continue;  // the holder rolled back between our two statements
+    std::vector<Reservation> made = fetch(tx, parse_ids(found[0][1].as<std::string>()));
     if (found[0][0].as<std::string>() != fingerprint) {
-      throw idempotency_conflict(key);
+      throw idempotency_conflict(key, asked_by(made), asked);
     }
-    return fetch(tx, parse_ids(found[0][1].as<std::string>()));
+    return made;
   }
 }
 

@@ -478,7 +478,7 @@ Reservation PostgresStore::reserve(const ReserveRequest& request) {
       if (!request.idempotency_key) {
         return hold(tx, lines, ids, request.ttl_us, std::nullopt, options);
       }
-      return with_idempotency(tx, *request.idempotency_key, print, ids, [&] {
+      return with_idempotency(tx, *request.idempotency_key, print, asked_by(request), ids, [&] {
         return hold(tx, lines, ids, request.ttl_us, request.idempotency_key, options);
       });
     });
@@ -597,7 +597,7 @@ std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& reques
       if (!request.idempotency_key) {
         return hold(tx, sorted, ids, request.ttl_us, std::nullopt, options);
       }
-      return with_idempotency(tx, *request.idempotency_key, print, ids, [&] {
+      return with_idempotency(tx, *request.idempotency_key, print, asked_by(request), ids, [&] {
         return hold(tx, sorted, ids, request.ttl_us, request.idempotency_key, options);
       });
     });

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "postgres/postgres_store_impl.hpp"
+#include "postgres/sqlstate.hpp"
 #include "stockade/hash.hpp"
 #include "stockade/log.hpp"
 
@@ -38,6 +39,7 @@ void PostgresStore::sweep_loop() {
     lock.unlock();
     std::uint64_t expired = 0;
     std::string error;
+    bool lost = false;
     const auto started = std::chrono::steady_clock::now();
     try {
       elected = stand_for_sweeper(leader, elected, election_key);
@@ -60,10 +62,18 @@ void PostgresStore::sweep_loop() {
       note_unmigrated(told_unmigrated);
     } catch (const std::exception& e) {
       error = e.what();
+      // A connection that broke (a restart, a killed session, a cut) is the sweeper's own
+      // business: expiry is idempotent, and the next round runs on a fresh one.
+      lost = dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr ||
+             dynamic_cast<const pqxx::in_doubt_error*>(&e) != nullptr;
       leader.reset();  // closing the session also gives up the election
       elected = false;
     }
-    if (!error.empty()) {
+    if (lost) {
+      round_errors.log(LogLevel::info, "stockade.sweeper",
+                       "the sweeper's connection broke (" + plain_cause(error) +
+                           "); the next round runs on a fresh one");
+    } else if (!error.empty()) {
       round_errors.log(LogLevel::warning, "stockade.sweeper",
                        "a sweeper round failed; the next one runs on a fresh connection: " + error);
     }

@@ -136,7 +136,8 @@ class PostgresForTests:
         # shared server (STOCKADE_TEST_DSN) never collide on it.
         self.template = f"{TEMPLATE_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self.sql(f"CREATE DATABASE {self.template}")
-        with Engine.postgres(self.admin_dsn(self.template), pool_size=1) as eng:
+        # No sweeper session: CREATE DATABASE ... TEMPLATE needs the template unused.
+        with Engine.postgres(self.admin_dsn(self.template), pool_size=1, sweeper=False) as eng:
             eng.migrate()
 
     def sql(self, statement: str, dbname: str = "postgres") -> str:
