@@ -19,9 +19,11 @@ TEST(Errors, messages_are_one_line_with_no_trailing_newline) {
   EXPECT_STREQ(Error(ErrorCode::unavailable, "plain").what(), "plain");
   EXPECT_STREQ(
       Error(ErrorCode::unavailable, "cannot connect: refused\n\tIs the server running?\n").what(),
-      "cannot connect: refused Is the server running?");
+      "cannot connect: refused. Is the server running?");
   EXPECT_STREQ(Error(ErrorCode::database_error, "ERROR:  dup  \nDETAIL:  Key (k)\r\n").what(),
-               "ERROR:  dup DETAIL:  Key (k)");
+               "ERROR:  dup. DETAIL:  Key (k)");
+  EXPECT_STREQ(Error(ErrorCode::database_error, "failed:\n\tNo route; see\nthe log.").what(),
+               "failed: No route; see the log.");
   EXPECT_STREQ(Error(ErrorCode::database_error, "\n\n").what(), "");
 }
 

@@ -59,3 +59,7 @@ def test_a_message_from_libpq_is_one_line() -> None:
         raise AssertionError("connected to port 1")
     assert message.startswith("cannot connect to PostgreSQL: ")
     assert "\n" not in message and "\t" not in message and message == message.strip()
+    # A line that ended a sentence without its full stop keeps one where lines join:
+    # "Connection refused. Is the server running", never "refused Is the server".
+    assert "Is the server running" in message, message  # libpq's second line
+    assert ". Is the server running" in message, message

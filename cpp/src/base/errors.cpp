@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #include "base/invariant.hpp"
 
@@ -33,7 +34,14 @@ std::string one_line(const std::string& message) {
     }
     while (!out.empty() && blank(out.back())) out.pop_back();  // before the break
     while (i < message.size() && blank(message[i])) ++i;       // the break and after it
-    if (!out.empty() && i < message.size()) out += ' ';
+    if (out.empty() || i == message.size()) continue;
+    // A line that ends without a mark, before one that starts a sentence (libpq's
+    // "Connection refused\n\tIs the server running..."), ends its sentence here.
+    const bool sentence = message[i] >= 'A' && message[i] <= 'Z';
+    if (sentence && std::string_view(".:;,!?").find(out.back()) == std::string_view::npos) {
+      out += '.';
+    }
+    out += ' ';
   }
   while (!out.empty() && blank(out.back())) out.pop_back();
   return out;
