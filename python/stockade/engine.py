@@ -17,6 +17,7 @@ from typing import Any, Optional, cast
 from . import _core, logs
 from ._checks import DEFAULT_LOCATION, OrderKey, where
 from ._clock import ManualClock
+from ._closed import ClosedCore
 from ._twins import EngineTwins
 from .aio import Bridges, off_loop
 from .env import dsn_from_environment, options_from_environment
@@ -240,10 +241,14 @@ class Engine(EngineTwins):
         """Completes every queued request (batched or async), then stops the batch
         flushers, the async workers, the sweeper and the database connections.
 
-        Later batched and async calls raise ``InvalidState``, and on PostgreSQL every call
-        does; the memory store stays usable for synchronous per-request calls. Closing
-        twice is harmless. Completions of async calls still reach their event loops."""
-        self._core.close()
+        Every call made after close() began, on either store, raises ``Unavailable`` (HTTP
+        503: "the engine is closed"); so do the calls of its feeds. Closing twice is
+        harmless. Completions of async calls still reach their event loops."""
+        core = self._core
+        if isinstance(core, ClosedCore):
+            return
+        self._core = ClosedCore(core)  # type: ignore[assignment]
+        core.close()
 
     async def aclose(self) -> None:
         """:meth:`close` as an awaitable: drains queued requests off the event loop."""

@@ -35,7 +35,7 @@ Overloaded               503     yes        1
 InvalidArgument          400     no         -
 NotSupported             501     no         -
 InvariantViolation       500     no         -            a bug: report it
-Unavailable              503     yes        1
+Unavailable              503     yes        1            no database, or a closed engine
 SchemaNotMigrated        500     no         -            the service's set-up: migrate()
 Misconfigured            500     no         -            role, password, database, GRANTs
 DeadlineExceeded         503     yes        1            call_timeout passed before COMMIT
@@ -275,8 +275,9 @@ class InvariantViolation(StockadeError):
 
 
 class Unavailable(StockadeError, ConnectionError):
-    """The database could not be reached, or the connection broke before COMMIT was sent;
-    nothing was changed. Safe to retry."""
+    """The database could not be reached, or the connection broke before COMMIT was sent,
+    or the engine was closed (:meth:`Engine.close`: "the engine is closed"); nothing was
+    changed. Safe to retry (on an engine that is open)."""
 
     code = "unavailable"
     http_status = 503

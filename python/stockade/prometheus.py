@@ -234,7 +234,9 @@ class StockadeCollector(Collector):
             stats = self._engine.stats(sku_limit=self._hottest)
         except StockadeError:
             stats = None
-        metrics = self._engine.metrics()
+        # The figures in memory, read from the compiled engine itself: a closed engine's
+        # calls raise Unavailable, and its last figures still export.
+        metrics = cast(Metrics, self._engine._native().metrics())
         up = self._gauge("stockade_up", "1 if the last scrape could read the engine's stats")
         up.add_metric(self._values(), 1.0 if stats is not None else 0.0)
         yield up

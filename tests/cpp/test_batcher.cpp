@@ -266,9 +266,9 @@ TEST(HotRowBatcher, close_drains_queued_requests_and_refuses_new_ones) {
   closer.join();
   EXPECT_EQ(sink->size(), 50u);
   EXPECT_STOCKADE_ERROR(batcher->submit(reserve_item(hot, 1), 1000, sink, 50),
-                        ErrorCode::invalid_state);
+                        ErrorCode::unavailable);
   BatchItem late = reserve_item(hot, 1);
-  EXPECT_STOCKADE_ERROR(batcher->run(late, 1000), ErrorCode::invalid_state);
+  EXPECT_STOCKADE_ERROR(batcher->run(late, 1000), ErrorCode::unavailable);
   EXPECT_EQ(store->stock(hot).reserved, 50);
 }
 
@@ -295,7 +295,7 @@ TEST(HotRowBatcher, a_request_queued_while_close_begins_is_applied_not_stranded)
     BatchItem item = reserve_item(hot, 1);
     try {
       batcher->run(item, 1000);
-    } catch (const Error&) {  // InvalidState if close() came first: an answer too
+    } catch (const Error&) {  // Unavailable if close() came first: an answer too
     }
     answered.store(true);
   });
@@ -331,7 +331,7 @@ TEST(HotRowBatcher, close_racing_producers_answers_every_caller) {
             batcher->run(item, 1000);
             granted.fetch_add(1);
           } catch (const Error& e) {
-            ASSERT_EQ(e.code(), ErrorCode::invalid_state);
+            ASSERT_EQ(e.code(), ErrorCode::unavailable);
           }
         }
       });

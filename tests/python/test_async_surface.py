@@ -38,8 +38,8 @@ def test_connect_aclose_and_async_with(stockade_database: str) -> None:
         async with await stockade.Engine.connect(stockade_database, pool_size=2) as eng:
             await eng.restock_async("s", 3)
             assert (await eng.reserve_async("s", 1)).qty == 1
-        with pytest.raises(stockade.InvalidState):
-            await eng.stock_async("s")  # closed
+        with pytest.raises(stockade.Unavailable, match="the engine is closed"):
+            await eng.stock_async("s")
         with pytest.raises(stockade.Unavailable):
             await stockade.Engine.connect("host=127.0.0.1 port=1 connect_timeout=2")
 

@@ -273,7 +273,7 @@ def test_close_completes_queued_async_calls_and_refuses_new_ones(
         await asyncio.sleep(0)  # every task has queued its call
         engine.close()  # drains: every queued call completes first
         done = await asyncio.gather(*tasks, return_exceptions=True)
-        with pytest.raises(stockade.InvalidState):
+        with pytest.raises(stockade.Unavailable, match="the engine is closed"):
             await engine.reserve_async("hot", 1, strategy="batched")
         return done
 

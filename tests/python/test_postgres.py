@@ -338,12 +338,12 @@ def test_the_engine_lock_timeout_bounds_calls_without_lock_options(
         assert eng.stock("s").on_hand == 5 and eng.reservation(r.id).state == "held"
 
 
-def test_calls_after_close_raise_invalid_state(stockade_database: str) -> None:
+def test_calls_after_close_raise_unavailable(stockade_database: str) -> None:
     eng = stockade.Engine.postgres(stockade_database, pool_size=1)
     eng.restock("s", 1)
     eng.close()
     eng.close()
-    with pytest.raises(stockade.InvalidState, match="closed"):
+    with pytest.raises(stockade.Unavailable, match="the engine is closed"):
         eng.stock("s")
 
 

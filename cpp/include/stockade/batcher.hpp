@@ -137,7 +137,7 @@ class HotRowBatcher {
   void submit(const BatchItem& item, std::int64_t lock_timeout_ms,
               std::shared_ptr<CompletionSink> sink, std::uint64_t token);
 
-  // Stops taking requests (later ones raise InvalidState "the engine is closed"), applies
+  // Stops taking requests (later ones raise Unavailable "the engine is closed"), applies
   // every request already queued, and joins the flushers. Idempotent.
   void close();
 

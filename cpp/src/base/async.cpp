@@ -72,7 +72,7 @@ void AsyncExecutor::submit(std::function<void()> task) {
     throw Error(ErrorCode::overloaded, "the async queue is full (" + std::to_string(queue_max_) +
                                            " calls waiting for a worker)");
   }
-  if (closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
+  if (closed_) throw Error(ErrorCode::unavailable, "the engine is closed");
   queue_.push_back(std::move(task));
   has_work_.notify_one();
 }

@@ -159,7 +159,7 @@ void Engine::close() {
 HotRowBatcher& Engine::batcher() {
   std::lock_guard<std::mutex> lock(lazy_mutex_);
   if (!batcher_) {
-    if (closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
+    if (closed_) throw Error(ErrorCode::unavailable, "the engine is closed");
     batcher_ = std::make_unique<HotRowBatcher>(
         store_, options_.batcher, contention_,
         [this](const SkuKey& row, std::size_t batch, std::optional<Strategy> routed) {
@@ -173,7 +173,7 @@ HotRowBatcher& Engine::batcher() {
 AsyncExecutor& Engine::executor() {
   std::lock_guard<std::mutex> lock(lazy_mutex_);
   if (!executor_) {
-    if (executor_closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
+    if (executor_closed_) throw Error(ErrorCode::unavailable, "the engine is closed");
     executor_ = std::make_unique<AsyncExecutor>(options_.async_workers, options_.async_queue_max,
                                                 options_.batcher.enqueue_timeout_ms);
   }

@@ -70,7 +70,7 @@ ErrorContext context_of_request(const BatchItem& item, ErrorContext base = {}) {
 }
 
 Error closed_error() {
-  return Error(ErrorCode::invalid_state, "the engine is closed");
+  return Error(ErrorCode::unavailable, "the engine is closed");
 }
 
 Completion completion_of(BatchItem& item, std::uint64_t token) {

@@ -299,7 +299,7 @@ Pool::Lease Pool::acquire(std::int64_t deadline_us) {
   const auto deadline = std::chrono::steady_clock::time_point(
       std::chrono::microseconds(call_bound ? deadline_us : pool_deadline_us));
   for (;;) {
-    if (closed_) throw Error(ErrorCode::invalid_state, "the engine is closed");
+    if (closed_) throw Error(ErrorCode::unavailable, "the engine is closed");
     if (!idle_.empty()) {
       std::unique_ptr<Connection> conn = std::move(idle_.back());
       idle_.pop_back();
