@@ -104,11 +104,9 @@ class EngineCalls:
         for demos and tests. ``confirm`` must repeat the schema's name. Nothing happens on
         the memory store."""
         check_str("confirm", confirm)
-        if self._schema is None:
-            return
-        if confirm != self._schema:
+        if self._schema is not None and confirm != self._schema:
             raise InvalidArgument("confirm must repeat the name of the schema to drop")
-        self._core.drop_schema()
+        self._core.drop_schema()  # the memory store's does nothing
 
     # --- stock ---
 

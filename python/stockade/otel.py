@@ -1,14 +1,22 @@
 """OpenTelemetry spans, one per engine call: ``pip install 'stockade[otel]'``.
 
+The extra installs the OpenTelemetry API only, as a library's should: the application
+picks the SDK. Spans are recorded once it installs ``opentelemetry-sdk`` (and an exporter,
+such as ``opentelemetry-exporter-otlp``) and sets a TracerProvider; with the API alone
+every span is a no-op that costs little.
+
     import stockade.otel
 
     stockade.otel.instrument(engine)               # the global TracerProvider
     stockade.otel.instrument(engine, tracer_provider=provider)
     stockade.otel.uninstrument(engine)
 
-Each call of an instrumented engine (blocking, or its ``*_async`` twin) is a span of kind
-CLIENT named after the operation (``reserve``, ``confirm``, ``stock``, ...), a child of the
-caller's current span, with OpenTelemetry's database attributes:
+Each call of an instrumented engine (blocking, or its ``*_async`` twin) and of its feeds is
+a span of kind CLIENT named after the core's operation (``reserve``, ``confirm``,
+``stock``, ``movements``, ``audit``, ``stats``; ``set_discontinued`` for discontinue and
+reinstate, ``get_reservation``, ``feed_open``, ``feed_commit``, ``feed_drop``; a
+``Feed.poll`` is a ``feed_poll`` span per look and a ``feed_wait`` span per wait between
+them), a child of the caller's current span, with OpenTelemetry's database attributes:
 
 - ``db.system.name``: ``postgresql``, or ``stockade.memory`` for the memory store;
 - ``db.operation.name``: the operation;
@@ -28,6 +36,7 @@ the only one that imports OpenTelemetry.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
 try:
@@ -45,33 +54,23 @@ __all__ = ["instrument", "uninstrument"]
 SKU_ATTRIBUTE_MAX = 64
 T = TypeVar("T")
 
-# The core's calls that become spans: its operations, blocking and queued (submit_*).
-_OPERATIONS = frozenset(
-    {
-        "restock",
-        "set_on_hand",
-        "set_backorder_limit",
-        "set_discontinued",
-        "stock",
-        "set_slots",
-        "sell",
-        "reserve",
-        "reserve_order",
-        "confirm",
-        "release",
-        "extend",
-        "get_reservation",
-        "buyer_held",
-        "expire_due",
-        "purge",
-        "acquire_lease",
-        "renew_lease",
-        "release_lease",
-        "set_purchase_limit",
-        "remove_purchase_limit",
-        "migrate",
-    }
-)
+# The core's calls that are not spans of their own: the queued ones (submit_*), whose span
+# the bridges make (it ends when the outcome reaches the event loop).
+_QUEUED_PREFIX = "submit_"
+
+
+def _operations() -> Tuple[str, ...]:
+    """Every call of the compiled engine, each a span: its public methods, found on the
+    class, so that a call added to the core is traced without a list to keep (properties
+    and the constructors are not calls of an engine)."""
+    kind = _core.Engine
+    return tuple(
+        name
+        for name in dir(kind)
+        if not name.startswith(("_", _QUEUED_PREFIX))
+        and callable(getattr(kind, name))
+        and not isinstance(inspect.getattr_static(kind, name), (staticmethod, property))
+    )
 
 
 def _version() -> str:
@@ -154,7 +153,7 @@ class _TracedCore:
 
     def __init__(self, core: Any, spans: _Spans) -> None:
         self.__wrapped__ = core  # Engine._native() unwraps it for the C++ test hooks
-        for name in _OPERATIONS:  # made once: the calls find them as attributes
+        for name in _operations():  # made once: the calls find them as attributes
             setattr(self, name, spans.blocking(name, getattr(core, name)))
 
     def __getattr__(self, name: str) -> Any:
