@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -170,8 +171,8 @@ def test_bench_slow_flush_delays_every_flush_and_measures_the_ceiling(
     [
         (["--backend", "memory", "--flush-delay-us", "2000"], "does not combine"),
         (["--dsn", "host=127.0.0.1 dbname=x", "--flush-delay-us", "2000"], "does not combine"),
-        (["--flush-delay-us", "100001"], "--flush-delay-us is 0 to 100000"),
-        (["--flush-delay-us", "-1"], "--flush-delay-us is 0 to 100000"),
+        (["--flush-delay-us", "100001"], "--flush-delay-us: must be from 0 to 100000"),
+        (["--flush-delay-us", "-1"], "--flush-delay-us: must be from 0 to 100000"),
     ],
 )
 def test_bench_refuses_a_flush_delay_it_cannot_apply(
@@ -260,7 +261,7 @@ def test_advise_asks_the_questions_it_was_not_given(
 # --- --help, --json, --dry-run, --keep ---
 
 
-@pytest.mark.parametrize("command", ["demo", "bench", "migrate", "advise"])
+@pytest.mark.parametrize("command", ["demo", "bench", "migrate", "advise", "audit"])
 def test_every_command_explains_itself_and_shows_its_defaults(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -368,3 +369,118 @@ def test_advise_and_bench_speak_json(
     assert report["stockade_version"] == stockade.__version__
     assert report["postgres_version"][:2].isdigit() and "T" in report["timestamp"]
     assert [c["strategy"] for c in report["cases"]] == ["atomic"]
+
+
+# --- usage errors, errors, and the help's defaults ---
+
+USAGE_ERRORS = [
+    ["demo", "--backend", "memory", "--clients", "0"],
+    ["demo", "--backend", "memory", "--buyers", "-5"],
+    ["demo", "--backend", "memory", "--units", "many"],
+    ["demo", "--backend", "memory", "--dsn", "host=127.0.0.1 port=1"],
+    ["advise", "--single-statement", "no", "--fits-in-transaction", "yes",
+     "--conflict-rate", "2", "--retry", "safe"],
+    ["advise", "--conflict-rate", "nan"],
+    ["bench", "--backend", "memory", "--clients", "0"],
+    ["bench", "--backend", "memory", "--seconds", "inf"],
+    ["audit", "--dsn", "host=127.0.0.1 port=1", "--limit", "0"],
+    ["audit", "--dsn", "host=127.0.0.1 port=1", "--expiry-lag", "-1"],
+    ["migrate", "--dsn", "host=127.0.0.1 port=1", "--no-such-option"],
+    ["no-such-command"],
+    [],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", USAGE_ERRORS, ids=lambda a: " ".join(a) or "(nothing)")
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_usage_error_exits_2_with_one_line_and_no_prompt(
+    argv: list[str],
+    as_json: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Goal: a command line a command cannot run exits 2 with one argparse-style line on
+    # stderr, never a traceback, a usage dump or a prompt (stdin is closed); with --json,
+    # stdout carries a JSON error object and nothing else.
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert main([*argv, "--json"] if as_json else argv) == 2
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stockade") and ": error: " in lines[0], err
+    if as_json:
+        assert json.loads(out)["error"]["code"] == "usage", out
+        assert json.loads(out)["error"]["message"] == lines[0]
+    else:
+        assert out == "", out  # no prompt, no report
+
+
+def test_a_demo_with_no_client_says_so_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--backend", "memory", "--clients", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == "stockade demo: error: argument --clients: must be from 1 to 1024, got 0\n"
+
+
+def test_an_out_of_range_conflict_rate_never_reaches_the_prompt() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stockade", "advise", "--single-statement", "no",
+         "--fits-in-transaction", "yes", "--conflict-rate", "2", "--retry", "safe"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert "Odds" not in done.stdout and "please answer" not in done.stdout
+    assert done.stderr == (
+        "stockade advise: error: argument --conflict-rate: must be from 0 to 1, got 2\n"
+    )
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_an_error_is_printed_once(as_json: bool) -> None:
+    # Goal: an error reaches the user once: the command's own line, not also the core's
+    # log record of the same failure through Python's last-resort handler.
+    json_flag = ["--json"] if as_json else []
+    done = subprocess.run(
+        [sys.executable, "-m", "stockade", "audit", "--dsn",
+         "host=127.0.0.1 port=1 connect_timeout=2 user=nobody", *json_flag],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert done.stderr.count("cannot connect to PostgreSQL") == 1, done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    if as_json:
+        error = json.loads(done.stdout)["error"]
+        assert error["code"] == "unavailable" and "cannot connect" in error["message"]
+    else:
+        assert done.stdout == ""
+
+
+@pytest.mark.parametrize("command", ["demo", "bench", "migrate", "advise", "audit"])
+def test_the_help_shows_each_default_once(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    options = capsys.readouterr().out.split("options:")[1]
+    # One block per option: its line and the help lines indented under it.
+    blocks = re.split(r"\n  (?=-)", options)
+    assert len(blocks) > 3, options
+    for block in blocks:
+        text = " ".join(block.split())
+        assert text.count("default:") <= 1, text
+        assert "(default: None)" not in text and "(default: False)" not in text, text
+
+
+def test_the_docs_count_the_questions_advise_asks(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Goal: the manual and the command's help say how many questions `stockade advise`
+    # asks, and agree with what it asks when every question applies.
+    monkeypatch.setattr(sys, "stdin", io.StringIO("no\nyes\n0.5\nsafe\n"))
+    assert main(["advise"]) == 0
+    asked = set(re.findall(r"(?:^|\s)(\d)\. [A-Z]", capsys.readouterr().out))
+    word = {3: "three", 4: "four", 5: "five"}[len(asked)]
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    cli_md, strategies_md = (docs / "cli.md").read_text(), (docs / "strategies.md").read_text()
+    assert f"{word} questions" in cli_md and f"a question of {word}" in strategies_md
+    others = {"three", "four", "five"} - {word}
+    assert not any(f"{other} questions" in cli_md for other in others), cli_md[:600]
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert f"{word} questions" in capsys.readouterr().out

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ...engine import Engine
-from ...errors import StockadeError
-from ._common import DSN_HELP, Commands, add_layout, emit_json
+from ._common import DSN_HELP, Commands, add_layout, emit_json, number
 
 
 def audit(args: argparse.Namespace) -> int:
-    try:
-        with Engine.postgres(
-            args.dsn, schema=args.schema, layout=args.layout, pool_size=1
-        ) as engine:
-            report = engine.audit(sku=args.sku, limit=args.limit, expiry_lag=args.expiry_lag)
-    except StockadeError as exc:
-        print(f"stockade audit: {exc}", file=sys.stderr)
-        return 2
+    with Engine.postgres(args.dsn, schema=args.schema, layout=args.layout, pool_size=1) as engine:
+        report = engine.audit(sku=args.sku, limit=args.limit, expiry_lag=args.expiry_lag)
     if args.json:
         emit_json({"schema": args.schema, **report.to_dict()})
     else:
@@ -50,10 +42,12 @@ def add(commands: Commands) -> None:
     a.add_argument("--schema", default="stockade", help="the schema to audit")
     add_layout(a, "citus: the schema is distributed on a Citus coordinator")
     a.add_argument("--sku", help="audit this SKU's rows only")
-    a.add_argument("--limit", type=int, default=1000, help="report at most this many")
+    a.add_argument(
+        "--limit", type=number(int, 1, 100_000), default=1000, help="report at most this many"
+    )
     a.add_argument(
         "--expiry-lag",
-        type=float,
+        type=number(float, 0, 366 * 86_400),
         default=300.0,
         help="seconds a hold may outlive its expiry before it counts (the sweeper's lag)",
     )

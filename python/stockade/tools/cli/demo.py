@@ -10,11 +10,20 @@ from typing import Any, Dict, Iterator, List, Literal, Union
 
 from ... import __version__
 from ...engine import Engine
-from ...errors import StockadeError
+from ...limits import QUANTITY_MAX
 from ...values import Strategy
 from ..loadgen import NAIVE, FlashSaleReport, flash_sale
 from ..pgserver import TemporaryPostgres
-from ._common import DSN_HELP, STRATEGIES, Commands, backend_option, emit_json, say
+from ._common import (
+    DSN_HELP,
+    STRATEGIES,
+    Commands,
+    backend_option,
+    emit_json,
+    number,
+    say,
+    usage_error,
+)
 
 
 def _report_dict(r: FlashSaleReport) -> Dict[str, Any]:
@@ -48,6 +57,10 @@ def _table(reports: List[FlashSaleReport]) -> str:
 
 
 DEMO_SCHEMA = "stockade_demo"
+# Bounds of the sale (flash_sale's): each buyer is a request whose latency the demo keeps,
+# each client a thread.
+BUYERS_MAX = 10_000_000
+CLIENTS_MAX = 1024
 
 
 @contextlib.contextmanager
@@ -96,36 +109,31 @@ def _engine(args: argparse.Namespace) -> Iterator[tuple[Engine, str]]:
 
 def demo(args: argparse.Namespace) -> int:
     if args.dsn_given and args.backend == "memory":
-        print("stockade demo: --dsn needs --backend postgres", file=sys.stderr)
-        return 2
-    try:
-        with _engine(args) as (engine, where):
-            print(
-                f"stockade {__version__} flash sale on {where}: {args.buyers:,} buyers, "
-                f"{args.units:,} units of one SKU, {args.clients} client threads, one unit "
-                "per buyer\n",
-                file=say(args),
-                flush=True,
-            )
-            reports = []
-            choices: List[Union[Strategy, Literal["naive-unsafe"]]] = [
-                *(Strategy(s) for s in STRATEGIES),
-                NAIVE,
-            ]
-            for choice in choices:
-                reports.append(
-                    flash_sale(
-                        engine,
-                        buyers=args.buyers,
-                        units=args.units,
-                        strategy=choice,
-                        clients=args.clients,
-                        check=False,
-                    )
+        usage_error(args, "--dsn needs --backend postgres")
+    with _engine(args) as (engine, where):
+        print(
+            f"stockade {__version__} flash sale on {where}: {args.buyers:,} buyers, "
+            f"{args.units:,} units of one SKU, {args.clients} client threads, one unit "
+            "per buyer\n",
+            file=say(args),
+            flush=True,
+        )
+        reports = []
+        choices: List[Union[Strategy, Literal["naive-unsafe"]]] = [
+            *(Strategy(s) for s in STRATEGIES),
+            NAIVE,
+        ]
+        for choice in choices:
+            reports.append(
+                flash_sale(
+                    engine,
+                    buyers=args.buyers,
+                    units=args.units,
+                    strategy=choice,
+                    clients=args.clients,
+                    check=False,
                 )
-    except StockadeError as exc:
-        print(f"stockade demo: {exc}", file=sys.stderr)
-        return 2
+            )
     broken = [
         r.strategy for r in reports[:-1] if r.oversold or r.granted != min(args.units, args.buyers)
     ]
@@ -174,7 +182,11 @@ def add(commands: Commands) -> None:
         action="store_true",
         help=f"with --dsn: keep the schema {DEMO_SCHEMA} the demo made (default: drop it)",
     )
-    d.add_argument("--buyers", type=int, default=10_000, help="buyers, one unit each")
-    d.add_argument("--units", type=int, default=1_000, help="units of the one SKU")
-    d.add_argument("--clients", type=int, default=64, help="client threads")
+    d.add_argument(
+        "--buyers", type=number(int, 1, BUYERS_MAX), default=10_000, help="buyers, one unit each"
+    )
+    d.add_argument(
+        "--units", type=number(int, 1, QUANTITY_MAX), default=1_000, help="units of the one SKU"
+    )
+    d.add_argument("--clients", type=number(int, 1, CLIENTS_MAX), default=64, help="client threads")
     d.set_defaults(run=demo)

@@ -3,35 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ...engine import Engine
-from ...errors import StockadeError
 from ...grants import runtime_grants
 from ._common import DSN_HELP, Commands, add_layout, emit_json
 
 
 def migrate(args: argparse.Namespace) -> int:
     if args.print_grants is not None:  # no connection: the statements for the owner to run
-        try:
-            grants = runtime_grants(args.print_grants, schema=args.schema, owner=args.owner)
-        except StockadeError as exc:
-            print(f"stockade migrate: {exc}", file=sys.stderr)
-            return 2
+        grants = runtime_grants(args.print_grants, schema=args.schema, owner=args.owner)
         print(f"-- run as the owner of schema {args.schema}, after migrating")
         print("\n".join(grants))
         return 0
-    try:
-        with Engine.postgres(
-            args.dsn, schema=args.schema, pool_size=1, layout=args.layout
-        ) as engine:
-            if args.dry_run:
-                plan = engine.migration_plan(to=args.to)
-            else:
-                applied = engine.migrate(to=args.to)
-    except StockadeError as exc:
-        print(f"stockade migrate: {exc}", file=sys.stderr)
-        return 2
+    with Engine.postgres(args.dsn, schema=args.schema, pool_size=1, layout=args.layout) as engine:
+        if args.dry_run:
+            plan = engine.migration_plan(to=args.to)
+        else:
+            applied = engine.migrate(to=args.to)
     if args.dry_run:
         if args.json:
             emit_json({"schema": args.schema, "plan": [{"name": n, "sql": sql} for n, sql in plan]})
