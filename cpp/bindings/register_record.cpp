@@ -44,6 +44,9 @@ void register_record_values(py::module_& m) {
       .def_readonly("subject", &AuditViolation::subject)
       .def_readonly("expected", &AuditViolation::expected)
       .def_readonly("found", &AuditViolation::found);
+  py::class_<AuditUnchecked>(m, "AuditUnchecked", "A part of the data a check did not cover.")
+      .def_readonly("check", &AuditUnchecked::check)
+      .def_readonly("reason", &AuditUnchecked::reason);
   py::class_<AuditReport>(m, "AuditReport", "What the audit checked and found.")
       .def_readonly("violations", &AuditReport::violations)
       .def_readonly("truncated", &AuditReport::truncated)
@@ -51,7 +54,8 @@ void register_record_values(py::module_& m) {
       .def_readonly("reservations", &AuditReport::reservations)
       .def_readonly("movements", &AuditReport::movements)
       .def_readonly("journal_checked", &AuditReport::journal_checked)
-      .def_readonly("checks", &AuditReport::checks);
+      .def_readonly("checks", &AuditReport::checks)
+      .def_readonly("unchecked", &AuditReport::unchecked);
 }
 
 void register_feed_calls(py::class_<Engine>& c) {

@@ -25,7 +25,15 @@ from . import limits as _limits
 from .claim import ClaimAdvice, claim_test
 from .engine import Engine, ManualClock
 from .errors import *  # noqa: F403 - the error classes, each named in stockade.errors
-from .journal import ALERTS, AuditReport, AuditViolation, Feed, Movement, StockChange
+from .journal import (
+    ALERTS,
+    AuditReport,
+    AuditUnchecked,
+    AuditViolation,
+    Feed,
+    Movement,
+    StockChange,
+)
 from .limits import *  # noqa: F403 - the input limits, each named in stockade.limits
 from .stats import EngineStats, Metrics, RowCounts
 from .values import (
@@ -56,6 +64,7 @@ __version__ = _version()
 __all__ = [  # and stockade.errors' classes and stockade.limits' constants, added below
     "ALERTS",
     "AuditReport",
+    "AuditUnchecked",
     "AuditViolation",
     "ClaimAdvice",
     "Engine",

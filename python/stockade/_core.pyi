@@ -120,6 +120,13 @@ class AuditViolation:
     @property
     def found(self) -> str: ...
 
+class AuditUnchecked:
+    """A part of the data a check did not cover."""
+    @property
+    def check(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+
 class AuditReport:
     """What the audit checked and found."""
     @property
@@ -136,6 +143,8 @@ class AuditReport:
     def journal_checked(self) -> bool: ...
     @property
     def checks(self) -> list[str]: ...
+    @property
+    def unchecked(self) -> list[AuditUnchecked]: ...
 
 class Lease:
     """A lease on a stock row, with its fencing token; times in us."""

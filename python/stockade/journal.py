@@ -24,7 +24,15 @@ from .values import _datetime, check_count, duration_us
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Engine
 
-__all__ = ["ALERTS", "AuditReport", "AuditViolation", "Feed", "Movement", "StockChange"]
+__all__ = [
+    "ALERTS",
+    "AuditReport",
+    "AuditUnchecked",
+    "AuditViolation",
+    "Feed",
+    "Movement",
+    "StockChange",
+]
 
 # The alert flags a change may carry, by name (bits of the journal's `alerts` column).
 ALERTS: Dict[str, int] = {"low_stock": 1, "sold_out": 2, "back_in_stock": 4, "recovered": 8}
@@ -208,8 +216,20 @@ class AuditViolation:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditUnchecked:
+    """A part of the data that ``check`` did not cover, and why (``reason``): the check
+    did not run at all (the journal is off; a check that spans every SKU, in an audit of
+    one SKU), or it ran but not over everything (rows without a journal entry)."""
+
+    check: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class AuditReport:
-    """What :meth:`Engine.audit` checked and found. ``ok`` when it found nothing."""
+    """What :meth:`Engine.audit` checked and found. ``ok`` when it found nothing;
+    ``complete`` when nothing was left unchecked (``unchecked`` lists what was, and why).
+    A clean audit proves the invariants only where both hold."""
 
     violations: List[AuditViolation]
     truncated: bool
@@ -219,10 +239,17 @@ class AuditReport:
     journal_checked: bool
     checks: List[str]
     seconds: float = field(default=0.0)
+    unchecked: List[AuditUnchecked] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
+        """No violation found (in what was checked: see :attr:`complete`)."""
         return not self.violations
+
+    @property
+    def complete(self) -> bool:
+        """Every check ran over every row it covers: nothing in :attr:`unchecked`."""
+        return not self.unchecked
 
     def to_dict(self) -> Dict[str, Any]:
         """The report as plain JSON-ready values (``stockade audit --json``)."""
@@ -246,6 +273,8 @@ class AuditReport:
             "movements": self.movements,
             "journal_checked": self.journal_checked,
             "checks": list(self.checks),
+            "complete": self.complete,
+            "unchecked": [{"check": u.check, "reason": u.reason} for u in self.unchecked],
             "seconds": round(self.seconds, 3),
         }
 
@@ -272,4 +301,5 @@ class AuditReport:
             r.journal_checked,
             list(r.checks),
             seconds,
+            [AuditUnchecked(u.check, u.reason) for u in r.unchecked],
         )

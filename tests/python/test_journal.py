@@ -260,6 +260,28 @@ def test_the_audit_is_clean_after_traffic(engine: stockade.Engine) -> None:
     assert engine._core.last_audit_violations == 0
 
 
+def test_the_audit_lists_what_it_could_not_check(engine: stockade.Engine, wait) -> None:
+    # Goal: an audit that skipped a part says so instead of passing it as checked. Method:
+    # a row whose journal entries retention purged, and an audit of one SKU; each part the
+    # audit could not cover is listed, with why, and the report is not complete.
+    engine.restock("cold", 1)
+    engine.restock("warm", 1)
+    assert engine.audit().complete and engine.audit().unchecked == []
+    wait(1.5)
+    assert engine.purge_movements(timedelta(seconds=1)) == 2  # no consumer: both go
+    engine.restock("warm", 1)  # a new entry: its row is checked again
+    report = engine.audit()
+    assert report.ok and not report.complete
+    [gap] = report.unchecked
+    assert gap.check == "journal_matches_row" and gap.reason.startswith("1 stock row has no")
+    assert "journal_matches_row" in report.checks  # it ran over the other row
+    assert report.to_dict()["unchecked"] == [{"check": gap.check, "reason": gap.reason}]
+    one = engine.audit(sku="warm")
+    assert one.complete is False and one.ok
+    assert {u.check for u in one.unchecked} == {"limit_matches_holds", "key_has_reservations"}
+    assert not {"limit_matches_holds", "key_has_reservations"} & set(one.checks)
+
+
 def test_purge_movements_keeps_what_a_consumer_has_not_read(engine: stockade.Engine, wait) -> None:
     feed = engine.feed("slow")
     engine.restock("a", 1)
@@ -452,6 +474,48 @@ def test_the_audit_finds_each_kind_of_corruption(on_sql: OnSql, check: str) -> N
     assert check in {v["check"] for v in json.loads(out.stdout)["violations"]}
 
 
+@on_both_layouts
+def test_an_audit_with_the_journal_off_fails_unless_told_to_accept_it(on_sql: OnSql) -> None:
+    # Goal: with the journal's trigger disabled, a row changed by SQL cannot be checked
+    # against the journal; the audit must not pass that as clean. Method: disable the
+    # trigger, change a row, audit from Python and from the command line.
+    eng = on_sql.engine
+    eng.restock("a", 10)
+    unsafe = "SET citus.enable_unsafe_triggers = on; " if on_sql.citus else ""
+    psql(
+        on_sql.admin_dsn,
+        f"{unsafe}ALTER TABLE {on_sql.schema}.stock DISABLE TRIGGER stock_journal;"
+        f" UPDATE {on_sql.schema}.stock SET on_hand = 99, version = version + 1 WHERE sku = 'a'",
+    )
+    report = eng.audit()
+    assert report.ok and not report.journal_checked and not report.complete
+    assert {u.check for u in report.unchecked} == {
+        "journal_chain", "journal_adds_up", "journal_matches_row"
+    }  # fmt: skip
+    assert all("journal is off" in u.reason for u in report.unchecked)
+    assert not {"journal_chain", "journal_adds_up", "journal_matches_row"} & set(report.checks)
+    where = ["--dsn", on_sql.admin_dsn, "--schema", on_sql.schema, "--layout",
+             "citus" if on_sql.citus else "plain"]  # fmt: skip
+
+    def cli(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "stockade", "audit", *where, *extra],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    plain = cli()
+    assert plain.returncode == 3, (plain.stdout, plain.stderr)
+    assert "not checked: journal_matches_row: the journal is off" in plain.stdout
+    as_json = cli("--json")
+    assert as_json.returncode == 3
+    document = json.loads(as_json.stdout)
+    assert document["ok"] is True and document["complete"] is False
+    assert {u["check"] for u in document["unchecked"]} >= {"journal_matches_row"}
+    accepted = cli("--allow-unchecked")
+    assert accepted.returncode == 0, (accepted.stdout, accepted.stderr)
+    assert "not checked: journal_matches_row" in accepted.stdout  # still listed
+
+
 @pytest.mark.parametrize("backend", ["citus"])
 def test_the_feed_reads_every_node_of_a_citus_cluster_in_version_order_per_row(
     on_sql: OnSql,
@@ -488,7 +552,12 @@ def memory_only() -> Iterator[stockade.Engine]:
 def test_a_memory_store_without_a_journal_journals_nothing(memory_only: stockade.Engine) -> None:
     memory_only.restock("a", 1)
     assert memory_only.movements() == []
-    assert memory_only.audit().ok and not memory_only.audit().journal_checked
+    report = memory_only.audit()
+    assert report.ok and not report.journal_checked and not report.complete
+    assert {u.check for u in report.unchecked} == {
+        "journal_chain", "journal_adds_up", "journal_matches_row"
+    }  # fmt: skip
+    assert "journal_chain" not in report.checks
 
 
 @pytest.mark.parametrize("cut", ["before", "after"])

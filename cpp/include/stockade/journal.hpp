@@ -140,9 +140,22 @@ struct AuditViolation {
   std::string expected;
   std::string found;
 };
+// A part of the data a check did not cover, and why: the check did not run at all (the
+// journal is off; a check that spans every SKU, in an audit of one SKU), or it ran but not
+// over everything (rows whose journal entries retention has purged).
+struct AuditUnchecked {
+  std::string check;
+  std::string reason;
+};
 struct AuditReport;
 // Adds `v` to `report`, or marks it truncated once it holds options.limit violations.
 void add_violation(AuditReport& report, const AuditOptions& options, AuditViolation v);
+// What both stores report unchecked: the journal's checks when it is off (`why`), the
+// checks that span every SKU when options.sku names one, and journal_matches_row for
+// `rows` rows without a journal entry.
+void add_unchecked_journal(AuditReport& report, const std::string& why);
+void add_unchecked_scope(AuditReport& report, const AuditOptions& options);
+void add_unchecked_rows(AuditReport& report, std::uint64_t rows);
 struct AuditReport {
   std::vector<AuditViolation> violations;
   bool truncated = false;  // more violations than the limit
@@ -150,7 +163,8 @@ struct AuditReport {
   std::uint64_t reservations = 0;
   std::uint64_t movements = 0;
   bool journal_checked = false;
-  std::vector<std::string> checks;  // the checks that ran
+  std::vector<std::string> checks;        // the checks that ran
+  std::vector<AuditUnchecked> unchecked;  // what they could not cover (empty: everything)
 };
 
 }  // namespace stockade

@@ -218,22 +218,33 @@ AuditReport PostgresStore::audit(const AuditOptions& options) {
   const std::string sku = options.sku.value_or(std::string());
   const auto limit = static_cast<std::int64_t>(options.limit) + 1;
   AuditReport report;
-  report.checks = {"reserved_matches_holds", "hold_not_expired", "limit_matches_holds",
-                   "slot_row_has_sku", "key_has_reservations"};
+  report.checks = {"reserved_matches_holds", "hold_not_expired", "slot_row_has_sku"};
+  if (!options.sku) {
+    report.checks.insert(report.checks.end(), {"limit_matches_holds", "key_has_reservations"});
+  }
+  add_unchecked_scope(report, options);
   // Each check is one read-only statement: no row lock, and a snapshot held only for the
   // statement (about a second per million reservations).
+  std::uint64_t rows_without_entry = 0;
   run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
     const pqxx::row counts = tx.exec(Stmt::audit_counts, sku)[0];
     report.rows = counts[0].as<std::uint64_t>();
     report.reservations = counts[1].as<std::uint64_t>();
     report.movements = counts[2].as<std::uint64_t>();
     report.journal_checked = counts[3].as<bool>();
+    rows_without_entry = counts[4].as<std::uint64_t>();
     return 0;
   });
   audit_holds(options, sku, limit, report);
-  if (!report.journal_checked) return report;
+  if (!report.journal_checked) {
+    add_unchecked_journal(report, "the journal is off (the trigger stock_journal of " +
+                                      options_.schema +
+                                      ".stock is disabled): changes made since are not journaled");
+    return report;
+  }
   report.checks.insert(report.checks.end(),
                        {"journal_chain", "journal_adds_up", "journal_matches_row"});
+  add_unchecked_rows(report, rows_without_entry);
   run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
     for (const Stmt s : {Stmt::audit_journal, Stmt::audit_journal_rows}) {
       for (const auto& r : tx.exec(s, sku, limit)) {

@@ -202,13 +202,18 @@ void add_audit_journal_statements(const std::string& schema, bool citus, const S
           " ORDER BY m.id DESC LIMIT 1) l WHERE " +
           "(s.sku = $1 OR $1 = '') AND (l.version_after, l.on_hand, l.reserved) <>"
           " (s.version, s.on_hand, s.reserved) LIMIT $2::bigint");
+  // The counts, whether the journal's trigger is on, and the rows without a journal entry
+  // (which journal_matches_row cannot check).
   set(Stmt::audit_counts,
       "SELECT (SELECT count(*) FROM " + schema + ".stock WHERE " + sku_is +
           "), (SELECT count(*) FROM " + schema + ".reservation WHERE " + sku_is +
           "), (SELECT count(*) FROM " + schema + ".movement WHERE " + sku_is +
           "), EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'stock_journal' AND tgenabled <> 'D'"
           " AND tgrelid = '" +
-          schema + ".stock'::regclass)");
+          schema + ".stock'::regclass), (SELECT count(*) FROM " + schema +
+          ".stock s WHERE (s.sku = $1 OR $1 = '') AND NOT EXISTS (SELECT 1 FROM " + schema +
+          ".movement m WHERE " + same_shard(citus, "m", "s") +
+          "m.sku = s.sku AND m.location = s.location AND m.slot = s.slot))");
 }
 
 }  // namespace

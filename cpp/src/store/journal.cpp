@@ -110,6 +110,30 @@ void add_violation(AuditReport& report, const AuditOptions& options, AuditViolat
   report.violations.push_back(std::move(v));
 }
 
+void add_unchecked_journal(AuditReport& report, const std::string& why) {
+  for (const char* check : {"journal_chain", "journal_adds_up", "journal_matches_row"}) {
+    report.unchecked.push_back({check, why});
+  }
+}
+
+void add_unchecked_scope(AuditReport& report, const AuditOptions& options) {
+  if (!options.sku) return;
+  for (const char* check : {"limit_matches_holds", "key_has_reservations"}) {
+    report.unchecked.push_back(
+        {check, "it spans every SKU, and this audit read one SKU's rows: audit without a SKU"});
+  }
+}
+
+void add_unchecked_rows(AuditReport& report, std::uint64_t rows) {
+  if (rows == 0) return;
+  report.unchecked.push_back(
+      {"journal_matches_row",
+       std::to_string(rows) + (rows == 1 ? " stock row has" : " stock rows have") +
+           " no journal entry (retention purged their entries, or they have not changed "
+           "since the journal began, or only while it was off): nothing checks their values "
+           "against the journal"});
+}
+
 std::uint32_t alerts_of(const RowChange& before, const RowChange& after) {
   const Quantity was =
       after.created ? 0 : before.on_hand + before.backorder_limit - before.reserved;
