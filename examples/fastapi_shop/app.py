@@ -13,20 +13,29 @@ ETags. Run it with uvicorn (the database from STOCKADE_DSN or libpq's PG* variab
     PUT  /skus/{sku}                 {"on_hand": 50}  If-Match: 412 when someone else wrote
     GET  /metrics                    Prometheus (when prometheus_client is installed)
 
-Every error is an RFC 9457 problem+json body (stockade.http.problem), with Retry-After
-where a retry can help. The whole service fits in this file; `make_app(engine)` takes an
-engine of your own (the tests give it one over a throwaway database).
+The database must exist first (README.md: `createdb`, then `stockade migrate`).
+
+Every error is an RFC 9457 problem+json body, with Retry-After where a retry can help:
+stockade's errors through stockade.http.problem (a 5xx says what happened in plain words,
+never a host, a port or the server's text, which go to the log), a request that fails
+validation as a 422 that names each field and what is wrong with it (never the value
+sent back), an unknown path or method as its 404 or 405, and anything else as a plain
+500. The whole service fits in this file; `make_app(engine)` takes an engine of your own
+(the tests give it one over a throwaway database).
 """
 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import Any, AsyncIterator, Dict, Optional
+from http import HTTPStatus
+from typing import Any, AsyncIterator, Dict, Mapping, Optional
 
 from fastapi import FastAPI, Header, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
 
 import stockade
 import stockade.http
@@ -60,6 +69,65 @@ def stock_json(level: stockade.StockLevel) -> Dict[str, Any]:
         "available": level.available,
         "version": level.version,
     }
+
+
+PROBLEM = "application/problem+json"
+
+
+def plain_problem(
+    status: int, path: str, detail: str, headers: Optional[Mapping[str, str]] = None
+) -> JSONResponse:
+    """A problem+json answer for an error that is not stockade's (RFC 9457's about:blank
+    type: the title is the status's own)."""
+    body = {
+        "type": "about:blank",
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+        "instance": path[: stockade.http.PROBLEM_TEXT_MAX],
+    }
+    return JSONResponse(
+        body, status_code=status, headers={**(headers or {}), "Content-Type": PROBLEM}
+    )
+
+
+def what_is_invalid(exc: RequestValidationError) -> str:
+    """Each field a request got wrong, with pydantic's plain message ("body.qty: Input
+    should be greater than 0"), never the value sent: a value JSON cannot carry back
+    (1e400 parses as inf) would turn the answer into a 500, and a long one into a long
+    answer."""
+    parts = []
+    for error in exc.errors()[:10]:
+        where = ".".join(str(part) for part in error.get("loc", ()))
+        parts.append(f"{where}: {error.get('msg', 'not valid')}")
+    return "; ".join(parts) or "the request is not valid"
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error the shop answers, as problem+json."""
+
+    @app.exception_handler(stockade.StockadeError)
+    async def stockade_error(request: Request, exc: stockade.StockadeError) -> JSONResponse:
+        status, headers, body = stockade.http.problem(exc, instance=request.url.path)
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return plain_problem(422, request.url.path, what_is_invalid(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code < 400:
+            return Response(status_code=exc.status_code, headers=exc.headers)
+        phrase = HTTPStatus(exc.status_code).phrase
+        return plain_problem(exc.status_code, request.url.path, phrase, exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # The server logs the exception with its traceback; the caller learns only this.
+        return plain_problem(
+            500, request.url.path, "The service failed to answer; retrying will not help."
+        )
 
 
 def start_metrics(app: FastAPI) -> Any:
@@ -100,10 +168,7 @@ def make_app(engine: Optional[stockade.Engine] = None) -> FastAPI:
     if engine is not None:
         app.state.engine = engine  # ready without a lifespan (httpx's ASGI transport runs none)
 
-    @app.exception_handler(stockade.StockadeError)
-    async def stockade_error(request: Request, exc: stockade.StockadeError) -> JSONResponse:
-        status, headers, body = stockade.http.problem(exc, instance=request.url.path)
-        return JSONResponse(body, status_code=status, headers=headers)
+    add_error_handlers(app)
 
     def eng(request: Request) -> stockade.Engine:
         return request.app.state.engine  # type: ignore[no-any-return]
@@ -185,7 +250,7 @@ def make_app(engine: Optional[stockade.Engine] = None) -> FastAPI:
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         if start_metrics(request.app) is None:
-            return Response("prometheus_client is not installed\n", status_code=501)
+            return plain_problem(501, request.url.path, "prometheus_client is not installed")
         import prometheus_client
 
         return Response(

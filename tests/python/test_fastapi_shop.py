@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -203,3 +204,57 @@ def test_the_http_load_script_proves_no_oversell(tmp_path: Path) -> None:
     assert [r["keyed"] for r in results] == [False, True]
     for r in results:
         assert r["exact"] and r["codes"] == {"201": 20, "409": 100}
+
+
+# --- errors: problem+json everywhere, nothing internal ---
+
+SERVER_TEXT = (
+    'cannot connect to PostgreSQL: connection to server at "10.20.30.40", port 55432 failed: '
+    "Connection refused. Is the server running?"
+)
+
+
+class BrokenEngine:
+    """Stands in for an engine whose database went away, or that fails in a way of its own."""
+
+    async def reserve_async(self, *args: object, **kwargs: object) -> None:
+        raise stockade.Unavailable(SERVER_TEXT)
+
+    async def stock_async(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug at 10.20.30.40:55432")
+
+
+def answers(app: object, *calls: Tuple[str, str, dict]) -> list:
+    async def main() -> list:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://shop") as c:
+            return [await c.request(method, path, **kw) for method, path, kw in calls]
+
+    return run(main())  # type: ignore[return-value]
+
+
+def test_every_error_of_the_shop_is_a_problem_without_internals() -> None:
+    # Goal: whatever goes wrong, the shop answers problem+json and never shows a host, a
+    # port or a server's message; a value JSON cannot carry back (1e400 is inf) is a 422
+    # that names the field, not a 500.
+    app = shop.make_app(BrokenEngine())  # type: ignore[arg-type]
+    body = b'{"qty": 1, "ttl_seconds": 1e400}'
+    down, too_long, bug, nowhere, wrong_method = answers(
+        app,
+        ("POST", "/skus/tee/reservations", {"json": {"qty": 1}}),
+        ("POST", "/skus/tee/reservations",
+         {"content": body, "headers": {"Content-Type": "application/json"}}),
+        ("GET", "/skus/tee", {}),
+        ("GET", "/no/such/path", {}),
+        ("DELETE", "/skus/tee/reservations", {}),
+    )  # fmt: skip
+    for r in (down, too_long, bug, nowhere, wrong_method):
+        assert r.headers["content-type"] == "application/problem+json", (r.status_code, r.text)
+        assert "10.20.30.40" not in r.text and "55432" not in r.text, r.text
+        assert r.json()["status"] == r.status_code and r.json()["title"]
+    assert down.status_code == 503 and down.json()["code"] == "unavailable"
+    assert down.headers["retry-after"] == "1" and "Retry in 1 s." in down.json()["detail"]
+    assert too_long.status_code == 422 and re.search(r"\binf\b", too_long.text) is None
+    assert too_long.json()["detail"].startswith("body.ttl_seconds: "), too_long.text
+    assert bug.status_code == 500 and nowhere.status_code == 404
+    assert wrong_method.status_code == 405 and "allow" in wrong_method.headers
