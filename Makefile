@@ -56,7 +56,7 @@ $(VENV)/.tools-stamp: pyproject.toml Makefile | system-deps
 	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja \
 		"pytest>=7.4" "hypothesis>=6.80" "mypy>=1.8" \
 		matplotlib nbformat nbclient ipykernel "prometheus_client>=0.17" \
-		"fastapi>=0.110" "uvicorn>=0.29" "httpx>=0.27" "gunicorn>=22" \
+		"fastapi>=0.110" "uvicorn>=0.29" "httpx>=0.27" "gunicorn>=22" "uvicorn-worker>=0.2" \
 		"opentelemetry-api>=1.20" "opentelemetry-sdk>=1.20" \
 		"ruff==0.17.6" "clang-format==19.1.7" \
 		"mkdocs==1.6.1" "mkdocstrings==1.0.8" "mkdocstrings-python==2.0.11"

@@ -1,5 +1,6 @@
-"""gunicorn settings for the shop: several UvicornWorker processes, stockade's log records
-routed to stderr, and Prometheus metrics that add up over the workers.
+"""gunicorn settings for the shop: several UvicornWorker processes (the uvicorn-worker
+package's; uvicorn's own uvicorn.workers is deprecated), stockade's log records routed to
+stderr, and Prometheus metrics that add up over the workers.
 
     mkdir -p /tmp/shop-metrics
     PROMETHEUS_MULTIPROC_DIR=/tmp/shop-metrics STOCKADE_DSN="host=127.0.0.1 dbname=shop" \\
@@ -17,7 +18,7 @@ from typing import Any
 
 bind = os.environ.get("SHOP_BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("SHOP_WORKERS", "2"))
-worker_class = "uvicorn.workers.UvicornWorker"
+worker_class = "uvicorn_worker.UvicornWorker"
 graceful_timeout = 10
 control_socket_disable = True  # gunicorn 24+: no control socket in $HOME (older ones ignore it)
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import importlib.util
 import re
+import runpy
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import AsyncIterator, Tuple
@@ -258,3 +261,23 @@ def test_every_error_of_the_shop_is_a_problem_without_internals() -> None:
     assert too_long.json()["detail"].startswith("body.ttl_seconds: "), too_long.text
     assert bug.status_code == 500 and nowhere.status_code == 404
     assert wrong_method.status_code == 405 and "allow" in wrong_method.headers
+
+
+def test_the_gunicorn_config_names_a_worker_that_is_not_deprecated() -> None:
+    # Goal: the shipped config's worker class imports without a DeprecationWarning, and
+    # its package is in the example's requirements and the Makefile's tools.
+    pytest.importorskip("gunicorn")
+    conf = runpy.run_path(str(APP_FILE.parent / "gunicorn.conf.py"))
+    module, _, name = conf["worker_class"].rpartition(".")
+    sys.modules.pop(module, None)  # imported again, so that a warning shows again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        worker = getattr(importlib.import_module(module), name)
+    from gunicorn.workers.base import Worker
+
+    assert issubclass(worker, Worker)
+    [package] = importlib.metadata.packages_distributions()[module.split(".")[0]]
+    requirements = (APP_FILE.parent / "requirements.txt").read_text()
+    assert re.search(rf"^{re.escape(package)}\b", requirements, flags=re.M | re.I), package
+    makefile = (APP_FILE.parents[2] / "Makefile").read_text()
+    assert f'"{package}' in makefile, package
