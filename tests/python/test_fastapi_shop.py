@@ -8,8 +8,10 @@ import asyncio
 import contextlib
 import importlib.metadata
 import importlib.util
+import os
 import re
 import runpy
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -281,3 +283,41 @@ def test_the_gunicorn_config_names_a_worker_that_is_not_deprecated() -> None:
     assert re.search(rf"^{re.escape(package)}\b", requirements, flags=re.M | re.I), package
     makefile = (APP_FILE.parents[2] / "Makefile").read_text()
     assert f'"{package}' in makefile, package
+
+
+@pytest.mark.postgres
+def test_the_readme_makes_the_database_the_shop_runs_in(stockade_postgres: object) -> None:
+    # Goal: a newcomer's first steps work on a server without the shop's database: the
+    # README's commands make it and migrate it. Method: run them (all but pip and the
+    # server) against the suite's server, under a database name of this test's own.
+    from stockade.tools.pgserver import find_bindir
+    from stockade.tools.pytest_plugin import PostgresForTests
+    from support import field
+
+    assert isinstance(stockade_postgres, PostgresForTests)
+    readme = (APP_FILE.parent / "README.md").read_text()
+    block = readme.split("```sh\n")[1].split("```")[0]
+    steps = [s for s in block.splitlines() if not s.startswith(("pip ", "uvicorn "))]
+    script = "\n".join(steps)
+    assert "PGHOST=127.0.0.1" in script and "PGDATABASE=shop" in script, script
+    admin = stockade_postgres.admin_dsn("postgres")
+    name = f"shop_readme_{os.getpid()}"
+    script = script.replace("PGHOST=127.0.0.1", f"PGHOST={field(admin, 'host')}")
+    script = script.replace("PGDATABASE=shop", f"PGDATABASE={name}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "STOCKADE_"))}
+    env.update(PGPORT=field(admin, "port"), PGUSER=field(admin, "user"))
+    if "password=" in admin:
+        env["PGPASSWORD"] = field(admin, "password")
+    env["PATH"] = os.pathsep.join(
+        [str(find_bindir()), str(Path(sys.executable).parent), env["PATH"]]
+    )
+    stockade_postgres.drop_database(name)
+    try:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "applied to schema stockade: 001_schema.sql" in done.stdout, done.stdout
+    finally:
+        stockade_postgres.drop_database(name)
