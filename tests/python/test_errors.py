@@ -3,6 +3,8 @@ tests check that the Python exception classes match it exactly, in both directio
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import stockade
 from stockade import _core, errors
 
@@ -63,3 +65,10 @@ def test_a_message_from_libpq_is_one_line() -> None:
     # "Connection refused. Is the server running", never "refused Is the server".
     assert "Is the server running" in message, message  # libpq's second line
     assert ". Is the server running" in message, message
+
+
+def test_the_tour_names_every_error() -> None:
+    # The tour's list of errors is where a newcomer meets them: it names every class.
+    tour = (Path(__file__).resolve().parents[2] / "docs" / "tour.md").read_text()
+    missing = [cls.__name__ for cls in _classes() if f"`{cls.__name__}`" not in tour]
+    assert not missing, missing
