@@ -277,6 +277,48 @@ def test_a_scrape_answers_for_every_worker_of_a_pre_fork_service(tmp_path: Path)
         assert labels(sku="s", location="default") not in m.get("stockade_hot_sku_requests", {})
 
 
+KILLED_WORKER = r"""
+import sys
+import stockade
+from stockade.prometheus import StockadeCollector
+
+eng = stockade.Engine.memory()
+eng.restock("s", 100)
+for _ in range(3):
+    eng.reserve("s", 1, strategy="atomic")
+collector = StockadeCollector(eng, multiprocess_dir=sys.argv[1], publish_interval=3600)
+for _ in range(4):  # after its one publish, and no other before the kill
+    eng.reserve("s", 1, strategy="atomic")
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_worker_killed_with_sigkill_loses_its_last_counts_and_no_total_goes_down(
+    tmp_path: Path,
+) -> None:
+    # What docs/service.md says of a kill -9: the counts a worker made since its last
+    # publish are lost (no scrape showed them), and no total goes down across its death.
+    with subprocess.Popen(
+        [sys.executable, "-c", KILLED_WORKER, str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            ok = labels(op="reserve", strategy="atomic", outcome="ok")
+            with stockade.Engine.memory() as eng:
+                with StockadeCollector(eng, multiprocess_dir=tmp_path) as collector:
+                    before = scrape(collector)["stockade_calls_total"][ok]
+                    proc.kill()
+                    proc.wait(timeout=60)
+                    after = scrape(collector)["stockade_calls_total"][ok]
+                    stockade.prometheus.mark_process_dead(proc.pid, tmp_path)
+                    archived = scrape(collector)["stockade_calls_total"][ok]
+            assert before == after == archived == 3  # 7 made; the 4 after its publish are lost
+        finally:
+            proc.kill()
+
+
 def test_without_a_multiprocess_directory_a_collector_is_per_process(
     engine: stockade.Engine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
