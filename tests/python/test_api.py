@@ -265,6 +265,22 @@ def test_nowait_and_lock_timeout_while_the_lock_is_held(engine: stockade.Engine,
     assert (counters["lock_not_available"], counters["lock_timeouts"]) == (1, 1)
 
 
+def test_stats_and_recommend_count_a_skus_requests_as_documented(
+    engine: stockade.Engine,
+) -> None:
+    # docs/hot-row.md, "Two counts of a SKU's requests": hottest_skus counts reserves and
+    # sells; recommend's odds count what takes the row's lock, confirms and releases too.
+    engine.restock("tee", 10)
+    held = [engine.reserve("tee", 1, strategy="atomic") for _ in range(3)]
+    engine.sell("tee", 1, strategy="atomic")
+    engine.confirm(held[0].id)
+    engine.release(held[1].id)
+    [tee] = [s for s in engine.stats()["hottest_skus"] if s["sku"] == "tee"]
+    assert tee["requests"] == 4
+    odds = [r for r in engine.recommend("tee").reasons if r.startswith("odds: ")]
+    assert odds and odds[0].startswith("odds: 0 of 6 requests (0.0%) so far"), odds
+
+
 def test_stats_report_strategies_and_hottest_skus(engine: stockade.Engine, backend: str) -> None:
     engine.restock("hot", 1)
     engine.restock("cold", 1)
