@@ -183,17 +183,12 @@ class Engine(EngineTwins):
         lost stays ``InDoubt`` (no session can be ended to settle it); ``"none"`` keeps it
         (direct, or a session-mode pooler); ``"auto"`` decides per connection.
         ``layout="citus"`` is for a Citus coordinator (both: docs/scaling-out.md). Call
-        :meth:`migrate` once to create the schema. A hold lapses at its expiry by itself
-        (``sweeper=True``, the default): a background thread expires lapsed holds every
-        ``sweep_interval`` (1 s), ``sweep_batch`` per transaction, and of all engines on one
-        database one sweeps at a time; a request refused for want of units first frees
-        lapsed holds (at most once per 10 ms per engine) and runs again. ``sweeper=False``
-        keeps a lapsed hold's units until :meth:`expire_due` runs or a confirm, release or
-        extend finds it lapsed: a buyer may be refused units no one holds any more, and
-        ``reservation(id)`` says ``held`` past ``expires_at``. With ``retention`` set (it
-        needs ``sweeper=True``) the sweeper also purges what is older than ``retention`` each
-        round, ``purge_batch`` rows per transaction (see :meth:`purge`); without it nothing
-        is ever purged unless you call :meth:`purge`. The batching and slot options,
+        :meth:`migrate` once to create the schema. A hold lapses at its expiry by itself:
+        the sweeper (``sweeper=True``) expires lapsed holds every ``sweep_interval``, and a
+        refused request frees them first (``False``: docs/postgres.md). With ``retention``
+        the sweeper also purges what is older than it each round, ``purge_batch`` rows per
+        transaction (see :meth:`purge`); without it nothing is purged unless you call
+        :meth:`purge`. The batching and slot options,
         ``journal_retention`` and ``feed_lag_max`` are as for :meth:`memory` (each flusher
         holds one connection at a time); ``feed_notify`` wakes feed waiters with NOTIFY."""
         logs.start()  # first, so that what the core logs while connecting is delivered

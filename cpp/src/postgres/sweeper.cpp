@@ -9,6 +9,27 @@
 
 namespace stockade::detail::pg {
 
+namespace {
+
+// A round's failure, at most once a minute. A connection that broke (a restart, a killed
+// session, a cut) is the sweeper's own business: expiry is idempotent and the next round
+// runs on a fresh one, so it is INFO, in plain words; anything else is a WARNING.
+void log_round_error(LogLimiter& limiter, const std::exception& e) {
+  const bool lost = dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr ||
+                    dynamic_cast<const pqxx::in_doubt_error*>(&e) != nullptr;
+  if (lost) {
+    limiter.log(LogLevel::info, "stockade.sweeper",
+                "the sweeper's connection broke (" + plain_cause(e.what()) +
+                    "); the next round runs on a fresh one");
+  } else {
+    limiter.log(LogLevel::warning, "stockade.sweeper",
+                std::string("a sweeper round failed; the next one runs on a fresh connection: ") +
+                    e.what());
+  }
+}
+
+}  // namespace
+
 // One sweeper per database: the engine whose session holds the sweeper's advisory lock
 // leads, and it sweeps in that very session. (Behind a transaction-mode pooler, where no
 // session lasts, each sweeper transaction takes the same key as a transaction-scoped lock
@@ -39,7 +60,6 @@ void PostgresStore::sweep_loop() {
     lock.unlock();
     std::uint64_t expired = 0;
     std::string error;
-    bool lost = false;
     const auto started = std::chrono::steady_clock::now();
     try {
       elected = stand_for_sweeper(leader, elected, election_key);
@@ -62,20 +82,9 @@ void PostgresStore::sweep_loop() {
       note_unmigrated(told_unmigrated);
     } catch (const std::exception& e) {
       error = e.what();
-      // A connection that broke (a restart, a killed session, a cut) is the sweeper's own
-      // business: expiry is idempotent, and the next round runs on a fresh one.
-      lost = dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr ||
-             dynamic_cast<const pqxx::in_doubt_error*>(&e) != nullptr;
+      log_round_error(round_errors, e);
       leader.reset();  // closing the session also gives up the election
       elected = false;
-    }
-    if (lost) {
-      round_errors.log(LogLevel::info, "stockade.sweeper",
-                       "the sweeper's connection broke (" + plain_cause(error) +
-                           "); the next round runs on a fresh one");
-    } else if (!error.empty()) {
-      round_errors.log(LogLevel::warning, "stockade.sweeper",
-                       "a sweeper round failed; the next one runs on a fresh connection: " + error);
     }
     if (elected != was_leader) {
       // Pooled engines may take turns round by round: that is no news worth an info line.

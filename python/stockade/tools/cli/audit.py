@@ -33,7 +33,14 @@ def _print(report: AuditReport) -> None:
 
 
 def audit(args: argparse.Namespace) -> int:
-    with Engine.postgres(args.dsn, schema=args.schema, layout=args.layout, pool_size=1) as engine:
+    with Engine.postgres(
+        # No sweeper: the audit reads the holds as the service's sweeper left them.
+        args.dsn,
+        schema=args.schema,
+        layout=args.layout,
+        pool_size=1,
+        sweeper=False,
+    ) as engine:
         report = engine.audit(sku=args.sku, limit=args.limit, expiry_lag=args.expiry_lag)
     if args.json:
         emit_json({"schema": args.schema, **report.to_dict()})

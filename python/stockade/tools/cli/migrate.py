@@ -15,7 +15,9 @@ def migrate(args: argparse.Namespace) -> int:
         print(f"-- run as the owner of schema {args.schema}, after migrating")
         print("\n".join(grants))
         return 0
-    with Engine.postgres(args.dsn, schema=args.schema, pool_size=1, layout=args.layout) as engine:
+    with Engine.postgres(
+        args.dsn, schema=args.schema, pool_size=1, layout=args.layout, sweeper=False
+    ) as engine:
         if args.dry_run:
             plan = engine.migration_plan(to=args.to)
         else:
