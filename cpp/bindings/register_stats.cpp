@@ -85,6 +85,7 @@ py::dict stats_dict(const StoreStats& s) {
   sweeper["last_error"] = s.sweeper.last_error;
   sweeper["purged_reservations"] = s.sweeper.purged_reservations;
   sweeper["purged_keys"] = s.sweeper.purged_keys;
+  sweeper["freed_on_refusal"] = s.sweeper.freed_on_refusal;
   sweeper["round_seconds"] = s.sweeper.round_seconds;
   sweeper["last_round_seconds"] = s.sweeper.last_round_seconds;
   out["counts_exact"] = s.counts_exact;

@@ -87,9 +87,9 @@ class Engine(EngineTwins):
     ) -> Engine:
         """An engine over the embedded in-process store: real semantics, no durability.
 
-        A hold lapses at its expiry by itself (``sweeper=True``, the default): every call
-        that reads or writes stock or a reservation first expires the holds past their
-        expiry (up to 1,024 per call; the store has no thread of its own), a refused
+        A hold lapses at its expiry by itself (``sweeper=True``, the default): stock reads,
+        reserves, sells, orders and batches first expire the holds past their expiry (up
+        to 1,024 per call; the store has no thread of its own), a refused
         request frees lapsed holds before its refusal stands, and :meth:`reservation`
         reports a lapsed hold as expired. ``sweeper=False`` keeps a lapsed hold's units
         until :meth:`expire_due` runs or a confirm, release or extend finds it lapsed: a
@@ -168,16 +168,16 @@ class Engine(EngineTwins):
         """An engine over PostgreSQL: the durable store.
 
         ``dsn`` is a libpq connection string or URI. The engine connects at once
-        (``Unavailable`` if it cannot) and keeps at most ``pool_size`` connections; a call
-        that waits longer than ``pool_timeout`` for one raises ``Overloaded``. When a
-        connection is lost during a commit, the engine ends that server session (so the
-        write cannot commit later) and looks for what it wrote, spending at most
-        ``resolve_timeout`` on it before it raises ``InDoubt`` (see docs/strategies.md,
-        "Guarantees"). ``call_timeout`` bounds each call's whole time, COMMIT included: past
-        it the engine cancels the server's work (and cuts the connection ``cancel_grace``
-        later) and raises ``DeadlineExceeded``, or ``InDoubt`` if COMMIT was sent
-        (docs/failover.md). Every connection carries ``application_name`` (unless the DSN or
-        ``PGAPPNAME`` sets one). ``pooler`` says whether a transaction-mode pooler
+        (``Unavailable`` if it cannot) and keeps at most ``pool_size`` connections (the
+        sweeper one more); a call that waits longer than ``pool_timeout`` for one raises
+        ``Overloaded``. When a connection is lost during a commit, the engine ends that
+        server session (so the write cannot commit later) and looks for what it wrote,
+        spending at most ``resolve_timeout`` on it before it raises ``InDoubt`` (see
+        docs/strategies.md, "Guarantees"). ``call_timeout`` bounds each call's whole time,
+        COMMIT included: past it the engine cancels the server's work (and cuts the
+        connection ``cancel_grace`` later) and raises ``DeadlineExceeded``, or ``InDoubt``
+        if COMMIT was sent (docs/failover.md). Connections carry ``application_name`` (or
+        the DSN's, or ``PGAPPNAME``). ``pooler`` says whether a transaction-mode pooler
         (PgBouncer's ``pool_mode = transaction``) may stand in between:
         ``"pgbouncer-transaction"`` keeps no session state, and a commit whose connection is
         lost stays ``InDoubt`` (no session can be ended to settle it); ``"none"`` keeps it
@@ -188,9 +188,9 @@ class Engine(EngineTwins):
         refused request frees them first (``False``: docs/postgres.md). With ``retention``
         the sweeper also purges what is older than it each round, ``purge_batch`` rows per
         transaction (see :meth:`purge`); without it nothing is purged unless you call
-        :meth:`purge`. The batching and slot options,
-        ``journal_retention`` and ``feed_lag_max`` are as for :meth:`memory` (each flusher
-        holds one connection at a time); ``feed_notify`` wakes feed waiters with NOTIFY."""
+        :meth:`purge`. The batching and slot options, ``journal_retention`` and
+        ``feed_lag_max`` are as for :meth:`memory` (each flusher holds one connection at a
+        time); ``feed_notify`` wakes feed waiters with NOTIFY."""
         logs.start()  # first, so that what the core logs while connecting is delivered
         postgres, options = postgres_options(dsn, _keywords(locals()))
         core = _core.Engine.postgres(postgres=postgres, options=options)

@@ -387,6 +387,11 @@ class StockadeCollector(Collector):
             (s["expired"], "stockade_sweeper_expired_total", "holds the sweeper expired"),
             (s["errors"], "stockade_sweeper_errors_total", "sweeper rounds that failed"),
             (
+                s["freed_on_refusal"],
+                "stockade_sweeper_freed_on_refusal_total",
+                "lapsed holds a refused request expired before its refusal stood",
+            ),
+            (
                 s["round_seconds"],
                 "stockade_sweeper_round_seconds_total",
                 "time the sweeper spent in the rounds it ran as leader",

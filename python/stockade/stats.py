@@ -61,6 +61,7 @@ class SweeperStats(TypedDict):
     last_error: str
     purged_reservations: int  # by purge() or retention, in this engine
     purged_keys: int
+    freed_on_refusal: int  # lapsed holds a refused request expired before it was refused
     round_seconds: float  # time spent in the rounds it ran as leader, in all
     last_round_seconds: float  # the last such round's
 

@@ -92,6 +92,7 @@ def test_confirm_after_expiry_raises_reservation_expired(
     assert engine.stock("sku-1").available == 10
 
 
+@pytest.mark.sweeper_off
 def test_expire_due_returns_the_number_expired(engine: stockade.Engine, wait: Wait) -> None:
     engine.restock("sku-1", 10)
     for _ in range(3):
@@ -212,18 +213,22 @@ def test_an_idempotency_conflict_names_what_differs(
             engine.reserve(**{"sku": "s", "qty": 2, "ttl": 60, "strategy": strategy, **asked})
         return str(caught.value)
 
-    assert "qty 2 first, 3 now" in conflict(idempotency_key="k", qty=3)
+    assert "its qty differs (this request: 3)" in conflict(idempotency_key="k", qty=3)
     if backend != "citus":  # there a key is unique per shard key (docs/scaling-out.md)
-        assert "sku 's' at 'default' first, 't' at 'default' now" in conflict(
-            idempotency_key="k", sku="t"
-        )
+        assert "its sku or location differs" in conflict(idempotency_key="k", sku="t")
     # The retry that forgot ttl= (the engine's default, 15 min): the message says so.
     message = conflict(idempotency_key="k", ttl=None)
-    assert "ttl 60 s first, 900 s now" in message and "default_ttl" in message
+    assert "its ttl differs (this request: 900 s" in message and "default_ttl" in message
+    # Only this request's own values: the first request may be another caller's.
+    engine.reserve("s", 1, idempotency_key="b", ttl=60, buyer="alice", strategy=strategy)
+    message = conflict(idempotency_key="b", qty=1, buyer="bob")
+    assert "its buyer differs" in message and "alice" not in message
     engine.reserve_order({"s": 1, "t": 2}, idempotency_key="o", ttl=60)
-    with pytest.raises(stockade.IdempotencyConflict, match=r"lines \[.*x1.*x2\] first"):
+    with pytest.raises(stockade.IdempotencyConflict, match="its lines differ"):
         engine.reserve_order({"s": 1, "t": 3}, idempotency_key="o", ttl=60)
-    assert engine.stock("s").reserved == 3 and engine.stock("t").reserved == 2
+    with pytest.raises(stockade.IdempotencyConflict, match="used for an order"):
+        engine.reserve("s", 1, idempotency_key="o", ttl=60)
+    assert engine.stock("s").reserved == 4 and engine.stock("t").reserved == 2
 
 
 def test_concurrent_duplicates_of_one_key_end_as_one_reservation(engine: stockade.Engine) -> None:

@@ -55,24 +55,29 @@ def test_without_the_sweeper_a_lapsed_hold_keeps_its_units_on_the_memory_store()
 def test_a_refused_request_frees_lapsed_holds_first_on_postgres(
     stockade_database: str, strategy: str
 ) -> None:
-    # The sweeper would come only in 10 minutes: the refusal itself frees the lapsed hold.
+    # The sweeper's next round comes in 10 minutes (its first ran as the engine opened):
+    # the refusal itself frees the lapsed hold.
     with stockade.Engine.postgres(stockade_database, sweep_interval=SLOW_SWEEP) as eng:
+        assert wait_for(lambda: eng.stats()["sweeper"]["runs"] >= 1)
         eng.restock("s", 5)
         held = eng.reserve("s", 4, ttl=0.2)
         time.sleep(0.4)
         assert eng.reserve("s", 5, strategy=strategy).qty == 5
         assert eng.reservation(held.id).state == "expired"
         assert eng.stock("s").reserved == 5
-        assert eng.stats()["sweeper"]["expired"] == 0  # the refusal freed it, not a sweep
+        sweeper = eng.stats()["sweeper"]
+        assert (sweeper["expired"], sweeper["freed_on_refusal"]) == (0, 1)
 
 
 def test_an_order_refused_for_a_lapsed_hold_runs_again_on_postgres(stockade_database: str) -> None:
     with stockade.Engine.postgres(stockade_database, sweep_interval=SLOW_SWEEP) as eng:
+        assert wait_for(lambda: eng.stats()["sweeper"]["runs"] >= 1)
         eng.restock("a", 3)
         eng.restock("b", 3)
         eng.reserve("b", 3, ttl=0.2)
         time.sleep(0.4)
         assert [r.qty for r in eng.reserve_order({"a": 1, "b": 3})] == [1, 3]
+        assert eng.stats()["sweeper"]["freed_on_refusal"] == 1
 
 
 def test_the_default_sweeper_expires_a_lapsed_hold_within_its_interval(

@@ -22,12 +22,12 @@ struct MemoryOptions {
   // older than feed_lag_max_us.
   std::int64_t journal_retention_us = 0;
   std::int64_t feed_lag_max_us = 7LL * 24 * 3600 * 1000000;
-  // Holds lapse at their expiry by themselves (the memory store's sweeper): each call that
-  // reads or writes stock or a reservation first expires the holds past their expiry, at
-  // most expire_lapsed_batch of them, oldest first per shard; reservation(id) expires its
-  // own; and a refused request frees lapsed holds before its refusal stands. false: holds
-  // lapse only when expire_due() runs or a transition finds one lapsed, and until then
-  // they keep their units (Engine.memory(sweeper=False)).
+  // Holds lapse at their expiry by themselves (the memory store's sweeper): stock reads,
+  // reserves, sells, orders, batches, set_on_hand and buyer_held first expire the holds
+  // past their expiry, at most expire_lapsed_batch of them, oldest first per shard;
+  // reservation(id) expires its own; and a refused request frees lapsed holds before its refusal
+  // stands. false: holds lapse only when expire_due() runs or a transition finds one lapsed, and
+  // until then they keep their units (Engine.memory(sweeper=False)).
   bool expire_lapsed = true;
 };
 

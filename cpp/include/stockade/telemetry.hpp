@@ -129,8 +129,9 @@ struct SweeperStats {
   std::string last_error;
   std::uint64_t purged_reservations = 0;  // rows this engine purged (purge() or retention)
   std::uint64_t purged_keys = 0;
-  double round_seconds = 0;       // time spent in the rounds it ran as leader, in all
-  double last_round_seconds = 0;  // the last such round's
+  std::uint64_t freed_on_refusal = 0;  // lapsed holds a refused request expired first
+  double round_seconds = 0;            // time spent in the rounds it ran as leader, in all
+  double last_round_seconds = 0;       // the last such round's
 };
 
 // Row counts, which only the store knows. Store::counts() is cheap and may estimate (the
@@ -300,6 +301,8 @@ class Telemetry {
                      double seconds = 0);
   // Rows a purge deleted (the sweeper's, purge()'s, or the memory store's as it goes).
   void purged(const PurgeCounts& counts);
+  // Lapsed holds a refused request expired before its refusal stood (Store::free_lapsed).
+  void freed_on_refusal(std::uint64_t holds);
 
   const TelemetryOptions& options() const { return options_; }
 

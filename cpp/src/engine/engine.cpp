@@ -501,8 +501,9 @@ void Engine::throw_if_refusal_stands(const SkuKey& key, const Error& refusal, Op
 // request, and a refusal is recorded where it stands.
 std::vector<Reservation> Engine::order_on_slots(OrderRequest& request, Strategy asked) {
   const std::int64_t started = steady_now_us();
-  for (int round = 1;; ++round) {
-    request.options.count_request = round == 1;
+  bool lapsed_tried = false;
+  for (int round = 1, attempt = 1;; ++round, ++attempt) {
+    request.options.count_request = attempt == 1;
     request.options.count_refusal = false;
     try {
       return counted<std::vector<Reservation>>(Op::reserve_order, asked, /*refusal_final=*/false,
@@ -510,6 +511,13 @@ std::vector<Reservation> Engine::order_on_slots(OrderRequest& request, Strategy 
                                                [&] { return store_->reserve_order(request); });
     } catch (const Error& e) {
       if (e.code() != ErrorCode::out_of_stock) throw;  // counted() recorded it
+      if (!lapsed_tried) {
+        lapsed_tried = true;
+        if (slots_->freed_lapsed_holds()) {
+          --round;  // the same round again: the lapsed holds' units are back
+          continue;
+        }
+      }
       try {
         if (round >= slots_->rounds()) throw;
         slots_->refill_order_line(request.lines, e);  // then the order runs again

@@ -386,7 +386,6 @@ bool SlotRouter::freed_lapsed_holds() {
 // The order takes every line from the SKU's own row: a line short there takes units from
 // its slots, if it has any.
 void SlotRouter::refill_order_line(const std::vector<OrderLine>& lines, const Error& refusal) {
-  if (freed_lapsed_holds()) return;  // the order runs again with the lapsed holds' units
   const SkuKey line{refusal.context().sku, refusal.context().location};
   auto it =
       std::find_if(lines.begin(), lines.end(), [&](const OrderLine& l) { return l.key == line; });

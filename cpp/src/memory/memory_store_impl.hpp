@@ -134,9 +134,7 @@ class MemoryStore final : public Store, public TestHooks {
   Reservation transition(const TransitionRequest& request) override;
   Reservation get_reservation(const Uuid& id) override;
   std::size_t expire_due(std::size_t limit) override;
-  std::size_t free_lapsed(std::size_t limit) override {
-    return options_.expire_lapsed ? expire_due(limit) : 0;
-  }
+  std::size_t free_lapsed(std::size_t limit) override;
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
 
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override;

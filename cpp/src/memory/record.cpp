@@ -258,8 +258,9 @@ void MemoryStore::audit_journal(const AuditOptions& options, AuditReport& report
 
 AuditReport MemoryStore::audit(const AuditOptions& options) {
   AuditReport report;
-  // No hold_not_expired: the memory store has no sweeper, and its holds lapse into
-  // expiry only when expire_due() or a transition finds them.
+  // No hold_not_expired: the memory store has no thread; its holds lapse into expiry as
+  // calls arrive (MemoryOptions::expire_lapsed), so one past its expiry with no call
+  // since is no fault.
   report.checks = {"reserved_matches_holds", "slot_row_has_sku"};
   const AuditSums sums = audit_sums(options);
   report.reservations = sums.reservations;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "memory/memory_store_impl.hpp"
+#include "stockade/log.hpp"
 #include "store/error_helpers.hpp"
 #include "store/fingerprint.hpp"
 
@@ -269,6 +270,7 @@ std::vector<Reservation> MemoryStore::with_idempotency(
       if (it->second.fingerprint != fingerprint) {
         if (it->second.pending) throw idempotency_conflict(key);  // nothing made to compare
         const std::vector<Uuid> ids = it->second.ids;
+        const std::string stored = it->second.fingerprint;
         lock.unlock();
         std::vector<Reservation> made;
         try {
@@ -277,7 +279,7 @@ std::vector<Reservation> MemoryStore::with_idempotency(
           if (e.code() != ErrorCode::not_found) throw;  // purged meanwhile: say no more
           throw idempotency_conflict(key);
         }
-        throw idempotency_conflict(key, asked_by(made), asked);
+        throw idempotency_conflict(key, asked_by(made, stored), asked);
       }
       if (!it->second.pending) {
         const std::vector<Uuid> ids = it->second.ids;
@@ -427,8 +429,23 @@ void MemoryStore::expire_lapsed() {
   // Raised first, so that a hold made during the pass lowers it again (note_expiry).
   earliest_expiry_.store(std::numeric_limits<TimestampUs>::max(), std::memory_order_release);
   TimestampUs next = 0;
-  expire_until(now, expire_lapsed_batch, &next);
+  try {
+    expire_until(now, expire_lapsed_batch, &next);
+  } catch (const Error& e) {
+    // The pass is housekeeping of someone else's holds: the caller's own call goes on, and
+    // the next one tries again (the hint stays due).
+    note_expiry(now);
+    log(LogLevel::debug, "stockade", std::string("expiring lapsed holds failed: ") + e.what());
+    return;
+  }
   note_expiry(next);
+}
+
+std::size_t MemoryStore::free_lapsed(std::size_t limit) {
+  if (!options_.expire_lapsed) return 0;
+  const std::size_t freed = expire_due(limit);
+  if (freed > 0) telemetry().freed_on_refusal(freed);
+  return freed;
 }
 
 StoreCounts MemoryStore::counts() const {

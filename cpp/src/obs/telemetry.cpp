@@ -244,6 +244,11 @@ void Telemetry::purged(const PurgeCounts& counts) {
   sweeper_.purged_keys += counts.keys;
 }
 
+void Telemetry::freed_on_refusal(std::uint64_t holds) {
+  std::lock_guard<std::mutex> lock(sweeper_mutex_);
+  sweeper_.freed_on_refusal += holds;
+}
+
 void Telemetry::sweeper_round(bool leader, std::uint64_t expired, const std::string& error,
                               double seconds) {
   std::lock_guard<std::mutex> lock(sweeper_mutex_);

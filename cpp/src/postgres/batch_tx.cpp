@@ -71,7 +71,8 @@ void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string
     const std::vector<Reservation> made = store.fetch(tx, parse_ids(row[2].as<std::string>()));
     claim.stored = made.front();
     if (*claim.stored_fingerprint != claim.fingerprint) {
-      fail(item, idempotency_conflict(*item.idempotency_key, asked_by(made), asked_of(item)));
+      fail(item, idempotency_conflict(*item.idempotency_key,
+                                      asked_by(made, *claim.stored_fingerprint), asked_of(item)));
     }
     if (!item.error) {
       item.reservation = *claim.stored;
@@ -461,7 +462,7 @@ void BatchTx::settle_duplicates() {
     if (claim.first == i) continue;
     const std::string& owner = claim.stored_fingerprint.value_or(claim.fingerprint);
     if (prints_[i] != owner) {
-      const Asked first = claim.stored ? asked_by(std::vector<Reservation>{*claim.stored})
+      const Asked first = claim.stored ? asked_by(std::vector<Reservation>{*claim.stored}, owner)
                                        : asked_of(*items_[claim.first]);
       fail(item, idempotency_conflict(*item.idempotency_key, first, asked_of(item)));
     } else if (claim.stored) {

@@ -172,9 +172,9 @@ class PostgresStore final : public Store, public TestHooks {
   Reservation transition(const TransitionRequest& request) override;
   Reservation get_reservation(const Uuid& id) override;
   std::size_t expire_due(std::size_t limit) override;
-  std::size_t free_lapsed(std::size_t limit) override {
-    return options_.sweeper ? expire_due(limit) : 0;
-  }
+  std::size_t free_lapsed(std::size_t limit) override;
+  // How long free_lapsed() waits for each stock-row lock.
+  static constexpr std::int64_t free_lapsed_lock_timeout_ms = 100;
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
 
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override;

@@ -247,8 +247,9 @@ std::vector<Reservation> PostgresStore::with_idempotency(
     const pqxx::result found = tx.exec_on(shard, Stmt::idempotency_get, key);
     if (found.empty()) continue;  // the holder rolled back between our two statements
     std::vector<Reservation> made = fetch(tx, parse_ids(found[0][1].as<std::string>()));
-    if (found[0][0].as<std::string>() != fingerprint) {
-      throw idempotency_conflict(key, asked_by(made), asked);
+    const std::string stored = found[0][0].as<std::string>();
+    if (stored != fingerprint) {
+      throw idempotency_conflict(key, asked_by(made, stored), asked);
     }
     return made;
   }
@@ -319,6 +320,18 @@ Reservation PostgresStore::get_reservation(const Uuid& id) {
 
 std::size_t PostgresStore::expire_due(std::size_t limit) {
   return run(nullptr, ErrorContext{}, [&](Tx& tx) { return expire_in(tx, limit); });
+}
+
+// On a refused request's own time: its stock-row locks wait briefly, so a refusal is not
+// held up behind another SKU's writers (a LockTimeout here leaves the refusal as it was).
+std::size_t PostgresStore::free_lapsed(std::size_t limit) {
+  if (!options_.sweeper) return 0;
+  WriteOptions brief;
+  brief.lock_timeout_ms = free_lapsed_lock_timeout_ms;
+  const std::size_t freed =
+      run(&brief, ErrorContext{}, [&](Tx& tx) { return expire_in(tx, limit); });
+  if (freed > 0) telemetry().freed_on_refusal(freed);
+  return freed;
 }
 
 std::size_t PostgresStore::expire_in(Tx& tx, std::size_t limit) {

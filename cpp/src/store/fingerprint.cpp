@@ -52,48 +52,25 @@ Asked sorted(Asked asked) {
   return asked;
 }
 
-// A line as "'sku' at 'location'", and with its quantity ("... x2") in a list of lines.
-std::string line_of(const std::pair<SkuKey, Quantity>& line, bool with_qty) {
-  std::string out = shown(line.first.sku) + " at " + shown(line.first.location);
-  return with_qty ? out + " x" + std::to_string(line.second) : out;
-}
-
-std::string lines_of(const Asked& asked) {
-  constexpr std::size_t shown_lines = 4;
-  std::string out;
-  for (std::size_t i = 0; i < asked.lines.size() && i < shown_lines; ++i) {
-    out += (i ? ", " : "") + line_of(asked.lines[i], true);
-  }
-  if (asked.lines.size() > shown_lines) {
-    out += " and " + std::to_string(asked.lines.size() - shown_lines) + " more";
-  }
-  return "[" + out + "]";
-}
-
 std::string seconds(std::int64_t us) {
   return us % 1'000'000 == 0 ? std::to_string(us / 1'000'000) + " s" : std::to_string(us) + " us";
-}
-
-// "what: A first, B now"
-void differ(std::vector<std::string>& out, const char* what, const std::string& first,
-            const std::string& now) {
-  if (first != now) out.push_back(std::string(what) + " " + first + " first, " + now + " now");
 }
 
 }  // namespace
 
 Asked asked_by(const ReserveRequest& request) {
-  return {{{base_key(request.key), request.qty}}, request.ttl_us, request.options.buyer};
+  return {false, {{base_key(request.key), request.qty}}, request.ttl_us, request.options.buyer};
 }
 
 Asked asked_by(const OrderRequest& request) {
-  Asked out{{}, request.ttl_us, request.options.buyer};
+  Asked out{true, {}, request.ttl_us, request.options.buyer};
   for (const OrderLine& line : request.lines) out.lines.emplace_back(base_key(line.key), line.qty);
   return sorted(std::move(out));
 }
 
-Asked asked_by(const std::vector<Reservation>& made) {
+Asked asked_by(const std::vector<Reservation>& made, const std::string& fingerprint) {
   Asked out;
+  out.order = fingerprint.rfind("o", 0) == 0;  // "o1:...": reserve_order's
   bool unchanged = !made.empty();
   for (const Reservation& r : made) {
     out.lines.emplace_back(base_key(r.key), r.qty);
@@ -108,25 +85,31 @@ Error idempotency_conflict(const std::string& key, const Asked& first, const Ask
   const Asked a = sorted(first);
   const Asked b = sorted(now);
   std::vector<std::string> found;
-  if (a.lines.size() == 1 && b.lines.size() == 1) {
-    differ(found, "sku", line_of(a.lines[0], false), line_of(b.lines[0], false));
-    differ(found, "qty", std::to_string(a.lines[0].second), std::to_string(b.lines[0].second));
+  if (a.order != b.order) {
+    found.emplace_back(a.order ? "the key was used for an order (reserve_order), this is a reserve"
+                               : "the key was used for a reserve, this is an order");
+  } else if (a.lines.size() == 1 && b.lines.size() == 1) {
+    if (a.lines[0].first != b.lines[0].first) found.emplace_back("its sku or location differs");
+    if (a.lines[0].second != b.lines[0].second) {
+      found.emplace_back("its qty differs (this request: " + std::to_string(b.lines[0].second) +
+                         ")");
+    }
   } else if (a.lines != b.lines) {
-    differ(found, "lines", lines_of(a), lines_of(b));
+    found.emplace_back("its lines differ");
   }
-  if (a.ttl_us && b.ttl_us) differ(found, "ttl", seconds(*a.ttl_us), seconds(*b.ttl_us));
-  differ(found, "buyer", a.buyer ? shown(*a.buyer) : "none", b.buyer ? shown(*b.buyer) : "none");
+  const std::string ttl_hint = "; without ttl= a request takes the engine's default_ttl";
+  if (a.ttl_us && b.ttl_us && a.ttl_us != b.ttl_us) {
+    found.push_back("its ttl differs (this request: " + seconds(*b.ttl_us) + ttl_hint + ")");
+  }
+  if (a.buyer != b.buyer) found.emplace_back("its buyer differs");
   std::string message = "idempotency key " + shown(key) + " was used for a different request";
   if (found.empty()) {
-    message +=
-        ": the same lines and buyer, so the TTL must differ (the first hold was extended "
-        "since, so its own TTL no longer shows)";
+    // The TTL is the one field left, and the first hold has changed since: unknown.
+    message += ": nothing its reservations still show differs, so its ttl may (this request: " +
+               (b.ttl_us ? seconds(*b.ttl_us) : std::string("none")) + ttl_hint + ")";
   } else {
     message += ": ";
     for (std::size_t i = 0; i < found.size(); ++i) message += (i ? "; " : "") + found[i];
-  }
-  if (!a.ttl_us || (b.ttl_us && a.ttl_us != b.ttl_us)) {
-    message += ". A request without ttl= takes the engine's default_ttl (15 min unless set)";
   }
   return Error(ErrorCode::idempotency_conflict, message);
 }

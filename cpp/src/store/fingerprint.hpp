@@ -15,21 +15,23 @@ namespace stockade::detail {
 std::string fingerprint(const ReserveRequest& request);
 std::string fingerprint(const OrderRequest& request);
 
-// What a request asked, as far as an IdempotencyConflict names it: its lines (SKUs at
-// their locations, slots folded, in key order), its TTL, its buyer. Read back from the
-// reservations a key made, the TTL is known only while none of them has changed (an
-// extend moves expires_at).
+// What a request asked, as far as an IdempotencyConflict names it: whether it was an
+// order, its lines (SKUs at their locations, slots folded, in key order), its TTL, its
+// buyer. Read back from the reservations a key made (and the key's stored fingerprint,
+// which says reserve or order), the TTL is known only while none of them has changed.
 struct Asked {
+  bool order = false;
   std::vector<std::pair<SkuKey, Quantity>> lines;
   std::optional<std::int64_t> ttl_us;
   std::optional<std::string> buyer;
 };
 Asked asked_by(const ReserveRequest& request);
 Asked asked_by(const OrderRequest& request);
-Asked asked_by(const std::vector<Reservation>& made);
+Asked asked_by(const std::vector<Reservation>& made, const std::string& fingerprint);
 
-// The conflict of a key made for `first` and used again for `now`: the message names the
-// fields that differ ("qty 2 first, 3 now"), or says which can differ unseen.
+// The conflict of a key made for `first` and used again for `now`. The message names the
+// fields that differ, and this request's own values where they help ("its ttl differs
+// (this request: 900 s ...)"), never the first request's: that may be another caller's.
 Error idempotency_conflict(const std::string& key, const Asked& first, const Asked& now);
 
 }  // namespace stockade::detail

@@ -190,7 +190,7 @@ def drop_citus_schema(dsn: str, schema: str) -> None:
     made = f"SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}'"
     if run_sql(dsn, made) == "0":
         return
-    with Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1) as eng:
+    with Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1, sweeper=False) as eng:
         for attempt in range(3):
             try:
                 eng.drop_schema(confirm=schema)
