@@ -749,8 +749,9 @@ def test_faults_while_auto_splits_a_hot_sku_lose_nothing(
     via = proxy.dsn(field(own_database, "dbname")) if fault == "commit cuts" else own_database
     try:
         with (
-            stockade.Engine.postgres(via, pool_size=8, home_slot=0) as eng,
-            stockade.Engine.postgres(via, pool_size=8, home_slot=1) as replica,
+            # No sweeper: a cut must land on the calls the test counts, not on a sweep.
+            stockade.Engine.postgres(via, pool_size=8, home_slot=0, sweeper=False) as eng,
+            stockade.Engine.postgres(via, pool_size=8, home_slot=1, sweeper=False) as replica,
         ):
             eng.restock("hot", 1_000_000)
 
@@ -946,7 +947,7 @@ def test_an_in_doubt_answer_names_what_that_call_can_do(
         pytest.skip("the proxy stands in front of the server, not of the pooler")
     strategy = "batched" if call.startswith("batched") else "atomic"
     with stockade.Engine.postgres(
-        proxy.dsn(field(stockade_database, "dbname")), strategy=strategy
+        proxy.dsn(field(stockade_database, "dbname")), strategy=strategy, sweeper=False
     ) as eng:
         eng.restock("hint", 5)
         r = eng.reserve("hint", 1)

@@ -50,6 +50,7 @@ def test_a_buyer_is_held_to_the_limit_across_the_group(engine: stockade.Engine) 
     assert engine.buyer_held("drop", "nobody") == 0
 
 
+@pytest.mark.sweeper_off
 def test_release_and_expiry_give_back_and_confirm_keeps_counting(
     engine: stockade.Engine, wait: Wait
 ) -> None:

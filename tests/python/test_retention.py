@@ -31,6 +31,7 @@ def settle(backend: str, wait: Callable[[float], None]) -> None:
     wait(0.001 if backend == "memory" else 0.002)
 
 
+@pytest.mark.sweeper_off
 def test_purge_takes_terminal_reservations_and_never_a_hold(
     engine: stockade.Engine, backend: str, wait: Callable[[float], None]
 ) -> None:

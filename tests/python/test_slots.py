@@ -595,7 +595,8 @@ def test_a_discontinue_racing_reserves_on_every_slot_stops_them_all(
             granted[i] += 1
 
     def discontinue_after_200() -> None:
-        while sum(granted) < 200:
+        deadline = time.monotonic() + 60  # bounded even if the buyers died
+        while sum(granted) < 200 and time.monotonic() < deadline:
             threading.Event().wait(0.005)
         gone.append(engine.discontinue("hot"))
 
