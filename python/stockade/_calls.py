@@ -604,7 +604,11 @@ class EngineCalls:
         each row's ``reserved`` equals the sum of its holds; no hold outlived its expiry by
         more than ``expiry_lag`` (PostgreSQL; the sweeper's lag); purchase-limit counts
         cover their buyers' holds; slot rows have their SKU; keys point to reservations;
-        the journal's entries chain and add up to each row. Holds no row lock."""
+        the journal's entries chain and add up to each row. Holds no row lock.
+        ``report.ok`` proves them only where the audit looked: ``report.unchecked`` lists
+        each part a check did not cover, and why (the journal off, rows whose entries were
+        purged, the checks that span every SKU when ``sku`` is given), and
+        ``report.complete`` is true only when it is empty."""
         started = time.monotonic()
         report = self._core.audit(
             sku=check_optional_str("sku", sku),

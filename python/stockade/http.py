@@ -170,8 +170,7 @@ _PLAIN = {
     "lock_not_available": "Another request holds this item's lock; nothing was changed.",
     "lock_timeout": "Another request held this item's lock too long; nothing was changed.",
     "idempotency_conflict": "The idempotency key was already used for another request.",
-    "in_doubt": "The outcome is unknown: the change may or may not have been made. Sending "
-    "the request again with the same Idempotency-Key tells which.",
+    "in_doubt": "The outcome is unknown: the change may or may not have been made.",
     "overloaded": "The service is busy; nothing was changed.",
     "invalid_argument": "A value of the request is out of range; nothing was changed.",
     "not_supported": "The service does not support this request.",
@@ -199,8 +198,19 @@ def _shows_message(error: StockadeError) -> bool:
     return error.http_status < 500 and error.sqlstate is None
 
 
+# How a caller learns an in-doubt outcome, by what the call was about (the engine's own
+# hint names its API, not the service's).
+_IN_DOUBT_RESERVATION = " Read the reservation back before changing it again."
+_IN_DOUBT_ROW = (
+    " A request sent with an Idempotency-Key tells which when sent again with the same key;"
+    " for any other change, read the item back before changing it again."
+)
+
+
 def _plain_detail(error: StockadeError, retry_after: Optional[int]) -> str:
     text = _PLAIN.get(error.code, _PLAIN_OTHER)
+    if error.code == "in_doubt":
+        text += _IN_DOUBT_RESERVATION if error.reservation_id is not None else _IN_DOUBT_ROW
     if retry_after is not None:
         return f"{text} Retry in {retry_after} s."
     if error.http_status >= 500:
@@ -210,8 +220,11 @@ def _plain_detail(error: StockadeError, retry_after: Optional[int]) -> str:
 
 def _log_withheld(error: StockadeError, status: int, instance: Optional[str]) -> None:
     """The message a body left out, on ``stockade.http``: ERROR for a 5xx a retry does not
-    fix (an operator must act), INFO otherwise (a transient fault the core logs itself)."""
+    fix (an operator must act), INFO otherwise (a transient fault the core logs itself, or
+    an ``InvariantViolation``, logged at ERROR once, as it was raised)."""
     level = logging.ERROR if status >= 500 and not error.retryable else logging.INFO
+    if error.code == "invariant_violation":
+        level = logging.INFO  # already logged at ERROR as it was raised (stockade.errors)
     where = f" for {shown(instance)}" if instance is not None else ""
     state = f" (SQLSTATE {error.sqlstate})" if error.sqlstate else ""
     _LOG.log(level, "answered %d %s%s: %s%s", status, error.code, where, error.message, state)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, FrozenSet, List, Opt
 from . import _core
 from .aio import off_loop
 from .errors import InvalidArgument
-from .values import _datetime, check_count, duration_us
+from .values import TtlLike, _datetime, check_count, duration_us
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Engine
@@ -142,14 +142,15 @@ class Feed:
         # store), "timeout", or "unsupported" (no LISTEN: it polled with backoff).
         self.wakes: Dict[str, int] = {}
 
-    def poll(self, limit: int = 1000, timeout: Optional[float] = None) -> List[Movement]:
-        """The next changes, at most ``limit``. With ``timeout`` (seconds, up to 3600) and
-        none there yet, waits up to that long for one: woken by ``LISTEN``/``NOTIFY`` on
-        PostgreSQL (a writer's engine sends one NOTIFY per few milliseconds of commits),
-        and looking again at least every second all the same (a change that came without
-        a NOTIFY: a writer that died after its commit, a manual SQL fix). Behind a
-        transaction-mode pooler, where ``LISTEN`` cannot work, it looks again after waits
-        that double from 5 ms to 200 ms. Without ``timeout`` it returns at once."""
+    def poll(self, limit: int = 1000, timeout: Optional[TtlLike] = None) -> List[Movement]:
+        """The next changes, at most ``limit``. With ``timeout`` (seconds or a timedelta, up
+        to an hour) and none there yet, waits up to that long for one: woken by
+        ``LISTEN``/``NOTIFY`` on PostgreSQL (a writer's engine sends one NOTIFY per few
+        milliseconds of commits), and looking again at least every second all the same (a
+        change that came without a NOTIFY: a writer that died after its commit, a manual
+        SQL fix). Behind a transaction-mode pooler, where ``LISTEN`` cannot work, it looks
+        again after waits that double from 5 ms to 200 ms. Without ``timeout`` it returns
+        at once."""
         count = check_count("limit", limit)
         deadline = None if timeout is None else time.monotonic() + _poll_timeout(timeout)
         backoff = _WAIT_FIRST
@@ -178,7 +179,7 @@ class Feed:
         return bool(self._engine._core.feed_drop(consumer=self.name))
 
     async def poll_async(
-        self, limit: int = 1000, timeout: Optional[float] = None
+        self, limit: int = 1000, timeout: Optional[TtlLike] = None
     ) -> List[Movement]:
         """:meth:`poll` as an awaitable (it runs on the loop's default executor)."""
         return await off_loop(lambda: self.poll(limit, timeout))

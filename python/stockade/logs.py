@@ -8,7 +8,9 @@ each record to the logger it names:
 - ``stockade``: the engine;
 - ``stockade.postgres``: connections, lost commits, migrations;
 - ``stockade.batcher``: the hot-row layer (a full queue, a batch that failed as a whole);
-- ``stockade.sweeper``: expiry and retention.
+- ``stockade.sweeper``: expiry and retention;
+- ``stockade.http`` (from Python, not the core): what a problem document left out of
+  its body (:func:`stockade.http.problem`).
 
 Configure them as any stdlib logger: ``logging.getLogger("stockade").setLevel(...)``. The
 core skips records below the effective level of ``stockade`` (read again every
