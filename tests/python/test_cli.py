@@ -484,3 +484,19 @@ def test_the_docs_count_the_questions_advise_asks(
     with pytest.raises(SystemExit):
         main(["--help"])
     assert f"{word} questions" in capsys.readouterr().out
+
+
+def test_an_unexpected_error_exits_2_not_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Exit 1 means "a violation" (audit) or "oversold" (demo): a bug in a command must not
+    # be read as one.
+    from stockade.tools import cli
+    from stockade.tools.cli import demo
+
+    def broken(args: object) -> int:
+        raise RuntimeError("something broke")
+
+    monkeypatch.setattr(demo, "demo", broken)
+    assert cli.main(["demo", "--backend", "memory"]) == 2
+    assert "unexpected error: RuntimeError: something broke" in capsys.readouterr().err

@@ -77,6 +77,11 @@ def _run(parser: argparse.ArgumentParser, commands: Commands, argv: List[str]) -
         return _fail(f"stockade {args.command}: {exc}", exc.code, args.json)
     except Failed as exc:
         return _fail(f"stockade {args.command}: {exc}", "failed", args.json)
+    except UsageError:
+        raise  # main() answers it
+    except Exception as exc:  # 1 means "a violation" (audit) or "oversold" (demo): never this
+        text = f"{type(exc).__name__}: {exc}"[:500]
+        return _fail(f"stockade {args.command}: unexpected error: {text}", "internal", args.json)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
