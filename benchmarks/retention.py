@@ -509,7 +509,8 @@ def background(dsn: str, sql: Sql, rounds: int, live: int, old: int, lapsed: int
     with contextlib.ExitStack() as stack:
         for schema, rows in (("fresh", 0), ("grown", old)):
             engines[schema] = stack.enter_context(
-                stockade.Engine.postgres(dsn, pool_size=4, schema=schema)
+                # No sweeper: the section times expire_due and purge itself.
+                stockade.Engine.postgres(dsn, pool_size=4, schema=schema, sweeper=False)
             )
             engines[schema].migrate()
             fill_background(sql, schema, live, rows)
@@ -580,7 +581,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         def sql(statement: str) -> str:
             return pg.sql(statement)
 
-        with stockade.Engine.postgres(dsn, pool_size=CLIENTS + 8) as eng:
+        # The sections start their own sweepers where they measure one.
+        with stockade.Engine.postgres(dsn, pool_size=CLIENTS + 8, sweeper=False) as eng:
             eng.migrate()
             warm = [f"warm-{i}" for i in range(args.warm_skus)]
             sql(
