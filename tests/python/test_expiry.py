@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Callable
 
 import pytest
 
@@ -38,17 +39,23 @@ def test_a_lapsed_hold_reads_as_expired_before_anything_else_runs() -> None:
         assert eng.stock("s").reserved == 0
 
 
+def keeps_its_units_until_asked(eng: stockade.Engine, lapse: Callable[[], None]) -> None:
+    """What sweeper=False costs: a lapsed hold keeps its units, and reads as held, until
+    expire_due() runs."""
+    eng.restock("s", 5)
+    held = eng.reserve("s", 4, ttl=1)
+    lapse()
+    assert eng.reservation(held.id).state == "held"
+    with pytest.raises(stockade.OutOfStock):
+        eng.reserve("s", 2)
+    assert eng.expire_due() == 1
+    assert eng.reserve("s", 5).qty == 5
+
+
 def test_without_the_sweeper_a_lapsed_hold_keeps_its_units_on_the_memory_store() -> None:
     clock = stockade.ManualClock()
     with stockade.Engine.memory(clock=clock, sweeper=False) as eng:
-        eng.restock("s", 5)
-        held = eng.reserve("s", 4, ttl=1)
-        clock.advance(2)
-        assert eng.reservation(held.id).state == "held"
-        with pytest.raises(stockade.OutOfStock):
-            eng.reserve("s", 2)
-        assert eng.expire_due() == 1
-        assert eng.reserve("s", 5).qty == 5
+        keeps_its_units_until_asked(eng, lambda: clock.advance(2))
 
 
 @pytest.mark.parametrize("strategy", ALL_STRATEGIES)
@@ -96,11 +103,4 @@ def test_without_the_sweeper_a_lapsed_hold_keeps_its_units_on_postgres(
     stockade_database: str,
 ) -> None:
     with stockade.Engine.postgres(stockade_database, sweeper=False) as eng:
-        eng.restock("s", 5)
-        held = eng.reserve("s", 4, ttl=0.2)
-        time.sleep(0.4)
-        assert eng.reservation(held.id).state == "held"
-        with pytest.raises(stockade.OutOfStock):
-            eng.reserve("s", 2)
-        assert eng.expire_due() == 1
-        assert eng.reserve("s", 5).qty == 5
+        keeps_its_units_until_asked(eng, lambda: time.sleep(1.2))
