@@ -371,12 +371,7 @@ def test_each_batched_request_is_held_to_its_own_lock_timeout(stockade_database:
                 outcomes[i] = e
 
         with hold_lock(holder, "hot") as locked:
-
-            def unlock_after_a_second() -> None:
-                time.sleep(1.0)
-                locked.release()
-
-            out = race(11, call, timeout=30, meanwhile=unlock_after_a_second)
+            out = race(11, call, timeout=30, meanwhile=lambda: locked.release_after(1.0))
         assert not any(out.errors), out.errors
         assert isinstance(outcomes[0], stockade.LockTimeout)
         assert "100 ms" in str(outcomes[0])
@@ -411,12 +406,7 @@ def test_a_row_locked_elsewhere_delays_only_its_own_requests(stockade_database: 
                 finished[sku].append(time.monotonic() - start)
 
         with hold_lock(holder, "x") as locked:
-
-            def unlock_later() -> None:
-                time.sleep(1.5)
-                locked.release()
-
-            out = race(30, call, timeout=30, meanwhile=unlock_later)
+            out = race(30, call, timeout=30, meanwhile=lambda: locked.release_after(1.5))
         assert not any(out.errors), out.errors
         assert all(isinstance(o, stockade.Reservation) for o in outcomes["y"])
         assert len(outcomes["y"]) == 20 and max(finished["y"]) < 1.0

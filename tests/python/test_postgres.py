@@ -302,15 +302,10 @@ def test_broken_connections_are_replaced_transparently(
     # Fill the pool with idle connections: eight callers queue on a held row lock.
     stockade_engine.restock("s", 100)
     with stockade.testing.hold_lock(stockade_engine, "s") as locked:
-
-        def unlock_later() -> None:
-            time.sleep(0.3)
-            locked.release()
-
         out = stockade.testing.race(
             8,
             lambda i: stockade_engine.reserve("s", 1, strategy="pessimistic"),
-            meanwhile=unlock_later,
+            meanwhile=lambda: locked.release_after(0.3),
         )
     assert not any(out.errors), out.errors
     dbname = field(stockade_database, "dbname")

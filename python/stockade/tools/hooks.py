@@ -9,6 +9,7 @@ lists the statements the PostgreSQL store prepares, for the plan audit of the te
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -101,6 +102,12 @@ class HeldLock:
 
     def release(self) -> None:
         self._handle.release()
+
+    def release_after(self, seconds: float) -> None:
+        """Waits ``seconds``, then releases: a ``race(..., meanwhile=...)`` that keeps the
+        racers behind the lock that long."""
+        time.sleep(seconds)
+        self.release()
 
 
 @contextmanager
