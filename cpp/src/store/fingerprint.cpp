@@ -82,8 +82,8 @@ Asked asked_by(const std::vector<Reservation>& made, const std::string& fingerpr
 }
 
 Error idempotency_conflict(const std::string& key, const Asked& first, const Asked& now) {
-  const Asked a = sorted(first);
-  const Asked b = sorted(now);
+  const Asked& a = first;
+  const Asked& b = now;
   std::vector<std::string> found;
   if (a.order != b.order) {
     found.emplace_back(a.order ? "the key was used for an order (reserve_order), this is a reserve"

@@ -29,7 +29,8 @@ Asked asked_by(const ReserveRequest& request);
 Asked asked_by(const OrderRequest& request);
 Asked asked_by(const std::vector<Reservation>& made, const std::string& fingerprint);
 
-// The conflict of a key made for `first` and used again for `now`. The message names the
+// The conflict of a key made for `first` and used again for `now` (each as asked_by gives
+// it, its lines in key order). The message names the
 // fields that differ, and this request's own values where they help ("its ttl differs
 // (this request: 900 s ...)"), never the first request's: that may be another caller's.
 Error idempotency_conflict(const std::string& key, const Asked& first, const Asked& now);
