@@ -59,7 +59,8 @@ $(VENV)/.tools-stamp: pyproject.toml Makefile | system-deps
 		"fastapi>=0.110" "uvicorn>=0.29" "httpx>=0.27" "gunicorn>=22" "uvicorn-worker>=0.2" \
 		"opentelemetry-api>=1.20" "opentelemetry-sdk>=1.20" \
 		"ruff==0.17.6" "clang-format==19.1.7" \
-		"mkdocs==1.6.1" "mkdocstrings==1.0.8" "mkdocstrings-python==2.0.11"
+		"mkdocs==1.6.1" "mkdocstrings==1.0.8" "mkdocstrings-python==2.0.11" \
+		"pymdown-extensions==13.1.2"
 	touch $@
 
 # Builds the extension (incrementally, in build/<wheel tag>) and installs the package.

@@ -148,16 +148,16 @@ void register_reservation_calls(py::class_<Engine>& c) {
       .def("buyer_held", &Engine::buyer_held, py::arg("group"), py::arg("buyer"), Release())
       .def(
           "confirm",
-          [](Engine& e, const Uuid& id, OptInt expected_version) {
-            return e.confirm(id, expected_version);
+          [](Engine& e, const Uuid& id, OptInt expected_version, OptInt qty) {
+            return e.confirm(id, expected_version, qty);
           },
-          py::arg("id"), py::arg("expected_version"), Release())
+          py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(), Release())
       .def(
           "release",
-          [](Engine& e, const Uuid& id, OptInt expected_version) {
-            return e.release(id, expected_version);
+          [](Engine& e, const Uuid& id, OptInt expected_version, OptInt qty) {
+            return e.release(id, expected_version, qty);
           },
-          py::arg("id"), py::arg("expected_version"), Release())
+          py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(), Release())
       .def(
           "extend",
           [](Engine& e, const Uuid& id, std::int64_t ttl_us, OptInt expected_version) {

@@ -56,6 +56,11 @@ void register_values(py::module_& m) {
       .def_property_readonly("sku", [](const Reservation& r) { return r.key.sku; })
       .def_property_readonly("location", [](const Reservation& r) { return r.key.location; })
       .def_readonly("qty", &Reservation::qty)
+      .def_property_readonly("held", &Reservation::held)
+      .def_readonly("confirmed", &Reservation::confirmed)
+      .def_readonly("released", &Reservation::released)
+      .def_readonly("expired", &Reservation::expired)
+      .def_readonly("returned", &Reservation::returned)
       .def_property_readonly("state",
                              [](const Reservation& r) { return reservation_state_name(r.state); })
       .def_readonly("version", &Reservation::version)

@@ -8,7 +8,9 @@ ETags. Run it with uvicorn (the database from STOCKADE_DSN or libpq's PG* variab
         replays the first answer; the same key for another request is a 422
     POST /reservations/{id}/confirm  If-Match: the reservation's ETag (optional)
     POST /reservations/{id}/release  If-Match: the reservation's ETag (optional)
-        200 and the reservation; 412 when If-Match is stale; 410 when the hold lapsed
+        an optional body {"qty": 2} takes that many of the held units (default: all);
+        200 and the reservation; 412 when If-Match is stale; 410 when the hold lapsed;
+        409 for more than is held
     GET  /skus/{sku}                 If-None-Match: 304 when the stock has not changed
     PUT  /skus/{sku}                 {"on_hand": 50}  If-Match: 412 when someone else wrote
     GET  /metrics                    Prometheus (when prometheus_client is installed)
@@ -46,6 +48,10 @@ class ReserveBody(BaseModel):
     ttl_seconds: float = Field(default=600, gt=0, le=86_400)
 
 
+class PartBody(BaseModel):
+    qty: int = Field(gt=0, le=stockade.QUANTITY_MAX)
+
+
 class StockBody(BaseModel):
     on_hand: int = Field(ge=0, le=stockade.QUANTITY_MAX)
 
@@ -55,6 +61,10 @@ def reservation_json(r: stockade.Reservation) -> Dict[str, Any]:
         "id": str(r.id),
         "sku": r.sku,
         "qty": r.qty,
+        "held": r.held,
+        "confirmed": r.confirmed,
+        "released": r.released,
+        "expired": r.expired,
         "state": r.state.value,
         "version": r.version,
         "expires_at": r.expires_at.isoformat(),
@@ -198,10 +208,12 @@ def make_app(engine: Optional[stockade.Engine] = None) -> FastAPI:
         reservation_id: str,
         if_match: Optional[str],
         kind: str,
+        body: Optional[PartBody],
     ) -> Dict[str, Any]:
         expected = stockade.http.expected_version(if_match)
         call = eng(request).confirm_async if kind == "confirm" else eng(request).release_async
-        r = await call(reservation_id, expected_version=expected)
+        qty = body.qty if body is not None else None
+        r = await call(reservation_id, qty=qty, expected_version=expected)
         response.headers["ETag"] = r.etag
         return reservation_json(r)
 
@@ -211,8 +223,9 @@ def make_app(engine: Optional[stockade.Engine] = None) -> FastAPI:
         request: Request,
         response: Response,
         if_match: Optional[str] = Header(default=None),
+        body: Optional[PartBody] = None,
     ) -> Dict[str, Any]:
-        return await transition(request, response, reservation_id, if_match, "confirm")
+        return await transition(request, response, reservation_id, if_match, "confirm", body)
 
     @app.post("/reservations/{reservation_id}/release")
     async def release(
@@ -220,8 +233,9 @@ def make_app(engine: Optional[stockade.Engine] = None) -> FastAPI:
         request: Request,
         response: Response,
         if_match: Optional[str] = Header(default=None),
+        body: Optional[PartBody] = None,
     ) -> Dict[str, Any]:
-        return await transition(request, response, reservation_id, if_match, "release")
+        return await transition(request, response, reservation_id, if_match, "release", body)
 
     @app.get("/skus/{sku}")
     async def stock(

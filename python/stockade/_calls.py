@@ -462,21 +462,41 @@ class EngineCalls:
             )
         )
 
-    def confirm(self, id: ReservationId, *, expected_version: Optional[int] = None) -> Reservation:
-        """held -> confirmed: the units leave on_hand. ``ReservationExpired`` past expiry."""
+    def confirm(
+        self,
+        id: ReservationId,
+        *,
+        qty: Optional[int] = None,
+        expected_version: Optional[int] = None,
+    ) -> Reservation:
+        """Sells ``qty`` of the held units (default: all of them): they leave on_hand.
+
+        A part leaves the rest held, with its expiry; the state becomes ``confirmed`` once
+        nothing is held. More than is held raises ``InvalidState`` and changes nothing;
+        ``ReservationExpired`` past expiry."""
         return Reservation._from_core(
             self._core.confirm(
                 id=reservation_id_bytes(id),
                 expected_version=check_optional_int("expected_version", expected_version),
+                qty=check_optional_int("qty", qty),
             )
         )
 
-    def release(self, id: ReservationId, *, expected_version: Optional[int] = None) -> Reservation:
-        """held -> released: the units become available again."""
+    def release(
+        self,
+        id: ReservationId,
+        *,
+        qty: Optional[int] = None,
+        expected_version: Optional[int] = None,
+    ) -> Reservation:
+        """Gives back ``qty`` of the held units (default: all of them): they become
+        available again. A part leaves the rest held; once nothing is held the state
+        is ``confirmed`` if any unit was sold, else ``released``."""
         return Reservation._from_core(
             self._core.release(
                 id=reservation_id_bytes(id),
                 expected_version=check_optional_int("expected_version", expected_version),
+                qty=check_optional_int("qty", qty),
             )
         )
 

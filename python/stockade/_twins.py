@@ -297,7 +297,11 @@ class EngineTwins(EngineCalls):
         )
 
     async def confirm_async(
-        self, id: ReservationId, *, expected_version: Optional[int] = None
+        self,
+        id: ReservationId,
+        *,
+        qty: Optional[int] = None,
+        expected_version: Optional[int] = None,
     ) -> Reservation:
         """:meth:`confirm` as an awaitable."""
         return await self._bridges.call(
@@ -305,10 +309,15 @@ class EngineTwins(EngineCalls):
             Reservation._from_core,
             id=reservation_id_bytes(id),
             expected_version=check_optional_int("expected_version", expected_version),
+            qty=check_optional_int("qty", qty),
         )
 
     async def release_async(
-        self, id: ReservationId, *, expected_version: Optional[int] = None
+        self,
+        id: ReservationId,
+        *,
+        qty: Optional[int] = None,
+        expected_version: Optional[int] = None,
     ) -> Reservation:
         """:meth:`release` as an awaitable."""
         return await self._bridges.call(
@@ -316,6 +325,7 @@ class EngineTwins(EngineCalls):
             Reservation._from_core,
             id=reservation_id_bytes(id),
             expected_version=check_optional_int("expected_version", expected_version),
+            qty=check_optional_int("qty", qty),
         )
 
     async def extend_async(

@@ -198,7 +198,14 @@ class Lease:
 @dataclass(frozen=True, slots=True)
 class Reservation:
     """A reservation (a hold on stock) as committed. ``buyer`` is the buyer whose
-    purchase limits it counts against, if it was made with one."""
+    purchase limits it counts against, if it was made with one.
+
+    ``qty`` is what was asked for; ``confirmed``, ``released`` and ``expired`` say where
+    units went, and ``held`` is the rest: ``held + confirmed + released + expired ==
+    qty``. ``returned`` counts confirmed units that came back. The state stays ``held``
+    while any unit is held (a partial confirm or release leaves the rest held), then says
+    how the hold ended: ``confirmed`` if any unit was sold, else ``released`` or
+    ``expired``."""
 
     id: uuid.UUID
     sku: str
@@ -211,6 +218,15 @@ class Reservation:
     updated_at: datetime
     idempotency_key: Optional[str]
     buyer: Optional[str] = None
+    confirmed: int = 0
+    released: int = 0
+    expired: int = 0
+    returned: int = 0
+
+    @property
+    def held(self) -> int:
+        """Units still held: reserved on the stock row until confirmed, released or expired."""
+        return self.qty - self.confirmed - self.released - self.expired
 
     @property
     def etag(self) -> str:
@@ -233,6 +249,10 @@ class Reservation:
             created if updated_us == created_us else _datetime(updated_us),
             r.idempotency_key,
             r.buyer,
+            r.confirmed,
+            r.released,
+            r.expired,
+            r.returned,
         )
 
 

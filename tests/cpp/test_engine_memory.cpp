@@ -204,6 +204,32 @@ TEST_F(MemoryEngine, release_returns_the_units) {
   EXPECT_EQ(level.available(), 10);
 }
 
+TEST_F(MemoryEngine, a_hold_is_confirmed_and_released_in_parts) {
+  engine->restock(sku, 10);
+  const Reservation r = engine->reserve(sku, 5, minute_us);
+  const Reservation part = engine->confirm(r.id, r.version, 2);
+  EXPECT_EQ(part.state, ReservationState::held);
+  EXPECT_EQ(part.held(), 3);
+  EXPECT_EQ(part.confirmed, 2);
+  EXPECT_EQ(part.expires_at_us, r.expires_at_us);
+  EXPECT_EQ(engine->stock(sku).on_hand, 8);
+  EXPECT_EQ(engine->stock(sku).reserved, 3);
+  const StockLevel before = engine->stock(sku);
+  EXPECT_STOCKADE_ERROR(engine->release(r.id, {}, 4), ErrorCode::invalid_state);
+  EXPECT_STOCKADE_ERROR(engine->confirm(r.id, {}, 0), ErrorCode::invalid_argument);
+  EXPECT_STOCKADE_ERROR(engine->transition({r.id, Transition::extend, minute_us, {}, 1}),
+                        ErrorCode::invalid_argument);
+  expect_unchanged(before);
+  EXPECT_EQ(engine->release(r.id, {}, 1).held(), 2);
+  clock->advance_us(minute_us);  // the rest lapses: two sold first, so it ends confirmed
+  const Reservation done = engine->get_reservation(r.id);
+  EXPECT_EQ(done.state, ReservationState::confirmed);
+  EXPECT_EQ(done.expired, 2);
+  EXPECT_EQ(engine->stock(sku).reserved, 0);
+  EXPECT_STOCKADE_ERROR(engine->confirm(r.id), ErrorCode::reservation_expired);
+  EXPECT_TRUE(engine->audit({}).violations.empty());
+}
+
 TEST_F(MemoryEngine, transitions_from_a_final_state_raise_invalid_state) {
   engine->restock(sku, 10);
   const Reservation r = engine->reserve(sku, 1);

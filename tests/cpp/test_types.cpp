@@ -61,6 +61,53 @@ TEST(Validation, checked_add_refuses_overflow) {
   EXPECT_STOCKADE_ERROR(checked_add(max, 1, "x"), invalid);
 }
 
+// settle_units: the one rule for where a reservation's units go and what its state says.
+TEST(Lifecycle, units_leave_a_hold_in_parts_and_the_state_says_how_it_ended) {
+  Reservation r;
+  r.qty = 5;
+  EXPECT_TRUE(units_consistent(r));
+  settle_units(r, Settle::confirm, 2);
+  EXPECT_EQ(r.state, ReservationState::held);
+  EXPECT_EQ(r.held(), 3);
+  settle_units(r, Settle::release, 1);
+  EXPECT_EQ(r.state, ReservationState::held);
+  EXPECT_EQ(r.counted(), 4);
+  settle_units(r, Settle::expire, 2);  // the rest lapses: some were sold, so confirmed
+  EXPECT_EQ(r.state, ReservationState::confirmed);
+  EXPECT_EQ(r.held(), 0);
+  EXPECT_TRUE(units_consistent(r));
+  EXPECT_EQ(units_of(r),
+            "qty 5: held 0, confirmed 2, released 1, expired 2, returned 0; state confirmed");
+
+  Reservation none_sold;
+  none_sold.qty = 3;
+  settle_units(none_sold, Settle::release, 1);
+  settle_units(none_sold, Settle::expire, 2);
+  EXPECT_EQ(none_sold.state, ReservationState::expired);
+  Reservation released;
+  released.qty = 3;
+  settle_units(released, Settle::release, 3);
+  EXPECT_EQ(released.state, ReservationState::released);
+}
+
+TEST(Lifecycle, units_that_do_not_add_up_are_inconsistent) {
+  Reservation r;
+  r.qty = 4;
+  r.confirmed = 4;  // nothing held, yet the state says held
+  EXPECT_FALSE(units_consistent(r));
+  r.state = ReservationState::confirmed;
+  EXPECT_TRUE(units_consistent(r));
+  r.returned = 5;  // more came back than was sold
+  EXPECT_FALSE(units_consistent(r));
+  r.returned = 0;
+  r.confirmed = 5;  // more moved than was asked
+  EXPECT_FALSE(units_consistent(r));
+  Reservation partly_expired;
+  partly_expired.qty = 4;
+  partly_expired.expired = 1;  // expiry takes the whole remainder, never a part
+  EXPECT_FALSE(units_consistent(partly_expired));
+}
+
 TEST(Strategies, parse_round_trips_every_name_and_rejects_others) {
   for (std::size_t i = 0; i < strategy_count; ++i) {
     const auto s = static_cast<Strategy>(i);

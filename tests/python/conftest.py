@@ -110,6 +110,20 @@ def engine(backend: str, request: pytest.FixtureRequest) -> Iterator[stockade.En
 
 
 @pytest.fixture
+def batched_engine(backend: str, request: pytest.FixtureRequest) -> Iterator[stockade.Engine]:
+    """An engine over `backend` whose default strategy is batched, so that confirm and
+    release batch too."""
+    if backend == "memory":
+        clock = request.getfixturevalue("clock")  # the one `wait` moves
+        with stockade.Engine.memory(strategy="batched", clock=clock) as eng:
+            yield eng
+    elif backend == "citus":
+        yield request.getfixturevalue("stockade_citus_engine_factory")(strategy="batched")
+    else:
+        yield request.getfixturevalue("stockade_engine_factory")(strategy="batched", pool_size=8)
+
+
+@pytest.fixture
 def store_now(backend: str, clock: stockade.ManualClock) -> Now:
     """The current time of the `engine`'s store: the manual clock, or the host clock for
     PostgreSQL (same host, so close to the database clock)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from typing import Callable, Iterator, List, Union
+from typing import Callable, List, Union
 
 import pytest
 
@@ -395,19 +395,6 @@ def test_a_keyed_batch_cut_at_commit_is_resolved_by_the_engine(
 
 
 # --- confirm and release through the batcher ---
-
-
-@pytest.fixture
-def batched_engine(backend: str, request: pytest.FixtureRequest) -> Iterator[stockade.Engine]:
-    """An engine whose default strategy is batched, so confirm and release batch too."""
-    if backend == "memory":
-        clock = request.getfixturevalue("clock")
-        with stockade.Engine.memory(strategy="batched", clock=clock) as eng:
-            yield eng
-    else:
-        dsn = request.getfixturevalue("stockade_database")
-        with stockade.Engine.postgres(dsn, strategy="batched", pool_size=8) as eng:
-            yield eng
 
 
 def test_batched_confirms_and_releases_move_stock_once_each(

@@ -95,10 +95,24 @@ def test_reserve_confirm_release_and_conditional_requests(client: Tuple) -> None
             rid = made.json()["id"]
             stale = await c.post(f"/reservations/{rid}/confirm", headers={"If-Match": '"99"'})
             assert stale.status_code == 412 and stale.json()["code"] == "version_conflict"
+            part = await c.post(
+                f"/reservations/{rid}/confirm",
+                json={"qty": 1},
+                headers={"If-Match": made.headers["etag"]},
+            )
+            assert part.status_code == 200
+            assert (part.json()["state"], part.json()["held"], part.json()["confirmed"]) == (
+                "held",
+                1,
+                1,
+            )
+            too_many = await c.post(f"/reservations/{rid}/confirm", json={"qty": 5})
+            assert too_many.status_code == 409 and too_many.json()["code"] == "invalid_state"
             ok = await c.post(
-                f"/reservations/{rid}/confirm", headers={"If-Match": made.headers["etag"]}
+                f"/reservations/{rid}/confirm", headers={"If-Match": part.headers["etag"]}
             )
             assert ok.status_code == 200 and ok.json()["state"] == "confirmed"
+            assert ok.json()["confirmed"] == 2
             twice = await c.post(f"/reservations/{rid}/release")
             assert twice.status_code == 409 and twice.json()["code"] == "invalid_state"
 

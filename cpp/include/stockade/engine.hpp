@@ -164,8 +164,11 @@ class Engine {
                                          std::optional<std::int64_t> ttl_us = {},
                                          std::optional<std::string> idempotency_key = {},
                                          const CallOptions& call = {});
-  Reservation confirm(const Uuid& id, std::optional<Version> expected_version = {});
-  Reservation release(const Uuid& id, std::optional<Version> expected_version = {});
+  // `qty`: how many of the held units (none: all); the rest stay held.
+  Reservation confirm(const Uuid& id, std::optional<Version> expected_version = {},
+                      std::optional<Quantity> qty = {});
+  Reservation release(const Uuid& id, std::optional<Version> expected_version = {},
+                      std::optional<Quantity> qty = {});
   Reservation extend(const Uuid& id, std::int64_t ttl_us,
                      std::optional<Version> expected_version = {});
   // The three above in one call, the way both stores take them.

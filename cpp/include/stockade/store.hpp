@@ -55,6 +55,9 @@ struct TransitionRequest {
   Transition kind = Transition::confirm;
   std::int64_t ttl_us = 0;  // extend only: the hold's new TTL, counted from now
   std::optional<Version> expected_version;
+  // confirm and release: how many of the held units (none: all of them). A part leaves
+  // the rest held, with its expiry; more than is held is refused (InvalidState).
+  std::optional<Quantity> qty;
 };
 
 struct ReserveRequest {

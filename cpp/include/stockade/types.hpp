@@ -136,10 +136,20 @@ struct Lease {
   TimestampUs expires_at_us = 0;
 };
 
+// A reservation: what was asked (qty), and where each of those units is now. The
+// identity every committed reservation keeps (the schema's CHECK, and the memory store
+// before each write): held + confirmed + released + expired == qty, each >= 0, and
+// returned <= confirmed. Units leave `held` by confirm (sold), release (given back) or
+// expiry (given back), in parts or all at once (settle_units); the state says whether any
+// unit is still held, and how the hold ended when none is.
 struct Reservation {
   Uuid id;
   SkuKey key;
-  Quantity qty = 0;
+  Quantity qty = 0;        // asked for when it was made
+  Quantity confirmed = 0;  // sold
+  Quantity released = 0;   // given back by a release
+  Quantity expired = 0;    // given back by expiry (only ever the whole remainder, once)
+  Quantity returned = 0;   // of the confirmed units, the ones that came back (a return)
   ReservationState state = ReservationState::held;
   Version version = 0;
   TimestampUs expires_at_us = 0;
@@ -150,7 +160,27 @@ struct Reservation {
   // it is made, so that a release gives the units back where they were taken).
   std::optional<std::string> buyer;
   std::optional<std::string> limit_group;
+
+  // Units still held: on the stock row's `reserved`, and expiring at expires_at_us.
+  Quantity held() const { return qty - confirmed - released - expired; }
+  // Units the buyer's purchase-limit count holds for it: held or sold, not returned.
+  Quantity counted() const { return qty - released - expired - returned; }
 };
+
+// How units leave a hold.
+enum class Settle { confirm, release, expire };
+
+// Moves `units` (0 < units <= held()) of `r`'s held units out by `how`, and sets its state
+// from what is left: held while any unit is held; then confirmed if any unit was sold,
+// else released or expired, by the step that ended it. The one place that rule is written;
+// both stores and the batch call it under the reservation's lock. Does not touch the
+// version or the times.
+void settle_units(Reservation& r, Settle how, Quantity units);
+// Whether `r` keeps the identity above, with its state 'held' exactly when units are held
+// and no expired unit on a hold (the schema's reservation_units CHECK, for the audit).
+bool units_consistent(const Reservation& r);
+// Its units as an audit report shows them: "qty 5: held 2, confirmed 3, ...; state held".
+std::string units_of(const Reservation& r);
 
 // "At most per_buyer units per buyer across these SKUs" (at every location). A SKU
 // belongs to at most one group.

@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "base/invariant.hpp"
 #include "stockade/errors.hpp"
 #include "stockade/hash.hpp"
 
@@ -119,6 +120,42 @@ Strategy parse_strategy(std::string_view name) {
   throw_invalid_argument("unknown strategy " + shown(name) +
                          "; expected one of atomic, pessimistic, advisory, optimistic, "
                          "batched, auto");
+}
+
+void settle_units(Reservation& r, Settle how, Quantity units) {
+  STOCKADE_ASSERT(units > 0 && units <= r.held());
+  switch (how) {
+    case Settle::confirm:
+      r.confirmed += units;
+      break;
+    case Settle::release:
+      r.released += units;
+      break;
+    case Settle::expire:
+      r.expired += units;
+      break;
+  }
+  if (r.held() > 0) {
+    r.state = ReservationState::held;
+  } else if (r.confirmed > 0) {
+    r.state = ReservationState::confirmed;
+  } else {
+    r.state = how == Settle::expire ? ReservationState::expired : ReservationState::released;
+  }
+}
+
+bool units_consistent(const Reservation& r) {
+  const bool holding = r.state == ReservationState::held;
+  return r.confirmed >= 0 && r.released >= 0 && r.expired >= 0 && r.returned >= 0 &&
+         r.returned <= r.confirmed && r.held() >= 0 && holding == (r.held() > 0) &&
+         (!holding || r.expired == 0);
+}
+
+std::string units_of(const Reservation& r) {
+  return "qty " + std::to_string(r.qty) + ": held " + std::to_string(r.held()) + ", confirmed " +
+         std::to_string(r.confirmed) + ", released " + std::to_string(r.released) + ", expired " +
+         std::to_string(r.expired) + ", returned " + std::to_string(r.returned) + "; state " +
+         reservation_state_name(r.state);
 }
 
 const char* reservation_state_name(ReservationState state) noexcept {

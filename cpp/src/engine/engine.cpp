@@ -628,6 +628,12 @@ void Engine::check_transition(const TransitionRequest& request) const {
   check_process();
   if (request.kind == Transition::extend) validate_ttl_us(request.ttl_us);
   validate_expected_version(request.expected_version);
+  if (request.qty) {
+    if (request.kind == Transition::extend) {
+      throw_invalid_argument("qty applies to confirm and release, not to extend");
+    }
+    validate_qty(*request.qty);
+  }
 }
 
 // A confirm or release goes through the batcher when the row's SKU batches
@@ -663,16 +669,18 @@ Reservation Engine::transition(const TransitionRequest& request) {
   return out;
 }
 
-Reservation Engine::confirm(const Uuid& id, std::optional<Version> expected) {
-  return transition({id, Transition::confirm, 0, expected});
+Reservation Engine::confirm(const Uuid& id, std::optional<Version> expected,
+                            std::optional<Quantity> qty) {
+  return transition({id, Transition::confirm, 0, expected, qty});
 }
 
-Reservation Engine::release(const Uuid& id, std::optional<Version> expected) {
-  return transition({id, Transition::release, 0, expected});
+Reservation Engine::release(const Uuid& id, std::optional<Version> expected,
+                            std::optional<Quantity> qty) {
+  return transition({id, Transition::release, 0, expected, qty});
 }
 
 Reservation Engine::extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) {
-  return transition({id, Transition::extend, ttl_us, expected});
+  return transition({id, Transition::extend, ttl_us, expected, std::nullopt});
 }
 
 Reservation Engine::get_reservation(const Uuid& id) {

@@ -56,6 +56,7 @@ inline BatchItem transition_item(const TransitionRequest& request) {
   item.started_us = steady_now_us();
   item.id = request.id;
   item.expected_version = request.expected_version;
+  item.qty = request.qty.value_or(0);  // 0: all that is held
   return item;
 }
 

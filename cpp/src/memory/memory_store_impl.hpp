@@ -228,7 +228,7 @@ class MemoryStore final : public Store, public TestHooks {
       const std::vector<OrderLine>& lines, const std::string& buyer,
       const std::function<std::vector<Reservation>(const LineGroups&)>& make);
   // A released or expired hold gives its units back to its buyer's count.
-  void give_back(const Reservation& r);
+  void give_back(const Reservation& r, Quantity units);
   // `asked`: what the request asks, for the message of a conflict (store/fingerprint.hpp).
   std::vector<Reservation> with_idempotency(const std::string& key, const std::string& fingerprint,
                                             const Asked& asked, const WriteOptions& options,

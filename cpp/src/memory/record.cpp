@@ -38,8 +38,9 @@ std::vector<SkuKey> rows_in_scope(const Shards& shards, const AuditOptions& opti
 
 struct MemoryStore::AuditSums {
   std::unordered_map<SkuKey, Quantity, SkuKeyHash> held;  // per row
-  std::map<std::string, Quantity> counted;  // per group '\0' buyer: held and confirmed
+  std::map<std::string, Quantity> counted;  // per group '\0' buyer: Reservation::counted()
   std::uint64_t reservations = 0;
+  std::vector<Reservation> inconsistent;  // units that do not add up (units_consistent)
 };
 
 std::vector<Movement> MemoryStore::movements(const MovementQuery& query) {
@@ -85,13 +86,14 @@ MemoryStore::AuditSums MemoryStore::audit_sums(const AuditOptions& options) cons
     for (const auto& [id, record] : shard.records) {
       const Reservation& r = record.value;
       ++sums.reservations;
+      if (!units_consistent(r) && in_scope(options, r.key)) sums.inconsistent.push_back(r);
       const bool counts =
           r.state == ReservationState::held || r.state == ReservationState::confirmed;
       if (counts && r.limit_group && r.buyer) {
-        sums.counted[*r.limit_group + '\0' + *r.buyer] += r.qty;
+        sums.counted[*r.limit_group + '\0' + *r.buyer] += r.counted();
       }
       if (r.state != ReservationState::held || !in_scope(options, r.key)) continue;
-      sums.held[r.key] += r.qty;
+      sums.held[r.key] += r.held();
     }
   }
   return sums;
@@ -261,8 +263,15 @@ AuditReport MemoryStore::audit(const AuditOptions& options) {
   // No hold_not_expired: the memory store has no thread; its holds lapse into expiry as
   // calls arrive (MemoryOptions::expire_lapsed), so one past its expiry with no call
   // since is no fault.
-  report.checks = {"reserved_matches_holds", "slot_row_has_sku"};
+  report.checks = {"reservation_units", "reserved_matches_holds", "slot_row_has_sku"};
   const AuditSums sums = audit_sums(options);
+  for (const Reservation& r : sums.inconsistent) {
+    add_violation(report, options,
+                  {"reservation_units", r.key, r.id.to_string(),
+                   "held + confirmed + released + expired = qty, returned <= confirmed, "
+                   "state held exactly while units are held",
+                   units_of(r)});
+  }
   report.reservations = sums.reservations;
   audit_rows(options, sums, report);
   if (!options.sku) {

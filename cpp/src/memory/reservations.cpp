@@ -144,12 +144,12 @@ std::vector<Reservation> MemoryStore::within_limits(
   return made;
 }
 
-void MemoryStore::give_back(const Reservation& r) {
+void MemoryStore::give_back(const Reservation& r, Quantity units) {
   if (!r.buyer || !r.limit_group) return;
   std::lock_guard<std::mutex> lock(allowance_mutex_);
   auto it = allowances_.find(*r.limit_group + '\0' + *r.buyer);
   if (it == allowances_.end()) return;  // the group was removed since
-  it->second -= std::min(it->second, r.qty);
+  it->second -= std::min(it->second, units);
   if (it->second == 0) allowances_.erase(it);
 }
 
@@ -320,13 +320,14 @@ std::vector<Reservation> MemoryStore::with_idempotency(
 void MemoryStore::expire_locked(ReservationShard& shard, ReservationRecord& record,
                                 TimestampUs now) {
   Reservation& r = record.value;
+  const Quantity units = r.held();  // a part may have been confirmed or released already
   {
     const NoteScope note({"expire", "", "", r.id.to_string()});
-    release_stock(*record.row, r.qty, /*sold=*/false, now);
+    release_stock(*record.row, units, /*sold=*/false, now);
   }
-  give_back(r);
+  give_back(r, units);
   shard.held_by_expiry.erase({r.expires_at_us, r.id});
-  r.state = ReservationState::expired;
+  settle_units(r, Settle::expire, units);
   r.version += 1;
   r.updated_at_us = now;
   mark_terminal(shard, r);
@@ -355,17 +356,19 @@ Reservation MemoryStore::transition(const TransitionRequest& request) {
   const TimestampUs extended =
       kind == Transition::extend ? expiry_of(now, request.ttl_us, "the hold") : 0;
   switch (kind) {
-    case Transition::confirm:
-      release_stock(*record.row, r.qty, /*sold=*/true, now);
-      shard.held_by_expiry.erase({r.expires_at_us, r.id});
-      r.state = ReservationState::confirmed;
+    case Transition::confirm: {
+      const Quantity units = units_to_settle(r, "confirm", request.qty.value_or(0));
+      release_stock(*record.row, units, /*sold=*/true, now);
+      settle_units(r, Settle::confirm, units);
       break;
-    case Transition::release:
-      release_stock(*record.row, r.qty, /*sold=*/false, now);
-      give_back(r);
-      shard.held_by_expiry.erase({r.expires_at_us, r.id});
-      r.state = ReservationState::released;
+    }
+    case Transition::release: {
+      const Quantity units = units_to_settle(r, "release", request.qty.value_or(0));
+      release_stock(*record.row, units, /*sold=*/false, now);
+      give_back(r, units);
+      settle_units(r, Settle::release, units);
       break;
+    }
     case Transition::extend:
       shard.held_by_expiry.erase({r.expires_at_us, r.id});
       r.expires_at_us = extended;
@@ -375,7 +378,10 @@ Reservation MemoryStore::transition(const TransitionRequest& request) {
   }
   r.version += 1;
   r.updated_at_us = now;
-  if (kind != Transition::extend) mark_terminal(shard, r);
+  if (r.state != ReservationState::held) {  // nothing is held any more
+    shard.held_by_expiry.erase({r.expires_at_us, r.id});
+    mark_terminal(shard, r);
+  }
   return r;
 }
 
@@ -506,7 +512,8 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
         case BatchOp::release:
           item->reservation = transition(
               {item->id, item->op == BatchOp::confirm ? Transition::confirm : Transition::release,
-               0, item->expected_version});
+               0, item->expected_version,
+               item->qty > 0 ? std::optional<Quantity>(item->qty) : std::nullopt});
           break;
       }
       item->ok = true;

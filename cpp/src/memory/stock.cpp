@@ -679,7 +679,7 @@ Reservation MemoryStore::limited_reserve_by_check(const SkuKey& key, Quantity qt
       const Reservation& r = record.value;
       if (r.buyer == buyer && r.limit_group == group &&
           (r.state == ReservationState::held || r.state == ReservationState::confirmed)) {
-        held += r.qty;
+        held += r.counted();
       }
     }
   }

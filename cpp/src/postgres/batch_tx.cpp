@@ -302,28 +302,38 @@ void BatchTx::decide_transition(BatchItem& item) {
     return;
   }
   RowState& row = found->second;
-  STOCKADE_ASSERT(r.qty > 0 && r.qty <= row.reserved);  // a held hold's units are reserved
-  const bool sold = item.op == BatchOp::confirm && !it->second.lapsed;
-  if (!sold && r.buyer && r.limit_group) {  // released or expired: the units go back
-    if (auto a = allowances_.find({*r.limit_group, *r.buyer}); a != allowances_.end()) {
-      a->second.delta -= r.qty;
+  const bool lapsed = it->second.lapsed;
+  Quantity units = r.held();  // a lapsed hold expires whole, whatever was asked
+  if (!lapsed) {
+    try {
+      units = units_to_settle(r, item.op == BatchOp::confirm ? "confirm" : "release", item.qty);
+    } catch (const Error& e) {
+      fail(item, e);
+      return;
     }
   }
-  row.reserved -= r.qty;
-  row.held -= r.qty;
+  STOCKADE_ASSERT(units > 0 && units <= row.reserved);  // a held hold's units are reserved
+  const bool sold = item.op == BatchOp::confirm && !lapsed;
+  if (!sold && r.buyer && r.limit_group) {  // released or expired: the units go back
+    if (auto a = allowances_.find({*r.limit_group, *r.buyer}); a != allowances_.end()) {
+      a->second.delta -= units;
+    }
+  }
+  row.reserved -= units;
+  row.held -= units;
   if (sold) {
-    row.on_hand -= r.qty;
-    row.sold += r.qty;
+    row.on_hand -= units;
+    row.sold += units;
   }
   ++row.changes;
   STOCKADE_ASSERT_ROW(row.on_hand, row.reserved, row.backorder_limit);
-  r.state = it->second.lapsed             ? ReservationState::expired
-            : item.op == BatchOp::confirm ? ReservationState::confirmed
-                                          : ReservationState::released;
+  settle_units(r, lapsed ? Settle::expire : sold ? Settle::confirm : Settle::release, units);
   ++r.version;
   r.updated_at_us = now_us_;
-  transitions_.emplace_back(r.id, reservation_state_name(r.state));
-  if (it->second.lapsed) {
+  if (std::find(transitions_.begin(), transitions_.end(), r.id) == transitions_.end()) {
+    transitions_.push_back(r.id);
+  }
+  if (lapsed) {
     fail(item, not_holdable(r));
     return;
   }
@@ -335,12 +345,19 @@ void BatchTx::write_transitions(Tx& tx) {
   if (transitions_.empty()) return;
   std::vector<Uuid> ids;
   std::vector<std::string> states;
-  for (const auto& [id, state] : transitions_) {
-    ids.push_back(id);
-    states.emplace_back(state);
+  std::vector<std::int64_t> confirmed, released, expired, versions;
+  for (const Uuid& id : transitions_) {
+    const Reservation& r = holds_.at(id).reservation;
+    ids.push_back(r.id);
+    states.emplace_back(reservation_state_name(r.state));
+    confirmed.push_back(r.confirmed);
+    released.push_back(r.released);
+    expired.push_back(r.expired);
+    versions.push_back(r.version);
   }
   const auto written = static_cast<std::size_t>(
-      tx.exec_on(shard_, Stmt::batch_transition, uuid_array(ids), text_array(states))
+      tx.exec_on(shard_, Stmt::batch_transition, uuid_array(ids), text_array(states),
+                 int_array(confirmed), int_array(released), int_array(expired), int_array(versions))
           .affected_rows());
   if (written != ids.size()) {
     throw Error(ErrorCode::invariant_violation, "a batch changed " + std::to_string(written) +

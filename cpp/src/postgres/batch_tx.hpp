@@ -329,7 +329,9 @@ class BatchTx {
   std::map<std::string, KeyClaim> keys_;
   std::map<SkuKey, RowState> rows_;
   std::map<Uuid, Hold> holds_;  // the reservations transitions are about, as locked
-  std::vector<std::pair<Uuid, const char*>> transitions_;  // new states to write
+  // The reservations a transition changed (in holds_, with their new units and version),
+  // each once: two partial steps of one hold in a batch write it once, as it ends up.
+  std::vector<Uuid> transitions_;
   // Purchase limits: each limited SKU's (group, per_buyer), and each (group, buyer) parent
   // row as locked, with the change this batch makes to it.
   struct Allowance {

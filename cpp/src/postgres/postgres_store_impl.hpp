@@ -304,7 +304,7 @@ class PostgresStore final : public Store, public TestHooks {
   // row) or raises LimitExceeded; it returns each line's group. give_back returns a
   // released or expired hold's units.
   LineGroups take_allowances(Tx& tx, const std::vector<OrderLine>& lines, const std::string& buyer);
-  void give_back(Tx& tx, const Reservation& r);
+  void give_back(Tx& tx, const Reservation& r, Quantity units);
   std::vector<Reservation> hold(Tx& tx, const std::vector<OrderLine>& sorted_lines,
                                 const std::vector<Uuid>& ids, std::int64_t ttl_us,
                                 const std::optional<std::string>& idempotency_key,

@@ -218,7 +218,8 @@ AuditReport PostgresStore::audit(const AuditOptions& options) {
   const std::string sku = options.sku.value_or(std::string());
   const auto limit = static_cast<std::int64_t>(options.limit) + 1;
   AuditReport report;
-  report.checks = {"reserved_matches_holds", "hold_not_expired", "slot_row_has_sku"};
+  report.checks = {"reservation_units", "reserved_matches_holds", "hold_not_expired",
+                   "slot_row_has_sku"};
   if (!options.sku) {
     report.checks.insert(report.checks.end(), {"limit_matches_holds", "key_has_reservations"});
   }
@@ -262,6 +263,14 @@ AuditReport PostgresStore::audit(const AuditOptions& options) {
 void PostgresStore::audit_holds(const AuditOptions& options, const std::string& sku,
                                 std::int64_t limit, AuditReport& report) {
   run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    for (const auto& row : tx.exec(Stmt::audit_units, sku, limit)) {
+      const Reservation r = read_reservation(row);
+      add_violation(report, options,
+                    {"reservation_units", r.key, r.id.to_string(),
+                     "held + confirmed + released + expired = qty, returned <= confirmed, "
+                     "state held exactly while units are held",
+                     units_of(r)});
+    }
     for (const auto& r : tx.exec(Stmt::audit_reserved, sku, limit)) {
       add_violation(
           report, options,

@@ -31,6 +31,10 @@ Reservation read_reservation(const pqxx::row& row, bool* lapsed_out) {
   if (lapsed_out != nullptr) *lapsed_out = row[10].as<bool>();
   if (!row[11].is_null()) r.buyer = row[11].as<std::string>();
   if (!row[12].is_null()) r.limit_group = row[12].as<std::string>();
+  r.confirmed = row[14].as<std::int64_t>();
+  r.released = row[15].as<std::int64_t>();
+  r.expired = row[16].as<std::int64_t>();
+  r.returned = row[17].as<std::int64_t>();
   return r;
 }
 
@@ -171,10 +175,10 @@ LineGroups PostgresStore::take_allowances(Tx& tx, const std::vector<OrderLine>& 
   return groups;
 }
 
-void PostgresStore::give_back(Tx& tx, const Reservation& r) {
+void PostgresStore::give_back(Tx& tx, const Reservation& r, Quantity units) {
   if (r.buyer && r.limit_group) {
     tx.exec_on(shard_key_of(*r.limit_group, *r.buyer), Stmt::allowance_give, *r.limit_group,
-               *r.buyer, r.qty);
+               *r.buyer, units);
   }
 }
 
@@ -280,31 +284,37 @@ Reservation PostgresStore::transition(const TransitionRequest& request) {
     Reservation r = read_reservation(rows[0], &lapsed);
     check_expected(r, request.expected_version);
     if (r.state != ReservationState::held) throw not_holdable(r);
+    // Writes the reservation's new units and state (settle_units decided them).
+    const auto write = [&](const Reservation& next, std::int64_t ttl_us) {
+      return read_reservation(tx.exec_on(id.shard_key(), Stmt::reservation_set, id.to_string(),
+                                         std::string(reservation_state_name(next.state)), ttl_us,
+                                         next.confirmed, next.released, next.expired)[0]);
+    };
     if (lapsed) {  // expire it lazily, as the sweeper would have, and say so
-      give_back(tx, r);
-      move_stock(tx, r.key, 0, r.qty);
-      r = read_reservation(tx.exec_on(id.shard_key(), Stmt::reservation_set, id.to_string(),
-                                      std::string("expired"), std::int64_t{0})[0]);
-      throw CommitThenRaise{not_holdable(r)};
+      const Quantity units = r.held();
+      give_back(tx, r, units);
+      move_stock(tx, r.key, 0, units);
+      settle_units(r, Settle::expire, units);
+      throw CommitThenRaise{not_holdable(write(r, 0))};
     }
-    std::string next;
     switch (kind) {
-      case Transition::confirm:
-        move_stock(tx, r.key, r.qty, r.qty);
-        next = "confirmed";
+      case Transition::confirm: {
+        const Quantity units = units_to_settle(r, "confirm", request.qty.value_or(0));
+        move_stock(tx, r.key, units, units);
+        settle_units(r, Settle::confirm, units);
         break;
-      case Transition::release:
-        give_back(tx, r);
-        move_stock(tx, r.key, 0, r.qty);
-        next = "released";
+      }
+      case Transition::release: {
+        const Quantity units = units_to_settle(r, "release", request.qty.value_or(0));
+        give_back(tx, r, units);
+        move_stock(tx, r.key, 0, units);
+        settle_units(r, Settle::release, units);
         break;
+      }
       case Transition::extend:
-        next = "held";
         break;
     }
-    return read_reservation(
-        tx.exec_on(id.shard_key(), Stmt::reservation_set, id.to_string(), next,
-                   kind == Transition::extend ? request.ttl_us : std::int64_t{0})[0]);
+    return write(r, kind == Transition::extend ? request.ttl_us : std::int64_t{0});
   });
 }
 

@@ -66,6 +66,16 @@ int last_parameter(const std::string& sql) {
   return last;
 }
 
+// The sweeper's write of a due hold (settle_units' rule in SQL): the whole remainder
+// expires, and the state says how the hold ended. A hold has no expired unit before
+// (reservation_units), so the new `expired` is the units to give back, which RETURNING
+// reads as `units`.
+std::string expire_remainder() {
+  return " r SET state = CASE WHEN r.confirmed > 0 THEN 'confirmed' ELSE 'expired' END,"
+         " expired = r.qty - r.confirmed - r.released, version = r.version + 1,"
+         " updated_at = now()";
+}
+
 }  // namespace
 
 std::string epoch_us(const std::string& column) {
@@ -75,7 +85,8 @@ std::string epoch_us(const std::string& column) {
 std::string reservation_columns() {
   return "id::text, sku, location, qty, state, version, " + epoch_us("expires_at") + ", " +
          epoch_us("created_at") + ", " + epoch_us("updated_at") +
-         ", idempotency_key, expires_at <= now(), buyer, limit_group, slot";
+         ", idempotency_key, expires_at <= now(), buyer, limit_group, slot, confirmed, released,"
+         " expired, returned";
 }
 
 std::string new_reservation(const std::string& table, bool buyer) {
@@ -179,11 +190,10 @@ void Statements::add_expiry_statements(const std::string& schema, Set& set) {
                              ".reservation WHERE state = 'held' AND expires_at <= now()@PIN"
                              " ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED");
   set(Stmt::expire_set,
-      "UPDATE " + schema +
-          ".reservation r SET state = 'expired', version = r.version + 1,"
-          " updated_at = now() WHERE r.id = ANY($1::uuid[])@PIN(r)"
-          " AND r.state = 'held' RETURNING r.sku, r.location, r.qty, coalesce(r.limit_group, ''),"
-          " coalesce(r.buyer, ''), r.slot");
+      "UPDATE " + schema + ".reservation" + expire_remainder() +
+          " WHERE r.id = ANY($1::uuid[])@PIN(r) AND r.state = 'held' RETURNING r.sku,"
+          " r.location, r.expired AS units, coalesce(r.limit_group, ''), coalesce(r.buyer, ''),"
+          " r.slot");
 }
 
 // The statements of the Citus layout alone: retention by shard group, and stats()' counts.
@@ -406,7 +416,9 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
       "WITH w AS (UPDATE " + reservation +
           " SET state = $2, version = version + 1, updated_at = now(), expires_at = CASE WHEN"
           " $3::bigint > 0 THEN " +
-          ttl_from_now(3) + " ELSE expires_at END WHERE id = $1::uuid@PIN RETURNING *) SELECT " +
+          ttl_from_now(3) +
+          " ELSE expires_at END, confirmed = $4, released = $5, expired = $6"
+          " WHERE id = $1::uuid@PIN RETURNING *) SELECT " +
           reservation_columns() + " FROM w");
   set(Stmt::reservation_get_many, "SELECT " + reservation_columns() + " FROM " + reservation +
                                       " WHERE id = ANY($1::uuid[])@PIN");
@@ -421,12 +433,10 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
           " WHERE state = 'held' AND expires_at <= now()@PIN ORDER BY expires_at LIMIT $1"
           " FOR UPDATE SKIP LOCKED),"
           " done AS (UPDATE " +
-          reservation +
-          " r SET state = 'expired', version = r.version + 1, updated_at = now()"
-          " WHERE r.id = " +
-          ids_of("id", "due") +
-          "@PIN(r) AND r.state = 'held' RETURNING r.sku, r.location, r.slot, r.qty, r.limit_group,"
-          " r.buyer) SELECT sku, location, sum(qty)::bigint, count(*), coalesce(limit_group, ''),"
+          reservation + expire_remainder() + " WHERE r.id = " + ids_of("id", "due") +
+          "@PIN(r) AND r.state = 'held' RETURNING r.sku, r.location, r.slot, r.expired AS units,"
+          " r.limit_group, r.buyer) SELECT sku, location, sum(units)::bigint, count(*),"
+          " coalesce(limit_group, ''),"
           " coalesce(buyer, ''), slot FROM done GROUP BY sku, location, slot, limit_group, buyer"
           " ORDER BY sku COLLATE \"C\", location COLLATE \"C\", slot");
 }

@@ -101,6 +101,7 @@ namespace stockade::detail::pg {
   X(purge_movements_citus, citus)     \
   X(audit_reserved, plain)            \
   X(audit_lapsed, plain)              \
+  X(audit_units, plain)               \
   X(audit_limits, plain)              \
   X(audit_slots, plain)               \
   X(audit_keys, plain)                \

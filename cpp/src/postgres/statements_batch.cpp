@@ -91,14 +91,18 @@ void add_batch_statements(const std::string& schema, const StatementSink& set) {
                             " slot) WHERE s.sku = d.sku AND s.location = d.location"
                             " AND s.slot = d.slot@PIN(s)");
   // Confirms and releases: their reservation rows, locked in id order before any stock row
-  // (the order a per-request transition keeps), and their new states, written at once.
+  // (the order a per-request transition keeps), and their new units, states and versions
+  // (as the batch decided them on the locked rows), written at once.
   set(Stmt::batch_lock_reservations, "SELECT " + reservation_columns() + " FROM " + schema +
                                          ".reservation WHERE id = ANY($1::uuid[])@PIN"
                                          " ORDER BY id FOR UPDATE");
   set(Stmt::batch_transition,
       "UPDATE " + schema +
-          ".reservation AS r SET state = u.state, version = r.version + 1, updated_at = now()"
-          " FROM unnest($1::uuid[], $2::text[]) AS u(id, state) WHERE r.id = u.id@PIN(r)");
+          ".reservation AS r SET state = u.state, confirmed = u.confirmed,"
+          " released = u.released, expired = u.expired, version = u.version,"
+          " updated_at = now() FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bigint[],"
+          " $5::bigint[], $6::bigint[]) AS u(id, state, confirmed, released, expired, version)"
+          " WHERE r.id = u.id@PIN(r)");
 }
 
 // The batch fast paths: one statement in autocommit each.

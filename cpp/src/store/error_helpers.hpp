@@ -182,14 +182,38 @@ inline ErrorContext context_of(const Reservation& reservation) {
 // A transition found the reservation no longer held: expired holds raise
 // ReservationExpired, every other state InvalidState.
 inline Error not_holdable(const Reservation& r) {
-  if (r.state == ReservationState::expired) {
-    return Error(ErrorCode::reservation_expired, "reservation " + r.id.to_string() + " has expired",
-                 context_of(r));
+  // A hold ends by expiry only once, taking all that is left: a reservation with expired
+  // units has expired, even when its state says some were sold first.
+  if (r.state == ReservationState::expired ||
+      (r.state != ReservationState::held && r.expired > 0)) {
+    std::string sold;
+    if (r.confirmed > 0) {
+      sold = " (" + std::to_string(r.confirmed) + " of its " + std::to_string(r.qty) +
+             " units were confirmed before)";
+    }
+    return Error(ErrorCode::reservation_expired,
+                 "reservation " + r.id.to_string() + " has expired" + sold, context_of(r));
   }
   return Error(
       ErrorCode::invalid_state,
       "reservation " + r.id.to_string() + " is " + reservation_state_name(r.state) + ", not held",
       context_of(r));
+}
+
+// A confirm or release of more units than the hold still has.
+inline Error exceeds_held(const Reservation& r, const char* verb, Quantity qty) {
+  return Error(ErrorCode::invalid_state,
+               "reservation " + r.id.to_string() + " holds " + std::to_string(r.held()) +
+                   " units; cannot " + verb + " " + std::to_string(qty) + " (nothing changed)",
+               context_of(r));
+}
+
+// The units a confirm or release of `r` settles: `asked` (0: all that is held; a batch
+// item's qty). Throws exceeds_held for more than is held. `r` must be held.
+inline Quantity units_to_settle(const Reservation& r, const char* verb, Quantity asked) {
+  if (asked == 0) return r.held();
+  if (asked > r.held()) throw exceeds_held(r, verb, asked);
+  return asked;
 }
 
 inline void check_expected(const Reservation& r, const std::optional<Version>& expected) {
