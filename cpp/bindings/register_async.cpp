@@ -59,20 +59,24 @@ void register_async_calls(py::class_<Engine>& c) {
           py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(), Release());
   auto transition = [](Transition kind) {
     return [kind](Engine& e, Sink channel, std::uint64_t token, const Uuid& id,
-                  OptInt expected_version, OptInt qty) {
-      e.submit_transition({id, kind, 0, expected_version, qty}, std::move(channel), token);
+                  OptInt expected_version, OptInt qty, bool release_rest) {
+      e.submit_transition({id, kind, 0, expected_version, qty, release_rest}, std::move(channel),
+                          token);
     };
   };
   c.def("submit_confirm", transition(Transition::confirm), py::arg("channel"), py::arg("token"),
-        py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(), Release())
+        py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(),
+        py::arg("release_rest") = false, Release())
       .def("submit_release", transition(Transition::release), py::arg("channel"), py::arg("token"),
-           py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(), Release())
+           py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(),
+           py::arg("release_rest") = false, Release())
       .def(
           "submit_extend",
           [](Engine& e, Sink channel, std::uint64_t token, const Uuid& id, std::int64_t ttl_us,
              OptInt expected_version) {
-            e.submit_transition({id, Transition::extend, ttl_us, expected_version, std::nullopt},
-                                std::move(channel), token);
+            e.submit_transition(
+                {id, Transition::extend, ttl_us, expected_version, std::nullopt, false},
+                std::move(channel), token);
           },
           py::arg("channel"), py::arg("token"), py::arg("id"), py::arg("ttl_us"),
           py::arg("expected_version"), Release());

@@ -148,10 +148,11 @@ void register_reservation_calls(py::class_<Engine>& c) {
       .def("buyer_held", &Engine::buyer_held, py::arg("group"), py::arg("buyer"), Release())
       .def(
           "confirm",
-          [](Engine& e, const Uuid& id, OptInt expected_version, OptInt qty) {
-            return e.confirm(id, expected_version, qty);
+          [](Engine& e, const Uuid& id, OptInt expected_version, OptInt qty, bool release_rest) {
+            return e.confirm(id, expected_version, qty, release_rest);
           },
-          py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(), Release())
+          py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(),
+          py::arg("release_rest") = false, Release())
       .def(
           "release",
           [](Engine& e, const Uuid& id, OptInt expected_version, OptInt qty) {

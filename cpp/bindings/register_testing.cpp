@@ -73,7 +73,8 @@ LockHandle hold_lock(Engine& e, const std::string& sku, const std::string& locat
 py::dict drive(Engine& engine, const std::vector<std::pair<std::string, std::string>>& skus,
                std::size_t clients, std::size_t window, std::int64_t duration_ms, Quantity qty,
                std::int64_t ttl_us, const OptStr& strategy, bool keyed, bool confirm,
-               std::size_t buyers, bool sell, OptInt fencing_token) {
+               std::size_t buyers, bool sell, OptInt fencing_token, Quantity confirm_qty,
+               bool release_rest) {
   LoadSpec spec;
   for (const auto& [sku, location] : skus) spec.keys.push_back({sku, location});
   spec.clients = clients;
@@ -84,6 +85,8 @@ py::dict drive(Engine& engine, const std::vector<std::pair<std::string, std::str
   spec.call = call_options(strategy, false, {}, {});
   spec.keyed = keyed;
   spec.confirm = confirm;
+  spec.confirm_qty = confirm_qty;
+  spec.release_rest = release_rest;
   spec.buyers = buyers;
   spec.sell = sell;
   spec.call.fencing_token = fencing_token;
@@ -119,6 +122,7 @@ void register_testing(py::module_& m) {
         py::arg("window"), py::arg("duration_ms"), py::arg("qty"), py::arg("ttl_us"),
         py::arg("strategy"), py::arg("keyed") = false, py::arg("confirm") = false,
         py::arg("buyers") = 0, py::arg("sell") = false, py::arg("fencing_token") = py::none(),
+        py::arg("confirm_qty") = 0, py::arg("release_rest") = false,
         "Drives reservations from C++ client threads (see stockade/tools/load.hpp); returns "
         "counts and latency percentiles.");
   m.def(

@@ -467,18 +467,22 @@ class EngineCalls:
         id: ReservationId,
         *,
         qty: Optional[int] = None,
+        release_rest: bool = False,
         expected_version: Optional[int] = None,
     ) -> Reservation:
         """Sells ``qty`` of the held units (default: all of them): they leave on_hand.
 
-        A part leaves the rest held, with its expiry; the state becomes ``confirmed`` once
-        nothing is held. More than is held raises ``InvalidState`` and changes nothing;
-        ``ReservationExpired`` past expiry."""
+        A part leaves the rest held, with its expiry; ``release_rest=True`` releases the
+        rest in the same step instead (ship 2 of 3 and cancel the third: one call, one
+        transaction). The state becomes ``confirmed`` once nothing is held. More than is
+        held raises ``InvalidState`` and changes nothing; ``ReservationExpired`` past
+        expiry."""
         return Reservation._from_core(
             self._core.confirm(
                 id=reservation_id_bytes(id),
                 expected_version=check_optional_int("expected_version", expected_version),
                 qty=check_optional_int("qty", qty),
+                release_rest=check_bool("release_rest", release_rest),
             )
         )
 

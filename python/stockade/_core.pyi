@@ -406,7 +406,11 @@ class Engine:
         buyer: Optional[str] = None,
     ) -> list[Reservation]: ...
     def confirm(
-        self, id: bytes, expected_version: Optional[int], qty: Optional[int] = None
+        self,
+        id: bytes,
+        expected_version: Optional[int],
+        qty: Optional[int] = None,
+        release_rest: bool = False,
     ) -> Reservation: ...
     def release(
         self, id: bytes, expected_version: Optional[int], qty: Optional[int] = None
@@ -461,6 +465,7 @@ class Engine:
         id: bytes,
         expected_version: Optional[int],
         qty: Optional[int] = None,
+        release_rest: bool = False,
     ) -> None: ...
     def submit_release(
         self,
@@ -469,6 +474,7 @@ class Engine:
         id: bytes,
         expected_version: Optional[int],
         qty: Optional[int] = None,
+        release_rest: bool = False,
     ) -> None: ...
     def submit_extend(
         self,
@@ -509,6 +515,8 @@ def drive_load(
     buyers: int = ...,
     sell: bool = ...,
     fencing_token: Optional[int] = ...,
+    confirm_qty: int = ...,
+    release_rest: bool = ...,
 ) -> dict[str, Any]: ...
 def prepared_statements(schema: str) -> list[dict[str, Any]]: ...
 def make_uuid_v7(unix_ms: int, shard_key: int) -> bytes: ...

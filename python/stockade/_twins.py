@@ -301,6 +301,7 @@ class EngineTwins(EngineCalls):
         id: ReservationId,
         *,
         qty: Optional[int] = None,
+        release_rest: bool = False,
         expected_version: Optional[int] = None,
     ) -> Reservation:
         """:meth:`confirm` as an awaitable."""
@@ -310,6 +311,7 @@ class EngineTwins(EngineCalls):
             id=reservation_id_bytes(id),
             expected_version=check_optional_int("expected_version", expected_version),
             qty=check_optional_int("qty", qty),
+            release_rest=check_bool("release_rest", release_rest),
         )
 
     async def release_async(

@@ -217,7 +217,9 @@ TEST_F(MemoryEngine, a_hold_is_confirmed_and_released_in_parts) {
   const StockLevel before = engine->stock(sku);
   EXPECT_STOCKADE_ERROR(engine->release(r.id, {}, 4), ErrorCode::invalid_state);
   EXPECT_STOCKADE_ERROR(engine->confirm(r.id, {}, 0), ErrorCode::invalid_argument);
-  EXPECT_STOCKADE_ERROR(engine->transition({r.id, Transition::extend, minute_us, {}, 1}),
+  EXPECT_STOCKADE_ERROR(engine->transition({r.id, Transition::extend, minute_us, {}, 1, false}),
+                        ErrorCode::invalid_argument);
+  EXPECT_STOCKADE_ERROR(engine->transition({r.id, Transition::release, 0, {}, 1, true}),
                         ErrorCode::invalid_argument);
   expect_unchanged(before);
   EXPECT_EQ(engine->release(r.id, {}, 1).held(), 2);
@@ -228,6 +230,18 @@ TEST_F(MemoryEngine, a_hold_is_confirmed_and_released_in_parts) {
   EXPECT_EQ(engine->stock(sku).reserved, 0);
   EXPECT_STOCKADE_ERROR(engine->confirm(r.id), ErrorCode::reservation_expired);
   EXPECT_TRUE(engine->audit({}).violations.empty());
+}
+
+TEST_F(MemoryEngine, a_confirm_releases_the_rest_in_the_same_step) {
+  engine->restock(sku, 10);
+  const Reservation r = engine->reserve(sku, 3);
+  const Reservation done = engine->confirm(r.id, {}, 2, true);
+  EXPECT_EQ(done.state, ReservationState::confirmed);
+  EXPECT_EQ(done.confirmed, 2);
+  EXPECT_EQ(done.released, 1);
+  EXPECT_EQ(done.version, r.version + 1);
+  EXPECT_EQ(engine->stock(sku).on_hand, 8);
+  EXPECT_EQ(engine->stock(sku).available(), 8);
 }
 
 TEST_F(MemoryEngine, transitions_from_a_final_state_raise_invalid_state) {

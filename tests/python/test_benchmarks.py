@@ -259,3 +259,17 @@ def test_journal_benchmark_runs_on_citus(stockade_citus: object, tmp_path: Path)
     assert report["citus"] and set(report["overhead"]) == {"batched", "atomic"}
     lag = report["lag"]
     assert lag["changes_read"] == lag["changes_written"] > 0  # every node read, nothing missed
+
+
+def test_lifecycle_benchmark_prints_every_case(tmp_path: Path) -> None:
+    out = run_benchmark(
+        "lifecycle.py", "--seconds", "0.2", "--clients", "8", "--rounds", "1",
+        "--json", str(tmp_path / "lifecycle.json"),
+    )  # fmt: skip
+    assert "partial / whole" in out.stdout and "one step / whole" in out.stdout
+    report = json.loads((tmp_path / "lifecycle.json").read_text())
+    assert set(report["runs"]) == {"whole", "partial", "one step"}
+    for runs in report["runs"].values():
+        assert runs[0]["granted"] > 0 and runs[0]["failed"] == 0
+        assert runs[0]["reserved_left"] == 0  # every order settled its whole hold
+    assert "audit clean: True" in out.stdout

@@ -79,6 +79,22 @@ def test_released_in_parts_a_hold_ends_released(any_engine: stockade.Engine) -> 
     assert_clean(eng)
 
 
+def test_a_confirm_may_release_the_rest_in_the_same_step(any_engine: stockade.Engine) -> None:
+    eng = any_engine
+    eng.set_purchase_limit("g", per_buyer=3, skus=["s"])
+    eng.restock("s", 10)
+    hold = eng.reserve("s", 3, buyer="ann")
+    done = eng.confirm(hold.id, qty=2, release_rest=True)
+    assert units(done) == (0, 2, 1, 0, 0) and done.state is ReservationState.CONFIRMED
+    assert done.version == hold.version + 1  # one step
+    lvl = eng.stock("s")
+    assert (lvl.on_hand, lvl.reserved, lvl.available) == (8, 0, 8)
+    assert eng.buyer_held("g", "ann") == 2  # the released unit went back to her count
+    everything = eng.reserve("s", 1, buyer="ann")
+    assert eng.confirm(everything.id, release_rest=True).confirmed == 1  # nothing left over
+    assert_clean(eng)
+
+
 def test_more_than_is_held_is_refused_and_changes_nothing(any_engine: stockade.Engine) -> None:
     eng = any_engine
     eng.restock("s", 10)

@@ -47,6 +47,8 @@ struct BatchRequest {
   // nothing of such a refusal.
   bool count_request = true;
   bool count_refusal = true;
+  // confirm: release what is still held after qty units (TransitionRequest::release_rest).
+  bool release_rest = false;
 };
 
 // One request in a batch: what it asks, and its outcome, which the store writes.

@@ -164,9 +164,10 @@ class Engine {
                                          std::optional<std::int64_t> ttl_us = {},
                                          std::optional<std::string> idempotency_key = {},
                                          const CallOptions& call = {});
-  // `qty`: how many of the held units (none: all); the rest stay held.
+  // `qty`: how many of the held units (none: all); the rest stay held, or with
+  // `release_rest` are released in the same step.
   Reservation confirm(const Uuid& id, std::optional<Version> expected_version = {},
-                      std::optional<Quantity> qty = {});
+                      std::optional<Quantity> qty = {}, bool release_rest = false);
   Reservation release(const Uuid& id, std::optional<Version> expected_version = {},
                       std::optional<Quantity> qty = {});
   Reservation extend(const Uuid& id, std::int64_t ttl_us,

@@ -58,6 +58,10 @@ struct TransitionRequest {
   // confirm and release: how many of the held units (none: all of them). A part leaves
   // the rest held, with its expiry; more than is held is refused (InvalidState).
   std::optional<Quantity> qty;
+  // confirm only: release the units still held after `qty` in the same step, so that the
+  // hold ends (a partial shipment that cancels the rest, TigerBeetle's post of part of a
+  // pending transfer).
+  bool release_rest = false;
 };
 
 struct ReserveRequest {

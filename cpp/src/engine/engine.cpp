@@ -634,6 +634,9 @@ void Engine::check_transition(const TransitionRequest& request) const {
     }
     validate_qty(*request.qty);
   }
+  if (request.release_rest && request.kind != Transition::confirm) {
+    throw_invalid_argument("release_rest applies to confirm only");
+  }
 }
 
 // A confirm or release goes through the batcher when the row's SKU batches
@@ -670,17 +673,17 @@ Reservation Engine::transition(const TransitionRequest& request) {
 }
 
 Reservation Engine::confirm(const Uuid& id, std::optional<Version> expected,
-                            std::optional<Quantity> qty) {
-  return transition({id, Transition::confirm, 0, expected, qty});
+                            std::optional<Quantity> qty, bool release_rest) {
+  return transition({id, Transition::confirm, 0, expected, qty, release_rest});
 }
 
 Reservation Engine::release(const Uuid& id, std::optional<Version> expected,
                             std::optional<Quantity> qty) {
-  return transition({id, Transition::release, 0, expected, qty});
+  return transition({id, Transition::release, 0, expected, qty, false});
 }
 
 Reservation Engine::extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) {
-  return transition({id, Transition::extend, ttl_us, expected, std::nullopt});
+  return transition({id, Transition::extend, ttl_us, expected, std::nullopt, false});
 }
 
 Reservation Engine::get_reservation(const Uuid& id) {

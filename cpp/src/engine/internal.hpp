@@ -57,6 +57,7 @@ inline BatchItem transition_item(const TransitionRequest& request) {
   item.id = request.id;
   item.expected_version = request.expected_version;
   item.qty = request.qty.value_or(0);  // 0: all that is held
+  item.release_rest = request.release_rest;
   return item;
 }
 

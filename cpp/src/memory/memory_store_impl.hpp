@@ -217,7 +217,8 @@ class MemoryStore final : public Store, public TestHooks {
   void insert_reservation(const Reservation& reservation, StockRow* row);
   ReservationShard& shard_of(const Uuid& id) const;
   void expire_locked(ReservationShard& shard, ReservationRecord& record, TimestampUs now);
-  void release_stock(StockRow& row, Quantity qty, bool sold, TimestampUs now);
+  // Settles units a hold had: `sold` leave on_hand and reserved, `freed` leave reserved.
+  void release_stock(StockRow& row, Quantity sold, Quantity freed, TimestampUs now);
   Reservation reserve_now(StockRow& row, const ReserveRequest& request,
                           const std::optional<std::string>& group);
   std::vector<Reservation> order_now(const OrderRequest& request, const LineGroups& groups);

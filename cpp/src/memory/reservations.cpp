@@ -6,6 +6,7 @@
 #include "stockade/log.hpp"
 #include "store/error_helpers.hpp"
 #include "store/fingerprint.hpp"
+#include "store/lifecycle.hpp"
 
 namespace stockade::detail {
 
@@ -52,12 +53,13 @@ void MemoryStore::note_expiry(TimestampUs at) {
   }
 }
 
-void MemoryStore::release_stock(StockRow& row, Quantity qty, bool sold, TimestampUs now) {
+void MemoryStore::release_stock(StockRow& row, Quantity sold, Quantity freed, TimestampUs now) {
   const auto decide = [&](const RowValues& v) {
-    STOCKADE_ASSERT(qty > 0 && qty <= v.reserved);  // a held hold's units are reserved
+    // A held hold's units are reserved.
+    STOCKADE_ASSERT(sold >= 0 && freed >= 0 && sold + freed > 0 && sold + freed <= v.reserved);
     RowValues next = changed(v, now);
-    if (sold) next.on_hand -= qty;
-    next.reserved -= qty;
+    next.on_hand -= sold;
+    next.reserved -= sold + freed;
     STOCKADE_ASSERT_ROW(next.on_hand, next.reserved, next.backorder_limit);
     return next;
   };
@@ -323,7 +325,7 @@ void MemoryStore::expire_locked(ReservationShard& shard, ReservationRecord& reco
   const Quantity units = r.held();  // a part may have been confirmed or released already
   {
     const NoteScope note({"expire", "", "", r.id.to_string()});
-    release_stock(*record.row, units, /*sold=*/false, now);
+    release_stock(*record.row, 0, units, now);
   }
   give_back(r, units);
   shard.held_by_expiry.erase({r.expires_at_us, r.id});
@@ -355,26 +357,18 @@ Reservation MemoryStore::transition(const TransitionRequest& request) {
   }
   const TimestampUs extended =
       kind == Transition::extend ? expiry_of(now, request.ttl_us, "the hold") : 0;
-  switch (kind) {
-    case Transition::confirm: {
-      const Quantity units = units_to_settle(r, "confirm", request.qty.value_or(0));
-      release_stock(*record.row, units, /*sold=*/true, now);
-      settle_units(r, Settle::confirm, units);
-      break;
-    }
-    case Transition::release: {
-      const Quantity units = units_to_settle(r, "release", request.qty.value_or(0));
-      release_stock(*record.row, units, /*sold=*/false, now);
-      give_back(r, units);
-      settle_units(r, Settle::release, units);
-      break;
-    }
-    case Transition::extend:
-      shard.held_by_expiry.erase({r.expires_at_us, r.id});
-      r.expires_at_us = extended;
-      shard.held_by_expiry.emplace(r.expires_at_us, r.id);
-      note_expiry(r.expires_at_us);
-      break;
+  if (kind == Transition::extend) {
+    shard.held_by_expiry.erase({r.expires_at_us, r.id});
+    r.expires_at_us = extended;
+    shard.held_by_expiry.emplace(r.expires_at_us, r.id);
+    note_expiry(r.expires_at_us);
+  } else {
+    Reservation next = r;  // decided first: a refusal changes nothing
+    const Settlement moved = settle_transition(next, kind == Transition::confirm,
+                                               request.qty.value_or(0), request.release_rest);
+    release_stock(*record.row, moved.sold, moved.freed, now);
+    give_back(r, moved.freed);
+    r = std::move(next);
   }
   r.version += 1;
   r.updated_at_us = now;
@@ -513,7 +507,8 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
           item->reservation = transition(
               {item->id, item->op == BatchOp::confirm ? Transition::confirm : Transition::release,
                0, item->expected_version,
-               item->qty > 0 ? std::optional<Quantity>(item->qty) : std::nullopt});
+               item->qty > 0 ? std::optional<Quantity>(item->qty) : std::nullopt,
+               item->release_rest});
           break;
       }
       item->ok = true;

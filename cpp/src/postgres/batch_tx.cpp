@@ -7,6 +7,7 @@
 #include "postgres/batch_tx.hpp"
 #include "stockade/hash.hpp"
 #include "store/fingerprint.hpp"
+#include "store/lifecycle.hpp"
 
 namespace stockade::detail::pg {
 
@@ -303,31 +304,33 @@ void BatchTx::decide_transition(BatchItem& item) {
   }
   RowState& row = found->second;
   const bool lapsed = it->second.lapsed;
-  Quantity units = r.held();  // a lapsed hold expires whole, whatever was asked
-  if (!lapsed) {
+  Settlement moved;
+  if (lapsed) {  // a lapsed hold expires whole, whatever was asked
+    moved.freed = r.held();
+    settle_units(r, Settle::expire, moved.freed);
+  } else {
+    Reservation next = r;  // decided first: a refusal changes nothing
     try {
-      units = units_to_settle(r, item.op == BatchOp::confirm ? "confirm" : "release", item.qty);
+      moved = settle_transition(next, item.op == BatchOp::confirm, item.qty, item.release_rest);
     } catch (const Error& e) {
       fail(item, e);
       return;
     }
+    r = std::move(next);
   }
+  const Quantity units = moved.sold + moved.freed;
   STOCKADE_ASSERT(units > 0 && units <= row.reserved);  // a held hold's units are reserved
-  const bool sold = item.op == BatchOp::confirm && !lapsed;
-  if (!sold && r.buyer && r.limit_group) {  // released or expired: the units go back
+  if (moved.freed > 0 && r.buyer && r.limit_group) {    // released or expired: they go back
     if (auto a = allowances_.find({*r.limit_group, *r.buyer}); a != allowances_.end()) {
-      a->second.delta -= units;
+      a->second.delta -= moved.freed;
     }
   }
   row.reserved -= units;
   row.held -= units;
-  if (sold) {
-    row.on_hand -= units;
-    row.sold += units;
-  }
+  row.on_hand -= moved.sold;
+  row.sold += moved.sold;
   ++row.changes;
   STOCKADE_ASSERT_ROW(row.on_hand, row.reserved, row.backorder_limit);
-  settle_units(r, lapsed ? Settle::expire : sold ? Settle::confirm : Settle::release, units);
   ++r.version;
   r.updated_at_us = now_us_;
   if (std::find(transitions_.begin(), transitions_.end(), r.id) == transitions_.end()) {

@@ -5,6 +5,7 @@
 #include "postgres/postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
 #include "stockade/log.hpp"
+#include "store/lifecycle.hpp"
 
 namespace stockade::detail::pg {
 
@@ -297,24 +298,12 @@ Reservation PostgresStore::transition(const TransitionRequest& request) {
       settle_units(r, Settle::expire, units);
       throw CommitThenRaise{not_holdable(write(r, 0))};
     }
-    switch (kind) {
-      case Transition::confirm: {
-        const Quantity units = units_to_settle(r, "confirm", request.qty.value_or(0));
-        move_stock(tx, r.key, units, units);
-        settle_units(r, Settle::confirm, units);
-        break;
-      }
-      case Transition::release: {
-        const Quantity units = units_to_settle(r, "release", request.qty.value_or(0));
-        give_back(tx, r, units);
-        move_stock(tx, r.key, 0, units);
-        settle_units(r, Settle::release, units);
-        break;
-      }
-      case Transition::extend:
-        break;
-    }
-    return write(r, kind == Transition::extend ? request.ttl_us : std::int64_t{0});
+    if (kind == Transition::extend) return write(r, request.ttl_us);
+    const Settlement moved = settle_transition(r, kind == Transition::confirm,
+                                               request.qty.value_or(0), request.release_rest);
+    if (moved.freed > 0) give_back(tx, r, moved.freed);
+    move_stock(tx, r.key, moved.sold, moved.sold + moved.freed);
+    return write(r, 0);
   });
 }
 

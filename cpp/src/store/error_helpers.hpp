@@ -200,22 +200,6 @@ inline Error not_holdable(const Reservation& r) {
       context_of(r));
 }
 
-// A confirm or release of more units than the hold still has.
-inline Error exceeds_held(const Reservation& r, const char* verb, Quantity qty) {
-  return Error(ErrorCode::invalid_state,
-               "reservation " + r.id.to_string() + " holds " + std::to_string(r.held()) +
-                   " units; cannot " + verb + " " + std::to_string(qty) + " (nothing changed)",
-               context_of(r));
-}
-
-// The units a confirm or release of `r` settles: `asked` (0: all that is held; a batch
-// item's qty). Throws exceeds_held for more than is held. `r` must be held.
-inline Quantity units_to_settle(const Reservation& r, const char* verb, Quantity asked) {
-  if (asked == 0) return r.held();
-  if (asked > r.held()) throw exceeds_held(r, verb, asked);
-  return asked;
-}
-
 inline void check_expected(const Reservation& r, const std::optional<Version>& expected) {
   if (!expected || *expected == r.version) return;
   ErrorContext context = context_of(r);

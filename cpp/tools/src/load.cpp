@@ -77,6 +77,19 @@ class ClientSink final : public CompletionSink {
   std::vector<Completion> done_;
 };
 
+// One confirm or release of a client's hold, timed and counted as a request.
+template <class Call>
+void settle(ClientTally& tally, Call&& call) {
+  const auto start = Steady::now();
+  try {
+    call();
+    tally.count(nullptr);
+  } catch (const Error& e) {
+    tally.count(&e);
+  }
+  tally.latencies_us.push_back(micros_since(start));
+}
+
 void blocking_client(Engine& engine, const LoadSpec& spec, std::size_t id,
                      const std::atomic<bool>& stop, ClientTally& tally) {
   std::minstd_rand rng(spec.seed + static_cast<std::uint32_t>(id) * 7919u);
@@ -102,14 +115,12 @@ void blocking_client(Engine& engine, const LoadSpec& spec, std::size_t id,
     }
     tally.latencies_us.push_back(micros_since(start));
     if (!spec.confirm || !held) continue;
-    start = Steady::now();
-    try {
-      engine.confirm(*held);
-      tally.count(nullptr);
-    } catch (const Error& e) {
-      tally.count(&e);
-    }
-    tally.latencies_us.push_back(micros_since(start));
+    const bool part = spec.confirm_qty > 0 && spec.confirm_qty < spec.qty;
+    settle(tally, [&] {
+      engine.confirm(*held, {}, part ? std::optional<Quantity>(spec.confirm_qty) : std::nullopt,
+                     spec.release_rest);
+    });
+    if (part && !spec.release_rest) settle(tally, [&] { engine.release(*held); });
   }
 }
 
@@ -175,6 +186,12 @@ LoadResult drive_load(Engine& engine, const LoadSpec& spec) {
   if (spec.duration_ms < 1) throw_invalid_argument("the load needs a positive duration");
   if (spec.confirm && spec.window != 1) {
     throw_invalid_argument("confirm needs blocking clients (window 1)");
+  }
+  if (spec.confirm_qty < 0 || (spec.confirm_qty > 0 && !spec.confirm)) {
+    throw_invalid_argument("confirm_qty needs confirm, and must not be negative");
+  }
+  if (spec.release_rest && spec.confirm_qty == 0) {
+    throw_invalid_argument("release_rest needs confirm_qty");
   }
   std::vector<ClientTally> tallies(spec.clients);
   for (ClientTally& t : tallies) t.latencies_us.reserve(1 << 16);

@@ -73,12 +73,17 @@ def drive_load(
     buyers: int = 0,
     sell: bool = False,
     fencing_token: Optional[int] = None,
+    confirm_qty: int = 0,
+    release_rest: bool = False,
 ) -> LoadResult:
     """Drives ``clients`` C++ threads for ``seconds``; each request reserves ``qty`` of a
     SKU picked uniformly from ``skus`` (names, or ``(sku, location)`` pairs), with
     ``strategy`` (default: the engine's). ``keyed`` gives every reservation a fresh random
     idempotency key; ``confirm`` (blocking clients, ``window=1``) confirms every granted
-    hold at once, and counts each confirmation as a request. ``buyers`` makes each
+    hold at once, and counts each confirmation as a request; with ``confirm_qty`` it
+    confirms only that many units of each hold and releases the rest (a partial
+    shipment), each a request of its own, or with ``release_rest`` in the confirm itself
+    (one request). ``buyers`` makes each
     reservation for one of that many buyers, at random (purchase limits apply); ``sell``
     sells instead of reserving, with ``fencing_token`` if given."""
     if not isinstance(engine, Engine):
@@ -102,6 +107,8 @@ def drive_load(
         check_int("buyers", buyers),
         check_bool("sell", sell),
         check_optional_int("fencing_token", fencing_token),
+        check_int("confirm_qty", confirm_qty),
+        check_bool("release_rest", release_rest),
     )
     return LoadResult(
         requests=int(out["requests"]),

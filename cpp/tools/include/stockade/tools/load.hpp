@@ -30,6 +30,12 @@ struct LoadSpec {
   // Blocking clients only: each granted hold is confirmed at once (reserve, then confirm,
   // as a checkout does); a confirmation counts as a request of its own.
   bool confirm = false;
+  // With confirm: confirm only this many of each hold's units, then release the rest,
+  // each a request of its own (a partial shipment; 0: confirm the whole hold).
+  Quantity confirm_qty = 0;
+  // With confirm_qty: the confirm releases the rest itself (confirm's release_rest), one
+  // call instead of two.
+  bool release_rest = false;
   // Each reservation is made for one of `buyers` buyers, picked at random ("buyer-<n>"),
   // so that purchase limits apply (0: no buyer).
   std::size_t buyers = 0;

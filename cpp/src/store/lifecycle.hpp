@@ -1,0 +1,52 @@
+// A confirm or release of a held reservation, decided once for both stores and the batch:
+// which units it takes, and what the stock row and the buyer's count move by.
+#pragma once
+
+#include "stockade/types.hpp"
+#include "store/error_helpers.hpp"
+
+namespace stockade::detail {
+
+// A confirm or release of more units than the hold still has.
+inline Error exceeds_held(const Reservation& r, const char* verb, Quantity qty) {
+  return Error(ErrorCode::invalid_state,
+               "reservation " + r.id.to_string() + " holds " + std::to_string(r.held()) +
+                   " units; cannot " + verb + " " + std::to_string(qty) + " (nothing changed)",
+               context_of(r));
+}
+
+// The units a confirm or release of `r` settles: `asked` (0: all that is held; a batch
+// item's qty). Throws exceeds_held for more than is held. `r` must be held.
+inline Quantity units_to_settle(const Reservation& r, const char* verb, Quantity asked) {
+  if (asked == 0) return r.held();
+  if (asked > r.held()) throw exceeds_held(r, verb, asked);
+  return asked;
+}
+
+// What a confirm or release moves: units sold (they leave on_hand and reserved) and units
+// given back (they leave reserved, and the buyer's purchase-limit count).
+struct Settlement {
+  Quantity sold = 0;
+  Quantity freed = 0;
+};
+
+// Decides a confirm (`confirm`) or release of held reservation `r`: `asked` units (0: all
+// that is held), and with `release_rest` the units still held after them are released in
+// the same step (a partial shipment that ends the hold). Moves them in `r` (settle_units:
+// units and state; not the version) and returns what the rows move by. More than is held
+// throws exceeds_held and leaves `r` as it was.
+inline Settlement settle_transition(Reservation& r, bool confirm, Quantity asked,
+                                    bool release_rest) {
+  const char* verb = confirm ? "confirm" : "release";
+  const Quantity units = units_to_settle(r, verb, asked);
+  Settlement out;
+  settle_units(r, confirm ? Settle::confirm : Settle::release, units);
+  (confirm ? out.sold : out.freed) += units;
+  if (release_rest && r.held() > 0) {
+    out.freed += r.held();
+    settle_units(r, Settle::release, r.held());
+  }
+  return out;
+}
+
+}  // namespace stockade::detail
