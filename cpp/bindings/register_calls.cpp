@@ -166,6 +166,15 @@ void register_reservation_calls(py::class_<Engine>& c) {
           },
           py::arg("id"), py::arg("ttl_us"), py::arg("expected_version"), Release())
       .def(
+          "return_units",
+          [](Engine& e, const Uuid& id, Quantity qty, bool restock, OptStr location,
+             OptInt expected_version, const std::string& reason, const std::string& actor) {
+            return e.return_units({id, qty, restock, std::move(location), expected_version}, reason,
+                                  actor);
+          },
+          py::arg("id"), py::arg("qty"), py::arg("restock"), py::arg("location"),
+          py::arg("expected_version"), py::arg("reason"), py::arg("actor"), Release())
+      .def(
           "get_reservation", [](Engine& e, const Uuid& id) { return e.get_reservation(id); },
           py::arg("id"), Release())
       .def(

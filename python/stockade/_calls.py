@@ -520,6 +520,39 @@ class EngineCalls:
             )
         )
 
+    def return_units(
+        self,
+        id: ReservationId,
+        qty: int,
+        *,
+        restock: bool = True,
+        location: Optional[str] = None,
+        expected_version: Optional[int] = None,
+        reason: Optional[str] = None,
+        actor: Optional[str] = None,
+    ) -> Reservation:
+        """Takes back ``qty`` sold units of a reservation (a return), in one transaction
+        under the reservation's lock: never more than it confirmed and has not returned
+        yet (``InvalidState``, nothing changed), whatever races it.
+
+        ``restock=True`` puts them back on hand, sellable, at the SKU's own row of
+        ``location`` (default: the reservation's), creating that row if needed;
+        ``restock=False`` records the return on the reservation only (damaged units).
+        A buyer's purchase-limit count gives them back. The change is journaled as cause
+        ``return``, with ``reason`` and ``actor``. A reservation purged by retention is
+        ``NotFound``."""
+        return Reservation._from_core(
+            self._core.return_units(
+                id=reservation_id_bytes(id),
+                qty=check_int("qty", qty),
+                restock=check_bool("restock", restock),
+                location=check_optional_str("location", location),
+                expected_version=check_optional_int("expected_version", expected_version),
+                reason=check_optional_str("reason", reason) or "",
+                actor=check_optional_str("actor", actor) or "",
+            )
+        )
+
     def reservation(self, id: ReservationId) -> Reservation:
         """The reservation as committed (``NotFound`` if there is none)."""
         return Reservation._from_core(self._core.get_reservation(id=reservation_id_bytes(id)))

@@ -416,6 +416,16 @@ class Engine:
         self, id: bytes, expected_version: Optional[int], qty: Optional[int] = None
     ) -> Reservation: ...
     def extend(self, id: bytes, ttl_us: int, expected_version: Optional[int]) -> Reservation: ...
+    def return_units(
+        self,
+        id: bytes,
+        qty: int,
+        restock: bool,
+        location: Optional[str],
+        expected_version: Optional[int],
+        reason: str,
+        actor: str,
+    ) -> Reservation: ...
     def get_reservation(self, id: bytes) -> Reservation: ...
     def expire_due(self, limit: int) -> int: ...
     def submit_reserve(

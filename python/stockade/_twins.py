@@ -342,6 +342,31 @@ class EngineTwins(EngineCalls):
             expected_version=check_optional_int("expected_version", expected_version),
         )
 
+    async def return_units_async(
+        self,
+        id: ReservationId,
+        qty: int,
+        *,
+        restock: bool = True,
+        location: Optional[str] = None,
+        expected_version: Optional[int] = None,
+        reason: Optional[str] = None,
+        actor: Optional[str] = None,
+    ) -> Reservation:
+        """:meth:`return_units` as an awaitable."""
+        return await off_loop(
+            functools.partial(
+                self.return_units,
+                id,
+                qty,
+                restock=restock,
+                location=location,
+                expected_version=expected_version,
+                reason=reason,
+                actor=actor,
+            )
+        )
+
     async def reservation_async(self, id: ReservationId) -> Reservation:
         """:meth:`reservation` as an awaitable."""
         return await off_loop(functools.partial(self.reservation, id))

@@ -85,6 +85,7 @@ class DelegatingStore : public Store {
     return inner_->reserve_order(r);
   }
   Reservation transition(const TransitionRequest& r) override { return inner_->transition(r); }
+  Reservation return_units(const ReturnRequest& r) override { return inner_->return_units(r); }
   Reservation get_reservation(const Uuid& id) override { return inner_->get_reservation(id); }
   std::size_t expire_due(std::size_t limit) override { return inner_->expire_due(limit); }
   std::size_t free_lapsed(std::size_t limit) override { return inner_->free_lapsed(limit); }

@@ -40,15 +40,17 @@ class World:
     held: stockade.Reservation
     lease: stockade.Lease
     feed: stockade.Feed
+    sold: stockade.Reservation  # confirmed: its units can come back (return_units)
 
     @classmethod
     def made(cls, engine: stockade.Engine) -> World:
         for sku in ("sku-1", "sku-2", "old", "slotted", "limited"):
             engine.restock(sku, 1000)
         held = engine.reserve("sku-1", 1)
+        sold = engine.confirm(engine.reserve("sku-2", 4).id)
         lease = engine.acquire_lease("leased", 60)
         engine.set_purchase_limit("drop", 5, ["limited"])
-        return cls(engine, held, lease, engine.feed("consumer"))
+        return cls(engine, held, lease, engine.feed("consumer"), sold)
 
 
 def _none(w: World) -> Arguments:
@@ -77,6 +79,7 @@ ENGINE_CALLS: Dict[str, Callable[[World], Arguments]] = {
     "reserve": lambda w: (("sku-1", 1), {}),
     "reserve_order": lambda w: (({"sku-1": 1, "sku-2": 1},), {}),
     "confirm": lambda w: ((w.held.id,), {}),
+    "return_units": lambda w: ((w.sold.id, 1), {}),
     "release": lambda w: ((w.held.id,), {}),
     "extend": lambda w: ((w.held.id,), {"ttl": 60}),
     "reservation": lambda w: ((w.held.id,), {}),

@@ -9,6 +9,7 @@ purchase limits, and races of partial confirms for the same holds.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Callable, List
 
 import pytest
@@ -291,3 +292,82 @@ def test_citus_migration_9_on_distributed_reservations(
 ) -> None:
     schema = stockade_citus_engine_factory(sweeper=False)._schema
     migration_9_moves_each_reservation_whole(stockade_citus_dsn, layout="citus", schema=schema)
+
+
+# --- returns ---
+
+
+def test_a_return_puts_sold_units_back_on_hand(engine: stockade.Engine) -> None:
+    engine.set_purchase_limit("g", per_buyer=4, skus=["s"])
+    engine.restock("s", 10)
+    hold = engine.reserve("s", 4, buyer="ann")
+    engine.confirm(hold.id, qty=3)  # one unit is still held
+    back = engine.return_units(hold.id, 2, reason="too small", actor="desk-2")
+    assert units(back) == (1, 3, 0, 0, 2) and back.state is ReservationState.HELD
+    assert back.version == hold.version + 2
+    lvl = engine.stock("s")
+    assert (lvl.on_hand, lvl.reserved, lvl.available) == (9, 1, 8)
+    assert engine.buyer_held("g", "ann") == 2  # the returned units went back to her count
+    with pytest.raises(stockade.InvalidState, match="1 confirmed units not returned"):
+        engine.return_units(hold.id, 2)
+    assert engine.reservation(hold.id).version == back.version  # the refusal changed nothing
+    assert engine.stock("s") == lvl
+    assert_clean(engine)
+
+
+def test_a_damaged_return_is_recorded_without_going_on_sale(engine: stockade.Engine) -> None:
+    engine.restock("s", 5)
+    sold = engine.confirm(engine.reserve("s", 2).id)
+    back = engine.return_units(sold.id, 1, restock=False)
+    assert back.returned == 1 and back.state is ReservationState.CONFIRMED
+    assert engine.stock("s").on_hand == 3
+    assert_clean(engine)
+
+
+def test_a_return_may_go_to_another_location(engine: stockade.Engine) -> None:
+    engine.restock("s", 5)
+    sold = engine.confirm(engine.reserve("s", 2).id)
+    engine.return_units(sold.id, 2, location="store-9")  # a row made by the return
+    assert engine.stock("s", location="store-9").on_hand == 2
+    assert engine.stock("s").on_hand == 3
+    assert_clean(engine)
+
+
+def test_returns_are_journaled_as_returns(engine: stockade.Engine) -> None:
+    engine.restock("s", 5)
+    hold = engine.reserve("s", 3)
+    engine.confirm(hold.id, qty=2, release_rest=True)
+    engine.return_units(hold.id, 1, reason="changed mind", actor="desk-2")
+    steps = [(m.cause, m.on_hand_delta, m.reserved_delta) for m in engine.movements("s")]
+    assert steps[-3:] == [("hold", 0, 3), ("confirm", -2, -3), ("return", 1, 0)]
+    last = engine.movements("s")[-1]
+    assert (last.reason, last.actor, last.ref) == ("changed mind", "desk-2", str(hold.id))
+
+
+def test_a_return_of_units_not_sold_is_refused(engine: stockade.Engine) -> None:
+    engine.restock("s", 5)
+    hold = engine.reserve("s", 2)
+    with pytest.raises(stockade.InvalidState, match="0 confirmed units"):
+        engine.return_units(hold.id, 1)
+    with pytest.raises(stockade.NotFound):
+        engine.return_units(uuid.UUID(bytes=bytes(16)), 1)
+    with pytest.raises(stockade.InvalidArgument, match="qty"):
+        engine.return_units(hold.id, 0)
+    with pytest.raises(stockade.VersionConflict):
+        engine.return_units(hold.id, 1, expected_version=hold.version + 5)
+    engine.discontinue("s")
+    sold = engine.reservation(hold.id)
+    assert sold.returned == 0 and engine.stock("s").on_hand == 5
+
+
+def test_racing_returns_never_return_more_than_was_sold(engine: stockade.Engine) -> None:
+    engine.restock("s", 10)
+    sold = engine.confirm(engine.reserve("s", 6).id)
+    out = race(24, lambda i: engine.return_units(sold.id, 1 + i % 2))
+    back = engine.reservation(sold.id)
+    granted = [r for r in out.results if r is not None]
+    assert back.returned == sum(1 + i % 2 for i, r in enumerate(out.results) if r is not None)
+    assert back.returned <= 6 and len(granted) >= 3
+    assert all(isinstance(e, stockade.InvalidState) for e in out.errors if e is not None)
+    assert engine.stock("s").on_hand == 4 + back.returned
+    assert_clean(engine)

@@ -1,10 +1,11 @@
 """Both stores against a model: random operation sequences, one reference.
 
 Goal: the engine follows the lifecycle of docs/design.md, section 2 (held -> confirmed | released |
-expired, expiry from the store clock, versions growing on every change, refusals
-changing nothing) in any order of calls, not only in the orders the example tests
-chose. Method: a Hypothesis state machine applies the same operations to the engine and
-to a few lines of plain Python bookkeeping, and compares them after every step.
+expired, in parts too, returns of what was sold, expiry from the store clock, versions
+growing on every change, refusals changing nothing) in any order of calls, not only in
+the orders the example tests chose. Method: a Hypothesis state machine applies the same
+operations to the engine and to a few lines of plain Python bookkeeping, and compares
+them after every step.
 
 On the memory store a ManualClock moves time, so holds lapse and expire. On PostgreSQL
 time is the database's own, so there the machine gives every hold an hour and never
@@ -42,6 +43,24 @@ class Hold:
     state: str
     version: int
     expires_us: int
+    confirmed: int = 0
+    released: int = 0
+    expired: int = 0
+    returned: int = 0
+
+    @property
+    def held(self) -> int:
+        return self.qty - self.confirmed - self.released - self.expired
+
+    def settle(self, how: str, units: int) -> None:
+        """settle_units' rule: the units leave `held`; the state says how it ended."""
+        setattr(self, how, getattr(self, how) + units)
+        if self.held > 0:
+            self.state = "held"
+        elif self.confirmed > 0:
+            self.state = "confirmed"
+        else:
+            self.state = how
 
 
 class EngineModel(RuleBasedStateMachine):
@@ -68,9 +87,9 @@ class EngineModel(RuleBasedStateMachine):
     # --- helpers ---
 
     def _expire_lazily(self, hold: Hold) -> None:
-        self.reserved[hold.sku] -= hold.qty
+        self.reserved[hold.sku] -= hold.held
         self.version[hold.sku] += 1
-        hold.state = "expired"
+        hold.settle("expired", hold.held)
         hold.version += 1
 
     def _pick(self, index: int) -> Optional[uuid.UUID]:
@@ -126,20 +145,25 @@ class EngineModel(RuleBasedStateMachine):
         self.version[sku] += 1
 
     @precondition(lambda self: bool(self.holds))
-    @rule(index=st.integers(0, 1000), action=st.sampled_from(["confirm", "release", "extend"]))
-    def transition(self, index: int, action: str) -> None:
+    @rule(
+        index=st.integers(0, 1000),
+        action=st.sampled_from(["confirm", "release", "extend", "ship"]),
+        part=st.one_of(st.none(), st.integers(1, 8)),
+    )
+    def transition(self, index: int, action: str, part: Optional[int]) -> None:
+        """confirm or release (all, or `part` units), ship (confirm `part`, release the
+        rest), or extend."""
         rid = self._pick(index)
         assert rid is not None
         hold = self.holds[rid]
         call = {
-            "confirm": lambda: self.engine.confirm(rid),
-            "release": lambda: self.engine.release(rid),
+            "confirm": lambda: self.engine.confirm(rid, qty=part),
+            "release": lambda: self.engine.release(rid, qty=part),
+            "ship": lambda: self.engine.confirm(rid, qty=part, release_rest=True),
             "extend": lambda: self.engine.extend(rid, ttl=timedelta(seconds=self.extend_s)),
         }[action]
         if hold.state != "held":
-            expected = (
-                stockade.ReservationExpired if hold.state == "expired" else stockade.InvalidState
-            )
+            expected = stockade.ReservationExpired if hold.expired > 0 else stockade.InvalidState
             try:
                 call()
             except expected:
@@ -152,17 +176,48 @@ class EngineModel(RuleBasedStateMachine):
                 self._expire_lazily(hold)
                 return
             raise AssertionError(f"{action} of a lapsed hold succeeded")
+        if action != "extend" and part is not None and part > hold.held:
+            try:
+                call()
+            except stockade.InvalidState:
+                return  # more than is held: refused, nothing changed (the invariants say)
+            raise AssertionError(f"{action} of {part} from a hold of {hold.held} succeeded")
         r = call()
         hold.version += 1
         assert r.version == hold.version
         if action == "extend":
             hold.expires_us = self.now_us + self.extend_s * 1_000_000
             return
-        self.reserved[hold.sku] -= hold.qty
+        units = hold.held if part is None else part
+        sold = units if action in ("confirm", "ship") else 0
+        freed = units - sold
+        hold.settle("confirmed" if sold else "released", units)
+        if action == "ship" and hold.held > 0:
+            freed += hold.held
+            hold.settle("released", hold.held)
+        self.reserved[hold.sku] -= sold + freed
+        self.on_hand[hold.sku] -= sold
         self.version[hold.sku] += 1
-        if action == "confirm":
-            self.on_hand[hold.sku] -= hold.qty
-        hold.state = "confirmed" if action == "confirm" else "released"
+
+    @precondition(lambda self: bool(self.holds))
+    @rule(index=st.integers(0, 1000), qty=st.integers(1, 4), restock=st.booleans())
+    def return_units(self, index: int, qty: int, restock: bool) -> None:
+        rid = self._pick(index)
+        assert rid is not None
+        hold = self.holds[rid]
+        if qty > hold.confirmed - hold.returned:
+            try:
+                self.engine.return_units(rid, qty, restock=restock)
+            except stockade.InvalidState:
+                return
+            raise AssertionError("a return of more than was sold succeeded")
+        r = self.engine.return_units(rid, qty, restock=restock)
+        hold.returned += qty
+        hold.version += 1
+        assert r.version == hold.version
+        if restock:
+            self.on_hand[hold.sku] += qty
+            self.version[hold.sku] += 1
 
     @precondition(lambda self: self.clock is not None)
     @rule(seconds=st.integers(1, 90))
@@ -207,10 +262,17 @@ class EngineModel(RuleBasedStateMachine):
         for rid, hold in self.holds.items():
             r = self.engine.reservation(rid)
             assert (r.state.value, r.version, r.qty) == (hold.state, hold.version, hold.qty)
+            assert (r.held, r.confirmed, r.released, r.expired, r.returned) == (
+                hold.held,
+                hold.confirmed,
+                hold.released,
+                hold.expired,
+                hold.returned,
+            )
         held_qty = {s: 0 for s in self.on_hand}
         for hold in self.holds.values():
             if hold.state == "held":
-                held_qty[hold.sku] += hold.qty
+                held_qty[hold.sku] += hold.held
         assert held_qty == self.reserved
 
     def teardown(self) -> None:

@@ -174,6 +174,13 @@ class Engine {
                      std::optional<Version> expected_version = {});
   // The three above in one call, the way both stores take them.
   Reservation transition(const TransitionRequest& request);
+  // Sold units of a reservation come back (a return): back on hand at the SKU's own row of
+  // `location` (default: the reservation's) with `restock`, or recorded only (damaged);
+  // never more than were confirmed and not returned yet (InvalidState). The buyer's
+  // purchase-limit count gives them back. Journaled as cause "return", with reason and
+  // actor.
+  Reservation return_units(const ReturnRequest& request, const std::string& reason = {},
+                           const std::string& actor = {});
   Reservation get_reservation(const Uuid& id);
   std::size_t expire_due(std::size_t limit = 1000);
 

@@ -64,6 +64,18 @@ struct TransitionRequest {
   bool release_rest = false;
 };
 
+// A return of sold units of one reservation (Engine::return_units): `qty` of its confirmed
+// units not yet returned come back, under the reservation's lock.
+struct ReturnRequest {
+  Uuid id;
+  Quantity qty = 0;
+  // Back on hand, sellable (at the SKU's own row of `location`, or of the reservation's
+  // location); false: recorded on the reservation only (damaged, or kept for inspection).
+  bool restock = true;
+  std::optional<std::string> location;
+  std::optional<Version> expected_version;  // of the reservation
+};
+
 struct ReserveRequest {
   SkuKey key;
   Quantity qty = 0;
@@ -187,6 +199,7 @@ class Store {
   // Confirms, releases or extends a held reservation under its row's lock. A hold past
   // its expiry is expired there and then (as the sweeper would have) and refused.
   virtual Reservation transition(const TransitionRequest& request) = 0;
+  virtual Reservation return_units(const ReturnRequest& request) = 0;
   virtual Reservation get_reservation(const Uuid& id) = 0;
   virtual std::size_t expire_due(std::size_t limit) = 0;
   // A request was refused for want of units: when this store lets holds lapse by itself

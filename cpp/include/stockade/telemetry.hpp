@@ -209,7 +209,8 @@ struct StoreStats {
   X(set_purchase_limit)    \
   X(remove_purchase_limit) \
   X(buyer_held)            \
-  X(set_slots)
+  X(set_slots)             \
+  X(return_units)
 
 enum class Op : std::uint8_t {
 #define STOCKADE_OP_ENUM(name) name,

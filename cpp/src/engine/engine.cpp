@@ -686,6 +686,20 @@ Reservation Engine::extend(const Uuid& id, std::int64_t ttl_us, std::optional<Ve
   return transition({id, Transition::extend, ttl_us, expected, std::nullopt, false});
 }
 
+Reservation Engine::return_units(const ReturnRequest& request, const std::string& reason,
+                                 const std::string& actor) {
+  check_process();
+  validate_qty(request.qty);
+  if (request.location) validate_sku_key({"sku", *request.location});  // the location's rules
+  validate_expected_version(request.expected_version);
+  validate_note_text(reason, "reason");
+  validate_note_text(actor, "actor");
+  const NoteScope note({"return", reason, actor, request.id.to_string()});
+  Reservation out = observed(Op::return_units, [&] { return store_->return_units(request); });
+  detail::unslot(out);
+  return out;
+}
+
 Reservation Engine::get_reservation(const Uuid& id) {
   check_process();
   Reservation out = observed(Op::reservation, [&] { return store_->get_reservation(id); });

@@ -132,6 +132,7 @@ class MemoryStore final : public Store, public TestHooks {
   Reservation reserve(const ReserveRequest& request) override;
   std::vector<Reservation> reserve_order(const OrderRequest& request) override;
   Reservation transition(const TransitionRequest& request) override;
+  Reservation return_units(const ReturnRequest& request) override;
   Reservation get_reservation(const Uuid& id) override;
   std::size_t expire_due(std::size_t limit) override;
   std::size_t free_lapsed(std::size_t limit) override;

@@ -379,6 +379,30 @@ Reservation MemoryStore::transition(const TransitionRequest& request) {
   return r;
 }
 
+// Under the reservation's lock: decided on a copy, then the units go back on hand (a
+// restock of the row, which may refuse: a discontinued or leased row), then the buyer's
+// count and the reservation change. A refusal changes nothing.
+Reservation MemoryStore::return_units(const ReturnRequest& request) {
+  ReservationShard& shard = shard_of(request.id);
+  std::lock_guard<std::mutex> lock(shard.mutex);
+  auto it = shard.records.find(request.id);
+  if (it == shard.records.end()) throw_reservation_not_found(request.id);
+  Reservation& r = it->second.value;
+  check_expected(r, request.expected_version);
+  Reservation next = r;
+  take_return(next, request.qty);
+  if (request.restock) restock(return_row(r, request.location), request.qty, {}, {});
+  give_back(r, request.qty);
+  next.version += 1;
+  next.updated_at_us = clock_->now_us();
+  if (r.state != ReservationState::held) {  // retention reads its last change from here
+    shard.terminal_by_time.erase({r.updated_at_us, r.id});
+    mark_terminal(shard, next);
+  }
+  r = std::move(next);
+  return r;
+}
+
 Reservation MemoryStore::get_reservation(const Uuid& id) {
   ReservationShard& shard = shard_of(id);
   std::lock_guard<std::mutex> lock(shard.mutex);

@@ -170,6 +170,7 @@ class PostgresStore final : public Store, public TestHooks {
   Reservation reserve(const ReserveRequest& request) override;
   std::vector<Reservation> reserve_order(const OrderRequest& request) override;
   Reservation transition(const TransitionRequest& request) override;
+  Reservation return_units(const ReturnRequest& request) override;
   Reservation get_reservation(const Uuid& id) override;
   std::size_t expire_due(std::size_t limit) override;
   std::size_t free_lapsed(std::size_t limit) override;
@@ -283,6 +284,10 @@ class PostgresStore final : public Store, public TestHooks {
                            const std::optional<FencingToken>& token, bool count);
   StockLevel upsert(const SkuKey& key, Quantity value, bool add, std::optional<Version> expected,
                     std::optional<FencingToken> token);
+  // The same, inside `tx` (a return puts units back on hand in its reservation's
+  // transaction).
+  StockLevel upsert_in(Tx& tx, const SkuKey& key, Quantity value, bool add,
+                       std::optional<Version> expected, std::optional<FencingToken> token);
   // Locks the row (NotFound if there is none), passes `check` on it, and runs `write`.
   template <class Check, class Write>
   StockLevel admin_write(const SkuKey& key, Check&& check, Write&& write);

@@ -307,6 +307,27 @@ Reservation PostgresStore::transition(const TransitionRequest& request) {
   });
 }
 
+// One transaction: the reservation locked first, then the buyer's count, then the stock
+// row (the order of every transition); a refusal rolls it all back.
+Reservation PostgresStore::return_units(const ReturnRequest& request) {
+  const Uuid& id = request.id;
+  ErrorContext context;
+  context.reservation_id = id;
+  return run(nullptr, context, [&](Tx& tx) {
+    const pqxx::result rows = tx.exec_on(id.shard_key(), Stmt::reservation_lock, id.to_string());
+    if (rows.empty()) throw_reservation_not_found(id);
+    Reservation r = read_reservation(rows[0]);
+    check_expected(r, request.expected_version);
+    take_return(r, request.qty);
+    give_back(tx, r, request.qty);
+    if (request.restock) {
+      upsert_in(tx, return_row(r, request.location), request.qty, /*add=*/true, {}, {});
+    }
+    return read_reservation(
+        tx.exec_on(id.shard_key(), Stmt::reservation_return, id.to_string(), r.returned)[0]);
+  });
+}
+
 Reservation PostgresStore::get_reservation(const Uuid& id) {
   ErrorContext context;
   context.reservation_id = id;

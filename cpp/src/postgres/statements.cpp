@@ -420,6 +420,10 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
           " ELSE expires_at END, confirmed = $4, released = $5, expired = $6"
           " WHERE id = $1::uuid@PIN RETURNING *) SELECT " +
           reservation_columns() + " FROM w");
+  set(Stmt::reservation_return, "WITH w AS (UPDATE " + reservation +
+                                    " SET returned = $2, version = version + 1, updated_at ="
+                                    " now() WHERE id = $1::uuid@PIN RETURNING *) SELECT " +
+                                    reservation_columns() + " FROM w");
   set(Stmt::reservation_get_many, "SELECT " + reservation_columns() + " FROM " + reservation +
                                       " WHERE id = ANY($1::uuid[])@PIN");
   // The sweeper's pick: due holds in expiry order, skipping rows a transition has locked,

@@ -143,29 +143,33 @@ void PostgresStore::refuse(Tx& tx, const SkuKey& key, Quantity qty,
 StockLevel PostgresStore::upsert(const SkuKey& key, Quantity value, bool add,
                                  std::optional<Version> expected,
                                  std::optional<FencingToken> token) {
-  return run(nullptr, context_of(key), [&](Tx& tx) {
-    for (;;) {
-      const Level row = read_row(tx, Stmt::stock_lock, key);
-      if (!row) {
-        // A version was expected, or a token (a lease makes its row): the row must exist.
-        if (expected || token) throw_stock_not_found(key);
-        const pqxx::result made =
-            tx.exec_on(shard_of(key), Stmt::stock_insert, key.sku, key.location, value, key.slot);
-        if (!made.empty()) return level_from(key, made[0]);
-        continue;  // created by someone else since our read: update theirs
-      }
-      check_writable(*row, expected, token);
-      Quantity on_hand = value;
-      if (add) {
-        on_hand = checked_add(row->on_hand, value, "restock");
-      } else {
-        check_covers(key, value, row->reserved, row->backorder_limit);
-      }
-      return observed_write(
-          level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_on_hand, key.sku, key.location,
-                                     on_hand, key.slot)[0]));
+  return run(nullptr, context_of(key),
+             [&](Tx& tx) { return upsert_in(tx, key, value, add, expected, token); });
+}
+
+StockLevel PostgresStore::upsert_in(Tx& tx, const SkuKey& key, Quantity value, bool add,
+                                    std::optional<Version> expected,
+                                    std::optional<FencingToken> token) {
+  for (;;) {
+    const Level row = read_row(tx, Stmt::stock_lock, key);
+    if (!row) {
+      // A version was expected, or a token (a lease makes its row): the row must exist.
+      if (expected || token) throw_stock_not_found(key);
+      const pqxx::result made =
+          tx.exec_on(shard_of(key), Stmt::stock_insert, key.sku, key.location, value, key.slot);
+      if (!made.empty()) return level_from(key, made[0]);
+      continue;  // created by someone else since our read: update theirs
     }
-  });
+    check_writable(*row, expected, token);
+    Quantity on_hand = value;
+    if (add) {
+      on_hand = checked_add(row->on_hand, value, "restock");
+    } else {
+      check_covers(key, value, row->reserved, row->backorder_limit);
+    }
+    return observed_write(level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_on_hand,
+                                                     key.sku, key.location, on_hand, key.slot)[0]));
+  }
 }
 
 StockLevel PostgresStore::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,

@@ -96,9 +96,13 @@ std::string cause_of(const RowChange& before, const RowChange& after, const std:
   }
   if (d_res == d_on) return "confirm";
   if (d_res == 0) {
-    if (said == "set_on_hand" || said == "slot_move" || said == "restock") return said;
+    if (said == "set_on_hand" || said == "slot_move" || said == "restock" || said == "return") {
+      return said;
+    }
     return d_on > 0 ? "restock" : "sell";
   }
+  // A confirm that releases the rest of its hold (release_rest) frees more than it sells.
+  if (said == "confirm" && d_on < 0 && d_res < d_on) return "confirm";
   return "batch";
 }
 

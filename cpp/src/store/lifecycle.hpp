@@ -49,4 +49,25 @@ inline Settlement settle_transition(Reservation& r, bool confirm, Quantity asked
   return out;
 }
 
+// Counts a return of `qty` of `r`'s sold units in `r` (returned; not the version), or
+// throws InvalidState, changing nothing, past the confirmed units not yet returned.
+inline void take_return(Reservation& r, Quantity qty) {
+  const Quantity returnable = r.confirmed - r.returned;
+  if (qty > returnable) {
+    throw Error(ErrorCode::invalid_state,
+                "reservation " + r.id.to_string() + " has " + std::to_string(returnable) +
+                    " confirmed units not returned yet; cannot return " + std::to_string(qty) +
+                    " (nothing changed)",
+                context_of(r));
+  }
+  r.returned += qty;
+}
+
+// Where returned units go back on hand: the SKU's own row (slot 0) at `location`, or at
+// the reservation's location (a return never lands on a hot-row slot, which may be
+// retired by then).
+inline SkuKey return_row(const Reservation& r, const std::optional<std::string>& location) {
+  return SkuKey{r.key.sku, location.value_or(r.key.location), 0};
+}
+
 }  // namespace stockade::detail
