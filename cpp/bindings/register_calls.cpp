@@ -145,14 +145,18 @@ void register_reservation_calls(py::class_<Engine>& c) {
           },
           py::arg("group"), py::arg("per_buyer"), py::arg("skus"), Release())
       .def("remove_purchase_limit", &Engine::remove_purchase_limit, py::arg("group"), Release())
-      .def("buyer_held", &Engine::buyer_held, py::arg("group"), py::arg("buyer"), Release())
-      .def(
-          "confirm",
-          [](Engine& e, const Uuid& id, OptInt expected_version, OptInt qty, bool release_rest) {
-            return e.confirm(id, expected_version, qty, release_rest);
-          },
-          py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(),
-          py::arg("release_rest") = false, Release())
+      .def("buyer_held", &Engine::buyer_held, py::arg("group"), py::arg("buyer"), Release());
+}
+
+// The steps of a reservation after it is made: transitions, resize, return, read-back.
+void register_hold_calls(py::class_<Engine>& c) {
+  c.def(
+       "confirm",
+       [](Engine& e, const Uuid& id, OptInt expected_version, OptInt qty, bool release_rest) {
+         return e.confirm(id, expected_version, qty, release_rest);
+       },
+       py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(),
+       py::arg("release_rest") = false, Release())
       .def(
           "release",
           [](Engine& e, const Uuid& id, OptInt expected_version, OptInt qty) {
@@ -165,6 +169,12 @@ void register_reservation_calls(py::class_<Engine>& c) {
             return e.extend(id, ttl_us, expected_version);
           },
           py::arg("id"), py::arg("ttl_us"), py::arg("expected_version"), Release())
+      .def(
+          "resize",
+          [](Engine& e, const Uuid& id, Quantity qty, OptInt expected_version) {
+            return e.resize(id, qty, expected_version);
+          },
+          py::arg("id"), py::arg("qty"), py::arg("expected_version"), Release())
       .def(
           "return_units",
           [](Engine& e, const Uuid& id, Quantity qty, bool restock, OptStr location,
@@ -191,6 +201,7 @@ void register_calls(py::class_<Engine>& c) {
   register_stock_calls(c);
   register_lease_calls(c);
   register_reservation_calls(c);
+  register_hold_calls(c);
 }
 
 }  // namespace stockade::bindings

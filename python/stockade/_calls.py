@@ -520,6 +520,26 @@ class EngineCalls:
             )
         )
 
+    def resize(
+        self, id: ReservationId, qty: int, *, expected_version: Optional[int] = None
+    ) -> Reservation:
+        """Sets how many units a live hold holds: ``qty`` from now on, its expiry as it
+        was (an order line that grows or shrinks before it ships).
+
+        Growing passes the guards of a new hold, in one transaction with the hold: the
+        units must be free on the hold's row (on a SKU with hot-row slots, free units of
+        its other rows move there first), the row open, and the buyer's purchase limit
+        must allow them. A refusal (``OutOfStock``, ``LimitExceeded``, ...) changes
+        nothing. Shrinking gives units back at once; they count as ``released``. ``qty``
+        counts what the hold holds now, so its ``qty`` field grows with it."""
+        return Reservation._from_core(
+            self._core.resize(
+                id=reservation_id_bytes(id),
+                qty=check_int("qty", qty),
+                expected_version=check_optional_int("expected_version", expected_version),
+            )
+        )
+
     def return_units(
         self,
         id: ReservationId,

@@ -342,6 +342,14 @@ class EngineTwins(EngineCalls):
             expected_version=check_optional_int("expected_version", expected_version),
         )
 
+    async def resize_async(
+        self, id: ReservationId, qty: int, *, expected_version: Optional[int] = None
+    ) -> Reservation:
+        """:meth:`resize` as an awaitable."""
+        return await off_loop(
+            functools.partial(self.resize, id, qty, expected_version=expected_version)
+        )
+
     async def return_units_async(
         self,
         id: ReservationId,

@@ -56,8 +56,8 @@ class Movement:
     (``requests``) in one entry, with its net deltas. ``on_hand``, ``reserved`` and
     ``available`` are the row's values after the change. ``cause`` names the operation
     (``restock``, ``set_on_hand``, ``sell``, ``hold``, ``confirm``, ``release``,
-    ``expire``, ``return``, ``batch``, ``backorder_limit``, ``discontinue``, ``reinstate``,
-    ``lease``, ``low_stock``, ``slot_move``, ``create``, ``touch``); ``reason`` and
+    ``expire``, ``resize``, ``return``, ``batch``, ``backorder_limit``, ``discontinue``,
+    ``reinstate``, ``lease``, ``low_stock``, ``slot_move``, ``create``, ``touch``); ``reason`` and
     ``actor`` are what the caller passed, ``ref`` the reservation id where there is one.
     ``alerts`` names the lines the change crossed (:data:`ALERTS`). ``slot`` is the
     hot-row slot of the row (0: the SKU's own row). ``position`` orders the journal.

@@ -86,6 +86,7 @@ class DelegatingStore : public Store {
   }
   Reservation transition(const TransitionRequest& r) override { return inner_->transition(r); }
   Reservation return_units(const ReturnRequest& r) override { return inner_->return_units(r); }
+  Reservation resize(const ResizeRequest& r) override { return inner_->resize(r); }
   Reservation get_reservation(const Uuid& id) override { return inner_->get_reservation(id); }
   std::size_t expire_due(std::size_t limit) override { return inner_->expire_due(limit); }
   std::size_t free_lapsed(std::size_t limit) override { return inner_->free_lapsed(limit); }

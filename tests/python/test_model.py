@@ -200,6 +200,46 @@ class EngineModel(RuleBasedStateMachine):
         self.version[hold.sku] += 1
 
     @precondition(lambda self: bool(self.holds))
+    @rule(index=st.integers(0, 1000), qty=st.integers(1, 10))
+    def resize(self, index: int, qty: int) -> None:
+        rid = self._pick(index)
+        assert rid is not None
+        hold = self.holds[rid]
+        if hold.state != "held" or self.now_us >= hold.expires_us:
+            expected = (
+                stockade.ReservationExpired
+                if hold.expired > 0 or hold.state == "held"
+                else stockade.InvalidState
+            )
+            try:
+                self.engine.resize(rid, qty)
+            except expected:
+                if hold.state == "held":
+                    self._expire_lazily(hold)  # it lapsed: the resize expired it
+                return
+            raise AssertionError(f"a resize of a {hold.state} hold succeeded")
+        delta = qty - hold.held
+        available = self.on_hand[hold.sku] - self.reserved[hold.sku]
+        if delta > available:
+            try:
+                self.engine.resize(rid, qty)
+            except stockade.OutOfStock:
+                return
+            raise AssertionError("a growth past the free units succeeded")
+        r = self.engine.resize(rid, qty)
+        if delta == 0:
+            assert r.version == hold.version
+            return
+        if delta > 0:
+            hold.qty += delta
+        else:
+            hold.released -= delta
+        hold.version += 1
+        assert r.version == hold.version
+        self.reserved[hold.sku] += delta
+        self.version[hold.sku] += 1
+
+    @precondition(lambda self: bool(self.holds))
     @rule(index=st.integers(0, 1000), qty=st.integers(1, 4), restock=st.booleans())
     def return_units(self, index: int, qty: int, restock: bool) -> None:
         rid = self._pick(index)

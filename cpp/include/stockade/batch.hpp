@@ -25,9 +25,9 @@ inline bool is_transition(BatchOp op) {
 // travels whole (BatchItem::assign), so that a field added here reaches every copy.
 struct BatchRequest {
   BatchOp op = BatchOp::reserve;
-  SkuKey key;                                  // reserve and sell
-  Quantity qty = 0;                            // reserve and sell
-  std::int64_t ttl_us = 0;                     // reserve only
+  SkuKey key;               // reserve and sell
+  Quantity qty = 0;         // reserve and sell; confirm and release: held units (0: all)
+  std::int64_t ttl_us = 0;  // reserve only
   std::optional<std::string> idempotency_key;  // reserve only
   std::optional<std::string> buyer;            // reserve only: purchase limits apply
   Uuid id;                                     // confirm and release

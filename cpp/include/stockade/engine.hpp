@@ -181,6 +181,11 @@ class Engine {
   // actor.
   Reservation return_units(const ReturnRequest& request, const std::string& reason = {},
                            const std::string& actor = {});
+  // A live hold's new size: `qty` units held from now on (its expiry as it was). Growing
+  // passes a new hold's guards on the hold's row (room, an open row, the buyer's purchase
+  // limit; on a SKU with hot-row slots, free units move into that row first), shrinking
+  // gives units back at once (counted as released). A refusal changes nothing.
+  Reservation resize(const Uuid& id, Quantity qty, std::optional<Version> expected_version = {});
   Reservation get_reservation(const Uuid& id);
   std::size_t expire_due(std::size_t limit = 1000);
 

@@ -76,6 +76,16 @@ struct ReturnRequest {
   std::optional<Version> expected_version;  // of the reservation
 };
 
+// A new size for a live hold (Engine::resize): `qty` units held from now on. Growing
+// passes the guards of a new hold on the hold's row (room, an open row, the buyer's
+// purchase limit) in the same transaction; shrinking gives units back (counted as
+// released). A refusal changes nothing.
+struct ResizeRequest {
+  Uuid id;
+  Quantity qty = 0;
+  std::optional<Version> expected_version;  // of the reservation
+};
+
 struct ReserveRequest {
   SkuKey key;
   Quantity qty = 0;
@@ -200,6 +210,7 @@ class Store {
   // its expiry is expired there and then (as the sweeper would have) and refused.
   virtual Reservation transition(const TransitionRequest& request) = 0;
   virtual Reservation return_units(const ReturnRequest& request) = 0;
+  virtual Reservation resize(const ResizeRequest& request) = 0;
   virtual Reservation get_reservation(const Uuid& id) = 0;
   virtual std::size_t expire_due(std::size_t limit) = 0;
   // A request was refused for want of units: when this store lets holds lapse by itself

@@ -210,7 +210,8 @@ struct StoreStats {
   X(remove_purchase_limit) \
   X(buyer_held)            \
   X(set_slots)             \
-  X(return_units)
+  X(return_units)          \
+  X(resize)
 
 enum class Op : std::uint8_t {
 #define STOCKADE_OP_ENUM(name) name,

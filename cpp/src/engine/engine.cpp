@@ -700,6 +700,28 @@ Reservation Engine::return_units(const ReturnRequest& request, const std::string
   return out;
 }
 
+Reservation Engine::resize(const Uuid& id, Quantity qty, std::optional<Version> expected) {
+  check_process();
+  validate_qty(qty);
+  validate_expected_version(expected);
+  const NoteScope note({"resize", "", "", id.to_string()});
+  const ResizeRequest request{id, qty, expected};
+  Reservation out = observed(Op::resize, [&] {
+    try {
+      return store_->resize(request);
+    } catch (const Error& refusal) {
+      // The hold's row is short. On a SKU with hot-row slots, the SKU may not be: free
+      // units move into that row, and the resize runs once more.
+      if (refusal.code() != ErrorCode::out_of_stock) throw;
+      const Reservation hold = store_->get_reservation(id);
+      slots_->refill_row(hold.key, qty - hold.held(), refusal);
+      return store_->resize(request);
+    }
+  });
+  detail::unslot(out);
+  return out;
+}
+
 Reservation Engine::get_reservation(const Uuid& id) {
   check_process();
   Reservation out = observed(Op::reservation, [&] { return store_->get_reservation(id); });

@@ -197,12 +197,12 @@ void SlotRouter::refuse_on_slots(const SkuKey& key, const char* feature) {
   refuse_if_slots(key, feature, learn(key));
 }
 
-int SlotRouter::target_of(const std::vector<StockLevel>& rows, bool own_row) const {
-  return own_row ? 0 : home_of(std::max(1, active_rows(rows)));
+int SlotRouter::target_of(const std::vector<StockLevel>& rows, int target) const {
+  return target != home_target ? target : home_of(std::max(1, active_rows(rows)));
 }
 
 std::vector<StockLevel> SlotRouter::fill_slot(const SkuKey& key,
-                                              const std::vector<StockLevel>& rows, bool own_row,
+                                              const std::vector<StockLevel>& rows, int target,
                                               Quantity qty,
                                               const std::optional<Version>& expected) {
   // The target is decided on the rows as locked: the SKU's slots may have been taken away
@@ -214,8 +214,9 @@ std::vector<StockLevel> SlotRouter::fill_slot(const SkuKey& key,
     // Every row is locked: true of the SKU at this instant (the caller counts it, if it
     // stands).
     if (free < qty) throw_out_of_stock(key, free, qty);
-    return respread(levels, active_rows(levels),
-                    static_cast<std::size_t>(target_of(levels, own_row)), qty, 0);
+    const int into = target_of(levels, target);
+    if (into >= std::max(1, active_rows(levels))) throw_out_of_stock(key, 0, qty);  // retired
+    return respread(levels, active_rows(levels), static_cast<std::size_t>(into), qty, 0);
   };
   const NoteScope note({"slot_move", "", "", ""});
   return remember(key, store_.reshape(keys_of(rows), /*create=*/false, /*write_all=*/false,
@@ -318,8 +319,8 @@ int SlotRouter::check_and_fill(const SkuKey& key, Quantity qty, Version expected
                                std::optional<Version>* row_expected) {
   const std::vector<StockLevel> rows = learn(key);
   if (rows.size() <= 1) return 1;
-  const std::vector<StockLevel> filled = fill_slot(key, rows, false, qty, expected);
-  *row_expected = filled[static_cast<std::size_t>(target_of(filled, false))].version;
+  const std::vector<StockLevel> filled = fill_slot(key, rows, home_target, qty, expected);
+  *row_expected = filled[static_cast<std::size_t>(target_of(filled, home_target))].version;
   return std::max(1, active_rows(filled));
 }
 
@@ -345,7 +346,7 @@ int SlotRouter::after_refusal(const SkuKey& key, Quantity qty, const Error& refu
                 context_of(key));
   }
   try {
-    k = std::max(1, active_rows(fill_slot(key, rows, false, qty, std::nullopt)));
+    k = std::max(1, active_rows(fill_slot(key, rows, home_target, qty, std::nullopt)));
   } catch (const Error& e) {
     if (e.code() == ErrorCode::in_doubt) {
       // Only units moved between the SKU's rows, if anything: nothing was reserved or
@@ -393,7 +394,14 @@ void SlotRouter::refill_order_line(const std::vector<OrderLine>& lines, const Er
   const std::vector<StockLevel> rows = rows_after_refusal(
       line, known_slots(line) <= 1 ? refusal.context().actual_version : std::nullopt);
   if (rows.size() <= 1) throw refusal;
-  fill_slot(line, rows, /*own_row=*/true, it->qty, std::nullopt);
+  fill_slot(line, rows, /*target=*/0, it->qty, std::nullopt);
+}
+
+void SlotRouter::refill_row(const SkuKey& row, Quantity qty, const Error& refusal) {
+  const SkuKey base{row.sku, row.location, 0};
+  const std::vector<StockLevel> rows = rows_after_refusal(base, std::nullopt);
+  if (rows.size() <= 1 || row.slot >= std::max(1, active_rows(rows))) throw refusal;
+  fill_slot(base, rows, row.slot, qty, std::nullopt);
 }
 
 std::shared_ptr<CompletionSink> slot_checked_sink(

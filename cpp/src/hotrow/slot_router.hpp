@@ -172,6 +172,10 @@ class SlotRouter {
   // into that row from the SKU's slots so that the order may run again. Throws when the
   // refusal stands (no slots, or they are short too).
   void refill_order_line(const std::vector<OrderLine>& lines, const Error& refusal);
+  // A resize of a hold on `row` was refused there: moves `qty` free units into that row
+  // from the SKU's other rows. Throws `refusal` when it stands (no slots, a retired row,
+  // or the SKU is short too).
+  void refill_row(const SkuKey& row, Quantity qty, const Error& refusal);
   // How many rounds a call may take before it gives up as Overloaded.
   int rounds() const { return std::max(2, options_.retries_max + 1); }
 
@@ -186,13 +190,16 @@ class SlotRouter {
   std::vector<StockLevel> rows_after_refusal(const SkuKey& key, std::optional<Version> refused_at);
   // Records in the directory what `rows` (one snapshot, the own row first) say.
   const std::vector<StockLevel>& remember(const SkuKey& key, const std::vector<StockLevel>& rows);
-  // The row a fill moves units into: the SKU's own (an order's line), or this engine's
-  // slot among the active ones `rows` show.
-  int target_of(const std::vector<StockLevel>& rows, bool own_row) const;
+  // The row a fill moves units into: slot `target` (0: the SKU's own row, an order's
+  // line; a hold's row, a resize), or this engine's slot among the active ones `rows`
+  // show (home_target).
+  static constexpr int home_target = -1;
+  int target_of(const std::vector<StockLevel>& rows, int target) const;
   // Moves free units into the target row (target_of, decided on the rows as locked) so
-  // that it has `qty`; OutOfStock when all of them together are short. Returns the rows.
+  // that it has `qty`; OutOfStock when all of them together are short, or the target is
+  // a retired slot. Returns the rows.
   std::vector<StockLevel> fill_slot(const SkuKey& key, const std::vector<StockLevel>& rows,
-                                    bool own_row, Quantity qty,
+                                    int target, Quantity qty,
                                     const std::optional<Version>& expected);
 
   Store& store_;

@@ -133,6 +133,7 @@ class MemoryStore final : public Store, public TestHooks {
   std::vector<Reservation> reserve_order(const OrderRequest& request) override;
   Reservation transition(const TransitionRequest& request) override;
   Reservation return_units(const ReturnRequest& request) override;
+  Reservation resize(const ResizeRequest& request) override;
   Reservation get_reservation(const Uuid& id) override;
   std::size_t expire_due(std::size_t limit) override;
   std::size_t free_lapsed(std::size_t limit) override;
@@ -218,6 +219,8 @@ class MemoryStore final : public Store, public TestHooks {
   void insert_reservation(const Reservation& reservation, StockRow* row);
   ReservationShard& shard_of(const Uuid& id) const;
   void expire_locked(ReservationShard& shard, ReservationRecord& record, TimestampUs now);
+  ReservationRecord& live_hold(ReservationShard& shard, const Uuid& id,
+                               const std::optional<Version>& expected);
   // Settles units a hold had: `sold` leave on_hand and reserved, `freed` leave reserved.
   void release_stock(StockRow& row, Quantity sold, Quantity freed, TimestampUs now);
   Reservation reserve_now(StockRow& row, const ReserveRequest& request,

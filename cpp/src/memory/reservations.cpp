@@ -366,6 +366,7 @@ Reservation MemoryStore::transition(const TransitionRequest& request) {
     Reservation next = r;  // decided first: a refusal changes nothing
     const Settlement moved = settle_transition(next, kind == Transition::confirm,
                                                request.qty.value_or(0), request.release_rest);
+    check_units(next);
     release_stock(*record.row, moved.sold, moved.freed, now);
     give_back(r, moved.freed);
     r = std::move(next);
@@ -391,6 +392,7 @@ Reservation MemoryStore::return_units(const ReturnRequest& request) {
   check_expected(r, request.expected_version);
   Reservation next = r;
   take_return(next, request.qty);
+  check_units(next);
   if (request.restock) restock(return_row(r, request.location), request.qty, {}, {});
   give_back(r, request.qty);
   next.version += 1;
@@ -401,6 +403,82 @@ Reservation MemoryStore::return_units(const ReturnRequest& request) {
   }
   r = std::move(next);
   return r;
+}
+
+// A held, unlapsed reservation under its shard's lock, as a resize finds it: checks the
+// expected version and the state, and expires it lazily if it lapsed (then throws).
+ReservationRecord& MemoryStore::live_hold(ReservationShard& shard, const Uuid& id,
+                                          const std::optional<Version>& expected) {
+  auto it = shard.records.find(id);
+  if (it == shard.records.end()) throw_reservation_not_found(id);
+  ReservationRecord& record = it->second;
+  check_expected(record.value, expected);
+  if (record.value.state != ReservationState::held) throw not_holdable(record.value);
+  const TimestampUs now = clock_->now_us();
+  if (now >= record.value.expires_at_us) {
+    expire_locked(shard, record, now);
+    throw not_holdable(record.value);
+  }
+  return record;
+}
+
+// A shrink is decided and written under the reservation's lock. A growth counts against
+// the buyer's purchase limit first (within_limits takes the buyer's locks before any
+// reservation's, as a reserve does), then decides again under the reservation's lock: if
+// the hold changed in between (another step), it starts over.
+Reservation MemoryStore::resize(const ResizeRequest& request) {
+  expire_lapsed();
+  ReservationShard& shard = shard_of(request.id);
+  for (;;) {
+    Reservation seen;
+    {
+      std::lock_guard<std::mutex> lock(shard.mutex);
+      ReservationRecord& record = live_hold(shard, request.id, request.expected_version);
+      Reservation& r = record.value;
+      const Quantity delta = resize_delta(r, request.qty);
+      if (delta == 0) return r;
+      if (delta < 0) {
+        const TimestampUs now = clock_->now_us();
+        Reservation next = r;
+        settle_units(next, Settle::release, -delta);
+        check_units(next);
+        release_stock(*record.row, 0, -delta, now);
+        give_back(r, -delta);
+        r = std::move(next);
+        r.version += 1;
+        r.updated_at_us = now;
+        return r;
+      }
+      seen = r;
+    }
+    const Quantity delta = resize_delta(seen, request.qty);
+    struct HoldChanged {};  // thrown through within_limits, which then counts nothing
+    const auto grow = [&](const LineGroups& groups) {
+      if (groups.at(0) != seen.limit_group) throw group_changed(seen);
+      std::lock_guard<std::mutex> lock(shard.mutex);
+      ReservationRecord& record = live_hold(shard, request.id, request.expected_version);
+      Reservation& r = record.value;
+      if (r.version != seen.version) throw HoldChanged{};
+      Reservation next = r;
+      grow_hold(next, delta);
+      check_units(next);
+      const TimestampUs now = clock_->now_us();
+      compare_and_set(
+          *record.row,
+          [&](const RowValues& v) { return hold_units(&telemetry(), *record.row, v, delta, now); },
+          nullptr);
+      r = std::move(next);
+      r.version += 1;
+      r.updated_at_us = now;
+      return std::vector<Reservation>{r};
+    };
+    try {
+      if (!seen.buyer) return grow(LineGroups{std::nullopt}).front();
+      return within_limits({OrderLine{seen.key, delta}}, *seen.buyer, grow).front();
+    } catch (const HoldChanged&) {
+      continue;  // another step of this hold came between: decide again
+    }
+  }
 }
 
 Reservation MemoryStore::get_reservation(const Uuid& id) {

@@ -171,6 +171,7 @@ class PostgresStore final : public Store, public TestHooks {
   std::vector<Reservation> reserve_order(const OrderRequest& request) override;
   Reservation transition(const TransitionRequest& request) override;
   Reservation return_units(const ReturnRequest& request) override;
+  Reservation resize(const ResizeRequest& request) override;
   Reservation get_reservation(const Uuid& id) override;
   std::size_t expire_due(std::size_t limit) override;
   std::size_t free_lapsed(std::size_t limit) override;
@@ -310,6 +311,8 @@ class PostgresStore final : public Store, public TestHooks {
   // released or expired hold's units.
   LineGroups take_allowances(Tx& tx, const std::vector<OrderLine>& lines, const std::string& buyer);
   void give_back(Tx& tx, const Reservation& r, Quantity units);
+  [[noreturn]] void throw_lapsed(Tx& tx, Reservation& r);
+  Reservation lock_live_hold(Tx& tx, const Uuid& id, const std::optional<Version>& expected);
   std::vector<Reservation> hold(Tx& tx, const std::vector<OrderLine>& sorted_lines,
                                 const std::vector<Uuid>& ids, std::int64_t ttl_us,
                                 const std::optional<std::string>& idempotency_key,

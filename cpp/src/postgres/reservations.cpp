@@ -273,31 +273,47 @@ void PostgresStore::move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantit
   report_write(key, rows[0][0].as<Version>());
 }
 
+// A hold found lapsed by a step: expired here, as the sweeper would have, which commits;
+// then the step hears ReservationExpired.
+void PostgresStore::throw_lapsed(Tx& tx, Reservation& r) {
+  const Quantity units = r.held();
+  give_back(tx, r, units);
+  move_stock(tx, r.key, 0, units);
+  settle_units(r, Settle::expire, units);
+  const pqxx::result row = tx.exec_on(r.id.shard_key(), Stmt::reservation_set, r.id.to_string(),
+                                      std::string(reservation_state_name(r.state)), std::int64_t{0},
+                                      r.confirmed, r.released, r.expired);
+  throw CommitThenRaise{not_holdable(read_reservation(row[0]))};
+}
+
+// The reservation `id`, locked, at `expected` (if given), held and not lapsed: a step of
+// a live hold starts here. NotFound, VersionConflict, InvalidState; a lapsed hold is
+// expired (throw_lapsed).
+Reservation PostgresStore::lock_live_hold(Tx& tx, const Uuid& id,
+                                          const std::optional<Version>& expected) {
+  const pqxx::result rows = tx.exec_on(id.shard_key(), Stmt::reservation_lock, id.to_string());
+  if (rows.empty()) throw_reservation_not_found(id);
+  bool lapsed = false;
+  Reservation r = read_reservation(rows[0], &lapsed);
+  check_expected(r, expected);
+  if (r.state != ReservationState::held) throw not_holdable(r);
+  if (lapsed) throw_lapsed(tx, r);
+  return r;
+}
+
 Reservation PostgresStore::transition(const TransitionRequest& request) {
   const Uuid& id = request.id;
   const Transition kind = request.kind;
   ErrorContext context;
   context.reservation_id = id;
   return run(nullptr, context, [&](Tx& tx) {
-    const pqxx::result rows = tx.exec_on(id.shard_key(), Stmt::reservation_lock, id.to_string());
-    if (rows.empty()) throw_reservation_not_found(id);
-    bool lapsed = false;
-    Reservation r = read_reservation(rows[0], &lapsed);
-    check_expected(r, request.expected_version);
-    if (r.state != ReservationState::held) throw not_holdable(r);
+    Reservation r = lock_live_hold(tx, id, request.expected_version);
     // Writes the reservation's new units and state (settle_units decided them).
     const auto write = [&](const Reservation& next, std::int64_t ttl_us) {
       return read_reservation(tx.exec_on(id.shard_key(), Stmt::reservation_set, id.to_string(),
                                          std::string(reservation_state_name(next.state)), ttl_us,
                                          next.confirmed, next.released, next.expired)[0]);
     };
-    if (lapsed) {  // expire it lazily, as the sweeper would have, and say so
-      const Quantity units = r.held();
-      give_back(tx, r, units);
-      move_stock(tx, r.key, 0, units);
-      settle_units(r, Settle::expire, units);
-      throw CommitThenRaise{not_holdable(write(r, 0))};
-    }
     if (kind == Transition::extend) return write(r, request.ttl_us);
     const Settlement moved = settle_transition(r, kind == Transition::confirm,
                                                request.qty.value_or(0), request.release_rest);
@@ -325,6 +341,38 @@ Reservation PostgresStore::return_units(const ReturnRequest& request) {
     }
     return read_reservation(
         tx.exec_on(id.shard_key(), Stmt::reservation_return, id.to_string(), r.returned)[0]);
+  });
+}
+
+// One transaction, in the order of every transition: the reservation locked, then the
+// buyer's count (a growth), then the stock row. A growth writes the row through the
+// guarded delta a new hold uses (room, an open row); a refusal rolls it all back.
+Reservation PostgresStore::resize(const ResizeRequest& request) {
+  const Uuid& id = request.id;
+  ErrorContext context;
+  context.reservation_id = id;
+  return run(nullptr, context, [&](Tx& tx) {
+    Reservation r = lock_live_hold(tx, id, request.expected_version);
+    const Quantity delta = resize_delta(r, request.qty);
+    if (delta == 0) return r;
+    if (delta < 0) {
+      give_back(tx, r, -delta);
+      move_stock(tx, r.key, 0, -delta);
+      settle_units(r, Settle::release, -delta);
+    } else {
+      if (r.buyer) {
+        const LineGroups groups = take_allowances(tx, {OrderLine{r.key, delta}}, *r.buyer);
+        if (groups.at(0) != r.limit_group) throw group_changed(r);
+      }
+      const pqxx::result moved =
+          tx.exec_on(shard_of(r.key), Stmt::stock_delta, r.key.sku, r.key.location, Quantity{0},
+                     delta, delta, std::int64_t{-1}, std::int64_t{-1}, r.key.slot);
+      if (moved.empty()) refuse(tx, r.key, delta, std::nullopt, std::nullopt, true);
+      observed_write(level_from(r.key, moved[0]));
+      grow_hold(r, delta);
+    }
+    return read_reservation(
+        tx.exec_on(id.shard_key(), Stmt::reservation_resize, id.to_string(), r.qty, r.released)[0]);
   });
 }
 

@@ -420,6 +420,11 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
           " ELSE expires_at END, confirmed = $4, released = $5, expired = $6"
           " WHERE id = $1::uuid@PIN RETURNING *) SELECT " +
           reservation_columns() + " FROM w");
+  set(Stmt::reservation_resize, "WITH w AS (UPDATE " + reservation +
+                                    " SET qty = $2, released = $3, version = version + 1,"
+                                    " updated_at = now() WHERE id = $1::uuid@PIN RETURNING *)"
+                                    " SELECT " +
+                                    reservation_columns() + " FROM w");
   set(Stmt::reservation_return, "WITH w AS (UPDATE " + reservation +
                                     " SET returned = $2, version = version + 1, updated_at ="
                                     " now() WHERE id = $1::uuid@PIN RETURNING *) SELECT " +

@@ -39,6 +39,7 @@ namespace stockade::detail::pg {
   X(reservation_lock, routine)        \
   X(reservation_set, routine)         \
   X(reservation_return, plain)        \
+  X(reservation_resize, plain)        \
   X(reservation_get_many, routine)    \
   X(expire_pick, plain)               \
   X(purge_keys, plain)                \

@@ -38,11 +38,12 @@ Reservation PostgresStore::limited_reserve_by_check(const SkuKey& key, Quantity 
     // SELECT sum(qty) FROM reservation WHERE buyer = :buyer AND sku IN (the group's skus)
     const Quantity held =
         tx.conn
-            .exec_sql(tx.work, "SELECT coalesce(sum(r.qty), 0) FROM " + options_.schema +
-                                   ".reservation r JOIN " + options_.schema +
-                                   ".purchase_limit_sku s ON s.sku = r.sku WHERE s.group_name = " +
-                                   tx.work.quote(group) + " AND r.buyer = " + tx.work.quote(buyer) +
-                                   " AND r.state IN ('held', 'confirmed')")[0][0]
+            .exec_sql(tx.work,
+                      "SELECT coalesce(sum(r.qty - r.released - r.expired - r.returned), 0) FROM " +
+                          options_.schema + ".reservation r JOIN " + options_.schema +
+                          ".purchase_limit_sku s ON s.sku = r.sku WHERE s.group_name = " +
+                          tx.work.quote(group) + " AND r.buyer = " + tx.work.quote(buyer) +
+                          " AND r.state IN ('held', 'confirmed')")[0][0]
             .as<std::int64_t>();
     if (held + qty > per_buyer) throw limit_exceeded(key, group, buyer, held, per_buyer, qty);
     if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));

@@ -74,7 +74,7 @@ const JournalNote* current_note() noexcept {
 
 std::string cause_of(const RowChange& before, const RowChange& after, const std::string& said) {
   if (after.created) {
-    if (said == "set_on_hand" || said == "slot_move") return said;
+    if (said == "set_on_hand" || said == "slot_move" || said == "return") return said;
     return after.on_hand > 0 ? "restock" : "create";
   }
   if (after.discontinued != before.discontinued) {
@@ -89,6 +89,7 @@ std::string cause_of(const RowChange& before, const RowChange& after, const std:
   const Quantity d_on = after.on_hand - before.on_hand;
   const Quantity d_res = after.reserved - before.reserved;
   if (d_on == 0 && d_res == 0) return said == "set_on_hand" ? said : "touch";  // a count
+  if (d_on == 0 && d_res != 0 && said == "resize") return said;
   if (d_on == 0 && d_res > 0) return "hold";
   if (d_on == 0) {
     // A confirm that finds its hold lapsed expires it.

@@ -23,6 +23,17 @@ inline Quantity units_to_settle(const Reservation& r, const char* verb, Quantity
   return asked;
 }
 
+// The memory store's check before it writes a reservation (the schema's reservation_units
+// CHECK on PostgreSQL): units that do not add up are the engine's bug, refused before
+// they are written.
+inline void check_units(const Reservation& r) {
+  if (units_consistent(r)) return;
+  throw Error(ErrorCode::invariant_violation,
+              "reservation " + r.id.to_string() + " would be written with units that do not add " +
+                  "up (" + units_of(r) + "); nothing changed",
+              context_of(r));
+}
+
 // What a confirm or release moves: units sold (they leave on_hand and reserved) and units
 // given back (they leave reserved, and the buyer's purchase-limit count).
 struct Settlement {
@@ -47,6 +58,29 @@ inline Settlement settle_transition(Reservation& r, bool confirm, Quantity asked
     settle_units(r, Settle::release, r.held());
   }
   return out;
+}
+
+// A resize of held reservation `r` to `qty` held units: how many more it holds (> 0), or
+// gives back (< 0). A shrink is counted in `r` as released units; a growth only after
+// the rows took it (grow_hold).
+inline Quantity resize_delta(const Reservation& r, Quantity qty) {
+  return qty - r.held();
+}
+
+// Counts a growth of `units` in `r`: asked for (qty) and held.
+inline void grow_hold(Reservation& r, Quantity units) {
+  r.qty += units;
+}
+
+// A growth of a hold whose buyer's purchase-limit group is not the one it was made in
+// (the limit was set, removed or changed since): its units would be counted in one group
+// and given back to another, so it is refused.
+inline Error group_changed(const Reservation& r) {
+  return Error(ErrorCode::invalid_state,
+               "the purchase-limit group of reservation " + r.id.to_string() +
+                   "'s SKU changed since it was made; hold the extra units with a new "
+                   "reservation (nothing changed)",
+               context_of(r));
 }
 
 // Counts a return of `qty` of `r`'s sold units in `r` (returned; not the version), or

@@ -77,17 +77,21 @@ class ClientSink final : public CompletionSink {
   std::vector<Completion> done_;
 };
 
-// One confirm or release of a client's hold, timed and counted as a request.
+// One confirm or release of a client's hold, timed and counted as a request; whether it
+// went through.
 template <class Call>
-void settle(ClientTally& tally, Call&& call) {
+bool settle(ClientTally& tally, Call&& call) {
   const auto start = Steady::now();
+  bool ok = true;
   try {
     call();
     tally.count(nullptr);
   } catch (const Error& e) {
     tally.count(&e);
+    ok = false;
   }
   tally.latencies_us.push_back(micros_since(start));
+  return ok;
 }
 
 void blocking_client(Engine& engine, const LoadSpec& spec, std::size_t id,
@@ -116,11 +120,11 @@ void blocking_client(Engine& engine, const LoadSpec& spec, std::size_t id,
     tally.latencies_us.push_back(micros_since(start));
     if (!spec.confirm || !held) continue;
     const bool part = spec.confirm_qty > 0 && spec.confirm_qty < spec.qty;
-    settle(tally, [&] {
+    const bool confirmed = settle(tally, [&] {
       engine.confirm(*held, {}, part ? std::optional<Quantity>(spec.confirm_qty) : std::nullopt,
                      spec.release_rest);
     });
-    if (part && !spec.release_rest) settle(tally, [&] { engine.release(*held); });
+    if (confirmed && part && !spec.release_rest) settle(tally, [&] { engine.release(*held); });
   }
 }
 
