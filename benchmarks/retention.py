@@ -112,9 +112,9 @@ def fill_old(sql: Sql, rows: int) -> None:
     for a while without retention would have."""
     sql(
         "INSERT INTO stockade.reservation (id, sku, location, qty, state, version,"
-        " expires_at, idempotency_key, created_at, updated_at)"
+        " expires_at, idempotency_key, created_at, updated_at, confirmed)"
         " SELECT ('01800000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid,"
-        " 'old-' || (g % 5000), 'default', 1, 'confirmed', 2, t, md5(g::text), t, t"
+        " 'old-' || (g % 5000), 'default', 1, 'confirmed', 2, t, md5(g::text), t, t, 1"
         f" FROM generate_series(1, {rows}) AS g,"
         " LATERAL (SELECT now() - interval '30 days' + g * interval '100 microseconds') AS x(t)"
     )
@@ -393,8 +393,9 @@ def add_confirmed(sql: Sql, schema: str, prefix: str, skus: int, n: int, at: str
     (g = 1..n), made and last changed at `at` (SQL in terms of g)."""
     sql(
         f"INSERT INTO {schema}.reservation (id, sku, location, qty, state, version,"
-        f" expires_at, idempotency_key, created_at, updated_at) SELECT {v7('t', 'g')},"
-        f" '{prefix}' || (g % {skus}), 'default', 1, 'confirmed', 2, t, '{prefix}' || g, t, t"
+        f" expires_at, idempotency_key, created_at, updated_at, confirmed) SELECT"
+        f" {v7('t', 'g')}, '{prefix}' || (g % {skus}), 'default', 1, 'confirmed', 2, t,"
+        f" '{prefix}' || g, t, t, 1"
         f" FROM generate_series(1, {n}) AS g, LATERAL (SELECT {at}) AS x(t)"
     )
     sql(

@@ -530,8 +530,9 @@ class EngineCalls:
         units must be free on the hold's row (on a SKU with hot-row slots, free units of
         its other rows move there first), the row open, and the buyer's purchase limit
         must allow them. A refusal (``OutOfStock``, ``LimitExceeded``, ...) changes
-        nothing. Shrinking gives units back at once; they count as ``released``. ``qty``
-        counts what the hold holds now, so its ``qty`` field grows with it."""
+        nothing. Shrinking gives units back at once; they count as ``released``. The
+        argument sets ``held``: on a growth the ``qty`` field goes up by the difference,
+        on a shrink it stays as it was."""
         return Reservation._from_core(
             self._core.resize(
                 id=reservation_id_bytes(id),
@@ -558,8 +559,10 @@ class EngineCalls:
         ``restock=True`` puts them back on hand, sellable, at the SKU's own row of
         ``location`` (default: the reservation's), creating that row if needed;
         ``restock=False`` records the return on the reservation only (damaged units).
-        A buyer's purchase-limit count gives them back. The change is journaled as cause
-        ``return``, with ``reason`` and ``actor``. A reservation purged by retention is
+        The buyer's purchase-limit count drops by ``qty``. With ``restock=True`` the
+        change is journaled as cause ``return``, with ``reason`` and ``actor``;
+        ``restock=False`` moves no stock row and writes no journal entry. A return may
+        come while part of the hold is still held. A reservation purged by retention is
         ``NotFound``."""
         return Reservation._from_core(
             self._core.return_units(

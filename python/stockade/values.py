@@ -200,7 +200,8 @@ class Reservation:
     """A reservation (a hold on stock) as committed. ``buyer`` is the buyer whose
     purchase limits it counts against, if it was made with one.
 
-    ``qty`` is what was asked for; ``confirmed``, ``released`` and ``expired`` say where
+    ``qty`` is what was asked for (plus any growth by ``resize``); ``confirmed``,
+    ``released`` and ``expired`` say where
     units went, and ``held`` is the rest: ``held + confirmed + released + expired ==
     qty``. ``returned`` counts confirmed units that came back. The state stays ``held``
     while any unit is held (a partial confirm or release leaves the rest held), then says

@@ -34,6 +34,7 @@ MEANT_TO_SCAN: dict[str, str] = {
     name: _AUDIT
     for name in (
         "stockade_audit_reserved",
+        "stockade_audit_units",
         "stockade_audit_limits",
         "stockade_audit_slots",
         "stockade_audit_keys",
@@ -52,15 +53,17 @@ FILL = f"""
 INSERT INTO stockade.stock (sku, location, on_hand)
     SELECT 'sku-' || i, 'default', 100 FROM generate_series(1, {ROWS}) i;
 INSERT INTO stockade.reservation (id, sku, location, qty, state, expires_at, idempotency_key,
-                                  created_at, updated_at, buyer, limit_group)
-    SELECT gen_random_uuid(), 'sku-' || (i % {ROWS} + 1), 'default', 1,
-           CASE WHEN i % 2 = 0 THEN 'held'
-                ELSE (ARRAY['confirmed', 'released', 'expired'])[i % 3 + 1] END,
+                                  created_at, updated_at, buyer, limit_group, confirmed,
+                                  released, expired)
+    SELECT gen_random_uuid(), 'sku-' || (i % {ROWS} + 1), 'default', 1, state,
            now() + (i % 1000 - 500) * interval '1 second', 'key-' || i,
            now() - interval '30 days' + i * interval '1 second',
            now() - interval '30 days' + i * interval '1 second',
-           'buyer-' || (i % 5000), CASE WHEN i % 7 = 0 THEN 'group-' || (i % 50000) END
-    FROM generate_series(1, {ROWS}) i;
+           'buyer-' || (i % 5000), CASE WHEN i % 7 = 0 THEN 'group-' || (i % 50000) END,
+           (state = 'confirmed')::int, (state = 'released')::int, (state = 'expired')::int
+    FROM generate_series(1, {ROWS}) i,
+         LATERAL (SELECT CASE WHEN i % 2 = 0 THEN 'held'
+                  ELSE (ARRAY['confirmed', 'released', 'expired'])[i % 3 + 1] END) AS s(state);
 INSERT INTO stockade.idempotency (key, request_fingerprint, reservation_ids, created_at)
     SELECT idempotency_key, 'f', ARRAY[id], created_at FROM stockade.reservation;
 INSERT INTO stockade.purchase_limit
