@@ -333,7 +333,8 @@ void BatchTx::decide_transition(BatchItem& item) {
   STOCKADE_ASSERT_ROW(row.on_hand, row.reserved, row.backorder_limit);
   ++r.version;
   r.updated_at_us = now_us_;
-  if (std::find(transitions_.begin(), transitions_.end(), r.id) == transitions_.end()) {
+  if (!it->second.changed) {
+    it->second.changed = true;
     transitions_.push_back(r.id);
   }
   if (lapsed) {

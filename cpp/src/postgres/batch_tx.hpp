@@ -79,7 +79,8 @@ struct KeyClaim {
 // A reservation a transition in the batch is about, as locked (and as changed so far).
 struct Hold {
   Reservation reservation;
-  bool lapsed = false;  // expires_at <= now() when it was locked
+  bool lapsed = false;   // expires_at <= now() when it was locked
+  bool changed = false;  // a transition of the batch changed it: in transitions_ once
 };
 
 // A fast statement undid itself: the keyed one found a key claimed elsewhere meanwhile
