@@ -714,7 +714,8 @@ Reservation Engine::resize(const Uuid& id, Quantity qty, std::optional<Version> 
       // units move into that row, and the resize runs once more.
       if (refusal.code() != ErrorCode::out_of_stock) throw;
       const Reservation hold = store_->get_reservation(id);
-      slots_->refill_row(hold.key, qty - hold.held(), refusal);
+      const Quantity growth = qty - hold.held();  // the hold may have changed meanwhile
+      if (growth > 0) slots_->refill_row(hold.key, growth, refusal);
       return store_->resize(request);
     }
   });
