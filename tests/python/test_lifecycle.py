@@ -464,3 +464,22 @@ def test_resizes_racing_reserves_for_the_last_units_never_oversell(
     lvl = engine.stock("s")
     assert lvl.reserved == 10 + taken <= 30 and lvl.available == 30 - lvl.reserved
     assert_clean(engine)
+
+
+@pytest.mark.sweeper_off
+@pytest.mark.parametrize("step", ["resize", "release", "confirm"])
+def test_a_lapsed_hold_found_by_a_step_is_journaled_as_an_expiry(
+    engine: stockade.Engine, wait: Callable[[float], None], step: str
+) -> None:
+    engine.restock("s", 5)
+    hold = engine.reserve("s", 2, ttl=1)
+    wait(1.5)
+    call = {
+        "resize": lambda: engine.resize(hold.id, 3),
+        "release": lambda: engine.release(hold.id, qty=1),
+        "confirm": lambda: engine.confirm(hold.id),
+    }[step]
+    with pytest.raises(stockade.ReservationExpired):
+        call()
+    last = engine.movements("s")[-1]
+    assert (last.cause, last.reserved_delta, last.ref) == ("expire", -2, str(hold.id))

@@ -276,6 +276,9 @@ void PostgresStore::move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantit
 // A hold found lapsed by a step: expired here, as the sweeper would have, which commits;
 // then the step hears ReservationExpired.
 void PostgresStore::throw_lapsed(Tx& tx, Reservation& r) {
+  // The journal's cause for the row this moves is an expiry, whichever step found it.
+  const NoteScope expiry({"expire", "", "", r.id.to_string()});
+  set_note(tx);
   const Quantity units = r.held();
   give_back(tx, r, units);
   move_stock(tx, r.key, 0, units);
