@@ -47,6 +47,7 @@
 #include "stockade/store.hpp"
 #include "stockade/testing.hpp"
 #include "store/fingerprint.hpp"
+#include "store/lifecycle.hpp"
 #include "store/purchase_limits.hpp"
 
 namespace stockade::detail {
@@ -221,6 +222,8 @@ class MemoryStore final : public Store, public TestHooks {
   void expire_locked(ReservationShard& shard, ReservationRecord& record, TimestampUs now);
   ReservationRecord& live_hold(ReservationShard& shard, const Uuid& id,
                                const std::optional<Version>& expected);
+  void settle_locked(ReservationRecord& record, Reservation next, const Settlement& moved,
+                     TimestampUs now);
   // Settles units a hold had: `sold` leave on_hand and reserved, `freed` leave reserved.
   void release_stock(StockRow& row, Quantity sold, Quantity freed, TimestampUs now);
   Reservation reserve_now(StockRow& row, const ReserveRequest& request,

@@ -6,7 +6,6 @@
 #include "stockade/log.hpp"
 #include "store/error_helpers.hpp"
 #include "store/fingerprint.hpp"
-#include "store/lifecycle.hpp"
 
 namespace stockade::detail {
 
@@ -366,10 +365,7 @@ Reservation MemoryStore::transition(const TransitionRequest& request) {
     Reservation next = r;  // decided first: a refusal changes nothing
     const Settlement moved = settle_transition(next, kind == Transition::confirm,
                                                request.qty.value_or(0), request.release_rest);
-    check_units(next);
-    release_stock(*record.row, moved.sold, moved.freed, now);
-    give_back(r, moved.freed);
-    r = std::move(next);
+    settle_locked(record, std::move(next), moved, now);
   }
   r.version += 1;
   r.updated_at_us = now;
@@ -378,6 +374,16 @@ Reservation MemoryStore::transition(const TransitionRequest& request) {
     mark_terminal(shard, r);
   }
   return r;
+}
+
+// Writes what a step decided for a reservation, under its lock: `next` (its new units and
+// state, checked first), the row's units and the buyer's count. Not the version.
+void MemoryStore::settle_locked(ReservationRecord& record, Reservation next,
+                                const Settlement& moved, TimestampUs now) {
+  check_units(next);
+  release_stock(*record.row, moved.sold, moved.freed, now);
+  give_back(record.value, moved.freed);
+  record.value = std::move(next);
 }
 
 // Under the reservation's lock: decided on a copy, then the units go back on hand (a
@@ -437,14 +443,11 @@ Reservation MemoryStore::resize(const ResizeRequest& request) {
       Reservation& r = record.value;
       const Quantity delta = resize_delta(r, request.qty);
       if (delta == 0) return r;
-      if (delta < 0) {
+      if (delta < 0) {  // a release of the units it no longer holds
         const TimestampUs now = clock_->now_us();
         Reservation next = r;
-        settle_units(next, Settle::release, -delta);
-        check_units(next);
-        release_stock(*record.row, 0, -delta, now);
-        give_back(r, -delta);
-        r = std::move(next);
+        const Settlement moved = settle_transition(next, /*confirm=*/false, -delta, false);
+        settle_locked(record, std::move(next), moved, now);
         r.version += 1;
         r.updated_at_us = now;
         return r;

@@ -43,6 +43,7 @@
 #include "stockade/testing.hpp"
 #include "store/error_helpers.hpp"
 #include "store/fingerprint.hpp"
+#include "store/lifecycle.hpp"
 #include "store/purchase_limits.hpp"
 
 namespace stockade::detail::pg {
@@ -312,6 +313,8 @@ class PostgresStore final : public Store, public TestHooks {
   LineGroups take_allowances(Tx& tx, const std::vector<OrderLine>& lines, const std::string& buyer);
   void give_back(Tx& tx, const Reservation& r, Quantity units);
   [[noreturn]] void throw_lapsed(Tx& tx, Reservation& r);
+  void settle_in(Tx& tx, const Reservation& r, const Settlement& moved);
+  Reservation write_units(Tx& tx, const Reservation& r, std::int64_t ttl_us);
   Reservation lock_live_hold(Tx& tx, const Uuid& id, const std::optional<Version>& expected);
   std::vector<Reservation> hold(Tx& tx, const std::vector<OrderLine>& sorted_lines,
                                 const std::vector<Uuid>& ids, std::int64_t ttl_us,

@@ -5,7 +5,6 @@
 #include "postgres/postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
 #include "stockade/log.hpp"
-#include "store/lifecycle.hpp"
 
 namespace stockade::detail::pg {
 
@@ -273,20 +272,32 @@ void PostgresStore::move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantit
   report_write(key, rows[0][0].as<Version>());
 }
 
+// What a step decided moves: the freed units back to the buyer's count (parent rows
+// first), then the stock row.
+void PostgresStore::settle_in(Tx& tx, const Reservation& r, const Settlement& moved) {
+  if (moved.freed > 0) give_back(tx, r, moved.freed);
+  move_stock(tx, r.key, moved.sold, moved.sold + moved.freed);
+}
+
+// Writes a reservation's state and units as a step decided them (and, for an extend, its
+// new expiry: `ttl_us` > 0); returns it as written.
+Reservation PostgresStore::write_units(Tx& tx, const Reservation& r, std::int64_t ttl_us) {
+  return read_reservation(tx.exec_on(r.id.shard_key(), Stmt::reservation_set, r.id.to_string(),
+                                     std::string(reservation_state_name(r.state)), ttl_us,
+                                     r.confirmed, r.released, r.expired)[0]);
+}
+
 // A hold found lapsed by a step: expired here, as the sweeper would have, which commits;
 // then the step hears ReservationExpired.
 void PostgresStore::throw_lapsed(Tx& tx, Reservation& r) {
   // The journal's cause for the row this moves is an expiry, whichever step found it.
   const NoteScope expiry({"expire", "", "", r.id.to_string()});
   set_note(tx);
-  const Quantity units = r.held();
-  give_back(tx, r, units);
-  move_stock(tx, r.key, 0, units);
-  settle_units(r, Settle::expire, units);
-  const pqxx::result row = tx.exec_on(r.id.shard_key(), Stmt::reservation_set, r.id.to_string(),
-                                      std::string(reservation_state_name(r.state)), std::int64_t{0},
-                                      r.confirmed, r.released, r.expired);
-  throw CommitThenRaise{not_holdable(read_reservation(row[0]))};
+  Settlement moved;
+  moved.freed = r.held();
+  settle_units(r, Settle::expire, moved.freed);
+  settle_in(tx, r, moved);
+  throw CommitThenRaise{not_holdable(write_units(tx, r, 0))};
 }
 
 // The reservation `id`, locked, at `expected` (if given), held and not lapsed: a step of
@@ -311,18 +322,11 @@ Reservation PostgresStore::transition(const TransitionRequest& request) {
   context.reservation_id = id;
   return run(nullptr, context, [&](Tx& tx) {
     Reservation r = lock_live_hold(tx, id, request.expected_version);
-    // Writes the reservation's new units and state (settle_units decided them).
-    const auto write = [&](const Reservation& next, std::int64_t ttl_us) {
-      return read_reservation(tx.exec_on(id.shard_key(), Stmt::reservation_set, id.to_string(),
-                                         std::string(reservation_state_name(next.state)), ttl_us,
-                                         next.confirmed, next.released, next.expired)[0]);
-    };
-    if (kind == Transition::extend) return write(r, request.ttl_us);
-    const Settlement moved = settle_transition(r, kind == Transition::confirm,
-                                               request.qty.value_or(0), request.release_rest);
-    if (moved.freed > 0) give_back(tx, r, moved.freed);
-    move_stock(tx, r.key, moved.sold, moved.sold + moved.freed);
-    return write(r, 0);
+    if (kind == Transition::extend) return write_units(tx, r, request.ttl_us);
+    settle_in(tx, r,
+              settle_transition(r, kind == Transition::confirm, request.qty.value_or(0),
+                                request.release_rest));
+    return write_units(tx, r, 0);
   });
 }
 
@@ -358,10 +362,8 @@ Reservation PostgresStore::resize(const ResizeRequest& request) {
     Reservation r = lock_live_hold(tx, id, request.expected_version);
     const Quantity delta = resize_delta(r, request.qty);
     if (delta == 0) return r;
-    if (delta < 0) {
-      give_back(tx, r, -delta);
-      move_stock(tx, r.key, 0, -delta);
-      settle_units(r, Settle::release, -delta);
+    if (delta < 0) {  // a release of the units it no longer holds
+      settle_in(tx, r, settle_transition(r, /*confirm=*/false, -delta, /*release_rest=*/false));
     } else {
       if (r.buyer) {
         const LineGroups groups = take_allowances(tx, {OrderLine{r.key, delta}}, *r.buyer);
