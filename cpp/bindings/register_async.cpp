@@ -35,14 +35,17 @@ void register_async_calls(py::class_<Engine>& c) {
           "submit_sell",
           [](Engine& e, Sink channel, std::uint64_t token, const std::string& sku,
              const std::string& location, Quantity qty, const OptStr& strategy, bool nowait,
-             OptInt lock_timeout_ms, OptInt expected_version, OptInt fencing_token) {
+             OptInt lock_timeout_ms, OptInt expected_version, OptInt fencing_token,
+             OptStr idempotency_key) {
             CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
             call.fencing_token = fencing_token;
+            call.idempotency_key = std::move(idempotency_key);
             e.submit_sell({sku, location}, qty, call, std::move(channel), token);
           },
           py::arg("channel"), py::arg("token"), py::arg("sku"), py::arg("location"), py::arg("qty"),
           py::arg("strategy"), py::arg("nowait"), py::arg("lock_timeout_ms"),
-          py::arg("expected_version"), py::arg("fencing_token") = py::none(), Release())
+          py::arg("expected_version"), py::arg("fencing_token") = py::none(),
+          py::arg("idempotency_key") = py::none(), Release())
       .def(
           "submit_reserve_order",
           [](Engine& e, Sink channel, std::uint64_t token, const std::vector<OrderLineIn>& lines,
@@ -59,27 +62,27 @@ void register_async_calls(py::class_<Engine>& c) {
           py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(), Release());
   auto transition = [](Transition kind) {
     return [kind](Engine& e, Sink channel, std::uint64_t token, const Uuid& id,
-                  OptInt expected_version, OptInt qty, bool release_rest) {
-      e.submit_transition({id, kind, 0, expected_version, qty, release_rest}, std::move(channel),
-                          token);
+                  OptInt expected_version, OptInt qty, bool release_rest, OptStr key) {
+      e.submit_transition({id, kind, 0, expected_version, qty, release_rest, std::move(key)},
+                          std::move(channel), token);
     };
   };
   c.def("submit_confirm", transition(Transition::confirm), py::arg("channel"), py::arg("token"),
         py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(),
-        py::arg("release_rest") = false, Release())
+        py::arg("release_rest") = false, py::arg("idempotency_key") = py::none(), Release())
       .def("submit_release", transition(Transition::release), py::arg("channel"), py::arg("token"),
            py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(),
-           py::arg("release_rest") = false, Release())
+           py::arg("release_rest") = false, py::arg("idempotency_key") = py::none(), Release())
       .def(
           "submit_extend",
           [](Engine& e, Sink channel, std::uint64_t token, const Uuid& id, std::int64_t ttl_us,
-             OptInt expected_version) {
-            e.submit_transition(
-                {id, Transition::extend, ttl_us, expected_version, std::nullopt, false},
-                std::move(channel), token);
+             OptInt expected_version, OptStr key) {
+            e.submit_transition({id, Transition::extend, ttl_us, expected_version, std::nullopt,
+                                 false, std::move(key)},
+                                std::move(channel), token);
           },
           py::arg("channel"), py::arg("token"), py::arg("id"), py::arg("ttl_us"),
-          py::arg("expected_version"), Release());
+          py::arg("expected_version"), py::arg("idempotency_key") = py::none(), Release());
 }
 
 // A completion's value as the Python layer receives it: the bound value types, or a list

@@ -40,6 +40,27 @@ void register_lease_calls(py::class_<Engine>& c) {
           py::arg("sku"), py::arg("location"), py::arg("token"), Release());
 }
 
+// Backorder limits and soft delete.
+void register_stock_admin_calls(py::class_<Engine>& c) {
+  c.def(
+       "set_backorder_limit",
+       [](Engine& e, const std::string& sku, const std::string& location, Quantity limit,
+          OptInt expected_version, OptInt fencing_token) {
+         return e.set_backorder_limit({sku, location}, limit, expected_version, fencing_token);
+       },
+       py::arg("sku"), py::arg("location"), py::arg("limit"), py::arg("expected_version"),
+       py::arg("fencing_token"), Release())
+      .def(
+          "set_discontinued",
+          [](Engine& e, const std::string& sku, const std::string& location, bool discontinued,
+             OptInt expected_version, OptInt fencing_token) {
+            return discontinued ? e.discontinue({sku, location}, expected_version, fencing_token)
+                                : e.reinstate({sku, location}, expected_version, fencing_token);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("discontinued"), py::arg("expected_version"),
+          py::arg("fencing_token"), Release());
+}
+
 void register_stock_calls(py::class_<Engine>& c) {
   c.def(
        "set_slots",
@@ -57,40 +78,24 @@ void register_stock_calls(py::class_<Engine>& c) {
        "restock",
        [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
           OptInt expected_version, OptInt fencing_token, const std::string& reason,
-          const std::string& actor) {
-         return e.restock({sku, location}, qty, expected_version, fencing_token, reason, actor);
+          const std::string& actor, const OptStr& idempotency_key) {
+         return e.restock({sku, location}, qty, expected_version, fencing_token, reason, actor,
+                          idempotency_key);
        },
        py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("expected_version"),
        py::arg("fencing_token") = py::none(), py::arg("reason") = "", py::arg("actor") = "",
-       Release())
+       py::arg("idempotency_key") = py::none(), Release())
       .def(
           "set_on_hand",
           [](Engine& e, const std::string& sku, const std::string& location, Quantity on_hand,
              OptInt expected_version, OptInt fencing_token, const std::string& reason,
-             const std::string& actor) {
+             const std::string& actor, const OptStr& idempotency_key) {
             return e.set_on_hand({sku, location}, on_hand, expected_version, fencing_token, reason,
-                                 actor);
+                                 actor, idempotency_key);
           },
           py::arg("sku"), py::arg("location"), py::arg("on_hand"), py::arg("expected_version"),
           py::arg("fencing_token") = py::none(), py::arg("reason") = "", py::arg("actor") = "",
-          Release())
-      .def(
-          "set_backorder_limit",
-          [](Engine& e, const std::string& sku, const std::string& location, Quantity limit,
-             OptInt expected_version, OptInt fencing_token) {
-            return e.set_backorder_limit({sku, location}, limit, expected_version, fencing_token);
-          },
-          py::arg("sku"), py::arg("location"), py::arg("limit"), py::arg("expected_version"),
-          py::arg("fencing_token"), Release())
-      .def(
-          "set_discontinued",
-          [](Engine& e, const std::string& sku, const std::string& location, bool discontinued,
-             OptInt expected_version, OptInt fencing_token) {
-            return discontinued ? e.discontinue({sku, location}, expected_version, fencing_token)
-                                : e.reinstate({sku, location}, expected_version, fencing_token);
-          },
-          py::arg("sku"), py::arg("location"), py::arg("discontinued"), py::arg("expected_version"),
-          py::arg("fencing_token"), Release())
+          py::arg("idempotency_key") = py::none(), Release())
       .def(
           "stock",
           [](Engine& e, const std::string& sku, const std::string& location) {
@@ -101,14 +106,16 @@ void register_stock_calls(py::class_<Engine>& c) {
           "sell",
           [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
              const OptStr& strategy, bool nowait, OptInt lock_timeout_ms, OptInt expected_version,
-             OptInt fencing_token) {
+             OptInt fencing_token, OptStr idempotency_key) {
             CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
             call.fencing_token = fencing_token;
+            call.idempotency_key = std::move(idempotency_key);
             return e.sell({sku, location}, qty, call);
           },
           py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("strategy"),
           py::arg("nowait"), py::arg("lock_timeout_ms"), py::arg("expected_version"),
-          py::arg("fencing_token") = py::none(), Release());
+          py::arg("fencing_token") = py::none(), py::arg("idempotency_key") = py::none(),
+          Release());
 }
 
 void register_reservation_calls(py::class_<Engine>& c) {
@@ -152,38 +159,48 @@ void register_reservation_calls(py::class_<Engine>& c) {
 void register_hold_calls(py::class_<Engine>& c) {
   c.def(
        "confirm",
-       [](Engine& e, const Uuid& id, OptInt expected_version, OptInt qty, bool release_rest) {
-         return e.confirm(id, expected_version, qty, release_rest);
+       [](Engine& e, const Uuid& id, OptInt expected_version, OptInt qty, bool release_rest,
+          const OptStr& idempotency_key) {
+         return e.confirm(id, expected_version, qty, release_rest, idempotency_key);
        },
        py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(),
-       py::arg("release_rest") = false, Release())
+       py::arg("release_rest") = false, py::arg("idempotency_key") = py::none(), Release())
       .def(
           "release",
-          [](Engine& e, const Uuid& id, OptInt expected_version, OptInt qty) {
-            return e.release(id, expected_version, qty);
+          [](Engine& e, const Uuid& id, OptInt expected_version, OptInt qty,
+             const OptStr& idempotency_key) {
+            return e.release(id, expected_version, qty, idempotency_key);
           },
-          py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(), Release())
+          py::arg("id"), py::arg("expected_version"), py::arg("qty") = py::none(),
+          py::arg("idempotency_key") = py::none(), Release())
       .def(
           "extend",
-          [](Engine& e, const Uuid& id, std::int64_t ttl_us, OptInt expected_version) {
-            return e.extend(id, ttl_us, expected_version);
+          [](Engine& e, const Uuid& id, std::int64_t ttl_us, OptInt expected_version,
+             const OptStr& idempotency_key) {
+            return e.extend(id, ttl_us, expected_version, idempotency_key);
           },
-          py::arg("id"), py::arg("ttl_us"), py::arg("expected_version"), Release())
+          py::arg("id"), py::arg("ttl_us"), py::arg("expected_version"),
+          py::arg("idempotency_key") = py::none(), Release())
       .def(
           "resize",
-          [](Engine& e, const Uuid& id, Quantity qty, OptInt expected_version) {
-            return e.resize(id, qty, expected_version);
+          [](Engine& e, const Uuid& id, Quantity qty, OptInt expected_version,
+             const OptStr& idempotency_key) {
+            return e.resize(id, qty, expected_version, idempotency_key);
           },
-          py::arg("id"), py::arg("qty"), py::arg("expected_version"), Release())
+          py::arg("id"), py::arg("qty"), py::arg("expected_version"),
+          py::arg("idempotency_key") = py::none(), Release())
       .def(
           "return_units",
           [](Engine& e, const Uuid& id, Quantity qty, bool restock, OptStr location,
-             OptInt expected_version, const std::string& reason, const std::string& actor) {
-            return e.return_units({id, qty, restock, std::move(location), expected_version}, reason,
-                                  actor);
+             OptInt expected_version, const std::string& reason, const std::string& actor,
+             OptStr idempotency_key) {
+            return e.return_units({id, qty, restock, std::move(location), expected_version,
+                                   std::move(idempotency_key)},
+                                  reason, actor);
           },
           py::arg("id"), py::arg("qty"), py::arg("restock"), py::arg("location"),
-          py::arg("expected_version"), py::arg("reason"), py::arg("actor"), Release())
+          py::arg("expected_version"), py::arg("reason"), py::arg("actor"),
+          py::arg("idempotency_key") = py::none(), Release())
       .def(
           "get_reservation", [](Engine& e, const Uuid& id) { return e.get_reservation(id); },
           py::arg("id"), Release())
@@ -199,6 +216,7 @@ void register_hold_calls(py::class_<Engine>& c) {
 
 void register_calls(py::class_<Engine>& c) {
   register_stock_calls(c);
+  register_stock_admin_calls(c);
   register_lease_calls(c);
   register_reservation_calls(c);
   register_hold_calls(c);

@@ -120,13 +120,18 @@ class EngineCalls:
         fencing_token: Optional[int] = None,
         reason: Optional[str] = None,
         actor: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
     ) -> StockLevel:
         """Adds ``qty`` units to on_hand, creating the row if it does not exist.
 
         Raises ``Discontinued`` on a discontinued row, and ``LeaseHeld`` while another
         holder's lease is live unless ``fencing_token`` is that lease's token. ``reason``
         and ``actor`` (each at most 200 bytes, e.g. ``reason="return"``,
-        ``actor="pos-17"``) go into the change's journal entry (:meth:`movements`)."""
+        ``actor="pos-17"``) go into the change's journal entry (:meth:`movements`).
+
+        ``idempotency_key``: the same key with the same request returns the first call's
+        outcome without a second effect (also after a lost commit); with another request
+        it raises ``IdempotencyConflict`` (the key rules of :meth:`reserve`)."""
         return StockLevel._from_core(
             self._core.restock(
                 sku=check_str("sku", sku),
@@ -136,6 +141,7 @@ class EngineCalls:
                 fencing_token=check_optional_int("fencing_token", fencing_token),
                 reason=check_optional_str("reason", reason) or "",
                 actor=check_optional_str("actor", actor) or "",
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             )
         )
 
@@ -149,10 +155,12 @@ class EngineCalls:
         fencing_token: Optional[int] = None,
         reason: Optional[str] = None,
         actor: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
     ) -> StockLevel:
         """Sets on_hand (a stock count). What is reserved must stay covered by
-        ``on_hand + backorder_limit`` (else ``InvalidState``). ``reason`` and ``actor`` go
-        into the journal entry, as with :meth:`restock`."""
+        ``on_hand + backorder_limit`` (else ``InvalidState``). ``reason``, ``actor`` and
+        ``idempotency_key`` as with :meth:`restock` (a keyed one raises ``NotSupported``
+        on a SKU with hot-row slots)."""
         return StockLevel._from_core(
             self._core.set_on_hand(
                 sku=check_str("sku", sku),
@@ -162,6 +170,7 @@ class EngineCalls:
                 fencing_token=check_optional_int("fencing_token", fencing_token),
                 reason=check_optional_str("reason", reason) or "",
                 actor=check_optional_str("actor", actor) or "",
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             )
         )
 
@@ -292,10 +301,13 @@ class EngineCalls:
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
         fencing_token: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> StockLevel:
         """Sells ``qty`` units at once (no hold): on_hand falls if enough is available.
 
-        With ``fencing_token`` (a lease's), it runs per request, like ``expected_version``."""
+        With ``fencing_token`` (a lease's), it runs per request, like ``expected_version``.
+        ``idempotency_key`` as with :meth:`restock`: a keyed sell runs per request too (its
+        key and outcome are written in its own transaction)."""
         return StockLevel._from_core(
             self._core.sell(
                 sku=check_str("sku", sku),
@@ -306,6 +318,7 @@ class EngineCalls:
                 lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
                 expected_version=check_optional_int("expected_version", expected_version),
                 fencing_token=check_optional_int("fencing_token", fencing_token),
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             )
         )
 
@@ -469,6 +482,7 @@ class EngineCalls:
         qty: Optional[int] = None,
         release_rest: bool = False,
         expected_version: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation:
         """Sells ``qty`` of the held units (default: all of them): they leave on_hand.
 
@@ -476,13 +490,15 @@ class EngineCalls:
         rest in the same step instead (ship 2 of 3 and cancel the third: one call, one
         transaction). The state becomes ``confirmed`` once nothing is held. More than is
         held raises ``InvalidState`` and changes nothing; ``ReservationExpired`` past
-        expiry."""
+        expiry. With ``idempotency_key``, a retry returns the reservation as the first call
+        left it, without a second step (a keyed step runs per request)."""
         return Reservation._from_core(
             self._core.confirm(
                 id=reservation_id_bytes(id),
                 expected_version=check_optional_int("expected_version", expected_version),
                 qty=check_optional_int("qty", qty),
                 release_rest=check_bool("release_rest", release_rest),
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             )
         )
 
@@ -492,15 +508,18 @@ class EngineCalls:
         *,
         qty: Optional[int] = None,
         expected_version: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation:
         """Gives back ``qty`` of the held units (default: all of them): they become
         available again. A part leaves the rest held; once nothing is held the state
-        is ``confirmed`` if any unit was sold, else ``released``."""
+        is ``confirmed`` if any unit was sold, else ``released``. ``idempotency_key`` as
+        with :meth:`confirm`."""
         return Reservation._from_core(
             self._core.release(
                 id=reservation_id_bytes(id),
                 expected_version=check_optional_int("expected_version", expected_version),
                 qty=check_optional_int("qty", qty),
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             )
         )
 
@@ -510,18 +529,26 @@ class EngineCalls:
         *,
         ttl: TtlLike,
         expected_version: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation:
-        """Moves a live hold's expiry to now + ``ttl``."""
+        """Moves a live hold's expiry to now + ``ttl``. ``idempotency_key`` as with
+        :meth:`confirm`."""
         return Reservation._from_core(
             self._core.extend(
                 id=reservation_id_bytes(id),
                 ttl_us=duration_us("ttl", ttl),
                 expected_version=check_optional_int("expected_version", expected_version),
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             )
         )
 
     def resize(
-        self, id: ReservationId, qty: int, *, expected_version: Optional[int] = None
+        self,
+        id: ReservationId,
+        qty: int,
+        *,
+        expected_version: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation:
         """Sets how many units a live hold holds: ``qty`` from now on, its expiry as it
         was (an order line that grows or shrinks before it ships).
@@ -532,12 +559,13 @@ class EngineCalls:
         must allow them. A refusal (``OutOfStock``, ``LimitExceeded``, ...) changes
         nothing. Shrinking gives units back at once; they count as ``released``. The
         argument sets ``held``: on a growth the ``qty`` field goes up by the difference,
-        on a shrink it stays as it was."""
+        on a shrink it stays as it was. ``idempotency_key`` as with :meth:`confirm`."""
         return Reservation._from_core(
             self._core.resize(
                 id=reservation_id_bytes(id),
                 qty=check_int("qty", qty),
                 expected_version=check_optional_int("expected_version", expected_version),
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             )
         )
 
@@ -551,6 +579,7 @@ class EngineCalls:
         expected_version: Optional[int] = None,
         reason: Optional[str] = None,
         actor: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation:
         """Takes back ``qty`` sold units of a reservation (a return), in one transaction
         under the reservation's lock: never more than it confirmed and has not returned
@@ -563,7 +592,8 @@ class EngineCalls:
         change is journaled as cause ``return``, with ``reason`` and ``actor``;
         ``restock=False`` moves no stock row and writes no journal entry. A return may
         come while part of the hold is still held. A reservation purged by retention is
-        ``NotFound``."""
+        ``NotFound``. ``idempotency_key`` as with :meth:`confirm`: a retried return is
+        taken once."""
         return Reservation._from_core(
             self._core.return_units(
                 id=reservation_id_bytes(id),
@@ -573,6 +603,7 @@ class EngineCalls:
                 expected_version=check_optional_int("expected_version", expected_version),
                 reason=check_optional_str("reason", reason) or "",
                 actor=check_optional_str("actor", actor) or "",
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             )
         )
 

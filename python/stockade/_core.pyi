@@ -335,6 +335,7 @@ class Engine:
         fencing_token: Optional[int] = None,
         reason: str = "",
         actor: str = "",
+        idempotency_key: Optional[str] = None,
     ) -> StockLevel: ...
     def set_on_hand(
         self,
@@ -345,6 +346,7 @@ class Engine:
         fencing_token: Optional[int] = None,
         reason: str = "",
         actor: str = "",
+        idempotency_key: Optional[str] = None,
     ) -> StockLevel: ...
     def set_backorder_limit(
         self,
@@ -381,6 +383,7 @@ class Engine:
         lock_timeout_ms: Optional[int],
         expected_version: Optional[int],
         fencing_token: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> StockLevel: ...
     def reserve(
         self,
@@ -411,12 +414,29 @@ class Engine:
         expected_version: Optional[int],
         qty: Optional[int] = None,
         release_rest: bool = False,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation: ...
     def release(
-        self, id: bytes, expected_version: Optional[int], qty: Optional[int] = None
+        self,
+        id: bytes,
+        expected_version: Optional[int],
+        qty: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation: ...
-    def extend(self, id: bytes, ttl_us: int, expected_version: Optional[int]) -> Reservation: ...
-    def resize(self, id: bytes, qty: int, expected_version: Optional[int]) -> Reservation: ...
+    def extend(
+        self,
+        id: bytes,
+        ttl_us: int,
+        expected_version: Optional[int],
+        idempotency_key: Optional[str] = None,
+    ) -> Reservation: ...
+    def resize(
+        self,
+        id: bytes,
+        qty: int,
+        expected_version: Optional[int],
+        idempotency_key: Optional[str] = None,
+    ) -> Reservation: ...
     def return_units(
         self,
         id: bytes,
@@ -426,6 +446,7 @@ class Engine:
         expected_version: Optional[int],
         reason: str,
         actor: str,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation: ...
     def get_reservation(self, id: bytes) -> Reservation: ...
     def expire_due(self, limit: int) -> int: ...
@@ -456,6 +477,7 @@ class Engine:
         lock_timeout_ms: Optional[int],
         expected_version: Optional[int],
         fencing_token: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> None: ...
     def submit_reserve_order(
         self,
@@ -477,6 +499,7 @@ class Engine:
         expected_version: Optional[int],
         qty: Optional[int] = None,
         release_rest: bool = False,
+        idempotency_key: Optional[str] = None,
     ) -> None: ...
     def submit_release(
         self,
@@ -486,6 +509,7 @@ class Engine:
         expected_version: Optional[int],
         qty: Optional[int] = None,
         release_rest: bool = False,
+        idempotency_key: Optional[str] = None,
     ) -> None: ...
     def submit_extend(
         self,
@@ -494,6 +518,7 @@ class Engine:
         id: bytes,
         ttl_us: int,
         expected_version: Optional[int],
+        idempotency_key: Optional[str] = None,
     ) -> None: ...
 
 # Test hooks and tooling (register_testing.cpp).

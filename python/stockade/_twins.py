@@ -67,6 +67,7 @@ class EngineTwins(EngineCalls):
         fencing_token: Optional[int] = None,
         reason: Optional[str] = None,
         actor: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
     ) -> StockLevel:
         """:meth:`restock` as an awaitable."""
         return await off_loop(
@@ -79,6 +80,7 @@ class EngineTwins(EngineCalls):
                 fencing_token=fencing_token,
                 reason=reason,
                 actor=actor,
+                idempotency_key=idempotency_key,
             )
         )
 
@@ -92,6 +94,7 @@ class EngineTwins(EngineCalls):
         fencing_token: Optional[int] = None,
         reason: Optional[str] = None,
         actor: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
     ) -> StockLevel:
         """:meth:`set_on_hand` as an awaitable."""
         return await off_loop(
@@ -104,6 +107,7 @@ class EngineTwins(EngineCalls):
                 fencing_token=fencing_token,
                 reason=reason,
                 actor=actor,
+                idempotency_key=idempotency_key,
             )
         )
 
@@ -191,6 +195,7 @@ class EngineTwins(EngineCalls):
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
         fencing_token: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> StockLevel:
         """:meth:`sell` as an awaitable."""
         return await self._bridges.call(
@@ -204,6 +209,7 @@ class EngineTwins(EngineCalls):
             lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
             expected_version=check_optional_int("expected_version", expected_version),
             fencing_token=check_optional_int("fencing_token", fencing_token),
+            idempotency_key=check_optional_str("idempotency_key", idempotency_key),
         )
 
     async def set_purchase_limit_async(
@@ -303,6 +309,7 @@ class EngineTwins(EngineCalls):
         qty: Optional[int] = None,
         release_rest: bool = False,
         expected_version: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation:
         """:meth:`confirm` as an awaitable."""
         return await self._bridges.call(
@@ -312,6 +319,7 @@ class EngineTwins(EngineCalls):
             expected_version=check_optional_int("expected_version", expected_version),
             qty=check_optional_int("qty", qty),
             release_rest=check_bool("release_rest", release_rest),
+            idempotency_key=check_optional_str("idempotency_key", idempotency_key),
         )
 
     async def release_async(
@@ -320,6 +328,7 @@ class EngineTwins(EngineCalls):
         *,
         qty: Optional[int] = None,
         expected_version: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation:
         """:meth:`release` as an awaitable."""
         return await self._bridges.call(
@@ -328,10 +337,16 @@ class EngineTwins(EngineCalls):
             id=reservation_id_bytes(id),
             expected_version=check_optional_int("expected_version", expected_version),
             qty=check_optional_int("qty", qty),
+            idempotency_key=check_optional_str("idempotency_key", idempotency_key),
         )
 
     async def extend_async(
-        self, id: ReservationId, *, ttl: TtlLike, expected_version: Optional[int] = None
+        self,
+        id: ReservationId,
+        *,
+        ttl: TtlLike,
+        expected_version: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation:
         """:meth:`extend` as an awaitable."""
         return await self._bridges.call(
@@ -340,14 +355,26 @@ class EngineTwins(EngineCalls):
             id=reservation_id_bytes(id),
             ttl_us=duration_us("ttl", ttl),
             expected_version=check_optional_int("expected_version", expected_version),
+            idempotency_key=check_optional_str("idempotency_key", idempotency_key),
         )
 
     async def resize_async(
-        self, id: ReservationId, qty: int, *, expected_version: Optional[int] = None
+        self,
+        id: ReservationId,
+        qty: int,
+        *,
+        expected_version: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation:
         """:meth:`resize` as an awaitable."""
         return await off_loop(
-            functools.partial(self.resize, id, qty, expected_version=expected_version)
+            functools.partial(
+                self.resize,
+                id,
+                qty,
+                expected_version=expected_version,
+                idempotency_key=idempotency_key,
+            )
         )
 
     async def return_units_async(
@@ -360,6 +387,7 @@ class EngineTwins(EngineCalls):
         expected_version: Optional[int] = None,
         reason: Optional[str] = None,
         actor: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Reservation:
         """:meth:`return_units` as an awaitable."""
         return await off_loop(
@@ -372,6 +400,7 @@ class EngineTwins(EngineCalls):
                 expected_version=expected_version,
                 reason=reason,
                 actor=actor,
+                idempotency_key=idempotency_key,
             )
         )
 

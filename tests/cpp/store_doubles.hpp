@@ -41,8 +41,9 @@ class DelegatingStore : public Store {
   DelegatingStore() : inner_(make_memory_store(nullptr, shared_telemetry())) {}
   const char* backend_name() const noexcept override { return "delegating"; }
   StockLevel restock(const SkuKey& k, Quantity q, std::optional<Version> v,
-                     std::optional<FencingToken> t) override {
-    return inner_->restock(k, q, v, t);
+                     std::optional<FencingToken> t,
+                     const std::optional<std::string>& key = {}) override {
+    return inner_->restock(k, q, v, t, key);
   }
   std::vector<StockLevel> sku_rows(const SkuKey& k) override { return inner_->sku_rows(k); }
   std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create, bool write_all,
@@ -51,8 +52,9 @@ class DelegatingStore : public Store {
     return inner_->reshape(rows, create, write_all, ms, plan, active_slots);
   }
   StockLevel set_on_hand(const SkuKey& k, Quantity q, std::optional<Version> v,
-                         std::optional<FencingToken> t) override {
-    return inner_->set_on_hand(k, q, v, t);
+                         std::optional<FencingToken> t,
+                         const std::optional<std::string>& key = {}) override {
+    return inner_->set_on_hand(k, q, v, t, key);
   }
   StockLevel set_backorder_limit(const SkuKey& k, Quantity l, std::optional<Version> v,
                                  std::optional<FencingToken> t) override {

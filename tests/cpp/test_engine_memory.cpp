@@ -217,9 +217,9 @@ TEST_F(MemoryEngine, a_hold_is_confirmed_and_released_in_parts) {
   const StockLevel before = engine->stock(sku);
   EXPECT_STOCKADE_ERROR(engine->release(r.id, {}, 4), ErrorCode::invalid_state);
   EXPECT_STOCKADE_ERROR(engine->confirm(r.id, {}, 0), ErrorCode::invalid_argument);
-  EXPECT_STOCKADE_ERROR(engine->transition({r.id, Transition::extend, minute_us, {}, 1, false}),
+  EXPECT_STOCKADE_ERROR(engine->transition({r.id, Transition::extend, minute_us, {}, 1, false, {}}),
                         ErrorCode::invalid_argument);
-  EXPECT_STOCKADE_ERROR(engine->transition({r.id, Transition::release, 0, {}, 1, true}),
+  EXPECT_STOCKADE_ERROR(engine->transition({r.id, Transition::release, 0, {}, 1, true, {}}),
                         ErrorCode::invalid_argument);
   expect_unchanged(before);
   EXPECT_EQ(engine->release(r.id, {}, 1).held(), 2);

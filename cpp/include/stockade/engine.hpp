@@ -65,6 +65,7 @@ struct Route {
   Strategy asked = Strategy::atomic;
   bool batched = false;
   WriteOptions options;
+  std::optional<std::string> idempotency_key;  // a sell's (CallOptions::idempotency_key)
   // When the call began (steady clock, microseconds): its latency is recorded from here,
   // whichever of its attempts ends it.
   std::int64_t started_us = 0;
@@ -78,6 +79,9 @@ struct CallOptions {
   std::optional<Version> expected_version;
   std::optional<FencingToken> fencing_token;  // sell: runs per request, like expected_version
   std::optional<std::string> buyer;           // reserve, reserve_order: purchase limits
+  // sell's idempotency key (reserve and reserve_order take theirs as an argument). A keyed
+  // sell runs per request, like expected_version.
+  std::optional<std::string> idempotency_key;
 };
 
 // Routing: `batched` sends reserve and sell through the hot-row batcher; `auto` asks the
@@ -114,13 +118,20 @@ class Engine {
   void close();
 
   // `reason` and `actor` go into the change's journal entry (validate_note_text).
+  // `idempotency_key`, on every write below that takes one: the same key with the same
+  // request returns the first call's outcome without a second effect, also after a lost
+  // COMMIT; with another request, IdempotencyConflict (store/keyed.hpp). A keyed
+  // set_on_hand on a SKU with hot-row slots raises NotSupported; a keyed restock there
+  // adds its units to the SKU's own row.
   StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected_version = {},
                      std::optional<FencingToken> fencing_token = {}, const std::string& reason = {},
-                     const std::string& actor = {});
+                     const std::string& actor = {},
+                     const std::optional<std::string>& idempotency_key = {});
   StockLevel set_on_hand(const SkuKey& key, Quantity on_hand,
                          std::optional<Version> expected_version = {},
                          std::optional<FencingToken> fencing_token = {},
-                         const std::string& reason = {}, const std::string& actor = {});
+                         const std::string& reason = {}, const std::string& actor = {},
+                         const std::optional<std::string>& idempotency_key = {});
   StockLevel set_backorder_limit(const SkuKey& key, Quantity limit,
                                  std::optional<Version> expected_version = {},
                                  std::optional<FencingToken> fencing_token = {});
@@ -167,11 +178,14 @@ class Engine {
   // `qty`: how many of the held units (none: all); the rest stay held, or with
   // `release_rest` are released in the same step.
   Reservation confirm(const Uuid& id, std::optional<Version> expected_version = {},
-                      std::optional<Quantity> qty = {}, bool release_rest = false);
+                      std::optional<Quantity> qty = {}, bool release_rest = false,
+                      const std::optional<std::string>& idempotency_key = {});
   Reservation release(const Uuid& id, std::optional<Version> expected_version = {},
-                      std::optional<Quantity> qty = {});
+                      std::optional<Quantity> qty = {},
+                      const std::optional<std::string>& idempotency_key = {});
   Reservation extend(const Uuid& id, std::int64_t ttl_us,
-                     std::optional<Version> expected_version = {});
+                     std::optional<Version> expected_version = {},
+                     const std::optional<std::string>& idempotency_key = {});
   // The three above in one call, the way both stores take them.
   Reservation transition(const TransitionRequest& request);
   // Sold units of a reservation come back (a return): back on hand at the SKU's own row of
@@ -185,7 +199,8 @@ class Engine {
   // passes a new hold's guards on the hold's row (room, an open row, the buyer's purchase
   // limit; on a SKU with hot-row slots, free units move into that row first), shrinking
   // gives units back at once (counted as released). A refusal changes nothing.
-  Reservation resize(const Uuid& id, Quantity qty, std::optional<Version> expected_version = {});
+  Reservation resize(const Uuid& id, Quantity qty, std::optional<Version> expected_version = {},
+                     const std::optional<std::string>& idempotency_key = {});
   Reservation get_reservation(const Uuid& id);
   std::size_t expire_due(std::size_t limit = 1000);
 

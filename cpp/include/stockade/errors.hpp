@@ -68,11 +68,14 @@ struct ErrorContext {
   std::string sqlstate;
   std::optional<std::int64_t> expected_version;
   std::optional<std::int64_t> actual_version;
-  std::string state;  // the current reservation state, for invalid_state and the like
+  std::string state;   // the current reservation state, for invalid_state and the like
+  bool keyed = false;  // the call carried an idempotency key (in_doubt_hint)
 };
 
 // What the caller of a write whose outcome is unknown (InDoubt) can do to learn it, by
-// what the write was about: a transition of a reservation reads the reservation back; a
+// what the write was about: a write with an idempotency key retries with that key, which
+// returns the first outcome if it landed and runs the write if not; a transition of a
+// reservation reads the reservation back; a
 // write to a stock row reads the row back, and a reserve with an idempotency key retries
 // with that key, which returns the reservation if it landed.
 std::string in_doubt_hint(const ErrorContext& context);

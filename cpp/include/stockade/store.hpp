@@ -62,6 +62,9 @@ struct TransitionRequest {
   // hold ends (a partial shipment that cancels the rest, TigerBeetle's post of part of a
   // pending transfer).
   bool release_rest = false;
+  // The same key with the same request returns the first call's reservation, as it was
+  // then, without a second effect (store/keyed.hpp).
+  std::optional<std::string> idempotency_key;
 };
 
 // A return of sold units of one reservation (Engine::return_units): `qty` of its confirmed
@@ -73,7 +76,8 @@ struct ReturnRequest {
   // location); false: recorded on the reservation only (damaged, or kept for inspection).
   bool restock = true;
   std::optional<std::string> location;
-  std::optional<Version> expected_version;  // of the reservation
+  std::optional<Version> expected_version;     // of the reservation
+  std::optional<std::string> idempotency_key;  // as TransitionRequest's
 };
 
 // A new size for a live hold (Engine::resize): `qty` units held from now on. Growing
@@ -83,7 +87,8 @@ struct ReturnRequest {
 struct ResizeRequest {
   Uuid id;
   Quantity qty = 0;
-  std::optional<Version> expected_version;  // of the reservation
+  std::optional<Version> expected_version;     // of the reservation
+  std::optional<std::string> idempotency_key;  // as TransitionRequest's
 };
 
 struct ReserveRequest {
@@ -110,6 +115,7 @@ struct SellRequest {
   SkuKey key;
   Quantity qty = 0;
   WriteOptions options;
+  std::optional<std::string> idempotency_key;  // the first call's level on a replay
 };
 
 // What a store tells the layer above about its own writes to stock rows: the version a
@@ -137,12 +143,15 @@ class Store {
   // Stock rows. Every write to a row passes check_writable first (not discontinued, the
   // lease, the expected version), except confirm, release, extend and expiry of holds
   // that exist, which a discontinued or leased row still allows.
+  // With an idempotency key, a replay returns the first call's level (store/keyed.hpp).
   virtual StockLevel restock(const SkuKey& key, Quantity qty,
                              std::optional<Version> expected_version,
-                             std::optional<FencingToken> fencing_token) = 0;
+                             std::optional<FencingToken> fencing_token,
+                             const std::optional<std::string>& idempotency_key = {}) = 0;
   virtual StockLevel set_on_hand(const SkuKey& key, Quantity on_hand,
                                  std::optional<Version> expected_version,
-                                 std::optional<FencingToken> fencing_token) = 0;
+                                 std::optional<FencingToken> fencing_token,
+                                 const std::optional<std::string>& idempotency_key = {}) = 0;
   virtual StockLevel stock(const SkuKey& key) = 0;
   virtual StockLevel sell(const SellRequest& request) = 0;
   // How many units may be held or sold beyond on_hand (>= 0). Lowering it below what is

@@ -208,6 +208,9 @@ void validate_sku_key(const SkuKey& key);
 void validate_qty(Quantity qty, const char* field = "qty");
 void validate_ttl_us(std::int64_t ttl_us);
 void validate_idempotency_key(const std::string& key);
+inline void validate_idempotency_key(const std::optional<std::string>& key) {
+  if (key) validate_idempotency_key(*key);
+}
 void validate_lease_owner(const std::string& owner);
 void validate_buyer(const std::string& buyer);
 // The group name, per_buyer (1..quantity_max) and the SKUs (1..limit_group_skus_max,

@@ -48,6 +48,10 @@ std::string one_line(const std::string& message) {
 }
 
 std::string in_doubt_hint(const ErrorContext& context) {
+  if (context.keyed) {
+    return "retry with the same idempotency key: it returns the first call's outcome if that "
+           "landed, and makes the change if it did not";
+  }
   if (context.reservation_id) {
     return "read the reservation back: its state and version show whether the change landed";
   }

@@ -256,7 +256,10 @@ Route Engine::route(const SkuKey& key, const CallOptions& call) {
     on_slotted_routed(key, mode == Strategy::batched);
   }
   Strategy run = r.asked == Strategy::automatic ? mode : r.asked;
-  if (run == Strategy::batched && (r.options.expected_version || r.options.fencing_token)) {
+  // A keyed sell runs per request: its key and its outcome are written in its transaction.
+  r.idempotency_key = call.idempotency_key;
+  if (run == Strategy::batched &&
+      (r.options.expected_version || r.options.fencing_token || r.idempotency_key)) {
     run = Strategy::atomic;
   }
   r.batched = run == Strategy::batched;
@@ -359,7 +362,8 @@ StockLevel Engine::stock(const SkuKey& key) {
 
 StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
                            std::optional<FencingToken> token, const std::string& reason,
-                           const std::string& actor) {
+                           const std::string& actor,
+                           const std::optional<std::string>& idempotency_key) {
   check_process();
   validate_sku_key(key);
   validate_qty(qty);
@@ -367,15 +371,19 @@ StockLevel Engine::restock(const SkuKey& key, Quantity qty, std::optional<Versio
   validate_fencing_token(token);
   validate_note_text(reason, "reason");
   validate_note_text(actor, "actor");
+  validate_idempotency_key(idempotency_key);
   const NoteScope note({"restock", reason, actor, ""});
-  return observed(Op::restock, [&] { return slots_->restock(key, qty, expected, token); });
+  return observed(Op::restock,
+                  [&] { return slots_->restock(key, qty, expected, token, idempotency_key); });
 }
 
 StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand, std::optional<Version> expected,
                                std::optional<FencingToken> token, const std::string& reason,
-                               const std::string& actor) {
+                               const std::string& actor,
+                               const std::optional<std::string>& idempotency_key) {
   check_process();
   validate_sku_key(key);
+  validate_idempotency_key(idempotency_key);
   if (on_hand < 0) {
     throw_invalid_argument("on_hand must not be negative, got " + std::to_string(on_hand));
   }
@@ -384,8 +392,9 @@ StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand, std::optiona
   validate_note_text(reason, "reason");
   validate_note_text(actor, "actor");
   const NoteScope note({"set_on_hand", reason, actor, ""});
-  return observed(Op::set_on_hand,
-                  [&] { return slots_->set_on_hand(key, on_hand, expected, token); });
+  return observed(Op::set_on_hand, [&] {
+    return slots_->set_on_hand(key, on_hand, expected, token, idempotency_key);
+  });
 }
 
 StockLevel Engine::set_slots(const SkuKey& key, int slots) {
@@ -462,6 +471,7 @@ StockLevel Engine::sell(const SkuKey& key, Quantity qty, const CallOptions& call
   validate_sku_key(key);
   validate_qty(qty);
   refuse_buyer(call);
+  validate_idempotency_key(call.idempotency_key);
   return sell_on_slots(key, qty, call, /*continued=*/false, 0);
 }
 
@@ -546,7 +556,7 @@ StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& ro
     return std::move(item.level);
   }
   InFlight in_flight(tracker_, row_shard_key(key.sku, key.location));
-  SellRequest request{key, qty, route.options};
+  SellRequest request{key, qty, route.options, route.idempotency_key};
   return counted<StockLevel>(Op::sell, route.asked, route.options.count_refusal, route.started_us,
                              [&] { return store_->sell(request); });
 }
@@ -637,12 +647,15 @@ void Engine::check_transition(const TransitionRequest& request) const {
   if (request.release_rest && request.kind != Transition::confirm) {
     throw_invalid_argument("release_rest applies to confirm only");
   }
+  validate_idempotency_key(request.idempotency_key);
 }
 
 // A confirm or release goes through the batcher when the row's SKU batches
 // (batches_transitions); an extend writes the reservation alone, and runs on the store.
 bool Engine::batches(const TransitionRequest& request) const {
-  return request.kind != Transition::extend && batches_transitions(request.id.shard_key());
+  // A keyed step runs per request: its key and its outcome are written in its transaction.
+  return request.kind != Transition::extend && !request.idempotency_key &&
+         batches_transitions(request.id.shard_key());
 }
 
 Reservation Engine::run_transition(const TransitionRequest& request) {
@@ -673,17 +686,21 @@ Reservation Engine::transition(const TransitionRequest& request) {
 }
 
 Reservation Engine::confirm(const Uuid& id, std::optional<Version> expected,
-                            std::optional<Quantity> qty, bool release_rest) {
-  return transition({id, Transition::confirm, 0, expected, qty, release_rest});
+                            std::optional<Quantity> qty, bool release_rest,
+                            const std::optional<std::string>& idempotency_key) {
+  return transition({id, Transition::confirm, 0, expected, qty, release_rest, idempotency_key});
 }
 
 Reservation Engine::release(const Uuid& id, std::optional<Version> expected,
-                            std::optional<Quantity> qty) {
-  return transition({id, Transition::release, 0, expected, qty, false});
+                            std::optional<Quantity> qty,
+                            const std::optional<std::string>& idempotency_key) {
+  return transition({id, Transition::release, 0, expected, qty, false, idempotency_key});
 }
 
-Reservation Engine::extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected) {
-  return transition({id, Transition::extend, ttl_us, expected, std::nullopt, false});
+Reservation Engine::extend(const Uuid& id, std::int64_t ttl_us, std::optional<Version> expected,
+                           const std::optional<std::string>& idempotency_key) {
+  return transition(
+      {id, Transition::extend, ttl_us, expected, std::nullopt, false, idempotency_key});
 }
 
 Reservation Engine::return_units(const ReturnRequest& request, const std::string& reason,
@@ -694,18 +711,21 @@ Reservation Engine::return_units(const ReturnRequest& request, const std::string
   validate_expected_version(request.expected_version);
   validate_note_text(reason, "reason");
   validate_note_text(actor, "actor");
+  validate_idempotency_key(request.idempotency_key);
   const NoteScope note({"return", reason, actor, request.id.to_string()});
   Reservation out = observed(Op::return_units, [&] { return store_->return_units(request); });
   detail::unslot(out);
   return out;
 }
 
-Reservation Engine::resize(const Uuid& id, Quantity qty, std::optional<Version> expected) {
+Reservation Engine::resize(const Uuid& id, Quantity qty, std::optional<Version> expected,
+                           const std::optional<std::string>& idempotency_key) {
   check_process();
   validate_qty(qty);
   validate_expected_version(expected);
+  validate_idempotency_key(idempotency_key);
   const NoteScope note({"resize", "", "", id.to_string()});
-  const ResizeRequest request{id, qty, expected};
+  const ResizeRequest request{id, qty, expected, idempotency_key};
   Reservation out = observed(Op::resize, [&] {
     try {
       return store_->resize(request);

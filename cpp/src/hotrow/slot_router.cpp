@@ -271,12 +271,15 @@ StockLevel SlotRouter::set_slots(const SkuKey& key, int slots) {
 
 StockLevel SlotRouter::restock(const SkuKey& key, Quantity qty,
                                const std::optional<Version>& expected,
-                               const std::optional<FencingToken>& token) {
+                               const std::optional<FencingToken>& token,
+                               const std::optional<std::string>& idempotency_key) {
   // Units added to the SKU's own row are the SKU's, slotted or not (a short slot takes
-  // them from there); only If-Match, a token, or a SKU known to have slots looks further.
+  // them from there); only If-Match, a token, a key, or a SKU known to have slots looks
+  // further.
   std::vector<StockLevel> rows;
-  if (expected || token || known_slots(key) > 1) rows = learn(key);
-  if (rows.size() <= 1) return store_.restock(key, qty, expected, token);
+  if (expected || token || idempotency_key || known_slots(key) > 1) rows = learn(key);
+  if (rows.size() <= 1) return store_.restock(key, qty, expected, token, idempotency_key);
+  if (idempotency_key) refuse_on_slots(key, "an idempotency key on restock");
   if (token) refuse_on_slots(key, "a fencing token (leases)");
   const auto plan = [&](const std::vector<StockLevel>& levels) {
     check_expected(key, expected, summed(key, levels).version);
@@ -290,9 +293,13 @@ StockLevel SlotRouter::restock(const SkuKey& key, Quantity qty,
 
 StockLevel SlotRouter::set_on_hand(const SkuKey& key, Quantity on_hand,
                                    const std::optional<Version>& expected,
-                                   const std::optional<FencingToken>& token) {
+                                   const std::optional<FencingToken>& token,
+                                   const std::optional<std::string>& idempotency_key) {
   const std::vector<StockLevel> rows = learn(key);
-  if (rows.size() <= 1) return store_.set_on_hand(key, on_hand, expected, token);
+  if (rows.size() <= 1) {
+    return store_.set_on_hand(key, on_hand, expected, token, idempotency_key);
+  }
+  if (idempotency_key) refuse_on_slots(key, "an idempotency key on set_on_hand");
   if (token) refuse_on_slots(key, "a fencing token (leases)");
   const auto plan = [&](const std::vector<StockLevel>& levels) {
     const StockLevel sum = summed(key, levels);

@@ -84,11 +84,15 @@ class SlotRouter {
   StockLevel set_slots(const SkuKey& key, int slots);
   // Restock and set_on_hand of the SKU as a whole: the store's own call on a SKU with
   // one row, else spread over its rows.
+  // A keyed one runs on a SKU with one row only (NotSupported on slots: its key and its
+  // outcome would span every row's write).
   StockLevel restock(const SkuKey& key, Quantity qty, const std::optional<Version>& expected,
-                     const std::optional<FencingToken>& token);
+                     const std::optional<FencingToken>& token,
+                     const std::optional<std::string>& idempotency_key);
   StockLevel set_on_hand(const SkuKey& key, Quantity on_hand,
                          const std::optional<Version>& expected,
-                         const std::optional<FencingToken>& token);
+                         const std::optional<FencingToken>& token,
+                         const std::optional<std::string>& idempotency_key);
   // discontinue and reinstate, on every row of the SKU at once.
   StockLevel set_tombstone(const SkuKey& key, bool discontinued,
                            const std::optional<Version>& expected,

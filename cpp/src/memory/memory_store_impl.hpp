@@ -47,6 +47,7 @@
 #include "stockade/store.hpp"
 #include "stockade/testing.hpp"
 #include "store/fingerprint.hpp"
+#include "store/keyed.hpp"
 #include "store/lifecycle.hpp"
 #include "store/purchase_limits.hpp"
 
@@ -109,9 +110,11 @@ class MemoryStore final : public Store, public TestHooks {
   const char* backend_name() const noexcept override { return "memory"; }
 
   StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
-                     std::optional<FencingToken> token) override;
+                     std::optional<FencingToken> token,
+                     const std::optional<std::string>& idempotency_key = {}) override;
   StockLevel set_on_hand(const SkuKey& key, Quantity on_hand, std::optional<Version> expected,
-                         std::optional<FencingToken> token) override;
+                         std::optional<FencingToken> token,
+                         const std::optional<std::string>& idempotency_key = {}) override;
   StockLevel set_backorder_limit(const SkuKey& key, Quantity limit, std::optional<Version> expected,
                                  std::optional<FencingToken> token) override;
   std::vector<StockLevel> set_discontinued(const SkuKey& key, bool discontinued,
@@ -186,6 +189,7 @@ class MemoryStore final : public Store, public TestHooks {
     std::vector<Uuid> ids;
     bool pending = true;
     TimestampUs created_us = 0;
+    std::string outcome;  // any other write's: its outcome, encoded (store/keyed.hpp)
   };
 
   // Stock rows (stock.cpp).
@@ -242,6 +246,35 @@ class MemoryStore final : public Store, public TestHooks {
                                             const Asked& asked, const WriteOptions& options,
                                             const std::function<std::vector<Reservation>()>& run);
   std::vector<Reservation> fetch_all(const std::vector<Uuid>& ids);
+  // transition, return_units and resize once their key (if any) is claimed.
+  Reservation transition_now(const TransitionRequest& request);
+  Reservation return_now(const ReturnRequest& request);
+  Reservation resize_now(const ResizeRequest& request);
+  // Idempotency keys (keys.cpp).
+  std::optional<IdempotencyEntry> claim_key(
+      const std::string& key, const std::string& fingerprint, std::int64_t wait_ms,
+      const std::function<void(const IdempotencyEntry&)>& conflict);
+  void free_key(const std::string& key);
+  void settle_key(const std::string& key, std::vector<Uuid> ids, std::string outcome);
+  // A write other than a reserve, under its key if it has one: the first call runs `run`
+  // and keeps its outcome; a replay returns that outcome (store/keyed.hpp).
+  template <class Result, class Run>
+  Result keyed(const std::optional<std::string>& key, const std::string& fingerprint, Run&& run) {
+    if (!key) return run();
+    const auto no_more = [](const IdempotencyEntry&) {};
+    const std::optional<IdempotencyEntry> done =
+        claim_key(*key, fingerprint, WriteOptions{}.lock_timeout_ms, no_more);
+    if (done) return decode_outcome<Result>(done->outcome);
+    std::optional<Result> out;
+    try {
+      out.emplace(run());
+    } catch (...) {
+      free_key(*key);
+      throw;
+    }
+    settle_key(*key, {}, encode_outcome(*out));
+    return std::move(*out);
+  }
   void mark_terminal(ReservationShard& shard, const Reservation& r);
   bool all_purgeable(const std::vector<Uuid>& ids, TimestampUs horizon) const;
   bool erase_reservation(const Uuid& id);

@@ -250,74 +250,6 @@ std::vector<Reservation> MemoryStore::fetch_all(const std::vector<Uuid>& ids) {
   return out;
 }
 
-// The first request with a key runs; a concurrent duplicate waits for it (at most
-// lock_timeout) and then replays its result; a later duplicate replays at once. A key whose
-// first request failed is free again, so a retry after OutOfStock runs afresh.
-std::vector<Reservation> MemoryStore::with_idempotency(
-    const std::string& key, const std::string& fingerprint, const Asked& asked,
-    const WriteOptions& options, const std::function<std::vector<Reservation>()>& run) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(options.lock_timeout_ms);
-  {
-    std::unique_lock<std::mutex> lock(idempotency_mutex_);
-    for (;;) {
-      auto it = idempotency_.find(key);
-      if (it == idempotency_.end()) {
-        const TimestampUs now = clock_->now_us();
-        idempotency_.emplace(key, IdempotencyEntry{fingerprint, {}, true, now});
-        keys_by_time_.emplace_back(now, key);
-        break;
-      }
-      if (it->second.fingerprint != fingerprint) {
-        if (it->second.pending) throw idempotency_conflict(key);  // nothing made to compare
-        const std::vector<Uuid> ids = it->second.ids;
-        const std::string stored = it->second.fingerprint;
-        lock.unlock();
-        std::vector<Reservation> made;
-        try {
-          made = fetch_all(ids);
-        } catch (const Error& e) {
-          if (e.code() != ErrorCode::not_found) throw;  // purged meanwhile: say no more
-          throw idempotency_conflict(key);
-        }
-        throw idempotency_conflict(key, asked_by(made, stored), asked);
-      }
-      if (!it->second.pending) {
-        const std::vector<Uuid> ids = it->second.ids;
-        lock.unlock();
-        try {
-          return fetch_all(ids);
-        } catch (const Error& e) {
-          // A purge took the key, then its reservations, after we read it: the key is
-          // gone, so this request runs afresh, as it would have a moment later.
-          if (e.code() != ErrorCode::not_found) throw;
-        }
-        lock.lock();
-        continue;
-      }
-      if (idempotency_done_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        throw Error(ErrorCode::lock_timeout,
-                    "a request with idempotency key " + shown(key) + " is still in flight");
-      }
-    }
-  }
-  std::vector<Reservation> result;
-  try {
-    result = run();
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(idempotency_mutex_);
-    idempotency_.erase(key);
-    idempotency_done_.notify_all();
-    throw;
-  }
-  std::lock_guard<std::mutex> lock(idempotency_mutex_);
-  IdempotencyEntry& entry = idempotency_.at(key);
-  for (const auto& r : result) entry.ids.push_back(r.id);
-  entry.pending = false;
-  idempotency_done_.notify_all();
-  return result;
-}
-
 void MemoryStore::expire_locked(ReservationShard& shard, ReservationRecord& record,
                                 TimestampUs now) {
   Reservation& r = record.value;
@@ -339,6 +271,12 @@ void MemoryStore::mark_terminal(ReservationShard& shard, const Reservation& r) {
 }
 
 Reservation MemoryStore::transition(const TransitionRequest& request) {
+  const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
+  return keyed<Reservation>(request.idempotency_key, print,
+                            [&] { return transition_now(request); });
+}
+
+Reservation MemoryStore::transition_now(const TransitionRequest& request) {
   const Uuid& id = request.id;
   const Transition kind = request.kind;
   ReservationShard& shard = shard_of(id);
@@ -390,6 +328,11 @@ void MemoryStore::settle_locked(ReservationRecord& record, Reservation next,
 // restock of the row, which may refuse: a discontinued or leased row), then the buyer's
 // count and the reservation change. A refusal changes nothing.
 Reservation MemoryStore::return_units(const ReturnRequest& request) {
+  const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
+  return keyed<Reservation>(request.idempotency_key, print, [&] { return return_now(request); });
+}
+
+Reservation MemoryStore::return_now(const ReturnRequest& request) {
   ReservationShard& shard = shard_of(request.id);
   std::lock_guard<std::mutex> lock(shard.mutex);
   auto it = shard.records.find(request.id);
@@ -433,6 +376,11 @@ ReservationRecord& MemoryStore::live_hold(ReservationShard& shard, const Uuid& i
 // reservation's, as a reserve does), then decides again under the reservation's lock: if
 // the hold changed in between (another step), it starts over.
 Reservation MemoryStore::resize(const ResizeRequest& request) {
+  const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
+  return keyed<Reservation>(request.idempotency_key, print, [&] { return resize_now(request); });
+}
+
+Reservation MemoryStore::resize_now(const ResizeRequest& request) {
   expire_lapsed();
   ReservationShard& shard = shard_of(request.id);
   for (;;) {
@@ -605,7 +553,7 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
           break;
         }
         case BatchOp::sell:
-          item->level = sell(SellRequest{item->key, item->qty, write});
+          item->level = sell(SellRequest{item->key, item->qty, write, std::nullopt});
           break;
         case BatchOp::confirm:
         case BatchOp::release:
@@ -613,7 +561,7 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
               {item->id, item->op == BatchOp::confirm ? Transition::confirm : Transition::release,
                0, item->expected_version,
                item->qty > 0 ? std::optional<Quantity>(item->qty) : std::nullopt,
-               item->release_rest});
+               item->release_rest, std::nullopt});
           break;
       }
       item->ok = true;

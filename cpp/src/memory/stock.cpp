@@ -242,30 +242,40 @@ StockLevel MemoryStore::upsert(const SkuKey& key, std::optional<Version> expecte
 }
 
 StockLevel MemoryStore::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
-                                std::optional<FencingToken> token) {
-  const TimestampUs now = clock_->now_us();
-  const auto decide = [&](const RowValues& v) {
-    check_row(key, v, now, expected, token);
-    RowValues next = changed(v, now);
-    next.on_hand = checked_add(v.on_hand, qty, "restock");
-    return next;
-  };
-  return upsert(key, expected, token, RowValues{qty, 0, 1, now}, decide);
+                                std::optional<FencingToken> token,
+                                const std::optional<std::string>& idempotency_key) {
+  const std::string print =
+      idempotency_key ? stock_fingerprint(key, qty, true, expected, token) : std::string();
+  return keyed<StockLevel>(idempotency_key, print, [&] {
+    const TimestampUs now = clock_->now_us();
+    const auto decide = [&](const RowValues& v) {
+      check_row(key, v, now, expected, token);
+      RowValues next = changed(v, now);
+      next.on_hand = checked_add(v.on_hand, qty, "restock");
+      return next;
+    };
+    return upsert(key, expected, token, RowValues{qty, 0, 1, now}, decide);
+  });
 }
 
 StockLevel MemoryStore::set_on_hand(const SkuKey& key, Quantity on_hand,
                                     std::optional<Version> expected,
-                                    std::optional<FencingToken> token) {
-  expire_lapsed();  // a lapsed hold keeps no units that set_on_hand must leave
-  const TimestampUs now = clock_->now_us();
-  const auto decide = [&](const RowValues& v) {
-    check_row(key, v, now, expected, token);
-    check_covers(key, on_hand, v.reserved, v.backorder_limit);
-    RowValues next = changed(v, now);
-    next.on_hand = on_hand;
-    return next;
-  };
-  return upsert(key, expected, token, RowValues{on_hand, 0, 1, now}, decide);
+                                    std::optional<FencingToken> token,
+                                    const std::optional<std::string>& idempotency_key) {
+  const std::string print =
+      idempotency_key ? stock_fingerprint(key, on_hand, false, expected, token) : std::string();
+  return keyed<StockLevel>(idempotency_key, print, [&] {
+    expire_lapsed();  // a lapsed hold keeps no units that set_on_hand must leave
+    const TimestampUs now = clock_->now_us();
+    const auto decide = [&](const RowValues& v) {
+      check_row(key, v, now, expected, token);
+      check_covers(key, on_hand, v.reserved, v.backorder_limit);
+      RowValues next = changed(v, now);
+      next.on_hand = on_hand;
+      return next;
+    };
+    return upsert(key, expected, token, RowValues{on_hand, 0, 1, now}, decide);
+  });
 }
 
 StockLevel MemoryStore::set_backorder_limit(const SkuKey& key, Quantity limit,
@@ -545,20 +555,23 @@ std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bo
 
 StockLevel MemoryStore::sell(const SellRequest& request) {
   StockRow& row = require_row(request.key);
-  expire_lapsed();
-  const TimestampUs now = clock_->now_us();
-  const auto decide = [&](const RowValues& v) {
-    check_row(row.key, v, now, request.options.expected_version, request.options.fencing_token);
-    if (available_of(v) < request.qty) {
-      if (request.options.count_refusal) telemetry().count(row.key, SkuEvent::refused);
-      throw_out_of_stock(row.key, available_of(v), request.qty, v.version);
-    }
-    RowValues next = changed(v, now);
-    next.on_hand -= request.qty;
-    STOCKADE_ASSERT_ROW(next.on_hand, next.reserved, next.backorder_limit);
-    return next;
-  };
-  return level_of(row, apply(row, request.options, decide));
+  const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
+  return keyed<StockLevel>(request.idempotency_key, print, [&] {
+    expire_lapsed();
+    const TimestampUs now = clock_->now_us();
+    const auto decide = [&](const RowValues& v) {
+      check_row(row.key, v, now, request.options.expected_version, request.options.fencing_token);
+      if (available_of(v) < request.qty) {
+        if (request.options.count_refusal) telemetry().count(row.key, SkuEvent::refused);
+        throw_out_of_stock(row.key, available_of(v), request.qty, v.version);
+      }
+      RowValues next = changed(v, now);
+      next.on_hand -= request.qty;
+      STOCKADE_ASSERT_ROW(next.on_hand, next.reserved, next.backorder_limit);
+      return next;
+    };
+    return level_of(row, apply(row, request.options, decide));
+  });
 }
 
 std::vector<std::unique_lock<TimedLock>> MemoryStore::lock_for(const std::vector<StockRow*>& rows,

@@ -43,6 +43,7 @@
 #include "stockade/testing.hpp"
 #include "store/error_helpers.hpp"
 #include "store/fingerprint.hpp"
+#include "store/keyed.hpp"
 #include "store/lifecycle.hpp"
 #include "store/purchase_limits.hpp"
 
@@ -112,6 +113,20 @@ struct CommitThenRaise {
   Error error;
 };
 
+// A write's idempotency key, as PostgresStore::keyed takes it: the key, its request's
+// fingerprint, and the shard key of the rows it writes (where the key lives on Citus).
+struct KeyedWrite {
+  std::string key;
+  std::string fingerprint;
+  std::uint16_t shard = 0;
+};
+// A step of the reservation `request.id`, if it has a key.
+template <class Request>
+std::optional<KeyedWrite> keyed_write(const Request& request) {
+  if (!request.idempotency_key) return std::nullopt;
+  return KeyedWrite{*request.idempotency_key, fingerprint(request), request.id.shard_key()};
+}
+
 // An optimistic write lost its compare-and-set; the attempt's transaction rolls back.
 struct OptimisticRace {};
 
@@ -147,9 +162,11 @@ class PostgresStore final : public Store, public TestHooks {
   const char* backend_name() const noexcept override { return "postgres"; }
 
   StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
-                     std::optional<FencingToken> token) override;
+                     std::optional<FencingToken> token,
+                     const std::optional<std::string>& idempotency_key = {}) override;
   StockLevel set_on_hand(const SkuKey& key, Quantity on_hand, std::optional<Version> expected,
-                         std::optional<FencingToken> token) override;
+                         std::optional<FencingToken> token,
+                         const std::optional<std::string>& idempotency_key = {}) override;
   StockLevel stock(const SkuKey& key) override;
   std::vector<StockLevel> sku_rows(const SkuKey& base) override;
   std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create, bool write_all,
@@ -255,6 +272,21 @@ class PostgresStore final : public Store, public TestHooks {
   template <class Fn>
   std::vector<Reservation> run_resolving(const std::vector<Uuid>& ids, const ErrorContext& context,
                                          Fn&& attempt);
+  // A write other than a reserve, in one transaction with its idempotency key if it has
+  // one (store/keyed.hpp): the key is claimed first (a concurrent duplicate's claim waits
+  // for this one's transaction), then body(tx) runs, then its outcome is stored with the
+  // key. A replay returns the stored outcome; another request's key is a conflict. After a
+  // lost commit the key says whether the write landed: stored, its outcome is the answer;
+  // absent after an ended session, the write runs once more; else InDoubt, whose hint is to
+  // retry with the key (keys.cpp).
+  template <class Result, class Fn>
+  Result keyed(const std::optional<KeyedWrite>& k, const WriteOptions* options,
+               ErrorContext context, Fn&& body);
+  // keyed()'s steps (keys.cpp): claim or replay (nothing: claimed), and after a lost
+  // commit, the outcome the key holds (nothing: not landed, so run again).
+  std::optional<std::string> claim_or_replay(Tx& tx, const KeyedWrite& k);
+  std::optional<std::string> landed_outcome(const KeyedWrite& k, const LostCommit& lost,
+                                            const ErrorContext& context);
   // Retries attempt() after OptimisticRace, at most options.retries_max times.
   template <class Fn>
   auto optimistic_retry(const SkuKey* key, const WriteOptions& options, Fn&& attempt)
@@ -285,7 +317,8 @@ class PostgresStore final : public Store, public TestHooks {
                            const std::optional<Version>& expected,
                            const std::optional<FencingToken>& token, bool count);
   StockLevel upsert(const SkuKey& key, Quantity value, bool add, std::optional<Version> expected,
-                    std::optional<FencingToken> token);
+                    std::optional<FencingToken> token,
+                    const std::optional<std::string>& idempotency_key);
   // The same, inside `tx` (a return puts units back on hand in its reservation's
   // transaction).
   StockLevel upsert_in(Tx& tx, const SkuKey& key, Quantity value, bool add,
@@ -556,6 +589,36 @@ auto PostgresStore::run_attempt(Pool::Lease& lease, const WriteOptions* options,
   if (Mode != RunMode::read) note_commit();  // the feed's waiters hear of it (record.cpp)
   if (deferred) throw Error(*deferred);
   return std::move(*result);
+}
+
+template <class Result, class Fn>
+Result PostgresStore::keyed(const std::optional<KeyedWrite>& k, const WriteOptions* options,
+                            ErrorContext context, Fn&& body) {
+  if (!k) return run(options, context, body);
+  context.keyed = true;
+  for (int lost = 0;; ++lost) {
+    try {
+      return run(options, context, [&](Tx& tx) -> Result {
+        if (const std::optional<std::string> stored = claim_or_replay(tx, *k)) {
+          return decode_outcome<Result>(*stored);
+        }
+        std::optional<Result> out;
+        try {
+          out.emplace(body(tx));
+        } catch (CommitThenRaise&) {  // what commits is the body's, not a key without outcome
+          tx.exec_on(k->shard, Stmt::idempotency_unclaim, k->key);
+          throw;
+        }
+        tx.exec_on(k->shard, Stmt::idempotency_outcome_set, k->key, encode_outcome(*out));
+        return std::move(*out);
+      });
+    } catch (const LostCommit& e) {
+      if (lost > 0) throw;
+      if (const std::optional<std::string> stored = landed_outcome(*k, e, context)) {
+        return decode_outcome<Result>(*stored);
+      }
+    }
+  }
 }
 
 template <class Fn>

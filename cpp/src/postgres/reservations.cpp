@@ -250,8 +250,9 @@ std::vector<Reservation> PostgresStore::with_idempotency(
     }
     const pqxx::result found = tx.exec_on(shard, Stmt::idempotency_get, key);
     if (found.empty()) continue;  // the holder rolled back between our two statements
-    std::vector<Reservation> made = fetch(tx, parse_ids(found[0][1].as<std::string>()));
     const std::string stored = found[0][0].as<std::string>();
+    if (!reserves(stored)) throw keyed_conflict(key, stored, fingerprint);  // another kind's
+    std::vector<Reservation> made = fetch(tx, parse_ids(found[0][1].as<std::string>()));
     if (stored != fingerprint) {
       throw idempotency_conflict(key, asked_by(made, stored), asked);
     }
@@ -320,7 +321,7 @@ Reservation PostgresStore::transition(const TransitionRequest& request) {
   const Transition kind = request.kind;
   ErrorContext context;
   context.reservation_id = id;
-  return run(nullptr, context, [&](Tx& tx) {
+  return keyed<Reservation>(keyed_write(request), nullptr, context, [&](Tx& tx) {
     Reservation r = lock_live_hold(tx, id, request.expected_version);
     if (kind == Transition::extend) return write_units(tx, r, request.ttl_us);
     settle_in(tx, r,
@@ -336,7 +337,7 @@ Reservation PostgresStore::return_units(const ReturnRequest& request) {
   const Uuid& id = request.id;
   ErrorContext context;
   context.reservation_id = id;
-  return run(nullptr, context, [&](Tx& tx) {
+  return keyed<Reservation>(keyed_write(request), nullptr, context, [&](Tx& tx) {
     const pqxx::result rows = tx.exec_on(id.shard_key(), Stmt::reservation_lock, id.to_string());
     if (rows.empty()) throw_reservation_not_found(id);
     Reservation r = read_reservation(rows[0]);
@@ -358,7 +359,7 @@ Reservation PostgresStore::resize(const ResizeRequest& request) {
   const Uuid& id = request.id;
   ErrorContext context;
   context.reservation_id = id;
-  return run(nullptr, context, [&](Tx& tx) {
+  return keyed<Reservation>(keyed_write(request), nullptr, context, [&](Tx& tx) {
     Reservation r = lock_live_hold(tx, id, request.expected_version);
     const Quantity delta = resize_delta(r, request.qty);
     if (delta == 0) return r;

@@ -539,9 +539,13 @@ void Statements::add_key_statements(const std::string& schema, Set& set) {
   // A replay reads its key FOR KEY SHARE, so that a purge (FOR UPDATE SKIP LOCKED) passes
   // the key by, and with it its reservations, until the replay has read them.
   set(Stmt::idempotency_get,
-      "SELECT request_fingerprint, array_to_string(reservation_ids, ',')"
+      "SELECT request_fingerprint, array_to_string(reservation_ids, ','), outcome"
       " FROM " +
           schema + ".idempotency WHERE key = $1@PIN FOR KEY SHARE");
+  // A write other than a reserve keeps its outcome with its key (store/keyed.hpp).
+  set(Stmt::idempotency_outcome_set,
+      "UPDATE " + schema + ".idempotency SET outcome = $2 WHERE key = $1@PIN");
+  set(Stmt::idempotency_unclaim, "DELETE FROM " + schema + ".idempotency WHERE key = $1@PIN");
   add_limit_statements(schema, set);
   set(Stmt::advisory_lock, "SELECT pg_advisory_xact_lock($1::bigint)");
   set(Stmt::advisory_try_lock, "SELECT pg_try_advisory_xact_lock($1::bigint)");

@@ -47,6 +47,8 @@ namespace stockade::detail::pg {
   X(counts_estimate, plain)           \
   X(idempotency_claim, routine)       \
   X(idempotency_get, routine)         \
+  X(idempotency_outcome_set, plain)   \
+  X(idempotency_unclaim, plain)       \
   X(limit_lookup, plain)              \
   X(allowance_take, plain)            \
   X(allowance_get, plain)             \

@@ -141,10 +141,15 @@ void PostgresStore::refuse(Tx& tx, const SkuKey& key, Quantity qty,
 }
 
 StockLevel PostgresStore::upsert(const SkuKey& key, Quantity value, bool add,
-                                 std::optional<Version> expected,
-                                 std::optional<FencingToken> token) {
-  return run(nullptr, context_of(key),
-             [&](Tx& tx) { return upsert_in(tx, key, value, add, expected, token); });
+                                 std::optional<Version> expected, std::optional<FencingToken> token,
+                                 const std::optional<std::string>& idempotency_key) {
+  std::optional<KeyedWrite> k;
+  if (idempotency_key) {
+    k = KeyedWrite{*idempotency_key, stock_fingerprint(key, value, add, expected, token),
+                   shard_of(key)};
+  }
+  return keyed<StockLevel>(k, nullptr, context_of(key),
+                           [&](Tx& tx) { return upsert_in(tx, key, value, add, expected, token); });
 }
 
 StockLevel PostgresStore::upsert_in(Tx& tx, const SkuKey& key, Quantity value, bool add,
@@ -173,14 +178,16 @@ StockLevel PostgresStore::upsert_in(Tx& tx, const SkuKey& key, Quantity value, b
 }
 
 StockLevel PostgresStore::restock(const SkuKey& key, Quantity qty, std::optional<Version> expected,
-                                  std::optional<FencingToken> token) {
-  return upsert(key, qty, /*add=*/true, expected, token);
+                                  std::optional<FencingToken> token,
+                                  const std::optional<std::string>& idempotency_key) {
+  return upsert(key, qty, /*add=*/true, expected, token, idempotency_key);
 }
 
 StockLevel PostgresStore::set_on_hand(const SkuKey& key, Quantity on_hand,
                                       std::optional<Version> expected,
-                                      std::optional<FencingToken> token) {
-  return upsert(key, on_hand, /*add=*/false, expected, token);
+                                      std::optional<FencingToken> token,
+                                      const std::optional<std::string>& idempotency_key) {
+  return upsert(key, on_hand, /*add=*/false, expected, token, idempotency_key);
 }
 
 std::vector<StockLevel> PostgresStore::sku_rows(const SkuKey& base) {
@@ -381,8 +388,12 @@ StockLevel PostgresStore::sell(const SellRequest& request) {
   const WriteOptions& options = request.options;
   const SkuKey& key = request.key;
   if (options.count_request) telemetry().count(key, SkuEvent::request);
+  std::optional<KeyedWrite> k;
+  if (request.idempotency_key) {
+    k = KeyedWrite{*request.idempotency_key, fingerprint(request), shard_of(key)};
+  }
   auto attempt = [&] {
-    return run(&options, context_of(key), [&](Tx& tx) {
+    return keyed<StockLevel>(k, &options, context_of(key), [&](Tx& tx) {
       if (options.strategy == Strategy::atomic) {
         const pqxx::result rows =
             tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location, request.qty,

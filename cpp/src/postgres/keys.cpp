@@ -1,0 +1,61 @@
+// PostgresStore: the idempotency keys of writes other than reserves (store/keyed.hpp). A
+// reserve's key is in reservations.cpp (with_idempotency), a batch's in batch_tx.cpp.
+#include "postgres/postgres_store_impl.hpp"
+
+namespace stockade::detail::pg {
+
+// The key is claimed by inserting its row, before any other row is locked. A concurrent
+// duplicate's INSERT waits for the first transaction (at most lock_timeout): if that one
+// commits, the duplicate replays its outcome; if it rolls back (OutOfStock, a lost
+// connection), the duplicate claims the key and runs afresh. ON CONFLICT DO NOTHING, so a
+// replay or a race never puts a unique-violation ERROR in the server's log.
+std::optional<std::string> PostgresStore::claim_or_replay(Tx& tx, const KeyedWrite& k) {
+  for (;;) {
+    if (!tx.exec_on(k.shard, Stmt::idempotency_claim, k.key, k.fingerprint, uuid_array({}))
+             .empty()) {
+      return std::nullopt;
+    }
+    const pqxx::result found = tx.exec_on(k.shard, Stmt::idempotency_get, k.key);
+    if (found.empty()) continue;  // the holder rolled back between our two statements
+    const std::string stored = found[0][0].as<std::string>();
+    if (stored != k.fingerprint || found[0][2].is_null()) {
+      throw keyed_conflict(k.key, stored, k.fingerprint);
+    }
+    return found[0][2].as<std::string>();
+  }
+}
+
+// After a lost commit, the session ended first (lost_commit): the key holds this request's
+// outcome if and only if the write committed. Unsettled (a pooler hides the session), only
+// an outcome already there is a certain answer; otherwise InDoubt, whose hint is to retry
+// with the key.
+std::optional<std::string> PostgresStore::landed_outcome(const KeyedWrite& k,
+                                                         const LostCommit& lost,
+                                                         const ErrorContext& context) {
+  std::optional<std::string> stored;
+  try {
+    stored = run(nullptr, context, [&](Tx& tx) -> std::optional<std::string> {
+      const pqxx::result found = tx.exec_on(k.shard, Stmt::idempotency_get, k.key);
+      if (found.empty() || found[0][2].is_null()) return std::nullopt;
+      if (found[0][0].as<std::string>() != k.fingerprint) return std::nullopt;
+      return found[0][2].as<std::string>();
+    });
+  } catch (const LostCommit&) {
+    throw lost;
+  } catch (const Error& e) {
+    log(LogLevel::warning, "stockade.postgres",
+        lost.prelude + "; the engine could not read whether the write landed (" +
+            plain_cause(e.what()) + "), so the caller is told InDoubt");
+    throw lost;
+  }
+  if (stored || lost.settled) {
+    log(LogLevel::info, "stockade.postgres",
+        lost.prelude + (stored ? "; the write is in the database (its idempotency key holds its "
+                                 "outcome), which is returned to the caller"
+                               : "; the write is not in the database, so it runs again"));
+  }
+  if (!stored && !lost.settled) throw lost;
+  return stored;
+}
+
+}  // namespace stockade::detail::pg

@@ -1,0 +1,253 @@
+#include "store/keyed.hpp"
+
+#include <cstdio>
+#include <vector>
+
+#include "stockade/hash.hpp"
+#include "store/error_helpers.hpp"
+
+namespace stockade::detail {
+namespace {
+
+std::string print(KeyedKind kind, std::initializer_list<std::string_view> parts) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(stable_hash64(parts)));
+  return std::string(1, static_cast<char>(kind)) + "1:" + hex;
+}
+
+std::string opt(const std::optional<std::int64_t>& value) {
+  return value ? std::to_string(*value) : std::string("-");
+}
+
+// Length-prefixed fields: "<bytes>:<text>" one after another.
+class Writer {
+ public:
+  explicit Writer(char tag) : out_(1, tag) {}
+  Writer& text(const std::string& value) {
+    out_ += std::to_string(value.size()) + ':' + value;
+    return *this;
+  }
+  Writer& number(std::int64_t value) { return text(std::to_string(value)); }
+  Writer& maybe(const std::optional<std::string>& value) {
+    number(value ? 1 : 0);
+    return value ? text(*value) : *this;
+  }
+  std::string done() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  Reader(const std::string& text, char tag) : text_(text) {
+    if (text_.empty() || text_[0] != tag) fail();
+    at_ = 1;
+  }
+  std::string text() {
+    const std::size_t colon = text_.find(':', at_);
+    if (colon == std::string::npos || colon == at_ || colon - at_ > 12) fail();
+    std::size_t size = 0;
+    for (std::size_t i = at_; i < colon; ++i) {
+      if (text_[i] < '0' || text_[i] > '9') fail();
+      size = size * 10 + static_cast<std::size_t>(text_[i] - '0');
+    }
+    if (size > text_.size() - colon - 1) fail();
+    at_ = colon + 1 + size;
+    return text_.substr(colon + 1, size);
+  }
+  std::int64_t number() {
+    const std::string digits = text();
+    try {
+      std::size_t used = 0;
+      const long long value = std::stoll(digits, &used);
+      if (used != digits.size()) fail();
+      return value;
+    } catch (const std::logic_error&) {
+      fail();
+    }
+  }
+  std::optional<std::string> maybe() {
+    if (number() == 0) return std::nullopt;
+    return text();
+  }
+  void end() const {
+    if (at_ != text_.size()) fail();
+  }
+
+ private:
+  [[noreturn]] static void fail() {
+    throw Error(ErrorCode::invariant_violation,
+                "the outcome stored with an idempotency key could not be read");
+  }
+  const std::string& text_;
+  std::size_t at_ = 0;
+};
+
+SkuKey read_key(Reader& in) {
+  SkuKey key;
+  key.sku = in.text();
+  key.location = in.text();
+  key.slot = static_cast<int>(in.number());
+  return key;
+}
+
+void write_key(Writer& out, const SkuKey& key) {
+  out.text(key.sku).text(key.location).number(key.slot);
+}
+
+}  // namespace
+
+const char* keyed_kind_name(const std::string& fingerprint) {
+  switch (fingerprint.empty() ? '\0' : fingerprint[0]) {
+    case 'r':
+      return "reserve";
+    case 'o':
+      return "reserve_order";
+    case 's':
+      return "sell";
+    case 'k':
+      return "restock";
+    case 'h':
+      return "set_on_hand";
+    case 'c':
+      return "confirm";
+    case 'l':
+      return "release";
+    case 'x':
+      return "extend";
+    case 'z':
+      return "resize";
+    case 't':
+      return "return_units";
+    default:
+      return "another write";
+  }
+}
+
+bool reserves(const std::string& fingerprint) {
+  return !fingerprint.empty() && (fingerprint[0] == 'r' || fingerprint[0] == 'o');
+}
+
+std::string fingerprint(const SellRequest& request) {
+  // A slot's row prints as its SKU, as a reserve's does: a retry may sell from another slot.
+  const SkuKey key = base_key(request.key);
+  return print(KeyedKind::sell,
+               {key.sku, key.location, std::to_string(request.qty),
+                opt(request.options.expected_version), opt(request.options.fencing_token)});
+}
+
+std::string stock_fingerprint(const SkuKey& row, Quantity value, bool add,
+                              const std::optional<Version>& expected,
+                              const std::optional<FencingToken>& token) {
+  const SkuKey key = base_key(row);
+  return print(add ? KeyedKind::restock : KeyedKind::set_on_hand,
+               {key.sku, key.location, std::to_string(value), opt(expected), opt(token)});
+}
+
+std::string fingerprint(const TransitionRequest& request) {
+  const KeyedKind kind = request.kind == Transition::confirm   ? KeyedKind::confirm
+                         : request.kind == Transition::release ? KeyedKind::release
+                                                               : KeyedKind::extend;
+  return print(
+      kind, {request.id.to_string(), std::to_string(request.ttl_us), opt(request.expected_version),
+             opt(request.qty), request.release_rest ? "rest" : "-"});
+}
+
+std::string fingerprint(const ResizeRequest& request) {
+  return print(KeyedKind::resize, {request.id.to_string(), std::to_string(request.qty),
+                                   opt(request.expected_version)});
+}
+
+std::string fingerprint(const ReturnRequest& request) {
+  return print(KeyedKind::return_units,
+               {request.id.to_string(), std::to_string(request.qty), request.restock ? "1" : "0",
+                request.location.value_or("\x01"), opt(request.expected_version)});
+}
+
+Error keyed_conflict(const std::string& key, const std::string& stored, const std::string& now) {
+  std::string message = "idempotency key " + shown(key) + " was used for a different request: ";
+  const std::string first = keyed_kind_name(stored);
+  const std::string asked = keyed_kind_name(now);
+  if (first != asked) {
+    message += "it was used for a " + first + ", this is a " + asked;
+  } else {
+    message += "it was used for a " + first +
+               " with other arguments (a key names one request: use a new key for a new one)";
+  }
+  return Error(ErrorCode::idempotency_conflict, message);
+}
+
+std::string encode_outcome(const StockLevel& level) {
+  Writer out('L');
+  write_key(out, level.key);
+  out.number(level.on_hand).number(level.reserved).number(level.version);
+  out.number(level.updated_at_us).number(level.backorder_limit).number(level.discontinued);
+  out.number(level.lease_token).number(level.leased).number(level.lease_expires_at_us);
+  out.number(level.low_stock ? 1 : 0).number(level.low_stock.value_or(0));
+  out.number(level.active_slots);
+  return out.done();
+}
+
+std::string encode_outcome(const Reservation& r) {
+  Writer out('R');
+  out.text(r.id.to_string());
+  write_key(out, r.key);
+  out.number(r.qty).number(r.confirmed).number(r.released).number(r.expired).number(r.returned);
+  out.number(static_cast<std::int64_t>(r.state)).number(r.version);
+  out.number(r.expires_at_us).number(r.created_at_us).number(r.updated_at_us);
+  out.maybe(r.idempotency_key).maybe(r.buyer).maybe(r.limit_group);
+  return out.done();
+}
+
+template <>
+StockLevel decode_outcome<StockLevel>(const std::string& text) {
+  Reader in(text, 'L');
+  StockLevel level;
+  level.key = read_key(in);
+  level.on_hand = in.number();
+  level.reserved = in.number();
+  level.version = in.number();
+  level.updated_at_us = in.number();
+  level.backorder_limit = in.number();
+  level.discontinued = in.number() != 0;
+  level.lease_token = in.number();
+  level.leased = in.number() != 0;
+  level.lease_expires_at_us = in.number();
+  const bool low = in.number() != 0;
+  const Quantity threshold = in.number();
+  if (low) level.low_stock = threshold;
+  level.active_slots = static_cast<int>(in.number());
+  in.end();
+  return level;
+}
+
+template <>
+Reservation decode_outcome<Reservation>(const std::string& text) {
+  Reader in(text, 'R');
+  Reservation r;
+  r.id = Uuid::parse(in.text());
+  r.key = read_key(in);
+  r.qty = in.number();
+  r.confirmed = in.number();
+  r.released = in.number();
+  r.expired = in.number();
+  r.returned = in.number();
+  const std::int64_t state = in.number();
+  if (state < 0 || state > static_cast<std::int64_t>(ReservationState::expired)) {
+    throw Error(ErrorCode::invariant_violation,
+                "the outcome stored with an idempotency key could not be read");
+  }
+  r.state = static_cast<ReservationState>(state);
+  r.version = in.number();
+  r.expires_at_us = in.number();
+  r.created_at_us = in.number();
+  r.updated_at_us = in.number();
+  r.idempotency_key = in.maybe();
+  r.buyer = in.maybe();
+  r.limit_group = in.maybe();
+  in.end();
+  return r;
+}
+
+}  // namespace stockade::detail

@@ -1,0 +1,66 @@
+// Idempotency keys on the writes that are not reserves: sell, restock, set_on_hand, the
+// transitions (confirm, release, extend), resize and return_units. A key lives in the same
+// table (or map) as a reserve's and follows the same rules: the same key with the same
+// request returns the first call's outcome without a second effect; with another request
+// (another kind of write, or other arguments) it raises IdempotencyConflict; a key whose
+// first call failed is free again.
+//
+// What a reserve's key stores is the ids of its reservations, read back on a replay. A
+// write of these kinds stores its outcome itself (a stock level or a reservation, encoded
+// below), so that a replay returns exactly what the first call returned, even after later
+// writes changed the row or the reservation.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "stockade/store.hpp"
+
+namespace stockade::detail {
+
+// The first letter of a fingerprint names the kind of write that made the key ("r1:..." a
+// reserve, "o1:..." an order, as fingerprint.cpp makes them; the letters below for the
+// rest).
+enum class KeyedKind : char {
+  sell = 's',
+  restock = 'k',
+  set_on_hand = 'h',
+  confirm = 'c',
+  release = 'l',
+  extend = 'x',
+  resize = 'z',
+  return_units = 't',
+};
+
+// The kind's name as a caller knows it ("sell", "reserve_order", ...), from a fingerprint.
+const char* keyed_kind_name(const std::string& fingerprint);
+
+std::string fingerprint(const SellRequest& request);
+// restock (add) or set_on_hand (not add): `value` is the units added, or the new on_hand.
+std::string stock_fingerprint(const SkuKey& key, Quantity value, bool add,
+                              const std::optional<Version>& expected,
+                              const std::optional<FencingToken>& token);
+std::string fingerprint(const TransitionRequest& request);
+std::string fingerprint(const ResizeRequest& request);
+std::string fingerprint(const ReturnRequest& request);
+
+// The conflict of a key made by the request printed `stored` and used again for `now`:
+// names the kinds when they differ, never the first request's arguments (they may be
+// another caller's).
+Error keyed_conflict(const std::string& key, const std::string& stored, const std::string& now);
+// Whether a fingerprint is a reserve's or an order's (its key stores reservation ids).
+bool reserves(const std::string& fingerprint);
+
+// A write's outcome as stored with its key, and read back by a replay. Every field is
+// length-prefixed, so any text (a SKU, a buyer) travels unchanged; decoding text that is
+// not an encoded outcome of that type raises InvariantViolation.
+std::string encode_outcome(const StockLevel& level);
+std::string encode_outcome(const Reservation& reservation);
+template <class T>
+T decode_outcome(const std::string& text);
+template <>
+StockLevel decode_outcome<StockLevel>(const std::string& text);
+template <>
+Reservation decode_outcome<Reservation>(const std::string& text);
+
+}  // namespace stockade::detail

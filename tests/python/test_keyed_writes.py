@@ -1,0 +1,267 @@
+"""A key on every write: sell, restock, set_on_hand, confirm, release, extend, resize and
+return_units take ``idempotency_key=`` with the rules reserve follows.
+
+The same key with the same request returns the first call's outcome without a second
+effect (after later writes too, and after a COMMIT cut before or after it reached the
+server); with another request, or another kind of write, it raises IdempotencyConflict;
+a first call that failed leaves the key free. Both stores and the Citus layout
+(``engine``); the cut proxy on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Callable, Dict, Tuple
+
+import pytest
+
+import stockade
+from pgproxy import CommitCuttingProxy
+from stockade import Reservation, ReservationState, StockLevel
+from stockade.testing import race
+from support import field
+
+Outcome = object
+# A kind: (prepare the SKU "k" and return what the call needs, the keyed call, the state
+# that shows its effect).
+Prepare = Callable[[stockade.Engine], object]
+Call = Callable[[stockade.Engine, object, str], Outcome]
+Effect = Callable[[stockade.Engine, object], Tuple[int, ...]]
+
+
+def new_key() -> str:
+    return f"key-{uuid.uuid4()}"
+
+
+def stocked(eng: stockade.Engine) -> object:
+    eng.restock("k", 10)
+    return None
+
+
+def held(eng: stockade.Engine) -> object:
+    eng.restock("k", 10)
+    return eng.reserve("k", 4, ttl=600)
+
+
+def sold(eng: stockade.Engine) -> object:
+    r = held(eng)
+    return eng.confirm(r.id)  # type: ignore[attr-defined]
+
+
+def row(eng: stockade.Engine, _: object) -> Tuple[int, ...]:
+    level = eng.stock("k")
+    return (level.on_hand, level.reserved, level.version)
+
+
+def hold_and_row(eng: stockade.Engine, r: object) -> Tuple[int, ...]:
+    now = eng.reservation(r.id)  # type: ignore[attr-defined]
+    return (now.held, now.confirmed, now.released, now.returned, now.version, *row(eng, r))
+
+
+def extent(eng: stockade.Engine, r: object) -> Tuple[int, ...]:
+    now = eng.reservation(r.id)  # type: ignore[attr-defined]
+    return (now.version, int(now.expires_at.timestamp() * 1_000_000))
+
+
+KINDS: Dict[str, Tuple[Prepare, Call, Effect]] = {
+    "sell": (stocked, lambda e, _, k: e.sell("k", 2, idempotency_key=k), row),
+    "restock": (stocked, lambda e, _, k: e.restock("k", 3, idempotency_key=k), row),
+    "set_on_hand": (stocked, lambda e, _, k: e.set_on_hand("k", 7, idempotency_key=k), row),
+    "confirm": (
+        held,
+        lambda e, r, k: e.confirm(r.id, qty=1, idempotency_key=k),  # type: ignore[attr-defined]
+        hold_and_row,
+    ),
+    "release": (
+        held,
+        lambda e, r, k: e.release(r.id, qty=1, idempotency_key=k),  # type: ignore[attr-defined]
+        hold_and_row,
+    ),
+    "extend": (
+        held,
+        lambda e, r, k: e.extend(r.id, ttl=900, idempotency_key=k),  # type: ignore[attr-defined]
+        extent,
+    ),
+    "resize": (
+        held,
+        lambda e, r, k: e.resize(r.id, 6, idempotency_key=k),  # type: ignore[attr-defined]
+        hold_and_row,
+    ),
+    "return_units": (
+        sold,
+        lambda e, r, k: e.return_units(r.id, 1, idempotency_key=k),  # type: ignore[attr-defined]
+        hold_and_row,
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_keyed_write_replays_its_first_outcome_without_a_second_effect(
+    engine: stockade.Engine, kind: str
+) -> None:
+    prepare, call, effect = KINDS[kind]
+    subject = prepare(engine)
+    before = effect(engine, subject)
+    key = new_key()
+    first = call(engine, subject, key)
+    after = effect(engine, subject)
+    assert after != before  # the first call changed something
+    again = call(engine, subject, key)
+    assert again == first  # the first outcome, field for field
+    assert effect(engine, subject) == after  # and no second effect
+    assert engine.audit().ok
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_same_key_for_another_request_is_a_conflict_that_changes_nothing(
+    engine: stockade.Engine, kind: str
+) -> None:
+    prepare, call, effect = KINDS[kind]
+    subject = prepare(engine)
+    key = new_key()
+    call(engine, subject, key)
+    after = effect(engine, subject)
+    other = "restock" if kind != "restock" else "sell"
+    with pytest.raises(stockade.IdempotencyConflict) as raised:
+        KINDS[other][1](engine, subject, key)
+    assert f"used for a {kind}, this is a {other}" in str(raised.value)
+    with pytest.raises(stockade.IdempotencyConflict):
+        engine.reserve("k", 1, idempotency_key=key)  # a reserve's rules: the same key table
+    assert effect(engine, subject) == after
+
+
+def test_other_arguments_with_the_same_key_are_a_conflict(engine: stockade.Engine) -> None:
+    engine.restock("k", 10)
+    key = new_key()
+    engine.sell("k", 2, idempotency_key=key)
+    with pytest.raises(stockade.IdempotencyConflict, match="used for a sell with other"):
+        engine.sell("k", 3, idempotency_key=key)
+    hold = engine.reserve("k", 1, idempotency_key=new_key())
+    with pytest.raises(stockade.IdempotencyConflict, match="used for a reserve, this is a sell"):
+        engine.sell("k", 2, idempotency_key=hold.idempotency_key)
+    assert engine.stock("k").on_hand == 8
+
+
+def test_a_replay_returns_the_first_outcome_after_later_writes(engine: stockade.Engine) -> None:
+    engine.restock("k", 10)
+    key = new_key()
+    first = engine.sell("k", 2, idempotency_key=key)
+    engine.sell("k", 1)
+    engine.restock("k", 5)
+    assert engine.sell("k", 2, idempotency_key=key) == first
+    assert engine.stock("k").on_hand == 12
+
+    hold = engine.reserve("k", 4, ttl=600)
+    part = engine.confirm(hold.id, qty=1, idempotency_key="confirm-1")
+    engine.release(hold.id, qty=1)
+    replay = engine.confirm(hold.id, qty=1, idempotency_key="confirm-1")
+    assert replay == part and replay.held == 3  # as the first call left it
+    assert engine.reservation(hold.id).held == 2
+
+
+def test_a_first_call_that_failed_leaves_the_key_free(engine: stockade.Engine) -> None:
+    engine.restock("k", 1)
+    key = new_key()
+    with pytest.raises(stockade.OutOfStock):
+        engine.sell("k", 2, idempotency_key=key)
+    engine.restock("k", 1)
+    assert engine.sell("k", 2, idempotency_key=key).on_hand == 0
+
+    hold = engine.reserve("k", 0 + 1, ttl=600) if engine.stock("k").available else None
+    assert hold is None  # nothing left to hold
+    engine.restock("k", 2)
+    hold = engine.reserve("k", 2, ttl=600)
+    with pytest.raises(stockade.InvalidState):
+        engine.confirm(hold.id, qty=3, idempotency_key="too-many")
+    assert engine.confirm(hold.id, qty=2, idempotency_key="too-many").confirmed == 2
+
+
+def test_concurrent_calls_with_one_key_have_one_effect(engine: stockade.Engine) -> None:
+    engine.restock("k", 100)
+    key = new_key()
+    out = race(16, lambda _: engine.sell("k", 3, idempotency_key=key), timeout=60)
+    assert not any(out.errors), out.errors
+    assert len({(o.on_hand, o.version) for o in out.results}) == 1  # one outcome, told to all
+    assert engine.stock("k").on_hand == 97
+
+
+def test_the_async_twins_take_the_key(engine: stockade.Engine) -> None:
+    engine.restock("k", 10)
+    hold = engine.reserve("k", 3, ttl=600)
+
+    async def main() -> Tuple[StockLevel, StockLevel, Reservation, Reservation]:
+        a = await engine.sell_async("k", 1, idempotency_key="s-1")
+        b = await engine.sell_async("k", 1, idempotency_key="s-1")
+        c = await engine.confirm_async(hold.id, qty=1, idempotency_key="c-1")
+        d = await engine.confirm_async(hold.id, qty=1, idempotency_key="c-1")
+        return a, b, c, d
+
+    a, b, c, d = asyncio.run(main())
+    assert a == b and c == d
+    assert engine.stock("k").on_hand == 10 - 1 - 1
+
+
+def test_a_keyed_sell_under_batched_runs_per_request(batched_engine: stockade.Engine) -> None:
+    eng = batched_engine
+    eng.restock("k", 10)
+    first = eng.sell("k", 2, idempotency_key="b-1", strategy="batched")
+    assert eng.sell("k", 2, idempotency_key="b-1", strategy="batched") == first
+    hold = eng.reserve("k", 2, ttl=600)
+    step = eng.confirm(hold.id, idempotency_key="b-2")
+    assert eng.confirm(hold.id, idempotency_key="b-2") == step
+    assert (eng.stock("k").on_hand, eng.stock("k").reserved) == (6, 0)
+
+
+def test_a_keyed_restock_or_count_of_a_slotted_sku_is_not_supported(
+    engine: stockade.Engine,
+) -> None:
+    engine.restock("k", 100)
+    engine.set_slots("k", 2)
+    with pytest.raises(stockade.NotSupported, match="idempotency key"):
+        engine.restock("k", 1, idempotency_key=new_key())
+    with pytest.raises(stockade.NotSupported, match="idempotency key"):
+        engine.set_on_hand("k", 50, idempotency_key=new_key())
+    assert engine.stock("k").on_hand == 100
+    assert engine.sell("k", 1, idempotency_key="slotted") == engine.sell(
+        "k", 1, idempotency_key="slotted"
+    )
+
+
+def test_bad_keys_are_refused_before_anything_changes(engine: stockade.Engine) -> None:
+    engine.restock("k", 10)
+    hold = engine.reserve("k", 2, ttl=600)
+    for bad in ["", "x" * 1000]:
+        with pytest.raises(stockade.InvalidArgument, match="idempotency_key"):
+            engine.sell("k", 1, idempotency_key=bad)
+        with pytest.raises(stockade.InvalidArgument, match="idempotency_key"):
+            engine.confirm(hold.id, idempotency_key=bad)
+    with pytest.raises(stockade.InvalidArgument):
+        engine.restock("k", 1, idempotency_key=7)  # type: ignore[arg-type]
+    assert engine.stock("k").on_hand == 10
+    assert engine.reservation(hold.id).state is ReservationState.HELD
+
+
+@pytest.mark.parametrize("cut", ["before", "after"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_keyed_write_cut_at_commit_is_answered_and_takes_effect_once(
+    proxy: CommitCuttingProxy, stockade_database: str, kind: str, cut: str
+) -> None:
+    # "before": COMMIT never reached the server, which rolled back; "after": it committed
+    # and the answer was lost. Either way the engine ended the session, read the key, and
+    # answered: the write ran again, or its stored outcome came back. A retry by the caller
+    # with the same key then returns the same outcome, with no second effect.
+    prepare, call, effect = KINDS[kind]
+    dsn = proxy.dsn(field(stockade_database, "dbname"))
+    with stockade.Engine.postgres(dsn, pool_size=2, sweeper=False) as eng:
+        subject = prepare(eng)
+        before = effect(eng, subject)
+        key = new_key()
+        proxy.arm(cut)
+        first = call(eng, subject, key)
+        assert proxy.cuts == 1
+        after = effect(eng, subject)
+        assert after != before
+        assert call(eng, subject, key) == first
+        assert effect(eng, subject) == after
+        assert eng.audit().ok
