@@ -447,6 +447,24 @@ def test_a_growth_on_a_slotted_sku_takes_units_from_its_other_rows(
     assert_clean(engine)
 
 
+def test_cycles_of_shrinking_and_growing_never_take_qty_past_the_bound(
+    engine: stockade.Engine,
+) -> None:
+    # Shrinks count as released, so each growth adds to qty: a hold grown and shrunk by
+    # half the bound twice would pass it. The second growth is refused, nothing changed.
+    half = stockade.QUANTITY_MAX // 2 + 1
+    engine.restock("s", half + 1)
+    hold = engine.reserve("s", 1)
+    assert engine.resize(hold.id, half).qty == half
+    shrunk = engine.resize(hold.id, 1)
+    assert (shrunk.qty, shrunk.held) == (half, 1)
+    with pytest.raises(stockade.InvalidState, match="QUANTITY_MAX"):
+        engine.resize(hold.id, half)
+    assert engine.reservation(hold.id) == shrunk
+    assert engine.stock("s").reserved == 1
+    assert_clean(engine)
+
+
 def test_resizes_racing_reserves_for_the_last_units_never_oversell(
     engine: stockade.Engine,
 ) -> None:

@@ -62,9 +62,20 @@ inline Settlement settle_transition(Reservation& r, bool confirm, Quantity asked
 
 // A resize of held reservation `r` to `qty` held units: how many more it holds (> 0), or
 // gives back (< 0). A shrink is counted in `r` as released units; a growth only after
-// the rows took it (grow_hold).
+// the rows took it (grow_hold). A growth that would take `qty` (every unit the hold was
+// ever asked for: shrinks count as released, so cycles of shrinking and growing add up)
+// past quantity_max is refused (InvalidState): the bound every sum relies on stays one.
 inline Quantity resize_delta(const Reservation& r, Quantity qty) {
-  return qty - r.held();
+  const Quantity delta = qty - r.held();
+  if (delta > 0 && r.qty > quantity_max - delta) {
+    throw Error(ErrorCode::invalid_state,
+                "reservation " + r.id.to_string() + " was asked for " + std::to_string(r.qty) +
+                    " units over its life; growing it by " + std::to_string(delta) +
+                    " would pass QUANTITY_MAX (" + std::to_string(quantity_max) +
+                    "): hold the extra units with a new reservation (nothing changed)",
+                context_of(r));
+  }
+  return delta;
 }
 
 // Counts a growth of `units` in `r`: asked for (qty) and held.
