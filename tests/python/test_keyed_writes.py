@@ -213,19 +213,23 @@ def test_a_keyed_sell_under_batched_runs_per_request(batched_engine: stockade.En
     assert (eng.stock("k").on_hand, eng.stock("k").reserved) == (6, 0)
 
 
-def test_a_keyed_restock_or_count_of_a_slotted_sku_is_not_supported(
-    engine: stockade.Engine,
-) -> None:
+def test_keyed_writes_on_a_slotted_sku_take_effect_once(engine: stockade.Engine) -> None:
+    # A SKU that auto split into hot-row slots still takes keyed restocks and sells: the
+    # units go to (or come from) one row with the key; the answer is the SKU's level.
     engine.restock("k", 100)
     engine.set_slots("k", 2)
-    with pytest.raises(stockade.NotSupported, match="idempotency key"):
-        engine.restock("k", 1, idempotency_key=new_key())
+    key = new_key()
+    first = engine.restock("k", 5, idempotency_key=key)
+    assert first.on_hand == 105
+    assert engine.restock("k", 5, idempotency_key=key).on_hand == 105
+    assert engine.sell("k", 1, idempotency_key="slotted").on_hand == 104
+    assert engine.sell("k", 1, idempotency_key="slotted").on_hand == 104
     with pytest.raises(stockade.NotSupported, match="idempotency key"):
         engine.set_on_hand("k", 50, idempotency_key=new_key())
-    assert engine.stock("k").on_hand == 100
-    assert engine.sell("k", 1, idempotency_key="slotted") == engine.sell(
-        "k", 1, idempotency_key="slotted"
-    )
+    with pytest.raises(stockade.NotSupported, match="idempotency key"):
+        engine.restock("k", 1, idempotency_key=new_key(), expected_version=1)
+    assert engine.stock("k").on_hand == 104
+    assert engine.audit().ok
 
 
 def test_bad_keys_are_refused_before_anything_changes(engine: stockade.Engine) -> None:

@@ -122,7 +122,8 @@ class Engine {
   // request returns the first call's outcome without a second effect, also after a lost
   // COMMIT; with another request, IdempotencyConflict (store/keyed.hpp). A keyed
   // set_on_hand on a SKU with hot-row slots raises NotSupported; a keyed restock there
-  // adds its units to the SKU's own row.
+  // adds its units to the SKU's own row and answers with the SKU's level as it is then
+  // (a replay too, as a sell on slots does).
   StockLevel restock(const SkuKey& key, Quantity qty, std::optional<Version> expected_version = {},
                      std::optional<FencingToken> fencing_token = {}, const std::string& reason = {},
                      const std::string& actor = {},

@@ -279,7 +279,16 @@ StockLevel SlotRouter::restock(const SkuKey& key, Quantity qty,
   std::vector<StockLevel> rows;
   if (expected || token || idempotency_key || known_slots(key) > 1) rows = learn(key);
   if (rows.size() <= 1) return store_.restock(key, qty, expected, token, idempotency_key);
-  if (idempotency_key) refuse_on_slots(key, "an idempotency key on restock");
+  if (idempotency_key) {
+    // One row takes the units with the key, in one transaction: the SKU's own row, whose
+    // units are the SKU's (a short slot takes them from there). The answer is the SKU's
+    // level, summed as it is now (on a replay too).
+    if (expected || token) {
+      refuse_on_slots(key, "an idempotency key with expected_version or a fencing token");
+    }
+    store_.restock(key, qty, std::nullopt, std::nullopt, idempotency_key);
+    return summed(key, learn(key));
+  }
   if (token) refuse_on_slots(key, "a fencing token (leases)");
   const auto plan = [&](const std::vector<StockLevel>& levels) {
     check_expected(key, expected, summed(key, levels).version);

@@ -84,8 +84,9 @@ class SlotRouter {
   StockLevel set_slots(const SkuKey& key, int slots);
   // Restock and set_on_hand of the SKU as a whole: the store's own call on a SKU with
   // one row, else spread over its rows.
-  // A keyed one runs on a SKU with one row only (NotSupported on slots: its key and its
-  // outcome would span every row's write).
+  // A keyed restock of a SKU with slots adds its units to the SKU's own row (its key and
+  // outcome with that row's write) and answers with the SKU's level as it is then; a
+  // keyed set_on_hand there raises NotSupported (it writes every row).
   StockLevel restock(const SkuKey& key, Quantity qty, const std::optional<Version>& expected,
                      const std::optional<FencingToken>& token,
                      const std::optional<std::string>& idempotency_key);
