@@ -90,8 +90,8 @@ py::dict drive(Engine& engine, const std::vector<std::pair<std::string, std::str
   spec.buyers = buyers;
   spec.sell = sell;
   spec.call.fencing_token = fencing_token;
-  if (sell && (keyed || confirm || buyers > 0)) {
-    throw_invalid_argument("a sell load takes no keys, confirmations or buyers");
+  if (sell && (confirm || buyers > 0)) {
+    throw_invalid_argument("a sell load takes no confirmations or buyers");
   }
   LoadResult r;
   {

@@ -50,6 +50,14 @@ const CallOptions& next_call(const LoadSpec& spec, std::minstd_rand& rng, CallOp
   return scratch;
 }
 
+// The call options of the next sell: with a fresh key, when the spec is keyed.
+const CallOptions& sell_call(const LoadSpec& spec, std::mt19937_64& key_rng, CallOptions& scratch) {
+  if (!spec.keyed) return spec.call;
+  scratch = spec.call;
+  scratch.idempotency_key = next_key(spec, key_rng);
+  return scratch;
+}
+
 double micros_since(Steady::time_point start) {
   return std::chrono::duration<double, std::micro>(Steady::now() - start).count();
 }
@@ -106,7 +114,7 @@ void blocking_client(Engine& engine, const LoadSpec& spec, std::size_t id,
     try {
       const SkuKey& key = spec.keys[pick(rng)];
       if (spec.sell) {
-        engine.sell(key, spec.qty, spec.call);
+        engine.sell(key, spec.qty, sell_call(spec, key_rng, scratch));
       } else {
         held = engine
                    .reserve(key, spec.qty, spec.ttl_us, next_key(spec, key_rng),
@@ -147,7 +155,7 @@ void windowed_client(Engine& engine, const LoadSpec& spec, std::size_t id,
       try {
         const SkuKey& key = spec.keys[pick(rng)];
         if (spec.sell) {
-          engine.submit_sell(key, spec.qty, spec.call, sink, token);
+          engine.submit_sell(key, spec.qty, sell_call(spec, key_rng, scratch), sink, token);
         } else {
           engine.submit_reserve(key, spec.qty, spec.ttl_us, next_key(spec, key_rng),
                                 next_call(spec, rng, scratch), sink, token);

@@ -85,7 +85,8 @@ def drive_load(
     shipment), each a request of its own, or with ``release_rest`` in the confirm itself
     (one request). ``buyers`` makes each
     reservation for one of that many buyers, at random (purchase limits apply); ``sell``
-    sells instead of reserving, with ``fencing_token`` if given."""
+    sells instead of reserving, with ``fencing_token`` if given (and with ``keyed``, a
+    fresh key on every sell)."""
     if not isinstance(engine, Engine):
         raise InvalidType(f"engine must be a stockade.Engine, not {type(engine).__name__}")
     if check_int("buyers", buyers) < 0:
