@@ -30,6 +30,7 @@ LIMITED = ["n-2", "n-3"]  # one purchase-limit group, "drop", of PER_BUYER units
 PER_BUYER = 6
 BUYERS = 8
 RESTOCK = 1000  # every restock adds this many: in-doubt restocks are then countable
+SELL = 1  # every sell takes this many
 SHORT_TTL = 1  # seconds: some holds lapse and expire during the run
 LONG_TTL = 86400  # seconds: the others outlive any run
 
@@ -113,8 +114,15 @@ class Workload:
         elif roll < 0.85:
             record = {"op": rng.choice(["confirm", "release", "extend"]), "target": None}
             record["target"] = held.pop(rng.randrange(len(held)))
-        elif roll < 0.92:
-            record = {"op": "restock", "sku": sku}
+        elif roll < 0.89:
+            record = {"op": "restock", "sku": sku, "key": name if rng.random() < 0.5 else None}
+        elif roll < 0.93:
+            record = {
+                "op": "sell",
+                "sku": sku,
+                "key": name if rng.random() < 0.7 else None,
+                "strategy": rng.choice(STRATEGIES),
+            }
         elif roll < 0.97:
             return self._leased(name)
         else:
@@ -180,7 +188,9 @@ def send(eng: stockade.Engine, r: Record) -> object:
     if r["op"] == "extend":
         return eng.extend(r["target"], ttl=LONG_TTL)
     if r["op"] == "restock":
-        return eng.restock(r["sku"], RESTOCK)
+        return eng.restock(r["sku"], RESTOCK, idempotency_key=r.get("key"))
+    if r["op"] == "sell":
+        return eng.sell(r["sku"], SELL, idempotency_key=r["key"], strategy=r["strategy"])
     return eng.expire_due(limit=100)
 
 
@@ -201,13 +211,16 @@ def read_history(path: str) -> List[Record]:
 
 
 def resolve(eng: stockade.Engine, record: Record) -> Union[List[str], str, None]:
-    """Retries an in-doubt keyed reserve or order with its request: the ids it settles to,
-    or the name of the definite error it settles to (the first call did not land, and the
+    """Retries an in-doubt keyed call with its request: the ids a reserve or order settles
+    to ([] for a keyed restock or sell, which has now taken effect exactly once), or the
+    name of the definite error it settles to (the first call did not land, and the
     request is refused now, as a buyer whose limit filled up meanwhile is); None if it
     never settles."""
     for _ in range(50):
         try:
             made = send(eng, record)
+            if isinstance(made, stockade.StockLevel):
+                return []
             return [str(r.id) for r in (made if isinstance(made, list) else [made])]
         except (stockade.InDoubt, stockade.Unavailable, stockade.DeadlineExceeded):
             time.sleep(0.1)

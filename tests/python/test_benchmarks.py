@@ -273,3 +273,19 @@ def test_lifecycle_benchmark_prints_every_case(tmp_path: Path) -> None:
         assert runs[0]["granted"] > 0 and runs[0]["failed"] == 0
         assert runs[0]["reserved_left"] == 0  # every order settled its whole hold
     assert "audit clean: True" in out.stdout
+
+
+def test_keyed_writes_benchmark_prints_every_ratio(tmp_path: Path) -> None:
+    out = run_benchmark(
+        "keyed_writes.py", "--seconds", "0.2", "--clients", "8", "--rounds", "1",
+        "--json", str(tmp_path / "keyed.json"),
+    )  # fmt: skip
+    report = json.loads((tmp_path / "keyed.json").read_text())
+    assert set(report["ratios"]) == {
+        "sell atomic, keyed / sell atomic",
+        "sell batched, keyed / sell batched",
+        "restock atomic, keyed / restock atomic",
+    }
+    for runs in report["runs"].values():
+        assert runs[0]["calls_per_s"] > 0 and runs[0]["failed"] == 0
+    assert "audit clean: True" in out.stdout

@@ -2,12 +2,13 @@
 
 Several threads in this process and four in a second one run a seeded random mix of calls
 (nemesis_load.py: keyed and keyless reserves under every strategy, some with buyers under
-a purchase limit, keyed orders of two lines, confirm, release, extend, expiry, restocks,
-leases with fenced restocks) through a proxy, while a nemesis applies faults at random times,
-some overlapping: backend kills, `-m immediate` restarts, a kill during the recovery from
-a restart, cuts through the proxy before or after COMMIT or while a write waits, a SIGSTOP
-of the server shorter or longer than lock_timeout, and a commit that hangs waiting for a
-synchronous standby that is gone (while other faults go on). It runs directly, and through
+a purchase limit, keyed orders of two lines, confirm, release, extend, expiry, keyed and
+keyless restocks and sells, leases with fenced restocks) through a proxy, while a nemesis
+applies faults at random times, some overlapping: backend kills, `-m immediate` restarts,
+a kill during the recovery from a restart, cuts through the proxy before or after COMMIT
+or while a write waits, a SIGSTOP of the server shorter or longer than lock_timeout, and
+a commit that hangs waiting for a synchronous standby that is gone (while other faults go
+on). It runs directly, and through
 PgBouncer in transaction mode, which the nemesis restarts too.
 
 Every call's request and outcome go to a history. Afterwards, on a healthy server, the
@@ -21,8 +22,11 @@ with plain SQL and sharing no code with the engine's decisions:
 - each reservation's final state is one its calls allow (an acknowledged confirm is
   confirmed, a hold nobody touched is held, or expired only if its TTL was short);
 - each stock row satisfies 0 <= reserved <= on_hand, reserved is the sum of its holds,
-  and on_hand is the start plus the restocks that landed (every acknowledged one, and
-  some in-doubt ones) minus what was confirmed;
+  and on_hand is the start plus the restocks that landed minus the sells that landed
+  (every acknowledged one, each keyed in-doubt one once its retry settled, and some
+  keyless in-doubt ones) minus what was confirmed;
+- a keyed restock or sell has one outcome: acknowledged or settled, its key holds it;
+  told a definite failure, its key holds nothing;
 - each buyer's allowance equals its held and confirmed units, within the limit;
 - fencing tokens never go backwards, and no fenced write lands after a newer lease.
 
@@ -33,6 +37,7 @@ first violating call.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -53,6 +58,7 @@ from nemesis_load import (
     LONG_TTL,
     PER_BUYER,
     RESTOCK,
+    SELL,
     SHORT_TTL,
     SKUS,
     Record,
@@ -175,6 +181,9 @@ def _signal(pid: int, sig: int) -> None:
 
 # --- the checker: the history against a model, and the database read with plain SQL ---
 
+# What each in-doubt keyed call's retry settled to (resolve in nemesis_load.py), by key.
+Settled = Dict[str, Union[List[str], str, None]]
+
 # What a retry of a request that did not land may be told now.
 REFUSALS = {"LimitExceeded", "OutOfStock"}
 DEFINITE_TRANSITION_FAILURES = {"LockTimeout", "DeadlineExceeded", "Unavailable", "Overloaded"}
@@ -278,25 +287,67 @@ class Checker:
             if t is not None and t["out"] in ("ReservationExpired", "InvalidState") and not short:
                 self.fail(t, "a hold with a long TTL expired")
 
-    def stock(self, db: Dict[str, Tuple[str, int, str, Optional[str]]]) -> None:
+    def landed(self, op: str, sku: str, settled: Settled) -> Tuple[int, int]:
+        """How many restocks or sells of `sku` landed, at least and at most: each one
+        acknowledged, and each keyed one in doubt whose retry settled (it has taken effect
+        exactly once now); maybe each keyless one in doubt, or keyed one never settled."""
+        sure = maybe = 0
+        for r in self.history:
+            if r["op"] != op or r["sku"] != sku:
+                continue
+            retried = settled.get(r["key"]) if r.get("key") else None
+            if r["out"] == "ok" or (r["out"] == "InDoubt" and isinstance(retried, list)):
+                sure += 1
+            elif r["out"] == "InDoubt" and retried is None:
+                maybe += 1
+        return sure, sure + maybe
+
+    def stock(self, db: Dict[str, Tuple[str, int, str, Optional[str]]], settled: Settled) -> None:
         for sku in SKUS:
             on_hand, reserved = self.rows[sku]
             held = sum(q for s, q, st, _ in db.values() if s == sku and st == "held")
             sold = sum(q for s, q, st, _ in db.values() if s == sku and st == "confirmed")
-            restocks = [r for r in self.history if r["op"] == "restock" and r["sku"] == sku]
-            acked = sum(1 for r in restocks if r["out"] == "ok")
-            maybe = sum(1 for r in restocks if r["out"] == "InDoubt")
-            landed, rest = divmod(on_hand + sold - START, RESTOCK)
+            restocks, sells = (
+                self.landed("restock", sku, settled),
+                self.landed("sell", sku, settled),
+            )
+            moved = on_hand + sold - START  # RESTOCK * restocks landed - SELL * sells landed
+            fits = any(
+                (RESTOCK * n - moved) % SELL == 0
+                and sells[0] <= (RESTOCK * n - moved) // SELL <= sells[1]
+                for n in range(restocks[0], restocks[1] + 1)
+            )
             if not 0 <= reserved <= on_hand:
                 self.fail(None, f"{sku}: reserved {reserved}, on_hand {on_hand}")
             if reserved != held:
                 self.fail(None, f"{sku}: reserved {reserved}, but its holds sum to {held}")
-            if rest != 0 or not acked <= landed <= acked + maybe:
+            if not fits:
+                told = Counter(
+                    f"{r['op']}{'/key' if r.get('key') else ''}/{r.get('strategy', '-')}:{r['out']}"
+                    for r in self.history
+                    if r["op"] in ("restock", "sell") and r["sku"] == sku and r["out"] != "ok"
+                )
                 self.fail(
                     None,
-                    f"{sku}: on_hand {on_hand} is not the start plus {acked} acknowledged "
-                    f"(and up to {maybe} in-doubt) restocks minus {sold} sold",
+                    f"{sku}: on_hand {on_hand} is not the start plus {restocks[0]}-"
+                    f"{restocks[1]} restocks minus {sells[0]}-{sells[1]} sells and {sold} "
+                    f"confirmed (the calls not told ok: {dict(sorted(told.items()))})",
                 )
+
+    def keyed_writes(self, outcomes: Set[str], settled: Settled) -> None:
+        """A keyed restock or sell has one outcome: acknowledged (or settled by its retry),
+        its key holds it; told a definite failure, its key holds nothing. `outcomes`: the
+        keys that hold an outcome, read after the retries."""
+        for r in self.history:
+            if r["op"] not in ("restock", "sell") or not r.get("key"):
+                continue
+            there = r["key"] in outcomes
+            if r["out"] == "ok" and not there:
+                self.fail(r, "acknowledged, but its key holds no outcome")
+            elif r["out"] == "InDoubt" and not isinstance(settled.get(r["key"]), list):
+                self.fail(r, f"InDoubt, and its retry was told {settled.get(r['key'])}")
+            elif r["out"] not in ("ok", "InDoubt") and there:
+                self.fail(r, f"told {r['out']} (nothing changed), but its key holds an outcome")
 
     def leases(self) -> None:
         """Fencing tokens never go backwards, and no fenced write lands once a newer lease
@@ -422,19 +473,27 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
     the database; returns the checker and how many keys were settled."""
     time.sleep(0.5)  # sessions cut mid-call are gone by now
     _, stored, _ = read_database(dsn)
-    settled: Dict[str, Union[List[str], str, None]] = {}
+    settled: Settled = {}
     with engine(dsn) as eng:
         for r in history:
-            if r["op"] in ("reserve", "order") and r["key"] and r["out"] == "InDoubt":
+            keyed = r["op"] in ("reserve", "order", "restock", "sell") and r.get("key")
+            if keyed and r["out"] == "InDoubt":
                 settled[r["key"]] = resolve(eng, r)
     db, _, rows = read_database(dsn)
+    outcomes = set(
+        run_sql(
+            dsn,
+            "COPY (SELECT key FROM stockade.idempotency WHERE outcome IS NOT NULL) TO STDOUT",
+        ).split()
+    )
     checker = Checker(history, rows)
     checker.engine_bugs()
     checker.keys(stored, settled)
     made = {rid for r in history if r["out"] == "ok" for rid in ids_of(r)}
     made |= {rid for ids in settled.values() if isinstance(ids, list) for rid in ids}
     checker.reservations(db, made)
-    checker.stock(db)
+    checker.stock(db, settled)
+    checker.keyed_writes(outcomes, settled)
     checker.leases()
     checker.limits(*read_limits(dsn))
     with engine(dsn) as eng:  # and the engine's own audit of the same data agrees
@@ -488,6 +547,8 @@ def test_a_random_schedule_of_overlapping_faults_keeps_every_rule(
             worker.wait(30)
         proxy.close()
     history = load.history + read_history(str(history_file))
+    with open(tmp_path / "history-all.jsonl", "w", encoding="utf-8") as out:  # for a report
+        out.writelines(json.dumps(r) + "\n" for r in history)
     checker, settled = check(dsn, history)
     outcomes = Counter(r["out"] for r in history)
     print(
@@ -519,7 +580,12 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         reserve("k-held", "r-held"),  # untouched, long TTL, yet expired
         {"op": "confirm", "target": "r-conf", "out": "ok", "t0": 1.0, "t1": 1.1},
         reserve("k-conf", "r-conf"),  # confirmed per its call, yet released
-        {"op": "restock", "sku": "n-0", "out": "ok", "t0": 2.0, "t1": 2.1},
+        {"op": "restock", "sku": "n-0", "key": None, "out": "ok", "t0": 2.0, "t1": 2.1},
+        # A keyed restock acknowledged whose key holds nothing, a keyed sell told a
+        # definite failure whose key holds an outcome, and one whose retry never settled.
+        {"op": "restock", "sku": "n-1", "key": "k-r", "out": "ok", "t0": 2.0, "t1": 2.1},
+        {"op": "sell", "sku": "n-1", "key": "k-s", "out": "Unavailable", "t0": 2.0, "t1": 2.1},
+        {"op": "sell", "sku": "n-1", "key": "k-s2", "out": "InDoubt", "t0": 2.0, "t1": 2.1},
         # An order acknowledged with two reservations, of which the key holds one (and
         # that one is not what was asked for).
         {
@@ -557,7 +623,8 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
     checker.engine_bugs()
     checker.keys(stored, {"k-doubt": "IdempotencyConflict"})
     checker.reservations(db, {"r-lost", "r-held", "r-conf", "o-1", "o-2"})
-    checker.stock(db)
+    checker.stock(db, {})
+    checker.keyed_writes({"k-s"}, {})
     checker.leases()
     checker.limits({"b-1": 2, "b-2": 7}, {"b-1": 3, "b-2": 7})
     found = "\n".join(what for _, what in checker.violations)
@@ -573,6 +640,9 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "reservation r-conf is released",
         "n-0: reserved 7, but its holds sum to 2",
         "n-0: on_hand",
+        "acknowledged, but its key holds no outcome",
+        "told Unavailable (nothing changed), but its key holds an outcome",
+        "InDoubt, and its retry was told None",
         "token 5 came after token 9",
         "a write fenced with 4 landed after lease",
         f"{LEASED}: on_hand",
