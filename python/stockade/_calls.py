@@ -559,7 +559,9 @@ class EngineCalls:
         must allow them. A refusal (``OutOfStock``, ``LimitExceeded``, ...) changes
         nothing. Shrinking gives units back at once; they count as ``released``. The
         argument sets ``held``: on a growth the ``qty`` field goes up by the difference,
-        on a shrink it stays as it was. ``idempotency_key`` as with :meth:`confirm`."""
+        on a shrink it stays as it was (so a growth that would take it past
+        ``QUANTITY_MAX`` raises ``InvalidState``). ``idempotency_key`` as with
+        :meth:`confirm`."""
         return Reservation._from_core(
             self._core.resize(
                 id=reservation_id_bytes(id),

@@ -30,7 +30,10 @@ LIMITED = ["n-2", "n-3"]  # one purchase-limit group, "drop", of PER_BUYER units
 PER_BUYER = 6
 BUYERS = 8
 RESTOCK = 1000  # every restock adds this many: in-doubt restocks are then countable
-SELL = 1  # every sell takes this many
+# Keyed and keyless restocks and sells each move their own size, so that the checker counts
+# each class apart: a keyed write applied twice cannot hide in a keyless one's doubt.
+STOCK_MOVES = {("restock", True): 1000, ("restock", False): 100_000, ("sell", True): 1}
+STOCK_MOVES[("sell", False)] = 10
 SHORT_TTL = 1  # seconds: some holds lapse and expire during the run
 LONG_TTL = 86400  # seconds: the others outlive any run
 
@@ -115,13 +118,17 @@ class Workload:
             record = {"op": rng.choice(["confirm", "release", "extend"]), "target": None}
             record["target"] = held.pop(rng.randrange(len(held)))
         elif roll < 0.89:
-            record = {"op": "restock", "sku": sku, "key": name if rng.random() < 0.5 else None}
+            keyed = rng.random() < 0.5
+            record = {"op": "restock", "sku": sku, "key": name if keyed else None}
+            record["qty"] = STOCK_MOVES[("restock", keyed)]
         elif roll < 0.93:
+            keyed = rng.random() < 0.7
             record = {
                 "op": "sell",
                 "sku": sku,
-                "key": name if rng.random() < 0.7 else None,
+                "key": name if keyed else None,
                 "strategy": rng.choice(STRATEGIES),
+                "qty": STOCK_MOVES[("sell", keyed)],
             }
         elif roll < 0.97:
             return self._leased(name)
@@ -188,9 +195,9 @@ def send(eng: stockade.Engine, r: Record) -> object:
     if r["op"] == "extend":
         return eng.extend(r["target"], ttl=LONG_TTL)
     if r["op"] == "restock":
-        return eng.restock(r["sku"], RESTOCK, idempotency_key=r.get("key"))
+        return eng.restock(r["sku"], r["qty"], idempotency_key=r["key"])
     if r["op"] == "sell":
-        return eng.sell(r["sku"], SELL, idempotency_key=r["key"], strategy=r["strategy"])
+        return eng.sell(r["sku"], r["qty"], idempotency_key=r["key"], strategy=r["strategy"])
     return eng.expire_due(limit=100)
 
 
@@ -222,8 +229,14 @@ def resolve(eng: stockade.Engine, record: Record) -> Union[List[str], str, None]
             if isinstance(made, stockade.StockLevel):
                 return []
             return [str(r.id) for r in (made if isinstance(made, list) else [made])]
-        except (stockade.InDoubt, stockade.Unavailable, stockade.DeadlineExceeded):
-            time.sleep(0.1)
+        except (
+            stockade.InDoubt,
+            stockade.Unavailable,
+            stockade.DeadlineExceeded,
+            stockade.LockTimeout,
+            stockade.Overloaded,
+        ):
+            time.sleep(0.1)  # transient: the server is still settling
         except stockade.StockadeError as e:
             return type(e).__name__
     return None

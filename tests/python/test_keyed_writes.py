@@ -269,3 +269,29 @@ def test_a_keyed_write_cut_at_commit_is_answered_and_takes_effect_once(
         assert call(eng, subject, key) == first
         assert effect(eng, subject) == after
         assert eng.audit().ok
+
+
+def test_a_batched_reserve_meeting_another_kinds_key_is_a_conflict(
+    batched_engine: stockade.Engine,
+) -> None:
+    # The batch's long path replays committed keys: one a sell made names no reservation.
+    eng = batched_engine
+    eng.restock("k", 10)
+    eng.sell("k", 1, idempotency_key="shared")
+    for _ in range(2):
+        with pytest.raises(stockade.IdempotencyConflict, match="used for a sell, this is a"):
+            eng.reserve("k", 1, idempotency_key="shared", strategy="batched")
+    assert (eng.stock("k").on_hand, eng.stock("k").reserved) == (9, 0)
+
+
+def test_a_keyed_sell_with_expected_version_on_a_slotted_sku_is_not_supported(
+    engine: stockade.Engine,
+) -> None:
+    # On slots the version checked is a slot row's, so a replay could not be recognised.
+    engine.restock("k", 100)
+    engine.set_slots("k", 2)
+    version = engine.stock("k").version
+    with pytest.raises(stockade.NotSupported, match="expected_version"):
+        engine.sell("k", 1, expected_version=version, idempotency_key=new_key())
+    assert engine.stock("k").on_hand == 100
+    assert engine.sell("k", 1, expected_version=engine.stock("k").version).on_hand == 99

@@ -421,6 +421,15 @@ Result Engine::on_slots(const SkuKey& key, Quantity qty, Op op, const Route& fir
   return slots_->run<Result>(
       key, qty, first.options.expected_version, continued, first.batched,
       [&](const SkuKey& row, const detail::SlotAttempt& a) {
+        if (first.idempotency_key && a.expected_version != first.options.expected_version) {
+          // The SKU has slots, and its version stands for a slot row's here: a key's replay
+          // would be checked against the SKU's version, which the first call moved.
+          throw Error(ErrorCode::not_supported,
+                      "an idempotency key with expected_version is not built for a SKU with "
+                      "hot-row slots (" +
+                          detail::describe(key) + ")",
+                      detail::context_of(key));
+        }
         Route r = first;
         r.options.expected_version = a.expected_version;
         r.options.count_request = a.count_request;

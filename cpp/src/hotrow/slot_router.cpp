@@ -286,8 +286,7 @@ StockLevel SlotRouter::restock(const SkuKey& key, Quantity qty,
     if (expected || token) {
       refuse_on_slots(key, "an idempotency key with expected_version or a fencing token");
     }
-    store_.restock(key, qty, std::nullopt, std::nullopt, idempotency_key);
-    return summed(key, learn(key));
+    return summed_or(key, store_.restock(key, qty, std::nullopt, std::nullopt, idempotency_key));
   }
   if (token) refuse_on_slots(key, "a fencing token (leases)");
   const auto plan = [&](const std::vector<StockLevel>& levels) {
@@ -324,11 +323,23 @@ StockLevel SlotRouter::set_on_hand(const SkuKey& key, Quantity on_hand,
 
 // A slot's row (the SKU's own row too) is a part of the SKU: answer with the SKU, read
 // right after the sale. (An engine that has not seen the SKU's slots yet answers with the
-// row it sold from.)
+// row it sold from.) The sale has committed: if that read fails (the server went away
+// meanwhile), the answer is the row's level, never the read's error, which would tell
+// the caller that nothing changed.
 StockLevel SlotRouter::level_after_sell(const SkuKey& key, StockLevel row_level) {
-  if (directory_.rows(key) > 1) row_level = summed(key, learn(key));
+  if (directory_.rows(key) > 1) row_level = summed_or(key, row_level);
   row_level.key = key;
   return row_level;
+}
+
+StockLevel SlotRouter::summed_or(const SkuKey& key, const StockLevel& row_level) {
+  try {
+    return summed(key, learn(key));
+  } catch (const Error&) {
+    StockLevel out = row_level;
+    out.key = key;
+    return out;
+  }
 }
 
 int SlotRouter::check_and_fill(const SkuKey& key, Quantity qty, Version expected,

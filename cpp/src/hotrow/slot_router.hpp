@@ -102,6 +102,9 @@ class SlotRouter {
   void refuse_on_slots(const SkuKey& key, const char* feature);
   // After a sell on one of the SKU's rows: the SKU's level (summed when it has slots).
   StockLevel level_after_sell(const SkuKey& key, StockLevel row_level);
+  // After a write that committed on one row of a slotted SKU: the SKU's level, read now,
+  // or the row's own level (keyed as the SKU) if that read fails.
+  StockLevel summed_or(const SkuKey& key, const StockLevel& row_level);
 
   // Runs `attempt(row, SlotAttempt)` on this engine's slot of `key` (the SKU's own row
   // while it is not known to have slots; with `spread` and no `expected`, first on the

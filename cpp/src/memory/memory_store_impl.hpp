@@ -257,13 +257,15 @@ class MemoryStore final : public Store, public TestHooks {
   void free_key(const std::string& key);
   void settle_key(const std::string& key, std::vector<Uuid> ids, std::string outcome);
   // A write other than a reserve, under its key if it has one: the first call runs `run`
-  // and keeps its outcome; a replay returns that outcome (store/keyed.hpp).
+  // and keeps its outcome; a replay returns that outcome (store/keyed.hpp). A duplicate in
+  // flight is waited for at most `wait_ms` (a sell's lock_timeout; the default one's for
+  // the steps, which take none).
   template <class Result, class Run>
-  Result keyed(const std::optional<std::string>& key, const std::string& fingerprint, Run&& run) {
+  Result keyed(const std::optional<std::string>& key, const std::string& fingerprint, Run&& run,
+               std::int64_t wait_ms = WriteOptions{}.lock_timeout_ms) {
     if (!key) return run();
     const auto no_more = [](const IdempotencyEntry&) {};
-    const std::optional<IdempotencyEntry> done =
-        claim_key(*key, fingerprint, WriteOptions{}.lock_timeout_ms, no_more);
+    const std::optional<IdempotencyEntry> done = claim_key(*key, fingerprint, wait_ms, no_more);
     if (done) return decode_outcome<Result>(done->outcome);
     std::optional<Result> out;
     try {

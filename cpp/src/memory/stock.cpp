@@ -556,22 +556,26 @@ std::vector<StockLevel> MemoryStore::reshape(const std::vector<SkuKey>& keys, bo
 StockLevel MemoryStore::sell(const SellRequest& request) {
   StockRow& row = require_row(request.key);
   const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
-  return keyed<StockLevel>(request.idempotency_key, print, [&] {
-    expire_lapsed();
-    const TimestampUs now = clock_->now_us();
-    const auto decide = [&](const RowValues& v) {
-      check_row(row.key, v, now, request.options.expected_version, request.options.fencing_token);
-      if (available_of(v) < request.qty) {
-        if (request.options.count_refusal) telemetry().count(row.key, SkuEvent::refused);
-        throw_out_of_stock(row.key, available_of(v), request.qty, v.version);
-      }
-      RowValues next = changed(v, now);
-      next.on_hand -= request.qty;
-      STOCKADE_ASSERT_ROW(next.on_hand, next.reserved, next.backorder_limit);
-      return next;
-    };
-    return level_of(row, apply(row, request.options, decide));
-  });
+  return keyed<StockLevel>(
+      request.idempotency_key, print,
+      [&] {
+        expire_lapsed();
+        const TimestampUs now = clock_->now_us();
+        const auto decide = [&](const RowValues& v) {
+          check_row(row.key, v, now, request.options.expected_version,
+                    request.options.fencing_token);
+          if (available_of(v) < request.qty) {
+            if (request.options.count_refusal) telemetry().count(row.key, SkuEvent::refused);
+            throw_out_of_stock(row.key, available_of(v), request.qty, v.version);
+          }
+          RowValues next = changed(v, now);
+          next.on_hand -= request.qty;
+          STOCKADE_ASSERT_ROW(next.on_hand, next.reserved, next.backorder_limit);
+          return next;
+        };
+        return level_of(row, apply(row, request.options, decide));
+      },
+      request.options.lock_timeout_ms);
 }
 
 std::vector<std::unique_lock<TimedLock>> MemoryStore::lock_for(const std::vector<StockRow*>& rows,

@@ -68,6 +68,13 @@ void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string
     BatchItem& item = *items_[claim.first];
     decided_[claim.first] = true;
     claim.stored_fingerprint = row[1].as<std::string>();
+    if (!reserves(*claim.stored_fingerprint)) {
+      // Another kind of write's key (a sell's, a confirm's, ...): it names no reservation,
+      // and no reserve can replay it. Every request of the batch with it conflicts.
+      fail(item,
+           keyed_conflict(*item.idempotency_key, *claim.stored_fingerprint, claim.fingerprint));
+      continue;
+    }
     // Read even on a conflict: a later duplicate in the batch may be the same request.
     const std::vector<Reservation> made = store.fetch(tx, parse_ids(row[2].as<std::string>()));
     claim.stored = made.front();
@@ -482,7 +489,9 @@ void BatchTx::settle_duplicates() {
     const KeyClaim& claim = keys_.at(*item.idempotency_key);
     if (claim.first == i) continue;
     const std::string& owner = claim.stored_fingerprint.value_or(claim.fingerprint);
-    if (prints_[i] != owner) {
+    if (!reserves(owner)) {  // another kind of write's key (see replay)
+      fail(item, keyed_conflict(*item.idempotency_key, owner, prints_[i]));
+    } else if (prints_[i] != owner) {
       const Asked first = claim.stored ? asked_by(std::vector<Reservation>{*claim.stored}, owner)
                                        : asked_of(*items_[claim.first]);
       fail(item, idempotency_conflict(*item.idempotency_key, first, asked_of(item)));
