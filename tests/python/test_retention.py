@@ -270,6 +270,7 @@ def version_one_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
 # What migrations 002 onwards add, taken out again: what is left is the version-1 schema,
 # with data that the engine wrote.
 BACK_TO_VERSION_ONE = """
+ALTER TABLE stockade.idempotency DROP COLUMN outcome;
 ALTER TABLE stockade.reservation DROP CONSTRAINT reservation_units, DROP COLUMN confirmed,
     DROP COLUMN released, DROP COLUMN expired, DROP COLUMN returned;
 DROP TABLE stockade.movement, stockade.feed_consumer;
