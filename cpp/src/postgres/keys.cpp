@@ -43,18 +43,10 @@ std::optional<std::string> PostgresStore::landed_outcome(const KeyedWrite& k,
   } catch (const LostCommit&) {
     throw lost;
   } catch (const Error& e) {
-    log(LogLevel::warning, "stockade.postgres",
-        lost.prelude + "; the engine could not read whether the write landed (" +
-            plain_cause(e.what()) + "), so the caller is told InDoubt");
-    throw lost;
+    landing_unreadable(lost, e);
   }
-  if (stored || lost.settled) {
-    log(LogLevel::info, "stockade.postgres",
-        lost.prelude + (stored ? "; the write is in the database (its idempotency key holds its "
-                                 "outcome), which is returned to the caller"
-                               : "; the write is not in the database, so it runs again"));
-  }
-  if (!stored && !lost.settled) throw lost;
+  settle_landing(lost, stored.has_value(),
+                 " (its idempotency key holds its outcome), which is returned to the caller");
   return stored;
 }
 

@@ -287,6 +287,10 @@ class PostgresStore final : public Store, public TestHooks {
   std::optional<std::string> claim_or_replay(Tx& tx, const KeyedWrite& k);
   std::optional<std::string> landed_outcome(const KeyedWrite& k, const LostCommit& lost,
                                             const ErrorContext& context);
+  // find_landed's and landed_outcome's one way to log and decide what the look found
+  // (`returned`: how a write found is answered), and to give up when it cannot read.
+  void settle_landing(const LostCommit& lost, bool found, const char* returned) const;
+  [[noreturn]] void landing_unreadable(const LostCommit& lost, const Error& e) const;
   // Retries attempt() after OptimisticRace, at most options.retries_max times.
   template <class Fn>
   auto optimistic_retry(const SkuKey* key, const WriteOptions& options, Fn&& attempt)

@@ -90,6 +90,26 @@ std::vector<Reservation> PostgresStore::read_many(Tx& tx, const std::vector<Uuid
   return found;
 }
 
+// What a lost commit's look for the write found, logged once as one INFO line (unless
+// nothing was found in an unsettled loss, which lost_commit has logged); raises `lost`
+// (InDoubt) unless the answer is certain: found, or absent after the session ended.
+void PostgresStore::settle_landing(const LostCommit& lost, bool found, const char* returned) const {
+  if (found || lost.settled) {
+    log(LogLevel::info, "stockade.postgres",
+        lost.prelude + (found ? std::string("; the write is in the database") + returned
+                              : std::string("; the write is not in the database, so it runs "
+                                            "again")));
+  }
+  if (!found && !lost.settled) throw lost;
+}
+
+void PostgresStore::landing_unreadable(const LostCommit& lost, const Error& e) const {
+  log(LogLevel::warning, "stockade.postgres",
+      lost.prelude + "; the engine could not read whether the write landed (" +
+          plain_cause(e.what()) + "), so the caller is told InDoubt");
+  throw lost;
+}
+
 std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids,
                                                     const LostCommit& lost,
                                                     const ErrorContext& context) {
@@ -97,21 +117,10 @@ std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids
   try {
     rows = run<RunMode::read>(nullptr, context, [&](Tx& tx) { return read_many(tx, ids); });
   } catch (const Error& e) {
-    log(LogLevel::warning, "stockade.postgres",
-        lost.prelude + "; the engine could not read whether the write landed (" +
-            plain_cause(e.what()) + "), so the caller is told InDoubt");
-    throw lost;
+    landing_unreadable(lost, e);
   }
-  if (!rows.empty() || lost.settled) {
-    log(LogLevel::info, "stockade.postgres",
-        lost.prelude + (!rows.empty() ? "; the write is in the database, and its reservations "
-                                        "are returned to the caller"
-                                      : "; the write is not in the database, so it runs again"));
-  }
-  if (rows.empty()) {
-    if (!lost.settled) throw lost;
-    return {};
-  }
+  settle_landing(lost, !rows.empty(), ", and its reservations are returned to the caller");
+  if (rows.empty()) return {};
   if (rows.size() != ids.size() && statements_->citus()) {
     // A transaction across shards commits on each worker in turn (two-phase commit): a
     // lost one may be seen part-way, and Citus finishes it later. Not a certain answer.
