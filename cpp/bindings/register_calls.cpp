@@ -204,9 +204,44 @@ void register_hold_calls(py::class_<Engine>& c) {
       .def(
           "get_reservation", [](Engine& e, const Uuid& id) { return e.get_reservation(id); },
           py::arg("id"), Release())
+
       .def(
           "expire_due", [](Engine& e, std::size_t limit) { return e.expire_due(limit); },
           py::arg("limit"), Release());
+}
+
+// An order as one handle: a step of every line, and its lines read back.
+void register_order_calls(py::class_<Engine>& c) {
+  c.def(
+       "order_step",
+       [](Engine& e, const std::string& kind, const Uuid& order_id,
+          std::vector<std::pair<Uuid, Quantity>> parts, std::int64_t ttl_us, bool release_rest,
+          OptStr idempotency_key) {
+         OrderStepRequest request;
+         request.order_id = order_id;
+         if (kind != "confirm" && kind != "release" && kind != "extend") {
+           throw_invalid_argument("an order step is confirm, release or extend");
+         }
+         request.kind = kind == "confirm"   ? Transition::confirm
+                        : kind == "release" ? Transition::release
+                                            : Transition::extend;
+         request.parts = std::move(parts);
+         request.ttl_us = ttl_us;
+         request.release_rest = release_rest;
+         request.idempotency_key = std::move(idempotency_key);
+         return e.order_step(request);
+       },
+       py::arg("kind"), py::arg("order_id"), py::arg("parts"), py::arg("ttl_us"),
+       py::arg("release_rest"), py::arg("idempotency_key"), Release())
+      .def(
+          "get_order", [](Engine& e, const Uuid& order_id) { return e.get_order(order_id); },
+          py::arg("order_id"), Release())
+      .def(
+          "order_by_key",
+          [](Engine& e, const std::string& idempotency_key) {
+            return e.order_by_key(idempotency_key);
+          },
+          py::arg("idempotency_key"), Release());
 }
 
 // The async twins: each queues its call and returns at once; the outcome reaches the
@@ -220,6 +255,7 @@ void register_calls(py::class_<Engine>& c) {
   register_lease_calls(c);
   register_reservation_calls(c);
   register_hold_calls(c);
+  register_order_calls(c);
 }
 
 }  // namespace stockade::bindings

@@ -69,7 +69,11 @@ void register_values(py::module_& m) {
       .def_readonly("updated_at_us", &Reservation::updated_at_us)
       .def_readonly("idempotency_key", &Reservation::idempotency_key)
       .def_readonly("buyer", &Reservation::buyer)
-      .def_readonly("limit_group", &Reservation::limit_group);
+      .def_readonly("limit_group", &Reservation::limit_group)
+      .def_property_readonly("order_id", [](const Reservation& r) -> py::object {
+        if (!r.order_id) return py::none();
+        return to_bytes(*r.order_id);
+      });
 }
 
 void register_clocks(py::module_& m) {

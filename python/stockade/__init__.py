@@ -38,6 +38,7 @@ from .limits import *  # noqa: F403 - the input limits, each named in stockade.l
 from .stats import EngineStats, Metrics, RowCounts
 from .values import (
     Lease,
+    Order,
     Reservation,
     ReservationState,
     StockLevel,
@@ -74,6 +75,7 @@ __all__ = [  # and stockade.errors' classes and stockade.limits' constants, adde
     "ManualClock",
     "Metrics",
     "Movement",
+    "Order",
     "Reservation",
     "ReservationState",
     "RowCounts",

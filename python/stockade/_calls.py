@@ -32,6 +32,9 @@ from .journal import AuditReport, Feed, Movement
 from .stats import EngineStats, Metrics, RowCounts
 from .values import (
     Lease,
+    LineRef,
+    Order,
+    OrderRef,
     Reservation,
     ReservationId,
     StockLevel,
@@ -48,6 +51,8 @@ from .values import (
     duration_us,
     optional_duration_ms,
     optional_duration_us,
+    order_id_bytes,
+    order_parts,
     reservation_id_bytes,
     strategy_name,
 )
@@ -456,22 +461,27 @@ class EngineCalls:
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
         buyer: Optional[str] = None,
-    ) -> List[Reservation]:
+    ) -> Order:
         """Holds every line or none: ``{sku: qty}`` (or ``{(sku, location): qty}``).
 
         Rows are locked in sorted (sku, location) order, so concurrent orders cannot
-        deadlock. Returns one reservation per line, in the order of ``items``. With a
-        ``buyer``, every line counts against the purchase limit of its SKU's group.
+        deadlock. Returns the :class:`Order`: its id and one reservation per line, in the
+        order of ``items`` (it is a sequence of them). Step it whole with
+        :meth:`confirm_order`, :meth:`release_order` and :meth:`extend_order`, or each
+        line on its own. With a ``buyer``, every line counts against the purchase limit of
+        its SKU's group.
         """
-        return reservations(
-            self._core.reserve_order(
-                lines=order_lines(items, check_str("location", location)),
-                ttl_us=optional_duration_us("ttl", ttl),
-                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
-                strategy=strategy_name(strategy),
-                nowait=check_bool("nowait", nowait),
-                lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
-                buyer=check_optional_str("buyer", buyer),
+        return Order._from_lines(
+            reservations(
+                self._core.reserve_order(
+                    lines=order_lines(items, check_str("location", location)),
+                    ttl_us=optional_duration_us("ttl", ttl),
+                    idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+                    strategy=strategy_name(strategy),
+                    nowait=check_bool("nowait", nowait),
+                    lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
+                    buyer=check_optional_str("buyer", buyer),
+                )
             )
         )
 
@@ -608,6 +618,109 @@ class EngineCalls:
                 idempotency_key=check_optional_str("idempotency_key", idempotency_key),
             )
         )
+
+    # --- orders as one handle ---
+
+    def _order_parts(
+        self, order: OrderRef, qty: Optional[Mapping[LineRef, int]]
+    ) -> List[Tuple[bytes, int]]:
+        if qty is None:
+            return []
+        named = any(isinstance(k, (str, tuple)) for k in qty) if isinstance(qty, Mapping) else False
+        # A line named by its sku needs the order's lines (which never change): the Order
+        # given, or the order read back.
+        if isinstance(order, Order):
+            return order_parts(order.lines, qty)
+        return order_parts(self.order(order).lines if named else (), qty)
+
+    def confirm_order(
+        self,
+        order: OrderRef,
+        *,
+        qty: Optional[Mapping[LineRef, int]] = None,
+        release_rest: bool = False,
+        idempotency_key: Optional[str] = None,
+    ) -> Order:
+        """Sells what every line of ``order`` holds, in one transaction: the whole order
+        as it stands, or nothing.
+
+        ``qty`` confirms parts instead: ``{line: units}``, each line named by its
+        :class:`Reservation`, its id, its sku, or ``(sku, location)``; the lines not named
+        stay as they are, or with ``release_rest=True`` are released (ship these, cancel
+        the rest: every unit not confirmed here is released). Lines that no longer hold
+        units are left alone. A line whose hold expired fails a confirm of the whole order
+        with ``ReservationExpired``: its expiry is written (as the sweeper would), nothing
+        else changes, and a confirm that names the other lines in ``qty`` goes on with
+        them. More than a line holds raises ``InvalidState`` and changes nothing; so does
+        an order with no line left holding units. Returns the order as written, its lines
+        sorted by (sku, location). ``idempotency_key`` as with :meth:`confirm`."""
+        return self._order_step(
+            "confirm", order, self._order_parts(order, qty), 0, release_rest, idempotency_key
+        )
+
+    def release_order(
+        self,
+        order: OrderRef,
+        *,
+        qty: Optional[Mapping[LineRef, int]] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> Order:
+        """Gives back what every line of ``order`` holds (or ``qty``'s parts, named as
+        with :meth:`confirm_order`), in one transaction. A line whose hold lapsed is
+        expired there, and the others are released all the same. Returns the order as
+        written. ``idempotency_key`` as with :meth:`confirm`."""
+        return self._order_step(
+            "release", order, self._order_parts(order, qty), 0, False, idempotency_key
+        )
+
+    def extend_order(
+        self, order: OrderRef, *, ttl: TtlLike, idempotency_key: Optional[str] = None
+    ) -> Order:
+        """Moves the expiry of every line of ``order`` that holds units to now + ``ttl``,
+        in one transaction: the whole order, or nothing if a line has expired
+        (``ReservationExpired``, as with :meth:`confirm_order`). ``idempotency_key`` as
+        with :meth:`confirm`."""
+        return self._order_step(
+            "extend", order, [], duration_us("ttl", ttl), False, idempotency_key
+        )
+
+    def _order_step(
+        self,
+        kind: str,
+        order: OrderRef,
+        parts: List[Tuple[bytes, int]],
+        ttl_us: int,
+        release_rest: bool,
+        idempotency_key: Optional[str],
+    ) -> Order:
+        return Order._from_lines(
+            reservations(
+                self._core.order_step(
+                    kind=kind,
+                    order_id=order_id_bytes(order),
+                    parts=parts,
+                    ttl_us=ttl_us,
+                    release_rest=check_bool("release_rest", release_rest),
+                    idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+                )
+            )
+        )
+
+    def order(
+        self, id: Optional[OrderRef] = None, *, idempotency_key: Optional[str] = None
+    ) -> Order:
+        """The order as committed, by its id (or :class:`Order`) or by the key
+        ``reserve_order`` was called with (exactly one of the two); its lines sorted by
+        (sku, location). ``NotFound`` if there is none, or retention purged its lines."""
+        key = check_optional_str("idempotency_key", idempotency_key)
+        order_id = None if id is None else order_id_bytes(id)
+        if key is not None and order_id is None:
+            made = self._core.order_by_key(idempotency_key=key)
+        elif order_id is not None and key is None:
+            made = self._core.get_order(order_id=order_id)
+        else:
+            raise InvalidArgument("order() takes an order id or an idempotency_key (one of them)")
+        return Order._from_lines(reservations(made))
 
     def reservation(self, id: ReservationId) -> Reservation:
         """The reservation as committed (``NotFound`` if there is none)."""

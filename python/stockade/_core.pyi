@@ -1,6 +1,6 @@
 # Type stubs for the compiled module stockade._core (cpp/bindings). Hand-written; the
 # test suite runs mypy's stubtest against the built module so they cannot drift.
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 __version__: str
 ERROR_CODES: tuple[str, ...]
@@ -179,6 +179,8 @@ class Reservation:
     def expired(self) -> int: ...
     @property
     def returned(self) -> int: ...
+    @property
+    def order_id(self) -> Optional[bytes]: ...
     @property
     def state(self) -> str: ...
     @property
@@ -449,6 +451,17 @@ class Engine:
         idempotency_key: Optional[str] = None,
     ) -> Reservation: ...
     def get_reservation(self, id: bytes) -> Reservation: ...
+    def order_step(
+        self,
+        kind: str,
+        order_id: bytes,
+        parts: List[Tuple[bytes, int]],
+        ttl_us: int,
+        release_rest: bool,
+        idempotency_key: Optional[str],
+    ) -> List[Reservation]: ...
+    def get_order(self, order_id: bytes) -> List[Reservation]: ...
+    def order_by_key(self, idempotency_key: str) -> List[Reservation]: ...
     def expire_due(self, limit: int) -> int: ...
     def submit_reserve(
         self,

@@ -22,6 +22,9 @@ from .journal import AuditReport, Feed, Movement
 from .stats import EngineStats, Metrics, RowCounts
 from .values import (
     Lease,
+    LineRef,
+    Order,
+    OrderRef,
     Reservation,
     ReservationId,
     StockLevel,
@@ -288,18 +291,20 @@ class EngineTwins(EngineCalls):
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
         buyer: Optional[str] = None,
-    ) -> List[Reservation]:
+    ) -> Order:
         """:meth:`reserve_order` as an awaitable."""
-        return await self._bridges.call(
-            self._core.submit_reserve_order,
-            reservations,
-            lines=order_lines(items, check_str("location", location)),
-            ttl_us=optional_duration_us("ttl", ttl),
-            idempotency_key=check_optional_str("idempotency_key", idempotency_key),
-            strategy=strategy_name(strategy),
-            nowait=check_bool("nowait", nowait),
-            lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
-            buyer=check_optional_str("buyer", buyer),
+        return Order._from_lines(
+            await self._bridges.call(
+                self._core.submit_reserve_order,
+                reservations,
+                lines=order_lines(items, check_str("location", location)),
+                ttl_us=optional_duration_us("ttl", ttl),
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+                strategy=strategy_name(strategy),
+                nowait=check_bool("nowait", nowait),
+                lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
+                buyer=check_optional_str("buyer", buyer),
+            )
         )
 
     async def confirm_async(
@@ -403,6 +408,51 @@ class EngineTwins(EngineCalls):
                 idempotency_key=idempotency_key,
             )
         )
+
+    async def confirm_order_async(
+        self,
+        order: OrderRef,
+        *,
+        qty: Optional[Mapping[LineRef, int]] = None,
+        release_rest: bool = False,
+        idempotency_key: Optional[str] = None,
+    ) -> Order:
+        """:meth:`confirm_order` as an awaitable."""
+        return await off_loop(
+            functools.partial(
+                self.confirm_order,
+                order,
+                qty=qty,
+                release_rest=release_rest,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    async def release_order_async(
+        self,
+        order: OrderRef,
+        *,
+        qty: Optional[Mapping[LineRef, int]] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> Order:
+        """:meth:`release_order` as an awaitable."""
+        return await off_loop(
+            functools.partial(self.release_order, order, qty=qty, idempotency_key=idempotency_key)
+        )
+
+    async def extend_order_async(
+        self, order: OrderRef, *, ttl: TtlLike, idempotency_key: Optional[str] = None
+    ) -> Order:
+        """:meth:`extend_order` as an awaitable."""
+        return await off_loop(
+            functools.partial(self.extend_order, order, ttl=ttl, idempotency_key=idempotency_key)
+        )
+
+    async def order_async(
+        self, id: Optional[OrderRef] = None, *, idempotency_key: Optional[str] = None
+    ) -> Order:
+        """:meth:`order` as an awaitable."""
+        return await off_loop(functools.partial(self.order, id, idempotency_key=idempotency_key))
 
     async def reservation_async(self, id: ReservationId) -> Reservation:
         """:meth:`reservation` as an awaitable."""

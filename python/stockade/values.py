@@ -7,7 +7,7 @@ import math
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Literal, Optional, Union
+from typing import Iterator, Literal, Optional, Sequence, Tuple, Union, overload
 
 from . import _core
 from .errors import InvalidArgument, InvalidType
@@ -16,6 +16,7 @@ from .limits import QUANTITY_MAX
 __all__ = [
     "QUANTITY_MAX",
     "Lease",
+    "Order",
     "Reservation",
     "ReservationState",
     "StockLevel",
@@ -30,6 +31,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 TtlLike = Union[timedelta, int, float]
 ReservationId = Union[uuid.UUID, str]
+# An order: its Order, or its id.
+OrderRef = Union["Order", uuid.UUID, str]
+# A line of an order in confirm_order's and release_order's qty=: its Reservation, its id,
+# its sku, or (sku, location).
+LineRef = Union["Reservation", uuid.UUID, str, Tuple[str, str]]
 
 
 # The strategies' names, for type checkers: strategy="atomc" is an error under mypy, while
@@ -223,6 +229,7 @@ class Reservation:
     released: int = 0
     expired: int = 0
     returned: int = 0
+    order_id: Optional[uuid.UUID] = None
 
     @property
     def held(self) -> int:
@@ -254,6 +261,59 @@ class Reservation:
             r.released,
             r.expired,
             r.returned,
+            None if r.order_id is None else uuid.UUID(bytes=r.order_id),
+        )
+
+
+@dataclass(frozen=True)
+class Order(Sequence[Reservation]):
+    """An order: the reservations ``reserve_order`` made, one per line, as one handle.
+
+    ``id`` is the order's id (every line carries it as ``order_id``; None only for an order
+    made before schema version 12), ``idempotency_key`` the key it was made with. It is a
+    sequence of its lines: ``order[0]``, ``len(order)``, ``for line in order``. Lines come
+    in the caller's order from :meth:`Engine.reserve_order`, and sorted by (sku, location)
+    from :meth:`Engine.order` and the order steps (:meth:`Engine.confirm_order`,
+    :meth:`Engine.release_order`, :meth:`Engine.extend_order`)."""
+
+    id: Optional[uuid.UUID]
+    idempotency_key: Optional[str]
+    lines: Tuple[Reservation, ...]
+
+    @overload
+    def __getitem__(self, index: int) -> Reservation: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Reservation]: ...
+    def __getitem__(self, index: Union[int, slice]) -> Union[Reservation, Sequence[Reservation]]:
+        return self.lines[index]
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __iter__(self) -> Iterator[Reservation]:
+        return iter(self.lines)
+
+    @property
+    def held(self) -> int:
+        """Units its lines still hold."""
+        return sum(line.held for line in self.lines)
+
+    @property
+    def live(self) -> bool:
+        """Whether any line still holds units."""
+        return any(line.state is ReservationState.HELD for line in self.lines)
+
+    def line(self, sku: str, location: Optional[str] = None) -> Reservation:
+        """The line of ``sku`` (at ``location``, when the order has that SKU at several)."""
+        return _line_of(self.lines, sku, location)
+
+    @classmethod
+    def _from_lines(cls, lines: Sequence[Reservation]) -> Order:
+        first = lines[0] if lines else None
+        return cls(
+            None if first is None else first.order_id,
+            None if first is None else first.idempotency_key,
+            tuple(lines),
         )
 
 
@@ -371,3 +431,60 @@ def reservation_id_bytes(value: object) -> bytes:
     if isinstance(value, Reservation):
         return value.id.bytes
     raise InvalidType(f"reservation id must be a uuid.UUID or str, not {type(value).__name__}")
+
+
+def order_id_bytes(value: object) -> bytes:
+    """An order as the core takes it: its id's 16 bytes."""
+    if isinstance(value, Order):
+        if value.id is None:
+            raise InvalidArgument(
+                "this order has no id (it was made before schema version 12): "
+                "step its lines one by one"
+            )
+        return value.id.bytes
+    if isinstance(value, (uuid.UUID, str)):
+        try:
+            return value.bytes if isinstance(value, uuid.UUID) else uuid.UUID(value).bytes
+        except ValueError:
+            raise InvalidArgument(f"not an order id: {shown(str(value))}") from None
+    raise InvalidType(
+        f"order must be a stockade.Order, uuid.UUID or str, not {type(value).__name__}"
+    )
+
+
+def order_parts(lines: Sequence[Reservation], qty: object) -> list[tuple[bytes, int]]:
+    """confirm_order's and release_order's ``qty=``: each line named (by its Reservation,
+    its id, its sku, or (sku, location)) with its units, as the core's (id, units)."""
+    from collections.abc import Mapping
+
+    if not isinstance(qty, Mapping):
+        raise InvalidType(f"qty must be a mapping of line to units, not {type(qty).__name__}")
+    parts: list[tuple[bytes, int]] = []
+    for ref, units in qty.items():
+        if isinstance(ref, Reservation):
+            line_id = ref.id
+        elif isinstance(ref, uuid.UUID):
+            line_id = ref
+        elif isinstance(ref, tuple) and len(ref) == 2:
+            line_id = _line_of(lines, check_str("sku", ref[0]), check_str("location", ref[1])).id
+        elif isinstance(ref, str):
+            try:
+                line_id = uuid.UUID(ref)
+            except ValueError:
+                line_id = _line_of(lines, ref, None).id
+        else:
+            raise InvalidType(
+                "a line in qty must be a Reservation, uuid.UUID, sku or (sku, location), "
+                f"not {type(ref).__name__}"
+            )
+        parts.append((line_id.bytes, check_int("qty", units)))
+    return parts
+
+
+def _line_of(lines: Sequence[Reservation], sku: str, location: Optional[str]) -> Reservation:
+    found = [r for r in lines if r.sku == sku and location in (None, r.location)]
+    if len(found) != 1:
+        where = "" if location is None else f" at {shown(location)}"
+        what = "no line" if not found else "several lines (name it as (sku, location))"
+        raise InvalidArgument(f"the order has {what} of sku {shown(sku)}{where}")
+    return found[0]

@@ -90,6 +90,15 @@ class DelegatingStore : public Store {
   Reservation return_units(const ReturnRequest& r) override { return inner_->return_units(r); }
   Reservation resize(const ResizeRequest& r) override { return inner_->resize(r); }
   Reservation get_reservation(const Uuid& id) override { return inner_->get_reservation(id); }
+  std::vector<Reservation> order_step(const OrderStepRequest& request) override {
+    return inner_->order_step(request);
+  }
+  std::vector<Reservation> get_order(const Uuid& order_id) override {
+    return inner_->get_order(order_id);
+  }
+  std::vector<Reservation> order_by_key(const std::string& key) override {
+    return inner_->order_by_key(key);
+  }
   std::size_t expire_due(std::size_t limit) override { return inner_->expire_due(limit); }
   std::size_t free_lapsed(std::size_t limit) override { return inner_->free_lapsed(limit); }
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override {

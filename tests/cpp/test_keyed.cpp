@@ -76,6 +76,33 @@ TEST(KeyedOutcome, a_reservation_reads_back_field_for_field) {
   EXPECT_FALSE(back.limit_group.has_value());
 }
 
+TEST(KeyedOutcome, an_order_steps_lines_read_back_with_their_order) {
+  Reservation a;
+  a.id = Uuid::parse("01890f4e-8a3c-7b2d-9e4f-0123456789ab");
+  a.key = {"tee", "default", 0};
+  a.qty = 3;
+  a.order_id = Uuid::parse("01890f4e-8a3c-7b2d-9e4f-000000000001");
+  Reservation b = a;
+  b.id = Uuid::parse("01890f4e-8a3c-7b2d-9e4f-0123456789ac");
+  b.key.sku = "mug";
+  const auto back =
+      decode_outcome<std::vector<Reservation>>(encode_outcome(std::vector<Reservation>{a, b}));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].id, a.id);
+  EXPECT_EQ(back[1].key, b.key);
+  EXPECT_EQ(back[1].order_id, a.order_id);
+  EXPECT_TRUE(
+      decode_outcome<std::vector<Reservation>>(encode_outcome(std::vector<Reservation>{})).empty());
+  // A reservation stored before orders had ids (no trailing field) reads as it was.
+  Reservation plain = a;
+  plain.order_id.reset();
+  EXPECT_FALSE(decode_outcome<Reservation>(encode_outcome(plain)).order_id.has_value());
+  EXPECT_STOCKADE_ERROR(decode_outcome<std::vector<Reservation>>(encode_outcome(a)),
+                        ErrorCode::invariant_violation);
+  EXPECT_STOCKADE_ERROR(decode_outcome<std::vector<Reservation>>("O1:3"),
+                        ErrorCode::invariant_violation);
+}
+
 TEST(KeyedOutcome, text_that_is_not_an_outcome_is_refused) {
   StockLevel level;
   level.key = {"a", "b", 0};

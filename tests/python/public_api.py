@@ -41,6 +41,7 @@ class World:
     lease: stockade.Lease
     feed: stockade.Feed
     sold: stockade.Reservation  # confirmed: its units can come back (return_units)
+    order: stockade.Order  # with units enough on each line for a step in parts, many times
 
     @classmethod
     def made(cls, engine: stockade.Engine) -> World:
@@ -50,7 +51,8 @@ class World:
         sold = engine.confirm(engine.reserve("sku-2", 4).id)
         lease = engine.acquire_lease("leased", 60)
         engine.set_purchase_limit("drop", 5, ["limited"])
-        return cls(engine, held, lease, engine.feed("consumer"), sold)
+        order = engine.reserve_order({"sku-1": 20, "sku-2": 20}, idempotency_key="world")
+        return cls(engine, held, lease, engine.feed("consumer"), sold, order)
 
 
 def _none(w: World) -> Arguments:
@@ -83,6 +85,10 @@ ENGINE_CALLS: Dict[str, Callable[[World], Arguments]] = {
     "resize": lambda w: ((w.held.id, 2), {}),
     "release": lambda w: ((w.held.id,), {}),
     "extend": lambda w: ((w.held.id,), {"ttl": 60}),
+    "confirm_order": lambda w: ((w.order,), {"qty": {"sku-1": 1}}),
+    "release_order": lambda w: ((w.order.id,), {"qty": {"sku-2": 1}}),
+    "extend_order": lambda w: ((w.order,), {"ttl": 60}),
+    "order": lambda w: ((w.order.id,), {}),
     "reservation": lambda w: ((w.held.id,), {}),
     "get_reservation": lambda w: ((w.held.id,), {}),
     "expire_due": _none,

@@ -1,5 +1,6 @@
-"""A key on every write: sell, restock, set_on_hand, confirm, release, extend, resize and
-return_units take ``idempotency_key=`` with the rules reserve follows.
+"""A key on every write: sell, restock, set_on_hand, confirm, release, extend, resize,
+return_units and the order steps (confirm_order, release_order, extend_order) take
+``idempotency_key=`` with the rules reserve follows.
 
 The same key with the same request returns the first call's outcome without a second
 effect (after later writes too, and after a COMMIT cut before or after it reached the
@@ -49,6 +50,19 @@ def sold(eng: stockade.Engine) -> object:
     return eng.confirm(r.id)  # type: ignore[attr-defined]
 
 
+def ordered(eng: stockade.Engine) -> object:
+    eng.restock("k", 10)
+    eng.restock("k2", 10)
+    return eng.reserve_order({"k": 3, "k2": 2}, ttl=600)
+
+
+def order_and_rows(eng: stockade.Engine, o: object) -> Tuple[int, ...]:
+    now = eng.order(o)  # type: ignore[arg-type]
+    lines = [(r.held, r.confirmed, r.released, r.version) for r in now]
+    ends = [int(r.expires_at.timestamp() * 1_000_000) for r in now]
+    return (*sum(lines, ()), *ends, *row(eng, o))
+
+
 def row(eng: stockade.Engine, _: object) -> Tuple[int, ...]:
     level = eng.stock("k")
     return (level.on_hand, level.reserved, level.version)
@@ -87,6 +101,21 @@ KINDS: Dict[str, Tuple[Prepare, Call, Effect]] = {
         held,
         lambda e, r, k: e.resize(r.id, 6, idempotency_key=k),  # type: ignore[attr-defined]
         hold_and_row,
+    ),
+    "confirm_order": (
+        ordered,
+        lambda e, o, k: e.confirm_order(o, qty={"k": 2}, idempotency_key=k),  # type: ignore
+        order_and_rows,
+    ),
+    "release_order": (
+        ordered,
+        lambda e, o, k: e.release_order(o, idempotency_key=k),  # type: ignore[arg-type]
+        order_and_rows,
+    ),
+    "extend_order": (
+        ordered,
+        lambda e, o, k: e.extend_order(o, ttl=900, idempotency_key=k),  # type: ignore
+        order_and_rows,
     ),
     "return_units": (
         sold,

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import List, Optional
 
 import stockade
-from stockade import Reservation, ReservationState, StockLevel, Strategy
+from stockade import Order, Reservation, ReservationState, StockLevel, Strategy
 
 
 def tour(eng: stockade.Engine) -> None:
@@ -27,7 +27,15 @@ def tour(eng: stockade.Engine) -> None:
     eng.confirm(r.id, expected_version=r.version)
     eng.release(str(rid))
     eng.extend(r.id, ttl=timedelta(minutes=5))
-    order: List[Reservation] = eng.reserve_order({"sku-1": 1, ("sku-2", "lisbon"): 3})
+    order: Order = eng.reserve_order({"sku-1": 1, ("sku-2", "lisbon"): 3})
+    first: Reservation = order[0]
+    lines: List[Reservation] = list(order)
+    assert len(lines) == len(order)
+    eng.confirm_order(order, qty={first: 1, ("sku-2", "lisbon"): 1}, release_rest=True)
+    eng.release_order(order)
+    eng.extend_order(str(order.id), ttl=timedelta(minutes=5))
+    again: Order = eng.order(idempotency_key="k")
+    assert again.id is None or isinstance(again.id, uuid.UUID)
     eng.sell("sku-1", 1, strategy=Strategy.PESSIMISTIC, nowait=True)
     eng.sell("sku-1", 1, strategy="optimistic")
     expired: int = eng.expire_due(limit=1000)

@@ -203,6 +203,14 @@ class Engine {
   Reservation resize(const Uuid& id, Quantity qty, std::optional<Version> expected_version = {},
                      const std::optional<std::string>& idempotency_key = {});
   Reservation get_reservation(const Uuid& id);
+  // An order as one handle (reserve_order's lines share Reservation::order_id): a confirm,
+  // release or extend of every line that holds units, in one transaction, optionally with a
+  // part per line (Store's OrderStepRequest says the rules); the order's lines read back by
+  // its id or by the key that made it. Lines come back sorted by (sku, location). These run
+  // per request, never through the batcher.
+  std::vector<Reservation> order_step(const OrderStepRequest& request);
+  std::vector<Reservation> get_order(const Uuid& order_id);
+  std::vector<Reservation> order_by_key(const std::string& idempotency_key);
   std::size_t expire_due(std::size_t limit = 1000);
 
   // Async twins. Each validates and queues, then returns; the outcome reaches `sink` as a

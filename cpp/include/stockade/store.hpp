@@ -91,6 +91,28 @@ struct ResizeRequest {
   std::optional<std::string> idempotency_key;  // as TransitionRequest's
 };
 
+// One step of a whole order (Engine::confirm_order, release_order, extend_order): every
+// line of order `order_id` that still holds units, in one transaction (the lines locked in
+// id order, then the buyers' counts, then the stock rows, each in sorted order).
+//
+// - `parts` (confirm and release): how many units of which line, by the line's reservation
+//   id; a line not named is left as it is (unless release_rest). Empty: all that every
+//   line holds. A part of a line that holds nothing, or more than it holds, is refused.
+// - A line that has lapsed is expired in that transaction, as the sweeper would have.
+// - A confirm or an extend without parts takes the order as it stands or not at all: if a
+//   line has expired (just now or before), only the expiries are written and it raises
+//   ReservationExpired (an order is paid for whole, not in the part that happened to
+//   live). With parts, only the named lines matter. A release frees what is left.
+// - An order with no line left holding units: InvalidState.
+struct OrderStepRequest {
+  Uuid order_id;
+  Transition kind = Transition::confirm;
+  std::int64_t ttl_us = 0;  // extend only: each live line's new TTL, counted from now
+  std::vector<std::pair<Uuid, Quantity>> parts;
+  bool release_rest = false;  // confirm only: every unit not confirmed here is released
+  std::optional<std::string> idempotency_key;  // the first call's lines on a replay
+};
+
 struct ReserveRequest {
   SkuKey key;
   Quantity qty = 0;
@@ -221,6 +243,13 @@ class Store {
   virtual Reservation return_units(const ReturnRequest& request) = 0;
   virtual Reservation resize(const ResizeRequest& request) = 0;
   virtual Reservation get_reservation(const Uuid& id) = 0;
+  // Orders (reserve_order's lines share an order id): a step of every line at once (see
+  // OrderStepRequest), and the lines read back, by the order's id or by the key that made
+  // it. Lines come back in id order (the order they were made in: sorted by key). An
+  // unknown order, and one whose lines retention purged, is NotFound.
+  virtual std::vector<Reservation> order_step(const OrderStepRequest& request) = 0;
+  virtual std::vector<Reservation> get_order(const Uuid& order_id) = 0;
+  virtual std::vector<Reservation> order_by_key(const std::string& idempotency_key) = 0;
   virtual std::size_t expire_due(std::size_t limit) = 0;
   // A request was refused for want of units: when this store lets holds lapse by itself
   // (its sweeper is on), expires up to `limit` lapsed holds, oldest first, so that the

@@ -211,7 +211,11 @@ struct StoreStats {
   X(buyer_held)            \
   X(set_slots)             \
   X(return_units)          \
-  X(resize)
+  X(resize)                \
+  X(confirm_order)         \
+  X(release_order)         \
+  X(extend_order)          \
+  X(order)
 
 enum class Op : std::uint8_t {
 #define STOCKADE_OP_ENUM(name) name,

@@ -160,6 +160,9 @@ struct Reservation {
   // it is made, so that a release gives the units back where they were taken).
   std::optional<std::string> buyer;
   std::optional<std::string> limit_group;
+  // The order it is a line of (reserve_order), none for a reserve's: every line of an
+  // order carries the same id, which order steps and Engine::order find them by.
+  std::optional<Uuid> order_id;
 
   // Units still held: on the stock row's `reserved`, and expiring at expires_at_us.
   Quantity held() const { return qty - confirmed - released - expired; }

@@ -135,6 +135,9 @@ class MemoryStore final : public Store, public TestHooks {
 
   Reservation reserve(const ReserveRequest& request) override;
   std::vector<Reservation> reserve_order(const OrderRequest& request) override;
+  std::vector<Reservation> order_step(const OrderStepRequest& request) override;
+  std::vector<Reservation> get_order(const Uuid& order_id) override;
+  std::vector<Reservation> order_by_key(const std::string& idempotency_key) override;
   Reservation transition(const TransitionRequest& request) override;
   Reservation return_units(const ReturnRequest& request) override;
   Reservation resize(const ResizeRequest& request) override;
@@ -250,6 +253,11 @@ class MemoryStore final : public Store, public TestHooks {
   Reservation transition_now(const TransitionRequest& request);
   Reservation return_now(const ReturnRequest& request);
   Reservation resize_now(const ResizeRequest& request);
+  // Orders (orders.cpp): the lines of each order, by its id.
+  void note_order(const Uuid& order_id, const std::vector<Reservation>& lines);
+  void forget_line(const Reservation& r);  // a line purged by retention
+  std::vector<Uuid> order_ids(const Uuid& order_id) const;
+  std::vector<Reservation> order_step_now(const OrderStepRequest& request);
   // Idempotency keys (keys.cpp).
   std::optional<IdempotencyEntry> claim_key(
       const std::string& key, const std::string& fingerprint, std::int64_t wait_ms,
@@ -307,6 +315,10 @@ class MemoryStore final : public Store, public TestHooks {
   std::unique_ptr<std::array<StockShard, stock_shards>> stock_;
   std::unique_ptr<std::array<ReservationShard, reservation_shards>> reservations_;
   std::unique_ptr<std::array<TimedLock, advisory_stripes>> advisory_;
+  // The line ids of each order (a leaf lock): an entry goes when retention purges its last
+  // line, so it is bounded as the reservations are.
+  mutable std::mutex orders_mutex_;
+  std::unordered_map<Uuid, std::vector<Uuid>, UuidHash> orders_;
   std::mutex idempotency_mutex_;
   std::condition_variable idempotency_done_;
   std::unordered_map<std::string, IdempotencyEntry> idempotency_;

@@ -214,8 +214,12 @@ std::vector<Reservation> MemoryStore::order_now(const OrderRequest& request,
     made[order[k]].buyer = request.options.buyer;
     made[order[k]].limit_group = groups[order[k]];
   }
+  // The order's id carries its first row's shard key, as on PostgreSQL (its key's shard).
+  const Uuid order_id = make_uuid_v7(now / 1000, rows.front()->shard_key);
+  for (Reservation& r : made) r.order_id = order_id;
   apply_order(rows, qtys, request.options, now);
   for (std::size_t k = 0; k < order.size(); ++k) insert_reservation(made[order[k]], rows[k]);
+  note_order(order_id, made);
   return made;
 }
 

@@ -33,6 +33,7 @@ bool MemoryStore::erase_reservation(const Uuid& id) {
   auto it = shard.records.find(id);
   if (it == shard.records.end()) return false;
   shard.terminal_by_time.erase({it->second.value.updated_at_us, id});
+  forget_line(it->second.value);  // orders_mutex_ is a leaf lock
   shard.records.erase(it);
   return true;
 }

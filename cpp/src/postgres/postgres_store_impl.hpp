@@ -191,6 +191,9 @@ class PostgresStore final : public Store, public TestHooks {
   Reservation return_units(const ReturnRequest& request) override;
   Reservation resize(const ResizeRequest& request) override;
   Reservation get_reservation(const Uuid& id) override;
+  std::vector<Reservation> order_step(const OrderStepRequest& request) override;
+  std::vector<Reservation> get_order(const Uuid& order_id) override;
+  std::vector<Reservation> order_by_key(const std::string& idempotency_key) override;
   std::size_t expire_due(std::size_t limit) override;
   std::size_t free_lapsed(std::size_t limit) override;
   // How long free_lapsed() waits for each stock-row lock.
@@ -342,7 +345,8 @@ class PostgresStore final : public Store, public TestHooks {
   Reservation insert_reservation(Tx& tx, const Uuid& id, const SkuKey& key, Quantity qty,
                                  std::int64_t ttl_us, const std::optional<std::string>& key_name,
                                  const std::optional<std::string>& buyer = std::nullopt,
-                                 const std::optional<std::string>& group = std::nullopt);
+                                 const std::optional<std::string>& group = std::nullopt,
+                                 const std::optional<Uuid>& order_id = std::nullopt);
   // Purchase limits inside a transaction. take_allowances counts the lines' units against
   // `buyer` in each group they touch (parent rows locked in group order, before any stock
   // row) or raises LimitExceeded; it returns each line's group. give_back returns a
@@ -353,10 +357,15 @@ class PostgresStore final : public Store, public TestHooks {
   void settle_in(Tx& tx, const Reservation& r, const Settlement& moved);
   Reservation write_units(Tx& tx, const Reservation& r, std::int64_t ttl_us);
   Reservation lock_live_hold(Tx& tx, const Uuid& id, const std::optional<Version>& expected);
+  // `order_id`: the order the lines make (reserve_order), none for a reserve.
   std::vector<Reservation> hold(Tx& tx, const std::vector<OrderLine>& sorted_lines,
                                 const std::vector<Uuid>& ids, std::int64_t ttl_us,
                                 const std::optional<std::string>& idempotency_key,
-                                const WriteOptions& options);
+                                const WriteOptions& options,
+                                const std::optional<Uuid>& order_id = std::nullopt);
+  // Orders (orders.cpp): an order's lines, locked in id order, each with whether it lapsed.
+  std::vector<Reservation> lock_order(Tx& tx, const Uuid& order_id, std::vector<bool>& lapsed);
+  std::vector<Reservation> order_step_in(Tx& tx, const OrderStepRequest& request);
   // `asked`: what the request asks, for the message of a conflict (store/fingerprint.hpp).
   std::vector<Reservation> with_idempotency(Tx& tx, const std::string& key,
                                             const std::string& fingerprint, const Asked& asked,

@@ -35,6 +35,7 @@ Reservation read_reservation(const pqxx::row& row, bool* lapsed_out) {
   r.released = row[15].as<std::int64_t>();
   r.expired = row[16].as<std::int64_t>();
   r.returned = row[17].as<std::int64_t>();
+  if (!row[18].is_null()) r.order_id = Uuid::parse(row[18].c_str());
   return r;
 }
 
@@ -139,14 +140,16 @@ Reservation PostgresStore::insert_reservation(Tx& tx, const Uuid& id, const SkuK
                                               Quantity qty, std::int64_t ttl_us,
                                               const std::optional<std::string>& key_name,
                                               const std::optional<std::string>& buyer,
-                                              const std::optional<std::string>& group) {
-  const pqxx::result rows =
-      tx.exec_on(id.shard_key(), Stmt::reservation_insert, id.to_string(), key.sku, key.location,
-                 qty, ttl_us, key_name.value_or(std::string()), buyer.value_or(std::string()),
-                 group.value_or(std::string()), key.slot);
+                                              const std::optional<std::string>& group,
+                                              const std::optional<Uuid>& order_id) {
+  const pqxx::result rows = tx.exec_on(
+      id.shard_key(), Stmt::reservation_insert, id.to_string(), key.sku, key.location, qty, ttl_us,
+      key_name.value_or(std::string()), buyer.value_or(std::string()),
+      group.value_or(std::string()), order_id ? order_id->to_string() : std::string(), key.slot);
   Reservation r = new_hold(id, key, qty, key_name, rows[0]);
   r.buyer = buyer;
   r.limit_group = group;
+  r.order_id = order_id;
   return r;
 }
 

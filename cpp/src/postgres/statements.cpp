@@ -86,14 +86,14 @@ std::string reservation_columns() {
   return "id::text, sku, location, qty, state, version, " + epoch_us("expires_at") + ", " +
          epoch_us("created_at") + ", " + epoch_us("updated_at") +
          ", idempotency_key, expires_at <= now(), buyer, limit_group, slot, confirmed, released,"
-         " expired, returned";
+         " expired, returned, order_id::text";
 }
 
-std::string new_reservation(const std::string& table, bool buyer) {
+std::string new_reservation(const std::string& table, bool buyer, bool order) {
   return table +
          " (id, sku, location, slot, qty, state, version, expires_at, idempotency_key,"
          " created_at, updated_at" +
-         (buyer ? ", buyer, limit_group" : "") + "@SKC)";
+         (buyer ? ", buyer, limit_group" : "") + (order ? ", order_id" : "") + "@SKC)";
 }
 
 std::string stock_columns_sql() {
@@ -403,9 +403,10 @@ template <class Set>
 void Statements::add_reservation_statements(const std::string& schema, Set& set) {
   const std::string reservation = schema + ".reservation";
   set(Stmt::reservation_insert,
-      "WITH w AS (INSERT INTO " + new_reservation(reservation, true) +
+      "WITH w AS (INSERT INTO " + new_reservation(reservation, true, true) +
           " VALUES ($1::uuid, $2, $3, @SLOT, $4, 'held', 1, " + ttl_from_now(5) +
-          ", NULLIF($6, ''), now(), now(), NULLIF($7, ''), NULLIF($8, '')@SKV)"
+          ", NULLIF($6, ''), now(), now(), NULLIF($7, ''), NULLIF($8, ''),"
+          " NULLIF($9, '')::uuid@SKV)"
           " RETURNING expires_at, created_at) SELECT " +
           epoch_us("expires_at") + ", " + epoch_us("created_at") + " FROM w");
   const std::string reservation_get =
@@ -431,6 +432,19 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
                                     reservation_columns() + " FROM w");
   set(Stmt::reservation_get_many, "SELECT " + reservation_columns() + " FROM " + reservation +
                                       " WHERE id = ANY($1::uuid[])@PIN");
+  // An order's lines (the reservation_order index of migration 012). On the Citus layout
+  // they may lie on several shards: the read goes to all of them, and a step then locks
+  // each line on its own (Citus refuses FOR UPDATE across shards); on one server a step
+  // locks them all here, in id order as a batch does.
+  const std::string order_lines =
+      "SELECT " + reservation_columns() + " FROM " + reservation + " WHERE order_id = $1::uuid";
+  set(Stmt::order_lines, order_lines);
+  set(Stmt::order_lock, order_lines + " ORDER BY id FOR UPDATE");
+  // The reservations a reserve_order's key made, by the key alone (order_by_key): on the
+  // Citus layout the key lies on the shard of the order's first line, unknown here, so the
+  // read goes to every shard.
+  set(Stmt::order_key_get, "SELECT array_to_string(reservation_ids, ',') FROM " + schema +
+                               ".idempotency WHERE key = $1 AND request_fingerprint LIKE 'o%'");
   // The sweeper's pick: due holds in expiry order, skipping rows a transition has locked,
   // expired in place (the UPDATE checks `held` again on the version it writes: a verdict
   // read in a locking CTE is not what PostgreSQL rechecks, see batch_fast); the units to return

@@ -41,6 +41,9 @@ namespace stockade::detail::pg {
   X(reservation_return, plain)        \
   X(reservation_resize, plain)        \
   X(reservation_get_many, routine)    \
+  X(order_lines, plain)               \
+  X(order_lock, plain)                \
+  X(order_key_get, plain)             \
   X(expire_pick, plain)               \
   X(purge_keys, plain)                \
   X(purge_reservations, plain)        \
@@ -243,8 +246,9 @@ std::string render_shard_markers(const std::string& sql, bool citus, bool* pinne
 std::string epoch_us(const std::string& column);
 
 // `table` and the columns of a new reservation, in the one order every INSERT of one lists
-// them (`buyer`: with its buyer and purchase-limit group), with the `@SKC` marker.
-std::string new_reservation(const std::string& table, bool buyer);
+// them (`buyer`: with its buyer and purchase-limit group; `order`: and its order id), with
+// the `@SKC` marker.
+std::string new_reservation(const std::string& table, bool buyer, bool order = false);
 
 // A value quoted as an SQL literal (the connection's quoting).
 using Quote = std::function<std::string(const std::string&)>;

@@ -421,14 +421,15 @@ StockLevel PostgresStore::sell(const SellRequest& request) {
 std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine>& lines,
                                              const std::vector<Uuid>& ids, std::int64_t ttl_us,
                                              const std::optional<std::string>& idempotency_key,
-                                             const WriteOptions& options) {
+                                             const WriteOptions& options,
+                                             const std::optional<Uuid>& order_id) {
   std::vector<Reservation> made;
   made.reserve(lines.size());
   const std::string key_name = idempotency_key.value_or(std::string());
   // Purchase limits first: the parent rows are locked before any stock row.
   const LineGroups groups =
       options.buyer ? take_allowances(tx, lines, *options.buyer) : LineGroups(lines.size());
-  if (options.strategy == Strategy::atomic && lines.size() == 1 && !options.buyer &&
+  if (options.strategy == Strategy::atomic && lines.size() == 1 && !options.buyer && !order_id &&
       !statements_->citus()) {
     // One statement: the conditional UPDATE and the reservation row together. (Citus
     // would run its INSERT ... SELECT by pulling the row to the coordinator first, at
@@ -475,7 +476,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
   }
   for (std::size_t i = 0; i < lines.size(); ++i) {
     made.push_back(insert_reservation(tx, ids[i], lines[i].key, lines[i].qty, ttl_us,
-                                      idempotency_key, options.buyer, groups[i]));
+                                      idempotency_key, options.buyer, groups[i], order_id));
   }
   return made;
 }
@@ -606,14 +607,17 @@ std::vector<Reservation> PostgresStore::reserve_order(const OrderRequest& reques
     sorted.push_back(line);
     ids.push_back(make_uuid_v7(now_ms, row_shard_key(line.key.sku, line.key.location)));
   }
+  // The order's id carries its first line's shard key: on the Citus layout, the key of a
+  // step of the order lives there, with the key that made it.
+  const Uuid order_id = make_uuid_v7(now_ms, ids.front().shard_key());
   const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
   auto attempt = [&] {
     return run(&options, ErrorContext{}, [&](Tx& tx) {
       if (!request.idempotency_key) {
-        return hold(tx, sorted, ids, request.ttl_us, std::nullopt, options);
+        return hold(tx, sorted, ids, request.ttl_us, std::nullopt, options, order_id);
       }
       return with_idempotency(tx, *request.idempotency_key, print, asked_by(request), ids, [&] {
-        return hold(tx, sorted, ids, request.ttl_us, request.idempotency_key, options);
+        return hold(tx, sorted, ids, request.ttl_us, request.idempotency_key, options, order_id);
       });
     });
   };

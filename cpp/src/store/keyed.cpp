@@ -1,5 +1,6 @@
 #include "store/keyed.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -71,8 +72,9 @@ class Reader {
     if (number() == 0) return std::nullopt;
     return text();
   }
+  bool at_end() const { return at_ == text_.size(); }
   void end() const {
-    if (at_ != text_.size()) fail();
+    if (!at_end()) fail();
   }
 
  private:
@@ -120,6 +122,12 @@ const char* keyed_kind_name(const std::string& fingerprint) {
       return "resize";
     case 't':
       return "return_units";
+    case 'C':
+      return "confirm_order";
+    case 'L':
+      return "release_order";
+    case 'X':
+      return "extend_order";
     default:
       return "another write";
   }
@@ -152,6 +160,18 @@ std::string fingerprint(const TransitionRequest& request) {
   return print(
       kind, {request.id.to_string(), std::to_string(request.ttl_us), opt(request.expected_version),
              opt(request.qty), request.release_rest ? "rest" : "-"});
+}
+
+std::string fingerprint(const OrderStepRequest& request) {
+  const KeyedKind kind = request.kind == Transition::confirm   ? KeyedKind::confirm_order
+                         : request.kind == Transition::release ? KeyedKind::release_order
+                                                               : KeyedKind::extend_order;
+  std::vector<std::pair<Uuid, Quantity>> parts = request.parts;  // the same parts, any order
+  std::sort(parts.begin(), parts.end());
+  std::string named;
+  for (const auto& [id, qty] : parts) named += id.to_string() + '=' + std::to_string(qty) + ';';
+  return print(kind, {request.order_id.to_string(), std::to_string(request.ttl_us), named,
+                      request.release_rest ? "rest" : "-"});
 }
 
 std::string fingerprint(const ResizeRequest& request) {
@@ -197,6 +217,15 @@ std::string encode_outcome(const Reservation& r) {
   out.number(static_cast<std::int64_t>(r.state)).number(r.version);
   out.number(r.expires_at_us).number(r.created_at_us).number(r.updated_at_us);
   out.maybe(r.idempotency_key).maybe(r.buyer).maybe(r.limit_group);
+  // Last, and only when it is there: an outcome stored before orders had ids reads as is.
+  if (r.order_id) out.text(r.order_id->to_string());
+  return out.done();
+}
+
+std::string encode_outcome(const std::vector<Reservation>& lines) {
+  Writer out('O');
+  out.number(static_cast<std::int64_t>(lines.size()));
+  for (const Reservation& r : lines) out.text(encode_outcome(r));
   return out.done();
 }
 
@@ -246,8 +275,23 @@ Reservation decode_outcome<Reservation>(const std::string& text) {
   r.idempotency_key = in.maybe();
   r.buyer = in.maybe();
   r.limit_group = in.maybe();
+  if (!in.at_end()) r.order_id = Uuid::parse(in.text());
   in.end();
   return r;
+}
+
+template <>
+std::vector<Reservation> decode_outcome<std::vector<Reservation>>(const std::string& text) {
+  Reader in(text, 'O');
+  const std::int64_t count = in.number();
+  if (count < 0 || count > static_cast<std::int64_t>(text.size())) {
+    throw Error(ErrorCode::invariant_violation,
+                "the outcome stored with an idempotency key could not be read");
+  }
+  std::vector<Reservation> lines;
+  for (std::int64_t i = 0; i < count; ++i) lines.push_back(decode_outcome<Reservation>(in.text()));
+  in.end();
+  return lines;
 }
 
 }  // namespace stockade::detail

@@ -13,6 +13,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "stockade/store.hpp"
 
@@ -30,6 +31,9 @@ enum class KeyedKind : char {
   extend = 'x',
   resize = 'z',
   return_units = 't',
+  confirm_order = 'C',
+  release_order = 'L',
+  extend_order = 'X',
 };
 
 // The kind's name as a caller knows it ("sell", "reserve_order", ...), from a fingerprint.
@@ -42,6 +46,7 @@ std::string stock_fingerprint(const SkuKey& key, Quantity value, bool add,
                               const std::optional<FencingToken>& token);
 std::string fingerprint(const TransitionRequest& request);
 std::string fingerprint(const ResizeRequest& request);
+std::string fingerprint(const OrderStepRequest& request);
 std::string fingerprint(const ReturnRequest& request);
 
 // The conflict of a key made by the request printed `stored` and used again for `now`:
@@ -56,11 +61,14 @@ bool reserves(const std::string& fingerprint);
 // not an encoded outcome of that type raises InvariantViolation.
 std::string encode_outcome(const StockLevel& level);
 std::string encode_outcome(const Reservation& reservation);
+std::string encode_outcome(const std::vector<Reservation>& lines);  // an order step's
 template <class T>
 T decode_outcome(const std::string& text);
 template <>
 StockLevel decode_outcome<StockLevel>(const std::string& text);
 template <>
 Reservation decode_outcome<Reservation>(const std::string& text);
+template <>
+std::vector<Reservation> decode_outcome<std::vector<Reservation>>(const std::string& text);
 
 }  // namespace stockade::detail

@@ -1,0 +1,62 @@
+// Engine: an order as one handle (order_step, get_order, order_by_key). Each runs per
+// request on the store, in one transaction; the lines come back with their SKU's own keys.
+#include "engine/internal.hpp"
+#include "hotrow/slot_router.hpp"
+#include "stockade/engine.hpp"
+#include "store/error_helpers.hpp"
+
+namespace stockade {
+namespace {
+
+const char* step_name(Transition kind) {
+  return kind == Transition::confirm   ? "confirm_order"
+         : kind == Transition::release ? "release_order"
+                                       : "extend_order";
+}
+
+Op step_op(Transition kind) {
+  return kind == Transition::confirm   ? Op::confirm_order
+         : kind == Transition::release ? Op::release_order
+                                       : Op::extend_order;
+}
+
+std::vector<Reservation> unslotted(std::vector<Reservation> lines) {
+  for (Reservation& r : lines) detail::unslot(r);
+  return lines;
+}
+
+}  // namespace
+
+std::vector<Reservation> Engine::order_step(const OrderStepRequest& request) {
+  check_process();
+  if (request.kind == Transition::extend) {
+    validate_ttl_us(request.ttl_us);
+    if (!request.parts.empty()) {
+      throw_invalid_argument("qty applies to confirm_order and release_order, not to extend_order");
+    }
+  }
+  if (request.release_rest && request.kind != Transition::confirm) {
+    throw_invalid_argument(std::string("release_rest applies to confirm_order, not to ") +
+                           step_name(request.kind));
+  }
+  if (request.parts.size() > order_lines_max) {
+    throw_invalid_argument("an order has at most " + std::to_string(order_lines_max) +
+                           " lines; qty names " + std::to_string(request.parts.size()));
+  }
+  for (const auto& part : request.parts) validate_qty(part.second);
+  validate_idempotency_key(request.idempotency_key);
+  return unslotted(observed(step_op(request.kind), [&] { return store_->order_step(request); }));
+}
+
+std::vector<Reservation> Engine::get_order(const Uuid& order_id) {
+  check_process();
+  return unslotted(observed(Op::order, [&] { return store_->get_order(order_id); }));
+}
+
+std::vector<Reservation> Engine::order_by_key(const std::string& idempotency_key) {
+  check_process();
+  validate_idempotency_key(idempotency_key);
+  return unslotted(observed(Op::order, [&] { return store_->order_by_key(idempotency_key); }));
+}
+
+}  // namespace stockade

@@ -1,0 +1,126 @@
+// MemoryStore: orders as one handle (Store::order_step, get_order, order_by_key). The lines
+// of an order share its id; orders_ finds them by it.
+#include <algorithm>
+#include <set>
+
+#include "memory/memory_store_impl.hpp"
+#include "store/error_helpers.hpp"
+#include "store/orders.hpp"
+
+namespace stockade::detail {
+
+void MemoryStore::note_order(const Uuid& order_id, const std::vector<Reservation>& lines) {
+  std::vector<Uuid> ids;
+  for (const Reservation& r : lines) ids.push_back(r.id);
+  std::lock_guard<std::mutex> lock(orders_mutex_);
+  orders_[order_id] = std::move(ids);
+}
+
+void MemoryStore::forget_line(const Reservation& r) {
+  if (!r.order_id) return;
+  std::lock_guard<std::mutex> lock(orders_mutex_);
+  auto it = orders_.find(*r.order_id);
+  if (it == orders_.end()) return;
+  auto& ids = it->second;
+  ids.erase(std::remove(ids.begin(), ids.end(), r.id), ids.end());
+  if (ids.empty()) orders_.erase(it);  // every line purged: the order is gone
+}
+
+std::vector<Uuid> MemoryStore::order_ids(const Uuid& order_id) const {
+  std::lock_guard<std::mutex> lock(orders_mutex_);
+  auto it = orders_.find(order_id);
+  if (it == orders_.end()) throw_order_not_found(order_id);
+  return it->second;
+}
+
+std::vector<Reservation> MemoryStore::get_order(const Uuid& order_id) {
+  std::vector<Reservation> lines = fetch_all(order_ids(order_id));
+  sort_lines(lines);
+  return lines;
+}
+
+std::vector<Reservation> MemoryStore::order_by_key(const std::string& key) {
+  std::vector<Uuid> ids;
+  {
+    std::lock_guard<std::mutex> lock(idempotency_mutex_);
+    auto it = idempotency_.find(key);
+    if (it != idempotency_.end() && !it->second.pending && !it->second.fingerprint.empty() &&
+        it->second.fingerprint[0] == 'o') {
+      ids = it->second.ids;
+    }
+  }
+  if (ids.empty()) {
+    throw Error(ErrorCode::not_found, "no order was made with idempotency key " + shown(key));
+  }
+  std::vector<Reservation> lines = fetch_all(ids);
+  sort_lines(lines);
+  return lines;
+}
+
+std::vector<Reservation> MemoryStore::order_step(const OrderStepRequest& request) {
+  const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
+  return keyed<std::vector<Reservation>>(request.idempotency_key, print,
+                                         [&] { return order_step_now(request); });
+}
+
+// Every line's shard locked, in shard order (a transition takes one of them; nothing takes
+// two but this), then decided on as locked and written line by line: the stock rows and
+// the buyers' counts take no lock that could wait on a reservation's.
+std::vector<Reservation> MemoryStore::order_step_now(const OrderStepRequest& request) {
+  const std::vector<Uuid> ids = order_ids(request.order_id);
+  std::set<std::size_t> shards;
+  for (const Uuid& id : ids) shards.insert(UuidHash{}(id) % reservation_shards);
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (std::size_t s : shards) locks.emplace_back((*reservations_)[s].mutex);
+  std::vector<ReservationRecord*> records;
+  std::vector<Reservation> lines;
+  std::vector<bool> lapsed;
+  const TimestampUs now = clock_->now_us();
+  for (const Uuid& id : ids) {
+    ReservationShard& shard = shard_of(id);
+    auto it = shard.records.find(id);
+    if (it == shard.records.end()) continue;  // purged: it had ended long ago
+    records.push_back(&it->second);
+    lines.push_back(it->second.value);
+    lapsed.push_back(lines.back().state == ReservationState::held &&
+                     now >= lines.back().expires_at_us);
+  }
+  if (lines.empty()) throw_order_not_found(request.order_id);  // every line purged
+  const OrderPlan plan = plan_order_step(request, lines, lapsed);
+  const TimestampUs extended =
+      request.kind == Transition::extend ? expiry_of(now, request.ttl_us, "the hold") : 0;
+  std::vector<Reservation> out;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const PlannedLine& p = plan.lines[i];
+    ReservationShard& shard = shard_of(p.line.id);
+    ReservationRecord& record = *records[i];
+    if (p.expires) {
+      expire_locked(shard, record, now);
+    } else if (p.extended) {
+      Reservation& r = record.value;
+      shard.held_by_expiry.erase({r.expires_at_us, r.id});
+      r.expires_at_us = extended;
+      shard.held_by_expiry.emplace(r.expires_at_us, r.id);
+      note_expiry(r.expires_at_us);
+    } else if (p.changed) {
+      const NoteScope note({request.kind == Transition::confirm ? "confirm" : "release", "", "",
+                            p.line.id.to_string()});
+      settle_locked(record, p.line, p.moved, now);
+    }
+    Reservation& r = record.value;
+    if (p.changed && !p.expires) {
+      r.version += 1;
+      r.updated_at_us = now;
+      if (r.state != ReservationState::held) {
+        shard.held_by_expiry.erase({r.expires_at_us, r.id});
+        mark_terminal(shard, r);
+      }
+    }
+    out.push_back(r);
+  }
+  if (plan.raise_after) throw *plan.raise_after;
+  sort_lines(out);
+  return out;
+}
+
+}  // namespace stockade::detail

@@ -1,0 +1,121 @@
+// PostgresStore: orders as one handle (Store::order_step, get_order, order_by_key). The
+// lines of an order share its id (migration 012); store/orders.hpp decides a step.
+#include <map>
+
+#include "postgres/postgres_store_impl.hpp"
+#include "store/orders.hpp"
+
+namespace stockade::detail::pg {
+
+// One server: the lines locked by one statement, in id order. Citus refuses FOR UPDATE
+// across shards: the lines are read first (their ids never change), then each is locked on
+// its own shard, in the same order. Either way every line is read as locked.
+std::vector<Reservation> PostgresStore::lock_order(Tx& tx, const Uuid& order_id,
+                                                   std::vector<bool>& lapsed) {
+  std::vector<Reservation> lines;
+  const auto take = [&](const pqxx::row& row) {
+    bool late = false;
+    lines.push_back(read_reservation(row, &late));
+    lapsed.push_back(late && lines.back().state == ReservationState::held);
+  };
+  if (!statements_->citus()) {
+    for (const auto& row : tx.exec(Stmt::order_lock, order_id.to_string())) take(row);
+  } else {
+    std::vector<Uuid> ids;
+    for (const auto& row : tx.exec(Stmt::order_lines, order_id.to_string())) {
+      ids.push_back(read_reservation(row).id);
+    }
+    std::sort(ids.begin(), ids.end());
+    for (const Uuid& id : ids) {
+      const pqxx::result rows = tx.exec_on(id.shard_key(), Stmt::reservation_lock, id.to_string());
+      if (!rows.empty()) take(rows[0]);
+    }
+  }
+  if (lines.empty()) throw_order_not_found(order_id);
+  return lines;
+}
+
+// Decided on the lines as locked (plan_order_step), then written in the order of every
+// transition: the reservations (locked already), the buyers' counts in (group, buyer)
+// order, the stock rows in key order, each with the journal's note of its line.
+std::vector<Reservation> PostgresStore::order_step_in(Tx& tx, const OrderStepRequest& request) {
+  std::vector<bool> lapsed;
+  const std::vector<Reservation> lines = lock_order(tx, request.order_id, lapsed);
+  const OrderPlan plan = plan_order_step(request, lines, lapsed);
+  std::map<std::pair<std::string, std::string>, Quantity> counts;
+  std::map<SkuKey, const PlannedLine*> rows;  // an order has one line per row
+  for (const PlannedLine& p : plan.lines) {
+    if (!p.changed || p.extended) continue;
+    const Reservation& r = p.line;
+    if (p.moved.freed > 0 && r.buyer && r.limit_group) {
+      counts[{*r.limit_group, *r.buyer}] += p.moved.freed;
+    }
+    rows[r.key] = &p;
+  }
+  for (const auto& [group_buyer, units] : counts) {
+    const auto& [group, buyer] = group_buyer;
+    tx.exec_on(shard_key_of(group, buyer), Stmt::allowance_give, group, buyer, units);
+  }
+  for (const auto& [key, p] : rows) {
+    const char* cause = p->expires                            ? "expire"
+                        : request.kind == Transition::confirm ? "confirm"
+                                                              : "release";
+    const NoteScope note({cause, "", "", p->line.id.to_string()});
+    set_note(tx);
+    move_stock(tx, key, p->moved.sold, p->moved.sold + p->moved.freed);
+  }
+  std::vector<Reservation> out;
+  for (const PlannedLine& p : plan.lines) {
+    out.push_back(p.changed ? write_units(tx, p.line, p.extended ? request.ttl_us : 0) : p.line);
+  }
+  if (plan.raise_after) throw CommitThenRaise{*plan.raise_after};
+  sort_lines(out);
+  return out;
+}
+
+std::vector<Reservation> PostgresStore::order_step(const OrderStepRequest& request) {
+  ErrorContext context;
+  context.reservation_id = request.order_id;
+  std::optional<KeyedWrite> k;
+  if (request.idempotency_key) {
+    k = KeyedWrite{*request.idempotency_key, fingerprint(request), request.order_id.shard_key()};
+  }
+  return keyed<std::vector<Reservation>>(k, nullptr, context,
+                                         [&](Tx& tx) { return order_step_in(tx, request); });
+}
+
+std::vector<Reservation> PostgresStore::get_order(const Uuid& order_id) {
+  ErrorContext context;
+  context.reservation_id = order_id;
+  return run<RunMode::read>(nullptr, context, [&](Tx& tx) {
+    std::vector<Reservation> lines;
+    for (const auto& row : tx.exec(Stmt::order_lines, order_id.to_string())) {
+      lines.push_back(read_reservation(row));
+    }
+    if (lines.empty()) throw_order_not_found(order_id);
+    sort_lines(lines);
+    return lines;
+  });
+}
+
+std::vector<Reservation> PostgresStore::order_by_key(const std::string& key) {
+  return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    const pqxx::result found = tx.exec(Stmt::order_key_get, key);
+    if (found.empty()) {
+      throw Error(ErrorCode::not_found, "no order was made with idempotency key " + shown(key));
+    }
+    if (found.size() > 1) {  // the Citus layout: one key claimed on two shards
+      throw Error(ErrorCode::invalid_state,
+                  "idempotency key " + shown(key) + " names more than one order");
+    }
+    std::vector<Reservation> lines = read_many(tx, parse_ids(found[0][0].as<std::string>()));
+    if (lines.empty()) {
+      throw Error(ErrorCode::not_found,
+                  "the order made with idempotency key " + shown(key) + " was purged");
+    }
+    sort_lines(lines);
+    return lines;
+  });
+}
+
+}  // namespace stockade::detail::pg
