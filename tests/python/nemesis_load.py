@@ -5,10 +5,11 @@ Imported by test_nemesis.py for its threads, and run as a script for its second 
     python nemesis_load.py DSN SEED SECONDS PREFIX HISTORY_FILE
 
 Each call's request and outcome become one record (a dict, JSON-able): what was asked
-(``op``, ``sku``, ``qty``, ``key``, ``strategy``, ``target`` for a transition) and what the
-caller was told (``out``: "ok" or the error class's name; ``id`` and ``state`` of a
-reservation it got). The history is checked afterwards by test_nemesis.py's checker,
-which knows nothing of how the engine decides.
+(``op``, ``sku``, ``qty``, ``key``, ``strategy``; ``target`` and ``part`` for a step of a
+reservation, ``order`` and ``ids`` for a step of an order) and what the caller was told
+(``out``: "ok" or the error class's name; ``id`` and ``state`` of a reservation it got;
+``units`` per reservation a step answered with). The history is checked afterwards by
+test_nemesis.py's checker, which knows nothing of how the engine decides.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import random
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Union
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple, Union
 
 import stockade
 from support import ALL_STRATEGIES as STRATEGIES
@@ -38,6 +40,21 @@ SHORT_TTL = 1  # seconds: some holds lapse and expire during the run
 LONG_TTL = 86400  # seconds: the others outlive any run
 
 Record = Dict[str, Any]
+
+
+@dataclass
+class Mine:
+    """What one thread may step besides its holds: reservations with sold units not yet
+    returned, and the orders it made (id, line ids)."""
+
+    sold: List[str] = field(default_factory=list)
+    orders: List[Tuple[str, List[str]]] = field(default_factory=list)
+
+
+def units_of(r: stockade.Reservation) -> List[int]:
+    """A reservation's units as the checker models them: qty, held, confirmed, released,
+    expired, returned."""
+    return [r.qty, r.held, r.confirmed, r.released, r.expired, r.returned]
 
 
 def engine(dsn: str) -> stockade.Engine:
@@ -82,16 +99,17 @@ class Workload:
     def _run(self, t: int) -> None:
         rng = random.Random(f"{self.seed}-{self.prefix}-{t}")
         held: List[str] = []  # ids this thread was told it holds
+        mine = Mine()
         for i in range(10**9):
             if self._stop.is_set():
                 return
-            record = self._one(rng, f"{self.prefix}-{t}-{i}", held)
+            record = self._one(rng, f"{self.prefix}-{t}-{i}", held, mine)
             with self._lock:
                 self.history.append(record)
             if record["out"] not in ("ok", "OutOfStock"):
                 time.sleep(0.01)  # the server may be down: do not spin
 
-    def _one(self, rng: random.Random, name: str, held: List[str]) -> Record:
+    def _one(self, rng: random.Random, name: str, held: List[str], mine: Mine) -> Record:
         roll = rng.random()
         sku = rng.choice(SKUS)
         if roll < 0.55 or not held:
@@ -115,8 +133,7 @@ class Workload:
                 "strategy": rng.choice(PER_REQUEST_STRATEGIES),
             }
         elif roll < 0.85:
-            record = {"op": rng.choice(["confirm", "release", "extend"]), "target": None}
-            record["target"] = held.pop(rng.randrange(len(held)))
+            record = self._step(rng, held, mine)
         elif roll < 0.89:
             keyed = rng.random() < 0.5
             record = {"op": "restock", "sku": sku, "key": name if keyed else None}
@@ -142,13 +159,58 @@ class Workload:
                 record["id"], record["state"] = str(result.id), result.state.value
                 if record["op"] == "reserve":
                     held.append(record["id"])
-            if isinstance(result, list):  # an order's reservations, in line order
-                record["ids"] = [str(r.id) for r in result]
+                else:
+                    self._stepped(record, [result], held, mine)
+            if isinstance(result, stockade.Order) and record["op"] == "order":
+                record["ids"] = [str(r.id) for r in result]  # in line order
                 held.extend(record["ids"])
+                mine.orders.append((str(result.id), record["ids"]))
+            elif isinstance(result, stockade.Order):
+                self._stepped(record, list(result), held, mine)
         except stockade.StockadeError as e:
             record["out"] = type(e).__name__
         record["t1"] = time.monotonic()
         return record
+
+    @staticmethod
+    def _step(rng: random.Random, held: List[str], mine: Mine) -> Record:
+        """A step of a hold this thread has (whole or a part, a resize), a return of units
+        it sold, or a step of a whole order it made. The target leaves the thread's lists
+        until an answer says what it still has (an in-doubt step's target is dropped)."""
+        kinds = ["confirm", "release", "extend", "confirm_part", "release_part", "resize"]
+        kinds += ["return"] * bool(mine.sold) + ["confirm_order", "release_order"] * bool(
+            mine.orders
+        )
+        op = rng.choice(kinds)
+        if op == "return":
+            return {"op": op, "target": mine.sold.pop(rng.randrange(len(mine.sold))), "qty": 1}
+        if op.endswith("_order"):
+            order, ids = mine.orders.pop(rng.randrange(len(mine.orders)))
+            held[:] = [h for h in held if h not in ids]
+            return {"op": op, "order": order, "ids": ids}
+        record: Record = {
+            "op": op.removesuffix("_part"),
+            "target": held.pop(rng.randrange(len(held))),
+        }
+        if op.endswith("_part"):
+            record["part"] = 1
+        if op == "resize":
+            record["qty"] = rng.randint(1, 4)
+        return record
+
+    @staticmethod
+    def _stepped(
+        record: Record, now: List[stockade.Reservation], held: List[str], mine: Mine
+    ) -> None:
+        """An acknowledged step: its answer's units per reservation, for the checker, and
+        what the thread may step next."""
+        record["units"] = {str(r.id): units_of(r) for r in now}
+        for r in now:
+            rid = str(r.id)
+            if r.held > 0 and rid not in held:
+                held.append(rid)
+            if r.confirmed > r.returned and rid not in mine.sold:
+                mine.sold.append(rid)
 
     def _leased(self, name: str) -> Record:
         """A short lease on LEASED, then a restock fenced with its token: one record with
@@ -189,9 +251,17 @@ def send(eng: stockade.Engine, r: Record) -> object:
             r["lines"], ttl=LONG_TTL, idempotency_key=r["key"], strategy=r["strategy"]
         )
     if r["op"] == "confirm":
-        return eng.confirm(r["target"])
+        return eng.confirm(r["target"], qty=r.get("part"))
     if r["op"] == "release":
-        return eng.release(r["target"])
+        return eng.release(r["target"], qty=r.get("part"))
+    if r["op"] == "resize":
+        return eng.resize(r["target"], r["qty"])
+    if r["op"] == "return":
+        return eng.return_units(r["target"], r["qty"])
+    if r["op"] == "confirm_order":
+        return eng.confirm_order(r["order"])
+    if r["op"] == "release_order":
+        return eng.release_order(r["order"])
     if r["op"] == "extend":
         return eng.extend(r["target"], ttl=LONG_TTL)
     if r["op"] == "restock":
@@ -228,7 +298,7 @@ def resolve(eng: stockade.Engine, record: Record) -> Union[List[str], str, None]
             made = send(eng, record)
             if isinstance(made, stockade.StockLevel):
                 return []
-            return [str(r.id) for r in (made if isinstance(made, list) else [made])]
+            return [str(r.id) for r in (made if isinstance(made, stockade.Order) else [made])]
         except (
             stockade.InDoubt,
             stockade.Unavailable,

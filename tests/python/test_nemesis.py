@@ -2,8 +2,9 @@
 
 Several threads in this process and four in a second one run a seeded random mix of calls
 (nemesis_load.py: keyed and keyless reserves under every strategy, some with buyers under
-a purchase limit, keyed orders of two lines, confirm, release, extend, expiry, keyed and
-keyless restocks and sells, leases with fenced restocks) through a proxy, while a nemesis
+a purchase limit, keyed orders of two lines, confirm, release and extend of a whole hold or
+of a part, resizes, returns, confirm_order and release_order, expiry, keyed and keyless
+restocks and sells, leases with fenced restocks) through a proxy, while a nemesis
 applies faults at random times, some overlapping: backend kills, `-m immediate` restarts,
 a kill during the recovery from a restart, cuts through the proxy before or after COMMIT
 or while a write waits, a SIGSTOP of the server shorter or longer than lock_timeout, and
@@ -19,15 +20,18 @@ with plain SQL and sharing no code with the engine's decisions:
   that no call could have made;
 - each idempotency key has exactly one outcome: a definite failure left no key, an
   acknowledged one maps to its reservation, and each InDoubt settles on a same-key retry;
-- each reservation's final state is one its calls allow (an acknowledged confirm is
-  confirmed, a hold nobody touched is held, or expired only if its TTL was short);
+- each reservation's units (held, confirmed, released, expired, returned) are reachable
+  from what it was made with through its steps in order: each acknowledged step's answer
+  follows from what may have been before it, an in-doubt step may or may not have
+  applied, a definite failure did not, and only a hold with a short TTL expires; its state
+  follows from its units;
 - each stock row satisfies 0 <= reserved <= on_hand, reserved is the sum of its holds,
   and on_hand is the start plus the restocks that landed minus the sells that landed
   (every acknowledged one, each keyed in-doubt one once its retry settled, and some
-  keyless in-doubt ones) minus what was confirmed;
+  keyless in-doubt ones) minus what was confirmed and not returned;
 - a keyed restock or sell has one outcome: acknowledged or settled, its key holds it;
   told a definite failure, its key holds nothing;
-- each buyer's allowance equals its held and confirmed units, within the limit;
+- each buyer's allowance equals its held and sold units not returned, within the limit;
 - fencing tokens never go backwards, and no fenced write lands after a newer lease.
 
 STOCKADE_NEMESIS_SECONDS sets the run's length (default 60); STOCKADE_NEMESIS_SEED
@@ -47,7 +51,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Set, Tuple, Union
+from typing import Dict, Iterator, List, NamedTuple, Optional, Set, Tuple, Union
 
 import pytest
 
@@ -184,7 +188,80 @@ Settled = Dict[str, Union[List[str], str, None]]
 
 # What a retry of a request that did not land may be told now.
 REFUSALS = {"LimitExceeded", "OutOfStock"}
-DEFINITE_TRANSITION_FAILURES = {"LockTimeout", "DeadlineExceeded", "Unavailable", "Overloaded"}
+# What a step may be told that says it changed nothing (a hold that lapsed before its step is
+# told ReservationExpired; a resize's growth past the buyer's limit, LimitExceeded).
+DEFINITE_STEP_FAILURES = {"LockTimeout", "DeadlineExceeded", "Unavailable", "Overloaded"}
+DEFINITE_STEP_FAILURES |= {"ReservationExpired", "InvalidState", "LimitExceeded", "OutOfStock"}
+
+
+class Row(NamedTuple):
+    """A reservation as the database holds it."""
+
+    sku: str
+    qty: int
+    state: str
+    key: Optional[str]
+    units: Units  # qty, held, confirmed, released, expired, returned
+
+
+Units = Tuple[int, int, int, int, int, int]
+STEPS = ("confirm", "release", "extend", "resize", "return", "confirm_order", "release_order")
+
+
+def targets_of(r: Record) -> List[str]:
+    """The reservations a step acts on: its target, or every line of its order."""
+    if r["op"] in ("confirm_order", "release_order"):
+        return list(r["ids"])
+    return [r["target"]] if r["op"] in STEPS else []
+
+
+def stepped(u: Units, r: Record) -> Optional[Units]:
+    """`u` after the step `r` (the rules of docs/lifecycle.md, written here apart from the
+    engine), or None where the step cannot apply. A step of a whole order leaves a line
+    that holds nothing as it is."""
+    qty, held, confirmed, released, expired, returned = u
+    op = r["op"]
+    if op in ("confirm_order", "release_order") and held == 0:
+        return u
+    if op in ("confirm", "release", "confirm_order", "release_order"):
+        n = held if r.get("part") is None else r["part"]
+        if held == 0 or not 0 < n <= held:
+            return None
+        if op.startswith("confirm"):
+            return (qty, held - n, confirmed + n, released, expired, returned)
+        return (qty, held - n, confirmed, released + n, expired, returned)
+    if op == "extend":
+        return u if held > 0 else None
+    if op == "resize":
+        if held == 0:
+            return None
+        n = r["qty"]
+        if n >= held:
+            return (qty + n - held, n, confirmed, released, expired, returned)
+        return (qty, n, confirmed, released + held - n, expired, returned)
+    if op == "return":
+        n = r["qty"]
+        return (
+            (qty, held, confirmed, released, expired, returned + n)
+            if confirmed - returned >= n
+            else None
+        )
+    raise AssertionError(op)
+
+
+def lapsed(u: Units) -> Units:
+    """`u` once its hold lapsed: what was held expired, all at once."""
+    qty, held, confirmed, released, expired, returned = u
+    return (qty, 0, confirmed, released, expired + held, returned)
+
+
+def state_of(u: Units) -> str:
+    """held while any unit is held; then confirmed if any was sold, else expired or
+    released, by what ended it."""
+    _, held, confirmed, _, expired, _ = u
+    if held > 0:
+        return "held"
+    return "confirmed" if confirmed > 0 else "expired" if expired > 0 else "released"
 
 
 def ids_of(r: Record) -> List[str]:
@@ -237,23 +314,25 @@ class Checker:
             elif r["out"] not in ("ok", "InDoubt") and there is not None:
                 self.fail(r, f"told {r['out']} (nothing changed), but the key holds {there}")
 
-    def reservations(self, db: Dict[str, Tuple[str, int, str, Optional[str]]], made: Set[str]):
-        """`db`: id -> (sku, qty, state, key) of every reservation. `made`: the ids the
-        calls were told of, or that their keys' retries settled on."""
+    def reservations(self, db: Dict[str, Row], made: Set[str]) -> None:
+        """`db`: every reservation by id. `made`: the ids the calls were told of, or that
+        their keys' retries settled on."""
         asked = {rid: r for r in self.history if r["out"] == "ok" for rid in ids_of(r)}
         keyed = {r["key"]: r for r in self.history if r["op"] in ("reserve", "order") and r["key"]}
         for rid in made:
             if rid not in db:
                 self.fail(asked.get(rid), f"reservation {rid} is missing")
         unknown = Counter()
-        for rid, (sku, qty, _, key) in db.items():
-            request = asked.get(rid) or (keyed.get(key) if key else None)
-            if request is None and key is not None:
-                self.fail(None, f"reservation {rid} has a key no call sent: {key}")
+        # A resize's growth adds to qty: the units' model checks those reservations' qty.
+        resized = {r["target"] for r in self.history if r["op"] == "resize"}
+        for rid, row in db.items():
+            request = asked.get(rid) or (keyed.get(row.key) if row.key else None)
+            if request is None and row.key is not None:
+                self.fail(None, f"reservation {rid} has a key no call sent: {row.key}")
             elif request is None:
-                unknown[(sku, qty)] += 1  # a keyless InDoubt that landed, or no call's
-            elif lines_of(request).get(sku) != qty:
-                self.fail(request, f"reservation {rid} is {sku} x{qty}")
+                unknown[(row.sku, row.qty)] += 1  # a keyless InDoubt that landed, or no call's
+            elif lines_of(request).get(row.sku) != row.qty and rid not in resized:
+                self.fail(request, f"reservation {rid} is {row.sku} x{row.qty}")
         in_doubt = Counter(
             (r["sku"], r["qty"])
             for r in self.history
@@ -262,28 +341,50 @@ class Checker:
         for what, n in unknown.items():
             if n > in_doubt[what]:
                 self.fail(None, f"{n} keyless reservations {what} that no call was told of")
-        self.states(db)
+        self.units(db, {**{rid: r for r in keyed.values() for rid in ids_of(r)}, **asked})
 
-    def states(self, db: Dict[str, Tuple[str, int, str, Optional[str]]]) -> None:
+    def units(self, db: Dict[str, Row], asked: Dict[str, Record]) -> None:
+        """Each reservation's units are reachable from what it was made with through its
+        steps, in the order they were made (a thread steps only its own holds): every
+        acknowledged step's answer follows from what may have been before it, an in-doubt
+        step may or may not have applied, a definite failure did not, and a hold with a
+        short TTL may lapse at any time. Its state follows from its units."""
         ttl = {rid: r.get("ttl", LONG_TTL) for r in self.history for rid in ids_of(r)}
-        touched = {r["target"]: r for r in self.history if "target" in r}
-        target = {"confirm": "confirmed", "release": "released", "extend": "held"}
-        for rid, (_, _, state, _) in db.items():
+        steps: Dict[str, List[Record]] = defaultdict(list)
+        for r in self.history:
+            for rid in targets_of(r):
+                steps[rid].append(r)
+        for rid, row in db.items():
             short = ttl.get(rid, SHORT_TTL) == SHORT_TTL
-            allowed = {"held", "expired"} if short else {"held"}
-            t = touched.get(rid)
-            if t is not None and t["out"] == "ok":
-                allowed = {target[t["op"]]}
-            elif t is not None and t["out"] in ("ReservationExpired", "InvalidState"):
-                allowed = {"expired"}  # it lapsed (and expired) before the transition
-            elif t is not None and t["out"] == "InDoubt":
-                allowed |= {target[t["op"]]}
-            elif t is not None and t["out"] not in DEFINITE_TRANSITION_FAILURES:
-                self.fail(t, f"a transition told {t['out']}")
-            if state not in allowed:
-                self.fail(t, f"reservation {rid} is {state}; its calls allow {sorted(allowed)}")
-            if t is not None and t["out"] in ("ReservationExpired", "InvalidState") and not short:
-                self.fail(t, "a hold with a long TTL expired")
+            made = asked.get(rid)
+            start = lines_of(made)[row.sku] if made else row.qty
+            possible: Set[Units] = {(start, start, 0, 0, 0, 0)}
+            last: Optional[Record] = None
+            for r in steps.get(rid, []):
+                if short:
+                    possible |= {lapsed(u) for u in possible}
+                after = {v for v in (stepped(u, r) for u in possible) if v is not None}
+                if r["out"] == "ok":
+                    told = tuple(r["units"][rid])
+                    if told not in after:
+                        self.fail(
+                            r, f"reservation {rid}: answered {told}, not one of {sorted(after)}"
+                        )
+                    possible, last = {told}, r  # type: ignore[assignment]
+                elif r["out"] == "InDoubt":
+                    possible |= after
+                elif r["out"] not in DEFINITE_STEP_FAILURES:
+                    self.fail(r, f"a step told {r['out']}")
+                if r["out"] == "ReservationExpired" and not short:
+                    self.fail(r, "a hold with a long TTL expired")
+            if short:
+                possible |= {lapsed(u) for u in possible}
+            if row.units not in possible:
+                self.fail(
+                    last, f"reservation {rid} is {row.units}; its calls allow {sorted(possible)}"
+                )
+            if row.state != state_of(row.units):
+                self.fail(last, f"reservation {rid} is {row.state} with units {row.units}")
 
     def moves(self, sku: str, settled: Settled) -> Tuple[int, Counter[int]]:
         """What the restocks and sells of `sku` moved on_hand by: for sure (each one
@@ -310,11 +411,12 @@ class Checker:
             sums = {s + k * size for s in sums for k in range(n + 1)}
         return sums
 
-    def stock(self, db: Dict[str, Tuple[str, int, str, Optional[str]]], settled: Settled) -> None:
+    def stock(self, db: Dict[str, Row], settled: Settled) -> None:
         for sku in SKUS:
             on_hand, reserved = self.rows[sku]
-            held = sum(q for s, q, st, _ in db.values() if s == sku and st == "held")
-            sold = sum(q for s, q, st, _ in db.values() if s == sku and st == "confirmed")
+            held = sum(row.units[1] for row in db.values() if row.sku == sku)
+            # Confirmed units left on_hand; returned ones came back on hand (restocked).
+            sold = sum(row.units[2] - row.units[5] for row in db.values() if row.sku == sku)
             sure, maybe = self.moves(sku, settled)
             fits = on_hand + sold - START - sure in self.reachable(maybe)
             if not 0 <= reserved <= on_hand:
@@ -407,17 +509,16 @@ class Checker:
 
 def read_database(
     dsn: str,
-) -> Tuple[
-    Dict[str, Tuple[str, int, str, Optional[str]]], Dict[str, List[str]], Dict[str, Tuple[int, int]]
-]:
+) -> Tuple[Dict[str, Row], Dict[str, List[str]], Dict[str, Tuple[int, int]]]:
     def rows(sql: str) -> List[List[str]]:
         out = run_sql(dsn, f"COPY ({sql}) TO STDOUT WITH (FORMAT csv)")
         return [line.split(",") for line in out.splitlines() if line]
 
+    columns = "qty, qty - confirmed - released - expired, confirmed, released, expired, returned"
     db = {
-        rid: (sku, int(qty), state, key or None)
-        for rid, sku, qty, state, key in rows(
-            "SELECT id, sku, qty, state, idempotency_key FROM stockade.reservation"
+        rid: Row(sku, int(units[0]), state, key or None, tuple(int(u) for u in units))  # type: ignore[arg-type]
+        for rid, sku, state, key, *units in rows(
+            f"SELECT id, sku, state, idempotency_key, {columns} FROM stockade.reservation"
         )
     }
     keys: Dict[str, List[str]] = defaultdict(list)
@@ -434,16 +535,17 @@ def read_database(
 
 
 def read_limits(dsn: str) -> Tuple[Dict[str, int], Dict[str, int]]:
-    """Per buyer: the held and confirmed units of its reservations in the group, and its
-    allowance row."""
+    """Per buyer: the units its reservations in the group count (held or sold, not
+    returned), and its allowance row."""
 
     def pairs(sql: str) -> Dict[str, int]:
         out = run_sql(dsn, f"COPY ({sql}) TO STDOUT WITH (FORMAT csv)")
         return {k: int(v) for k, v in (line.split(",") for line in out.splitlines() if line)}
 
     counted = pairs(
-        "SELECT buyer, sum(qty) FROM stockade.reservation WHERE limit_group = 'drop' "
-        "AND state IN ('held', 'confirmed') GROUP BY buyer"
+        "SELECT buyer, sum(qty - released - expired - returned) FROM stockade.reservation"
+        " WHERE limit_group = 'drop' GROUP BY buyer HAVING sum(qty - released - expired"
+        " - returned) > 0"
     )
     return counted, pairs("SELECT buyer, held FROM stockade.buyer_allowance WHERE held > 0")
 
@@ -578,8 +680,36 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         reserve("k-lost", "r-lost"),  # acknowledged, then missing
         reserve("k-refused", "-", out="LockTimeout"),  # definite failure, yet stored
         reserve("k-held", "r-held"),  # untouched, long TTL, yet expired
-        {"op": "confirm", "target": "r-conf", "out": "ok", "t0": 1.0, "t1": 1.1},
+        {
+            "op": "confirm",
+            "target": "r-conf",
+            "out": "ok",
+            "units": {"r-conf": [1, 0, 1, 0, 0, 0]},
+            "t0": 1.0,
+            "t1": 1.1,
+        },
         reserve("k-conf", "r-conf"),  # confirmed per its call, yet released
+        # Three units held; one confirmed (acknowledged), then a part release answered with
+        # units no step could give, and the database shows a second unit sold.
+        {**reserve("k-part", "r-part"), "qty": 3},
+        {
+            "op": "confirm",
+            "target": "r-part",
+            "part": 1,
+            "out": "ok",
+            "units": {"r-part": [3, 2, 1, 0, 0, 0]},
+            "t0": 1.2,
+            "t1": 1.3,
+        },
+        {
+            "op": "release",
+            "target": "r-part",
+            "part": 1,
+            "out": "ok",
+            "units": {"r-part": [3, 2, 1, 1, 0, 0]},
+            "t0": 1.4,
+            "t1": 1.5,
+        },
         {"op": "restock", "sku": "n-0", "key": None, "qty": 10, "out": "ok", "t0": 2.0, "t1": 2.1},
         # A keyed restock acknowledged whose key holds nothing, a keyed sell told a
         # definite failure whose key holds an outcome, and one whose retry never settled.
@@ -610,18 +740,25 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         {"op": "lease", "out": "ok", "token": 5, "t0": 3.2, "t1": 3.3, "w0": 3.3, "w1": 3.4},
         {"op": "lease", "out": "ok", "token": 4, "t0": 2.5, "t1": 2.6, "w0": 3.5, "write": "ok"},
     ]
+
+    def row(sku: str, qty: int, state: str, key: Optional[str]) -> Row:
+        at = ["held", "confirmed", "released", "expired"].index(state)
+        return Row(sku, qty, state, key, (qty, *(qty if i == at else 0 for i in range(4)), 0))
+
     db = {
-        "r-held": ("n-0", 1, "expired", "k-held"),
-        "r-conf": ("n-0", 1, "released", "k-conf"),
-        "r-ghost": ("n-0", 2, "held", None),  # no call was told of it, none was in doubt
-        "o-1": ("n-1", 5, "held", "k-order"),
-        "o-2": ("n-1", 2, "held", "k-order"),
+        "r-held": row("n-0", 1, "expired", "k-held"),
+        "r-conf": row("n-0", 1, "released", "k-conf"),
+        "r-ghost": row("n-0", 2, "held", None),  # no call was told of it, none was in doubt
+        "o-1": row("n-1", 5, "held", "k-order"),
+        "o-2": row("n-1", 2, "held", "k-order"),
+        "r-part": Row("n-0", 3, "held", "k-part", (3, 1, 2, 0, 0, 0)),
     }
     stored = {
         "k-lost": ["r-lost"],
         "k-refused": ["r-x"],
         "k-held": ["r-held"],
         "k-order": ["o-1"],
+        "k-part": ["r-part"],
     }
     rows = {sku: (START, 0) for sku in [*SKUS, LEASED]}
     rows["n-0"] = (START + 5, 7)  # a restock that did not land, a reserved count that is off
@@ -630,7 +767,7 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
     checker = Checker(history, rows)
     checker.engine_bugs()
     checker.keys(stored, {"k-doubt": "IdempotencyConflict"})
-    checker.reservations(db, {"r-lost", "r-held", "r-conf", "o-1", "o-2"})
+    checker.reservations(db, {"r-lost", "r-held", "r-conf", "o-1", "o-2", "r-part"})
     checker.stock(db, {})
     checker.keyed_writes({"k-s"}, {})
     checker.leases()
@@ -644,9 +781,11 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "acknowledged ['o-1', 'o-2'], but the key holds ['o-1']",
         "reservation o-1 is n-1 x5",
         "keyless reservations ('n-0', 2) that no call was told of",
-        "reservation r-held is expired",
-        "reservation r-conf is released",
-        "n-0: reserved 7, but its holds sum to 2",
+        "reservation r-held is (1, 0, 0, 0, 1, 0); its calls allow [(1, 1, 0, 0, 0, 0)]",
+        "reservation r-conf is (1, 0, 0, 1, 0, 0); its calls allow [(1, 0, 1, 0, 0, 0)]",
+        "reservation r-part: answered (3, 2, 1, 1, 0, 0), not one of [(3, 1, 1, 1, 0, 0)]",
+        "reservation r-part is (3, 1, 2, 0, 0, 0)",
+        "n-0: reserved 7, but its holds sum to 3",
         "n-0: on_hand",
         "acknowledged, but its key holds no outcome",
         "told Unavailable (nothing changed), but its key holds an outcome",
