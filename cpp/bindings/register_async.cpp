@@ -21,45 +21,56 @@ void register_async_calls(py::class_<Engine>& c) {
        [](Engine& e, Sink channel, std::uint64_t token, const std::string& sku,
           const std::string& location, Quantity qty, OptInt ttl_us, OptStr idempotency_key,
           const OptStr& strategy, bool nowait, OptInt lock_timeout_ms, OptInt expected_version,
-          OptStr buyer) {
+          OptStr buyer, OptStr ref, OptStr metadata) {
          CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
          call.buyer = std::move(buyer);
+         call.ref = std::move(ref);
+         call.metadata = std::move(metadata);
          e.submit_reserve({sku, location}, qty, ttl_us, std::move(idempotency_key), call,
                           std::move(channel), token);
        },
        py::arg("channel"), py::arg("token"), py::arg("sku"), py::arg("location"), py::arg("qty"),
        py::arg("ttl_us"), py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
        py::arg("lock_timeout_ms"), py::arg("expected_version"), py::arg("buyer") = py::none(),
-       Release())
+       py::arg("ref") = py::none(), py::arg("metadata") = py::none(), Release())
       .def(
           "submit_sell",
           [](Engine& e, Sink channel, std::uint64_t token, const std::string& sku,
              const std::string& location, Quantity qty, const OptStr& strategy, bool nowait,
              OptInt lock_timeout_ms, OptInt expected_version, OptInt fencing_token,
-             OptStr idempotency_key) {
+             OptStr idempotency_key, OptStr ref) {
             CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
             call.fencing_token = fencing_token;
             call.idempotency_key = std::move(idempotency_key);
+            call.ref = std::move(ref);
             e.submit_sell({sku, location}, qty, call, std::move(channel), token);
           },
           py::arg("channel"), py::arg("token"), py::arg("sku"), py::arg("location"), py::arg("qty"),
           py::arg("strategy"), py::arg("nowait"), py::arg("lock_timeout_ms"),
           py::arg("expected_version"), py::arg("fencing_token") = py::none(),
-          py::arg("idempotency_key") = py::none(), Release())
+          py::arg("idempotency_key") = py::none(), py::arg("ref") = py::none(), Release())
       .def(
           "submit_reserve_order",
           [](Engine& e, Sink channel, std::uint64_t token, const std::vector<OrderLineIn>& lines,
              OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
-             OptInt lock_timeout_ms, OptStr buyer) {
+             OptInt lock_timeout_ms, OptStr buyer, OptStr ref, OptStr metadata) {
             const std::vector<OrderLine> order = order_lines(lines);
             CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
             call.buyer = std::move(buyer);
+            call.ref = std::move(ref);
+            call.metadata = std::move(metadata);
             e.submit_reserve_order(order, ttl_us, std::move(idempotency_key), call,
                                    std::move(channel), token);
           },
           py::arg("channel"), py::arg("token"), py::arg("lines"), py::arg("ttl_us"),
           py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
-          py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(), Release());
+          py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(), py::arg("ref") = py::none(),
+          py::arg("metadata") = py::none(), Release());
+}
+
+// The async steps of a reservation: confirm and release (batched where the engine batches
+// them), extend.
+void register_async_steps(py::class_<Engine>& c) {
   auto transition = [](Transition kind) {
     return [kind](Engine& e, Sink channel, std::uint64_t token, const Uuid& id,
                   OptInt expected_version, OptInt qty, bool release_rest, OptStr key) {
@@ -125,6 +136,7 @@ void register_async_channel(py::module_& m) {
 void register_async(py::module_& m, py::class_<Engine>& c) {
   register_async_channel(m);
   register_async_calls(c);
+  register_async_steps(c);
 }
 
 }  // namespace stockade::bindings

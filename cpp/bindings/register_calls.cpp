@@ -106,16 +106,17 @@ void register_stock_calls(py::class_<Engine>& c) {
           "sell",
           [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
              const OptStr& strategy, bool nowait, OptInt lock_timeout_ms, OptInt expected_version,
-             OptInt fencing_token, OptStr idempotency_key) {
+             OptInt fencing_token, OptStr idempotency_key, OptStr ref) {
             CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
             call.fencing_token = fencing_token;
             call.idempotency_key = std::move(idempotency_key);
+            call.ref = std::move(ref);
             return e.sell({sku, location}, qty, call);
           },
           py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("strategy"),
           py::arg("nowait"), py::arg("lock_timeout_ms"), py::arg("expected_version"),
           py::arg("fencing_token") = py::none(), py::arg("idempotency_key") = py::none(),
-          Release());
+          py::arg("ref") = py::none(), Release());
 }
 
 void register_reservation_calls(py::class_<Engine>& c) {
@@ -123,27 +124,33 @@ void register_reservation_calls(py::class_<Engine>& c) {
        "reserve",
        [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
           OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
-          OptInt lock_timeout_ms, OptInt expected_version, OptStr buyer) {
+          OptInt lock_timeout_ms, OptInt expected_version, OptStr buyer, OptStr ref,
+          OptStr metadata) {
          CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
          call.buyer = std::move(buyer);
+         call.ref = std::move(ref);
+         call.metadata = std::move(metadata);
          return e.reserve({sku, location}, qty, ttl_us, std::move(idempotency_key), call);
        },
        py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("ttl_us"),
        py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
        py::arg("lock_timeout_ms"), py::arg("expected_version"), py::arg("buyer") = py::none(),
-       Release())
+       py::arg("ref") = py::none(), py::arg("metadata") = py::none(), Release())
       .def(
           "reserve_order",
           [](Engine& e, const std::vector<OrderLineIn>& lines, OptInt ttl_us,
              OptStr idempotency_key, const OptStr& strategy, bool nowait, OptInt lock_timeout_ms,
-             OptStr buyer) {
+             OptStr buyer, OptStr ref, OptStr metadata) {
             const std::vector<OrderLine> order = order_lines(lines);
             CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
             call.buyer = std::move(buyer);
+            call.ref = std::move(ref);
+            call.metadata = std::move(metadata);
             return e.reserve_order(order, ttl_us, std::move(idempotency_key), call);
           },
           py::arg("lines"), py::arg("ttl_us"), py::arg("idempotency_key"), py::arg("strategy"),
-          py::arg("nowait"), py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(), Release())
+          py::arg("nowait"), py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(),
+          py::arg("ref") = py::none(), py::arg("metadata") = py::none(), Release())
       .def(
           "set_purchase_limit",
           [](Engine& e, const std::string& group, Quantity per_buyer,
@@ -210,6 +217,14 @@ void register_hold_calls(py::class_<Engine>& c) {
           py::arg("limit"), Release());
 }
 
+ReservationState state_named(const std::string& name) {
+  for (ReservationState s : {ReservationState::held, ReservationState::confirmed,
+                             ReservationState::released, ReservationState::expired}) {
+    if (name == reservation_state_name(s)) return s;
+  }
+  throw_invalid_argument("state must be held, confirmed, released or expired");
+}
+
 // An order as one handle: a step of every line, and its lines read back.
 void register_order_calls(py::class_<Engine>& c) {
   c.def(
@@ -236,6 +251,23 @@ void register_order_calls(py::class_<Engine>& c) {
       .def(
           "get_order", [](Engine& e, const Uuid& order_id) { return e.get_order(order_id); },
           py::arg("order_id"), Release())
+      .def(
+          "find_reservations",
+          [](Engine& e, OptStr ref, std::optional<Uuid> order_id, OptStr buyer, OptStr sku,
+             OptStr location, OptStr state, std::optional<Uuid> after, std::size_t limit) {
+            ReservationQuery q;
+            q.ref = std::move(ref);
+            q.order_id = order_id;
+            q.buyer = std::move(buyer);
+            q.sku = std::move(sku);
+            q.location = std::move(location);
+            if (state) q.state = state_named(*state);
+            q.after = after;
+            q.limit = limit;
+            return e.reservations(q);
+          },
+          py::arg("ref"), py::arg("order_id"), py::arg("buyer"), py::arg("sku"),
+          py::arg("location"), py::arg("state"), py::arg("after"), py::arg("limit"), Release())
       .def(
           "order_by_key",
           [](Engine& e, const std::string& idempotency_key) {

@@ -70,10 +70,13 @@ void register_values(py::module_& m) {
       .def_readonly("idempotency_key", &Reservation::idempotency_key)
       .def_readonly("buyer", &Reservation::buyer)
       .def_readonly("limit_group", &Reservation::limit_group)
-      .def_property_readonly("order_id", [](const Reservation& r) -> py::object {
-        if (!r.order_id) return py::none();
-        return to_bytes(*r.order_id);
-      });
+      .def_property_readonly("order_id",
+                             [](const Reservation& r) -> py::object {
+                               if (!r.order_id) return py::none();
+                               return to_bytes(*r.order_id);
+                             })
+      .def_readonly("ref", &Reservation::ref)
+      .def_readonly("metadata", &Reservation::metadata);
 }
 
 void register_clocks(py::module_& m) {
@@ -113,6 +116,9 @@ void register_ids_and_limits(py::module_& m) {
   m.attr("IDEMPOTENCY_KEY_BYTES_MAX") = idempotency_key_bytes_max;
   m.attr("LEASE_OWNER_BYTES_MAX") = lease_owner_bytes_max;
   m.attr("BUYER_BYTES_MAX") = buyer_bytes_max;
+  m.attr("REF_BYTES_MAX") = ref_bytes_max;
+  m.attr("METADATA_BYTES_MAX") = metadata_bytes_max;
+  m.attr("RESERVATIONS_LIMIT_MAX") = reservations_limit_max;
   m.attr("LIMIT_GROUP_BYTES_MAX") = limit_group_bytes_max;
   m.attr("ORDER_LINES_MAX") = order_lines_max;
   m.attr("TTL_US_MAX") = ttl_us_max;

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Iterable, List, Mapping, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union, cast
 
 from . import _core
 from ._checks import (
@@ -37,6 +37,7 @@ from .values import (
     OrderRef,
     Reservation,
     ReservationId,
+    ReservationState,
     StockLevel,
     Strategy,
     StrategyLike,
@@ -49,11 +50,13 @@ from .values import (
     check_optional_str,
     check_str,
     duration_us,
+    metadata_text,
     optional_duration_ms,
     optional_duration_us,
     order_id_bytes,
     order_parts,
     reservation_id_bytes,
+    state_value,
     strategy_name,
 )
 
@@ -307,12 +310,15 @@ class EngineCalls:
         lock_timeout: Optional[TtlLike] = None,
         fencing_token: Optional[int] = None,
         idempotency_key: Optional[str] = None,
+        ref: Optional[str] = None,
     ) -> StockLevel:
         """Sells ``qty`` units at once (no hold): on_hand falls if enough is available.
 
         With ``fencing_token`` (a lease's), it runs per request, like ``expected_version``.
         ``idempotency_key`` as with :meth:`restock`: a keyed sell runs per request too (its
-        key and outcome are written in its own transaction)."""
+        key and outcome are written in its own transaction). ``ref`` (a short text: an
+        order line's id) goes on the sale's journal entry; a sell with one runs per
+        request."""
         return StockLevel._from_core(
             self._core.sell(
                 sku=check_str("sku", sku),
@@ -324,6 +330,7 @@ class EngineCalls:
                 expected_version=check_optional_int("expected_version", expected_version),
                 fencing_token=check_optional_int("fencing_token", fencing_token),
                 idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+                ref=check_optional_str("ref", ref),
             )
         )
 
@@ -425,6 +432,8 @@ class EngineCalls:
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
         buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[Dict[str, Any]] = None,
     ) -> Reservation:
         """Holds ``qty`` units for ``ttl`` (default: the engine's ``default_ttl``).
 
@@ -433,7 +442,10 @@ class EngineCalls:
         On PostgreSQL, a connection lost during COMMIT raises ``InDoubt``: retry with the
         same ``idempotency_key`` to get the reservation if it committed, or make it if not.
         With a ``buyer``, the purchase limit of the SKU's group applies (``LimitExceeded``;
-        see :meth:`set_purchase_limit`).
+        see :meth:`set_purchase_limit`). ``ref`` (a short text: an order line's id) and
+        ``metadata`` (a dict that is a JSON object, at most ``METADATA_BYTES_MAX`` bytes)
+        are kept with the reservation, and :meth:`reservations` finds it by ``ref``; a
+        reserve with either runs per request, never batched.
         """
         return Reservation._from_core(
             self._core.reserve(
@@ -447,6 +459,8 @@ class EngineCalls:
                 lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
                 expected_version=check_optional_int("expected_version", expected_version),
                 buyer=check_optional_str("buyer", buyer),
+                ref=check_optional_str("ref", ref),
+                metadata=metadata_text(metadata),
             )
         )
 
@@ -461,6 +475,8 @@ class EngineCalls:
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
         buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[Dict[str, Any]] = None,
     ) -> Order:
         """Holds every line or none: ``{sku: qty}`` (or ``{(sku, location): qty}``).
 
@@ -469,7 +485,8 @@ class EngineCalls:
         order of ``items`` (it is a sequence of them). Step it whole with
         :meth:`confirm_order`, :meth:`release_order` and :meth:`extend_order`, or each
         line on its own. With a ``buyer``, every line counts against the purchase limit of
-        its SKU's group.
+        its SKU's group. ``ref`` and ``metadata`` as with :meth:`reserve`, kept with every
+        line.
         """
         return Order._from_lines(
             reservations(
@@ -481,6 +498,8 @@ class EngineCalls:
                     nowait=check_bool("nowait", nowait),
                     lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
                     buyer=check_optional_str("buyer", buyer),
+                    ref=check_optional_str("ref", ref),
+                    metadata=metadata_text(metadata),
                 )
             )
         )
@@ -721,6 +740,36 @@ class EngineCalls:
         else:
             raise InvalidArgument("order() takes an order id or an idempotency_key (one of them)")
         return Order._from_lines(reservations(made))
+
+    def reservations(
+        self,
+        *,
+        ref: Optional[str] = None,
+        order: Optional[OrderRef] = None,
+        buyer: Optional[str] = None,
+        sku: Optional[str] = None,
+        location: Optional[str] = None,
+        state: Optional[Union[ReservationState, str]] = None,
+        after: Optional[ReservationId] = None,
+        limit: int = 100,
+    ) -> List[Reservation]:
+        """The reservations with ``ref``, of ``order``, or of ``buyer`` (at least one of
+        the three, each found through an index), narrowed by the other arguments given; in
+        id order (ids are UUIDv7: the order they were made in, to the millisecond). At
+        most ``limit`` (1 to ``RESERVATIONS_LIMIT_MAX``, 1000) come back: pass the last
+        one's id as ``after`` for the next page."""
+        return reservations(
+            self._core.find_reservations(
+                ref=check_optional_str("ref", ref),
+                order_id=None if order is None else order_id_bytes(order),
+                buyer=check_optional_str("buyer", buyer),
+                sku=check_optional_str("sku", sku),
+                location=check_optional_str("location", location),
+                state=None if state is None else state_value(state),
+                after=None if after is None else reservation_id_bytes(after),
+                limit=check_count("limit", limit),
+            )
+        )
 
     def reservation(self, id: ReservationId) -> Reservation:
         """The reservation as committed (``NotFound`` if there is none)."""

@@ -11,6 +11,9 @@ LOCATION_BYTES_MAX: int
 IDEMPOTENCY_KEY_BYTES_MAX: int
 LEASE_OWNER_BYTES_MAX: int
 BUYER_BYTES_MAX: int
+REF_BYTES_MAX: int
+METADATA_BYTES_MAX: int
+RESERVATIONS_LIMIT_MAX: int
 LIMIT_GROUP_BYTES_MAX: int
 ORDER_LINES_MAX: int
 TTL_US_MAX: int
@@ -181,6 +184,10 @@ class Reservation:
     def returned(self) -> int: ...
     @property
     def order_id(self) -> Optional[bytes]: ...
+    @property
+    def ref(self) -> Optional[str]: ...
+    @property
+    def metadata(self) -> Optional[str]: ...
     @property
     def state(self) -> str: ...
     @property
@@ -386,6 +393,7 @@ class Engine:
         expected_version: Optional[int],
         fencing_token: Optional[int] = None,
         idempotency_key: Optional[str] = None,
+        ref: Optional[str] = None,
     ) -> StockLevel: ...
     def reserve(
         self,
@@ -399,6 +407,8 @@ class Engine:
         lock_timeout_ms: Optional[int],
         expected_version: Optional[int],
         buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[str] = None,
     ) -> Reservation: ...
     def reserve_order(
         self,
@@ -409,6 +419,8 @@ class Engine:
         nowait: bool,
         lock_timeout_ms: Optional[int],
         buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[str] = None,
     ) -> list[Reservation]: ...
     def confirm(
         self,
@@ -462,6 +474,17 @@ class Engine:
     ) -> List[Reservation]: ...
     def get_order(self, order_id: bytes) -> List[Reservation]: ...
     def order_by_key(self, idempotency_key: str) -> List[Reservation]: ...
+    def find_reservations(
+        self,
+        ref: Optional[str],
+        order_id: Optional[bytes],
+        buyer: Optional[str],
+        sku: Optional[str],
+        location: Optional[str],
+        state: Optional[str],
+        after: Optional[bytes],
+        limit: int,
+    ) -> List[Reservation]: ...
     def expire_due(self, limit: int) -> int: ...
     def submit_reserve(
         self,
@@ -477,6 +500,8 @@ class Engine:
         lock_timeout_ms: Optional[int],
         expected_version: Optional[int],
         buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[str] = None,
     ) -> None: ...
     def submit_sell(
         self,
@@ -491,6 +516,7 @@ class Engine:
         expected_version: Optional[int],
         fencing_token: Optional[int] = None,
         idempotency_key: Optional[str] = None,
+        ref: Optional[str] = None,
     ) -> None: ...
     def submit_reserve_order(
         self,
@@ -503,6 +529,8 @@ class Engine:
         nowait: bool,
         lock_timeout_ms: Optional[int],
         buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[str] = None,
     ) -> None: ...
     def submit_confirm(
         self,

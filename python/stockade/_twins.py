@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from datetime import datetime
-from typing import Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ._calls import EngineCalls
 from ._checks import DEFAULT_LOCATION, OrderKey, order_lines, reservations
@@ -27,6 +27,7 @@ from .values import (
     OrderRef,
     Reservation,
     ReservationId,
+    ReservationState,
     StockLevel,
     StrategyLike,
     TtlLike,
@@ -36,6 +37,7 @@ from .values import (
     check_optional_str,
     check_str,
     duration_us,
+    metadata_text,
     optional_duration_ms,
     optional_duration_us,
     reservation_id_bytes,
@@ -199,6 +201,7 @@ class EngineTwins(EngineCalls):
         lock_timeout: Optional[TtlLike] = None,
         fencing_token: Optional[int] = None,
         idempotency_key: Optional[str] = None,
+        ref: Optional[str] = None,
     ) -> StockLevel:
         """:meth:`sell` as an awaitable."""
         return await self._bridges.call(
@@ -213,6 +216,7 @@ class EngineTwins(EngineCalls):
             expected_version=check_optional_int("expected_version", expected_version),
             fencing_token=check_optional_int("fencing_token", fencing_token),
             idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+            ref=check_optional_str("ref", ref),
         )
 
     async def set_purchase_limit_async(
@@ -263,6 +267,8 @@ class EngineTwins(EngineCalls):
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
         buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[Dict[str, Any]] = None,
     ) -> Reservation:
         """:meth:`reserve` as an awaitable."""
         return await self._bridges.call(
@@ -278,6 +284,8 @@ class EngineTwins(EngineCalls):
             lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
             expected_version=check_optional_int("expected_version", expected_version),
             buyer=check_optional_str("buyer", buyer),
+            ref=check_optional_str("ref", ref),
+            metadata=metadata_text(metadata),
         )
 
     async def reserve_order_async(
@@ -291,6 +299,8 @@ class EngineTwins(EngineCalls):
         nowait: bool = False,
         lock_timeout: Optional[TtlLike] = None,
         buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[Dict[str, Any]] = None,
     ) -> Order:
         """:meth:`reserve_order` as an awaitable."""
         return Order._from_lines(
@@ -304,6 +314,8 @@ class EngineTwins(EngineCalls):
                 nowait=check_bool("nowait", nowait),
                 lock_timeout_ms=optional_duration_ms("lock_timeout", lock_timeout),
                 buyer=check_optional_str("buyer", buyer),
+                ref=check_optional_str("ref", ref),
+                metadata=metadata_text(metadata),
             )
         )
 
@@ -453,6 +465,33 @@ class EngineTwins(EngineCalls):
     ) -> Order:
         """:meth:`order` as an awaitable."""
         return await off_loop(functools.partial(self.order, id, idempotency_key=idempotency_key))
+
+    async def reservations_async(
+        self,
+        *,
+        ref: Optional[str] = None,
+        order: Optional[OrderRef] = None,
+        buyer: Optional[str] = None,
+        sku: Optional[str] = None,
+        location: Optional[str] = None,
+        state: Optional[Union[ReservationState, str]] = None,
+        after: Optional[ReservationId] = None,
+        limit: int = 100,
+    ) -> List[Reservation]:
+        """:meth:`reservations` as an awaitable."""
+        return await off_loop(
+            functools.partial(
+                self.reservations,
+                ref=ref,
+                order=order,
+                buyer=buyer,
+                sku=sku,
+                location=location,
+                state=state,
+                after=after,
+                limit=limit,
+            )
+        )
 
     async def reservation_async(self, id: ReservationId) -> Reservation:
         """:meth:`reservation` as an awaitable."""

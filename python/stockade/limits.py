@@ -21,8 +21,11 @@ __all__ = [
     "LIMIT_GROUP_BYTES_MAX",
     "LIMIT_GROUP_SKUS_MAX",
     "LOCATION_BYTES_MAX",
+    "METADATA_BYTES_MAX",
     "ORDER_LINES_MAX",
     "QUANTITY_MAX",
+    "REF_BYTES_MAX",
+    "RESERVATIONS_LIMIT_MAX",
     "SKU_BYTES_MAX",
     "SLOTS_MAX",
     "TTL_MAX",
@@ -33,6 +36,9 @@ LOCATION_BYTES_MAX: int = _core.LOCATION_BYTES_MAX
 IDEMPOTENCY_KEY_BYTES_MAX: int = _core.IDEMPOTENCY_KEY_BYTES_MAX
 LEASE_OWNER_BYTES_MAX: int = _core.LEASE_OWNER_BYTES_MAX  # acquire_lease(owner=...)
 BUYER_BYTES_MAX: int = _core.BUYER_BYTES_MAX  # reserve(buyer=...), purchase limits
+REF_BYTES_MAX: int = _core.REF_BYTES_MAX  # reserve(ref=...), reserve_order, sell
+METADATA_BYTES_MAX: int = _core.METADATA_BYTES_MAX  # reserve(metadata=...): its JSON's bytes
+RESERVATIONS_LIMIT_MAX: int = _core.RESERVATIONS_LIMIT_MAX  # reservations(limit=...)
 LIMIT_GROUP_BYTES_MAX: int = _core.LIMIT_GROUP_BYTES_MAX  # a purchase limit's group name
 LIMIT_GROUP_SKUS_MAX: int = _core.LIMIT_GROUP_SKUS_MAX  # SKUs one purchase limit names
 ORDER_LINES_MAX: int = _core.ORDER_LINES_MAX  # lines of one reserve_order

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import enum
+import json
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Iterator, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Dict, Iterator, Literal, Optional, Sequence, Tuple, Union, overload
 
 from . import _core
 from .errors import InvalidArgument, InvalidType
@@ -212,7 +213,10 @@ class Reservation:
     qty``. ``returned`` counts confirmed units that came back. The state stays ``held``
     while any unit is held (a partial confirm or release leaves the rest held), then says
     how the hold ended: ``confirmed`` if any unit was sold, else ``released`` or
-    ``expired``."""
+    ``expired``.
+
+    ``order_id`` is the order it is a line of (``reserve_order``), ``ref`` and ``metadata``
+    what the caller told of it (``reserve(ref=..., metadata=...)``)."""
 
     id: uuid.UUID
     sku: str
@@ -230,6 +234,9 @@ class Reservation:
     expired: int = 0
     returned: int = 0
     order_id: Optional[uuid.UUID] = None
+    ref: Optional[str] = None
+    # A dict is not hashable: a Reservation hashes without it (and compares with it).
+    metadata: Optional[Dict[str, Any]] = field(default=None, hash=False)
 
     @property
     def held(self) -> int:
@@ -262,6 +269,8 @@ class Reservation:
             r.expired,
             r.returned,
             None if r.order_id is None else uuid.UUID(bytes=r.order_id),
+            r.ref,
+            None if r.metadata is None else json.loads(r.metadata),
         )
 
 
@@ -431,6 +440,35 @@ def reservation_id_bytes(value: object) -> bytes:
     if isinstance(value, Reservation):
         return value.id.bytes
     raise InvalidType(f"reservation id must be a uuid.UUID or str, not {type(value).__name__}")
+
+
+def state_value(value: object) -> str:
+    """A reservation state, as a ReservationState or its name."""
+    if isinstance(value, ReservationState):
+        return value.value
+    if not isinstance(value, str):
+        raise InvalidType(f"state must be a ReservationState or str, not {type(value).__name__}")
+    try:
+        return ReservationState(value).value
+    except ValueError:
+        raise InvalidArgument(
+            f"state must be held, confirmed, released or expired, not {shown(value)}"
+        ) from None
+
+
+def metadata_text(value: object) -> Optional[str]:
+    """``metadata=``: a JSON object (a mapping of str to JSON values) as its compact text,
+    which the core checks (METADATA_BYTES_MAX)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidType(f"metadata must be a dict (a JSON object), not {type(value).__name__}")
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    except TypeError as e:
+        raise InvalidType(f"metadata must hold JSON values only: {shown(str(e))}") from None
+    except ValueError as e:  # NaN, an infinity, a cycle
+        raise InvalidArgument(f"metadata is not JSON: {shown(str(e))}") from None
 
 
 def order_id_bytes(value: object) -> bytes:

@@ -99,6 +99,9 @@ class DelegatingStore : public Store {
   std::vector<Reservation> order_by_key(const std::string& key) override {
     return inner_->order_by_key(key);
   }
+  std::vector<Reservation> find_reservations(const ReservationQuery& query) override {
+    return inner_->find_reservations(query);
+  }
   std::size_t expire_due(std::size_t limit) override { return inner_->expire_due(limit); }
   std::size_t free_lapsed(std::size_t limit) override { return inner_->free_lapsed(limit); }
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override {

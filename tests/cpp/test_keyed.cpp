@@ -85,12 +85,19 @@ TEST(KeyedOutcome, an_order_steps_lines_read_back_with_their_order) {
   Reservation b = a;
   b.id = Uuid::parse("01890f4e-8a3c-7b2d-9e4f-0123456789ac");
   b.key.sku = "mug";
+  b.order_id.reset();
+  b.ref = std::string("line:7");
+  b.metadata = std::string(R"({"gift": true})");
   const auto back =
       decode_outcome<std::vector<Reservation>>(encode_outcome(std::vector<Reservation>{a, b}));
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[0].id, a.id);
   EXPECT_EQ(back[1].key, b.key);
-  EXPECT_EQ(back[1].order_id, a.order_id);
+  EXPECT_EQ(back[0].order_id, a.order_id);
+  EXPECT_FALSE(back[1].order_id.has_value());
+  EXPECT_EQ(back[1].ref, b.ref);
+  EXPECT_EQ(back[1].metadata, b.metadata);
+  EXPECT_FALSE(back[0].ref.has_value());
   EXPECT_TRUE(
       decode_outcome<std::vector<Reservation>>(encode_outcome(std::vector<Reservation>{})).empty());
   // A reservation stored before orders had ids (no trailing field) reads as it was.

@@ -110,5 +110,24 @@ TEST(OrderStep, refusals_decide_nothing) {
                         ErrorCode::invalid_state);
 }
 
+TEST(Metadata, one_json_object_of_bounded_size_passes_and_nothing_else) {
+  for (const char* good : {R"({})", R"( {"a": 1, "b": [true, false, null, -0.5e+3, "x\"y"]} )",
+                           R"({"n": {"m": {"o": "\u00e9\n"}}})"}) {
+    EXPECT_NO_THROW(validate_metadata(good)) << good;
+  }
+  for (const char* bad :
+       {"", "[]", "1", R"("s")", "{", R"({"a" 1})", R"({"a": 01})", R"({"a": 1,})", R"({a: 1})",
+        R"({"a": tru})", R"({} {})", R"({"a": "\x"})", R"({"a": "\u0000"})", "{\"a\": \"\t\"}"}) {
+    EXPECT_STOCKADE_ERROR(validate_metadata(bad), ErrorCode::invalid_argument);
+  }
+  std::string deep;
+  for (int i = 0; i < 40; ++i) deep += R"({"a":)";
+  deep += "1" + std::string(40, '}');
+  EXPECT_STOCKADE_ERROR(validate_metadata(deep), ErrorCode::invalid_argument);
+  EXPECT_STOCKADE_ERROR(
+      validate_metadata(R"({"a": ")" + std::string(metadata_bytes_max, 'x') + R"("})"),
+      ErrorCode::invalid_argument);
+}
+
 }  // namespace
 }  // namespace stockade

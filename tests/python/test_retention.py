@@ -271,7 +271,7 @@ def version_one_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
 # with data that the engine wrote.
 BACK_TO_VERSION_ONE = """
 ALTER TABLE stockade.idempotency DROP COLUMN outcome;
-ALTER TABLE stockade.reservation DROP COLUMN order_id;
+ALTER TABLE stockade.reservation DROP COLUMN order_id, DROP COLUMN ref, DROP COLUMN metadata;
 ALTER TABLE stockade.reservation DROP CONSTRAINT reservation_units, DROP COLUMN confirmed,
     DROP COLUMN released, DROP COLUMN expired, DROP COLUMN returned;
 DROP TABLE stockade.movement, stockade.feed_consumer;

@@ -35,6 +35,9 @@ def tour(eng: stockade.Engine) -> None:
     eng.release_order(order)
     eng.extend_order(str(order.id), ttl=timedelta(minutes=5))
     again: Order = eng.order(idempotency_key="k")
+    lined: Reservation = eng.reserve("sku-1", 1, ref="line-1", metadata={"gift": True})
+    found: List[Reservation] = eng.reservations(ref="line-1", state="held", limit=10)
+    assert lined.ref == "line-1" and found
     assert again.id is None or isinstance(again.id, uuid.UUID)
     eng.sell("sku-1", 1, strategy=Strategy.PESSIMISTIC, nowait=True)
     eng.sell("sku-1", 1, strategy="optimistic")

@@ -79,6 +79,8 @@ struct CallOptions {
   std::optional<Version> expected_version;
   std::optional<FencingToken> fencing_token;  // sell: runs per request, like expected_version
   std::optional<std::string> buyer;           // reserve, reserve_order: purchase limits
+  std::optional<std::string> ref;             // reserve, reserve_order, sell (WriteOptions)
+  std::optional<std::string> metadata;        // reserve, reserve_order (WriteOptions)
   // sell's idempotency key (reserve and reserve_order take theirs as an argument). A keyed
   // sell runs per request, like expected_version.
   std::optional<std::string> idempotency_key;
@@ -211,6 +213,9 @@ class Engine {
   std::vector<Reservation> order_step(const OrderStepRequest& request);
   std::vector<Reservation> get_order(const Uuid& order_id);
   std::vector<Reservation> order_by_key(const std::string& idempotency_key);
+  // Reservations by ref, order or buyer (ReservationQuery; InvalidArgument without one of
+  // them, or with a limit past reservations_limit_max).
+  std::vector<Reservation> reservations(const ReservationQuery& query);
   std::size_t expire_due(std::size_t limit = 1000);
 
   // Async twins. Each validates and queues, then returns; the outcome reaches `sink` as a

@@ -36,6 +36,11 @@ struct WriteOptions {
   std::optional<FencingToken> fencing_token;  // sell: the lease's token (check_writable)
   // reserve and reserve_order: the buyer whose purchase limits apply (none: no limit).
   std::optional<std::string> buyer;
+  // reserve and reserve_order: the caller's reference and metadata (a JSON object's text),
+  // stored with each reservation; sell: the reference, in the journal. A call with either
+  // runs per request.
+  std::optional<std::string> ref;
+  std::optional<std::string> metadata;
   // How this attempt of a reserve, sell or order counts per SKU (Telemetry::count). The
   // engine runs a call on a SKU with hot-row slots more than once when a slot is short:
   // only its first attempt counts the request, and an OutOfStock counts only where it
@@ -112,6 +117,21 @@ struct OrderStepRequest {
   bool release_rest = false;  // confirm only: every unit not confirmed here is released
   std::optional<std::string> idempotency_key;  // the first call's lines on a replay
 };
+
+// Which reservations Store::find_reservations returns: those with the ref, of the order, or
+// of the buyer given (at least one of the three: each has an index), narrowed by the other
+// fields given; in id order (the order they were made in), after `after`, at most `limit`.
+struct ReservationQuery {
+  std::optional<std::string> ref;
+  std::optional<Uuid> order_id;
+  std::optional<std::string> buyer;
+  std::optional<std::string> sku;
+  std::optional<std::string> location;
+  std::optional<ReservationState> state;
+  std::optional<Uuid> after;  // a page's last id: the next page starts past it
+  std::size_t limit = 100;
+};
+inline constexpr std::size_t reservations_limit_max = 1000;
 
 struct ReserveRequest {
   SkuKey key;
@@ -250,6 +270,7 @@ class Store {
   virtual std::vector<Reservation> order_step(const OrderStepRequest& request) = 0;
   virtual std::vector<Reservation> get_order(const Uuid& order_id) = 0;
   virtual std::vector<Reservation> order_by_key(const std::string& idempotency_key) = 0;
+  virtual std::vector<Reservation> find_reservations(const ReservationQuery& query) = 0;
   virtual std::size_t expire_due(std::size_t limit) = 0;
   // A request was refused for want of units: when this store lets holds lapse by itself
   // (its sweeper is on), expires up to `limit` lapsed holds, oldest first, so that the

@@ -215,7 +215,8 @@ struct StoreStats {
   X(confirm_order)         \
   X(release_order)         \
   X(extend_order)          \
-  X(order)
+  X(order)                 \
+  X(reservations)
 
 enum class Op : std::uint8_t {
 #define STOCKADE_OP_ENUM(name) name,

@@ -33,6 +33,8 @@ inline constexpr std::size_t location_bytes_max = 256;
 inline constexpr std::size_t idempotency_key_bytes_max = 256;
 inline constexpr std::size_t lease_owner_bytes_max = 256;
 inline constexpr std::size_t buyer_bytes_max = 256;
+inline constexpr std::size_t ref_bytes_max = 256;        // a reservation's or a sale's ref
+inline constexpr std::size_t metadata_bytes_max = 4096;  // a reservation's metadata (JSON)
 inline constexpr std::size_t limit_group_bytes_max = 256;
 inline constexpr std::size_t limit_group_skus_max = 10000;
 inline constexpr std::size_t order_lines_max = 1000;
@@ -163,6 +165,10 @@ struct Reservation {
   // The order it is a line of (reserve_order), none for a reserve's: every line of an
   // order carries the same id, which order steps and Engine::order find them by.
   std::optional<Uuid> order_id;
+  // What the caller told of it (reserve and reserve_order's ref= and metadata=): a short
+  // text, and a JSON object's text.
+  std::optional<std::string> ref;
+  std::optional<std::string> metadata;
 
   // Units still held: on the stock row's `reserved`, and expiring at expires_at_us.
   Quantity held() const { return qty - confirmed - released - expired; }
@@ -216,6 +222,10 @@ inline void validate_idempotency_key(const std::optional<std::string>& key) {
 }
 void validate_lease_owner(const std::string& owner);
 void validate_buyer(const std::string& buyer);
+// A caller's reference (an order line's id): 1..ref_bytes_max bytes of UTF-8, no NUL.
+void validate_ref(const std::string& ref);
+// Metadata: one JSON object of at most metadata_bytes_max bytes (base/json.cpp).
+void validate_metadata(const std::string& text);
 // The group name, per_buyer (1..quantity_max) and the SKUs (1..limit_group_skus_max,
 // distinct, each a valid sku).
 void validate_purchase_limit(const PurchaseLimit& limit);

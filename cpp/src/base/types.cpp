@@ -231,6 +231,10 @@ void validate_buyer(const std::string& buyer) {
   validate_text(buyer, "buyer", buyer_bytes_max, "BUYER_BYTES_MAX");
 }
 
+void validate_ref(const std::string& ref) {
+  validate_text(ref, "ref", ref_bytes_max, "REF_BYTES_MAX");
+}
+
 void validate_limit_group(const std::string& group) {
   validate_text(group, "group", limit_group_bytes_max, "LIMIT_GROUP_BYTES_MAX");
 }

@@ -93,7 +93,7 @@ void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& cal
   refuse_buyer(call);
   validate_idempotency_key(call.idempotency_key);
   if (!sink) throw_invalid_argument("an async call needs a completion sink");
-  if (slots_->known_slots(key) > 1 || call.expected_version || call.idempotency_key) {
+  if (slots_->known_slots(key) > 1 || call.expected_version || call.idempotency_key || call.ref) {
     (void)resolve(call);
     run_async(std::move(sink), token, [this, key, qty, call] { return sell(key, qty, call); });
     return;

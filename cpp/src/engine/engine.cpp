@@ -237,6 +237,10 @@ WriteOptions Engine::resolve(const CallOptions& call) const {
   out.fencing_token = call.fencing_token;
   if (call.buyer) validate_buyer(*call.buyer);
   out.buyer = call.buyer;
+  if (call.ref) validate_ref(*call.ref);
+  if (call.metadata) validate_metadata(*call.metadata);
+  out.ref = call.ref;
+  out.metadata = call.metadata;
   out.nowait = call.nowait;
   out.lock_timeout_ms = call.lock_timeout_ms.value_or(options_.lock_timeout_ms);
   out.retries_max = options_.retries_max;
@@ -257,9 +261,10 @@ Route Engine::route(const SkuKey& key, const CallOptions& call) {
   }
   Strategy run = r.asked == Strategy::automatic ? mode : r.asked;
   // A keyed sell runs per request: its key and its outcome are written in its transaction.
+  // So does a call with a ref or metadata, which the batch's statements do not carry.
   r.idempotency_key = call.idempotency_key;
-  if (run == Strategy::batched &&
-      (r.options.expected_version || r.options.fencing_token || r.idempotency_key)) {
+  if (run == Strategy::batched && (r.options.expected_version || r.options.fencing_token ||
+                                   r.idempotency_key || r.options.ref || r.options.metadata)) {
     run = Strategy::atomic;
   }
   r.batched = run == Strategy::batched;
@@ -566,6 +571,8 @@ StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& ro
   }
   InFlight in_flight(tracker_, row_shard_key(key.sku, key.location));
   SellRequest request{key, qty, route.options, route.idempotency_key};
+  std::optional<NoteScope> note;  // a sale's ref: on its journal entry
+  if (route.options.ref) note.emplace(JournalNote{"", "", "", *route.options.ref});
   return counted<StockLevel>(Op::sell, route.asked, route.options.count_refusal, route.started_us,
                              [&] { return store_->sell(request); });
 }

@@ -36,10 +36,16 @@ inline BatchItem reserve_item(const SkuKey& key, Quantity qty, std::int64_t ttl_
   return item;
 }
 
-// Purchase limits count holds: a sell takes no buyer.
+// Purchase limits count holds: a sell takes no buyer. Nor metadata: a sale leaves no
+// reservation to keep it (its ref goes to the journal).
 inline void refuse_buyer(const CallOptions& call) {
   if (call.buyer) {
     throw_invalid_argument("sell takes no buyer: purchase limits count holds (reserve)");
+  }
+  if (call.metadata) {
+    throw_invalid_argument(
+        "sell takes no metadata: it makes no reservation to keep it (its ref= goes to the "
+        "journal)");
   }
 }
 

@@ -59,4 +59,21 @@ std::vector<Reservation> Engine::order_by_key(const std::string& idempotency_key
   return unslotted(observed(Op::order, [&] { return store_->order_by_key(idempotency_key); }));
 }
 
+std::vector<Reservation> Engine::reservations(const ReservationQuery& query) {
+  check_process();
+  if (!query.ref && !query.order_id && !query.buyer) {
+    throw_invalid_argument("reservations() finds by ref, order or buyer: give one of them");
+  }
+  if (query.limit == 0 || query.limit > reservations_limit_max) {
+    throw_invalid_argument("limit must be between 1 and " + std::to_string(reservations_limit_max) +
+                           ", got " + std::to_string(query.limit));
+  }
+  if (query.ref) validate_ref(*query.ref);
+  if (query.buyer) validate_buyer(*query.buyer);
+  if (query.sku || query.location) {
+    validate_sku_key({query.sku.value_or("sku"), query.location.value_or("location"), 0});
+  }
+  return unslotted(observed(Op::reservations, [&] { return store_->find_reservations(query); }));
+}
+
 }  // namespace stockade

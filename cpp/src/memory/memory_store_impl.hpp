@@ -138,6 +138,7 @@ class MemoryStore final : public Store, public TestHooks {
   std::vector<Reservation> order_step(const OrderStepRequest& request) override;
   std::vector<Reservation> get_order(const Uuid& order_id) override;
   std::vector<Reservation> order_by_key(const std::string& idempotency_key) override;
+  std::vector<Reservation> find_reservations(const ReservationQuery& query) override;
   Reservation transition(const TransitionRequest& request) override;
   Reservation return_units(const ReturnRequest& request) override;
   Reservation resize(const ResizeRequest& request) override;

@@ -57,6 +57,25 @@ std::vector<Reservation> MemoryStore::order_by_key(const std::string& key) {
   return lines;
 }
 
+// A scan of every reservation (the memory store keeps no index but the orders'): bounded by
+// the reservations it holds, which retention bounds.
+std::vector<Reservation> MemoryStore::find_reservations(const ReservationQuery& query) {
+  expire_lapsed();
+  std::vector<Reservation> found;
+  for (const ReservationShard& shard : *reservations_) {
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    for (const auto& [id, record] : shard.records) {
+      if ((!query.after || *query.after < id) && matches(record.value, query)) {
+        found.push_back(record.value);
+      }
+    }
+  }
+  std::sort(found.begin(), found.end(),
+            [](const Reservation& a, const Reservation& b) { return a.id < b.id; });
+  if (found.size() > query.limit) found.resize(query.limit);
+  return found;
+}
+
 std::vector<Reservation> MemoryStore::order_step(const OrderStepRequest& request) {
   const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
   return keyed<std::vector<Reservation>>(request.idempotency_key, print,

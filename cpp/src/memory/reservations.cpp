@@ -73,6 +73,8 @@ Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& reques
   Reservation reservation =
       new_reservation(row, request.qty, request.ttl_us, now, request.idempotency_key);
   reservation.buyer = request.options.buyer;
+  reservation.ref = request.options.ref;
+  reservation.metadata = request.options.metadata;
   reservation.limit_group = group;
   const auto decide = [&](const RowValues& v) {
     check_row(row.key, v, now, request.options.expected_version, std::nullopt);
@@ -212,6 +214,8 @@ std::vector<Reservation> MemoryStore::order_now(const OrderRequest& request,
     made[order[k]] =
         new_reservation(*rows[k], qtys[k], request.ttl_us, now, request.idempotency_key);
     made[order[k]].buyer = request.options.buyer;
+    made[order[k]].ref = request.options.ref;
+    made[order[k]].metadata = request.options.metadata;
     made[order[k]].limit_group = groups[order[k]];
   }
   // The order's id carries its first row's shard key, as on PostgreSQL (its key's shard).

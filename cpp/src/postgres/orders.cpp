@@ -118,4 +118,22 @@ std::vector<Reservation> PostgresStore::order_by_key(const std::string& key) {
   });
 }
 
+std::vector<Reservation> PostgresStore::find_reservations(const ReservationQuery& q) {
+  const Stmt by = q.ref        ? Stmt::find_by_ref
+                  : q.order_id ? Stmt::find_by_order
+                               : Stmt::find_by_buyer;
+  return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    std::vector<Reservation> found;
+    for (const auto& row : tx.exec(
+             by, q.ref.value_or(std::string()),
+             q.order_id ? q.order_id->to_string() : std::string(), q.buyer.value_or(std::string()),
+             q.sku.value_or(std::string()), q.location.value_or(std::string()),
+             q.state ? std::string(reservation_state_name(*q.state)) : std::string(),
+             q.after ? q.after->to_string() : std::string(), static_cast<std::int64_t>(q.limit))) {
+      found.push_back(read_reservation(row));
+    }
+    return found;
+  });
+}
+
 }  // namespace stockade::detail::pg

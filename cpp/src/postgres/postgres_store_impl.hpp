@@ -194,6 +194,7 @@ class PostgresStore final : public Store, public TestHooks {
   std::vector<Reservation> order_step(const OrderStepRequest& request) override;
   std::vector<Reservation> get_order(const Uuid& order_id) override;
   std::vector<Reservation> order_by_key(const std::string& idempotency_key) override;
+  std::vector<Reservation> find_reservations(const ReservationQuery& query) override;
   std::size_t expire_due(std::size_t limit) override;
   std::size_t free_lapsed(std::size_t limit) override;
   // How long free_lapsed() waits for each stock-row lock.
@@ -346,7 +347,9 @@ class PostgresStore final : public Store, public TestHooks {
                                  std::int64_t ttl_us, const std::optional<std::string>& key_name,
                                  const std::optional<std::string>& buyer = std::nullopt,
                                  const std::optional<std::string>& group = std::nullopt,
-                                 const std::optional<Uuid>& order_id = std::nullopt);
+                                 const std::optional<Uuid>& order_id = std::nullopt,
+                                 const std::optional<std::string>& ref = std::nullopt,
+                                 const std::optional<std::string>& metadata = std::nullopt);
   // Purchase limits inside a transaction. take_allowances counts the lines' units against
   // `buyer` in each group they touch (parent rows locked in group order, before any stock
   // row) or raises LimitExceeded; it returns each line's group. give_back returns a

@@ -36,6 +36,8 @@ Reservation read_reservation(const pqxx::row& row, bool* lapsed_out) {
   r.expired = row[16].as<std::int64_t>();
   r.returned = row[17].as<std::int64_t>();
   if (!row[18].is_null()) r.order_id = Uuid::parse(row[18].c_str());
+  if (!row[19].is_null()) r.ref = row[19].as<std::string>();
+  if (!row[20].is_null()) r.metadata = row[20].as<std::string>();
   return r;
 }
 
@@ -136,20 +138,22 @@ std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids
   return in_order(rows, ids);
 }
 
-Reservation PostgresStore::insert_reservation(Tx& tx, const Uuid& id, const SkuKey& key,
-                                              Quantity qty, std::int64_t ttl_us,
-                                              const std::optional<std::string>& key_name,
-                                              const std::optional<std::string>& buyer,
-                                              const std::optional<std::string>& group,
-                                              const std::optional<Uuid>& order_id) {
-  const pqxx::result rows = tx.exec_on(
-      id.shard_key(), Stmt::reservation_insert, id.to_string(), key.sku, key.location, qty, ttl_us,
-      key_name.value_or(std::string()), buyer.value_or(std::string()),
-      group.value_or(std::string()), order_id ? order_id->to_string() : std::string(), key.slot);
+Reservation PostgresStore::insert_reservation(
+    Tx& tx, const Uuid& id, const SkuKey& key, Quantity qty, std::int64_t ttl_us,
+    const std::optional<std::string>& key_name, const std::optional<std::string>& buyer,
+    const std::optional<std::string>& group, const std::optional<Uuid>& order_id,
+    const std::optional<std::string>& ref, const std::optional<std::string>& metadata) {
+  const pqxx::result rows =
+      tx.exec_on(id.shard_key(), Stmt::reservation_insert, id.to_string(), key.sku, key.location,
+                 qty, ttl_us, key_name.value_or(std::string()), buyer.value_or(std::string()),
+                 group.value_or(std::string()), order_id ? order_id->to_string() : std::string(),
+                 ref.value_or(std::string()), metadata.value_or(std::string()), key.slot);
   Reservation r = new_hold(id, key, qty, key_name, rows[0]);
   r.buyer = buyer;
   r.limit_group = group;
   r.order_id = order_id;
+  r.ref = ref;
+  r.metadata = metadata;
   return r;
 }
 

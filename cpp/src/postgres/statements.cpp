@@ -86,14 +86,15 @@ std::string reservation_columns() {
   return "id::text, sku, location, qty, state, version, " + epoch_us("expires_at") + ", " +
          epoch_us("created_at") + ", " + epoch_us("updated_at") +
          ", idempotency_key, expires_at <= now(), buyer, limit_group, slot, confirmed, released,"
-         " expired, returned, order_id::text";
+         " expired, returned, order_id::text, ref, metadata::text";
 }
 
 std::string new_reservation(const std::string& table, bool buyer, bool order) {
   return table +
          " (id, sku, location, slot, qty, state, version, expires_at, idempotency_key,"
          " created_at, updated_at" +
-         (buyer ? ", buyer, limit_group" : "") + (order ? ", order_id" : "") + "@SKC)";
+         (buyer ? ", buyer, limit_group" : "") + (order ? ", order_id, ref, metadata" : "") +
+         "@SKC)";
 }
 
 std::string stock_columns_sql() {
@@ -162,6 +163,7 @@ Statements::Statements(const std::string& schema, bool citus, std::string schema
   add_stock_statements(schema, set);
   add_lease_statements(schema, set);
   add_reservation_statements(schema, set);
+  add_order_statements(schema, set);
   add_retention_statements(schema, set);
   add_count_statements(schema, set);
   add_key_statements(schema, set);
@@ -406,7 +408,7 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
       "WITH w AS (INSERT INTO " + new_reservation(reservation, true, true) +
           " VALUES ($1::uuid, $2, $3, @SLOT, $4, 'held', 1, " + ttl_from_now(5) +
           ", NULLIF($6, ''), now(), now(), NULLIF($7, ''), NULLIF($8, ''),"
-          " NULLIF($9, '')::uuid@SKV)"
+          " NULLIF($9, '')::uuid, NULLIF($10, ''), NULLIF($11, '')::jsonb@SKV)"
           " RETURNING expires_at, created_at) SELECT " +
           epoch_us("expires_at") + ", " + epoch_us("created_at") + " FROM w");
   const std::string reservation_get =
@@ -432,19 +434,6 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
                                     reservation_columns() + " FROM w");
   set(Stmt::reservation_get_many, "SELECT " + reservation_columns() + " FROM " + reservation +
                                       " WHERE id = ANY($1::uuid[])@PIN");
-  // An order's lines (the reservation_order index of migration 012). On the Citus layout
-  // they may lie on several shards: the read goes to all of them, and a step then locks
-  // each line on its own (Citus refuses FOR UPDATE across shards); on one server a step
-  // locks them all here, in id order as a batch does.
-  const std::string order_lines =
-      "SELECT " + reservation_columns() + " FROM " + reservation + " WHERE order_id = $1::uuid";
-  set(Stmt::order_lines, order_lines);
-  set(Stmt::order_lock, order_lines + " ORDER BY id FOR UPDATE");
-  // The reservations a reserve_order's key made, by the key alone (order_by_key): on the
-  // Citus layout the key lies on the shard of the order's first line, unknown here, so the
-  // read goes to every shard.
-  set(Stmt::order_key_get, "SELECT array_to_string(reservation_ids, ',') FROM " + schema +
-                               ".idempotency WHERE key = $1 AND request_fingerprint LIKE 'o%'");
   // The sweeper's pick: due holds in expiry order, skipping rows a transition has locked,
   // expired in place (the UPDATE checks `held` again on the version it writes: a verdict
   // read in a locking CTE is not what PostgreSQL rechecks, see batch_fast); the units to return
@@ -462,6 +451,40 @@ void Statements::add_reservation_statements(const std::string& schema, Set& set)
           " coalesce(limit_group, ''),"
           " coalesce(buyer, ''), slot FROM done GROUP BY sku, location, slot, limit_group, buyer"
           " ORDER BY sku COLLATE \"C\", location COLLATE \"C\", slot");
+}
+
+// Orders and references (migration 012): an order's lines, the reservations a key made,
+// and reservations() by ref, order or buyer.
+template <class Set>
+void Statements::add_order_statements(const std::string& schema, Set& set) {
+  const std::string reservation = schema + ".reservation";
+  // An order's lines (the reservation_order index of migration 012). On the Citus layout
+  // they may lie on several shards: the read goes to all of them, and a step then locks
+  // each line on its own (Citus refuses FOR UPDATE across shards); on one server a step
+  // locks them all here, in id order as a batch does.
+  const std::string order_lines =
+      "SELECT " + reservation_columns() + " FROM " + reservation + " WHERE order_id = $1::uuid";
+  set(Stmt::order_lines, order_lines);
+  set(Stmt::order_lock, order_lines + " ORDER BY id FOR UPDATE");
+  // reservations(): by ref, by order or by buyer (each through its index of migration
+  // 012), narrowed by the other fields given ('' for one not given), in id order after a
+  // cursor. $1 ref, $2 order id, $3 buyer, $4 sku, $5 location, $6 state, $7 after, $8
+  // limit.
+  const std::string narrowed =
+      " AND (NULLIF($1, '') IS NULL OR ref = $1) AND (NULLIF($2, '') IS NULL OR order_id ="
+      " NULLIF($2, '')::uuid) AND (NULLIF($3, '') IS NULL OR buyer = $3) AND (NULLIF($4, '')"
+      " IS NULL OR sku = $4) AND (NULLIF($5, '') IS NULL OR location = $5) AND (NULLIF($6,"
+      " '') IS NULL OR state = $6) AND (NULLIF($7, '') IS NULL OR id > NULLIF($7, '')::uuid)"
+      " ORDER BY id LIMIT $8";
+  const std::string found = "SELECT " + reservation_columns() + " FROM " + reservation;
+  set(Stmt::find_by_ref, found + " WHERE ref = $1" + narrowed);
+  set(Stmt::find_by_order, found + " WHERE order_id = NULLIF($2, '')::uuid" + narrowed);
+  set(Stmt::find_by_buyer, found + " WHERE buyer = $3" + narrowed);
+  // The reservations a reserve_order's key made, by the key alone (order_by_key): on the
+  // Citus layout the key lies on the shard of the order's first line, unknown here, so the
+  // read goes to every shard.
+  set(Stmt::order_key_get, "SELECT array_to_string(reservation_ids, ',') FROM " + schema +
+                               ".idempotency WHERE key = $1 AND request_fingerprint LIKE 'o%'");
 }
 
 // Retention on one server (the Citus layout has its own, add_citus_statements) and the

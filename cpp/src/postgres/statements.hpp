@@ -44,6 +44,9 @@ namespace stockade::detail::pg {
   X(order_lines, plain)               \
   X(order_lock, plain)                \
   X(order_key_get, plain)             \
+  X(find_by_ref, plain)               \
+  X(find_by_order, plain)             \
+  X(find_by_buyer, plain)             \
   X(expire_pick, plain)               \
   X(purge_keys, plain)                \
   X(purge_reservations, plain)        \
@@ -181,6 +184,8 @@ class Statements {
   template <class Set>
   void add_reservation_statements(const std::string& schema, Set& set);
   template <class Set>
+  void add_order_statements(const std::string& schema, Set& set);
+  template <class Set>
   void add_retention_statements(const std::string& schema, Set& set);
   template <class Set>
   void add_count_statements(const std::string& schema, Set& set);
@@ -246,8 +251,8 @@ std::string render_shard_markers(const std::string& sql, bool citus, bool* pinne
 std::string epoch_us(const std::string& column);
 
 // `table` and the columns of a new reservation, in the one order every INSERT of one lists
-// them (`buyer`: with its buyer and purchase-limit group; `order`: and its order id), with
-// the `@SKC` marker.
+// them (`buyer`: with its buyer and purchase-limit group; `order`: and its order id, ref and
+// metadata), with the `@SKC` marker.
 std::string new_reservation(const std::string& table, bool buyer, bool order = false);
 
 // A value quoted as an SQL literal (the connection's quoting).

@@ -430,7 +430,7 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
   const LineGroups groups =
       options.buyer ? take_allowances(tx, lines, *options.buyer) : LineGroups(lines.size());
   if (options.strategy == Strategy::atomic && lines.size() == 1 && !options.buyer && !order_id &&
-      !statements_->citus()) {
+      !options.ref && !options.metadata && !statements_->citus()) {
     // One statement: the conditional UPDATE and the reservation row together. (Citus
     // would run its INSERT ... SELECT by pulling the row to the coordinator first, at
     // half the speed of the two statements below, in one transaction there.)
@@ -476,7 +476,8 @@ std::vector<Reservation> PostgresStore::hold(Tx& tx, const std::vector<OrderLine
   }
   for (std::size_t i = 0; i < lines.size(); ++i) {
     made.push_back(insert_reservation(tx, ids[i], lines[i].key, lines[i].qty, ttl_us,
-                                      idempotency_key, options.buyer, groups[i], order_id));
+                                      idempotency_key, options.buyer, groups[i], order_id,
+                                      options.ref, options.metadata));
   }
   return made;
 }
@@ -508,8 +509,11 @@ Reservation PostgresStore::reserve(const ReserveRequest& request) {
                          }
                          // (Not on Citus, which cannot run that statement on one shard: the
                          // buyer's count may lie on another.)
+                         // (Nor with a ref or metadata: their statements do not carry them.)
+                         const bool plain = !options.ref && !options.metadata;
                          if (options.strategy == Strategy::atomic && !request.idempotency_key &&
-                             options.buyer && !options.expected_version && !statements_->citus()) {
+                             options.buyer && !options.expected_version && !statements_->citus() &&
+                             plain) {
                            if (std::optional<Reservation> made =
                                    reserve_limited_in_one_statement(request, ids.front())) {
                              return std::vector<Reservation>{*made};
@@ -517,7 +521,7 @@ Reservation PostgresStore::reserve(const ReserveRequest& request) {
                          }
                          // (Not on Citus: see hold(), which runs it as two statements there.)
                          if (options.strategy == Strategy::atomic && !request.idempotency_key &&
-                             !options.buyer && !statements_->citus()) {
+                             !options.buyer && !statements_->citus() && plain) {
                            if (std::optional<Reservation> made =
                                    reserve_in_one_statement(request, ids.front())) {
                              return std::vector<Reservation>{*made};

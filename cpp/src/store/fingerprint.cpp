@@ -15,6 +15,14 @@ std::string hex64(std::uint64_t value) {
   return out;
 }
 
+// A ref and metadata join the print only when there are some, so keys made without them
+// still replay.
+std::uint64_t with_references(std::uint64_t h, const WriteOptions& options) {
+  if (options.ref) h = stable_hash64({hex64(h), "ref", *options.ref});
+  if (options.metadata) h = stable_hash64({hex64(h), "metadata", *options.metadata});
+  return h;
+}
+
 }  // namespace
 
 std::string fingerprint(const ReserveRequest& request) {
@@ -26,7 +34,7 @@ std::string fingerprint(const ReserveRequest& request) {
   std::uint64_t h = stable_hash64({"reserve", key.sku, key.location, qty, ttl});
   // A buyer joins the print only when there is one, so keys made without one still replay.
   if (request.options.buyer) h = stable_hash64({hex64(h), "buyer", *request.options.buyer});
-  return "r1:" + hex64(h);
+  return "r1:" + hex64(with_references(h, request.options));
 }
 
 std::string fingerprint(const OrderRequest& request) {
@@ -42,7 +50,7 @@ std::string fingerprint(const OrderRequest& request) {
     h = stable_hash64({prev, key.sku, key.location, qty});
   }
   if (request.options.buyer) h = stable_hash64({hex64(h), "buyer", *request.options.buyer});
-  return "o1:" + hex64(h);
+  return "o1:" + hex64(with_references(h, request.options));
 }
 
 namespace {

@@ -217,8 +217,12 @@ std::string encode_outcome(const Reservation& r) {
   out.number(static_cast<std::int64_t>(r.state)).number(r.version);
   out.number(r.expires_at_us).number(r.created_at_us).number(r.updated_at_us);
   out.maybe(r.idempotency_key).maybe(r.buyer).maybe(r.limit_group);
-  // Last, and only when it is there: an outcome stored before orders had ids reads as is.
-  if (r.order_id) out.text(r.order_id->to_string());
+  // Last, and only when one is there: an outcome stored before orders and references reads
+  // as it was.
+  if (r.order_id || r.ref || r.metadata) {
+    out.text(r.order_id ? r.order_id->to_string() : std::string());
+    out.maybe(r.ref).maybe(r.metadata);
+  }
   return out.done();
 }
 
@@ -275,7 +279,12 @@ Reservation decode_outcome<Reservation>(const std::string& text) {
   r.idempotency_key = in.maybe();
   r.buyer = in.maybe();
   r.limit_group = in.maybe();
-  if (!in.at_end()) r.order_id = Uuid::parse(in.text());
+  if (!in.at_end()) {
+    const std::string order = in.text();
+    if (!order.empty()) r.order_id = Uuid::parse(order);
+    r.ref = in.maybe();
+    r.metadata = in.maybe();
+  }
   in.end();
   return r;
 }

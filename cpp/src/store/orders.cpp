@@ -103,6 +103,12 @@ OrderPlan plan_order_step(const OrderStepRequest& request, const std::vector<Res
   return plan;
 }
 
+bool matches(const Reservation& r, const ReservationQuery& q) {
+  return (!q.ref || r.ref == q.ref) && (!q.order_id || r.order_id == q.order_id) &&
+         (!q.buyer || r.buyer == q.buyer) && (!q.sku || r.key.sku == *q.sku) &&
+         (!q.location || r.key.location == *q.location) && (!q.state || r.state == *q.state);
+}
+
 void throw_order_not_found(const Uuid& order_id) {
   ErrorContext context;
   context.reservation_id = order_id;

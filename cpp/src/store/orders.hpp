@@ -34,6 +34,10 @@ struct OrderPlan {
 OrderPlan plan_order_step(const OrderStepRequest& request, const std::vector<Reservation>& lines,
                           const std::vector<bool>& lapsed);
 
+// Whether `r` is one `query` asks for (every field given matches; `after` and `limit` are
+// the caller's to apply). The memory store's filter; PostgreSQL's statements say the same.
+bool matches(const Reservation& r, const ReservationQuery& query);
+
 // NotFound for an order id that names no order (or one whose lines retention purged).
 [[noreturn]] void throw_order_not_found(const Uuid& order_id);
 
