@@ -686,8 +686,10 @@ class EngineCalls:
     ) -> Order:
         """Gives back what every line of ``order`` holds (or ``qty``'s parts, named as
         with :meth:`confirm_order`), in one transaction. A line whose hold lapsed is
-        expired there, and the others are released all the same. Returns the order as
-        written. ``idempotency_key`` as with :meth:`confirm`."""
+        expired there, and the others are released all the same (but a part that names a
+        lapsed line raises ``ReservationExpired``, its expiry written, as with
+        :meth:`confirm_order`). Returns the order as written. ``idempotency_key`` as with
+        :meth:`confirm`."""
         return self._order_step(
             "release", order, self._order_parts(order, qty), 0, False, idempotency_key
         )

@@ -463,12 +463,32 @@ def metadata_text(value: object) -> Optional[str]:
         return None
     if not isinstance(value, dict):
         raise InvalidType(f"metadata must be a dict (a JSON object), not {type(value).__name__}")
+    _str_keys(value, 0)
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     except TypeError as e:
         raise InvalidType(f"metadata must hold JSON values only: {shown(str(e))}") from None
-    except ValueError as e:  # NaN, an infinity, a cycle
+    except (ValueError, RecursionError) as e:  # NaN, an infinity, a cycle
         raise InvalidArgument(f"metadata is not JSON: {shown(str(e))}") from None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument("metadata must be valid Unicode (no lone surrogates)") from None
+    return text
+
+
+def _str_keys(value: object, depth: int) -> None:
+    """Every object key in `value` is a str (json.dumps would turn 1 into "1" silently)."""
+    if depth > 64:
+        return  # deeper than the core allows: it refuses the text
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidType(f"metadata keys must be str, not {type(key).__name__}")
+            _str_keys(item, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _str_keys(item, depth + 1)
 
 
 def order_id_bytes(value: object) -> bytes:
@@ -497,6 +517,8 @@ def order_parts(lines: Sequence[Reservation], qty: object) -> list[tuple[bytes, 
 
     if not isinstance(qty, Mapping):
         raise InvalidType(f"qty must be a mapping of line to units, not {type(qty).__name__}")
+    if not qty:  # not "every line": a caller whose parts came out empty asked for none
+        raise InvalidArgument("qty names no line: leave it out to step every line")
     parts: list[tuple[bytes, int]] = []
     for ref, units in qty.items():
         if isinstance(ref, Reservation):

@@ -111,13 +111,31 @@ TEST(OrderStep, refusals_decide_nothing) {
 }
 
 TEST(Metadata, one_json_object_of_bounded_size_passes_and_nothing_else) {
-  for (const char* good : {R"({})", R"( {"a": 1, "b": [true, false, null, -0.5e+3, "x\"y"]} )",
-                           R"({"n": {"m": {"o": "\u00e9\n"}}})"}) {
+  for (const char* good :
+       {R"({})", R"( {"a": 1, "b": [true, false, null, -0.5e+3, "x\"y"]} )",
+        R"({"n": {"m": {"o": "\u00e9\n"}}})", R"({"pair": "\ud83d\ude00", "e": 1E0009999})"}) {
     EXPECT_NO_THROW(validate_metadata(good)) << good;
   }
-  for (const char* bad :
-       {"", "[]", "1", R"("s")", "{", R"({"a" 1})", R"({"a": 01})", R"({"a": 1,})", R"({a: 1})",
-        R"({"a": tru})", R"({} {})", R"({"a": "\x"})", R"({"a": "\u0000"})", "{\"a\": \"\t\"}"}) {
+  for (const char* bad : {"",
+                          "[]",
+                          "1",
+                          R"("s")",
+                          "{",
+                          R"({"a" 1})",
+                          R"({"a": 01})",
+                          R"({"a": 1,})",
+                          R"({a: 1})",
+                          R"({"a": tru})",
+                          R"({} {})",
+                          R"({"a": "\x"})",
+                          R"({"a": "\u0000"})",
+                          "{\"a\": \"\t\"}",
+                          R"({"a": "\ud800"})",
+                          R"({"a": "\udc00x"})",
+                          R"({"a": "\ud800\u0041"})",
+                          R"({"a": 1e10000})",
+                          R"({"a": 1e})",
+                          "{\"a\": \"\xff\"}"}) {
     EXPECT_STOCKADE_ERROR(validate_metadata(bad), ErrorCode::invalid_argument);
   }
   std::string deep;

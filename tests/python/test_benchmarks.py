@@ -275,6 +275,21 @@ def test_lifecycle_benchmark_prints_every_case(tmp_path: Path) -> None:
     assert "audit clean: True" in out.stdout
 
 
+def test_orders_benchmark_prints_every_ratio(tmp_path: Path) -> None:
+    out = run_benchmark(
+        "orders.py", "--seconds", "0.2", "--threads", "4", "--rounds", "1",
+        "--json", str(tmp_path / "orders.json"),
+    )  # fmt: skip
+    report = json.loads((tmp_path / "orders.json").read_text())
+    assert set(report["ratios"]) == {
+        "confirm_order / 3 x confirm",
+        "reserve, batched, ref / reserve, batched",
+    }
+    assert all(rates[0] > 0 for rates in report["rates"].values())
+    assert report["audit_ok"] and report["held_left"] == 0  # every order settled whole
+    assert "audit clean: True" in out.stdout
+
+
 def test_keyed_writes_benchmark_prints_every_ratio(tmp_path: Path) -> None:
     out = run_benchmark(
         "keyed_writes.py", "--seconds", "0.2", "--clients", "8", "--rounds", "1",

@@ -371,12 +371,18 @@ class Checker:
                             r, f"reservation {rid}: answered {told}, not one of {sorted(after)}"
                         )
                     possible, last = {told}, r  # type: ignore[assignment]
+                    short = short and r["op"] != "extend"  # it holds for LONG_TTL now
                 elif r["out"] == "InDoubt":
                     possible |= after
                 elif r["out"] not in DEFINITE_STEP_FAILURES:
                     self.fail(r, f"a step told {r['out']}")
-                if r["out"] == "ReservationExpired" and not short:
-                    self.fail(r, "a hold with a long TTL expired")
+                elif not self.refusal_fits(r, possible):
+                    what = f"told {r['out']}, which none of {sorted(possible)} gives"
+                    self.fail(r, f"reservation {rid}: {what}")
+                if r["out"] == "ReservationExpired":
+                    possible = {lapsed(u) for u in possible}  # the step wrote the expiry
+                    if not short:
+                        self.fail(r, "a hold with a long TTL expired")
             if short:
                 possible |= {lapsed(u) for u in possible}
             if row.units not in possible:
@@ -385,6 +391,20 @@ class Checker:
                 )
             if row.state != state_of(row.units):
                 self.fail(last, f"reservation {rid} is {row.state} with units {row.units}")
+
+    @staticmethod
+    def refusal_fits(r: Record, possible: Set[Units]) -> bool:
+        """Whether a step's definite refusal is one some possible state gives: a state it
+        cannot apply to (InvalidState; for an order's step, a line that holds nothing),
+        a resize that grows (OutOfStock, LimitExceeded); a lost lock or connection, any."""
+        out = r["out"]
+        if out == "InvalidState":
+            if r["op"] in ("confirm_order", "release_order"):
+                return any(u[1] == 0 for u in possible)
+            return any(stepped(u, r) is None for u in possible)
+        if out in ("OutOfStock", "LimitExceeded"):
+            return r["op"] == "resize" and any(r["qty"] > u[1] > 0 for u in possible)
+        return True
 
     def moves(self, sku: str, settled: Settled) -> Tuple[int, Counter[int]]:
         """What the restocks and sells of `sku` moved on_hand by: for sure (each one
@@ -710,6 +730,9 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
             "t0": 1.4,
             "t1": 1.5,
         },
+        # A hold of two, untouched, yet a confirm of one was refused as if it held none.
+        reserve("k-refused-step", "r-refused"),
+        {"op": "confirm", "target": "r-refused", "part": 1, "out": "InvalidState", "t0": 1.6},
         {"op": "restock", "sku": "n-0", "key": None, "qty": 10, "out": "ok", "t0": 2.0, "t1": 2.1},
         # A keyed restock acknowledged whose key holds nothing, a keyed sell told a
         # definite failure whose key holds an outcome, and one whose retry never settled.
@@ -752,6 +775,7 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "o-1": row("n-1", 5, "held", "k-order"),
         "o-2": row("n-1", 2, "held", "k-order"),
         "r-part": Row("n-0", 3, "held", "k-part", (3, 1, 2, 0, 0, 0)),
+        "r-refused": row("n-0", 1, "held", "k-refused-step"),
     }
     stored = {
         "k-lost": ["r-lost"],
@@ -759,6 +783,7 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "k-held": ["r-held"],
         "k-order": ["o-1"],
         "k-part": ["r-part"],
+        "k-refused-step": ["r-refused"],
     }
     rows = {sku: (START, 0) for sku in [*SKUS, LEASED]}
     rows["n-0"] = (START + 5, 7)  # a restock that did not land, a reserved count that is off
@@ -767,7 +792,8 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
     checker = Checker(history, rows)
     checker.engine_bugs()
     checker.keys(stored, {"k-doubt": "IdempotencyConflict"})
-    checker.reservations(db, {"r-lost", "r-held", "r-conf", "o-1", "o-2", "r-part"})
+    made = {"r-lost", "r-held", "r-conf", "o-1", "o-2", "r-part", "r-refused"}
+    checker.reservations(db, made)
     checker.stock(db, {})
     checker.keyed_writes({"k-s"}, {})
     checker.leases()
@@ -785,7 +811,8 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "reservation r-conf is (1, 0, 0, 1, 0, 0); its calls allow [(1, 0, 1, 0, 0, 0)]",
         "reservation r-part: answered (3, 2, 1, 1, 0, 0), not one of [(3, 1, 1, 1, 0, 0)]",
         "reservation r-part is (3, 1, 2, 0, 0, 0)",
-        "n-0: reserved 7, but its holds sum to 3",
+        "reservation r-refused: told InvalidState, which none of [(1, 1, 0, 0, 0, 0)] gives",
+        "n-0: reserved 7, but its holds sum to 4",
         "n-0: on_hand",
         "acknowledged, but its key holds no outcome",
         "told Unavailable (nothing changed), but its key holds an outcome",

@@ -113,6 +113,8 @@ def test_a_refused_part_changes_nothing(engine: stockade.Engine) -> None:
         engine.release_order(order, qty={"zz": 1})
     with pytest.raises(stockade.InvalidArgument):
         engine.confirm_order(order, qty={"a": 0})
+    with pytest.raises(stockade.InvalidArgument, match="names no line"):
+        engine.confirm_order(order, qty={}, release_rest=True)  # not "the whole order"
     with pytest.raises(stockade.InvalidType):
         engine.confirm_order(order, qty=[("a", 1)])  # type: ignore[arg-type]
     with pytest.raises(stockade.InvalidType):
@@ -288,3 +290,24 @@ def test_the_async_twins_step_orders(engine: stockade.Engine) -> None:
     done = asyncio.run(go())
     assert [(r.confirmed, r.released) for r in done] == [(2, 1), (2, 0), (1, 0)]
     assert asyncio.run(engine.order_async(order.id)) == done
+
+
+def test_retention_purges_an_orders_lines_one_by_one(engine: stockade.Engine, wait: Wait) -> None:
+    from datetime import timedelta
+
+    engine.restock("a", 10)
+    engine.restock("b", 10)
+    order = engine.reserve_order({"a": 1, "b": 1})
+    engine.confirm(order.line("a").id)
+    wait(0.3)
+    engine.purge(timedelta(milliseconds=100))
+    left = engine.order(order.id)
+    assert [r.sku for r in left] == ["b"]  # the ended line went, the held one stays
+    assert engine.reservations(order=order) == list(left)
+    engine.release_order(order)
+    wait(0.3)
+    engine.purge(timedelta(milliseconds=100))
+    with pytest.raises(stockade.NotFound):
+        engine.order(order.id)
+    with pytest.raises(stockade.NotFound):
+        engine.confirm_order(order)

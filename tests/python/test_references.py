@@ -81,6 +81,10 @@ def test_bad_references_are_refused_before_anything_changes(engine: stockade.Eng
         engine.reserve("a", 1, metadata={"x": "y" * stockade.METADATA_BYTES_MAX})
     with pytest.raises(stockade.InvalidArgument, match="one JSON object"):
         engine.reserve("a", 1, metadata={"nul": "a\x00b"})  # jsonb refuses \u0000
+    with pytest.raises(stockade.InvalidType, match="keys must be str"):
+        engine.reserve("a", 1, metadata={"nested": {1: "x"}})  # type: ignore[dict-item]
+    with pytest.raises(stockade.InvalidArgument, match="lone surrogates"):
+        engine.reserve("a", 1, metadata={"s": "\ud800"})
     with pytest.raises(stockade.InvalidArgument, match="ref, order or buyer"):
         engine.reservations(sku="a")
     for limit in (0, stockade.RESERVATIONS_LIMIT_MAX + 1):

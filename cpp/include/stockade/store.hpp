@@ -265,8 +265,9 @@ class Store {
   virtual Reservation get_reservation(const Uuid& id) = 0;
   // Orders (reserve_order's lines share an order id): a step of every line at once (see
   // OrderStepRequest), and the lines read back, by the order's id or by the key that made
-  // it. Lines come back in id order (the order they were made in: sorted by key). An
-  // unknown order, and one whose lines retention purged, is NotFound.
+  // it. Lines come back sorted by (sku, location, slot), then id. An unknown order, and one
+  // whose lines retention purged, is NotFound (retention purges lines one by one: an order
+  // may come back with fewer lines first).
   virtual std::vector<Reservation> order_step(const OrderStepRequest& request) = 0;
   virtual std::vector<Reservation> get_order(const Uuid& order_id) = 0;
   virtual std::vector<Reservation> order_by_key(const std::string& idempotency_key) = 0;

@@ -46,6 +46,21 @@ class JsonCheck {
     at_ += w.size();
     return true;
   }
+  // The four hex digits after "\\u" (at_ on the 'u'; left on the last digit), or -1.
+  int hex4() {
+    int unit = 0;
+    for (int i = 0; i < 4; ++i) {
+      if (++at_ >= s_.size()) return -1;
+      const char c = s_[at_];
+      const int v = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
+      if (v < 0) return -1;
+      unit = unit * 16 + v;
+    }
+    return unit;
+  }
   bool digits() {
     const std::size_t from = at_;
     while (at_ < s_.size() && s_[at_] >= '0' && s_[at_] <= '9') ++at_;
@@ -62,7 +77,13 @@ class JsonCheck {
     if (at_ < s_.size() && (s_[at_] == 'e' || s_[at_] == 'E')) {
       ++at_;
       if (at_ < s_.size() && (s_[at_] == '+' || s_[at_] == '-')) ++at_;
-      if (!digits()) return false;
+      const std::size_t start = at_;
+      while (at_ < s_.size() && s_[at_] == '0') ++at_;
+      const std::size_t significant = at_;
+      digits();
+      if (at_ == start) return false;  // no digit at all
+      // jsonb's numeric holds exponents far past 9999, but not 10^1000000: bounded here.
+      if (at_ - significant > 4) return false;
     }
     return true;
   }
@@ -79,12 +100,16 @@ class JsonCheck {
       if (++at_ >= s_.size()) return false;
       const char e = s_[at_];
       if (e == 'u') {
-        // \u0000 is valid JSON, but PostgreSQL's jsonb refuses it: refused on both stores.
-        if (s_.substr(at_ + 1, 4) == "0000") return false;
-        for (int i = 0; i < 4; ++i) {
-          if (++at_ >= s_.size() || !std::isxdigit(static_cast<unsigned char>(s_[at_]))) {
-            return false;
-          }
+        // PostgreSQL's jsonb refuses \u0000 and a surrogate that is not half of a pair,
+        // though JSON allows them: refused on both stores.
+        const int unit = hex4();
+        if (unit <= 0) return false;
+        if (unit >= 0xDC00 && unit <= 0xDFFF) return false;  // a low half alone
+        if (unit >= 0xD800 && unit <= 0xDBFF) {
+          if (s_.substr(at_ + 1, 2) != "\\u") return false;
+          at_ += 2;
+          const int low = hex4();
+          if (low < 0xDC00 || low > 0xDFFF) return false;
         }
       } else if (std::string_view("\"\\/bfnrt").find(e) == std::string_view::npos) {
         return false;
@@ -131,9 +156,12 @@ void validate_metadata(const std::string& text) {
                            " bytes of JSON; the limit is " + std::to_string(metadata_bytes_max) +
                            " bytes (METADATA_BYTES_MAX)");
   }
-  if (text.find('\0') != std::string::npos || !JsonCheck(text).object_only()) {
+  if (text.find('\0') != std::string::npos || !is_valid_utf8(text) ||
+      !JsonCheck(text).object_only()) {
     throw_invalid_argument("metadata must be one JSON object (at most " +
-                           std::to_string(depth_max) + " levels deep, no \\u0000 in a string)");
+                           std::to_string(depth_max) +
+                           " levels deep, UTF-8, no \\u0000 or unpaired surrogate in a string, "
+                           "no exponent past 9999)");
   }
 }
 

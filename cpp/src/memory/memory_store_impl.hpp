@@ -258,6 +258,7 @@ class MemoryStore final : public Store, public TestHooks {
   void note_order(const Uuid& order_id, const std::vector<Reservation>& lines);
   void forget_line(const Reservation& r);  // a line purged by retention
   std::vector<Uuid> order_ids(const Uuid& order_id) const;
+  std::vector<Reservation> lines_of(const std::vector<Uuid>& ids);
   std::vector<Reservation> order_step_now(const OrderStepRequest& request);
   // Idempotency keys (keys.cpp).
   std::optional<IdempotencyEntry> claim_key(

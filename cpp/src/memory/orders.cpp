@@ -33,9 +33,23 @@ std::vector<Uuid> MemoryStore::order_ids(const Uuid& order_id) const {
   return it->second;
 }
 
-std::vector<Reservation> MemoryStore::get_order(const Uuid& order_id) {
-  std::vector<Reservation> lines = fetch_all(order_ids(order_id));
+// The lines retention has not purged (it purges them one by one, as PostgreSQL's does).
+std::vector<Reservation> MemoryStore::lines_of(const std::vector<Uuid>& ids) {
+  std::vector<Reservation> lines;
+  for (const Uuid& id : ids) {
+    try {
+      lines.push_back(get_reservation(id));
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::not_found) throw;
+    }
+  }
   sort_lines(lines);
+  return lines;
+}
+
+std::vector<Reservation> MemoryStore::get_order(const Uuid& order_id) {
+  std::vector<Reservation> lines = lines_of(order_ids(order_id));
+  if (lines.empty()) throw_order_not_found(order_id);
   return lines;
 }
 
@@ -52,8 +66,11 @@ std::vector<Reservation> MemoryStore::order_by_key(const std::string& key) {
   if (ids.empty()) {
     throw Error(ErrorCode::not_found, "no order was made with idempotency key " + shown(key));
   }
-  std::vector<Reservation> lines = fetch_all(ids);
-  sort_lines(lines);
+  std::vector<Reservation> lines = lines_of(ids);
+  if (lines.empty()) {
+    throw Error(ErrorCode::not_found,
+                "the order made with idempotency key " + shown(key) + " was purged");
+  }
   return lines;
 }
 
@@ -106,6 +123,9 @@ std::vector<Reservation> MemoryStore::order_step_now(const OrderStepRequest& req
   }
   if (lines.empty()) throw_order_not_found(request.order_id);  // every line purged
   const OrderPlan plan = plan_order_step(request, lines, lapsed);
+  for (const PlannedLine& p : plan.lines) {
+    if (p.changed) check_units(p.line);  // every line checked before any is written
+  }
   const TimestampUs extended =
       request.kind == Transition::extend ? expiry_of(now, request.ttl_us, "the hold") : 0;
   std::vector<Reservation> out;

@@ -117,6 +117,7 @@ std::uint64_t MemoryStore::purge_reservations(TimestampUs horizon, std::uint64_t
         }
       }
       if (record != shard.records.end()) {
+        forget_line(record->second.value);  // orders_mutex_ is a leaf lock
         shard.records.erase(record);
         ++erased;
       }
