@@ -1,5 +1,6 @@
 // Engine: an order as one handle (order_step, get_order, order_by_key). Each runs per
 // request on the store, in one transaction; the lines come back with their SKU's own keys.
+#include "store/orders.hpp"
 #include "engine/internal.hpp"
 #include "hotrow/slot_router.hpp"
 #include "stockade/engine.hpp"
@@ -8,11 +9,7 @@
 namespace stockade {
 namespace {
 
-const char* step_name(Transition kind) {
-  return kind == Transition::confirm   ? "confirm_order"
-         : kind == Transition::release ? "release_order"
-                                       : "extend_order";
-}
+using detail::step_name;
 
 Op step_op(Transition kind) {
   return kind == Transition::confirm   ? Op::confirm_order

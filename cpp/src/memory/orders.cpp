@@ -63,14 +63,9 @@ std::vector<Reservation> MemoryStore::order_by_key(const std::string& key) {
       ids = it->second.ids;
     }
   }
-  if (ids.empty()) {
-    throw Error(ErrorCode::not_found, "no order was made with idempotency key " + shown(key));
-  }
+  if (ids.empty()) throw_no_order_for_key(key, /*purged=*/false);
   std::vector<Reservation> lines = lines_of(ids);
-  if (lines.empty()) {
-    throw Error(ErrorCode::not_found,
-                "the order made with idempotency key " + shown(key) + " was purged");
-  }
+  if (lines.empty()) throw_no_order_for_key(key, /*purged=*/true);
   return lines;
 }
 

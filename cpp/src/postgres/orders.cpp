@@ -101,18 +101,13 @@ std::vector<Reservation> PostgresStore::get_order(const Uuid& order_id) {
 std::vector<Reservation> PostgresStore::order_by_key(const std::string& key) {
   return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
     const pqxx::result found = tx.exec(Stmt::order_key_get, key);
-    if (found.empty()) {
-      throw Error(ErrorCode::not_found, "no order was made with idempotency key " + shown(key));
-    }
+    if (found.empty()) throw_no_order_for_key(key, /*purged=*/false);
     if (found.size() > 1) {  // the Citus layout: one key claimed on two shards
       throw Error(ErrorCode::invalid_state,
                   "idempotency key " + shown(key) + " names more than one order");
     }
     std::vector<Reservation> lines = read_many(tx, parse_ids(found[0][0].as<std::string>()));
-    if (lines.empty()) {
-      throw Error(ErrorCode::not_found,
-                  "the order made with idempotency key " + shown(key) + " was purged");
-    }
+    if (lines.empty()) throw_no_order_for_key(key, /*purged=*/true);
     sort_lines(lines);
     return lines;
   });

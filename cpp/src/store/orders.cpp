@@ -4,13 +4,14 @@
 #include <map>
 
 namespace stockade::detail {
-namespace {
 
 const char* step_name(Transition kind) {
   return kind == Transition::confirm   ? "confirm_order"
          : kind == Transition::release ? "release_order"
                                        : "extend_order";
 }
+
+namespace {
 
 // The parts by line id; InvalidArgument for an id that is no line of the order, or named
 // twice.
@@ -49,6 +50,7 @@ OrderPlan plan_order_step(const OrderStepRequest& request, const std::vector<Res
   OrderPlan plan;
   std::optional<Reservation> expired_line;  // the first line that fails the step
   bool any_live = false;
+  bool any_expiry = false;
   for (std::size_t i = 0; i < lines.size(); ++i) {
     PlannedLine p{lines[i], {}, false, false, false};
     Reservation& r = p.line;
@@ -58,7 +60,7 @@ OrderPlan plan_order_step(const OrderStepRequest& request, const std::vector<Res
       if (named) throw not_holdable(r);  // a part of a line that ended
       if (whole && ended_by_expiry(r) && !expired_line) expired_line = r;
     } else if (lapsed[i]) {
-      p.changed = p.expires = true;
+      p.changed = p.expires = any_expiry = true;
       p.moved.freed = r.held();
       settle_units(r, Settle::expire, r.held());
       if ((whole || named) && !expired_line) expired_line = r;
@@ -90,8 +92,6 @@ OrderPlan plan_order_step(const OrderStepRequest& request, const std::vector<Res
         context_of(*expired_line));
     return plan;
   }
-  const bool any_expiry = std::any_of(plan.lines.begin(), plan.lines.end(),
-                                      [](const PlannedLine& p) { return p.expires; });
   if (!any_live && !any_expiry) {
     ErrorContext context;
     context.reservation_id = request.order_id;
@@ -113,6 +113,12 @@ void throw_order_not_found(const Uuid& order_id) {
   ErrorContext context;
   context.reservation_id = order_id;
   throw Error(ErrorCode::not_found, "no order " + order_id.to_string(), std::move(context));
+}
+
+void throw_no_order_for_key(const std::string& key, bool purged) {
+  throw Error(ErrorCode::not_found,
+              purged ? "the order made with idempotency key " + shown(key) + " was purged"
+                     : "no order was made with idempotency key " + shown(key));
 }
 
 void sort_lines(std::vector<Reservation>& lines) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "stockade/store.hpp"
@@ -27,6 +28,9 @@ struct OrderPlan {
   std::optional<Error> raise_after;
 };
 
+// The call a step of an order is: "confirm_order", "release_order" or "extend_order".
+const char* step_name(Transition kind);
+
 // Decides `request` on `lines` (the order's lines, locked; `lapsed[i]` whether line i is
 // held past its expiry on the store's clock), by the rules of OrderStepRequest. Throws,
 // deciding nothing, for a part that names no line of the order or one line twice, a part of
@@ -40,6 +44,9 @@ bool matches(const Reservation& r, const ReservationQuery& query);
 
 // NotFound for an order id that names no order (or one whose lines retention purged).
 [[noreturn]] void throw_order_not_found(const Uuid& order_id);
+
+// NotFound for a key that made no order, or whose order's lines retention purged.
+[[noreturn]] void throw_no_order_for_key(const std::string& key, bool purged);
 
 // Lines in the order Store::get_order returns them: by (sku, location, slot), then id.
 void sort_lines(std::vector<Reservation>& lines);
