@@ -93,9 +93,10 @@ test-python: install
 	$(PY) -m pytest --durations=25
 
 # Every PostgreSQL test (contract, races, faults) once more, with the engines connecting
-# through a throwaway PgBouncer in transaction mode (see the pytest plugin).
+# through a throwaway PgBouncer in transaction mode (see the pytest plugin). A test that
+# starts a server of its own (own_server) never meets the pooler: it ran once already.
 test-pooled: install
-	$(PY) -m pytest -m postgres --stockade-pooler pgbouncer --durations=15
+	$(PY) -m pytest -m "postgres and not own_server" --stockade-pooler pgbouncer --durations=15
 
 # The memory store's strategies side by side, driven from C++ (a benchmark, not a test).
 bench: system-deps $(VENV)/.tools-stamp

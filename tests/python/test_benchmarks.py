@@ -11,6 +11,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Each benchmark starts its own server (or cluster): the pooled pass would run it again
+# unchanged.
+pytestmark = pytest.mark.own_server
+
 
 def run_benchmark(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Runs benchmarks/<script> with `args` (bounded: 300 s); it must exit 0."""

@@ -143,6 +143,7 @@ def test_bench_peers_runs_pgbench_and_redis_next_to_stockade(
 
 
 @pytest.mark.postgres
+@pytest.mark.own_server
 def test_bench_slow_flush_delays_every_flush_and_measures_the_ceiling(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
