@@ -315,8 +315,9 @@ class EngineCalls:
         """Sells ``qty`` units at once (no hold): on_hand falls if enough is available.
 
         With ``fencing_token`` (a lease's), it runs per request, like ``expected_version``.
-        ``idempotency_key`` as with :meth:`restock`: a keyed sell runs per request too (its
-        key and outcome are written in its own transaction). ``ref`` (a short text: an
+        ``idempotency_key`` as with :meth:`restock`; under ``batched`` (or ``auto``) a keyed
+        sell still batches: its batch claims the key and stores the sale's level with it, in
+        the batch's transaction. ``ref`` (a short text: an
         order line's id) goes on the sale's journal entry; a sell with one runs per
         request."""
         return StockLevel._from_core(

@@ -231,15 +231,107 @@ def test_the_async_twins_take_the_key(engine: stockade.Engine) -> None:
     assert engine.stock("k").on_hand == 10 - 1 - 1
 
 
-def test_a_keyed_sell_under_batched_runs_per_request(batched_engine: stockade.Engine) -> None:
+def test_a_keyed_sell_batches_and_replays_its_first_level(batched_engine: stockade.Engine) -> None:
+    # The batch claims the key and stores the sale's level with it: a replay, batched or per
+    # request, returns that level with no second effect, after later writes too.
     eng = batched_engine
     eng.restock("k", 10)
+    before = eng.stats()["batcher"]["requests"]
     first = eng.sell("k", 2, idempotency_key="b-1", strategy="batched")
+    assert eng.stats()["batcher"]["requests"] == before + 1  # it went through the batcher
+    assert (first.on_hand, first.reserved) == (8, 0)
+    eng.sell("k", 1)
     assert eng.sell("k", 2, idempotency_key="b-1", strategy="batched") == first
+    assert eng.sell("k", 2, idempotency_key="b-1", strategy="atomic") == first
+    with pytest.raises(stockade.IdempotencyConflict, match="other arguments"):
+        eng.sell("k", 3, idempotency_key="b-1", strategy="batched")
+    # and a batched sell replays a key a per-request sell stored
+    direct = eng.sell("k", 1, idempotency_key="b-2", strategy="atomic")
+    assert eng.sell("k", 1, idempotency_key="b-2", strategy="batched") == direct
     hold = eng.reserve("k", 2, ttl=600)
-    step = eng.confirm(hold.id, idempotency_key="b-2")
-    assert eng.confirm(hold.id, idempotency_key="b-2") == step
-    assert (eng.stock("k").on_hand, eng.stock("k").reserved) == (6, 0)
+    step = eng.confirm(hold.id, idempotency_key="b-3")
+    assert eng.confirm(hold.id, idempotency_key="b-3") == step
+    assert (eng.stock("k").on_hand, eng.stock("k").reserved) == (4, 0)
+    assert eng.audit().ok
+
+
+def test_a_refused_batched_keyed_sell_leaves_its_key_free(batched_engine: stockade.Engine) -> None:
+    eng = batched_engine
+    eng.restock("k", 1)
+    with pytest.raises(stockade.OutOfStock):
+        eng.sell("k", 2, idempotency_key="short", strategy="batched")
+    eng.restock("k", 1)
+    sold_ = eng.sell("k", 2, idempotency_key="short", strategy="batched")
+    assert sold_.on_hand == 0
+    assert eng.sell("k", 2, idempotency_key="short", strategy="batched") == sold_
+    with pytest.raises(stockade.IdempotencyConflict, match="used for a sell, this is a reserve"):
+        eng.reserve("k", 1, idempotency_key="short", strategy="batched")
+
+
+def test_batched_keyed_sells_racing_on_shared_keys_sell_once_per_key(
+    batched_engine: stockade.Engine,
+) -> None:
+    # 32 threads, 8 keys, each key used by 4 threads at once (in one batch or in several):
+    # one sale per key, and every caller of a key is told the same level.
+    eng = batched_engine
+    eng.restock("k", 100)
+    keys = [new_key() for _ in range(8)]
+    out = race(32, lambda i: eng.sell("k", 1, idempotency_key=keys[i % 8], strategy="batched"))
+    assert not any(out.errors), out.errors
+    for n in range(8):
+        told = {(r.on_hand, r.version) for i, r in enumerate(out.results) if i % 8 == n}
+        assert len(told) == 1, told
+    assert len({r.on_hand for r in out.results}) == 8  # eight sales, each at its own level
+    assert eng.stock("k").on_hand == 92
+    assert eng.audit().ok
+
+
+@pytest.mark.parametrize("cut", ["before", "after"])
+def test_a_batched_keyed_sell_cut_in_its_one_statement_is_answered_once(
+    proxy: CommitCuttingProxy, stockade_database: str, pooled: bool, cut: str
+) -> None:
+    # The one-row batch's statement moves the row and claims the key with the sale's level,
+    # in autocommit. Cut before it reached the server, or after it ran: the engine ended the
+    # session and read the key, which tells whether the batch landed and holds the level.
+    if pooled:
+        pytest.skip("the proxy cuts the prepared statement, which pooled connections do not use")
+    dsn = proxy.dsn(field(stockade_database, "dbname"))
+    with stockade.Engine.postgres(dsn, pool_size=2, sweeper=False, strategy="batched") as eng:
+        eng.restock("k", 10)
+        key = new_key()
+        proxy.arm(cut, statement="stockade_batch_fast_one_keyed")
+        first = eng.sell("k", 2, idempotency_key=key)
+        assert proxy.cuts == 1
+        assert (first.on_hand, eng.stock("k").on_hand) == (8, 8)
+        assert eng.sell("k", 2, idempotency_key=key) == first
+        assert eng.stock("k").on_hand == 8
+        assert eng.audit().ok
+
+
+@pytest.mark.parametrize("cut", ["before", "after"])
+def test_a_batched_keyed_sell_cut_at_its_commit_is_answered_once(
+    proxy: CommitCuttingProxy, stockade_database: str, pooled: bool, cut: str
+) -> None:
+    # The batch's long path, one transaction (a replay's miss sends the next batches there):
+    # its COMMIT cut, the key it claimed tells whether the batch committed.
+    dsn = proxy.dsn(field(stockade_database, "dbname"))
+    with stockade.Engine.postgres(dsn, pool_size=2, sweeper=False, strategy="batched") as eng:
+        eng.restock("k", 10)
+        eng.sell("k", 1, idempotency_key="warm")
+        eng.sell("k", 1, idempotency_key="warm")  # a replay: the fast statement misses
+        key = new_key()
+        proxy.arm(cut)
+        try:
+            first = eng.sell("k", 2, idempotency_key=key)
+        except stockade.InDoubt as told:
+            assert pooled and cut == "before", told
+            assert "retry with the same idempotency key" in str(told)
+            assert eng.stock("k").on_hand == 9  # it did not land
+            first = eng.sell("k", 2, idempotency_key=key)
+        assert proxy.cuts == 1
+        assert (first.on_hand, eng.stock("k").on_hand) == (7, 7)
+        assert eng.sell("k", 2, idempotency_key=key) == first
+        assert eng.audit().ok
 
 
 def test_keyed_writes_on_a_slotted_sku_take_effect_once(engine: stockade.Engine) -> None:

@@ -111,7 +111,7 @@ void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& cal
       },
       Op::sell, r.asked, r.started_us);
   if (r.batched) {
-    BatchItem item = sell_item(key, qty, r.asked);
+    BatchItem item = sell_item(key, qty, r.asked, r.idempotency_key);
     through_batcher(item, r, std::move(sink), token);
     return;
   }

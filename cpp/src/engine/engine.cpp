@@ -260,11 +260,11 @@ Route Engine::route(const SkuKey& key, const CallOptions& call) {
     on_slotted_routed(key, mode == Strategy::batched);
   }
   Strategy run = r.asked == Strategy::automatic ? mode : r.asked;
-  // A keyed sell runs per request: its key and its outcome are written in its transaction.
-  // So does a call with a ref or metadata, which the batch's statements do not carry.
+  // A keyed sell batches: the batch claims its key and stores its outcome with it. A call
+  // with a ref or metadata runs per request: the batch's statements do not carry them.
   r.idempotency_key = call.idempotency_key;
   if (run == Strategy::batched && (r.options.expected_version || r.options.fencing_token ||
-                                   r.idempotency_key || r.options.ref || r.options.metadata)) {
+                                   r.options.ref || r.options.metadata)) {
     run = Strategy::atomic;
   }
   r.batched = run == Strategy::batched;
@@ -565,7 +565,7 @@ std::shared_ptr<CompletionSink> Engine::slot_checked_sink(
 
 StockLevel Engine::sell_checked(const SkuKey& key, Quantity qty, const Route& route) {
   if (route.batched) {
-    BatchItem item = sell_item(key, qty, route.asked);
+    BatchItem item = sell_item(key, qty, route.asked, route.idempotency_key);
     through_batcher(item, route, nullptr, 0);
     return std::move(item.level);
   }

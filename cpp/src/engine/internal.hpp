@@ -49,9 +49,11 @@ inline void refuse_buyer(const CallOptions& call) {
   }
 }
 
-inline BatchItem sell_item(const SkuKey& key, Quantity qty, Strategy asked) {
+inline BatchItem sell_item(const SkuKey& key, Quantity qty, Strategy asked,
+                           std::optional<std::string> idempotency_key) {
   BatchItem item;
   item.assign(row_request(BatchOp::sell, key, qty, asked));
+  item.idempotency_key = std::move(idempotency_key);
   return item;
 }
 

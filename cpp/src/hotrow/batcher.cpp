@@ -65,6 +65,7 @@ ErrorContext context_of_request(const BatchItem& item, ErrorContext base = {}) {
     base.sku = item.key.sku;
     base.location = item.key.location;
     base.reservation_id.reset();
+    base.keyed = item.idempotency_key.has_value();  // a retry with its key settles it
   }
   return base;
 }

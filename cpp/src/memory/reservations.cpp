@@ -561,7 +561,7 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
           break;
         }
         case BatchOp::sell:
-          item->level = sell(SellRequest{item->key, item->qty, write, std::nullopt});
+          item->level = sell(SellRequest{item->key, item->qty, write, item->idempotency_key});
           break;
         case BatchOp::confirm:
         case BatchOp::release:

@@ -73,10 +73,11 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
 }
 
 // The full path, one transaction. If its commit is lost and the session was ended, a
-// reservation the attempt made tells whether it committed: if so, every decision of the
-// attempt stands (grants, refusals, replays, transitions, sells, all in that one
-// transaction); if not, nothing changed and the batch runs once more. A batch that made
-// no reservation (only sells, transitions or replays) stays InDoubt.
+// reservation the attempt made, or else the key of a keyed sell it made, tells whether it
+// committed: if so, every decision of the attempt stands (grants, refusals, replays,
+// transitions, sells, all in that one transaction); if not, nothing changed and the batch
+// runs once more. A batch that made neither (only keyless sells, transitions or replays)
+// stays InDoubt.
 void PostgresStore::run_full_resolving(BatchTx& batch, const WriteOptions& write,
                                        const ErrorContext& context) {
   for (int lost = 0;; ++lost) {
@@ -87,9 +88,15 @@ void PostgresStore::run_full_resolving(BatchTx& batch, const WriteOptions& write
       });
       return;
     } catch (const LostCommit& e) {
-      const std::optional<Uuid> probe = batch.made_reservation_id();
-      if (lost > 0 || !probe) throw;
-      if (!find_landed({*probe}, e, context).empty()) return;  // unsettled: found, or InDoubt
+      if (lost > 0) throw;
+      // Unsettled, each look answers only if the attempt is there; InDoubt otherwise.
+      if (const std::optional<Uuid> probe = batch.made_reservation_id()) {
+        if (!find_landed({*probe}, e, context).empty()) return;
+      } else if (const std::optional<KeyedWrite> sold = batch.keyed_sell(true)) {
+        if (landed_outcome(*sold, e, context)) return;
+      } else {
+        throw;
+      }
     }
   }
 }
@@ -101,13 +108,18 @@ void PostgresStore::run_full_resolving(BatchTx& batch, const WriteOptions& write
 // the batch or none, so one of them tells which: if not, nothing changed and the batch
 // runs the full path; if so, the reservations are read back, and only sells (which leave
 // no row to look for) stay in doubt. A batch of sells alone, or a session that could not
-// be ended, fails with InDoubt.
+// be ended, fails with InDoubt. A keyed sell's key tells as a reservation does, and
+// gives its level back.
 std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const LostCommit& lost,
                                                 const ErrorContext& context) {
-  const std::optional<Uuid> probe = batch.first_reservation_id();
-  if (!probe) throw lost;
-  // Unsettled, find_landed answers only if the batch is there already; InDoubt otherwise.
-  if (find_landed({*probe}, lost, context).empty()) return std::nullopt;
+  // Unsettled, each look answers only if the batch is there already; InDoubt otherwise.
+  if (const std::optional<Uuid> probe = batch.first_reservation_id()) {
+    if (find_landed({*probe}, lost, context).empty()) return std::nullopt;
+  } else if (const std::optional<KeyedWrite> sold = batch.keyed_sell(false)) {
+    if (!landed_outcome(*sold, lost, context)) return std::nullopt;
+  } else {
+    throw lost;
+  }
   run<RunMode::read>(nullptr, context, [&](Tx& tx) {
     batch.adopt_landed(*this, tx, lost);
     return true;

@@ -26,12 +26,20 @@ Asked asked_of(const BatchItem& item) {
 
 }  // namespace
 
+// A keyed request's fingerprint, as its per-request form prints it.
+std::string print_of(const BatchItem& item) {
+  if (item.op == BatchOp::sell) {
+    return fingerprint(SellRequest{item.key, item.qty, WriteOptions{}, item.idempotency_key});
+  }
+  return fingerprint(request_of(item));
+}
+
 void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
   std::vector<std::string> names, fingerprints, ids;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     if (!keyed(i)) continue;
     const BatchItem& item = *items_[i];
-    prints_[i] = fingerprint(request_of(item));
+    prints_[i] = print_of(item);
     const std::string& print = prints_[i];
     auto [it, first] = keys_.try_emplace(*item.idempotency_key);
     if (!first) {
@@ -41,7 +49,7 @@ void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
     it->second = KeyClaim{i, print, false, std::nullopt, std::nullopt};
     names.push_back(it->first);
     fingerprints.push_back(print);
-    ids.push_back(ids_[i].to_string());
+    ids.push_back(item.op == BatchOp::reserve ? ids_[i].to_string() : std::string());
   }
   if (names.empty()) return;
   const Statements& statements = tx.conn.statements();
@@ -59,8 +67,8 @@ void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
   if (!taken.empty()) replay(store, tx, taken);
 }
 
-// Keys committed before this batch: the same request replays its reservation, a different
-// one is a conflict.
+// Keys committed before this batch: the same request replays its reservation (a reserve) or
+// its stored level (a sell), a different one is a conflict.
 void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string>& names) {
   const pqxx::result found = tx.exec_on(shard_, Stmt::batch_keys_get, text_array(names));
   for (const auto& row : found) {
@@ -68,11 +76,16 @@ void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string
     BatchItem& item = *items_[claim.first];
     decided_[claim.first] = true;
     claim.stored_fingerprint = row[1].as<std::string>();
-    if (!reserves(*claim.stored_fingerprint)) {
-      // Another kind of write's key (a sell's, a confirm's, ...): it names no reservation,
-      // and no reserve can replay it. Every request of the batch with it conflicts.
-      fail(item,
-           keyed_conflict(*item.idempotency_key, *claim.stored_fingerprint, claim.fingerprint));
+    if (!reserves(*claim.stored_fingerprint) || item.op != BatchOp::reserve) {
+      // A key that names no reservation (a sell's, a confirm's, ...), or a sell's request:
+      // the same sell replays the level its key stored; anything else conflicts.
+      if (*claim.stored_fingerprint == claim.fingerprint && !row[3].is_null()) {
+        item.level = decode_outcome<StockLevel>(row[3].as<std::string>());
+        item.ok = true;
+      } else {
+        fail(item,
+             keyed_conflict(*item.idempotency_key, *claim.stored_fingerprint, claim.fingerprint));
+      }
       continue;
     }
     // Read even on a conflict: a later duplicate in the batch may be the same request.
@@ -385,7 +398,7 @@ struct OneRowHolds {
   bool any_buyer = false;
 };
 struct NewKeys {
-  std::vector<std::string> names, prints, ids;
+  std::vector<std::string> names, prints, ids, outcomes;
 };
 
 // write() for a batch on one row, through batch_fast_one: the key travels once.
@@ -418,24 +431,40 @@ pqxx::result BatchTx::write_one(Tx& tx) {
                       row.changes, text_array(h.ids), int_array(h.qtys), int_array(h.ttls),
                       text_array(h.keys), key.slot);
   }
-  NewKeys k;
-  for (std::size_t i = 0; i < items_.size(); ++i) {
-    if (!keyed(i)) continue;
-    const BatchItem& item = *items_[i];
-    k.names.push_back(*item.idempotency_key);
-    k.prints.push_back(fingerprint(
-        ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, WriteOptions{}}));
-    k.ids.push_back(ids_[i].to_string());
-  }
+  const NewKeys k = new_keys(row);
   if (tx.conn.statements().citus()) return write_one_citus(tx, h, k);
   try {
     return tx.exec_on(shard_, Stmt::batch_fast_one_keyed, key.sku, key.location, row.sold, row.held,
                       row.changes, text_array(h.ids), int_array(h.qtys), int_array(h.ttls),
                       text_array(h.keys), text_array(k.names), text_array(k.prints),
-                      text_array(k.ids), key.slot);
+                      text_array(k.ids), text_array(k.outcomes), key.slot);
   } catch (const pqxx::unique_violation&) {
     throw FastMiss{};  // a key claimed in flight elsewhere: the statement rolled back
   }
+}
+
+// The keys a one-row fast batch claims: a reserve's names its reservation; a sell's carries
+// its level's prefix (store/keyed.hpp), what the batch changes on the row after that sale,
+// the row as the statement leaves it being appended when it is known. `row` holds the
+// batch's totals, as decided with every request granted.
+NewKeys BatchTx::new_keys(const RowState& row) const {
+  NewKeys k;
+  Quantity sold = 0, held = 0;
+  std::int64_t changes = 0;
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    const BatchItem& item = *items_[i];
+    (item.op == BatchOp::sell ? sold : held) += item.qty;
+    ++changes;
+    if (!keyed(i)) continue;
+    k.names.push_back(*item.idempotency_key);
+    k.prints.push_back(print_of(item));
+    const bool sell = item.op == BatchOp::sell;
+    k.ids.push_back(sell ? std::string() : ids_[i].to_string());
+    k.outcomes.push_back(sell ? batched_level_prefix(item.key, row.sold - sold, row.held - held,
+                                                     row.changes - changes)
+                              : std::string());
+  }
+  return k;
 }
 
 // write_one on Citus: the same writes as separate statements of one transaction (see
@@ -461,14 +490,47 @@ pqxx::result BatchTx::write_one_citus(Tx& tx, const OneRowHolds& h, const NewKey
                                                          h.ttls, h.keys, none, none}));
   }
   if (!k.names.empty()) {
+    const pqxx::row m = moved[0];  // the row as it moved: each sell's level's tail
+    const std::string tail = batched_level_tail(m[2].as<std::int64_t>(), m[3].as<std::int64_t>(),
+                                                m[4].as<std::int64_t>(), m[5].as<std::int64_t>(),
+                                                m[6].as<std::int64_t>());
+    std::vector<std::string> outcomes = k.outcomes;
+    for (std::string& outcome : outcomes) {
+      if (!outcome.empty()) outcome += tail;
+    }
     try {
       tx.conn.exec_sql(tx.work, citus_keys_sql(quoting(tx.work), schema, shard_, k.names, k.prints,
-                                               k.ids, false));
+                                               k.ids, false, outcomes));
     } catch (const pqxx::unique_violation&) {
       throw FastMiss{};  // claimed elsewhere meanwhile: the transaction rolls back
     }
   }
   return moved;
+}
+
+// The levels of the sells whose keys this batch claimed and which went through, stored with
+// their keys (a refused one's key is freed instead: unclaim_refused).
+void BatchTx::write_key_outcomes(Tx& tx) {
+  std::vector<std::string> names, outcomes;
+  for (const auto& [name, claim] : keys_) {
+    const BatchItem& item = *items_[claim.first];
+    if (!claim.claimed || !item.ok || item.op != BatchOp::sell) continue;
+    names.push_back(name);
+    outcomes.push_back(encode_outcome(item.level));
+  }
+  if (names.empty()) return;
+  const Statements& statements = tx.conn.statements();
+  const auto written = static_cast<std::size_t>(
+      (statements.citus()
+           ? tx.conn.exec_sql(tx.work, citus_key_outcomes_sql(quoting(tx.work), statements.schema(),
+                                                              shard_, names, outcomes))
+           : tx.exec_on(shard_, Stmt::batch_key_outcomes, text_array(names), text_array(outcomes)))
+          .affected_rows());
+  if (written != names.size()) {
+    throw Error(ErrorCode::invariant_violation, "a batch stored " + std::to_string(written) +
+                                                    " of its " + std::to_string(names.size()) +
+                                                    " sells' outcomes; rolled back");
+  }
 }
 
 void BatchTx::unclaim_refused(Tx& tx) {
@@ -489,8 +551,15 @@ void BatchTx::settle_duplicates() {
     const KeyClaim& claim = keys_.at(*item.idempotency_key);
     if (claim.first == i) continue;
     const std::string& owner = claim.stored_fingerprint.value_or(claim.fingerprint);
-    if (!reserves(owner)) {  // another kind of write's key (see replay)
-      fail(item, keyed_conflict(*item.idempotency_key, owner, prints_[i]));
+    if (!reserves(owner) || item.op != BatchOp::reserve) {  // a sell's, or another kind's key
+      const BatchItem& first = *items_[claim.first];
+      if (prints_[i] != owner) {
+        fail(item, keyed_conflict(*item.idempotency_key, owner, prints_[i]));
+      } else {  // the same sell: the first's outcome, decided or replayed
+        item.ok = first.ok;
+        item.level = first.level;
+        item.error = first.error;
+      }
     } else if (prints_[i] != owner) {
       const Asked first = claim.stored ? asked_by(std::vector<Reservation>{*claim.stored}, owner)
                                        : asked_of(*items_[claim.first]);

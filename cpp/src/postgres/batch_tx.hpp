@@ -101,6 +101,9 @@ inline void fail(BatchItem& item, Error error) {
 struct OneRowHolds;
 struct NewKeys;
 
+// A keyed request's fingerprint (a reserve's or a sell's), as its per-request form prints it.
+std::string print_of(const BatchItem& item);
+
 class BatchTx {
  public:
   BatchTx(const std::vector<BatchItem*>& items, std::int64_t now_ms)
@@ -133,19 +136,52 @@ class BatchTx {
     return std::nullopt;
   }
 
+  // A keyed sell of the batch (the first), as its key's write: the fast path claims every
+  // key or none, so its key tells whether the statement landed, as a reservation does.
+  // With `made`, only one that this attempt of the full path decided to sell and whose key it
+  // claimed (its key is in the database if and only if the attempt committed).
+  std::optional<KeyedWrite> keyed_sell(bool made) const {
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      const BatchItem& item = *items_[i];
+      if (!keyed(i) || item.op != BatchOp::sell) continue;
+      if (made) {
+        const auto claim = keys_.find(*item.idempotency_key);
+        if (!item.ok || claim == keys_.end() || !claim->second.claimed ||
+            claim->second.first != i) {
+          continue;
+        }
+      }
+      return KeyedWrite{*item.idempotency_key, print_of(item), shard_};
+    }
+    return std::nullopt;
+  }
+
   // The fast statement landed though its answer was lost: every request was granted.
-  // Reservations are read back; a sell's resulting level is unknown, so it is in doubt.
+  // Reservations are read back, and so are keyed sells' levels (from their keys); a keyless
+  // sell's resulting level is unknown, so it is in doubt.
   void adopt_landed(PostgresStore& store, Tx& tx, const Error& in_doubt_error) {
     std::vector<Uuid> ids;
+    std::vector<std::string> names;
     for (std::size_t i = 0; i < items_.size(); ++i) {
       if (items_[i]->op == BatchOp::reserve) ids.push_back(ids_[i]);
+      if (items_[i]->op == BatchOp::sell && keyed(i)) names.push_back(*items_[i]->idempotency_key);
     }
     const std::vector<Reservation> made = store.fetch(tx, ids);
+    std::map<std::string, std::string> levels;
+    if (!names.empty()) {
+      for (const auto& row : tx.exec_on(shard_, Stmt::batch_keys_get, text_array(names))) {
+        if (!row[3].is_null()) levels.emplace(row[0].as<std::string>(), row[3].as<std::string>());
+      }
+    }
     std::size_t next = 0;
     for (BatchItem* item : items_) {
       item->clear_outcome();
+      const auto level = item->idempotency_key ? levels.find(*item->idempotency_key) : levels.end();
       if (item->op == BatchOp::reserve) {
         item->reservation = made[next++];
+        item->ok = true;
+      } else if (level != levels.end()) {
+        item->level = decode_outcome<StockLevel>(level->second);
         item->ok = true;
       } else {
         item->error = in_doubt_error;
@@ -280,6 +316,7 @@ class BatchTx {
     }
     write_transitions(tx);
     write_allowances(tx);
+    write_key_outcomes(tx);
     unclaim_refused(tx);
     settle_duplicates();
   }
@@ -297,8 +334,9 @@ class BatchTx {
     for (BatchItem* item : items_) item->clear_outcome();
   }
 
+  // A reserve or a sell with an idempotency key (transitions batch without keys).
   bool keyed(std::size_t i) const {
-    return items_[i]->op == BatchOp::reserve && items_[i]->idempotency_key.has_value();
+    return !is_transition(items_[i]->op) && items_[i]->idempotency_key.has_value();
   }
 
   void claim_keys(PostgresStore& store, Tx& tx);
@@ -320,6 +358,8 @@ class BatchTx {
   pqxx::result write_fast(Tx& tx);
   pqxx::result write_one(Tx& tx);
   pqxx::result write_one_citus(Tx& tx, const OneRowHolds& h, const NewKeys& k);
+  NewKeys new_keys(const RowState& row) const;
+  void write_key_outcomes(Tx& tx);
   void unclaim_refused(Tx& tx);
   void settle_duplicates();
 

@@ -74,6 +74,7 @@ namespace stockade::detail::pg {
   X(batch_lock, routine)              \
   X(batch_write, plain)               \
   X(batch_unclaim, plain)             \
+  X(batch_key_outcomes, plain)        \
   X(batch_fast, routine)              \
   X(batch_fast_one, routine)          \
   X(batch_fast_one_keyed, routine)    \
@@ -274,12 +275,18 @@ struct CitusHolds {
 
 // The Citus layout's multi-row INSERTs of a batch's reservations and of its keys
 // (statements_citus_batch.cpp); `skip_taken`: ON CONFLICT DO NOTHING RETURNING the keys
-// claimed.
+// claimed. A key's id is its reservation's ('' for a sell's key), and its outcome a sell's
+// (`outcomes` empty, or '' for a reserve's key: none).
 std::string citus_holds_sql(const Quote& quote, const std::string& schema, std::uint16_t shard,
                             std::int64_t now_us, const CitusHolds& h);
 std::string citus_keys_sql(const Quote& quote, const std::string& schema, std::uint16_t shard,
                            const std::vector<std::string>& names,
                            const std::vector<std::string>& prints,
-                           const std::vector<std::string>& ids, bool skip_taken);
+                           const std::vector<std::string>& ids, bool skip_taken,
+                           const std::vector<std::string>& outcomes = {});
+// The outcomes of a batch's keyed sells, stored with their keys (batch_key_outcomes).
+std::string citus_key_outcomes_sql(const Quote& quote, const std::string& schema,
+                                   std::uint16_t shard, const std::vector<std::string>& names,
+                                   const std::vector<std::string>& outcomes);
 
 }  // namespace stockade::detail::pg

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "postgres/statements.hpp"
+#include "store/keyed.hpp"
 
 namespace stockade::detail::pg {
 
@@ -12,6 +13,11 @@ using sql::room;
 using sql::row_key;
 
 namespace {
+
+// A batch's key row's reservation ids, from the text of one id ('' for a sell's key: none).
+std::string key_ids(const std::string& id) {
+  return "CASE WHEN " + id + " = '' THEN '{}'::uuid[] ELSE ARRAY[" + id + "::uuid] END";
+}
 
 // The pieces of the one-row batch statements (add_batch_fast_one_statements): the guarded
 // UPDATE of the row ($1..$5), its RETURNING, the reservations' INSERT ($6..$9), and the
@@ -46,14 +52,21 @@ void add_batch_statements(const std::string& schema, const StatementSink& set) {
   const std::string idempotency = schema + ".idempotency";
   // Claims new keys in sorted order (so two batches cannot deadlock on them); a key that
   // another transaction holds is waited for, and comes back missing if it committed.
+  // A reserve's key names its reservation ($3); a sell's names none ('') and gets its
+  // outcome once the batch decided it (batch_key_outcomes).
   set(Stmt::batch_claim,
       "INSERT INTO " + idempotency +
           " (key, request_fingerprint, reservation_ids, created_at@SKC)"
-          " SELECT k, f, ARRAY[i::uuid], now()@SKV FROM unnest($1::text[], $2::text[], $3::text[])"
+          " SELECT k, f, " +
+          key_ids("i") +
+          ", now()@SKV FROM unnest($1::text[], $2::text[], $3::text[])"
           " AS t(k, f, i) ORDER BY k COLLATE \"C\" ON CONFLICT (@SKFkey) DO NOTHING RETURNING key");
   set(Stmt::batch_keys_get,
-      "SELECT key, request_fingerprint, array_to_string(reservation_ids, ',') FROM " + idempotency +
-          " WHERE key = ANY($1::text[])@PIN FOR KEY SHARE");
+      "SELECT key, request_fingerprint, array_to_string(reservation_ids, ','), outcome FROM " +
+          idempotency + " WHERE key = ANY($1::text[])@PIN FOR KEY SHARE");
+  set(Stmt::batch_key_outcomes, "UPDATE " + idempotency +
+                                    " SET outcome = ($2::text[])[array_position($1::text[], key)]"
+                                    " WHERE key = ANY($1::text[])@PIN");
   // Locks the touched rows in sorted key order, and reads the transaction's now(), each
   // row's backorder limit, and whether it is discontinued or leased.
   set(Stmt::batch_lock,
@@ -159,7 +172,8 @@ void add_batch_fast_statements(const std::string& schema, const StatementSink& s
 void add_batch_fast_one_statements(const std::string& schema, const StatementSink& set) {
   // The fast path for a batch on one row (the hot SKU): the guarded UPDATE takes the row
   // lock and checks the room itself, and the reservations are inserted only if it moved.
-  // The keyed form ($10 keys, $11 fingerprints, $12 the ids of their reservations) moves
+  // The keyed form ($10 keys, $11 fingerprints, $12 the ids of their reservations, '' for a
+  // sell's; $13 a sell's outcome prefix, store/keyed.hpp, '' for a reserve's) moves
   // the row only if none of its keys is stored yet, then claims the keys. A replay (its
   // key committed) leaves the row unmoved and the statement returns no row: the batch
   // takes the full path, which decides replays and conflicts. So a replay is not a
@@ -195,11 +209,14 @@ void add_batch_fast_one_statements(const std::string& schema, const StatementSin
       " AND (SELECT count(*) FROM " + schema + ".idempotency WHERE key = ANY($10::text[])) = 0";
   set(Stmt::batch_fast_one_keyed,
       "WITH" + moved + fresh_keys + moved_end + made + ", claim AS (INSERT INTO " + schema +
-          ".idempotency (key, request_fingerprint, reservation_ids, created_at@SKC)"
-          " SELECT k, f, ARRAY[i::uuid], now()@SKV FROM unnest($10::text[], $11::text[], "
-          "$12::text[])"
-          " AS t(k, f, i) WHERE EXISTS (SELECT 1 FROM moved))" +
-          answer);
+          ".idempotency (key, request_fingerprint, reservation_ids, outcome, created_at@SKC)"
+          " SELECT k, f, " +
+          key_ids("i") +
+          ", CASE WHEN o = '' THEN NULL ELSE o || m.tail END, now()@SKV FROM unnest($10::text[],"
+          " $11::text[], $12::text[], $13::text[]) AS t(k, f, i, o), (SELECT " +
+          batched_level_tail_sql("on_hand", "reserved", "version", epoch_us("now()"),
+                                 "backorder_limit") +
+          " AS tail FROM moved) m)" + answer);
 }
 
 // The one-row fast path with buyers (purchase limits).

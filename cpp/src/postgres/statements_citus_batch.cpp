@@ -39,22 +39,40 @@ std::string citus_holds_sql(const Quote& quote, const std::string& schema, std::
 std::string citus_keys_sql(const Quote& quote, const std::string& schema, std::uint16_t shard,
                            const std::vector<std::string>& names,
                            const std::vector<std::string>& prints,
-                           const std::vector<std::string>& ids, bool skip_taken) {
+                           const std::vector<std::string>& ids, bool skip_taken,
+                           const std::vector<std::string>& outcomes) {
   std::vector<std::size_t> order(names.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return names[a] < names[b];  // std::string compares bytewise, as COLLATE "C"
   });
   std::string sql = "INSERT INTO " + schema +
-                    ".idempotency (key, request_fingerprint, reservation_ids, created_at,"
-                    " shard_key) VALUES ";
+                    ".idempotency (key, request_fingerprint, reservation_ids, outcome,"
+                    " created_at, shard_key) VALUES ";
   for (std::size_t n = 0; n < order.size(); ++n) {
     const std::size_t i = order[n];
-    sql += (n == 0 ? "(" : ", (") + quote(names[i]) + ", " + quote(prints[i]) + ", ARRAY[" +
-           quote(ids[i]) + "::uuid], now(), " + std::to_string(shard) + ")";
+    const std::string outcome = outcomes.empty() ? std::string() : outcomes[i];
+    sql += (n == 0 ? "(" : ", (") + quote(names[i]) + ", " + quote(prints[i]) + ", " +
+           (ids[i].empty() ? std::string("'{}'::uuid[]") : "ARRAY[" + quote(ids[i]) + "::uuid]") +
+           ", " + (outcome.empty() ? std::string("NULL") : quote(outcome)) + ", now(), " +
+           std::to_string(shard) + ")";
   }
   if (skip_taken) sql += " ON CONFLICT (shard_key, key) DO NOTHING RETURNING key";
   return sql;
+}
+
+// batch_key_outcomes on Citus, whose 13.2 worker crashed (signal 11) running that prepared
+// UPDATE with its array subscript: each key's outcome spelled out in a CASE.
+std::string citus_key_outcomes_sql(const Quote& quote, const std::string& schema,
+                                   std::uint16_t shard, const std::vector<std::string>& names,
+                                   const std::vector<std::string>& outcomes) {
+  std::string cases, keys;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    cases += " WHEN " + quote(names[i]) + " THEN " + quote(outcomes[i]);
+    keys += (i == 0 ? "" : ", ") + quote(names[i]);
+  }
+  return "UPDATE " + schema + ".idempotency SET outcome = CASE key" + cases +
+         " END WHERE shard_key = " + std::to_string(shard) + " AND key IN (" + keys + ")";
 }
 
 }  // namespace stockade::detail::pg
