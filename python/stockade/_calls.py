@@ -319,7 +319,7 @@ class EngineCalls:
         sell still batches: its batch claims the key and stores the sale's level with it, in
         the batch's transaction. ``ref`` (a short text: an
         order line's id) goes on the sale's journal entry; a sell with one runs per
-        request."""
+        request (a batch cannot give each sale its own entry)."""
         return StockLevel._from_core(
             self._core.sell(
                 sku=check_str("sku", sku),
@@ -445,8 +445,8 @@ class EngineCalls:
         With a ``buyer``, the purchase limit of the SKU's group applies (``LimitExceeded``;
         see :meth:`set_purchase_limit`). ``ref`` (a short text: an order line's id) and
         ``metadata`` (a dict that is a JSON object, at most ``METADATA_BYTES_MAX`` bytes)
-        are kept with the reservation, and :meth:`reservations` finds it by ``ref``; a
-        reserve with either runs per request, never batched.
+        are kept with the reservation (batched or not), and :meth:`reservations` finds it
+        by ``ref``.
         """
         return Reservation._from_core(
             self._core.reserve(

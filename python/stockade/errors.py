@@ -23,6 +23,7 @@ VersionConflict          412     no         -            If-Match / expected_ver
 RetriesExhausted         503     yes        1            optimistic retries ran out
 ReservationExpired       410     no         -            the hold is gone for good
 InvalidState             409     no         -            e.g. confirm a released hold
+OverReturn               409     no         -            more back than sold (InvalidState)
 LockNotAvailable         409     yes        1            NOWAIT found the lock taken
 LockTimeout              503     yes        1
 IdempotencyConflict      422     no         -            the key names another request
@@ -70,6 +71,7 @@ __all__ = [
     "NotFound",
     "NotSupported",
     "OutOfStock",
+    "OverReturn",
     "Overloaded",
     "ReservationExpired",
     "RetriesExhausted",
@@ -159,6 +161,15 @@ class InvalidState(StockadeError):
     """The transition is not allowed from the current state (e.g. confirm a released hold)."""
 
     code = "invalid_state"
+    http_status = 409
+
+
+class OverReturn(InvalidState):
+    """A return of more units than the reservation sold and has not had back yet
+    (:meth:`Engine.return_units`); nothing changed. The message says how many can still be
+    returned. An :class:`InvalidState`, as it was before it had a class of its own."""
+
+    code = "over_return"
     http_status = 409
 
 
@@ -372,6 +383,7 @@ _BY_CODE: dict[str, type[StockadeError]] = {
         DeadlineExceeded,
         FeedOverrun,
         DatabaseError,
+        OverReturn,
     )
 }
 

@@ -308,8 +308,10 @@ def test_a_return_puts_sold_units_back_on_hand(engine: stockade.Engine) -> None:
     lvl = engine.stock("s")
     assert (lvl.on_hand, lvl.reserved, lvl.available) == (9, 1, 8)
     assert engine.buyer_held("g", "ann") == 2  # the returned units went back to her count
-    with pytest.raises(stockade.InvalidState, match="1 confirmed units not returned"):
+    with pytest.raises(stockade.OverReturn, match="1 confirmed units not returned") as told:
         engine.return_units(hold.id, 2)
+    assert isinstance(told.value, stockade.InvalidState)  # as it was before it had a class
+    assert (told.value.http_status, told.value.code) == (409, "over_return")
     assert engine.reservation(hold.id).version == back.version  # the refusal changed nothing
     assert engine.stock("s") == lvl
     assert_clean(engine)
@@ -347,7 +349,7 @@ def test_returns_are_journaled_as_returns(engine: stockade.Engine) -> None:
 def test_a_return_of_units_not_sold_is_refused(engine: stockade.Engine) -> None:
     engine.restock("s", 5)
     hold = engine.reserve("s", 2)
-    with pytest.raises(stockade.InvalidState, match="0 confirmed units"):
+    with pytest.raises(stockade.OverReturn, match="0 confirmed units"):
         engine.return_units(hold.id, 1)
     with pytest.raises(stockade.NotFound):
         engine.return_units(uuid.UUID(bytes=bytes(16)), 1)

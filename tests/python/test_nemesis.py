@@ -192,6 +192,7 @@ REFUSALS = {"LimitExceeded", "OutOfStock"}
 # told ReservationExpired; a resize's growth past the buyer's limit, LimitExceeded).
 DEFINITE_STEP_FAILURES = {"LockTimeout", "DeadlineExceeded", "Unavailable", "Overloaded"}
 DEFINITE_STEP_FAILURES |= {"ReservationExpired", "InvalidState", "LimitExceeded", "OutOfStock"}
+DEFINITE_STEP_FAILURES |= {"OverReturn"}
 
 
 class Row(NamedTuple):
@@ -396,8 +397,11 @@ class Checker:
     def refusal_fits(r: Record, possible: Set[Units]) -> bool:
         """Whether a step's definite refusal is one some possible state gives: a state it
         cannot apply to (InvalidState; for an order's step, a line that holds nothing),
-        a resize that grows (OutOfStock, LimitExceeded); a lost lock or connection, any."""
+        a return of more than was sold and not returned (OverReturn), a resize that grows
+        (OutOfStock, LimitExceeded); a lost lock or connection, any."""
         out = r["out"]
+        if out == "OverReturn":
+            return r["op"] == "return" and any(stepped(u, r) is None for u in possible)
         if out == "InvalidState":
             if r["op"] in ("confirm_order", "release_order"):
                 return any(u[1] == 0 for u in possible)

@@ -121,12 +121,54 @@ def test_a_sales_ref_is_on_its_journal_entry(engine: stockade.Engine) -> None:
         engine.sell("a", 1, metadata={"x": 1})  # type: ignore[call-arg]
 
 
-def test_a_batched_engine_keeps_references_per_request(batched_engine: stockade.Engine) -> None:
+def test_the_batcher_carries_references(batched_engine: stockade.Engine) -> None:
+    # A reserve with a ref or metadata batches (a sell with a ref does not: its ref goes on
+    # its own journal entry).
     eng = batched_engine
-    eng.restock("a", 10)
+    eng.restock("a", 100)
+    before = eng.stats()["batcher"]["requests"]
     r = eng.reserve("a", 1, ref="hot-line", metadata={"hot": True})
+    assert eng.stats()["batcher"]["requests"] == before + 1
+    assert (r.ref, r.metadata) == ("hot-line", {"hot": True})
     assert eng.reservations(ref="hot-line") == [r]
     assert eng.reservation(r.id).metadata == {"hot": True}
+    # with a key: the replay is the same reservation; other references are another request
+    k = eng.reserve("a", 2, ref="keyed", metadata={"n": 1}, idempotency_key="ref-key")
+    assert eng.reserve("a", 2, ref="keyed", metadata={"n": 1}, idempotency_key="ref-key") == k
+    with pytest.raises(stockade.IdempotencyConflict):
+        eng.reserve("a", 2, ref="other", metadata={"n": 1}, idempotency_key="ref-key")
+    batched = eng.stats()["batcher"]["requests"]
+    eng.sell("a", 1, ref="invoice-1")
+    assert eng.stats()["batcher"]["requests"] == batched  # the sell ran per request
+    assert [m.ref for m in eng.movements("a") if m.on_hand_delta < 0] == ["invoice-1"]
+    assert eng.audit().ok
+
+
+def test_batched_reserves_racing_keep_each_ones_references(
+    batched_engine: stockade.Engine,
+) -> None:
+    # Many in one batch, some with references, some keyed, some with a buyer: each
+    # reservation keeps its own, whichever statement wrote it.
+    from stockade.testing import race
+
+    eng = batched_engine
+    eng.restock("a", 1000)
+    eng.set_purchase_limit("g", per_buyer=100, skus=["a"])
+
+    def one(i: int) -> stockade.Reservation:
+        ref = f"line-{i}" if i % 3 else None
+        meta = {"i": i} if i % 2 else None
+        key = f"k-{uuid.uuid4()}" if i % 4 == 0 else None
+        buyer = "bob" if i % 5 == 0 else None
+        return eng.reserve("a", 1, ref=ref, metadata=meta, idempotency_key=key, buyer=buyer)
+
+    out = race(32, one, timeout=60)
+    assert not any(out.errors), out.errors
+    for i, r in enumerate(out.results):
+        assert r.ref == (f"line-{i}" if i % 3 else None)
+        assert r.metadata == ({"i": i} if i % 2 else None)
+        assert (eng.reservation(r.id).ref, eng.reservation(r.id).metadata) == (r.ref, r.metadata)
+    assert eng.stock("a").reserved == 32
     assert eng.audit().ok
 
 

@@ -30,6 +30,8 @@ struct BatchRequest {
   std::int64_t ttl_us = 0;  // reserve only
   std::optional<std::string> idempotency_key;  // reserve and sell
   std::optional<std::string> buyer;            // reserve only: purchase limits apply
+  std::optional<std::string> ref;              // reserve only: kept with the reservation
+  std::optional<std::string> metadata;         // reserve only: a JSON object, checked
   Uuid id;                                     // confirm and release
   std::optional<Version> expected_version;     // confirm and release: the reservation's
   // The strategy the caller asked for, under which telemetry counts the outcome (reserve

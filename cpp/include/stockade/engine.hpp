@@ -262,7 +262,9 @@ class Engine {
 
  private:
   WriteOptions resolve(const CallOptions& call) const;
-  Route route(const SkuKey& key, const CallOptions& call);
+  // `op`: reserve or sell (a sale's ref goes on its journal entry, which a batch cannot
+  // give each sale: a sell with a ref runs per request).
+  Route route(const SkuKey& key, const CallOptions& call, BatchOp op);
   // Runs a strategy-routed store call: counts its outcome per strategy and records it
   // (operation, strategy, outcome, latency since `started_us`). With `refusal_final`
   // false an OutOfStock is not recorded: the call may run again on another of the SKU's

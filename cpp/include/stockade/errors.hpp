@@ -19,31 +19,32 @@ namespace stockade {
 // Every error code, written once. Each X(name, comment) entry gives the enum value, its
 // stable name (error_code_name, shared with Python as _core.ERROR_CODES) and, through the
 // Python test of the error classes, exactly one exception class of stockade.errors.
-#define STOCKADE_ERROR_CODES(X)                                              \
-  X(out_of_stock, "fewer units are available than asked for")                \
-  X(not_found, "no such stock row or reservation")                           \
-  X(version_conflict, "expected_version (If-Match) does not match")          \
-  X(retries_exhausted, "optimistic retries ran out; nothing changed")        \
-  X(reservation_expired, "the hold lapsed before the transition")            \
-  X(invalid_state, "the reservation or engine is in the wrong state")        \
-  X(lock_not_available, "NOWAIT found the lock taken")                       \
-  X(lock_timeout, "lock_timeout passed while waiting for a lock")            \
-  X(idempotency_conflict, "the key belongs to a different request")          \
-  X(discontinued, "the stock row was discontinued (soft-deleted)")           \
-  X(lease_held, "another holder's lease on the row is live")                 \
-  X(fencing_token_stale, "a newer lease superseded this fencing token")      \
-  X(limit_exceeded, "the buyer's purchase limit for the group is reached")   \
-  X(in_doubt, "the commit's outcome is unknown")                             \
-  X(overloaded, "a bounded wait or retry budget ran out; nothing changed")   \
-  X(invalid_argument, "bad input from the caller; nothing changed")          \
-  X(not_supported, "the store or build lacks the feature")                   \
-  X(invariant_violation, "the engine caught a broken invariant (a bug)")     \
-  X(unavailable, "the database cannot be reached; nothing was changed")      \
-  X(schema_not_migrated, "the schema is missing or older: run migrate()")    \
-  X(misconfigured, "the server refused the DSN's role, password or db")      \
-  X(deadline_exceeded, "call_timeout passed before COMMIT; nothing changed") \
-  X(feed_overrun, "retention passed a feed consumer's position")             \
-  X(database_error, "any other database error; context().sqlstate says which")
+#define STOCKADE_ERROR_CODES(X)                                                \
+  X(out_of_stock, "fewer units are available than asked for")                  \
+  X(not_found, "no such stock row or reservation")                             \
+  X(version_conflict, "expected_version (If-Match) does not match")            \
+  X(retries_exhausted, "optimistic retries ran out; nothing changed")          \
+  X(reservation_expired, "the hold lapsed before the transition")              \
+  X(invalid_state, "the reservation or engine is in the wrong state")          \
+  X(lock_not_available, "NOWAIT found the lock taken")                         \
+  X(lock_timeout, "lock_timeout passed while waiting for a lock")              \
+  X(idempotency_conflict, "the key belongs to a different request")            \
+  X(discontinued, "the stock row was discontinued (soft-deleted)")             \
+  X(lease_held, "another holder's lease on the row is live")                   \
+  X(fencing_token_stale, "a newer lease superseded this fencing token")        \
+  X(limit_exceeded, "the buyer's purchase limit for the group is reached")     \
+  X(in_doubt, "the commit's outcome is unknown")                               \
+  X(overloaded, "a bounded wait or retry budget ran out; nothing changed")     \
+  X(invalid_argument, "bad input from the caller; nothing changed")            \
+  X(not_supported, "the store or build lacks the feature")                     \
+  X(invariant_violation, "the engine caught a broken invariant (a bug)")       \
+  X(unavailable, "the database cannot be reached; nothing was changed")        \
+  X(schema_not_migrated, "the schema is missing or older: run migrate()")      \
+  X(misconfigured, "the server refused the DSN's role, password or db")        \
+  X(deadline_exceeded, "call_timeout passed before COMMIT; nothing changed")   \
+  X(feed_overrun, "retention passed a feed consumer's position")               \
+  X(database_error, "any other database error; context().sqlstate says which") \
+  X(over_return, "more units returned than were sold and not returned yet")
 
 enum class ErrorCode : std::uint8_t {
 #define STOCKADE_ERROR_ENUM(name, comment) name,

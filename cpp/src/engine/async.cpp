@@ -53,7 +53,7 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
   // from a SKU with slots this engine has not seen yet, is checked by the sink before
   // it answers: the blocking path then fills the slot and runs again. Until then the
   // refusal is not recorded (see on_slots): whichever ends the call records it.
-  Route r = route(key, call);
+  Route r = route(key, call, BatchOp::reserve);
   const SkuKey row = slots_->first_row(key, r.batched);
   r.options.count_refusal = false;
   sink = slot_checked_sink(
@@ -71,6 +71,8 @@ void Engine::submit_reserve(const SkuKey& key, Quantity qty, std::optional<std::
   if (r.batched) {
     BatchItem item = reserve_item(row, qty, ttl, std::move(idempotency_key), r.asked);
     item.buyer = r.options.buyer;
+    item.ref = r.options.ref;
+    item.metadata = r.options.metadata;
     through_batcher(item, r, std::move(sink), token);
     return;
   }
@@ -98,7 +100,7 @@ void Engine::submit_sell(const SkuKey& key, Quantity qty, const CallOptions& cal
     run_async(std::move(sink), token, [this, key, qty, call] { return sell(key, qty, call); });
     return;
   }
-  Route r = route(key, call);
+  Route r = route(key, call, BatchOp::sell);
   r.options.count_refusal = false;  // as submit_reserve
   sink = slot_checked_sink(
       std::move(sink),

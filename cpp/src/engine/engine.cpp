@@ -250,7 +250,7 @@ WriteOptions Engine::resolve(const CallOptions& call) const {
 
 // Decides where a reserve or sell on `key` runs, and enters the contention tracker (the
 // caller leaves it when the call ends).
-Route Engine::route(const SkuKey& key, const CallOptions& call) {
+Route Engine::route(const SkuKey& key, const CallOptions& call, BatchOp op) {
   Route r;
   r.started_us = steady_now_us();
   r.options = resolve(call);
@@ -260,11 +260,13 @@ Route Engine::route(const SkuKey& key, const CallOptions& call) {
     on_slotted_routed(key, mode == Strategy::batched);
   }
   Strategy run = r.asked == Strategy::automatic ? mode : r.asked;
-  // A keyed sell batches: the batch claims its key and stores its outcome with it. A call
-  // with a ref or metadata runs per request: the batch's statements do not carry them.
+  // A keyed sell batches: the batch claims its key and stores its outcome with it. So does
+  // a reserve with a ref or metadata (kept with its reservation); a sell with a ref runs
+  // per request (route() in engine.hpp).
   r.idempotency_key = call.idempotency_key;
-  if (run == Strategy::batched && (r.options.expected_version || r.options.fencing_token ||
-                                   r.options.ref || r.options.metadata)) {
+  const bool sale_ref = op == BatchOp::sell && r.options.ref;
+  if (run == Strategy::batched &&
+      (r.options.expected_version || r.options.fencing_token || sale_ref)) {
     run = Strategy::atomic;
   }
   r.batched = run == Strategy::batched;
@@ -462,7 +464,7 @@ Reservation Engine::reserve_on_slots(const SkuKey& key, Quantity qty, std::int64
                                      const std::optional<std::string>& idempotency_key,
                                      const CallOptions& call, bool continued,
                                      std::int64_t started_us) {
-  Route first = route(key, call);  // entered the tracker
+  Route first = route(key, call, BatchOp::reserve);  // entered the tracker
   if (started_us != 0) first.started_us = started_us;
   bool entered = true;  // and no call has taken that over yet
   const auto attempt = [&](const SkuKey& row, const Route& r) {
@@ -491,7 +493,7 @@ StockLevel Engine::sell(const SkuKey& key, Quantity qty, const CallOptions& call
 
 StockLevel Engine::sell_on_slots(const SkuKey& key, Quantity qty, const CallOptions& call,
                                  bool continued, std::int64_t started_us) {
-  Route first = route(key, call);
+  Route first = route(key, call, BatchOp::sell);
   if (started_us != 0) first.started_us = started_us;
   bool entered = true;
   const auto attempt = [&](const SkuKey& row, const Route& r) {
@@ -583,6 +585,8 @@ Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_
   if (route.batched) {
     BatchItem item = reserve_item(key, qty, ttl_us, idempotency_key, route.asked);
     item.buyer = route.options.buyer;
+    item.ref = route.options.ref;
+    item.metadata = route.options.metadata;
     through_batcher(item, route, nullptr, 0);
     return std::move(item.reservation);
   }

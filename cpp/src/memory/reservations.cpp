@@ -557,6 +557,8 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
         case BatchOp::reserve: {
           ReserveRequest request{item->key, item->qty, item->ttl_us, item->idempotency_key, write};
           request.options.buyer = item->buyer;
+          request.options.ref = item->ref;
+          request.options.metadata = item->metadata;
           item->reservation = reserve(request);
           break;
         }

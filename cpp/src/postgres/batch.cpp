@@ -43,16 +43,12 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
   int skips = fast_skips_.load(std::memory_order_relaxed);
   while (skips > 0 && !fast_skips_.compare_exchange_weak(skips, skips - 1)) {
   }
-  // (On Citus a batch on several rows takes the full path: batch_fast is one statement
-  // that Citus would run as a two-phase transaction; see citus_move_one. So does a batch
-  // with buyers: their counts lie on the shards of their own shard keys.)
-  const bool fast = skips == 0 && !batch.needs_full_path() &&
-                    (!statements_->citus() || (batch.one_row() && !batch.has_buyer()));
+  const bool fast = skips == 0 && !batch.needs_full_path() && batch.fast_fits(statements_->citus());
   if (fast) {
     std::optional<bool> done;
     try {
-      done =
-          run<RunMode::one_statement>(&write, context, [&](Tx& tx) { return batch.run_fast(tx); });
+      done = run<RunMode::one_statement>(
+          &write, context, [&](Tx& tx) { return batch.run_fast(tx, statements_->citus()); });
     } catch (const FastMiss&) {
       done = false;
     } catch (const LostCommit& e) {

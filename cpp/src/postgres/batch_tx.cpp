@@ -17,6 +17,8 @@ namespace {
 ReserveRequest request_of(const BatchItem& item) {
   WriteOptions options;
   options.buyer = item.buyer;
+  options.ref = item.ref;
+  options.metadata = item.metadata;
   return ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, options};
 }
 
@@ -215,6 +217,8 @@ void BatchTx::decide() {
       r.created_at_us = r.updated_at_us = now_us_;
       r.idempotency_key = item.idempotency_key;
       r.buyer = item.buyer;
+      r.ref = item.ref;
+      r.metadata = item.metadata;
       if (item.buyer) {
         if (auto limit = limits_.find(item.key.sku); limit != limits_.end()) {
           r.limit_group = limit->second.first;
@@ -240,7 +244,7 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
     held.push_back(row.held);
     changes.push_back(row.changes);
   }
-  std::vector<std::string> ids, r_skus, r_locations, r_keys, r_buyers, r_groups;
+  std::vector<std::string> ids, r_skus, r_locations, r_keys, r_buyers, r_groups, r_refs, r_meta;
   std::vector<std::int64_t> qtys, ttls, r_slots;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     const BatchItem& item = *items_[i];
@@ -252,6 +256,8 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
     r_keys.push_back(item.idempotency_key.value_or(std::string()));
     r_buyers.push_back(item.reservation.buyer.value_or(std::string()));
     r_groups.push_back(item.reservation.limit_group.value_or(std::string()));
+    r_refs.push_back(item.ref.value_or(std::string()));
+    r_meta.push_back(item.metadata.value_or(std::string()));
     qtys.push_back(item.qty);
     ttls.push_back(item.ttl_us);
   }
@@ -272,13 +278,14 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
     return tx.conn.exec_sql(
         tx.work, citus_holds_sql(quoting(tx.work), tx.conn.statements().schema(), shard_, now_us_,
                                  CitusHolds{ids, r_skus, r_locations, r_slots, qtys, ttls, r_keys,
-                                            r_buyers, r_groups}));
+                                            r_buyers, r_groups, r_refs, r_meta}));
   }
   return tx.exec_on(shard_, statement, text_array(skus), text_array(locations), int_array(sold),
                     int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
                     text_array(r_locations), int_array(qtys), int_array(ttls), text_array(r_keys),
                     static_cast<std::int64_t>(skus.size()), text_array(r_buyers),
-                    text_array(r_groups), int_array(slots), int_array(r_slots));
+                    text_array(r_groups), int_array(slots), int_array(r_slots), text_array(r_refs),
+                    text_array(r_meta));
 }
 
 // write() for a batch on several rows, through batch_fast: a row that lacked room when the
@@ -393,7 +400,7 @@ void BatchTx::write_transitions(Tx& tx) {
 // The arrays of a one-row batch's reservations (write_one), one element per granted
 // reserve, and of its new keys (one per keyed reserve).
 struct OneRowHolds {
-  std::vector<std::string> ids, keys, buyers;
+  std::vector<std::string> ids, keys, buyers, refs, metadata;
   std::vector<std::int64_t> qtys, ttls;
   bool any_buyer = false;
 };
@@ -412,6 +419,8 @@ pqxx::result BatchTx::write_one(Tx& tx) {
     h.keys.push_back(item.idempotency_key.value_or(std::string()));
     h.buyers.push_back(item.buyer.value_or(std::string()));
     h.any_buyer = h.any_buyer || item.buyer.has_value();
+    h.refs.push_back(item.ref.value_or(std::string()));
+    h.metadata.push_back(item.metadata.value_or(std::string()));
     h.qtys.push_back(item.qty);
     h.ttls.push_back(item.ttl_us);
   }
@@ -485,9 +494,10 @@ pqxx::result BatchTx::write_one_citus(Tx& tx, const OneRowHolds& h, const NewKey
         locations(h.ids.size(), key.location), none;
     const std::vector<std::int64_t> slots(h.ids.size(), key.slot);
     const std::int64_t now_us = moved[0][5].as<std::int64_t>();  // the move's now()
-    tx.conn.exec_sql(tx.work, citus_holds_sql(quoting(tx.work), schema, shard_, now_us,
-                                              CitusHolds{h.ids, skus, locations, slots, h.qtys,
-                                                         h.ttls, h.keys, none, none}));
+    tx.conn.exec_sql(
+        tx.work, citus_holds_sql(quoting(tx.work), schema, shard_, now_us,
+                                 CitusHolds{h.ids, skus, locations, slots, h.qtys, h.ttls, h.keys,
+                                            none, none, h.refs, h.metadata}));
   }
   if (!k.names.empty()) {
     const pqxx::row m = moved[0];  // the row as it moved: each sell's level's tail

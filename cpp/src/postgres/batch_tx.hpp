@@ -205,6 +205,21 @@ class BatchTx {
     return !names.empty() && !one;
   }
 
+  // Whether the fast path can take the batch (after needs_full_path): on Citus a batch on
+  // one row without buyers (batch_fast would run as a two-phase transaction there; buyers'
+  // counts lie on the shards of their own shard keys); on the plain layout any, except
+  // refs or metadata with keys or buyers, which no fast statement carries together.
+  bool fast_fits(bool citus) const {
+    if (citus) return one_row() && !has_buyer();
+    return !has_ref() || (!any_keyed() && !has_buyer());
+  }
+
+  bool has_ref() const {
+    return std::any_of(items_.begin(), items_.end(), [](const BatchItem* item) {
+      return item->ref.has_value() || item->metadata.has_value();
+    });
+  }
+
   bool has_buyer() const {
     return std::any_of(items_.begin(), items_.end(),
                        [](const BatchItem* item) { return item->buyer.has_value(); });
@@ -255,8 +270,9 @@ class BatchTx {
     return false;
   }
 
-  // The fast path; false if some row lacked room (nothing was changed).
-  bool run_fast(Tx& tx) {
+  // The fast path; false if some row lacked room (nothing was changed). `citus`: the
+  // layout's (fast_fits).
+  bool run_fast(Tx& tx, bool citus) {
     reset();
     for (const BatchItem* item : items_) {
       RowState& row = rows_[item->key];
@@ -268,11 +284,13 @@ class BatchTx {
     for (const BatchItem* item : items_) {
       if (!item->ok) return false;
     }
-    const pqxx::result moved = rows_.size() == 1 ? write_one(tx) : write_fast(tx);
+    // One row: its own statements, which carry no refs or metadata on the plain layout
+    // (batch_fast does, for any number of rows).
+    const bool one_row = rows_.size() == 1 && (citus || !has_ref());
+    const pqxx::result moved = one_row ? write_one(tx) : write_fast(tx);
     if (moved.empty()) return false;
     // Decide again from the rows as they stood before the write: every request fits, and
     // each gets the row's values right after it.
-    const bool one_row = rows_.size() == 1;
     for (const auto& row : moved) {
       // One row: its key; several (batch_fast): the row's slot is its last column.
       RowState& state = one_row ? rows_.begin()->second

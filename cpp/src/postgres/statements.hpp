@@ -259,8 +259,8 @@ std::string new_reservation(const std::string& table, bool buyer, bool order = f
 // A value quoted as an SQL literal (the connection's quoting).
 using Quote = std::function<std::string(const std::string&)>;
 
-// The reservations a Citus batch inserts, one element per reservation (`buyers` and
-// `groups` may be empty: none).
+// The reservations a Citus batch inserts, one element per reservation (`buyers`, `groups`,
+// `refs` and `metadata` may be empty: none).
 struct CitusHolds {
   const std::vector<std::string>& ids;
   const std::vector<std::string>& skus;
@@ -271,6 +271,8 @@ struct CitusHolds {
   const std::vector<std::string>& keys;
   const std::vector<std::string>& buyers;
   const std::vector<std::string>& groups;
+  const std::vector<std::string>& refs;
+  const std::vector<std::string>& metadata;
 };
 
 // The Citus layout's multi-row INSERTs of a batch's reservations and of its keys

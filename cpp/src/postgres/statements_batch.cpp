@@ -14,6 +14,18 @@ using sql::row_key;
 
 namespace {
 
+// The INSERT of a batch's reservations (batch_write, batch_fast), one element per reservation
+// in each array: ids $6, rows $7 $8 $16, qtys $9, ttls $10, keys $11, buyers $13, groups
+// $14, refs $17 and metadata $18 ('' for none in the text arrays).
+std::string batch_holds(const std::string& schema) {
+  return " INSERT INTO " + new_reservation(schema + ".reservation", true, true) +
+         " SELECT i::uuid, k, l, rs, q, 'held', 1, now() + t * interval '1 microsecond',"
+         " NULLIF(ik, ''), now(), now(), NULLIF(rb, ''), NULLIF(rg, ''), NULL, NULLIF(rf, ''),"
+         " NULLIF(md, '')::jsonb@SKV FROM unnest($6::text[], $7::text[], $8::text[],"
+         " $9::bigint[], $10::bigint[], $11::text[], $13::text[], $14::text[], $16::int[],"
+         " $17::text[], $18::text[]) AS r(i, k, l, q, t, ik, rb, rg, rs, rf, md)";
+}
+
 // A batch's key row's reservation ids, from the text of one id ('' for a sell's key: none).
 std::string key_ids(const std::string& id) {
   return "CASE WHEN " + id + " = '' THEN '{}'::uuid[] ELSE ARRAY[" + id + "::uuid] END";
@@ -85,15 +97,8 @@ void add_batch_statements(const std::string& schema, const StatementSink& set) {
           " FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[],"
           " $15::int[]) AS d(sku, location, sold, held, changes, slot)"
           " WHERE s.sku = d.sku AND s.location = d.location AND s.slot = d.slot@PIN(s)"
-          " RETURNING 1)"
-          " INSERT INTO " +
-          new_reservation(schema + ".reservation", true) +
-          " SELECT i::uuid, k,"
-          " l, rs, q, 'held', 1, now() + t * interval '1 microsecond', NULLIF(ik, ''), now(),"
-          " now(), NULLIF(rb, ''), NULLIF(rg, '')@SKV FROM unnest($6::text[], $7::text[],"
-          " $8::text[], $9::bigint[], $10::bigint[], $11::text[], $13::text[], $14::text[],"
-          " $16::int[]) AS r(i, k, l, q, t, ik, rb, rg, rs) WHERE (SELECT count(*) FROM moved) ="
-          " $12");
+          " RETURNING 1)" +
+          batch_holds(schema) + " WHERE (SELECT count(*) FROM moved) = $12");
   set(Stmt::batch_unclaim, "DELETE FROM " + idempotency + " WHERE key = ANY($1::text[])@PIN");
   // batch_write's deltas on Citus, as a statement of their own (see citus_move_one).
   set(Stmt::citus_move, "UPDATE " + schema +
@@ -152,14 +157,9 @@ void add_batch_fast_statements(const std::string& schema, const StatementSink& s
           room + " >= d.sold + d.held AND " + open_row +
           " RETURNING s.sku, s.location, s.on_hand, s.reserved, s.version, s.backorder_limit,"
           " s.slot),"
-          " made AS (INSERT INTO " +
-          new_reservation(schema + ".reservation", true) +
-          " SELECT i::uuid, k,"
-          " l, rs, q, 'held', 1, now() + t * interval '1 microsecond', NULLIF(ik, ''), now(),"
-          " now(), NULLIF(rb, ''), NULLIF(rg, '')@SKV FROM unnest($6::text[], $7::text[],"
-          " $8::text[], $9::bigint[], $10::bigint[], $11::text[], $13::text[], $14::text[],"
-          " $16::int[]) AS r(i, k, l, q, t, ik, rb, rg, rs) WHERE (SELECT count(*) FROM moved)"
-          " = $12)"
+          " made AS (" +
+          batch_holds(schema) +
+          " WHERE (SELECT count(*) FROM moved) = $12)"
           " SELECT sku, location, on_hand, reserved, version, " +
           epoch_us("now()") +
           ", backorder_limit, slot FROM moved WHERE CASE WHEN (SELECT count(*) FROM moved) = $12"

@@ -17,20 +17,23 @@ namespace stockade::detail::pg {
 std::string citus_holds_sql(const Quote& quote, const std::string& schema, std::uint16_t shard,
                             std::int64_t now_us, const CitusHolds& h) {
   const auto text_or_null = [&](const std::string& v) { return v.empty() ? "NULL" : quote(v); };
+  const auto at = [](const std::vector<std::string>& values, std::size_t i) {
+    return values.empty() ? std::string() : values[i];
+  };
   const std::string now =
       "('epoch'::timestamptz + " + std::to_string(now_us) + " * interval '1 microsecond')";
   std::string sql =
       "INSERT INTO " +
-      render_shard_markers(new_reservation(schema + ".reservation", true), true, nullptr) +
+      render_shard_markers(new_reservation(schema + ".reservation", true, true), true, nullptr) +
       " VALUES ";
   for (std::size_t i = 0; i < h.ids.size(); ++i) {
     sql += (i == 0 ? "(" : ", (") + quote(h.ids[i]) + "::uuid, " + quote(h.skus[i]) + ", " +
            quote(h.locations[i]) + ", " + std::to_string(h.slots[i]) + ", " +
            std::to_string(h.qtys[i]) + ", 'held', 1, " + now + " + " + std::to_string(h.ttls[i]) +
            " * interval '1 microsecond', " + text_or_null(h.keys[i]) + ", " + now + ", " + now +
-           ", " + text_or_null(h.buyers.empty() ? std::string() : h.buyers[i]) + ", " +
-           text_or_null(h.groups.empty() ? std::string() : h.groups[i]) + ", " +
-           std::to_string(shard) + ")";
+           ", " + text_or_null(at(h.buyers, i)) + ", " + text_or_null(at(h.groups, i)) +
+           ", NULL, " + text_or_null(at(h.refs, i)) + ", " + text_or_null(at(h.metadata, i)) +
+           "::jsonb, " + std::to_string(shard) + ")";
   }
   return sql;
 }

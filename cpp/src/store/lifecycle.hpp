@@ -95,11 +95,11 @@ inline Error group_changed(const Reservation& r) {
 }
 
 // Counts a return of `qty` of `r`'s sold units in `r` (returned; not the version), or
-// throws InvalidState, changing nothing, past the confirmed units not yet returned.
+// throws OverReturn, changing nothing, past the confirmed units not yet returned.
 inline void take_return(Reservation& r, Quantity qty) {
   const Quantity returnable = r.confirmed - r.returned;
   if (qty > returnable) {
-    throw Error(ErrorCode::invalid_state,
+    throw Error(ErrorCode::over_return,
                 "reservation " + r.id.to_string() + " has " + std::to_string(returnable) +
                     " confirmed units not returned yet; cannot return " + std::to_string(qty) +
                     " (nothing changed)",
