@@ -521,7 +521,8 @@ class EngineCalls:
         transaction). The state becomes ``confirmed`` once nothing is held. More than is
         held raises ``InvalidState`` and changes nothing; ``ReservationExpired`` past
         expiry. With ``idempotency_key``, a retry returns the reservation as the first call
-        left it, without a second step (a keyed step runs per request)."""
+        left it, without a second step (batched or not: the batch stores the outcome with
+        the key)."""
         return Reservation._from_core(
             self._core.confirm(
                 id=reservation_id_bytes(id),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Tuple, TypeVar
 
 import pytest
 
@@ -24,11 +24,25 @@ from stockade.testing import race
 from support import field
 
 Outcome = object
+T = TypeVar("T")
 # A kind: (prepare the SKU "k" and return what the call needs, the keyed call, the state
 # that shows its effect).
 Prepare = Callable[[stockade.Engine], object]
 Call = Callable[[stockade.Engine, object, str], Outcome]
 Effect = Callable[[stockade.Engine, object], Tuple[int, ...]]
+
+
+def through_the_cut(call: Callable[[], T], unchanged: Callable[[], bool], may_doubt: bool) -> T:
+    """A keyed call whose COMMIT the proxy cuts: its answer. Only where the session cannot
+    be ended (a pooler) and the COMMIT never arrived may it be InDoubt, whose hint is the
+    retry with the key; the write then did not land, and the retry makes it once."""
+    try:
+        return call()
+    except stockade.InDoubt as told:
+        assert may_doubt, told
+        assert "retry with the same idempotency key" in str(told)
+        assert unchanged()  # it did not land
+        return call()
 
 
 def new_key() -> str:
@@ -255,6 +269,75 @@ def test_a_keyed_sell_batches_and_replays_its_first_level(batched_engine: stocka
     assert eng.audit().ok
 
 
+def test_keyed_confirms_and_releases_batch_and_replay(batched_engine: stockade.Engine) -> None:
+    # A keyed step goes through the batcher too; its key stores the reservation as the step
+    # left it, which a replay (batched or per request) returns without a second effect.
+    eng = batched_engine
+    eng.restock("k", 10)
+    hold = eng.reserve("k", 5, ttl=600)
+    before = eng.stats()["batcher"]["requests"]
+    part = eng.confirm(hold.id, qty=2, idempotency_key="c-part")
+    assert eng.stats()["batcher"]["requests"] == before + 1
+    assert (part.held, part.confirmed) == (3, 2)
+    rest = eng.release(hold.id, qty=1, idempotency_key="l-part")
+    assert eng.confirm(hold.id, qty=2, idempotency_key="c-part") == part  # as it was then
+    assert eng.release(hold.id, qty=1, idempotency_key="l-part") == rest
+    with pytest.raises(stockade.IdempotencyConflict, match="used for a confirm, this is a rel"):
+        eng.release(hold.id, qty=2, idempotency_key="c-part")
+    with pytest.raises(stockade.IdempotencyConflict, match="other arguments"):
+        eng.confirm(hold.id, qty=1, idempotency_key="c-part")
+    now = eng.reservation(hold.id)
+    assert (now.held, now.confirmed, now.released, now.version) == (2, 2, 1, rest.version)
+    with pytest.raises(stockade.InvalidState):  # more than is held: refused, the key left free
+        eng.confirm(hold.id, qty=3, idempotency_key="c-more")
+    assert eng.confirm(hold.id, qty=2, idempotency_key="c-more").confirmed == 4
+    assert (eng.stock("k").on_hand, eng.stock("k").reserved) == (6, 0)
+    assert eng.audit().ok
+
+
+def test_keyed_partial_confirms_racing_on_shared_keys_confirm_once_per_key(
+    batched_engine: stockade.Engine,
+) -> None:
+    # 32 threads confirm one unit each of one hold of 8, with 8 keys shared by 4 threads
+    # each: eight confirms in all, each key's callers told one outcome; never more than held.
+    eng = batched_engine
+    eng.restock("k", 20)
+    hold = eng.reserve("k", 8, ttl=600)
+    keys = [new_key() for _ in range(8)]
+    out = race(32, lambda i: eng.confirm(hold.id, qty=1, idempotency_key=keys[i % 8]))
+    assert not any(out.errors), out.errors
+    for n in range(8):
+        assert len({r.version for i, r in enumerate(out.results) if i % 8 == n}) == 1
+    now = eng.reservation(hold.id)
+    assert (now.held, now.confirmed, now.state) == (0, 8, ReservationState.CONFIRMED)
+    assert eng.stock("k").on_hand == 12
+    assert eng.audit().ok
+
+
+@pytest.mark.parametrize("cut", ["before", "after"])
+def test_a_batched_keyed_confirm_cut_at_its_commit_is_answered_once(
+    proxy: CommitCuttingProxy, stockade_database: str, pooled: bool, cut: str
+) -> None:
+    # A batch of steps runs the long path; its COMMIT cut, the step's key tells whether it
+    # committed (a keyless step's batch could only answer InDoubt).
+    dsn = proxy.dsn(field(stockade_database, "dbname"))
+    with stockade.Engine.postgres(dsn, pool_size=2, sweeper=False, strategy="batched") as eng:
+        eng.restock("k", 10)
+        hold = eng.reserve("k", 4, ttl=600)
+        key = new_key()
+        proxy.arm(cut)
+        first = through_the_cut(
+            lambda: eng.confirm(hold.id, qty=3, idempotency_key=key),
+            lambda: eng.reservation(hold.id).confirmed == 0,
+            pooled and cut == "before",
+        )
+        assert proxy.cuts == 1
+        assert (first.confirmed, eng.reservation(hold.id).confirmed) == (3, 3)
+        assert eng.confirm(hold.id, qty=3, idempotency_key=key) == first
+        assert eng.stock("k").on_hand == 7
+        assert eng.audit().ok
+
+
 def test_a_refused_batched_keyed_sell_leaves_its_key_free(batched_engine: stockade.Engine) -> None:
     eng = batched_engine
     eng.restock("k", 1)
@@ -321,13 +404,11 @@ def test_a_batched_keyed_sell_cut_at_its_commit_is_answered_once(
         eng.sell("k", 1, idempotency_key="warm")  # a replay: the fast statement misses
         key = new_key()
         proxy.arm(cut)
-        try:
-            first = eng.sell("k", 2, idempotency_key=key)
-        except stockade.InDoubt as told:
-            assert pooled and cut == "before", told
-            assert "retry with the same idempotency key" in str(told)
-            assert eng.stock("k").on_hand == 9  # it did not land
-            first = eng.sell("k", 2, idempotency_key=key)
+        first = through_the_cut(
+            lambda: eng.sell("k", 2, idempotency_key=key),
+            lambda: eng.stock("k").on_hand == 9,
+            pooled and cut == "before",
+        )
         assert proxy.cuts == 1
         assert (first.on_hand, eng.stock("k").on_hand) == (7, 7)
         assert eng.sell("k", 2, idempotency_key=key) == first
@@ -385,13 +466,11 @@ def test_a_keyed_write_cut_at_commit_is_answered_and_takes_effect_once(
         before = effect(eng, subject)
         key = new_key()
         proxy.arm(cut)
-        try:
-            first = call(eng, subject, key)
-        except stockade.InDoubt as told:
-            assert pooled and cut == "before", told
-            assert "retry with the same idempotency key" in str(told)
-            assert effect(eng, subject) == before  # it did not land
-            first = call(eng, subject, key)
+        first = through_the_cut(
+            lambda: call(eng, subject, key),
+            lambda: effect(eng, subject) == before,
+            pooled and cut == "before",
+        )
         assert proxy.cuts == 1
         after = effect(eng, subject)
         assert after != before

@@ -28,7 +28,7 @@ struct BatchRequest {
   SkuKey key;               // reserve and sell
   Quantity qty = 0;         // reserve and sell; confirm and release: held units (0: all)
   std::int64_t ttl_us = 0;  // reserve only
-  std::optional<std::string> idempotency_key;  // reserve and sell
+  std::optional<std::string> idempotency_key;  // any: reserve, sell, confirm, release
   std::optional<std::string> buyer;            // reserve only: purchase limits apply
   std::optional<std::string> ref;              // reserve only: kept with the reservation
   std::optional<std::string> metadata;         // reserve only: a JSON object, checked

@@ -673,9 +673,8 @@ void Engine::check_transition(const TransitionRequest& request) const {
 // A confirm or release goes through the batcher when the row's SKU batches
 // (batches_transitions); an extend writes the reservation alone, and runs on the store.
 bool Engine::batches(const TransitionRequest& request) const {
-  // A keyed step runs per request: its key and its outcome are written in its transaction.
-  return request.kind != Transition::extend && !request.idempotency_key &&
-         batches_transitions(request.id.shard_key());
+  // A keyed step batches too: its batch claims the key and stores the step's outcome.
+  return request.kind != Transition::extend && batches_transitions(request.id.shard_key());
 }
 
 Reservation Engine::run_transition(const TransitionRequest& request) {

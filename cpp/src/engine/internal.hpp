@@ -66,6 +66,7 @@ inline BatchItem transition_item(const TransitionRequest& request) {
   item.expected_version = request.expected_version;
   item.qty = request.qty.value_or(0);  // 0: all that is held
   item.release_rest = request.release_rest;
+  item.idempotency_key = request.idempotency_key;
   return item;
 }
 

@@ -61,6 +61,7 @@ ErrorContext context_of_request(const BatchItem& item, ErrorContext base = {}) {
     base.sku.clear();
     base.location.clear();
     base.reservation_id = item.id;
+    base.keyed = item.idempotency_key.has_value();
   } else {
     base.sku = item.key.sku;
     base.location = item.key.location;

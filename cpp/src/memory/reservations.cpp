@@ -571,7 +571,7 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
               {item->id, item->op == BatchOp::confirm ? Transition::confirm : Transition::release,
                0, item->expected_version,
                item->qty > 0 ? std::optional<Quantity>(item->qty) : std::nullopt,
-               item->release_rest, std::nullopt});
+               item->release_rest, item->idempotency_key});
           break;
       }
       item->ok = true;

@@ -69,7 +69,7 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
 }
 
 // The full path, one transaction. If its commit is lost and the session was ended, a
-// reservation the attempt made, or else the key of a keyed sell it made, tells whether it
+// reservation the attempt made, or else the key of a keyed write it made, tells whether it
 // committed: if so, every decision of the attempt stands (grants, refusals, replays,
 // transitions, sells, all in that one transaction); if not, nothing changed and the batch
 // runs once more. A batch that made neither (only keyless sells, transitions or replays)
@@ -88,7 +88,7 @@ void PostgresStore::run_full_resolving(BatchTx& batch, const WriteOptions& write
       // Unsettled, each look answers only if the attempt is there; InDoubt otherwise.
       if (const std::optional<Uuid> probe = batch.made_reservation_id()) {
         if (!find_landed({*probe}, e, context).empty()) return;
-      } else if (const std::optional<KeyedWrite> sold = batch.keyed_sell(true)) {
+      } else if (const std::optional<KeyedWrite> sold = batch.keyed_write(true)) {
         if (landed_outcome(*sold, e, context)) return;
       } else {
         throw;
@@ -111,7 +111,7 @@ std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const LostCommit
   // Unsettled, each look answers only if the batch is there already; InDoubt otherwise.
   if (const std::optional<Uuid> probe = batch.first_reservation_id()) {
     if (find_landed({*probe}, lost, context).empty()) return std::nullopt;
-  } else if (const std::optional<KeyedWrite> sold = batch.keyed_sell(false)) {
+  } else if (const std::optional<KeyedWrite> sold = batch.keyed_write(false)) {
     if (!landed_outcome(*sold, lost, context)) return std::nullopt;
   } else {
     throw lost;

@@ -30,10 +30,34 @@ Asked asked_of(const BatchItem& item) {
 
 // A keyed request's fingerprint, as its per-request form prints it.
 std::string print_of(const BatchItem& item) {
-  if (item.op == BatchOp::sell) {
-    return fingerprint(SellRequest{item.key, item.qty, WriteOptions{}, item.idempotency_key});
+  switch (item.op) {
+    case BatchOp::reserve:
+      return fingerprint(request_of(item));
+    case BatchOp::sell:
+      return fingerprint(SellRequest{item.key, item.qty, WriteOptions{}, item.idempotency_key});
+    case BatchOp::confirm:
+    case BatchOp::release:
+      break;
   }
-  return fingerprint(request_of(item));
+  return fingerprint(TransitionRequest{
+      item.id, item.op == BatchOp::confirm ? Transition::confirm : Transition::release, 0,
+      item.expected_version, item.qty > 0 ? std::optional<Quantity>(item.qty) : std::nullopt,
+      item.release_rest, item.idempotency_key});
+}
+
+// A keyed request's outcome as its key stores it (a sell's level, a step's reservation).
+std::string outcome_of(const BatchItem& item) {
+  return item.op == BatchOp::sell ? encode_outcome(item.level) : encode_outcome(item.reservation);
+}
+
+// The outcome a key stored, as the request's: a sell's level, a step's reservation.
+void adopt_outcome(BatchItem& item, const std::string& stored) {
+  if (item.op == BatchOp::sell) {
+    item.level = decode_outcome<StockLevel>(stored);
+  } else {
+    item.reservation = decode_outcome<Reservation>(stored);
+  }
+  item.ok = true;
 }
 
 void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
@@ -70,7 +94,8 @@ void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
 }
 
 // Keys committed before this batch: the same request replays its reservation (a reserve) or
-// its stored level (a sell), a different one is a conflict.
+// its stored outcome (a sell's level, a confirm's or release's reservation), a different one
+// is a conflict.
 void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string>& names) {
   const pqxx::result found = tx.exec_on(shard_, Stmt::batch_keys_get, text_array(names));
   for (const auto& row : found) {
@@ -79,11 +104,11 @@ void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string
     decided_[claim.first] = true;
     claim.stored_fingerprint = row[1].as<std::string>();
     if (!reserves(*claim.stored_fingerprint) || item.op != BatchOp::reserve) {
-      // A key that names no reservation (a sell's, a confirm's, ...), or a sell's request:
-      // the same sell replays the level its key stored; anything else conflicts.
+      // A key that names no reservation (a sell's, a confirm's, ...), or a request that is
+      // not a reserve: the same request replays the outcome its key stored; anything else
+      // conflicts.
       if (*claim.stored_fingerprint == claim.fingerprint && !row[3].is_null()) {
-        item.level = decode_outcome<StockLevel>(row[3].as<std::string>());
-        item.ok = true;
+        adopt_outcome(item, row[3].as<std::string>());
       } else {
         fail(item,
              keyed_conflict(*item.idempotency_key, *claim.stored_fingerprint, claim.fingerprint));
@@ -518,15 +543,16 @@ pqxx::result BatchTx::write_one_citus(Tx& tx, const OneRowHolds& h, const NewKey
   return moved;
 }
 
-// The levels of the sells whose keys this batch claimed and which went through, stored with
-// their keys (a refused one's key is freed instead: unclaim_refused).
+// The outcomes of the sells, confirms and releases whose keys this batch claimed and which
+// went through, stored with their keys (a refused one's key is freed instead:
+// unclaim_refused). A reserve's key names its reservation instead.
 void BatchTx::write_key_outcomes(Tx& tx) {
   std::vector<std::string> names, outcomes;
   for (const auto& [name, claim] : keys_) {
     const BatchItem& item = *items_[claim.first];
-    if (!claim.claimed || !item.ok || item.op != BatchOp::sell) continue;
+    if (!claim.claimed || !item.ok || item.op == BatchOp::reserve) continue;
     names.push_back(name);
-    outcomes.push_back(encode_outcome(item.level));
+    outcomes.push_back(outcome_of(item));
   }
   if (names.empty()) return;
   const Statements& statements = tx.conn.statements();
@@ -539,7 +565,7 @@ void BatchTx::write_key_outcomes(Tx& tx) {
   if (written != names.size()) {
     throw Error(ErrorCode::invariant_violation, "a batch stored " + std::to_string(written) +
                                                     " of its " + std::to_string(names.size()) +
-                                                    " sells' outcomes; rolled back");
+                                                    " keyed outcomes; rolled back");
   }
 }
 
@@ -561,13 +587,14 @@ void BatchTx::settle_duplicates() {
     const KeyClaim& claim = keys_.at(*item.idempotency_key);
     if (claim.first == i) continue;
     const std::string& owner = claim.stored_fingerprint.value_or(claim.fingerprint);
-    if (!reserves(owner) || item.op != BatchOp::reserve) {  // a sell's, or another kind's key
+    if (!reserves(owner) || item.op != BatchOp::reserve) {  // a key that is not a reserve's
       const BatchItem& first = *items_[claim.first];
       if (prints_[i] != owner) {
         fail(item, keyed_conflict(*item.idempotency_key, owner, prints_[i]));
-      } else {  // the same sell: the first's outcome, decided or replayed
+      } else {  // the same request: the first's outcome, decided or replayed
         item.ok = first.ok;
         item.level = first.level;
+        item.reservation = first.reservation;
         item.error = first.error;
       }
     } else if (prints_[i] != owner) {

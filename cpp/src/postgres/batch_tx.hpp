@@ -136,14 +136,15 @@ class BatchTx {
     return std::nullopt;
   }
 
-  // A keyed sell of the batch (the first), as its key's write: the fast path claims every
-  // key or none, so its key tells whether the statement landed, as a reservation does.
-  // With `made`, only one that this attempt of the full path decided to sell and whose key it
-  // claimed (its key is in the database if and only if the attempt committed).
-  std::optional<KeyedWrite> keyed_sell(bool made) const {
+  // A keyed sell, confirm or release of the batch (the first), as its key's write: the
+  // fast path claims every key or none, so its key tells whether the statement landed, as a
+  // reservation does. With `made`, only one that this attempt of the full path decided to
+  // make and whose key it claimed (its key is in the database if and only if the attempt
+  // committed).
+  std::optional<KeyedWrite> keyed_write(bool made) const {
     for (std::size_t i = 0; i < items_.size(); ++i) {
       const BatchItem& item = *items_[i];
-      if (!keyed(i) || item.op != BatchOp::sell) continue;
+      if (!keyed(i) || item.op == BatchOp::reserve) continue;
       if (made) {
         const auto claim = keys_.find(*item.idempotency_key);
         if (!item.ok || claim == keys_.end() || !claim->second.claimed ||
@@ -352,10 +353,8 @@ class BatchTx {
     for (BatchItem* item : items_) item->clear_outcome();
   }
 
-  // A reserve or a sell with an idempotency key (transitions batch without keys).
-  bool keyed(std::size_t i) const {
-    return !is_transition(items_[i]->op) && items_[i]->idempotency_key.has_value();
-  }
+  // A request with an idempotency key (a reserve, a sell, a confirm or a release).
+  bool keyed(std::size_t i) const { return items_[i]->idempotency_key.has_value(); }
 
   void claim_keys(PostgresStore& store, Tx& tx);
   void replay(PostgresStore& store, Tx& tx, const std::vector<std::string>& names);
