@@ -19,6 +19,7 @@ import random
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple, Union
 
@@ -182,15 +183,19 @@ class Workload:
             mine.orders
         )
         op = rng.choice(kinds)
+        # Half the steps carry a key: an in-doubt one is settled by its retry (check()).
+        key = f"step-{uuid.uuid4().hex}" if rng.random() < 0.5 else None
         if op == "return":
-            return {"op": op, "target": mine.sold.pop(rng.randrange(len(mine.sold))), "qty": 1}
+            target = mine.sold.pop(rng.randrange(len(mine.sold)))
+            return {"op": op, "target": target, "qty": 1, "key": key}
         if op.endswith("_order"):
             order, ids = mine.orders.pop(rng.randrange(len(mine.orders)))
             held[:] = [h for h in held if h not in ids]
-            return {"op": op, "order": order, "ids": ids}
+            return {"op": op, "order": order, "ids": ids, "key": key}
         record: Record = {
             "op": op.removesuffix("_part"),
             "target": held.pop(rng.randrange(len(held))),
+            "key": key,
         }
         if op.endswith("_part"):
             record["part"] = 1
@@ -250,20 +255,21 @@ def send(eng: stockade.Engine, r: Record) -> object:
         return eng.reserve_order(
             r["lines"], ttl=LONG_TTL, idempotency_key=r["key"], strategy=r["strategy"]
         )
+    key = r.get("key")
     if r["op"] == "confirm":
-        return eng.confirm(r["target"], qty=r.get("part"))
+        return eng.confirm(r["target"], qty=r.get("part"), idempotency_key=key)
     if r["op"] == "release":
-        return eng.release(r["target"], qty=r.get("part"))
+        return eng.release(r["target"], qty=r.get("part"), idempotency_key=key)
     if r["op"] == "resize":
-        return eng.resize(r["target"], r["qty"])
+        return eng.resize(r["target"], r["qty"], idempotency_key=key)
     if r["op"] == "return":
-        return eng.return_units(r["target"], r["qty"])
+        return eng.return_units(r["target"], r["qty"], idempotency_key=key)
     if r["op"] == "confirm_order":
-        return eng.confirm_order(r["order"])
+        return eng.confirm_order(r["order"], idempotency_key=key)
     if r["op"] == "release_order":
-        return eng.release_order(r["order"])
+        return eng.release_order(r["order"], idempotency_key=key)
     if r["op"] == "extend":
-        return eng.extend(r["target"], ttl=LONG_TTL)
+        return eng.extend(r["target"], ttl=LONG_TTL, idempotency_key=key)
     if r["op"] == "restock":
         return eng.restock(r["sku"], r["qty"], idempotency_key=r["key"])
     if r["op"] == "sell":
@@ -287,29 +293,52 @@ def read_history(path: str) -> List[Record]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def resolve(eng: stockade.Engine, record: Record) -> Union[List[str], str, None]:
-    """Retries an in-doubt keyed call with its request: the ids a reserve or order settles
-    to ([] for a keyed restock or sell, which has now taken effect exactly once), or the
-    name of the definite error it settles to (the first call did not land, and the
-    request is refused now, as a buyer whose limit filled up meanwhile is); None if it
-    never settles."""
+# Errors a retry waits out: the server is still settling.
+TRANSIENT = (
+    stockade.InDoubt,
+    stockade.Unavailable,
+    stockade.DeadlineExceeded,
+    stockade.LockTimeout,
+    stockade.Overloaded,
+)
+
+
+def settle(eng: stockade.Engine, record: Record) -> Union[object, str, None]:
+    """Retries an in-doubt keyed call with its request until it settles: its answer, or
+    the name of the definite error it settles to (the first call did not land, and the
+    request is refused now); None if it never settles."""
     for _ in range(50):
         try:
-            made = send(eng, record)
-            if isinstance(made, stockade.StockLevel):
-                return []
-            return [str(r.id) for r in (made if isinstance(made, stockade.Order) else [made])]
-        except (
-            stockade.InDoubt,
-            stockade.Unavailable,
-            stockade.DeadlineExceeded,
-            stockade.LockTimeout,
-            stockade.Overloaded,
-        ):
-            time.sleep(0.1)  # transient: the server is still settling
+            return send(eng, record)
+        except TRANSIENT:
+            time.sleep(0.1)
         except stockade.StockadeError as e:
             return type(e).__name__
     return None
+
+
+def resolve(eng: stockade.Engine, record: Record) -> Union[List[str], str, None]:
+    """An in-doubt keyed reserve, order, restock or sell settled (settle()): the ids a
+    reserve or order settles to ([] for a keyed restock or sell, which has now taken
+    effect exactly once), or the definite error (as a buyer whose limit filled up
+    meanwhile is told); None if it never settles."""
+    made = settle(eng, record)
+    if made is None or isinstance(made, str):
+        return made
+    if isinstance(made, stockade.StockLevel):
+        return []
+    return [str(r.id) for r in (made if isinstance(made, stockade.Order) else [made])]  # type: ignore[union-attr]
+
+
+def resolve_step(eng: stockade.Engine, record: Record) -> Union[Dict[str, List[int]], str, None]:
+    """An in-doubt keyed step settled (settle()): the units its answer gives each
+    reservation (the first call's, if it landed: a replay; else the step, made now), or
+    the definite error; None if it never settles."""
+    made = settle(eng, record)
+    if made is None or isinstance(made, str):
+        return made
+    lines = made if isinstance(made, stockade.Order) else [made]
+    return {str(r.id): units_of(r) for r in lines}  # type: ignore[union-attr]
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ from nemesis_load import (
     engine,
     read_history,
     resolve,
+    resolve_step,
 )
 from pgproxy import CommitCuttingProxy
 from stockade.tools.pgbouncer import TemporaryPgBouncer, find_pgbouncer
@@ -185,6 +186,9 @@ def _signal(pid: int, sig: int) -> None:
 
 # What each in-doubt keyed call's retry settled to (resolve in nemesis_load.py), by key.
 Settled = Dict[str, Union[List[str], str, None]]
+# In-doubt keyed steps, by key: each reservation's units as the retry's answer gave them, or
+# the definite error it settled to, or None if it never settled.
+SettledSteps = Dict[str, Union[Dict[str, List[int]], str, None]]
 
 # What a retry of a request that did not land may be told now.
 REFUSALS = {"LimitExceeded", "OutOfStock"}
@@ -278,9 +282,15 @@ def lines_of(r: Record) -> Dict[str, int]:
 
 
 class Checker:
-    def __init__(self, history: List[Record], rows: Dict[str, Tuple[int, int]]) -> None:
+    def __init__(
+        self,
+        history: List[Record],
+        rows: Dict[str, Tuple[int, int]],
+        steps_settled: Optional[SettledSteps] = None,
+    ) -> None:
         self.history = sorted(history, key=lambda r: r["t0"])
         self.rows = rows  # sku -> (on_hand, reserved)
+        self.steps_settled = steps_settled or {}
         self.violations: List[Tuple[Optional[Record], str]] = []
 
     def fail(self, record: Optional[Record], what: str) -> None:
@@ -374,7 +384,8 @@ class Checker:
                     possible, last = {told}, r  # type: ignore[assignment]
                     short = short and r["op"] != "extend"  # it holds for LONG_TTL now
                 elif r["out"] == "InDoubt":
-                    possible |= after
+                    possible, settled, short = self.in_doubt_step(rid, r, possible, after, short)
+                    last = settled or last
                 elif r["out"] not in DEFINITE_STEP_FAILURES:
                     self.fail(r, f"a step told {r['out']}")
                 elif not self.refusal_fits(r, possible):
@@ -392,6 +403,26 @@ class Checker:
                 )
             if row.state != state_of(row.units):
                 self.fail(last, f"reservation {rid} is {row.state} with units {row.units}")
+
+    def in_doubt_step(
+        self, rid: str, r: Record, possible: Set[Units], after: Set[Units], short: bool
+    ) -> Tuple[Set[Units], Optional[Record], bool]:
+        """What an in-doubt step leaves possible for `rid`: applied or not; but a keyed one
+        was settled by its retry (no later step of the thread touched its targets). An
+        answer means it applied once (a replay, or made at the retry on a state that was
+        possible then, lapses aside); a definite refusal, that it did not land."""
+        settled = self.steps_settled.get(r["key"]) if r.get("key") else None
+        if isinstance(settled, dict):
+            told: Units = tuple(settled[rid])  # type: ignore[assignment]
+            if told not in after:
+                what = f"its keyed retry answered {told}, not one of {sorted(after)}"
+                self.fail(r, f"reservation {rid}: {what}")
+            return {told}, r, short and r["op"] != "extend"
+        if isinstance(settled, str):
+            if not self.refusal_fits({**r, "out": settled}, possible):
+                self.fail(r, f"reservation {rid}: its keyed retry was told {settled}")
+            return possible, None, short
+        return possible | after, None, short
 
     @staticmethod
     def refusal_fits(r: Record, possible: Set[Units]) -> bool:
@@ -600,11 +631,15 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
     time.sleep(0.5)  # sessions cut mid-call are gone by now
     _, stored, _ = read_database(dsn)
     settled: Settled = {}
+    steps_settled: SettledSteps = {}
     with engine(dsn) as eng:
         for r in history:
-            keyed = r["op"] in ("reserve", "order", "restock", "sell") and r.get("key")
-            if keyed and r["out"] == "InDoubt":
+            if r["out"] != "InDoubt" or not r.get("key"):
+                continue
+            if r["op"] in ("reserve", "order", "restock", "sell"):
                 settled[r["key"]] = resolve(eng, r)
+            elif r["op"] in STEPS:
+                steps_settled[r["key"]] = resolve_step(eng, r)
     db, _, rows = read_database(dsn)
     outcomes = set(
         run_sql(
@@ -612,7 +647,7 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
             "COPY (SELECT key FROM stockade.idempotency WHERE outcome IS NOT NULL) TO STDOUT",
         ).split()
     )
-    checker = Checker(history, rows)
+    checker = Checker(history, rows, steps_settled)
     checker.engine_bugs()
     checker.keys(stored, settled)
     made = {rid for r in history if r["out"] == "ok" for rid in ids_of(r)}
@@ -626,7 +661,7 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
         for v in eng.audit(expiry_lag=3600).violations:
             found = f"expected {v.expected}, found {v.found}"
             checker.fail(None, f"audit: {v.check} {v.sku} {v.subject}: {found}")
-    return checker, len(settled)
+    return checker, len(settled) + len(steps_settled)
 
 
 @pytest.fixture(params=["direct", "pgbouncer"])
@@ -737,6 +772,27 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         # A hold of two, untouched, yet a confirm of one was refused as if it held none.
         reserve("k-refused-step", "r-refused"),
         {"op": "confirm", "target": "r-refused", "part": 1, "out": "InvalidState", "t0": 1.6},
+        # A keyed confirm of one unit in doubt, whose retry answered two confirmed; and a
+        # keyed return in doubt, whose retry was told OverReturn though one unit was sold.
+        {**reserve("k-kstep", "r-kstep"), "qty": 2, "sku": "n-2"},
+        {
+            "op": "confirm",
+            "target": "r-kstep",
+            "part": 1,
+            "key": "s-1",
+            "out": "InDoubt",
+            "t0": 1.7,
+        },
+        {**reserve("k-kret", "r-kret"), "sku": "n-2"},
+        {
+            "op": "confirm",
+            "target": "r-kret",
+            "out": "ok",
+            "units": {"r-kret": [1, 0, 1, 0, 0, 0]},
+            "t0": 1.8,
+            "t1": 1.8,
+        },
+        {"op": "return", "target": "r-kret", "qty": 1, "key": "s-2", "out": "InDoubt", "t0": 1.9},
         {"op": "restock", "sku": "n-0", "key": None, "qty": 10, "out": "ok", "t0": 2.0, "t1": 2.1},
         # A keyed restock acknowledged whose key holds nothing, a keyed sell told a
         # definite failure whose key holds an outcome, and one whose retry never settled.
@@ -780,6 +836,8 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "o-2": row("n-1", 2, "held", "k-order"),
         "r-part": Row("n-0", 3, "held", "k-part", (3, 1, 2, 0, 0, 0)),
         "r-refused": row("n-0", 1, "held", "k-refused-step"),
+        "r-kstep": Row("n-2", 2, "confirmed", "k-kstep", (2, 0, 2, 0, 0, 0)),
+        "r-kret": row("n-2", 1, "confirmed", "k-kret"),
     }
     stored = {
         "k-lost": ["r-lost"],
@@ -788,15 +846,19 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "k-order": ["o-1"],
         "k-part": ["r-part"],
         "k-refused-step": ["r-refused"],
+        "k-kstep": ["r-kstep"],
+        "k-kret": ["r-kret"],
     }
     rows = {sku: (START, 0) for sku in [*SKUS, LEASED]}
     rows["n-0"] = (START + 5, 7)  # a restock that did not land, a reserved count that is off
+    rows["n-2"] = (START - 3, 0)  # r-kstep's and r-kret's sold units
     history.append(reserve("k-doubt", "-", out="InDoubt"))  # its retry is told a conflict
     history.append(reserve(None, "-", out="InvariantViolation"))  # nothing left, still a bug
-    checker = Checker(history, rows)
+    steps = {"s-1": {"r-kstep": [2, 0, 2, 0, 0, 0]}, "s-2": "OverReturn"}
+    checker = Checker(history, rows, steps)  # type: ignore[arg-type]
     checker.engine_bugs()
     checker.keys(stored, {"k-doubt": "IdempotencyConflict"})
-    made = {"r-lost", "r-held", "r-conf", "o-1", "o-2", "r-part", "r-refused"}
+    made = {"r-lost", "r-held", "r-conf", "o-1", "o-2", "r-part", "r-refused", "r-kstep", "r-kret"}
     checker.reservations(db, made)
     checker.stock(db, {})
     checker.keyed_writes({"k-s"}, {})
@@ -816,6 +878,8 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "reservation r-part: answered (3, 2, 1, 1, 0, 0), not one of [(3, 1, 1, 1, 0, 0)]",
         "reservation r-part is (3, 1, 2, 0, 0, 0)",
         "reservation r-refused: told InvalidState, which none of [(1, 1, 0, 0, 0, 0)] gives",
+        "reservation r-kstep: its keyed retry answered (2, 0, 2, 0, 0, 0), not one of",
+        "reservation r-kret: its keyed retry was told OverReturn",
         "n-0: reserved 7, but its holds sum to 4",
         "n-0: on_hand",
         "acknowledged, but its key holds no outcome",
