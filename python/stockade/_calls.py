@@ -616,7 +616,7 @@ class EngineCalls:
     ) -> Reservation:
         """Takes back ``qty`` sold units of a reservation (a return), in one transaction
         under the reservation's lock: never more than it confirmed and has not returned
-        yet (``InvalidState``, nothing changed), whatever races it.
+        yet (``OverReturn``, an ``InvalidState``; nothing changed), whatever races it.
 
         ``restock=True`` puts them back on hand, sellable, at the SKU's own row of
         ``location`` (default: the reservation's), creating that row if needed;

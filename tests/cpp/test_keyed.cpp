@@ -116,7 +116,7 @@ TEST(KeyedOutcome, a_batched_sells_level_reads_back_from_its_prefix_and_the_row)
   const SkuKey key{"sku:with:colons", "loc 7", 2};
   // the row left at on_hand 40, reserved 13, version 108; after this sale the batch sold 5
   // more units, held 3 and made 4 more changes
-  const std::string text = detail::batched_level_prefix(key, 5, 3, 4) +
+  const std::string text = detail::batched_level_prefix("attempt-1", key, 5, 3, 4) +
                            detail::batched_level_tail(40, 13, 108, 1733000000000000, 20);
   const StockLevel back = decode_outcome<StockLevel>(text);
   EXPECT_EQ(back.key, key);
@@ -128,8 +128,8 @@ TEST(KeyedOutcome, a_batched_sells_level_reads_back_from_its_prefix_and_the_row)
   EXPECT_FALSE(back.discontinued || back.leased);
   EXPECT_EQ(detail::batched_level_tail(-4, 0, 1, 2, 3), "2:-41:01:11:21:3");
   // (The SQL form is checked on a server: test_keyed_writes.py replays a batched sell.)
-  for (const std::string& bad : {detail::batched_level_prefix(key, 5, 3, 4), text + "1:0",
-                                 text.substr(0, text.size() - 1)}) {
+  for (const std::string& bad : {detail::batched_level_prefix("attempt-1", key, 5, 3, 4),
+                                 text + "1:0", text.substr(0, text.size() - 1)}) {
     EXPECT_STOCKADE_ERROR(decode_outcome<StockLevel>(bad), ErrorCode::invariant_violation);
   }
 }

@@ -41,6 +41,8 @@ SHORT_TTL = 1  # seconds: some holds lapse and expire during the run
 LONG_TTL = 86400  # seconds: the others outlive any run
 
 Record = Dict[str, Any]
+# The steps of a reservation or an order that _step makes.
+STEP_OPS = ("confirm", "release", "extend", "resize", "return", "confirm_order", "release_order")
 
 
 @dataclass
@@ -50,6 +52,14 @@ class Mine:
 
     sold: List[str] = field(default_factory=list)
     orders: List[Tuple[str, List[str]]] = field(default_factory=list)
+
+    def forget(self, ids: List[str], held: List[str]) -> None:
+        """Steps no more of `ids`, nor of an order with one of them: an in-doubt step's
+        targets (a keyed one's retry, in check(), must come after every step made of
+        them)."""
+        held[:] = [h for h in held if h not in ids]
+        self.sold[:] = [s for s in self.sold if s not in ids]
+        self.orders[:] = [o for o in self.orders if not set(o[1]) & set(ids)]
 
 
 def units_of(r: stockade.Reservation) -> List[int]:
@@ -170,6 +180,8 @@ class Workload:
                 self._stepped(record, list(result), held, mine)
         except stockade.StockadeError as e:
             record["out"] = type(e).__name__
+            if isinstance(e, stockade.InDoubt) and record["op"] in STEP_OPS:
+                mine.forget(record.get("ids") or [record["target"]], held)
         record["t1"] = time.monotonic()
         return record
 

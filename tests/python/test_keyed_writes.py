@@ -338,6 +338,31 @@ def test_a_batched_keyed_confirm_cut_at_its_commit_is_answered_once(
         assert eng.audit().ok
 
 
+def test_a_stored_key_answers_each_request_in_a_batch_on_its_own(
+    batched_engine: stockade.Engine,
+) -> None:
+    # A key stored by sell(1); then, at once (in one batch or several), requests with that
+    # key that are the same sell, another sell, a confirm: the same sell replays whatever
+    # comes first in its batch; the others conflict.
+    eng = batched_engine
+    eng.restock("k", 100)
+    hold = eng.reserve("k", 2, ttl=600)
+    first = eng.sell("k", 1, idempotency_key="shared")
+    calls = [
+        lambda: eng.sell("k", 2, idempotency_key="shared"),
+        lambda: eng.sell("k", 1, idempotency_key="shared"),
+        lambda: eng.confirm(hold.id, idempotency_key="shared"),
+    ]
+    out = race(24, lambda i: calls[i % 3]())
+    for i, (result, error) in enumerate(zip(out.results, out.errors, strict=True)):
+        if i % 3 == 1:
+            assert error is None and result == first, error
+        else:
+            assert isinstance(error, stockade.IdempotencyConflict), error
+    assert eng.stock("k").on_hand == 99 and eng.reservation(hold.id).held == 2
+    assert eng.audit().ok
+
+
 def test_a_refused_batched_keyed_sell_leaves_its_key_free(batched_engine: stockade.Engine) -> None:
     eng = batched_engine
     eng.restock("k", 1)

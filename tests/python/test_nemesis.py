@@ -63,6 +63,7 @@ from nemesis_load import (
     PER_BUYER,
     SHORT_TTL,
     SKUS,
+    STEP_OPS,
     Record,
     Workload,
     engine,
@@ -210,7 +211,7 @@ class Row(NamedTuple):
 
 
 Units = Tuple[int, int, int, int, int, int]
-STEPS = ("confirm", "release", "extend", "resize", "return", "confirm_order", "release_order")
+STEPS = STEP_OPS
 
 
 def targets_of(r: Record) -> List[str]:
@@ -410,7 +411,8 @@ class Checker:
         """What an in-doubt step leaves possible for `rid`: applied or not; but a keyed one
         was settled by its retry (no later step of the thread touched its targets). An
         answer means it applied once (a replay, or made at the retry on a state that was
-        possible then, lapses aside); a definite refusal, that it did not land."""
+        possible then, lapses aside: the thread stepped its targets no more); a definite
+        refusal, that it did not land; any other error, or no answer, is a violation."""
         settled = self.steps_settled.get(r["key"]) if r.get("key") else None
         if isinstance(settled, dict):
             told: Units = tuple(settled[rid])  # type: ignore[assignment]
@@ -419,9 +421,12 @@ class Checker:
                 self.fail(r, f"reservation {rid}: {what}")
             return {told}, r, short and r["op"] != "extend"
         if isinstance(settled, str):
-            if not self.refusal_fits({**r, "out": settled}, possible):
+            fits = settled in DEFINITE_STEP_FAILURES
+            if not fits or not self.refusal_fits({**r, "out": settled}, possible):
                 self.fail(r, f"reservation {rid}: its keyed retry was told {settled}")
             return possible, None, short
+        if r.get("key") in self.steps_settled:
+            self.fail(r, f"reservation {rid}: its keyed retry never settled")
         return possible | after, None, short
 
     @staticmethod
@@ -793,6 +798,7 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
             "t1": 1.8,
         },
         {"op": "return", "target": "r-kret", "qty": 1, "key": "s-2", "out": "InDoubt", "t0": 1.9},
+        {"op": "extend", "target": "r-kret", "key": "s-3", "out": "InDoubt", "t0": 1.95},
         {"op": "restock", "sku": "n-0", "key": None, "qty": 10, "out": "ok", "t0": 2.0, "t1": 2.1},
         # A keyed restock acknowledged whose key holds nothing, a keyed sell told a
         # definite failure whose key holds an outcome, and one whose retry never settled.
@@ -854,7 +860,7 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
     rows["n-2"] = (START - 3, 0)  # r-kstep's and r-kret's sold units
     history.append(reserve("k-doubt", "-", out="InDoubt"))  # its retry is told a conflict
     history.append(reserve(None, "-", out="InvariantViolation"))  # nothing left, still a bug
-    steps = {"s-1": {"r-kstep": [2, 0, 2, 0, 0, 0]}, "s-2": "OverReturn"}
+    steps = {"s-1": {"r-kstep": [2, 0, 2, 0, 0, 0]}, "s-2": "OverReturn", "s-3": None}
     checker = Checker(history, rows, steps)  # type: ignore[arg-type]
     checker.engine_bugs()
     checker.keys(stored, {"k-doubt": "IdempotencyConflict"})
@@ -880,6 +886,7 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "reservation r-refused: told InvalidState, which none of [(1, 1, 0, 0, 0, 0)] gives",
         "reservation r-kstep: its keyed retry answered (2, 0, 2, 0, 0, 0), not one of",
         "reservation r-kret: its keyed retry was told OverReturn",
+        "reservation r-kret: its keyed retry never settled",
         "n-0: reserved 7, but its holds sum to 4",
         "n-0: on_hand",
         "acknowledged, but its key holds no outcome",

@@ -88,8 +88,9 @@ void PostgresStore::run_full_resolving(BatchTx& batch, const WriteOptions& write
       // Unsettled, each look answers only if the attempt is there; InDoubt otherwise.
       if (const std::optional<Uuid> probe = batch.made_reservation_id()) {
         if (!find_landed({*probe}, e, context).empty()) return;
-      } else if (const std::optional<KeyedWrite> sold = batch.keyed_write(true)) {
-        if (landed_outcome(*sold, e, context)) return;
+      } else if (const auto key = batch.keyed_write(true)) {
+        const OutcomeMatch ours{key->expected, true};
+        if (landed_outcome(key->write, e, context, &ours)) return;
       } else {
         throw;
       }
@@ -111,8 +112,9 @@ std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const LostCommit
   // Unsettled, each look answers only if the batch is there already; InDoubt otherwise.
   if (const std::optional<Uuid> probe = batch.first_reservation_id()) {
     if (find_landed({*probe}, lost, context).empty()) return std::nullopt;
-  } else if (const std::optional<KeyedWrite> sold = batch.keyed_write(false)) {
-    if (!landed_outcome(*sold, lost, context)) return std::nullopt;
+  } else if (const auto key = batch.keyed_write(false)) {
+    const OutcomeMatch ours{key->expected, false};
+    if (!landed_outcome(key->write, lost, context, &ours)) return std::nullopt;
   } else {
     throw lost;
   }

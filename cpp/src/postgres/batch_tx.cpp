@@ -72,7 +72,7 @@ void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
       decided_[i] = true;  // a duplicate inside the batch: settled by settle_duplicates()
       continue;
     }
-    it->second = KeyClaim{i, print, false, std::nullopt, std::nullopt};
+    it->second = KeyClaim{i, print, false, std::nullopt, {}, std::nullopt};
     names.push_back(it->first);
     fingerprints.push_back(print);
     ids.push_back(item.op == BatchOp::reserve ? ids_[i].to_string() : std::string());
@@ -103,29 +103,13 @@ void BatchTx::replay(PostgresStore& store, Tx& tx, const std::vector<std::string
     BatchItem& item = *items_[claim.first];
     decided_[claim.first] = true;
     claim.stored_fingerprint = row[1].as<std::string>();
-    if (!reserves(*claim.stored_fingerprint) || item.op != BatchOp::reserve) {
-      // A key that names no reservation (a sell's, a confirm's, ...), or a request that is
-      // not a reserve: the same request replays the outcome its key stored; anything else
-      // conflicts.
-      if (*claim.stored_fingerprint == claim.fingerprint && !row[3].is_null()) {
-        adopt_outcome(item, row[3].as<std::string>());
-      } else {
-        fail(item,
-             keyed_conflict(*item.idempotency_key, *claim.stored_fingerprint, claim.fingerprint));
-      }
-      continue;
-    }
     // Read even on a conflict: a later duplicate in the batch may be the same request.
-    const std::vector<Reservation> made = store.fetch(tx, parse_ids(row[2].as<std::string>()));
-    claim.stored = made.front();
-    if (*claim.stored_fingerprint != claim.fingerprint) {
-      fail(item, idempotency_conflict(*item.idempotency_key,
-                                      asked_by(made, *claim.stored_fingerprint), asked_of(item)));
+    if (reserves(*claim.stored_fingerprint)) {
+      claim.stored = store.fetch(tx, parse_ids(row[2].as<std::string>()));
+    } else if (!row[3].is_null()) {
+      claim.stored_outcome = row[3].as<std::string>();
     }
-    if (!item.error) {
-      item.reservation = *claim.stored;
-      item.ok = true;
-    }
+    settle_stored(item, claim.fingerprint, claim);
   }
   for (const std::string& name : names) {
     const KeyClaim& claim = keys_.at(name);
@@ -466,6 +450,9 @@ pqxx::result BatchTx::write_one(Tx& tx) {
                       text_array(h.keys), key.slot);
   }
   const NewKeys k = new_keys(row);
+  for (std::size_t n = 0; n < k.names.size(); ++n) {
+    if (!k.outcomes[n].empty()) fast_prefixes_.emplace(k.names[n], k.outcomes[n]);
+  }
   if (tx.conn.statements().citus()) return write_one_citus(tx, h, k);
   try {
     return tx.exec_on(shard_, Stmt::batch_fast_one_keyed, key.sku, key.location, row.sold, row.held,
@@ -494,8 +481,8 @@ NewKeys BatchTx::new_keys(const RowState& row) const {
     k.prints.push_back(print_of(item));
     const bool sell = item.op == BatchOp::sell;
     k.ids.push_back(sell ? std::string() : ids_[i].to_string());
-    k.outcomes.push_back(sell ? batched_level_prefix(item.key, row.sold - sold, row.held - held,
-                                                     row.changes - changes)
+    k.outcomes.push_back(sell ? batched_level_prefix(ids_[i].to_string(), item.key, row.sold - sold,
+                                                     row.held - held, row.changes - changes)
                               : std::string());
   }
   return k;
@@ -577,39 +564,58 @@ void BatchTx::unclaim_refused(Tx& tx) {
   if (!names.empty()) tx.exec_on(shard_, Stmt::batch_unclaim, text_array(names));
 }
 
+// A request whose key was stored before the batch (`claim`): the same request replays what
+// the key holds (a reserve's reservation, another write's outcome), any other conflicts.
+void BatchTx::settle_stored(BatchItem& item, const std::string& print,
+                            const KeyClaim& claim) const {
+  const std::string& stored = *claim.stored_fingerprint;
+  if (reserves(stored) && item.op == BatchOp::reserve) {
+    if (claim.stored.empty()) {  // retention purged them since the look
+      fail(item, Error(ErrorCode::not_found,
+                       "the reservations of idempotency key " + shown(*item.idempotency_key) +
+                           " were purged by retention",
+                       context_of(item.key)));
+      return;
+    }
+    if (print != stored) {
+      fail(item, idempotency_conflict(*item.idempotency_key, asked_by(claim.stored, stored),
+                                      asked_of(item)));
+      return;
+    }
+    item.reservation = claim.stored.front();
+    item.ok = true;
+  } else if (print == stored && claim.stored_outcome) {
+    adopt_outcome(item, *claim.stored_outcome);
+  } else {  // another kind of write's key, or other arguments
+    fail(item, keyed_conflict(*item.idempotency_key, stored, print));
+  }
+}
+
 // Requests that repeat a key already seen in this batch. The key's request is the one
-// stored before the batch, if there was one, else the batch's first with that key; the
-// same request gets that one's outcome, a different one IdempotencyConflict.
+// stored before the batch, if there was one (settle_stored), else the batch's first with
+// that key; the same request gets that one's outcome, a different one IdempotencyConflict.
 void BatchTx::settle_duplicates() {
   for (std::size_t i = 0; i < items_.size(); ++i) {
     if (!keyed(i)) continue;
     BatchItem& item = *items_[i];
     const KeyClaim& claim = keys_.at(*item.idempotency_key);
     if (claim.first == i) continue;
-    const std::string& owner = claim.stored_fingerprint.value_or(claim.fingerprint);
-    if (!reserves(owner) || item.op != BatchOp::reserve) {  // a key that is not a reserve's
-      const BatchItem& first = *items_[claim.first];
-      if (prints_[i] != owner) {
-        fail(item, keyed_conflict(*item.idempotency_key, owner, prints_[i]));
-      } else {  // the same request: the first's outcome, decided or replayed
-        item.ok = first.ok;
-        item.level = first.level;
-        item.reservation = first.reservation;
-        item.error = first.error;
-      }
-    } else if (prints_[i] != owner) {
-      const Asked first = claim.stored ? asked_by(std::vector<Reservation>{*claim.stored}, owner)
-                                       : asked_of(*items_[claim.first]);
-      fail(item, idempotency_conflict(*item.idempotency_key, first, asked_of(item)));
-    } else if (claim.stored) {
-      item.reservation = *claim.stored;
-      item.ok = true;
-    } else {
-      const BatchItem& first = *items_[claim.first];
-      item.ok = first.ok;
-      item.reservation = first.reservation;
-      item.error = first.error;
+    if (claim.stored_fingerprint) {
+      settle_stored(item, prints_[i], claim);
+      continue;
     }
+    const BatchItem& first = *items_[claim.first];
+    if (prints_[i] != claim.fingerprint) {
+      const bool reserves_both = item.op == BatchOp::reserve && first.op == BatchOp::reserve;
+      fail(item, reserves_both
+                     ? idempotency_conflict(*item.idempotency_key, asked_of(first), asked_of(item))
+                     : keyed_conflict(*item.idempotency_key, claim.fingerprint, prints_[i]));
+      continue;
+    }
+    item.ok = first.ok;  // the same request: the first's outcome
+    item.level = first.level;
+    item.reservation = first.reservation;
+    item.error = first.error;
   }
 }
 

@@ -21,9 +21,13 @@
 // The runner commits. A batch whose fast statement found no room runs the full path, as
 // a new transaction that reads the rows afresh; either way one transaction commits the
 // batch's changes. After a miss the store skips the fast path for a few batches, so a
-// sold-out SKU does not pay for it on every batch. The lock order is the one every other path
-// keeps: idempotency keys before stock rows, stock rows sorted. So batches from many engines, and
-// per-request calls, cannot deadlock with each other.
+// sold-out SKU does not pay for it on every batch. The full path's lock order is the one every
+// other path keeps: idempotency keys before stock rows, stock rows sorted. So batches from many
+// engines, and per-request calls, cannot deadlock with each other. The one exception is the
+// keyed one-row statement, whose key claims follow its row's UPDATE: a request with one of its
+// keys claimed by a per-request call at that very moment (two calls with one key, on two paths)
+// can meet it in a deadlock, which PostgreSQL ends after deadlock_timeout by failing one side,
+// with nothing changed; the store runs that side again, as it does any deadlock (40P01).
 //
 // A granted change moves a row's version by one, as a per-request write would: a batch
 // that grants 40 units in 40 requests moves the version by 40, and the stock level a sell
@@ -73,7 +77,8 @@ struct KeyClaim {
   std::string fingerprint;  // of the first request
   bool claimed = false;     // this batch inserted the key: its first request decides
   std::optional<std::string> stored_fingerprint;  // the key existed: its request's
-  std::optional<Reservation> stored;              // ... and the reservation it made
+  std::vector<Reservation> stored;                // ... and the reservations it made
+  std::optional<std::string> stored_outcome;      // ... or the outcome it stored
 };
 
 // A reservation a transition in the batch is about, as locked (and as changed so far).
@@ -101,8 +106,11 @@ inline void fail(BatchItem& item, Error error) {
 struct OneRowHolds;
 struct NewKeys;
 
-// A keyed request's fingerprint (a reserve's or a sell's), as its per-request form prints it.
+// A keyed request's fingerprint (a reserve's, a sell's, a confirm's or a release's), as its
+// per-request form prints it; and the outcome its key stores (not a reserve's: its key
+// names its reservation).
 std::string print_of(const BatchItem& item);
+std::string outcome_of(const BatchItem& item);
 
 class BatchTx {
  public:
@@ -136,23 +144,32 @@ class BatchTx {
     return std::nullopt;
   }
 
-  // A keyed sell, confirm or release of the batch (the first), as its key's write: the
-  // fast path claims every key or none, so its key tells whether the statement landed, as a
-  // reservation does. With `made`, only one that this attempt of the full path decided to
-  // make and whose key it claimed (its key is in the database if and only if the attempt
-  // committed).
-  std::optional<KeyedWrite> keyed_write(bool made) const {
+  // A keyed sell, confirm or release of the batch (the first), as its key's write, and the
+  // outcome the attempt would have stored with it: the fast path claims every key or none,
+  // so its key tells whether the statement landed, as a reservation does, if it holds this
+  // statement's own prefix (an older call's or a concurrent duplicate's outcome says
+  // nothing of this attempt). With `made`, one that this attempt of the full path decided
+  // to make and whose key it claimed, whose key then holds exactly its outcome if the
+  // attempt committed.
+  struct KeyProbe {
+    KeyedWrite write;
+    std::string expected;
+    bool whole = true;  // the whole outcome, or its start (a fast prefix)
+  };
+  std::optional<KeyProbe> keyed_write(bool made) const {
     for (std::size_t i = 0; i < items_.size(); ++i) {
       const BatchItem& item = *items_[i];
       if (!keyed(i) || item.op == BatchOp::reserve) continue;
-      if (made) {
-        const auto claim = keys_.find(*item.idempotency_key);
-        if (!item.ok || claim == keys_.end() || !claim->second.claimed ||
-            claim->second.first != i) {
-          continue;
-        }
+      const KeyedWrite write{*item.idempotency_key, print_of(item), shard_};
+      if (!made) {
+        const auto prefix = fast_prefixes_.find(*item.idempotency_key);
+        if (prefix != fast_prefixes_.end()) return KeyProbe{write, prefix->second, false};
+        continue;
       }
-      return KeyedWrite{*item.idempotency_key, print_of(item), shard_};
+      const auto claim = keys_.find(*item.idempotency_key);
+      if (item.ok && claim != keys_.end() && claim->second.claimed && claim->second.first == i) {
+        return KeyProbe{write, outcome_of(item), true};
+      }
     }
     return std::nullopt;
   }
@@ -168,10 +185,16 @@ class BatchTx {
       if (items_[i]->op == BatchOp::sell && keyed(i)) names.push_back(*items_[i]->idempotency_key);
     }
     const std::vector<Reservation> made = store.fetch(tx, ids);
-    std::map<std::string, std::string> levels;
+    std::map<std::string, std::string> levels;  // each keyed sell's, if its key holds it
     if (!names.empty()) {
       for (const auto& row : tx.exec_on(shard_, Stmt::batch_keys_get, text_array(names))) {
-        if (!row[3].is_null()) levels.emplace(row[0].as<std::string>(), row[3].as<std::string>());
+        const std::string name = row[0].as<std::string>();
+        const auto prefix = fast_prefixes_.find(name);
+        if (row[3].is_null() || prefix == fast_prefixes_.end()) continue;
+        const std::string outcome = row[3].as<std::string>();
+        if (outcome.compare(0, prefix->second.size(), prefix->second) == 0) {
+          levels.emplace(name, outcome);  // this statement's: its prefix names the attempt
+        }
       }
     }
     std::size_t next = 0;
@@ -347,6 +370,7 @@ class BatchTx {
     keys_.clear();
     holds_.clear();
     transitions_.clear();
+    fast_prefixes_.clear();
     limits_.clear();
     allowances_.clear();
     std::fill(decided_.begin(), decided_.end(), false);
@@ -378,6 +402,7 @@ class BatchTx {
   NewKeys new_keys(const RowState& row) const;
   void write_key_outcomes(Tx& tx);
   void unclaim_refused(Tx& tx);
+  void settle_stored(BatchItem& item, const std::string& print, const KeyClaim& claim) const;
   void settle_duplicates();
 
   const std::vector<BatchItem*>& items_;
@@ -390,6 +415,9 @@ class BatchTx {
   // The reservations a transition changed (in holds_, with their new units and version),
   // each once: two partial steps of one hold in a batch write it once, as it ends up.
   std::vector<Uuid> transitions_;
+  // The fast statement's keyed sells: each key's outcome prefix (store/keyed.hpp), which
+  // names this batch's attempt (a lost commit's probe, adopt_landed).
+  std::map<std::string, std::string> fast_prefixes_;
   // Purchase limits: each limited SKU's (group, per_buyer), and each (group, buyer) parent
   // row as locked, with the change this batch makes to it.
   struct Allowance {

@@ -31,14 +31,21 @@ std::optional<std::string> PostgresStore::claim_or_replay(Tx& tx, const KeyedWri
 // with the key.
 std::optional<std::string> PostgresStore::landed_outcome(const KeyedWrite& k,
                                                          const LostCommit& lost,
-                                                         const ErrorContext& context) {
+                                                         const ErrorContext& context,
+                                                         const OutcomeMatch* ours) {
   std::optional<std::string> stored;
   try {
     stored = run(nullptr, context, [&](Tx& tx) -> std::optional<std::string> {
       const pqxx::result found = tx.exec_on(k.shard, Stmt::idempotency_get, k.key);
       if (found.empty() || found[0][2].is_null()) return std::nullopt;
       if (found[0][0].as<std::string>() != k.fingerprint) return std::nullopt;
-      return found[0][2].as<std::string>();
+      std::string held = found[0][2].as<std::string>();
+      if (ours != nullptr &&
+          (ours->whole ? held != ours->expected
+                       : held.compare(0, ours->expected.size(), ours->expected) != 0)) {
+        return std::nullopt;  // another call's outcome: this attempt did not land
+      }
+      return held;
     });
   } catch (const LostCommit&) {
     throw lost;

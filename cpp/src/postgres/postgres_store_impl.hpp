@@ -289,8 +289,15 @@ class PostgresStore final : public Store, public TestHooks {
   // keyed()'s steps (keys.cpp): claim or replay (nothing: claimed), and after a lost
   // commit, the outcome the key holds (nothing: not landed, so run again).
   std::optional<std::string> claim_or_replay(Tx& tx, const KeyedWrite& k);
+  // `ours`: the outcome this attempt would have stored (`whole`), or its start; a key that
+  // holds another (a concurrent duplicate's, an older call's) says the attempt did not land.
+  struct OutcomeMatch {
+    std::string expected;
+    bool whole = true;
+  };
   std::optional<std::string> landed_outcome(const KeyedWrite& k, const LostCommit& lost,
-                                            const ErrorContext& context);
+                                            const ErrorContext& context,
+                                            const OutcomeMatch* ours = nullptr);
   // find_landed's and landed_outcome's one way to log and decide what the look found
   // (`returned`: how a write found is answered), and to give up when it cannot read.
   void settle_landing(const LostCommit& lost, bool found, const char* returned) const;

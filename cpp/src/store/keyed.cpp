@@ -235,9 +235,10 @@ std::string encode_outcome(const std::vector<Reservation>& lines) {
 
 // 'B': the batched form (keyed.hpp). Its fields are the Writer's, so a tail made in SQL
 // is read as one made here.
-std::string batched_level_prefix(const SkuKey& key, Quantity sold_after, Quantity held_after,
-                                 std::int64_t changes_after) {
+std::string batched_level_prefix(const std::string& attempt, const SkuKey& key, Quantity sold_after,
+                                 Quantity held_after, std::int64_t changes_after) {
   Writer out('B');
+  out.text(attempt);
   write_key(out, key);
   out.number(sold_after).number(held_after).number(changes_after);
   return out.done();
@@ -265,6 +266,7 @@ namespace {
 
 StockLevel decode_batched_level(const std::string& text) {
   Reader in(text, 'B');
+  (void)in.text();  // the attempt that wrote it (a lost commit's probe compares it)
   StockLevel level;
   level.key = read_key(in);
   const Quantity sold_after = in.number();

@@ -63,13 +63,15 @@ std::string encode_outcome(const StockLevel& level);
 std::string encode_outcome(const Reservation& reservation);
 std::string encode_outcome(const std::vector<Reservation>& lines);  // an order step's
 // A keyed sell that a one-row fast batch decided (postgres/batch_tx.hpp) stores its level
-// in two parts: this prefix, made before the statement runs (its row, and what the batch
-// changed on the row after this sale: units sold and held, and changes), and the row as the
+// in two parts: this prefix, made before the statement runs (the attempt's own id, so that
+// a lost commit's probe can tell this statement's key from an older one; its row; and what
+// the batch changed on the row after this sale: units sold and held, and changes), and the
+// row as the
 // statement left it, appended by the statement itself (batched_level_tail_sql), or by C++
 // (batched_level_tail) where the keys go in after the row moved. decode_outcome<StockLevel>
 // reads both forms; the level is the row right after this sale, as the first call got it.
-std::string batched_level_prefix(const SkuKey& key, Quantity sold_after, Quantity held_after,
-                                 std::int64_t changes_after);
+std::string batched_level_prefix(const std::string& attempt, const SkuKey& key, Quantity sold_after,
+                                 Quantity held_after, std::int64_t changes_after);
 std::string batched_level_tail(Quantity on_hand, Quantity reserved, Version version,
                                TimestampUs now_us, Quantity backorder_limit);
 // The tail as SQL text over the given expressions (each a bigint).
