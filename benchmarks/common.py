@@ -83,6 +83,18 @@ def parser(doc: str) -> argparse.ArgumentParser:
     return ap
 
 
+def rounds_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every script of cases alternating in rounds takes: --seconds (a case),
+    --rounds, --flush-delay-us (commit_delay, as on a network disk) and --json; a script
+    adds its own (its clients or threads)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--flush-delay-us", type=int, default=0)
+    ap.add_argument("--json", help="also write the figures to this file")
+    return ap
+
+
 def route_table(
     report: Dict[str, Any], routes: Iterable[str], cases: Iterable[str], base: str
 ) -> None:

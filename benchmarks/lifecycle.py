@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any, Dict, List
 
 import stockade
-from common import write_json
+from common import rounds_parser, write_json
 from stockade.tools import drive_load
 from stockade.tools.bench import slow_flush_settings
 from stockade.tools.pgserver import TemporaryPostgres, run_sql
@@ -64,12 +64,8 @@ def one_case(eng: stockade.Engine, sku: str, case: str, args: argparse.Namespace
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap = rounds_parser(__doc__)
     ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--flush-delay-us", type=int, default=0)
-    ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
     runs: Dict[str, List[Dict[str, Any]]] = {case: [] for case in CASES}
     with TemporaryPostgres(settings=slow_flush_settings(args.flush_delay_us)) as pg:

@@ -20,7 +20,6 @@ and ratios and checks no target.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import threading
@@ -28,7 +27,7 @@ import time
 from typing import Any, Callable, Dict, List
 
 import stockade
-from common import write_json
+from common import rounds_parser, write_json
 from stockade.tools.bench import slow_flush_settings
 from stockade.tools.pgserver import TemporaryPostgres
 
@@ -85,12 +84,8 @@ def run(eng: stockade.Engine, case: str, threads: int, seconds: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap = rounds_parser(__doc__)
     ap.add_argument("--threads", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--flush-delay-us", type=int, default=0)
-    ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
     settings = slow_flush_settings(args.flush_delay_us)
     rates: Dict[str, List[float]] = {case: [] for case in CASES}

@@ -429,17 +429,26 @@ def strategy_name(value: object) -> Optional[str]:
     raise InvalidType(f"strategy must be a Strategy or str, not {type(value).__name__}")
 
 
-def reservation_id_bytes(value: object) -> bytes:
+def _uuid_bytes(value: object, what: str) -> Optional[bytes]:
+    """A uuid.UUID, or its text, as its 16 bytes (text that is not one: InvalidArgument,
+    naming `what`); None for a value of any other type."""
     if isinstance(value, uuid.UUID):
         return value.bytes
     if isinstance(value, str):
         try:
             return uuid.UUID(value).bytes
         except ValueError:
-            raise InvalidArgument(f"not a reservation id: {shown(str(value))}") from None
+            raise InvalidArgument(f"not {what}: {shown(value)}") from None
+    return None
+
+
+def reservation_id_bytes(value: object) -> bytes:
     if isinstance(value, Reservation):
         return value.id.bytes
-    raise InvalidType(f"reservation id must be a uuid.UUID or str, not {type(value).__name__}")
+    got = _uuid_bytes(value, "a reservation id")
+    if got is None:
+        raise InvalidType(f"reservation id must be a uuid.UUID or str, not {type(value).__name__}")
+    return got
 
 
 def state_value(value: object) -> str:
@@ -500,14 +509,12 @@ def order_id_bytes(value: object) -> bytes:
                 "step its lines one by one"
             )
         return value.id.bytes
-    if isinstance(value, (uuid.UUID, str)):
-        try:
-            return value.bytes if isinstance(value, uuid.UUID) else uuid.UUID(value).bytes
-        except ValueError:
-            raise InvalidArgument(f"not an order id: {shown(str(value))}") from None
-    raise InvalidType(
-        f"order must be a stockade.Order, uuid.UUID or str, not {type(value).__name__}"
-    )
+    got = _uuid_bytes(value, "an order id")
+    if got is None:
+        raise InvalidType(
+            f"order must be a stockade.Order, uuid.UUID or str, not {type(value).__name__}"
+        )
+    return got
 
 
 def order_parts(lines: Sequence[Reservation], qty: object) -> list[tuple[bytes, int]]:
