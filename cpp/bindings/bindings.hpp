@@ -41,6 +41,9 @@ void register_record(py::module_& m, py::class_<Engine>& c);
 // An order's lines as the Python layer passes them, (sku, location, qty) each, and as the
 // engine takes them (register_calls.cpp; the blocking and the async order share it).
 using OrderLineIn = std::tuple<std::string, std::string, Quantity>;
+// allocate's (sku, qty) pairs as the engine takes them.
+std::vector<AllocationWant> allocation_wants(
+    const std::vector<std::pair<std::string, Quantity>>& wants);
 std::vector<OrderLine> order_lines(const std::vector<OrderLineIn>& lines);
 
 // Per-call options as the Python layer passes them (strategy by name).

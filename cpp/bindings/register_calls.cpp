@@ -19,6 +19,14 @@ std::vector<OrderLine> order_lines(const std::vector<OrderLineIn>& lines) {
   return order;
 }
 
+std::vector<AllocationWant> allocation_wants(
+    const std::vector<std::pair<std::string, Quantity>>& wants) {
+  std::vector<AllocationWant> out;
+  out.reserve(wants.size());
+  for (const auto& [sku, qty] : wants) out.push_back({sku, qty});
+  return out;
+}
+
 namespace {
 
 void register_lease_calls(py::class_<Engine>& c) {
@@ -151,6 +159,24 @@ void register_reservation_calls(py::class_<Engine>& c) {
           py::arg("lines"), py::arg("ttl_us"), py::arg("idempotency_key"), py::arg("strategy"),
           py::arg("nowait"), py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(),
           py::arg("ref") = py::none(), py::arg("metadata") = py::none(), Release())
+      .def(
+          "allocate",
+          [](Engine& e, const std::vector<std::pair<std::string, Quantity>>& wants,
+             const std::vector<std::string>& locations, const std::string& policy, bool split,
+             OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
+             OptInt lock_timeout_ms, OptStr buyer, OptStr ref, OptStr metadata) {
+            CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
+            call.buyer = std::move(buyer);
+            call.ref = std::move(ref);
+            call.metadata = std::move(metadata);
+            return e.allocate(allocation_wants(wants), locations,
+                              allocation_policy(policy), split, ttl_us,
+                              std::move(idempotency_key), call);
+          },
+          py::arg("wants"), py::arg("locations"), py::arg("policy"), py::arg("split"),
+          py::arg("ttl_us"), py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
+          py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(), py::arg("ref") = py::none(),
+          py::arg("metadata") = py::none(), Release())
       .def(
           "set_purchase_limit",
           [](Engine& e, const std::string& group, Quantity per_buyer,

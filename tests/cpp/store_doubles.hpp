@@ -86,6 +86,9 @@ class DelegatingStore : public Store {
   std::vector<Reservation> reserve_order(const OrderRequest& r) override {
     return inner_->reserve_order(r);
   }
+  std::vector<Reservation> allocate(const AllocateRequest& r) override {
+    return inner_->allocate(r);
+  }
   Reservation transition(const TransitionRequest& r) override { return inner_->transition(r); }
   Reservation return_units(const ReturnRequest& r) override { return inner_->return_units(r); }
   Reservation resize(const ResizeRequest& r) override { return inner_->resize(r); }

@@ -178,6 +178,19 @@ class Engine {
                                          std::optional<std::int64_t> ttl_us = {},
                                          std::optional<std::string> idempotency_key = {},
                                          const CallOptions& call = {});
+  // Holds each wanted SKU's units from a pool of locations (distinct, at most
+  // ALLOCATE_LOCATIONS_MAX, in priority order), all or nothing, as one order: one
+  // reservation per (SKU, location) used, sharing an order id, in the wants' order, then
+  // the pool's. The split is decided on the pool's rows locked in key order, in the
+  // transaction that writes the holds (Store::allocate; store/allocation.hpp says how each
+  // policy splits). It runs per request whatever the strategy (batched and auto run it as
+  // atomic); every strategy locks the rows. No expected_version.
+  std::vector<Reservation> allocate(const std::vector<AllocationWant>& wants,
+                                    const std::vector<std::string>& locations,
+                                    AllocationPolicy policy, bool split,
+                                    std::optional<std::int64_t> ttl_us = {},
+                                    std::optional<std::string> idempotency_key = {},
+                                    const CallOptions& call = {});
   // `qty`: how many of the held units (none: all); the rest stay held, or with
   // `release_rest` are released in the same step.
   Reservation confirm(const Uuid& id, std::optional<Version> expected_version = {},
@@ -230,6 +243,11 @@ class Engine {
                             std::shared_ptr<CompletionSink> sink, std::uint64_t token);
   void submit_transition(const TransitionRequest& request, std::shared_ptr<CompletionSink> sink,
                          std::uint64_t token);
+  void submit_allocate(const std::vector<AllocationWant>& wants,
+                       const std::vector<std::string>& locations, AllocationPolicy policy,
+                       bool split, std::optional<std::int64_t> ttl_us,
+                       std::optional<std::string> idempotency_key, const CallOptions& call,
+                       std::shared_ptr<CompletionSink> sink, std::uint64_t token);
 
   // The movement journal, the change feed, stock alerts and the audit (Store, docs/journal.md).
   std::vector<Movement> movements(const MovementQuery& query);
@@ -298,6 +316,9 @@ class Engine {
   void throw_if_refusal_stands(const SkuKey& key, const Error& refusal, Op op, Strategy asked,
                                std::int64_t started_us);
   std::vector<Reservation> order_on_slots(OrderRequest& request, Strategy asked);
+  // An allocation was refused: moves free units into the SKU's own row at each location of
+  // the pool where the SKU is known to have slots; whether any moved.
+  bool refilled_pool(const AllocateRequest& request, const Error& refusal);
   // The sink of an async reserve or sell (detail::slot_checked_sink), recording as `op`.
   std::shared_ptr<CompletionSink> slot_checked_sink(
       std::shared_ptr<CompletionSink> sink,
@@ -307,6 +328,12 @@ class Engine {
                               const std::optional<std::string>& idempotency_key,
                               const Route& route);
   StockLevel sell_checked(const SkuKey& key, Quantity qty, const Route& route);
+  AllocateRequest allocate_request(const std::vector<AllocationWant>& wants,
+                                   const std::vector<std::string>& locations,
+                                   AllocationPolicy policy, bool split,
+                                   std::optional<std::int64_t> ttl_us,
+                                   std::optional<std::string> idempotency_key,
+                                   const CallOptions& call) const;
   OrderRequest order_request(const std::vector<OrderLine>& lines,
                              std::optional<std::int64_t> ttl_us,
                              std::optional<std::string> idempotency_key,

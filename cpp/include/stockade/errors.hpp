@@ -11,6 +11,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "stockade/uuid.hpp"
 
@@ -71,6 +73,9 @@ struct ErrorContext {
   std::optional<std::int64_t> actual_version;
   std::string state;   // the current reservation state, for invalid_state and the like
   bool keyed = false;  // the call carried an idempotency key (in_doubt_hint)
+  // An allocation's refusal (out_of_stock): the free units of `sku` at each location of
+  // the pool, in the pool's order.
+  std::vector<std::pair<std::string, std::int64_t>> pool;
 };
 
 // What the caller of a write whose outcome is unknown (InDoubt) can do to learn it, by

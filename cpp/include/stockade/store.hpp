@@ -153,6 +153,38 @@ struct OrderRequest {
   WriteOptions options;
 };
 
+// allocate: which of a pool's locations give their units first (store/allocation.hpp
+// decides, on the rows as locked).
+enum class AllocationPolicy {
+  priority,        // the order the pool lists them in
+  most_available,  // the most free units first (ties: the pool's order)
+};
+
+const char* allocation_policy_name(AllocationPolicy policy);
+// "priority" or "most_available"; InvalidArgument for another name.
+AllocationPolicy allocation_policy(const std::string& name);
+
+// One SKU an allocation asks for, and how many units of it.
+struct AllocationWant {
+  std::string sku;
+  Quantity qty = 0;
+};
+
+// Holds units of each wanted SKU from a pool of locations, all or nothing, the split
+// decided on the pool's rows as locked, in the transaction that writes the holds. The
+// holds are one order (they share an order id): one reservation per (SKU, location) used.
+struct AllocateRequest {
+  std::vector<AllocationWant> wants;   // distinct SKUs
+  std::vector<std::string> locations;  // the pool: distinct, in priority order
+  AllocationPolicy policy = AllocationPolicy::priority;
+  // true: a SKU's units may come from several locations; false: each line from one (and,
+  // with several SKUs, the whole order from one location).
+  bool split = true;
+  std::int64_t ttl_us = 0;
+  std::optional<std::string> idempotency_key;
+  WriteOptions options;
+};
+
 struct SellRequest {
   SkuKey key;
   Quantity qty = 0;
@@ -257,6 +289,11 @@ class Store {
   // Reservations.
   virtual Reservation reserve(const ReserveRequest& request) = 0;
   virtual std::vector<Reservation> reserve_order(const OrderRequest& request) = 0;
+  // Locks every row of the pool that exists (each wanted SKU at each location, its own row:
+  // not its hot-row slots) in key order, decides on them (plan_allocation), and writes the
+  // holds in the same transaction; returns them in the request's SKU order, then the
+  // pool's. A refusal (OutOfStock naming each location's free units) changes nothing.
+  virtual std::vector<Reservation> allocate(const AllocateRequest& request) = 0;
   // Confirms, releases or extends a held reservation under its row's lock. A hold past
   // its expiry is expired there and then (as the sweeper would have) and refused.
   virtual Reservation transition(const TransitionRequest& request) = 0;

@@ -190,6 +190,7 @@ struct StoreStats {
 #define STOCKADE_OPS(X)    \
   X(reserve)               \
   X(reserve_order)         \
+  X(allocate)              \
   X(sell)                  \
   X(confirm)               \
   X(release)               \

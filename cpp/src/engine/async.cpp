@@ -138,6 +138,20 @@ void Engine::submit_reserve_order(const std::vector<OrderLine>& lines,
             });
 }
 
+void Engine::submit_allocate(const std::vector<AllocationWant>& wants,
+                             const std::vector<std::string>& locations, AllocationPolicy policy,
+                             bool split, std::optional<std::int64_t> ttl_us,
+                             std::optional<std::string> idempotency_key, const CallOptions& call,
+                             std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
+  check_process();
+  allocate_request(wants, locations, policy, split, ttl_us, idempotency_key, call);  // bad input
+  run_async(std::move(sink), token,
+            [this, wants, locations, policy, split, ttl_us,
+             idempotency_key = std::move(idempotency_key), call] {
+              return allocate(wants, locations, policy, split, ttl_us, idempotency_key, call);
+            });
+}
+
 void Engine::submit_transition(const TransitionRequest& request,
                                std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
   check_transition(request);

@@ -1,6 +1,11 @@
-// Engine: an order as one handle (order_step, get_order, order_by_key). Each runs per
-// request on the store, in one transaction; the lines come back with their SKU's own keys.
+// Engine: an order as one handle (order_step, get_order, order_by_key), and allocation
+// from a pool of locations (allocate), which makes one. Each runs per request on the
+// store, in one transaction; the lines come back with their SKU's own keys.
 #include "store/orders.hpp"
+
+#include <set>
+
+#include "store/allocation.hpp"
 #include "engine/internal.hpp"
 #include "hotrow/slot_router.hpp"
 #include "stockade/engine.hpp"
@@ -71,6 +76,105 @@ std::vector<Reservation> Engine::reservations(const ReservationQuery& query) {
     validate_sku_key({query.sku.value_or("sku"), query.location.value_or("location"), 0});
   }
   return unslotted(observed(Op::reservations, [&] { return store_->find_reservations(query); }));
+}
+
+AllocateRequest Engine::allocate_request(const std::vector<AllocationWant>& wants,
+                                         const std::vector<std::string>& locations,
+                                         AllocationPolicy policy, bool split,
+                                         std::optional<std::int64_t> ttl_us,
+                                         std::optional<std::string> idempotency_key,
+                                         const CallOptions& call) const {
+  if (wants.empty()) throw_invalid_argument("an allocation needs at least one sku");
+  if (wants.size() > order_lines_max) {
+    throw_invalid_argument("an allocation has at most " + std::to_string(order_lines_max) +
+                           " skus (ORDER_LINES_MAX), got " + std::to_string(wants.size()));
+  }
+  if (locations.empty()) throw_invalid_argument("locations must name at least one location");
+  if (locations.size() > allocate_locations_max) {
+    throw_invalid_argument("a pool has at most " +
+                           std::to_string(allocate_locations_max) +
+                           " locations (ALLOCATE_LOCATIONS_MAX), got " +
+                           std::to_string(locations.size()));
+  }
+  std::set<std::string> seen;
+  for (const std::string& location : locations) {
+    validate_sku_key(SkuKey{wants.front().sku, location});
+    if (!seen.insert(location).second) {
+      throw_invalid_argument("locations names " + shown(location) + " twice");
+    }
+  }
+  seen.clear();
+  for (const AllocationWant& want : wants) {
+    validate_sku_key(SkuKey{want.sku, locations.front()});
+    validate_qty(want.qty);
+    if (!seen.insert(want.sku).second) {
+      throw_invalid_argument("the allocation names sku " + shown(want.sku) + " twice");
+    }
+  }
+  if (ttl_us) validate_ttl_us(*ttl_us);
+  if (idempotency_key) validate_idempotency_key(*idempotency_key);
+  if (call.expected_version) throw_invalid_argument("allocate does not take expected_version");
+  AllocateRequest request{wants,   locations, policy, split, ttl_us.value_or(options_.default_ttl_us),
+                          std::move(idempotency_key), resolve(call)};
+  // Per request whatever was asked (the store locks the pool's rows under every strategy).
+  if (request.options.strategy == Strategy::batched ||
+      request.options.strategy == Strategy::automatic) {
+    request.options.strategy = Strategy::atomic;
+  }
+  return request;
+}
+
+std::vector<Reservation> Engine::allocate(const std::vector<AllocationWant>& wants,
+                                          const std::vector<std::string>& locations,
+                                          AllocationPolicy policy, bool split,
+                                          std::optional<std::int64_t> ttl_us,
+                                          std::optional<std::string> idempotency_key,
+                                          const CallOptions& call) {
+  check_process();
+  AllocateRequest request =
+      allocate_request(wants, locations, policy, split, ttl_us, std::move(idempotency_key), call);
+  const Strategy asked = call.strategy.value_or(options_.default_strategy);
+  const std::int64_t started = steady_now_us();
+  // A refusal frees lapsed holds once (as a reserve's does) and, on a location where this
+  // engine knows the SKU has hot-row slots, moves their free units to the SKU's own row
+  // there, which is the row an allocation takes from; then the allocation runs again.
+  for (int round = 1;; ++round) {
+    request.options.count_request = round == 1;
+    request.options.count_refusal = false;
+    try {
+      std::vector<Reservation> made = counted<std::vector<Reservation>>(
+          Op::allocate, asked, /*refusal_final=*/false, started,
+          [&] { return store_->allocate(request); });
+      detail::allocation_order(request, made);
+      return unslotted(std::move(made));
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::out_of_stock) throw;  // counted() recorded it
+      bool again = round == 1 && slots_->freed_lapsed_holds();
+      if (!again && round < slots_->rounds()) again = refilled_pool(request, e);
+      if (!again) {
+        record_outcome(Op::allocate, asked, &e, started);
+        throw;
+      }
+    }
+  }
+}
+
+bool Engine::refilled_pool(const AllocateRequest& request, const Error& refusal) {
+  bool moved = false;
+  for (const AllocationWant& want : request.wants) {
+    if (!refusal.context().sku.empty() && refusal.context().sku != want.sku) continue;
+    for (const std::string& location : request.locations) {
+      const SkuKey own{want.sku, location};
+      if (slots_->known_slots(own) <= 1) continue;
+      try {
+        slots_->refill_row(own, want.qty, refusal);
+        moved = true;
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::out_of_stock) throw;  // short there too: next location
+      }
+    }
+  }
+  return moved;
 }
 
 }  // namespace stockade

@@ -135,6 +135,7 @@ class MemoryStore final : public Store, public TestHooks {
 
   Reservation reserve(const ReserveRequest& request) override;
   std::vector<Reservation> reserve_order(const OrderRequest& request) override;
+  std::vector<Reservation> allocate(const AllocateRequest& request) override;
   std::vector<Reservation> order_step(const OrderStepRequest& request) override;
   std::vector<Reservation> get_order(const Uuid& order_id) override;
   std::vector<Reservation> order_by_key(const std::string& idempotency_key) override;
@@ -237,6 +238,9 @@ class MemoryStore final : public Store, public TestHooks {
   Reservation reserve_now(StockRow& row, const ReserveRequest& request,
                           const std::optional<std::string>& group);
   std::vector<Reservation> order_now(const OrderRequest& request, const LineGroups& groups);
+  // allocate's rows latched and decided (plan_allocation), then written; `groups`: the
+  // purchase-limit group of each wanted SKU.
+  std::vector<Reservation> allocate_now(const AllocateRequest& request, const LineGroups& groups);
   // Runs make(groups) for `buyer` under the parent locks of (group, buyer) for every group
   // the lines touch (stripes of buyer_stripes_, taken in index order), after checking
   // that no group would pass its per_buyer (LimitExceeded); then counts the units.

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "memory/memory_store_impl.hpp"
+#include "store/allocation.hpp"
 #include "store/error_helpers.hpp"
 #include "store/orders.hpp"
 
@@ -155,6 +156,92 @@ std::vector<Reservation> MemoryStore::order_step_now(const OrderStepRequest& req
   if (plan.raise_after) throw *plan.raise_after;
   sort_lines(out);
   return out;
+}
+
+// Allocation from a pool: the pool's rows latched in key order (under the strategy's row
+// locks first, as an order's), decided on the values under the latches, written before
+// any latch is released. The buyer's count takes each SKU's whole quantity first, as an
+// order's lines do.
+std::vector<Reservation> MemoryStore::allocate(const AllocateRequest& request) {
+  expire_lapsed();
+  purge_as_you_go();
+  const auto run = [&] {
+    if (!request.options.buyer) return allocate_now(request, LineGroups(request.wants.size()));
+    std::vector<OrderLine> asks;
+    for (const AllocationWant& want : request.wants) {
+      asks.push_back({SkuKey{want.sku, request.locations.front()}, want.qty});
+    }
+    return within_limits(asks, *request.options.buyer,
+                         [&](const LineGroups& groups) { return allocate_now(request, groups); });
+  };
+  if (!request.idempotency_key) return run();
+  return with_idempotency(*request.idempotency_key, fingerprint(request), asked_by(request),
+                          request.options, run);
+}
+
+std::vector<Reservation> MemoryStore::allocate_now(const AllocateRequest& request,
+                                                   const LineGroups& groups) {
+  const std::vector<PoolRow> pool = pool_rows(request);
+  std::vector<StockRow*> rows;
+  std::vector<const PoolRow*> where;
+  for (const PoolRow& p : pool) {
+    if (StockRow* row = find_row(p.key)) {
+      rows.push_back(row);
+      where.push_back(&p);
+    }
+  }
+  auto locks = lock_for(rows, request.options);
+  std::vector<RowLatch> latches;
+  latches.reserve(rows.size());
+  for (StockRow* row : rows) latches.emplace_back(row->cell, row->cell.latch());
+  const TimestampUs now = clock_->now_us();
+  PoolLevels levels(request.wants.size(),
+                    std::vector<std::optional<StockLevel>>(request.locations.size()));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    levels[where[i]->want][where[i]->location] = level_at(rows[i]->key, latches[i].values(), now);
+  }
+  std::vector<OrderLine> lines;
+  try {
+    lines = plan_allocation(request, levels);  // throws: every latch released unchanged
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::out_of_stock && request.options.count_refusal) {
+      for (StockRow* row : rows) telemetry().count(row->key, SkuEvent::refused);
+    }
+    throw;
+  }
+  // Each line's row, and the units it takes there, decided before anything is written.
+  std::vector<std::size_t> at(lines.size());
+  std::vector<RowValues> next;
+  std::vector<std::size_t> written;
+  for (std::size_t k = 0; k < lines.size(); ++k) {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i]->key != lines[k].key) continue;
+      at[k] = i;
+      next.push_back(hold_units(nullptr, *rows[i], latches[i].values(), lines[k].qty, now));
+      written.push_back(i);
+    }
+  }
+  for (std::size_t j = 0; j < written.size(); ++j) {
+    if (request.options.count_request) telemetry().count(rows[written[j]]->key, SkuEvent::request);
+    latches[written[j]].publish(next[j], rows[written[j]]->key);
+  }
+  const Uuid order_id = make_uuid_v7(now / 1000, rows[at.front()]->shard_key);
+  std::vector<Reservation> made;
+  made.reserve(lines.size());
+  for (std::size_t k = 0; k < lines.size(); ++k) {
+    StockRow& row = *rows[at[k]];
+    Reservation r = new_reservation(row, lines[k].qty, request.ttl_us, now,
+                                    request.idempotency_key);
+    r.buyer = request.options.buyer;
+    r.ref = request.options.ref;
+    r.metadata = request.options.metadata;
+    r.order_id = order_id;
+    r.limit_group = groups[where[at[k]]->want];
+    insert_reservation(r, &row);
+    made.push_back(std::move(r));
+  }
+  note_order(order_id, made);
+  return made;
 }
 
 }  // namespace stockade::detail

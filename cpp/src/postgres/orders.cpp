@@ -131,4 +131,110 @@ std::vector<Reservation> PostgresStore::find_reservations(const ReservationQuery
   });
 }
 
+// Allocation from a pool: one transaction takes the buyer's counts (each SKU's whole
+// quantity, parent rows first), locks the pool's rows in key order (one statement on one
+// server; row by row on Citus, which refuses FOR UPDATE across shards), decides on them
+// as locked, and writes the holds. Whatever strategy was asked, the rows are locked
+// FOR UPDATE (NOWAIT with nowait): the decision reads several rows, and only their locks
+// keep it true until COMMIT.
+std::vector<Reservation> PostgresStore::allocate_in(Tx& tx, const AllocateRequest& request,
+                                                    const std::vector<PoolRow>& pool,
+                                                    const std::vector<Uuid>& ids,
+                                                    const Uuid& order_id,
+                                                    const WriteOptions& options) {
+  LineGroups groups(request.wants.size());
+  if (options.buyer) {
+    std::vector<OrderLine> asks;
+    for (const AllocationWant& want : request.wants) {
+      asks.push_back({SkuKey{want.sku, request.locations.front()}, want.qty});
+    }
+    groups = take_allowances(tx, asks, *options.buyer);
+  }
+  std::vector<std::optional<StockLevel>> read(pool.size());
+  if (!statements_->citus()) {
+    std::vector<std::string> skus, locations;
+    for (const PoolRow& p : pool) {
+      skus.push_back(p.key.sku);
+      locations.push_back(p.key.location);
+    }
+    for (const auto& row : tx.exec(options.nowait ? Stmt::pool_lock_nowait : Stmt::pool_lock,
+                                   text_array(skus), text_array(locations))) {
+      const SkuKey key{row[11].as<std::string>(), row[12].as<std::string>()};
+      for (std::size_t i = 0; i < pool.size(); ++i) {
+        if (pool[i].key == key) read[i] = level_from(key, row);
+      }
+    }
+  } else {
+    for (std::size_t i = 0; i < pool.size(); ++i) {
+      read[i] = read_row(tx, options.nowait ? Stmt::stock_lock_nowait : Stmt::stock_lock,
+                         pool[i].key);
+    }
+  }
+  PoolLevels levels(request.wants.size(),
+                    std::vector<std::optional<StockLevel>>(request.locations.size()));
+  for (std::size_t i = 0; i < pool.size(); ++i) levels[pool[i].want][pool[i].location] = read[i];
+  std::vector<OrderLine> lines;
+  try {
+    lines = plan_allocation(request, levels);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::out_of_stock && options.count_refusal) {
+      for (std::size_t i = 0; i < pool.size(); ++i) {
+        if (read[i]) telemetry().count(pool[i].key, SkuEvent::refused);
+      }
+    }
+    throw;
+  }
+  std::vector<Reservation> made;
+  for (const OrderLine& line : lines) {
+    std::size_t i = 0;
+    while (pool[i].key != line.key) ++i;
+    if (options.count_request) telemetry().count(line.key, SkuEvent::request);
+    write_row(tx, *read[i], 0, line.qty, options);
+    made.push_back(insert_reservation(tx, ids[i], line.key, line.qty, request.ttl_us,
+                                      request.idempotency_key, options.buyer,
+                                      groups[pool[i].want], order_id, options.ref,
+                                      options.metadata));
+  }
+  return made;
+}
+
+std::vector<Reservation> PostgresStore::allocate(const AllocateRequest& request) {
+  const CallDeadline deadline(options_.call_timeout_ms);  // one bound over every attempt
+  WriteOptions options = request.options;
+  options.strategy = Strategy::pessimistic;  // see allocate_in
+  options.expected_version.reset();
+  const std::vector<PoolRow> pool = pool_rows(request);
+  // An id for each row of the pool, made before the first attempt: after a lost COMMIT,
+  // those in the database are the allocation's. The key lives on the first row's shard.
+  std::vector<Uuid> ids;
+  const std::int64_t now_ms = SystemClock().now_us() / 1000;
+  for (const PoolRow& p : pool) {
+    ids.push_back(make_uuid_v7(now_ms, row_shard_key(p.key.sku, p.key.location)));
+  }
+  const Uuid order_id = make_uuid_v7(now_ms, ids.front().shard_key());
+  const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
+  auto attempt = [&] {
+    return run(&options, ErrorContext{}, [&](Tx& tx) {
+      if (!request.idempotency_key) return allocate_in(tx, request, pool, ids, order_id, options);
+      return with_idempotency(tx, *request.idempotency_key, print, asked_by(request), ids, [&] {
+        std::vector<Reservation> made = allocate_in(tx, request, pool, ids, order_id, options);
+        std::vector<Uuid> used;
+        for (const Reservation& r : made) used.push_back(r.id);
+        tx.exec_on(ids.front().shard_key(), Stmt::idempotency_ids_set, *request.idempotency_key,
+                   uuid_array(used));
+        return made;
+      });
+    });
+  };
+  for (int lost = 0;; ++lost) {
+    try {
+      return attempt();
+    } catch (const LostCommit& e) {
+      if (lost > 0) throw;
+      std::vector<Reservation> landed = find_landed(ids, e, ErrorContext{}, /*some=*/true);
+      if (!landed.empty()) return landed;
+    }
+  }
+}
+
 }  // namespace stockade::detail::pg

@@ -41,6 +41,7 @@
 #include "stockade/log.hpp"
 #include "stockade/postgres_store.hpp"
 #include "stockade/testing.hpp"
+#include "store/allocation.hpp"
 #include "store/error_helpers.hpp"
 #include "store/fingerprint.hpp"
 #include "store/keyed.hpp"
@@ -187,6 +188,7 @@ class PostgresStore final : public Store, public TestHooks {
 
   Reservation reserve(const ReserveRequest& request) override;
   std::vector<Reservation> reserve_order(const OrderRequest& request) override;
+  std::vector<Reservation> allocate(const AllocateRequest& request) override;
   Reservation transition(const TransitionRequest& request) override;
   Reservation return_units(const ReturnRequest& request) override;
   Reservation resize(const ResizeRequest& request) override;
@@ -376,6 +378,12 @@ class PostgresStore final : public Store, public TestHooks {
   // Orders (orders.cpp): an order's lines, locked in id order, each with whether it lapsed.
   std::vector<Reservation> lock_order(Tx& tx, const Uuid& order_id, std::vector<bool>& lapsed);
   std::vector<Reservation> order_step_in(Tx& tx, const OrderStepRequest& request);
+  // allocate's transaction: the buyer's counts, the pool locked (`pool`: pool_rows, each
+  // with its id in `ids`), the plan, its holds (orders.cpp).
+  std::vector<Reservation> allocate_in(Tx& tx, const AllocateRequest& request,
+                                       const std::vector<PoolRow>& pool,
+                                       const std::vector<Uuid>& ids, const Uuid& order_id,
+                                       const WriteOptions& options);
   // `asked`: what the request asks, for the message of a conflict (store/fingerprint.hpp).
   std::vector<Reservation> with_idempotency(Tx& tx, const std::string& key,
                                             const std::string& fingerprint, const Asked& asked,
@@ -424,11 +432,12 @@ class PostgresStore final : public Store, public TestHooks {
   std::optional<bool> resolve_fast(BatchTx& batch, const LostCommit& lost,
                                    const ErrorContext& context);
   void run_full_resolving(BatchTx& batch, const WriteOptions& write, const ErrorContext& context);
-  // After a lost commit: the reservations `ids` if the write landed (all of them). If not,
-  // none when the loss is settled (the write can no longer land), and `lost` (InDoubt)
-  // when it is not. A read that fails leaves the call in doubt (throws `lost`).
+  // After a lost commit: the reservations `ids` if the write landed (all of them; with
+  // `some`, those of them it made: an allocation's ids are its pool's, and it used some).
+  // If not, none when the loss is settled (the write can no longer land), and `lost`
+  // (InDoubt) when it is not. A read that fails leaves the call in doubt (throws `lost`).
   std::vector<Reservation> find_landed(const std::vector<Uuid>& ids, const LostCommit& lost,
-                                       const ErrorContext& context);
+                                       const ErrorContext& context, bool some = false);
   void sweep_loop();
   std::vector<const Migration*> pending(
       const std::map<int, std::pair<std::string, std::string>>& applied, int up_to) const;

@@ -1,4 +1,5 @@
 // PostgresStore: reservations, their lifecycle, expiry, idempotency keys and the sweeper.
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -113,9 +114,24 @@ void PostgresStore::landing_unreadable(const LostCommit& lost, const Error& e) c
   throw lost;
 }
 
+namespace {
+
+// Those of `ids` that `found` has, in the order of `ids`.
+std::vector<Uuid> landed_ids(const std::vector<Reservation>& found, const std::vector<Uuid>& ids) {
+  std::vector<Uuid> out;
+  for (const Uuid& id : ids) {
+    if (std::any_of(found.begin(), found.end(), [&](const Reservation& r) { return r.id == id; })) {
+      out.push_back(id);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids,
                                                     const LostCommit& lost,
-                                                    const ErrorContext& context) {
+                                                    const ErrorContext& context, bool some) {
   std::vector<Reservation> rows;
   try {
     rows = run<RunMode::read>(nullptr, context, [&](Tx& tx) { return read_many(tx, ids); });
@@ -124,7 +140,8 @@ std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids
   }
   settle_landing(lost, !rows.empty(), ", and its reservations are returned to the caller");
   if (rows.empty()) return {};
-  if (rows.size() != ids.size() && statements_->citus()) {
+  if (some && !statements_->citus()) return in_order(rows, landed_ids(rows, ids));
+  if ((some || rows.size() != ids.size()) && statements_->citus()) {
     // A transaction across shards commits on each worker in turn (two-phase commit): a
     // lost one may be seen part-way, and Citus finishes it later. Not a certain answer.
     throw lost;

@@ -466,6 +466,14 @@ void Statements::add_order_statements(const std::string& schema, Set& set) {
       "SELECT " + reservation_columns() + " FROM " + reservation + " WHERE order_id = $1::uuid";
   set(Stmt::order_lines, order_lines);
   set(Stmt::order_lock, order_lines + " ORDER BY id FOR UPDATE");
+  // allocate's pool (one server): the own rows of $1[i] at $2[i] that exist, locked in the
+  // key order of every other lock (bytewise: COLLATE "C", as SkuKey's operator<).
+  const std::string pool_lock = "SELECT " + stock_columns() + ", sku, location FROM " + schema +
+                                ".stock WHERE (sku, location) IN (SELECT * FROM unnest($1::text[],"
+                                " $2::text[])) AND slot = 0 ORDER BY sku COLLATE \"C\", location"
+                                " COLLATE \"C\" FOR UPDATE";
+  set(Stmt::pool_lock, pool_lock);
+  set(Stmt::pool_lock_nowait, pool_lock + " NOWAIT");
   // reservations(): by ref, by order or by buyer (each through its index of migration
   // 012), narrowed by the other fields given ('' for one not given), in id order after a
   // cursor. $1 ref, $2 order id, $3 buyer, $4 sku, $5 location, $6 state, $7 after, $8
@@ -583,6 +591,9 @@ void Statements::add_key_statements(const std::string& schema, Set& set) {
   set(Stmt::idempotency_outcome_set,
       "UPDATE " + schema + ".idempotency SET outcome = $2 WHERE key = $1@PIN");
   set(Stmt::idempotency_unclaim, "DELETE FROM " + schema + ".idempotency WHERE key = $1@PIN");
+  // An allocation's key, claimed with an id for every row of its pool, keeps those it made.
+  set(Stmt::idempotency_ids_set, "UPDATE " + schema +
+                                     ".idempotency SET reservation_ids = $2::uuid[] WHERE key = $1@PIN");
   add_limit_statements(schema, set);
   set(Stmt::advisory_lock, "SELECT pg_advisory_xact_lock($1::bigint)");
   set(Stmt::advisory_try_lock, "SELECT pg_try_advisory_xact_lock($1::bigint)");

@@ -43,6 +43,8 @@ namespace stockade::detail::pg {
   X(reservation_get_many, routine)    \
   X(order_lines, plain)               \
   X(order_lock, plain)                \
+  X(pool_lock, plain)                 \
+  X(pool_lock_nowait, plain)          \
   X(order_key_get, plain)             \
   X(find_by_ref, plain)               \
   X(find_by_order, plain)             \
@@ -55,6 +57,7 @@ namespace stockade::detail::pg {
   X(idempotency_get, routine)         \
   X(idempotency_outcome_set, plain)   \
   X(idempotency_unclaim, plain)       \
+  X(idempotency_ids_set, plain)       \
   X(limit_lookup, plain)              \
   X(allowance_take, plain)            \
   X(allowance_get, plain)             \

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "stockade/hash.hpp"
 #include "store/error_helpers.hpp"
@@ -78,13 +79,20 @@ Asked asked_by(const OrderRequest& request) {
 
 Asked asked_by(const std::vector<Reservation>& made, const std::string& fingerprint) {
   Asked out;
-  out.order = fingerprint.rfind("o", 0) == 0;  // "o1:...": reserve_order's
+  out.allocation = fingerprint.rfind("a", 0) == 0;                // "a1:...": allocate's
+  out.order = out.allocation || fingerprint.rfind("o", 0) == 0;  // "o1:...": reserve_order's
   bool unchanged = !made.empty();
+  std::map<std::string, Quantity> totals;  // an allocation's, by SKU
   for (const Reservation& r : made) {
-    out.lines.emplace_back(base_key(r.key), r.qty);
+    if (out.allocation) {
+      totals[r.key.sku] += r.qty;
+    } else {
+      out.lines.emplace_back(base_key(r.key), r.qty);
+    }
     unchanged = unchanged && r.version == 1;
     out.buyer = r.buyer;
   }
+  for (const auto& [sku, qty] : totals) out.lines.emplace_back(SkuKey{sku, ""}, qty);
   if (unchanged) out.ttl_us = made.front().expires_at_us - made.front().created_at_us;
   return sorted(std::move(out));
 }
@@ -93,7 +101,10 @@ Error idempotency_conflict(const std::string& key, const Asked& first, const Ask
   const Asked& a = first;
   const Asked& b = now;
   std::vector<std::string> found;
-  if (a.order != b.order) {
+  if (a.allocation != b.allocation) {
+    found.emplace_back(a.allocation ? "the key was used for an allocation (allocate), this is not"
+                                    : "the key was not used for an allocation, this is one");
+  } else if (a.order != b.order) {
     found.emplace_back(a.order ? "the key was used for an order (reserve_order), this is a reserve"
                                : "the key was used for a reserve, this is an order");
   } else if (a.lines.size() == 1 && b.lines.size() == 1) {
@@ -111,7 +122,11 @@ Error idempotency_conflict(const std::string& key, const Asked& first, const Ask
   }
   if (a.buyer != b.buyer) found.emplace_back("its buyer differs");
   std::string message = "idempotency key " + shown(key) + " was used for a different request";
-  if (found.empty()) {
+  if (found.empty() && a.allocation) {
+    // Where the units came from does not tell the pool it was asked of.
+    message += ": nothing its reservations show differs, so its locations, policy, split or"
+               " references do (or its ttl" + ttl_hint + ")";
+  } else if (found.empty()) {
     // The TTL is the one field left, and the first hold has changed since: unknown.
     message += ": nothing its reservations still show differs, so its ttl may (this request: " +
                (b.ttl_us ? seconds(*b.ttl_us) : std::string("none")) + ttl_hint + ")";

@@ -24,6 +24,9 @@ struct Asked {
   std::vector<std::pair<SkuKey, Quantity>> lines;
   std::optional<std::int64_t> ttl_us;
   std::optional<std::string> buyer;
+  // An allocation (store/allocation.hpp; an order too): its lines are its SKUs' totals,
+  // each at location "" (where the units came from is the allocation's to decide).
+  bool allocation = false;
 };
 Asked asked_by(const ReserveRequest& request);
 Asked asked_by(const OrderRequest& request);
