@@ -65,27 +65,30 @@ void register_async_calls(py::class_<Engine>& c) {
           py::arg("channel"), py::arg("token"), py::arg("lines"), py::arg("ttl_us"),
           py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),
           py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(), py::arg("ref") = py::none(),
-          py::arg("metadata") = py::none(), Release())
-      .def(
-          "submit_allocate",
-          [](Engine& e, Sink channel, std::uint64_t token,
-             const std::vector<std::pair<std::string, Quantity>>& wants,
-             const std::vector<std::string>& locations, const std::string& policy, bool split,
-             OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
-             OptInt lock_timeout_ms, OptStr buyer, OptStr ref, OptStr metadata) {
-            CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
-            call.buyer = std::move(buyer);
-            call.ref = std::move(ref);
-            call.metadata = std::move(metadata);
-            e.submit_allocate(allocation_wants(wants), locations,
-                              allocation_policy(policy), split, ttl_us,
-                              std::move(idempotency_key), call, std::move(channel), token);
-          },
-          py::arg("channel"), py::arg("token"), py::arg("wants"), py::arg("locations"),
-          py::arg("policy"), py::arg("split"), py::arg("ttl_us"), py::arg("idempotency_key"),
-          py::arg("strategy"), py::arg("nowait"), py::arg("lock_timeout_ms"),
-          py::arg("buyer") = py::none(), py::arg("ref") = py::none(),
           py::arg("metadata") = py::none(), Release());
+}
+
+// An allocation from a pool of locations (it runs on the C++ workers, never batched).
+void register_async_allocate(py::class_<Engine>& c) {
+  c.def(
+      "submit_allocate",
+      [](Engine& e, Sink channel, std::uint64_t token,
+         const std::vector<std::pair<std::string, Quantity>>& wants,
+         const std::vector<std::string>& locations, const std::string& policy, bool split,
+         OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
+         OptInt lock_timeout_ms, OptStr buyer, OptStr ref, OptStr metadata) {
+        CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
+        call.buyer = std::move(buyer);
+        call.ref = std::move(ref);
+        call.metadata = std::move(metadata);
+        e.submit_allocate(allocation_wants(wants), locations, allocation_policy(policy), split,
+                          ttl_us, std::move(idempotency_key), call, std::move(channel), token);
+      },
+      py::arg("channel"), py::arg("token"), py::arg("wants"), py::arg("locations"),
+      py::arg("policy"), py::arg("split"), py::arg("ttl_us"), py::arg("idempotency_key"),
+      py::arg("strategy"), py::arg("nowait"), py::arg("lock_timeout_ms"),
+      py::arg("buyer") = py::none(), py::arg("ref") = py::none(), py::arg("metadata") = py::none(),
+      Release());
 }
 
 // The async steps of a reservation: confirm and release (batched where the engine batches
@@ -156,6 +159,7 @@ void register_async_channel(py::module_& m) {
 void register_async(py::module_& m, py::class_<Engine>& c) {
   register_async_channel(m);
   register_async_calls(c);
+  register_async_allocate(c);
   register_async_steps(c);
 }
 

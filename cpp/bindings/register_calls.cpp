@@ -169,9 +169,8 @@ void register_reservation_calls(py::class_<Engine>& c) {
             call.buyer = std::move(buyer);
             call.ref = std::move(ref);
             call.metadata = std::move(metadata);
-            return e.allocate(allocation_wants(wants), locations,
-                              allocation_policy(policy), split, ttl_us,
-                              std::move(idempotency_key), call);
+            return e.allocate(allocation_wants(wants), locations, allocation_policy(policy), split,
+                              ttl_us, std::move(idempotency_key), call);
           },
           py::arg("wants"), py::arg("locations"), py::arg("policy"), py::arg("split"),
           py::arg("ttl_us"), py::arg("idempotency_key"), py::arg("strategy"), py::arg("nowait"),

@@ -28,7 +28,7 @@ py::object error_object(const Error& e) {
   py::object rid = c.reservation_id ? py::object(to_bytes(*c.reservation_id)) : py::none();
   return from_core(error_code_name(e.code()), e.what(), c.sku, c.location, rid, c.sqlstate,
                    optional_version(c.expected_version), optional_version(c.actual_version),
-                   c.state);
+                   c.state, c.pool);
 }
 
 void register_errors(py::module_& m) {

@@ -16,6 +16,8 @@ from . import _core
 from ._checks import (
     DEFAULT_LOCATION,
     OrderKey,
+    allocation_options,
+    allocation_wants,
     in_range,
     lease_owner,
     limit_skus,
@@ -501,6 +503,103 @@ class EngineCalls:
                     buyer=check_optional_str("buyer", buyer),
                     ref=check_optional_str("ref", ref),
                     metadata=metadata_text(metadata),
+                )
+            )
+        )
+
+    def allocate(
+        self,
+        sku: str,
+        qty: int,
+        *,
+        locations: Iterable[str],
+        policy: str = "priority",
+        split: bool = True,
+        ttl: Optional[TtlLike] = None,
+        idempotency_key: Optional[str] = None,
+        strategy: Optional[StrategyLike] = None,
+        nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
+        buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+    ) -> Order:
+        """Holds ``qty`` of ``sku`` from a pool of ``locations``, all or nothing.
+
+        The split is decided on the pool's rows, locked in key order, in the transaction
+        that writes the holds: nothing read before the lock is trusted after it, so two
+        buyers can never both be promised a location's last unit. ``policy="priority"``
+        takes from the locations in the order given, as much as each has;
+        ``"most_available"`` from the location with the most free units down.
+        ``split=False`` takes the whole quantity from one location or refuses. Returns an
+        :class:`Order`: one reservation per location used, in the pool's order, stepped
+        whole with :meth:`confirm_order` and the like or line by line. A refusal raises
+        ``OutOfStock`` whose ``pool`` maps each location to its free units, and changes
+        nothing. ``idempotency_key``, ``buyer``, ``ref`` and ``metadata`` as with
+        :meth:`reserve_order`. Runs per request under every strategy (``batched`` and
+        ``auto`` run it as ``atomic``); see the manual's Locations page."""
+        return Order._from_lines(
+            reservations(
+                self._core.allocate(
+                    wants=[(check_str("sku", sku), check_int("qty", qty))],
+                    **allocation_options(
+                        locations,
+                        policy,
+                        split,
+                        ttl,
+                        idempotency_key,
+                        strategy,
+                        nowait,
+                        lock_timeout,
+                        buyer,
+                        ref,
+                        metadata,
+                    ),
+                )
+            )
+        )
+
+    def allocate_order(
+        self,
+        items: Mapping[str, int],
+        *,
+        locations: Iterable[str],
+        policy: str = "priority",
+        split: bool = True,
+        ttl: Optional[TtlLike] = None,
+        idempotency_key: Optional[str] = None,
+        strategy: Optional[StrategyLike] = None,
+        nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
+        buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+    ) -> Order:
+        """Holds every line of ``{sku: qty}`` from a pool of ``locations``, all or nothing.
+
+        One location that can fill the whole order is preferred (fewest shipments: the
+        first in the pool's order, or with ``most_available`` the one with the most free
+        units of the order's SKUs). If none can, ``split=True`` allocates each line as
+        :meth:`allocate` does, and ``split=False`` refuses. Decided on the locked rows, in
+        one transaction, like :meth:`allocate`; returns the :class:`Order`, its lines in
+        the order of ``items``, then the pool's."""
+        return Order._from_lines(
+            reservations(
+                self._core.allocate(
+                    wants=allocation_wants(items),
+                    **allocation_options(
+                        locations,
+                        policy,
+                        split,
+                        ttl,
+                        idempotency_key,
+                        strategy,
+                        nowait,
+                        lock_timeout,
+                        buyer,
+                        ref,
+                        metadata,
+                    ),
                 )
             )
         )

@@ -9,19 +9,25 @@ from __future__ import annotations
 import itertools
 import os
 import socket
-from typing import Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from . import _core
 from .errors import InvalidArgument, InvalidType
 from .values import (
     Lease,
     Reservation,
+    check_bool,
     check_int,
     check_int32,
+    check_optional_str,
     check_str,
     duration_ms,
     duration_us,
+    metadata_text,
+    optional_duration_ms,
+    optional_duration_us,
     shown,
+    strategy_name,
 )
 
 OrderKey = Union[str, Tuple[str, str]]
@@ -120,6 +126,56 @@ def order_lines(items: object, location: str) -> List[Tuple[str, str, int]]:
             sku, loc = check_str("sku", key), location
         lines.append((sku, loc, check_int("qty", qty)))
     return lines
+
+
+def allocation_wants(items: object) -> List[Tuple[str, int]]:
+    """``{sku: qty}`` as the core's (sku, qty) pairs."""
+    if not isinstance(items, Mapping):
+        raise InvalidType(f"items must be a mapping of sku to qty, not {type(items).__name__}")
+    return [(check_str("sku", sku), check_int("qty", qty)) for sku, qty in items.items()]
+
+
+def pool_locations(locations: object) -> List[str]:
+    """An allocation's pool: an iterable of location names, in priority order, read one past
+    the bound at most (the core refuses more, and duplicates)."""
+    if isinstance(locations, (str, bytes)) or not isinstance(locations, Iterable):
+        raise InvalidType(f"locations must be an iterable of str, not {type(locations).__name__}")
+    bounded = list(itertools.islice(locations, _core.ALLOCATE_LOCATIONS_MAX + 1))
+    if len(bounded) > _core.ALLOCATE_LOCATIONS_MAX:
+        raise InvalidArgument(
+            f"a pool names at most {_core.ALLOCATE_LOCATIONS_MAX} locations"
+            " (ALLOCATE_LOCATIONS_MAX)"
+        )
+    return [check_str("location", location) for location in bounded]
+
+
+def allocation_options(
+    locations: object,
+    policy: object,
+    split: object,
+    ttl: object,
+    idempotency_key: object,
+    strategy: object,
+    nowait: object,
+    lock_timeout: object,
+    buyer: object,
+    ref: object,
+    metadata: object,
+) -> Dict[str, Any]:
+    """The core's arguments of allocate and allocate_order besides the wanted SKUs."""
+    return {
+        "locations": pool_locations(locations),
+        "policy": check_str("policy", policy),
+        "split": check_bool("split", split),
+        "ttl_us": optional_duration_us("ttl", ttl),
+        "idempotency_key": check_optional_str("idempotency_key", idempotency_key),
+        "strategy": strategy_name(strategy),
+        "nowait": check_bool("nowait", nowait),
+        "lock_timeout_ms": optional_duration_ms("lock_timeout", lock_timeout),
+        "buyer": check_optional_str("buyer", buyer),
+        "ref": check_optional_str("ref", ref),
+        "metadata": metadata_text(metadata),
+    }
 
 
 def limit_skus(skus: object) -> List[str]:

@@ -16,6 +16,7 @@ METADATA_BYTES_MAX: int
 RESERVATIONS_LIMIT_MAX: int
 LIMIT_GROUP_BYTES_MAX: int
 ORDER_LINES_MAX: int
+ALLOCATE_LOCATIONS_MAX: int
 TTL_US_MAX: int
 SLOTS_MAX: int
 OPTION_LIMITS: dict[str, int]
@@ -422,6 +423,21 @@ class Engine:
         ref: Optional[str] = None,
         metadata: Optional[str] = None,
     ) -> list[Reservation]: ...
+    def allocate(
+        self,
+        wants: list[tuple[str, int]],
+        locations: list[str],
+        policy: str,
+        split: bool,
+        ttl_us: Optional[int],
+        idempotency_key: Optional[str],
+        strategy: Optional[str],
+        nowait: bool,
+        lock_timeout_ms: Optional[int],
+        buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[str] = None,
+    ) -> list[Reservation]: ...
     def confirm(
         self,
         id: bytes,
@@ -523,6 +539,23 @@ class Engine:
         channel: AsyncChannel,
         token: int,
         lines: list[tuple[str, str, int]],
+        ttl_us: Optional[int],
+        idempotency_key: Optional[str],
+        strategy: Optional[str],
+        nowait: bool,
+        lock_timeout_ms: Optional[int],
+        buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[str] = None,
+    ) -> None: ...
+    def submit_allocate(
+        self,
+        channel: AsyncChannel,
+        token: int,
+        wants: list[tuple[str, int]],
+        locations: list[str],
+        policy: str,
+        split: bool,
         ttl_us: Optional[int],
         idempotency_key: Optional[str],
         strategy: Optional[str],

@@ -2,7 +2,8 @@
 from _calls.py: do not edit (``make format`` rewrites it, ``make lint`` checks it).
 
 Every twin takes its call's parameters and runs its checks before it awaits anything. The
-twins of reserve, reserve_order, sell, confirm, release and extend queue their call in C++
+twins of reserve, reserve_order, allocate, allocate_order, sell, confirm, release and extend
+queue their call in C++
 (the hot-row batcher, or a small pool of C++ workers) and their outcomes reach the event
 loop in bulk (:mod:`stockade.aio`); the others run the blocking call on the loop's default
 executor. Cancelling the awaitable does not cancel the call: it may still commit.
@@ -15,7 +16,14 @@ from datetime import datetime
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ._calls import EngineCalls
-from ._checks import DEFAULT_LOCATION, OrderKey, order_lines, reservations
+from ._checks import (
+    DEFAULT_LOCATION,
+    OrderKey,
+    allocation_options,
+    allocation_wants,
+    order_lines,
+    reservations,
+)
 from .aio import off_loop
 from .claim import ClaimAdvice
 from .journal import AuditReport, Feed, Movement
@@ -316,6 +324,83 @@ class EngineTwins(EngineCalls):
                 buyer=check_optional_str("buyer", buyer),
                 ref=check_optional_str("ref", ref),
                 metadata=metadata_text(metadata),
+            )
+        )
+
+    async def allocate_async(
+        self,
+        sku: str,
+        qty: int,
+        *,
+        locations: Iterable[str],
+        policy: str = "priority",
+        split: bool = True,
+        ttl: Optional[TtlLike] = None,
+        idempotency_key: Optional[str] = None,
+        strategy: Optional[StrategyLike] = None,
+        nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
+        buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+    ) -> Order:
+        """:meth:`allocate` as an awaitable."""
+        return Order._from_lines(
+            await self._bridges.call(
+                self._core.submit_allocate,
+                reservations,
+                wants=[(check_str("sku", sku), check_int("qty", qty))],
+                **allocation_options(
+                    locations,
+                    policy,
+                    split,
+                    ttl,
+                    idempotency_key,
+                    strategy,
+                    nowait,
+                    lock_timeout,
+                    buyer,
+                    ref,
+                    metadata,
+                ),
+            )
+        )
+
+    async def allocate_order_async(
+        self,
+        items: Mapping[str, int],
+        *,
+        locations: Iterable[str],
+        policy: str = "priority",
+        split: bool = True,
+        ttl: Optional[TtlLike] = None,
+        idempotency_key: Optional[str] = None,
+        strategy: Optional[StrategyLike] = None,
+        nowait: bool = False,
+        lock_timeout: Optional[TtlLike] = None,
+        buyer: Optional[str] = None,
+        ref: Optional[str] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+    ) -> Order:
+        """:meth:`allocate_order` as an awaitable."""
+        return Order._from_lines(
+            await self._bridges.call(
+                self._core.submit_allocate,
+                reservations,
+                wants=allocation_wants(items),
+                **allocation_options(
+                    locations,
+                    policy,
+                    split,
+                    ttl,
+                    idempotency_key,
+                    strategy,
+                    nowait,
+                    lock_timeout,
+                    buyer,
+                    ref,
+                    metadata,
+                ),
             )
         )
 

@@ -3,7 +3,8 @@
 Every error the engine raises is a :class:`StockadeError`. Each carries a stable ``code``
 and, where they apply, the ``sku``/``location`` or ``reservation_id`` it is about, the
 PostgreSQL ``sqlstate``, the ``expected_version``/``actual_version`` of a version
-conflict, and the reservation ``state`` of an invalid transition.
+conflict, the reservation ``state`` of an invalid transition, and the ``pool`` (each
+location's free units) of an allocation's refusal.
 
 Bad input raises :class:`InvalidArgument` (also a ``ValueError``); input of the wrong
 Python type raises :class:`InvalidType` (an ``InvalidArgument`` that is also a
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Optional
+from typing import Dict, List, Optional, Tuple
 
 __all__ = [
     "DatabaseError",
@@ -101,6 +102,7 @@ class StockadeError(Exception):
         expected_version: Optional[int] = None,
         actual_version: Optional[int] = None,
         state: Optional[str] = None,
+        pool: Optional[Dict[str, int]] = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -111,6 +113,9 @@ class StockadeError(Exception):
         self.expected_version = expected_version
         self.actual_version = actual_version
         self.state = state
+        # An allocation's refusal (OutOfStock): each location of the pool, in the pool's
+        # order, with the free units of the SKU named by ``sku`` there.
+        self.pool = pool
         # Seconds a client should wait before it sends the request again (HTTP
         # Retry-After), when retrying can help; None otherwise.
         self.retry_after: Optional[float] = self.retry_after_default
@@ -401,6 +406,7 @@ def _from_core(
     expected_version: Optional[int],
     actual_version: Optional[int],
     state: str,
+    pool: Optional[List[Tuple[str, int]]] = None,
 ) -> StockadeError:
     """Builds the exception for an error raised by the C++ core (called from _core).
     A broken invariant is a bug whatever the caller does with it, so it is also logged,
@@ -417,4 +423,5 @@ def _from_core(
         expected_version=expected_version,
         actual_version=actual_version,
         state=state or None,
+        pool=dict(pool) if pool else None,
     )

@@ -237,7 +237,8 @@ def problem(
     body)``. ``type`` is ``urn:stockade:error:<code>``; the body also carries ``code``,
     ``retryable``, ``retry_after`` (whole seconds, rounded up, when a retry can help; the
     ``Retry-After`` header too) and, where known, ``sku``, ``location``,
-    ``reservation_id``, ``expected_version`` and ``actual_version``.
+    ``reservation_id``, ``expected_version``, ``actual_version`` and an allocation's
+    ``pool`` (each location's free units).
 
     ``detail`` is the error's message (bounded, with the caller's values escaped) only for
     a 4xx about the caller's own input. A 5xx, or an error the database raised (one with a
@@ -273,6 +274,8 @@ def problem(
             body[name] = value
     if error.reservation_id is not None:
         body["reservation_id"] = str(error.reservation_id)
+    if error.pool:  # an allocation's refusal: the caller's own locations, bounded in number
+        body["pool"] = dict(error.pool)
     headers = {"Content-Type": "application/problem+json"}
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)

@@ -15,6 +15,7 @@ from datetime import timedelta
 from . import _core
 
 __all__ = [
+    "ALLOCATE_LOCATIONS_MAX",
     "BUYER_BYTES_MAX",
     "IDEMPOTENCY_KEY_BYTES_MAX",
     "LEASE_OWNER_BYTES_MAX",
@@ -42,6 +43,7 @@ RESERVATIONS_LIMIT_MAX: int = _core.RESERVATIONS_LIMIT_MAX  # reservations(limit
 LIMIT_GROUP_BYTES_MAX: int = _core.LIMIT_GROUP_BYTES_MAX  # a purchase limit's group name
 LIMIT_GROUP_SKUS_MAX: int = _core.LIMIT_GROUP_SKUS_MAX  # SKUs one purchase limit names
 ORDER_LINES_MAX: int = _core.ORDER_LINES_MAX  # lines of one reserve_order
+ALLOCATE_LOCATIONS_MAX: int = _core.ALLOCATE_LOCATIONS_MAX  # locations of one allocation's pool
 # The largest quantity one request may ask for (10**12): it keeps every sum the engine
 # forms, a batch's included, far from overflowing a 64-bit stock level.
 QUANTITY_MAX: int = _core.QUANTITY_MAX

@@ -75,8 +75,7 @@ TEST(Allocation, without_split_one_location_fills_the_whole_quantity_or_it_refus
   request.policy = AllocationPolicy::most_available;
   EXPECT_EQ(by_location(plan_allocation(request, one_sku("a", {4, 6, 9}))),
             (std::map<std::string, Quantity>{{"east", 5}}));
-  EXPECT_STOCKADE_ERROR(plan_allocation(request, one_sku("a", {4, 4, 4})),
-                        ErrorCode::out_of_stock);
+  EXPECT_STOCKADE_ERROR(plan_allocation(request, one_sku("a", {4, 4, 4})), ErrorCode::out_of_stock);
 }
 
 TEST(Allocation, a_refusal_names_each_locations_free_units) {
@@ -105,8 +104,7 @@ TEST(Allocation, withheld_rows_give_nothing) {
   levels[0][0]->discontinued = true;
   levels[0][1]->leased = true;
   levels[0][2]->reserved = 4;
-  EXPECT_STOCKADE_ERROR(plan_allocation(pool_request({{"a", 2}}), levels),
-                        ErrorCode::out_of_stock);
+  EXPECT_STOCKADE_ERROR(plan_allocation(pool_request({{"a", 2}}), levels), ErrorCode::out_of_stock);
   levels[0][2]->backorder_limit = 1;  // backorders count, as a reserve's
   EXPECT_EQ(by_location(plan_allocation(pool_request({{"a", 2}}), levels)),
             (std::map<std::string, Quantity>{{"east", 2}}));
@@ -163,8 +161,8 @@ TEST(Allocation, the_same_request_prints_alike_and_a_new_pool_does_not) {
 TEST(AllocationRace, many_buyers_drain_the_pool_exactly) {
   for (const AllocationPolicy policy :
        {AllocationPolicy::priority, AllocationPolicy::most_available}) {
-    for (const Strategy strategy : {Strategy::atomic, Strategy::pessimistic,
-                                    Strategy::optimistic, Strategy::batched}) {
+    for (const Strategy strategy :
+         {Strategy::atomic, Strategy::pessimistic, Strategy::optimistic, Strategy::batched}) {
       auto engine = Engine::memory();
       const std::vector<std::string> pool{"p1", "p2", "p3"};
       const Quantity stocked[] = {37, 23, 11};

@@ -80,6 +80,8 @@ ENGINE_CALLS: Dict[str, Callable[[World], Arguments]] = {
     "release_lease": lambda w: ((w.lease,), {}),
     "reserve": lambda w: (("sku-1", 1), {}),
     "reserve_order": lambda w: (({"sku-1": 1, "sku-2": 1},), {}),
+    "allocate": lambda w: (("sku-1", 1), {"locations": ["default"]}),
+    "allocate_order": lambda w: (({"sku-1": 1, "sku-2": 1},), {"locations": ["default"]}),
     "confirm": lambda w: ((w.held.id,), {}),
     "return_units": lambda w: ((w.sold.id, 1), {}),
     "resize": lambda w: ((w.held.id, 2), {}),

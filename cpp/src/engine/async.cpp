@@ -145,11 +145,10 @@ void Engine::submit_allocate(const std::vector<AllocationWant>& wants,
                              std::shared_ptr<CompletionSink> sink, std::uint64_t token) {
   check_process();
   allocate_request(wants, locations, policy, split, ttl_us, idempotency_key, call);  // bad input
-  run_async(std::move(sink), token,
-            [this, wants, locations, policy, split, ttl_us,
-             idempotency_key = std::move(idempotency_key), call] {
-              return allocate(wants, locations, policy, split, ttl_us, idempotency_key, call);
-            });
+  run_async(
+      std::move(sink), token,
+      [this, wants, locations, policy, split, ttl_us, idempotency_key = std::move(idempotency_key),
+       call] { return allocate(wants, locations, policy, split, ttl_us, idempotency_key, call); });
 }
 
 void Engine::submit_transition(const TransitionRequest& request,

@@ -5,10 +5,10 @@
 
 #include <set>
 
-#include "store/allocation.hpp"
 #include "engine/internal.hpp"
 #include "hotrow/slot_router.hpp"
 #include "stockade/engine.hpp"
+#include "store/allocation.hpp"
 #include "store/error_helpers.hpp"
 
 namespace stockade {
@@ -91,8 +91,7 @@ AllocateRequest Engine::allocate_request(const std::vector<AllocationWant>& want
   }
   if (locations.empty()) throw_invalid_argument("locations must name at least one location");
   if (locations.size() > allocate_locations_max) {
-    throw_invalid_argument("a pool has at most " +
-                           std::to_string(allocate_locations_max) +
+    throw_invalid_argument("a pool has at most " + std::to_string(allocate_locations_max) +
                            " locations (ALLOCATE_LOCATIONS_MAX), got " +
                            std::to_string(locations.size()));
   }
@@ -114,8 +113,13 @@ AllocateRequest Engine::allocate_request(const std::vector<AllocationWant>& want
   if (ttl_us) validate_ttl_us(*ttl_us);
   if (idempotency_key) validate_idempotency_key(*idempotency_key);
   if (call.expected_version) throw_invalid_argument("allocate does not take expected_version");
-  AllocateRequest request{wants,   locations, policy, split, ttl_us.value_or(options_.default_ttl_us),
-                          std::move(idempotency_key), resolve(call)};
+  AllocateRequest request{wants,
+                          locations,
+                          policy,
+                          split,
+                          ttl_us.value_or(options_.default_ttl_us),
+                          std::move(idempotency_key),
+                          resolve(call)};
   // Per request whatever was asked (the store locks the pool's rows under every strategy).
   if (request.options.strategy == Strategy::batched ||
       request.options.strategy == Strategy::automatic) {
@@ -142,9 +146,9 @@ std::vector<Reservation> Engine::allocate(const std::vector<AllocationWant>& wan
     request.options.count_request = round == 1;
     request.options.count_refusal = false;
     try {
-      std::vector<Reservation> made = counted<std::vector<Reservation>>(
-          Op::allocate, asked, /*refusal_final=*/false, started,
-          [&] { return store_->allocate(request); });
+      std::vector<Reservation> made =
+          counted<std::vector<Reservation>>(Op::allocate, asked, /*refusal_final=*/false, started,
+                                            [&] { return store_->allocate(request); });
       detail::allocation_order(request, made);
       return unslotted(std::move(made));
     } catch (const Error& e) {

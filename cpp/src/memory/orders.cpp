@@ -60,7 +60,7 @@ std::vector<Reservation> MemoryStore::order_by_key(const std::string& key) {
     std::lock_guard<std::mutex> lock(idempotency_mutex_);
     auto it = idempotency_.find(key);
     if (it != idempotency_.end() && !it->second.pending && !it->second.fingerprint.empty() &&
-        it->second.fingerprint[0] == 'o') {
+        (it->second.fingerprint[0] == 'o' || it->second.fingerprint[0] == 'a')) {
       ids = it->second.ids;
     }
   }
@@ -230,8 +230,8 @@ std::vector<Reservation> MemoryStore::allocate_now(const AllocateRequest& reques
   made.reserve(lines.size());
   for (std::size_t k = 0; k < lines.size(); ++k) {
     StockRow& row = *rows[at[k]];
-    Reservation r = new_reservation(row, lines[k].qty, request.ttl_us, now,
-                                    request.idempotency_key);
+    Reservation r =
+        new_reservation(row, lines[k].qty, request.ttl_us, now, request.idempotency_key);
     r.buyer = request.options.buyer;
     r.ref = request.options.ref;
     r.metadata = request.options.metadata;

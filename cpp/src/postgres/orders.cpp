@@ -166,8 +166,8 @@ std::vector<Reservation> PostgresStore::allocate_in(Tx& tx, const AllocateReques
     }
   } else {
     for (std::size_t i = 0; i < pool.size(); ++i) {
-      read[i] = read_row(tx, options.nowait ? Stmt::stock_lock_nowait : Stmt::stock_lock,
-                         pool[i].key);
+      read[i] =
+          read_row(tx, options.nowait ? Stmt::stock_lock_nowait : Stmt::stock_lock, pool[i].key);
     }
   }
   PoolLevels levels(request.wants.size(),
@@ -191,9 +191,8 @@ std::vector<Reservation> PostgresStore::allocate_in(Tx& tx, const AllocateReques
     if (options.count_request) telemetry().count(line.key, SkuEvent::request);
     write_row(tx, *read[i], 0, line.qty, options);
     made.push_back(insert_reservation(tx, ids[i], line.key, line.qty, request.ttl_us,
-                                      request.idempotency_key, options.buyer,
-                                      groups[pool[i].want], order_id, options.ref,
-                                      options.metadata));
+                                      request.idempotency_key, options.buyer, groups[pool[i].want],
+                                      order_id, options.ref, options.metadata));
   }
   return made;
 }
@@ -211,19 +210,24 @@ std::vector<Reservation> PostgresStore::allocate(const AllocateRequest& request)
   for (const PoolRow& p : pool) {
     ids.push_back(make_uuid_v7(now_ms, row_shard_key(p.key.sku, p.key.location)));
   }
-  const Uuid order_id = make_uuid_v7(now_ms, ids.front().shard_key());
-  const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
+  // On Citus the key lives on a shard of its own name's, whatever the pool (a request with
+  // the same key and another pool meets it there, and conflicts), and so does the order's
+  // id: a keyed step of the order keeps its key there too.
+  const std::optional<std::string>& key = request.idempotency_key;
+  const std::uint16_t key_shard = key ? shard_key_of(*key, "allocate") : ids.front().shard_key();
+  const Uuid order_id = make_uuid_v7(now_ms, key_shard);
+  const std::string print = key ? fingerprint(request) : std::string();
   auto attempt = [&] {
     return run(&options, ErrorContext{}, [&](Tx& tx) {
-      if (!request.idempotency_key) return allocate_in(tx, request, pool, ids, order_id, options);
-      return with_idempotency(tx, *request.idempotency_key, print, asked_by(request), ids, [&] {
+      if (!key) return allocate_in(tx, request, pool, ids, order_id, options);
+      const auto body = [&] {
         std::vector<Reservation> made = allocate_in(tx, request, pool, ids, order_id, options);
         std::vector<Uuid> used;
         for (const Reservation& r : made) used.push_back(r.id);
-        tx.exec_on(ids.front().shard_key(), Stmt::idempotency_ids_set, *request.idempotency_key,
-                   uuid_array(used));
+        tx.exec_on(key_shard, Stmt::idempotency_ids_set, *key, uuid_array(used));
         return made;
-      });
+      };
+      return with_idempotency(tx, *key, print, asked_by(request), ids, body, key_shard);
     });
   };
   for (int lost = 0;; ++lost) {

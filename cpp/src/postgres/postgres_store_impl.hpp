@@ -385,10 +385,12 @@ class PostgresStore final : public Store, public TestHooks {
                                        const std::vector<Uuid>& ids, const Uuid& order_id,
                                        const WriteOptions& options);
   // `asked`: what the request asks, for the message of a conflict (store/fingerprint.hpp).
+  // `shard`: where the key lives on Citus (none: the first id's shard, the request's row's).
   std::vector<Reservation> with_idempotency(Tx& tx, const std::string& key,
                                             const std::string& fingerprint, const Asked& asked,
                                             const std::vector<Uuid>& ids,
-                                            const std::function<std::vector<Reservation>()>& run);
+                                            const std::function<std::vector<Reservation>()>& run,
+                                            std::optional<std::uint16_t> shard = std::nullopt);
   void move_stock(Tx& tx, const SkuKey& key, Quantity sold, Quantity released);
   // Expires at most `limit` due holds inside `tx`; returns how many.
   std::size_t expire_in(Tx& tx, std::size_t limit);

@@ -273,10 +273,11 @@ std::vector<Reservation> in_order(const std::vector<Reservation>& found,
 // connection), the duplicate claims the key and runs afresh.
 std::vector<Reservation> PostgresStore::with_idempotency(
     Tx& tx, const std::string& key, const std::string& fingerprint, const Asked& asked,
-    const std::vector<Uuid>& ids, const std::function<std::vector<Reservation>()>& body) {
+    const std::vector<Uuid>& ids, const std::function<std::vector<Reservation>()>& body,
+    std::optional<std::uint16_t> key_shard) {
   // The key lives with the request's rows: the shard key of its SKU (of an order, of its
   // first line in key order, as a replay sorts them too), which the first id carries.
-  const std::uint16_t shard = ids.at(0).shard_key();
+  const std::uint16_t shard = key_shard.value_or(ids.at(0).shard_key());
   for (;;) {
     if (!tx.exec_on(shard, Stmt::idempotency_claim, key, fingerprint, uuid_array(ids)).empty()) {
       return body();

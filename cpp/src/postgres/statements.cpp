@@ -492,7 +492,8 @@ void Statements::add_order_statements(const std::string& schema, Set& set) {
   // Citus layout the key lies on the shard of the order's first line, unknown here, so the
   // read goes to every shard.
   set(Stmt::order_key_get, "SELECT array_to_string(reservation_ids, ',') FROM " + schema +
-                               ".idempotency WHERE key = $1 AND request_fingerprint LIKE 'o%'");
+                               ".idempotency WHERE key = $1 AND (request_fingerprint LIKE 'o%'"
+                               " OR request_fingerprint LIKE 'a%')");
 }
 
 // Retention on one server (the Citus layout has its own, add_citus_statements) and the
@@ -592,8 +593,8 @@ void Statements::add_key_statements(const std::string& schema, Set& set) {
       "UPDATE " + schema + ".idempotency SET outcome = $2 WHERE key = $1@PIN");
   set(Stmt::idempotency_unclaim, "DELETE FROM " + schema + ".idempotency WHERE key = $1@PIN");
   // An allocation's key, claimed with an id for every row of its pool, keeps those it made.
-  set(Stmt::idempotency_ids_set, "UPDATE " + schema +
-                                     ".idempotency SET reservation_ids = $2::uuid[] WHERE key = $1@PIN");
+  set(Stmt::idempotency_ids_set,
+      "UPDATE " + schema + ".idempotency SET reservation_ids = $2::uuid[] WHERE key = $1@PIN");
   add_limit_statements(schema, set);
   set(Stmt::advisory_lock, "SELECT pg_advisory_xact_lock($1::bigint)");
   set(Stmt::advisory_try_lock, "SELECT pg_try_advisory_xact_lock($1::bigint)");

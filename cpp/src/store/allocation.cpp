@@ -125,10 +125,10 @@ std::vector<OrderLine> plan_allocation(const AllocateRequest& request, const Poo
       free[w][l] = free_units(*levels[w][l]);
     }
     if (!any) {
-      throw Error(ErrorCode::not_found,
-                  "no stock row for sku " + shown(request.wants[w].sku) +
-                      " at any location of the pool",
-                  context_of(SkuKey{request.wants[w].sku, request.locations.front()}));
+      throw Error(
+          ErrorCode::not_found,
+          "no stock row for sku " + shown(request.wants[w].sku) + " at any location of the pool",
+          context_of(SkuKey{request.wants[w].sku, request.locations.front()}));
     }
   }
   std::vector<OrderLine> lines;
@@ -158,8 +158,8 @@ std::vector<OrderLine> plan_allocation(const AllocateRequest& request, const Poo
       for (std::size_t w = 0; w < n; ++w) {
         if (free[w][l] >= request.wants[w].qty) continue;
         message += (l ? "; " : "") + shown(request.locations[l]) + " has " +
-                   std::to_string(free[w][l]) + " of sku " + shown(request.wants[w].sku) +
-                   " (" + std::to_string(request.wants[w].qty) + " asked)";
+                   std::to_string(free[w][l]) + " of sku " + shown(request.wants[w].sku) + " (" +
+                   std::to_string(request.wants[w].qty) + " asked)";
         break;
       }
     }
@@ -200,8 +200,9 @@ std::string fingerprint(const AllocateRequest& request) {
   std::vector<const AllocationWant*> wants;
   for (const AllocationWant& want : request.wants) wants.push_back(&want);
   std::sort(wants.begin(), wants.end(), [](auto* a, auto* b) { return a->sku < b->sku; });
-  std::uint64_t h = stable_hash64({"allocate", std::to_string(request.ttl_us),
-                                   allocation_policy_name(request.policy), request.split ? "split" : "whole"});
+  std::uint64_t h =
+      stable_hash64({"allocate", std::to_string(request.ttl_us),
+                     allocation_policy_name(request.policy), request.split ? "split" : "whole"});
   for (const AllocationWant* want : wants) {
     h = stable_hash64({std::to_string(h), want->sku, std::to_string(want->qty)});
   }

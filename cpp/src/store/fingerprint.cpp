@@ -79,7 +79,7 @@ Asked asked_by(const OrderRequest& request) {
 
 Asked asked_by(const std::vector<Reservation>& made, const std::string& fingerprint) {
   Asked out;
-  out.allocation = fingerprint.rfind("a", 0) == 0;                // "a1:...": allocate's
+  out.allocation = fingerprint.rfind("a", 0) == 0;               // "a1:...": allocate's
   out.order = out.allocation || fingerprint.rfind("o", 0) == 0;  // "o1:...": reserve_order's
   bool unchanged = !made.empty();
   std::map<std::string, Quantity> totals;  // an allocation's, by SKU
@@ -124,8 +124,10 @@ Error idempotency_conflict(const std::string& key, const Asked& first, const Ask
   std::string message = "idempotency key " + shown(key) + " was used for a different request";
   if (found.empty() && a.allocation) {
     // Where the units came from does not tell the pool it was asked of.
-    message += ": nothing its reservations show differs, so its locations, policy, split or"
-               " references do (or its ttl" + ttl_hint + ")";
+    message +=
+        ": nothing its reservations show differs, so its locations, policy, split or"
+        " references do (or its ttl" +
+        ttl_hint + ")";
   } else if (found.empty()) {
     // The TTL is the one field left, and the first hold has changed since: unknown.
     message += ": nothing its reservations still show differs, so its ttl may (this request: " +

@@ -136,8 +136,8 @@ const char* keyed_kind_name(const std::string& fingerprint) {
 }
 
 bool reserves(const std::string& fingerprint) {
-  return !fingerprint.empty() && (fingerprint[0] == 'r' || fingerprint[0] == 'o' ||
-                                 fingerprint[0] == 'a');
+  return !fingerprint.empty() &&
+         (fingerprint[0] == 'r' || fingerprint[0] == 'o' || fingerprint[0] == 'a');
 }
 
 std::string fingerprint(const SellRequest& request) {

@@ -53,7 +53,8 @@ std::string fingerprint(const ReturnRequest& request);
 // names the kinds when they differ, never the first request's arguments (they may be
 // another caller's).
 Error keyed_conflict(const std::string& key, const std::string& stored, const std::string& now);
-// Whether a fingerprint is a reserve's, an order's or an allocation's (its key stores reservation ids).
+// Whether a fingerprint is a reserve's, an order's or an allocation's (its key stores reservation
+// ids).
 bool reserves(const std::string& fingerprint);
 
 // A write's outcome as stored with its key, and read back by a replay. Every field is
