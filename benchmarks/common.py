@@ -7,11 +7,12 @@ import json
 import os
 import resource
 from dataclasses import asdict
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import stockade
 from stockade.tools import drive_load
-from stockade.tools.pgserver import run_sql
+from stockade.tools.bench import slow_flush_settings
+from stockade.tools.pgserver import TemporaryPostgres, run_sql
 
 
 def measure(eng: stockade.Engine, skus: Sequence[str], **kw: Any) -> Dict[str, Any]:
@@ -93,6 +94,44 @@ def rounds_parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--flush-delay-us", type=int, default=0)
     ap.add_argument("--json", help="also write the figures to this file")
     return ap
+
+
+CaseRun = Callable[[stockade.Engine, str, Any, argparse.Namespace], Dict[str, Any]]
+
+
+def rounds_on_postgres(
+    args: argparse.Namespace,
+    database: str,
+    cases: Sequence[Any],
+    one_case: CaseRun,
+    *,
+    warm: Sequence[Any],
+    name: Callable[[Any], str] = str,
+    **engine: Any,
+) -> Tuple[Dict[str, List[Dict[str, Any]]], bool]:
+    """One throwaway PostgreSQL (WAL flushes delayed by --flush-delay-us) and one engine on
+    it (`engine`: its options): warms up (each case of `warm`, 1 s), then runs each case
+    `args.rounds` times, the cases alternating so that drift on a shared machine hits all
+    alike, each run `one_case(eng, sku, case, args)` on a SKU of its own. Returns the
+    figures by case (`name(case)`), in round order, and whether the audit came out clean.
+
+    Between warming up and the rounds it runs ANALYZE: the engine's connections plan each
+    statement once (generic plans), on the table statistics of that moment, and on a table
+    that was empty then the batch's reservation lookups stay sequential scans until
+    autovacuum's first ANALYZE (within autovacuum_naptime, a minute) replans them."""
+    runs: Dict[str, List[Dict[str, Any]]] = {name(case): [] for case in cases}
+    with TemporaryPostgres(settings=slow_flush_settings(args.flush_delay_us)) as pg:
+        dsn = pg.create_database(database)
+        with stockade.Engine.postgres(dsn, **engine) as eng:
+            eng.migrate()
+            warming = argparse.Namespace(**{**vars(args), "seconds": 1.0})
+            for case in warm:
+                one_case(eng, "warm-up", case, warming)
+            run_sql(dsn, "ANALYZE")
+            for n in range(args.rounds):
+                for i, case in enumerate(cases):
+                    runs[name(case)].append(one_case(eng, f"hot-{n}-{i}", case, args))
+            return runs, eng.audit().ok
 
 
 def route_table(

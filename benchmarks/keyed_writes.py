@@ -25,10 +25,8 @@ from dataclasses import asdict
 from typing import Any, Dict, List, Tuple
 
 import stockade
-from common import rounds_parser, write_json
+from common import rounds_on_postgres, rounds_parser, write_json
 from stockade.tools import drive_load
-from stockade.tools.bench import slow_flush_settings
-from stockade.tools.pgserver import TemporaryPostgres, run_sql
 
 # (write, strategy, keyed)
 CASES: List[Tuple[str, str, bool]] = [
@@ -91,19 +89,9 @@ def main() -> None:
     ap = rounds_parser(__doc__)
     ap.add_argument("--clients", type=int, default=64)
     args = ap.parse_args()
-    runs: Dict[str, List[Dict[str, Any]]] = {name(c): [] for c in CASES}
-    with TemporaryPostgres(settings=slow_flush_settings(args.flush_delay_us)) as pg:
-        dsn = pg.create_database("keyed")
-        with stockade.Engine.postgres(dsn, pool_size=16) as eng:
-            eng.migrate()
-            warm = argparse.Namespace(**{**vars(args), "seconds": 1.0})
-            for case in CASES:
-                one_case(eng, "warm-up", case, warm)
-            run_sql(dsn, "ANALYZE")  # plans on a table that has keys (see lifecycle.py)
-            for n in range(args.rounds):
-                for case in CASES:
-                    runs[name(case)].append(one_case(eng, f"hot-{n}", case, args))
-            audit = eng.audit()
+    runs, audit_ok = rounds_on_postgres(
+        args, "keyed", CASES, one_case, warm=CASES, name=name, pool_size=16
+    )
     print(
         f"one hot SKU, sells: {args.clients} C++ clients; restocks: 16 Python threads; "
         f"WAL flush delay {args.flush_delay_us} us, {args.seconds} s a case"
@@ -132,7 +120,7 @@ def main() -> None:
             + ", ".join(f"{x:.2f}x" for x in values)
             + f"; median {statistics.median(values):.2f}x"
         )
-    print(f"audit clean: {audit.ok}")
+    print(f"audit clean: {audit_ok}")
     write_json(args.json, {"flush_delay_us": args.flush_delay_us, "runs": runs, "ratios": ratios})
 
 

@@ -30,10 +30,8 @@ from datetime import timedelta
 from typing import Any, Dict, List
 
 import stockade
-from common import rounds_parser, write_json
+from common import rounds_on_postgres, rounds_parser, write_json
 from stockade.tools import drive_load
-from stockade.tools.bench import slow_flush_settings
-from stockade.tools.pgserver import TemporaryPostgres, run_sql
 
 # confirm_qty (0: the whole hold of 3), release_rest, and calls per order.
 CASES = {"whole": (0, False, 2), "partial": (2, False, 3), "one step": (2, True, 2)}
@@ -67,22 +65,10 @@ def main() -> None:
     ap = rounds_parser(__doc__)
     ap.add_argument("--clients", type=int, default=64)
     args = ap.parse_args()
-    runs: Dict[str, List[Dict[str, Any]]] = {case: [] for case in CASES}
-    with TemporaryPostgres(settings=slow_flush_settings(args.flush_delay_us)) as pg:
-        dsn = pg.create_database("lifecycle")
-        with stockade.Engine.postgres(dsn, pool_size=16, strategy="batched") as eng:
-            eng.migrate()
-            warm = argparse.Namespace(**{**vars(args), "seconds": 1.0})
-            one_case(eng, "warm-up", "partial", warm)
-            # The engine's connections plan each statement once (generic plans), on the
-            # table statistics of that moment: on a table that was empty then, the batch's
-            # reservation lookups are sequential scans until autovacuum's first ANALYZE
-            # (within autovacuum_naptime, a minute) replans them. Here, at once.
-            run_sql(dsn, "ANALYZE")
-            for n in range(args.rounds):
-                for case in CASES:
-                    runs[case].append(one_case(eng, f"hot-{case}-{n}", case, args))
-            audit = eng.audit()
+    runs, audit_ok = rounds_on_postgres(
+        args, "lifecycle", list(CASES), one_case, warm=["partial"], pool_size=16,
+        strategy="batched",
+    )  # fmt: skip
     print(
         f"one hot SKU, {args.clients} C++ clients, batched, WAL flush delay "
         f"{args.flush_delay_us} us, {args.seconds} s a case"
@@ -104,7 +90,7 @@ def main() -> None:
             + f"; median {statistics.median(ratios[case]):.2f}x"
         )
     left = sum(r["reserved_left"] for rows in runs.values() for r in rows)
-    print(f"units still reserved after the runs: {left}; audit clean: {audit.ok}")
+    print(f"units still reserved after the runs: {left}; audit clean: {audit_ok}")
     write_json(
         args.json,
         {"flush_delay_us": args.flush_delay_us, "runs": runs, "against_whole": ratios},

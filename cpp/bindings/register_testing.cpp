@@ -74,7 +74,7 @@ py::dict drive(Engine& engine, const std::vector<std::pair<std::string, std::str
                std::size_t clients, std::size_t window, std::int64_t duration_ms, Quantity qty,
                std::int64_t ttl_us, const OptStr& strategy, bool keyed, bool confirm,
                std::size_t buyers, bool sell, OptInt fencing_token, Quantity confirm_qty,
-               bool release_rest) {
+               bool release_rest, const std::vector<std::string>& pool) {
   LoadSpec spec;
   for (const auto& [sku, location] : skus) spec.keys.push_back({sku, location});
   spec.clients = clients;
@@ -89,6 +89,7 @@ py::dict drive(Engine& engine, const std::vector<std::pair<std::string, std::str
   spec.release_rest = release_rest;
   spec.buyers = buyers;
   spec.sell = sell;
+  spec.pool = pool;
   spec.call.fencing_token = fencing_token;
   if (sell && (confirm || buyers > 0)) {
     throw_invalid_argument("a sell load takes no confirmations or buyers");
@@ -123,6 +124,7 @@ void register_testing(py::module_& m) {
         py::arg("strategy"), py::arg("keyed") = false, py::arg("confirm") = false,
         py::arg("buyers") = 0, py::arg("sell") = false, py::arg("fencing_token") = py::none(),
         py::arg("confirm_qty") = 0, py::arg("release_rest") = false,
+        py::arg("pool") = std::vector<std::string>{},
         "Drives reservations from C++ client threads (see stockade/tools/load.hpp); returns "
         "counts and latency percentiles.");
   m.def(

@@ -536,8 +536,10 @@ class EngineCalls:
         whole with :meth:`confirm_order` and the like or line by line. A refusal raises
         ``OutOfStock`` whose ``pool`` maps each location to its free units, and changes
         nothing. ``idempotency_key``, ``buyer``, ``ref`` and ``metadata`` as with
-        :meth:`reserve_order`. Runs per request under every strategy (``batched`` and
-        ``auto`` run it as ``atomic``); see the manual's Locations page."""
+        :meth:`reserve_order`. On a hot SKU (``batched``, or ``auto``) a ``priority``
+        allocation without a key walks the pool through the hot-row batcher, a batched
+        hold of the whole quantity per location; otherwise it runs per request. The
+        manual's Locations page says what each guarantees."""
         return Order._from_lines(
             reservations(
                 self._core.allocate(

@@ -308,3 +308,21 @@ def test_keyed_writes_benchmark_prints_every_ratio(tmp_path: Path) -> None:
     for runs in report["runs"].values():
         assert runs[0]["calls_per_s"] > 0 and runs[0]["failed"] == 0
     assert "audit clean: True" in out.stdout
+
+
+def test_locations_benchmark_prints_every_ratio(tmp_path: Path) -> None:
+    out = run_benchmark(
+        "locations.py", "--seconds", "0.2", "--clients", "8", "--rounds", "1",
+        "--json", str(tmp_path / "locations.json"),
+    )  # fmt: skip
+    assert "allocate batched / reserve" in out.stdout
+    assert "allocate auto / allocate atomic" in out.stdout
+    report = json.loads((tmp_path / "locations.json").read_text())
+    assert set(report["runs"]) == {
+        "reserve", "allocate batched", "allocate auto", "allocate atomic", "drained batched"
+    }  # fmt: skip
+    for case, runs in report["runs"].items():
+        assert runs[0]["granted"] > 0 and runs[0]["failed"] == 0, case
+    drained = report["runs"]["drained batched"][0]["held"]
+    assert drained["north"] == 0 and drained["south"] > 0  # the walk passed north over
+    assert "audit clean: True" in out.stdout

@@ -264,3 +264,29 @@ def test_an_allocation_cut_at_its_commit_is_answered_once(
         assert_audit_clean(eng)
         north, south = eng.stock("a", location="north"), eng.stock("a", location="south")
         assert north.reserved + south.reserved == sum(r.held for r in eng.reservations(ref="cut"))
+
+
+def test_a_batched_allocation_walks_the_pool_through_the_batcher(
+    batched_engine: stockade.Engine,
+) -> None:
+    # Priority, one SKU, no key: each location in turn, a batched hold of the whole
+    # quantity on its row. An empty location is passed over; one with part of the
+    # quantity ends the walk, and the locked path splits.
+    eng = batched_engine
+    stock_pool(eng, "a", {"north": 1, "south": 10, "east": 10})
+    eng.sell("a", 1, location="north")  # north: a row with nothing free
+    before = eng.stats()["batcher"]["requests"]
+    order = eng.allocate("a", 3, locations=POOL, ref="walk")
+    assert split_of(order) == {"south": 3} and eng.stats()["batcher"]["requests"] > before
+    assert eng.order(order.id) == order and order[0].ref == "walk"
+    eng.restock("a", 2, location="north")
+    assert split_of(eng.allocate("a", 4, locations=POOL)) == {"north": 2, "south": 2}
+    assert eng.stock("a", location="north").on_hand == 2
+    eng.restock("a", 20, location="north")
+    assert split_of(eng.allocate("a", 6, locations=POOL, split=False)) == {"north": 6}
+    with pytest.raises(stockade.OutOfStock) as refused:  # every row short: the locked answer
+        eng.allocate("a", 40, locations=POOL, split=False)
+    assert refused.value.pool == {"north": 14, "south": 5, "east": 10}
+    done = eng.confirm_order(order)
+    assert done.held == 0 and eng.stock("a", location="south").on_hand == 7
+    assert_audit_clean(eng)

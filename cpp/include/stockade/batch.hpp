@@ -32,8 +32,9 @@ struct BatchRequest {
   std::optional<std::string> buyer;            // reserve only: purchase limits apply
   std::optional<std::string> ref;              // reserve only: kept with the reservation
   std::optional<std::string> metadata;         // reserve only: a JSON object, checked
-  Uuid id;                                     // confirm and release
-  std::optional<Version> expected_version;     // confirm and release: the reservation's
+  std::optional<Uuid> order_id;  // reserve only: the order it is a line of (an allocation's)
+  Uuid id;                       // confirm and release
+  std::optional<Version> expected_version;  // confirm and release: the reservation's
   // The strategy the caller asked for, under which telemetry counts the outcome (reserve
   // and sell); transitions are not counted per strategy.
   std::optional<Strategy> counted_as;

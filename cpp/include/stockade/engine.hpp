@@ -183,8 +183,9 @@ class Engine {
   // reservation per (SKU, location) used, sharing an order id, in the wants' order, then
   // the pool's. The split is decided on the pool's rows locked in key order, in the
   // transaction that writes the holds (Store::allocate; store/allocation.hpp says how each
-  // policy splits). It runs per request whatever the strategy (batched and auto run it as
-  // atomic); every strategy locks the rows. No expected_version.
+  // policy splits); every strategy locks the rows. On a hot SKU (batched, or auto) a
+  // priority allocation of one SKU without a key walks the pool through the batcher first
+  // (allocate_batched). No expected_version.
   std::vector<Reservation> allocate(const std::vector<AllocationWant>& wants,
                                     const std::vector<std::string>& locations,
                                     AllocationPolicy policy, bool split,
@@ -316,6 +317,14 @@ class Engine {
   void throw_if_refusal_stands(const SkuKey& key, const Error& refusal, Op op, Strategy asked,
                                std::int64_t started_us);
   std::vector<Reservation> order_on_slots(OrderRequest& request, Strategy asked);
+  // allocate's paths (engine/orders.cpp): the batched walk over the pool (nothing: the
+  // locked path decides) and the locked path; `entry` the tracker's count of the call on
+  // its first location's row.
+  class Entered;
+  std::optional<Reservation> allocate_batched(const AllocateRequest& request, const Route& first,
+                                              Entered& entry, std::int64_t started);
+  std::vector<Reservation> allocate_locked(AllocateRequest request, Strategy asked,
+                                           std::int64_t started);
   // An allocation was refused: moves free units into the SKU's own row at each location of
   // the pool where the SKU is known to have slots; whether any moved.
   bool refilled_pool(const AllocateRequest& request, const Error& refusal);

@@ -73,6 +73,8 @@ struct ErrorContext {
   std::optional<std::int64_t> actual_version;
   std::string state;   // the current reservation state, for invalid_state and the like
   bool keyed = false;  // the call carried an idempotency key (in_doubt_hint)
+  // out_of_stock: the free units the refusal was decided on (of the row, or the SKU's rows).
+  std::optional<std::int64_t> available;
   // An allocation's refusal (out_of_stock): the free units of `sku` at each location of
   // the pool, in the pool's order.
   std::vector<std::pair<std::string, std::int64_t>> pool;

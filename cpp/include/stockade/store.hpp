@@ -139,6 +139,9 @@ struct ReserveRequest {
   std::int64_t ttl_us = 0;
   std::optional<std::string> idempotency_key;
   WriteOptions options;
+  // The order the hold is a line of (an allocation's batched hold): the memory store's
+  // batch makes it so; PostgreSQL's batches write it with the reservation.
+  std::optional<Uuid> order_id;
 };
 
 struct OrderLine {

@@ -591,7 +591,7 @@ Reservation Engine::reserve_checked(const SkuKey& key, Quantity qty, std::int64_
     return std::move(item.reservation);
   }
   InFlight in_flight(tracker_, row_shard_key(key.sku, key.location));
-  ReserveRequest request{key, qty, ttl_us, idempotency_key, route.options};
+  ReserveRequest request{key, qty, ttl_us, idempotency_key, route.options, std::nullopt};
   return counted<Reservation>(Op::reserve, route.asked, route.options.count_refusal,
                               route.started_us, [&] { return store_->reserve(request); });
 }

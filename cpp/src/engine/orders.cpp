@@ -135,10 +135,92 @@ std::vector<Reservation> Engine::allocate(const std::vector<AllocationWant>& wan
                                           std::optional<std::string> idempotency_key,
                                           const CallOptions& call) {
   check_process();
-  AllocateRequest request =
+  const AllocateRequest request =
       allocate_request(wants, locations, policy, split, ttl_us, std::move(idempotency_key), call);
   const Strategy asked = call.strategy.value_or(options_.default_strategy);
   const std::int64_t started = steady_now_us();
+  // An allocation is a request on its first location's row: the heat `auto` reads there.
+  const SkuKey first{request.wants.front().sku, request.locations.front()};
+  const Route r = route(first, call, BatchOp::reserve);  // entered the tracker
+  Entered entry(tracker_, first);
+  if (r.batched && request.wants.size() == 1 && request.policy == AllocationPolicy::priority &&
+      !request.idempotency_key) {
+    if (std::optional<Reservation> made = allocate_batched(request, r, entry, started)) {
+      return {std::move(*made)};
+    }
+    entry.again();
+  }
+  return allocate_locked(request, asked, started);
+}
+
+// The hot path (priority, one SKU, no key): the pool's locations in order, each a batched
+// hold of the whole quantity on its row (through the slot router, so a slotted location
+// moves units between its rows as a reserve does), decided under that row's lock in its
+// batch. It passes a location over only when its row had no free unit then (or, without
+// split, not the whole quantity); a location with part of the quantity ends the walk, since
+// splitting needs every row at once: the locked path decides then, and when every location
+// was passed over, so that a refusal is always true of the whole pool at one moment.
+std::optional<Reservation> Engine::allocate_batched(const AllocateRequest& request,
+                                                    const Route& first, Entered& entry,
+                                                    std::int64_t started) {
+  const AllocationWant& want = request.wants.front();
+  const Uuid order_id = make_uuid_v7(SystemClock().now_us() / 1000,
+                                     row_shard_key(want.sku, request.locations.front()));
+  CallOptions call;
+  call.strategy = first.asked;
+  call.lock_timeout_ms = first.options.lock_timeout_ms;
+  for (std::size_t l = 0; l < request.locations.size(); ++l) {
+    const SkuKey key{want.sku, request.locations[l]};
+    Route r = first;
+    bool entered = true;  // the tracker counts this location's request, not yet handed on
+    if (l == 0) {
+      entry.hand_over();  // the first attempt's batch leaves the tracker for it
+    } else {
+      r = route(key, call, BatchOp::reserve);
+      if (!r.batched) {
+        tracker_.leave(key);
+        return std::nullopt;  // a location that is not hot: the locked path decides
+      }
+    }
+    r.started_us = 0;  // the engine records the call, once
+    try {
+      Reservation made = slots_->run<Reservation>(
+          key, want.qty, std::nullopt, /*continued=*/false, /*spread=*/true,
+          [&](const SkuKey& row, const detail::SlotAttempt& a) {
+            if (!entered) tracker_.enter(key);
+            entered = false;  // the batcher leaves the tracker however the attempt ends
+            BatchItem item =
+                detail::engine::reserve_item(row, want.qty, request.ttl_us, std::nullopt, r.asked);
+            item.counted_as.reset();
+            item.buyer = request.options.buyer;
+            item.ref = request.options.ref;
+            item.metadata = request.options.metadata;
+            item.order_id = order_id;
+            Route each = r;
+            each.options.count_request = a.count_request;
+            each.options.count_refusal = false;
+            through_batcher(item, each, nullptr, 0);
+            return std::move(item.reservation);
+          },
+          [](const Error&, bool) {});  // not yet the call's outcome: recorded below
+      detail::unslot(made);
+      record_outcome(Op::allocate, first.asked, nullptr, started);
+      return made;
+    } catch (const Error& e) {
+      if (entered) tracker_.leave(key);
+      if (e.code() != ErrorCode::out_of_stock) {
+        record_outcome(Op::allocate, first.asked, &e, started);
+        throw;
+      }
+      const bool nothing_here = e.context().available && *e.context().available <= 0;
+      if (request.split && !nothing_here) return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<Reservation> Engine::allocate_locked(AllocateRequest request, Strategy asked,
+                                                 std::int64_t started) {
   // A refusal frees lapsed holds once (as a reserve's does) and, on a location where this
   // engine knows the SKU has hot-row slots, moves their free units to the SKU's own row
   // there, which is the row an allocation takes from; then the allocation runs again.

@@ -76,6 +76,7 @@ Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& reques
   reservation.ref = request.options.ref;
   reservation.metadata = request.options.metadata;
   reservation.limit_group = group;
+  reservation.order_id = request.order_id;
   const auto decide = [&](const RowValues& v) {
     check_row(row.key, v, now, request.options.expected_version, std::nullopt);
     return hold_units(request.options.count_refusal ? &telemetry() : nullptr, row, v, request.qty,
@@ -83,6 +84,7 @@ Reservation MemoryStore::reserve_now(StockRow& row, const ReserveRequest& reques
   };
   apply(row, request.options, decide);
   insert_reservation(reservation, &row);
+  if (reservation.order_id) note_order(*reservation.order_id, {reservation});
   return reservation;
 }
 
@@ -555,7 +557,8 @@ void MemoryStore::apply_batch(const std::vector<BatchItem*>& items, const BatchO
     try {
       switch (item->op) {
         case BatchOp::reserve: {
-          ReserveRequest request{item->key, item->qty, item->ttl_us, item->idempotency_key, write};
+          ReserveRequest request{item->key, item->qty,     item->ttl_us, item->idempotency_key,
+                                 write,     item->order_id};
           request.options.buyer = item->buyer;
           request.options.ref = item->ref;
           request.options.metadata = item->metadata;

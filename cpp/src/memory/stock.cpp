@@ -702,7 +702,8 @@ Reservation MemoryStore::limited_reserve_by_check(const SkuKey& key, Quantity qt
   }
   if (held + qty > per_buyer) throw limit_exceeded(key, group, buyer, held, per_buyer, qty);
   if (window_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(window_us));
-  ReserveRequest request{key, qty, 15LL * 60 * 1000 * 1000, std::nullopt, WriteOptions{}};
+  ReserveRequest request{key,         qty, 15LL * 60 * 1000 * 1000, std::nullopt, WriteOptions{},
+                         std::nullopt};
   request.options.buyer = buyer;
   return reserve_now(row, request, group);
 }

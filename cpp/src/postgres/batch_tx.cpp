@@ -19,7 +19,8 @@ ReserveRequest request_of(const BatchItem& item) {
   options.buyer = item.buyer;
   options.ref = item.ref;
   options.metadata = item.metadata;
-  return ReserveRequest{item.key, item.qty, item.ttl_us, item.idempotency_key, options};
+  return ReserveRequest{item.key, item.qty,     item.ttl_us, item.idempotency_key,
+                        options,  item.order_id};
 }
 
 Asked asked_of(const BatchItem& item) {
@@ -228,6 +229,7 @@ void BatchTx::decide() {
       r.buyer = item.buyer;
       r.ref = item.ref;
       r.metadata = item.metadata;
+      r.order_id = item.order_id;
       if (item.buyer) {
         if (auto limit = limits_.find(item.key.sku); limit != limits_.end()) {
           r.limit_group = limit->second.first;
@@ -253,7 +255,8 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
     held.push_back(row.held);
     changes.push_back(row.changes);
   }
-  std::vector<std::string> ids, r_skus, r_locations, r_keys, r_buyers, r_groups, r_refs, r_meta;
+  std::vector<std::string> ids, r_skus, r_locations, r_keys, r_buyers, r_groups, r_refs, r_meta,
+      r_orders;
   std::vector<std::int64_t> qtys, ttls, r_slots;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     const BatchItem& item = *items_[i];
@@ -267,6 +270,7 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
     r_groups.push_back(item.reservation.limit_group.value_or(std::string()));
     r_refs.push_back(item.ref.value_or(std::string()));
     r_meta.push_back(item.metadata.value_or(std::string()));
+    r_orders.push_back(item.order_id ? item.order_id->to_string() : std::string());
     qtys.push_back(item.qty);
     ttls.push_back(item.ttl_us);
   }
@@ -287,14 +291,14 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
     return tx.conn.exec_sql(
         tx.work, citus_holds_sql(quoting(tx.work), tx.conn.statements().schema(), shard_, now_us_,
                                  CitusHolds{ids, r_skus, r_locations, r_slots, qtys, ttls, r_keys,
-                                            r_buyers, r_groups, r_refs, r_meta}));
+                                            r_buyers, r_groups, r_refs, r_meta, r_orders}));
   }
   return tx.exec_on(shard_, statement, text_array(skus), text_array(locations), int_array(sold),
                     int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
                     text_array(r_locations), int_array(qtys), int_array(ttls), text_array(r_keys),
                     static_cast<std::int64_t>(skus.size()), text_array(r_buyers),
                     text_array(r_groups), int_array(slots), int_array(r_slots), text_array(r_refs),
-                    text_array(r_meta));
+                    text_array(r_meta), text_array(r_orders));
 }
 
 // write() for a batch on several rows, through batch_fast: a row that lacked room when the
@@ -409,7 +413,7 @@ void BatchTx::write_transitions(Tx& tx) {
 // The arrays of a one-row batch's reservations (write_one), one element per granted
 // reserve, and of its new keys (one per keyed reserve).
 struct OneRowHolds {
-  std::vector<std::string> ids, keys, buyers, refs, metadata;
+  std::vector<std::string> ids, keys, buyers, refs, metadata, orders;
   std::vector<std::int64_t> qtys, ttls;
   bool any_buyer = false;
 };
@@ -430,6 +434,7 @@ pqxx::result BatchTx::write_one(Tx& tx) {
     h.any_buyer = h.any_buyer || item.buyer.has_value();
     h.refs.push_back(item.ref.value_or(std::string()));
     h.metadata.push_back(item.metadata.value_or(std::string()));
+    h.orders.push_back(item.order_id ? item.order_id->to_string() : std::string());
     h.qtys.push_back(item.qty);
     h.ttls.push_back(item.ttl_us);
   }
@@ -509,7 +514,7 @@ pqxx::result BatchTx::write_one_citus(Tx& tx, const OneRowHolds& h, const NewKey
     tx.conn.exec_sql(
         tx.work, citus_holds_sql(quoting(tx.work), schema, shard_, now_us,
                                  CitusHolds{h.ids, skus, locations, slots, h.qtys, h.ttls, h.keys,
-                                            none, none, h.refs, h.metadata}));
+                                            none, none, h.refs, h.metadata, h.orders}));
   }
   if (!k.names.empty()) {
     const pqxx::row m = moved[0];  // the row as it moved: each sell's level's tail

@@ -240,7 +240,7 @@ class BatchTx {
 
   bool has_ref() const {
     return std::any_of(items_.begin(), items_.end(), [](const BatchItem* item) {
-      return item->ref.has_value() || item->metadata.has_value();
+      return item->ref.has_value() || item->metadata.has_value() || item->order_id.has_value();
     });
   }
 

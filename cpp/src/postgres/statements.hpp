@@ -263,7 +263,7 @@ std::string new_reservation(const std::string& table, bool buyer, bool order = f
 using Quote = std::function<std::string(const std::string&)>;
 
 // The reservations a Citus batch inserts, one element per reservation (`buyers`, `groups`,
-// `refs` and `metadata` may be empty: none).
+// `refs`, `metadata` and `orders`, the order ids, may be empty: none).
 struct CitusHolds {
   const std::vector<std::string>& ids;
   const std::vector<std::string>& skus;
@@ -276,6 +276,7 @@ struct CitusHolds {
   const std::vector<std::string>& groups;
   const std::vector<std::string>& refs;
   const std::vector<std::string>& metadata;
+  const std::vector<std::string>& orders;
 };
 
 // The Citus layout's multi-row INSERTs of a batch's reservations and of its keys

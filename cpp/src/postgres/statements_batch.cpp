@@ -16,14 +16,15 @@ namespace {
 
 // The INSERT of a batch's reservations (batch_write, batch_fast), one element per reservation
 // in each array: ids $6, rows $7 $8 $16, qtys $9, ttls $10, keys $11, buyers $13, groups
-// $14, refs $17 and metadata $18 ('' for none in the text arrays).
+// $14, refs $17, metadata $18 and order ids $19 ('' for none in the text arrays).
 std::string batch_holds(const std::string& schema) {
   return " INSERT INTO " + new_reservation(schema + ".reservation", true, true) +
          " SELECT i::uuid, k, l, rs, q, 'held', 1, now() + t * interval '1 microsecond',"
-         " NULLIF(ik, ''), now(), now(), NULLIF(rb, ''), NULLIF(rg, ''), NULL, NULLIF(rf, ''),"
-         " NULLIF(md, '')::jsonb@SKV FROM unnest($6::text[], $7::text[], $8::text[],"
-         " $9::bigint[], $10::bigint[], $11::text[], $13::text[], $14::text[], $16::int[],"
-         " $17::text[], $18::text[]) AS r(i, k, l, q, t, ik, rb, rg, rs, rf, md)";
+         " NULLIF(ik, ''), now(), now(), NULLIF(rb, ''), NULLIF(rg, ''), NULLIF(od, '')::uuid,"
+         " NULLIF(rf, ''), NULLIF(md, '')::jsonb@SKV FROM unnest($6::text[], $7::text[],"
+         " $8::text[], $9::bigint[], $10::bigint[], $11::text[], $13::text[], $14::text[],"
+         " $16::int[], $17::text[], $18::text[], $19::text[])"
+         " AS r(i, k, l, q, t, ik, rb, rg, rs, rf, md, od)";
 }
 
 // A batch's key row's reservation ids, from the text of one id ('' for a sell's key: none).

@@ -31,9 +31,9 @@ std::string citus_holds_sql(const Quote& quote, const std::string& schema, std::
            quote(h.locations[i]) + ", " + std::to_string(h.slots[i]) + ", " +
            std::to_string(h.qtys[i]) + ", 'held', 1, " + now + " + " + std::to_string(h.ttls[i]) +
            " * interval '1 microsecond', " + text_or_null(h.keys[i]) + ", " + now + ", " + now +
-           ", " + text_or_null(at(h.buyers, i)) + ", " + text_or_null(at(h.groups, i)) +
-           ", NULL, " + text_or_null(at(h.refs, i)) + ", " + text_or_null(at(h.metadata, i)) +
-           "::jsonb, " + std::to_string(shard) + ")";
+           ", " + text_or_null(at(h.buyers, i)) + ", " + text_or_null(at(h.groups, i)) + ", " +
+           text_or_null(at(h.orders, i)) + "::uuid, " + text_or_null(at(h.refs, i)) + ", " +
+           text_or_null(at(h.metadata, i)) + "::jsonb, " + std::to_string(shard) + ")";
   }
   return sql;
 }

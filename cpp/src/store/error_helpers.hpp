@@ -36,6 +36,7 @@ inline Error out_of_stock(const SkuKey& key, Quantity available, Quantity qty,
                           std::optional<Version> version = std::nullopt) {
   ErrorContext context = context_of(key);
   context.actual_version = version;
+  context.available = available;
   return Error(ErrorCode::out_of_stock,
                "out of stock: " + describe(key) + " has " + std::to_string(available) +
                    " available, " + std::to_string(qty) + " requested",

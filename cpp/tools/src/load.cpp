@@ -115,6 +115,13 @@ void blocking_client(Engine& engine, const LoadSpec& spec, std::size_t id,
       const SkuKey& key = spec.keys[pick(rng)];
       if (spec.sell) {
         engine.sell(key, spec.qty, sell_call(spec, key_rng, scratch));
+      } else if (!spec.pool.empty()) {
+        held = engine
+                   .allocate({{key.sku, spec.qty}}, spec.pool, AllocationPolicy::priority,
+                             /*split=*/true, spec.ttl_us, next_key(spec, key_rng),
+                             next_call(spec, rng, scratch))
+                   .front()
+                   .id;
       } else {
         held = engine
                    .reserve(key, spec.qty, spec.ttl_us, next_key(spec, key_rng),
@@ -201,6 +208,9 @@ LoadResult drive_load(Engine& engine, const LoadSpec& spec) {
   }
   if (spec.confirm_qty < 0 || (spec.confirm_qty > 0 && !spec.confirm)) {
     throw_invalid_argument("confirm_qty needs confirm, and must not be negative");
+  }
+  if (!spec.pool.empty() && (spec.window != 1 || spec.sell || spec.confirm)) {
+    throw_invalid_argument("an allocating load runs blocking clients, without sells or confirms");
   }
   if (spec.release_rest && spec.confirm_qty == 0) {
     throw_invalid_argument("release_rest needs confirm_qty");

@@ -26,6 +26,7 @@ from ..values import (
     check_bool,
     check_int,
     check_optional_int,
+    check_str,
     duration_ms,
     duration_us,
     strategy_name,
@@ -75,6 +76,7 @@ def drive_load(
     fencing_token: Optional[int] = None,
     confirm_qty: int = 0,
     release_rest: bool = False,
+    pool: Optional[Sequence[str]] = None,
 ) -> LoadResult:
     """Drives ``clients`` C++ threads for ``seconds``; each request reserves ``qty`` of a
     SKU picked uniformly from ``skus`` (names, or ``(sku, location)`` pairs), with
@@ -86,7 +88,8 @@ def drive_load(
     (one request). ``buyers`` makes each
     reservation for one of that many buyers, at random (purchase limits apply); ``sell``
     sells instead of reserving, with ``fencing_token`` if given (and with ``keyed``, a
-    fresh key on every sell)."""
+    fresh key on every sell). ``pool`` (blocking clients) allocates each request's units of
+    the picked SKU from those locations (``Engine.allocate``, priority) instead."""
     if not isinstance(engine, Engine):
         raise InvalidType(f"engine must be a stockade.Engine, not {type(engine).__name__}")
     if check_int("buyers", buyers) < 0:
@@ -110,6 +113,7 @@ def drive_load(
         check_optional_int("fencing_token", fencing_token),
         check_int("confirm_qty", confirm_qty),
         check_bool("release_rest", release_rest),
+        [] if pool is None else [check_str("location", p) for p in pool],
     )
     return LoadResult(
         requests=int(out["requests"]),

@@ -41,6 +41,9 @@ struct LoadSpec {
   std::size_t buyers = 0;
   // Sell instead of reserve (with spec.call, a fencing_token included).
   bool sell = false;
+  // Blocking clients only: allocate each request's qty of the picked key's SKU from these
+  // locations (priority, split) instead of reserving at the key's own location.
+  std::vector<std::string> pool;
 };
 
 inline constexpr std::size_t load_clients_max = 4096;
