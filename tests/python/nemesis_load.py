@@ -8,6 +8,7 @@ Each call's request and outcome become one record (a dict, JSON-able): what was 
 (``op``, ``sku``, ``qty``, ``key``, ``strategy``; ``target`` and ``part`` for a step of a
 reservation, ``order`` and ``ids`` for a step of an order) and what the caller was told
 (``out``: "ok" or the error class's name; ``id`` and ``state`` of a reservation it got;
+``ids`` of an order's or an allocation's, and an allocation's ``parts``, each id's units;
 ``units`` per reservation a step answered with). The history is checked afterwards by
 test_nemesis.py's checker, which knows nothing of how the engine decides.
 """
@@ -28,6 +29,11 @@ from support import ALL_STRATEGIES as STRATEGIES
 from support import PER_REQUEST_STRATEGIES
 
 SKUS = ["n-0", "n-1", "n-2", "n-3"]
+# Allocations take from this pool, in this order (priority); every other call from the
+# default location. The annex holds a few units of each SKU (ANNEX), so that allocations
+# drain it, then pass it over or split; the checker sums a SKU's rows over locations.
+POOL = ["annex", "default"]
+ANNEX = 40
 LEASED = "lease-0"  # leases and fenced restocks (of one unit each) go to this SKU only
 LIMITED = ["n-2", "n-3"]  # one purchase-limit group, "drop", of PER_BUYER units per buyer
 PER_BUYER = 6
@@ -143,6 +149,16 @@ class Workload:
                 "key": name,
                 "strategy": rng.choice(PER_REQUEST_STRATEGIES),
             }
+        elif roll < 0.67:
+            keyed = rng.random() < 0.5  # a keyed one runs on the locked pool, never batched
+            record = {
+                "op": "allocate",
+                "sku": rng.choice([x for x in SKUS if x not in LIMITED]),
+                "qty": rng.randint(1, 4),
+                "key": name if keyed else None,
+                "strategy": rng.choice(STRATEGIES),
+                "policy": rng.choice(["priority", "most_available"]),
+            }
         elif roll < 0.85:
             record = self._step(rng, held, mine)
         elif roll < 0.89:
@@ -172,8 +188,10 @@ class Workload:
                     held.append(record["id"])
                 else:
                     self._stepped(record, [result], held, mine)
-            if isinstance(result, stockade.Order) and record["op"] == "order":
+            if isinstance(result, stockade.Order) and record["op"] in ("order", "allocate"):
                 record["ids"] = [str(r.id) for r in result]  # in line order
+                if record["op"] == "allocate":  # each location's part of the quantity
+                    record["parts"] = {str(r.id): r.qty for r in result}
                 held.extend(record["ids"])
                 mine.orders.append((str(result.id), record["ids"]))
             elif isinstance(result, stockade.Order):
@@ -267,6 +285,16 @@ def send(eng: stockade.Engine, r: Record) -> object:
         return eng.reserve_order(
             r["lines"], ttl=LONG_TTL, idempotency_key=r["key"], strategy=r["strategy"]
         )
+    if r["op"] == "allocate":
+        return eng.allocate(
+            r["sku"],
+            r["qty"],
+            locations=POOL,
+            policy=r["policy"],
+            ttl=LONG_TTL,
+            idempotency_key=r["key"],
+            strategy=r["strategy"],
+        )
     key = r.get("key")
     if r["op"] == "confirm":
         return eng.confirm(r["target"], qty=r.get("part"), idempotency_key=key)
@@ -330,7 +358,7 @@ def settle(eng: stockade.Engine, record: Record) -> Union[object, str, None]:
 
 
 def resolve(eng: stockade.Engine, record: Record) -> Union[List[str], str, None]:
-    """An in-doubt keyed reserve, order, restock or sell settled (settle()): the ids a
+    """An in-doubt keyed reserve, order, allocation, restock or sell settled (settle()): the ids a
     reserve or order settles to ([] for a keyed restock or sell, which has now taken
     effect exactly once), or the definite error (as a buyer whose limit filled up
     meanwhile is told); None if it never settles."""

@@ -57,10 +57,12 @@ import pytest
 
 import stockade
 from nemesis_load import (
+    ANNEX,
     LEASED,
     LIMITED,
     LONG_TTL,
     PER_BUYER,
+    POOL,
     SHORT_TTL,
     SKUS,
     STEP_OPS,
@@ -272,14 +274,23 @@ def state_of(u: Units) -> str:
 
 def ids_of(r: Record) -> List[str]:
     """The reservations a reserve or order was told of (none for other calls)."""
-    if r["op"] == "order":
+    if r["op"] in ("order", "allocate"):
         return list(r.get("ids", []))
     return [r["id"]] if r["op"] == "reserve" and "id" in r else []
 
 
 def lines_of(r: Record) -> Dict[str, int]:
-    """What a reserve or order asked for: {sku: qty}."""
+    """What a reserve, order or allocation asked for: {sku: qty}."""
     return dict(r["lines"]) if r["op"] == "order" else {r["sku"]: r["qty"]}
+
+
+def made_with(r: Record, rid: str, row: Row) -> int:
+    """The units reservation `rid` was made with by the call `r`: its line's quantity, or
+    for an allocation the part it answered for that location (the database's, when the
+    call was not answered: the location's part is the allocation's to decide)."""
+    if r["op"] == "allocate":
+        return int(r.get("parts", {}).get(rid, row.qty))
+    return lines_of(r)[row.sku]
 
 
 class Checker:
@@ -310,7 +321,7 @@ class Checker:
         """Each key has exactly one outcome. `stored`: the keys in the database before
         any retry; `settled`: what each in-doubt key's retry returned."""
         for r in self.history:
-            if r["op"] not in ("reserve", "order") or r["key"] is None:
+            if r["op"] not in ("reserve", "order", "allocate") or r["key"] is None:
                 continue
             there = stored.get(r["key"])
             if r["out"] == "ok" and sorted(there or []) != sorted(ids_of(r)):
@@ -330,7 +341,8 @@ class Checker:
         """`db`: every reservation by id. `made`: the ids the calls were told of, or that
         their keys' retries settled on."""
         asked = {rid: r for r in self.history if r["out"] == "ok" for rid in ids_of(r)}
-        keyed = {r["key"]: r for r in self.history if r["op"] in ("reserve", "order") and r["key"]}
+        makers = ("reserve", "order", "allocate")
+        keyed = {r["key"]: r for r in self.history if r["op"] in makers and r["key"]}
         for rid in made:
             if rid not in db:
                 self.fail(asked.get(rid), f"reservation {rid} is missing")
@@ -343,16 +355,30 @@ class Checker:
                 self.fail(None, f"reservation {rid} has a key no call sent: {row.key}")
             elif request is None:
                 unknown[(row.sku, row.qty)] += 1  # a keyless InDoubt that landed, or no call's
-            elif lines_of(request).get(row.sku) != row.qty and rid not in resized:
+            elif request["op"] == "allocate" and row.sku != request["sku"]:
+                self.fail(request, f"reservation {rid} is of {row.sku}")
+            elif made_with(request, rid, row) != row.qty and rid not in resized:
                 self.fail(request, f"reservation {rid} is {row.sku} x{row.qty}")
+        for r in self.history:  # an allocation's parts make up its quantity
+            if r["op"] == "allocate" and r["out"] == "ok" and sum(r["parts"].values()) != r["qty"]:
+                self.fail(r, f"allocated {r['parts']} for {r['qty']}")
         in_doubt = Counter(
             (r["sku"], r["qty"])
             for r in self.history
             if r["op"] == "reserve" and r["key"] is None and r["out"] == "InDoubt"
         )
-        for what, n in unknown.items():
-            if n > in_doubt[what]:
-                self.fail(None, f"{n} keyless reservations {what} that no call was told of")
+        # A keyless allocation in doubt may have landed, split in any way: up to its units.
+        allocated = Counter()
+        for r in self.history:
+            if r["op"] == "allocate" and r["key"] is None and r["out"] == "InDoubt":
+                allocated[r["sku"]] += r["qty"]
+        for (sku, qty), n in unknown.items():
+            left = n - min(n, in_doubt[(sku, qty)])
+            allocated[sku] -= left * qty
+            if allocated[sku] < 0:
+                self.fail(
+                    None, f"{left} keyless reservations {(sku, qty)} that no call was told of"
+                )
         self.units(db, {**{rid: r for r in keyed.values() for rid in ids_of(r)}, **asked})
 
     def units(self, db: Dict[str, Row], asked: Dict[str, Record]) -> None:
@@ -369,7 +395,7 @@ class Checker:
         for rid, row in db.items():
             short = ttl.get(rid, SHORT_TTL) == SHORT_TTL
             made = asked.get(rid)
-            start = lines_of(made)[row.sku] if made else row.qty
+            start = made_with(made, rid, row) if made else row.qty
             possible: Set[Units] = {(start, start, 0, 0, 0, 0)}
             last: Optional[Record] = None
             for r in steps.get(rid, []):
@@ -478,7 +504,7 @@ class Checker:
             # Confirmed units left on_hand; returned ones came back on hand (restocked).
             sold = sum(row.units[2] - row.units[5] for row in db.values() if row.sku == sku)
             sure, maybe = self.moves(sku, settled)
-            fits = on_hand + sold - START - sure in self.reachable(maybe)
+            fits = on_hand + sold - START - ANNEX - sure in self.reachable(maybe)
             if not 0 <= reserved <= on_hand:
                 self.fail(None, f"{sku}: reserved {reserved}, on_hand {on_hand}")
             if reserved != held:
@@ -616,6 +642,8 @@ def prepare(dsn: str) -> None:
         eng.migrate()
         for sku in [*SKUS, LEASED]:
             eng.restock(sku, START)
+        for sku in SKUS:
+            eng.restock(sku, ANNEX, location=POOL[0])
         eng.set_purchase_limit("drop", PER_BUYER, LIMITED)
 
 
@@ -641,7 +669,7 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
         for r in history:
             if r["out"] != "InDoubt" or not r.get("key"):
                 continue
-            if r["op"] in ("reserve", "order", "restock", "sell"):
+            if r["op"] in ("reserve", "order", "allocate", "restock", "sell"):
                 settled[r["key"]] = resolve(eng, r)
             elif r["op"] in STEPS:
                 steps_settled[r["key"]] = resolve_step(eng, r)
@@ -828,6 +856,22 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         {"op": "lease", "out": "ok", "token": 9, "t0": 3.0, "t1": 3.1, "w0": 3.1, "write": "ok"},
         {"op": "lease", "out": "ok", "token": 5, "t0": 3.2, "t1": 3.3, "w0": 3.3, "w1": 3.4},
         {"op": "lease", "out": "ok", "token": 4, "t0": 2.5, "t1": 2.6, "w0": 3.5, "write": "ok"},
+        # An allocation of 3 answered with parts of 1 and 1; its second part is 2 in the
+        # database; and a keyless one in doubt of 1 unit leaves room for one stray unit.
+        {
+            "op": "allocate",
+            "sku": "n-3",
+            "qty": 3,
+            "key": "k-alloc",
+            "strategy": "batched",
+            "policy": "priority",
+            "out": "ok",
+            "ids": ["a-1", "a-2"],
+            "parts": {"a-1": 1, "a-2": 1},
+            "t0": 4.0,
+            "t1": 4.1,
+        },
+        {"op": "allocate", "sku": "n-3", "qty": 1, "key": None, "out": "InDoubt", "t0": 4.2},
     ]
 
     def row(sku: str, qty: int, state: str, key: Optional[str]) -> Row:
@@ -844,6 +888,10 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "r-refused": row("n-0", 1, "held", "k-refused-step"),
         "r-kstep": Row("n-2", 2, "confirmed", "k-kstep", (2, 0, 2, 0, 0, 0)),
         "r-kret": row("n-2", 1, "confirmed", "k-kret"),
+        "a-1": row("n-3", 1, "held", "k-alloc"),
+        "a-2": row("n-3", 2, "held", "k-alloc"),
+        "a-stray": row("n-3", 1, "held", None),  # the in-doubt allocation's: allowed
+        "a-strays": row("n-3", 3, "held", None),  # more than any call in doubt allocated
     }
     stored = {
         "k-lost": ["r-lost"],
@@ -854,10 +902,12 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "k-refused-step": ["r-refused"],
         "k-kstep": ["r-kstep"],
         "k-kret": ["r-kret"],
+        "k-alloc": ["a-1", "a-2"],
     }
-    rows = {sku: (START, 0) for sku in [*SKUS, LEASED]}
-    rows["n-0"] = (START + 5, 7)  # a restock that did not land, a reserved count that is off
-    rows["n-2"] = (START - 3, 0)  # r-kstep's and r-kret's sold units
+    rows = {sku: (START + ANNEX, 0) for sku in SKUS}
+    rows[LEASED] = (START, 0)
+    rows["n-0"] = (START + ANNEX + 5, 7)  # a restock that did not land, a reserved count off
+    rows["n-2"] = (START + ANNEX - 3, 0)  # r-kstep's and r-kret's sold units
     history.append(reserve("k-doubt", "-", out="InDoubt"))  # its retry is told a conflict
     history.append(reserve(None, "-", out="InvariantViolation"))  # nothing left, still a bug
     steps = {"s-1": {"r-kstep": [2, 0, 2, 0, 0, 0]}, "s-2": "OverReturn", "s-3": None}
@@ -865,6 +915,7 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
     checker.engine_bugs()
     checker.keys(stored, {"k-doubt": "IdempotencyConflict"})
     made = {"r-lost", "r-held", "r-conf", "o-1", "o-2", "r-part", "r-refused", "r-kstep", "r-kret"}
+    made |= {"a-1", "a-2"}
     checker.reservations(db, made)
     checker.stock(db, {})
     checker.keyed_writes({"k-s"}, {})
@@ -879,6 +930,9 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "acknowledged ['o-1', 'o-2'], but the key holds ['o-1']",
         "reservation o-1 is n-1 x5",
         "keyless reservations ('n-0', 2) that no call was told of",
+        "allocated {'a-1': 1, 'a-2': 1} for 3",
+        "reservation a-2 is n-3 x2",
+        "keyless reservations ('n-3', 3) that no call was told of",
         "reservation r-held is (1, 0, 0, 0, 1, 0); its calls allow [(1, 1, 0, 0, 0, 0)]",
         "reservation r-conf is (1, 0, 0, 1, 0, 0); its calls allow [(1, 0, 1, 0, 0, 0)]",
         "reservation r-part: answered (3, 2, 1, 1, 0, 0), not one of [(3, 1, 1, 1, 0, 0)]",
@@ -915,12 +969,13 @@ def test_the_stock_check_counts_each_class_of_restock_and_sell_apart() -> None:
         call("sell", None, 10, "InDoubt"),  # it did not land
         call("sell", None, 10, "ok"),
     ]
-    rows = {sku: (START, 0) for sku in [*SKUS, LEASED]}
-    rows["n-0"] = (START + 1000 + 100_000 - 1 - 10, 0)
+    rows = {sku: (START + ANNEX, 0) for sku in SKUS}
+    rows[LEASED] = (START, 0)
+    rows["n-0"] = (START + ANNEX + 1000 + 100_000 - 1 - 10, 0)
     clean = Checker(history, rows)
     clean.stock({}, {"ks": []})
     assert clean.violations == []
-    rows["n-0"] = (START + 1000 + 100_000 - 2 - 10, 0)  # the keyed sell, twice
+    rows["n-0"] = (START + ANNEX + 1000 + 100_000 - 2 - 10, 0)  # the keyed sell, twice
     twice = Checker(history, rows)
     twice.stock({}, {"ks": []})
     assert [what for _, what in twice.violations if "n-0: on_hand" in what]
