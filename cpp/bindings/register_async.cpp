@@ -68,7 +68,8 @@ void register_async_calls(py::class_<Engine>& c) {
           py::arg("metadata") = py::none(), Release());
 }
 
-// An allocation from a pool of locations (it runs on the C++ workers, never batched).
+// An allocation from a pool of locations (on the C++ workers; a hot one walks the pool
+// through the batcher from there).
 void register_async_allocate(py::class_<Engine>& c) {
   c.def(
       "submit_allocate",

@@ -159,6 +159,8 @@ void register_reservation_calls(py::class_<Engine>& c) {
           py::arg("lines"), py::arg("ttl_us"), py::arg("idempotency_key"), py::arg("strategy"),
           py::arg("nowait"), py::arg("lock_timeout_ms"), py::arg("buyer") = py::none(),
           py::arg("ref") = py::none(), py::arg("metadata") = py::none(), Release())
+      .def("stock_by_location", &Engine::stock_by_location, py::arg("sku"), py::arg("after"),
+           py::arg("limit"), Release())
       .def(
           "allocate",
           [](Engine& e, const std::vector<std::pair<std::string, Quantity>>& wants,

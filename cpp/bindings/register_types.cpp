@@ -122,6 +122,7 @@ void register_ids_and_limits(py::module_& m) {
   m.attr("LIMIT_GROUP_BYTES_MAX") = limit_group_bytes_max;
   m.attr("ORDER_LINES_MAX") = order_lines_max;
   m.attr("ALLOCATE_LOCATIONS_MAX") = allocate_locations_max;
+  m.attr("LOCATIONS_LIMIT_MAX") = locations_limit_max;
   m.attr("TTL_US_MAX") = ttl_us_max;
   m.attr("SLOTS_MAX") = slots_max;
   // The largest value of each count option, so that Python refuses a value out of range

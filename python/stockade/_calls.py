@@ -263,6 +263,21 @@ class EngineCalls:
             self._core.stock(sku=check_str("sku", sku), location=check_str("location", location))
         )
 
+    def stock_by_location(
+        self, sku: str, *, after: Optional[str] = None, limit: int = 100
+    ) -> Dict[str, StockLevel]:
+        """The SKU at every location where it has a row, as :meth:`stock` gives each
+        (hot-row slots summed): ``{location: StockLevel}`` in bytewise order of location.
+        At most ``limit`` (1 to ``LOCATIONS_LIMIT_MAX``, 1000) at a time: pass the last
+        location as ``after`` for the next page. Each location is read on its own, so the
+        levels are not one snapshot; a pool's total is their sum."""
+        levels = self._core.stock_by_location(
+            sku=check_str("sku", sku),
+            after=check_optional_str("after", after),
+            limit=in_range("limit", limit, 1, _core.LOCATIONS_LIMIT_MAX),
+        )
+        return {level.location: StockLevel._from_core(level) for level in levels}
+
     def set_slots(self, sku: str, slots: int, *, location: str = DEFAULT_LOCATION) -> StockLevel:
         """Spreads the SKU's free units over ``slots`` rows (hot-row slots, 1 to 64), so
         that as many batches can each hold a row lock and commit at once. Reserves and

@@ -187,6 +187,14 @@ class EngineTwins(EngineCalls):
         """:meth:`stock` as an awaitable."""
         return await off_loop(functools.partial(self.stock, sku, location=location))
 
+    async def stock_by_location_async(
+        self, sku: str, *, after: Optional[str] = None, limit: int = 100
+    ) -> Dict[str, StockLevel]:
+        """:meth:`stock_by_location` as an awaitable."""
+        return await off_loop(
+            functools.partial(self.stock_by_location, sku, after=after, limit=limit)
+        )
+
     async def set_slots_async(
         self, sku: str, slots: int, *, location: str = DEFAULT_LOCATION
     ) -> StockLevel:

@@ -21,6 +21,7 @@ __all__ = [
     "LEASE_OWNER_BYTES_MAX",
     "LIMIT_GROUP_BYTES_MAX",
     "LIMIT_GROUP_SKUS_MAX",
+    "LOCATIONS_LIMIT_MAX",
     "LOCATION_BYTES_MAX",
     "METADATA_BYTES_MAX",
     "ORDER_LINES_MAX",
@@ -44,6 +45,7 @@ LIMIT_GROUP_BYTES_MAX: int = _core.LIMIT_GROUP_BYTES_MAX  # a purchase limit's g
 LIMIT_GROUP_SKUS_MAX: int = _core.LIMIT_GROUP_SKUS_MAX  # SKUs one purchase limit names
 ORDER_LINES_MAX: int = _core.ORDER_LINES_MAX  # lines of one reserve_order
 ALLOCATE_LOCATIONS_MAX: int = _core.ALLOCATE_LOCATIONS_MAX  # locations of one allocation's pool
+LOCATIONS_LIMIT_MAX: int = _core.LOCATIONS_LIMIT_MAX  # locations of one stock_by_location page
 # The largest quantity one request may ask for (10**12): it keeps every sum the engine
 # forms, a batch's included, far from overflowing a 64-bit stock level.
 QUANTITY_MAX: int = _core.QUANTITY_MAX

@@ -89,6 +89,11 @@ class DelegatingStore : public Store {
   std::vector<Reservation> allocate(const AllocateRequest& r) override {
     return inner_->allocate(r);
   }
+  std::vector<std::string> sku_locations(const std::string& sku,
+                                         const std::optional<std::string>& after,
+                                         std::size_t limit) override {
+    return inner_->sku_locations(sku, after, limit);
+  }
   Reservation transition(const TransitionRequest& r) override { return inner_->transition(r); }
   Reservation return_units(const ReturnRequest& r) override { return inner_->return_units(r); }
   Reservation resize(const ResizeRequest& r) override { return inner_->resize(r); }

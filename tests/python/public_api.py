@@ -81,6 +81,7 @@ ENGINE_CALLS: Dict[str, Callable[[World], Arguments]] = {
     "reserve": lambda w: (("sku-1", 1), {}),
     "reserve_order": lambda w: (({"sku-1": 1, "sku-2": 1},), {}),
     "allocate": lambda w: (("sku-1", 1), {"locations": ["default"]}),
+    "stock_by_location": lambda w: (("sku-1",), {}),
     "allocate_order": lambda w: (({"sku-1": 1, "sku-2": 1},), {"locations": ["default"]}),
     "confirm": lambda w: ((w.held.id,), {}),
     "return_units": lambda w: ((w.sold.id, 1), {}),

@@ -290,3 +290,53 @@ def test_a_batched_allocation_walks_the_pool_through_the_batcher(
     done = eng.confirm_order(order)
     assert done.held == 0 and eng.stock("a", location="south").on_hand == 7
     assert_audit_clean(eng)
+
+
+def test_a_walk_that_meets_a_row_giving_nothing_leaves_it_to_the_locked_pool(
+    batched_engine: stockade.Engine,
+) -> None:
+    # A discontinued or leased first location, or one without a row, gives nothing, as the
+    # locked pool reads it: the allocation is made elsewhere, not refused.
+    eng = batched_engine
+    stock_pool(eng, "a", {"north": 5, "south": 5, "east": 5})
+    eng.discontinue("a", location="north")
+    eng.acquire_lease("a", 60, location="south")
+    assert split_of(eng.allocate("a", 2, locations=POOL)) == {"east": 2}
+    assert split_of(eng.allocate("a", 1, locations=["west", "east"])) == {"east": 1}
+    with pytest.raises(stockade.OutOfStock) as refused:
+        eng.allocate("a", 5, locations=POOL)
+    assert refused.value.pool == {"north": 0, "south": 0, "east": 2}
+
+
+def test_a_batched_allocation_is_recorded_once_as_an_allocation(
+    batched_engine: stockade.Engine,
+) -> None:
+    eng = batched_engine
+    stock_pool(eng, "a", {"north": 5})
+    eng.allocate("a", 1, locations=POOL)
+    calls = {c["op"]: c["outcomes"] for c in eng.metrics()["calls"]}
+    assert calls["allocate"] == {"ok": 1}
+    assert "reserve" not in calls
+
+
+def test_stock_by_location_reads_every_location_in_pages(engine: stockade.Engine) -> None:
+    stock_pool(engine, "a", {"north": 2, "south": 10, "east": 4})
+    engine.restock("b", 1, location="north")  # another SKU's row is not a's
+    engine.set_slots("a", 3, location="south")  # its units over three rows: summed
+    engine.reserve("a", 1, location="east")
+    levels = engine.stock_by_location("a")
+    assert list(levels) == ["east", "north", "south"]  # bytewise
+    assert {loc: (s.on_hand, s.reserved) for loc, s in levels.items()} == {
+        "east": (4, 1),
+        "north": (2, 0),
+        "south": (10, 0),
+    }
+    assert sum(s.available for s in levels.values()) == 15  # the pool's total
+    first = engine.stock_by_location("a", limit=2)
+    assert list(first) == ["east", "north"]
+    assert list(engine.stock_by_location("a", after="north")) == ["south"]
+    assert engine.stock_by_location("nowhere") == {}
+    with pytest.raises(stockade.InvalidArgument):
+        engine.stock_by_location("a", limit=0)
+    with pytest.raises(stockade.InvalidArgument):
+        engine.stock_by_location("")

@@ -178,6 +178,12 @@ class Engine {
                                          std::optional<std::int64_t> ttl_us = {},
                                          std::optional<std::string> idempotency_key = {},
                                          const CallOptions& call = {});
+  // The SKU at each location where it has a row, in bytewise order of location: a page of
+  // at most `limit` (1..LOCATIONS_LIMIT_MAX) past `after` (none: from the first). Each
+  // level is the location's as stock() gives it (its hot-row slots summed).
+  std::vector<StockLevel> stock_by_location(const std::string& sku,
+                                            const std::optional<std::string>& after,
+                                            std::size_t limit);
   // Holds each wanted SKU's units from a pool of locations (distinct, at most
   // ALLOCATE_LOCATIONS_MAX, in priority order), all or nothing, as one order: one
   // reservation per (SKU, location) used, sharing an order id, in the wants' order, then

@@ -272,6 +272,11 @@ class Store {
   // row). sku_rows reads `base` and its slots' rows (slot_key) that exist, as one
   // snapshot (one statement), in slot order.
   virtual std::vector<StockLevel> sku_rows(const SkuKey& base) = 0;
+  // The locations where `sku` has a row of its own (slot 0), in bytewise order, those past
+  // `after` (none: from the first), at most `limit` (1..locations_limit_max).
+  virtual std::vector<std::string> sku_locations(const std::string& sku,
+                                                 const std::optional<std::string>& after,
+                                                 std::size_t limit) = 0;
   // In one transaction: makes each of `rows` that is missing (at zero, when `create`),
   // locks them in sorted order (waiting at most lock_timeout_ms), hands their levels (in
   // the order of `rows`) to `plan`, and sets each row's on_hand to what plan returns for

@@ -41,6 +41,8 @@ inline constexpr std::size_t order_lines_max = 1000;
 // The most locations one allocation's pool names (Engine::allocate): each is a row locked
 // per SKU, and a refusal names each one's free units.
 inline constexpr std::size_t allocate_locations_max = 32;
+// The most locations one page of Engine::stock_by_location holds (LOCATIONS_LIMIT_MAX).
+inline constexpr std::size_t locations_limit_max = 1000;
 inline constexpr std::size_t expire_batch_max = 100000;
 inline constexpr std::int64_t ttl_us_max = 366LL * 24 * 3600 * 1000 * 1000;
 // 9999-12-31T23:59:59.999999Z in microseconds since the epoch: the last instant Python's

@@ -113,6 +113,7 @@ AllocateRequest Engine::allocate_request(const std::vector<AllocationWant>& want
   if (ttl_us) validate_ttl_us(*ttl_us);
   if (idempotency_key) validate_idempotency_key(*idempotency_key);
   if (call.expected_version) throw_invalid_argument("allocate does not take expected_version");
+  if (call.fencing_token) throw_invalid_argument("allocate does not take a fencing token");
   AllocateRequest request{wants,
                           locations,
                           policy,
@@ -135,7 +136,7 @@ std::vector<Reservation> Engine::allocate(const std::vector<AllocationWant>& wan
                                           std::optional<std::string> idempotency_key,
                                           const CallOptions& call) {
   check_process();
-  const AllocateRequest request =
+  AllocateRequest request =
       allocate_request(wants, locations, policy, split, ttl_us, std::move(idempotency_key), call);
   const Strategy asked = call.strategy.value_or(options_.default_strategy);
   const std::int64_t started = steady_now_us();
@@ -149,17 +150,33 @@ std::vector<Reservation> Engine::allocate(const std::vector<AllocationWant>& wan
       return {std::move(*made)};
     }
     entry.again();
+    request.options.count_request = false;  // the walk counted the request per SKU
   }
   return allocate_locked(request, asked, started);
 }
+
+namespace {
+
+// Whether a batched hold's failure at one location of a walk leaves the decision to the
+// locked pool, which reads that row as giving nothing (no row, discontinued, leased), or
+// reads it again (a slotted location that took too many rounds): no hold was made. Any
+// other failure (InDoubt, a lost server, a deadline) ends the call.
+bool row_gives_nothing(ErrorCode code) {
+  return code == ErrorCode::not_found || code == ErrorCode::discontinued ||
+         code == ErrorCode::lease_held || code == ErrorCode::fencing_token_stale ||
+         code == ErrorCode::overloaded;
+}
+
+}  // namespace
 
 // The hot path (priority, one SKU, no key): the pool's locations in order, each a batched
 // hold of the whole quantity on its row (through the slot router, so a slotted location
 // moves units between its rows as a reserve does), decided under that row's lock in its
 // batch. It passes a location over only when its row had no free unit then (or, without
-// split, not the whole quantity); a location with part of the quantity ends the walk, since
-// splitting needs every row at once: the locked path decides then, and when every location
-// was passed over, so that a refusal is always true of the whole pool at one moment.
+// split, not the whole quantity); a location with part of the quantity, or a row the
+// locked pool reads as giving nothing, ends the walk: the locked path decides then, and
+// when every location was passed over, so that a refusal is always the whole pool's at
+// one moment.
 std::optional<Reservation> Engine::allocate_batched(const AllocateRequest& request,
                                                     const Route& first, Entered& entry,
                                                     std::int64_t started) {
@@ -182,7 +199,6 @@ std::optional<Reservation> Engine::allocate_batched(const AllocateRequest& reque
         return std::nullopt;  // a location that is not hot: the locked path decides
       }
     }
-    r.started_us = 0;  // the engine records the call, once
     try {
       Reservation made = slots_->run<Reservation>(
           key, want.qty, std::nullopt, /*continued=*/false, /*spread=*/true,
@@ -191,12 +207,14 @@ std::optional<Reservation> Engine::allocate_batched(const AllocateRequest& reque
             entered = false;  // the batcher leaves the tracker however the attempt ends
             BatchItem item =
                 detail::engine::reserve_item(row, want.qty, request.ttl_us, std::nullopt, r.asked);
-            item.counted_as.reset();
+            item.counted_as.reset();  // the engine counts and records the call, once
+            item.started_us = 0;
             item.buyer = request.options.buyer;
             item.ref = request.options.ref;
             item.metadata = request.options.metadata;
             item.order_id = order_id;
             Route each = r;
+            each.started_us = 0;
             each.options.count_request = a.count_request;
             each.options.count_refusal = false;
             through_batcher(item, each, nullptr, 0);
@@ -208,6 +226,7 @@ std::optional<Reservation> Engine::allocate_batched(const AllocateRequest& reque
       return made;
     } catch (const Error& e) {
       if (entered) tracker_.leave(key);
+      if (row_gives_nothing(e.code())) return std::nullopt;
       if (e.code() != ErrorCode::out_of_stock) {
         record_outcome(Op::allocate, first.asked, &e, started);
         throw;
@@ -224,9 +243,11 @@ std::vector<Reservation> Engine::allocate_locked(AllocateRequest request, Strate
   // A refusal frees lapsed holds once (as a reserve's does) and, on a location where this
   // engine knows the SKU has hot-row slots, moves their free units to the SKU's own row
   // there, which is the row an allocation takes from; then the allocation runs again.
+  const bool count_request = request.options.count_request;
   for (int round = 1;; ++round) {
-    request.options.count_request = round == 1;
+    request.options.count_request = count_request && round == 1;
     request.options.count_refusal = false;
+    std::optional<Error> refusal;
     try {
       std::vector<Reservation> made =
           counted<std::vector<Reservation>>(Op::allocate, asked, /*refusal_final=*/false, started,
@@ -235,16 +256,26 @@ std::vector<Reservation> Engine::allocate_locked(AllocateRequest request, Strate
       return unslotted(std::move(made));
     } catch (const Error& e) {
       if (e.code() != ErrorCode::out_of_stock) throw;  // counted() recorded it
-      bool again = round == 1 && slots_->freed_lapsed_holds();
-      if (!again && round < slots_->rounds()) again = refilled_pool(request, e);
-      if (!again) {
-        record_outcome(Op::allocate, asked, &e, started);
-        throw;
-      }
+      refusal = e;
     }
+    try {
+      bool again = round == 1 && slots_->freed_lapsed_holds();
+      if (!again && round < slots_->rounds()) again = refilled_pool(request, *refusal);
+      if (again) continue;
+    } catch (const Error& e) {  // moving units failed: the call's outcome
+      record_outcome(Op::allocate, asked, &e, started);
+      throw;
+    }
+    const std::string& sku = refusal->context().sku;
+    if (!sku.empty()) telemetry_->count(SkuKey{sku, request.locations.front()}, SkuEvent::refused);
+    record_outcome(Op::allocate, asked, &*refusal, started);
+    throw *refusal;
   }
 }
 
+// On each location of the pool where this engine knows the SKU has hot-row slots, moves
+// into its own row as many of the location's free units as the SKU asks for (or all it
+// has, when that is less: a split takes the rest elsewhere).
 bool Engine::refilled_pool(const AllocateRequest& request, const Error& refusal) {
   bool moved = false;
   for (const AllocationWant& want : request.wants) {
@@ -252,15 +283,35 @@ bool Engine::refilled_pool(const AllocateRequest& request, const Error& refusal)
     for (const std::string& location : request.locations) {
       const SkuKey own{want.sku, location};
       if (slots_->known_slots(own) <= 1) continue;
+      const Quantity free = slots_->stock(own).available();
+      if (free <= 0) continue;
       try {
-        slots_->refill_row(own, want.qty, refusal);
+        slots_->refill_row(own, std::min(want.qty, free), refusal);
         moved = true;
       } catch (const Error& e) {
-        if (e.code() != ErrorCode::out_of_stock) throw;  // short there too: next location
+        if (e.code() != ErrorCode::out_of_stock) throw;  // short there now: next location
       }
     }
   }
   return moved;
+}
+
+std::vector<StockLevel> Engine::stock_by_location(const std::string& sku,
+                                                  const std::optional<std::string>& after,
+                                                  std::size_t limit) {
+  check_process();
+  validate_sku_key(SkuKey{sku, after.value_or(default_location)});
+  if (limit < 1 || limit > locations_limit_max) {
+    throw_invalid_argument("limit must be between 1 and " + std::to_string(locations_limit_max) +
+                           " (LOCATIONS_LIMIT_MAX), got " + std::to_string(limit));
+  }
+  return observed(Op::stock, [&] {
+    std::vector<StockLevel> out;
+    for (const std::string& location : store_->sku_locations(sku, after, limit)) {
+      out.push_back(slots_->stock(SkuKey{sku, location}));
+    }
+    return out;
+  });
 }
 
 }  // namespace stockade

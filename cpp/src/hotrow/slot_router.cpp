@@ -215,7 +215,12 @@ std::vector<StockLevel> SlotRouter::fill_slot(const SkuKey& key,
     // stands).
     if (free < qty) throw_out_of_stock(key, free, qty);
     const int into = target_of(levels, target);
-    if (into >= std::max(1, active_rows(levels))) throw_out_of_stock(key, 0, qty);  // retired
+    if (into >= std::max(1, active_rows(levels))) {  // retired meanwhile: try again
+      Error refusal = out_of_stock(key, 0, qty);
+      ErrorContext context = refusal.context();
+      context.available = free;  // what the SKU has (allocate's walk reads it)
+      throw Error(ErrorCode::out_of_stock, refusal.what(), context);
+    }
     return respread(levels, active_rows(levels), static_cast<std::size_t>(into), qty, 0);
   };
   const NoteScope note({"slot_move", "", "", ""});

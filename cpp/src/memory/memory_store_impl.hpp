@@ -128,6 +128,9 @@ class MemoryStore final : public Store, public TestHooks {
   Quantity buyer_held(const std::string& group, const std::string& buyer) override;
   StockLevel stock(const SkuKey& key) override;
   std::vector<StockLevel> sku_rows(const SkuKey& base) override;
+  std::vector<std::string> sku_locations(const std::string& sku,
+                                         const std::optional<std::string>& after,
+                                         std::size_t limit) override;
   std::vector<StockLevel> reshape(const std::vector<SkuKey>& rows, bool create, bool write_all,
                                   std::int64_t lock_timeout_ms, const ReshapePlan& plan,
                                   int active_slots) override;
@@ -325,6 +328,10 @@ class MemoryStore final : public Store, public TestHooks {
   // line, so it is bounded as the reservations are.
   mutable std::mutex orders_mutex_;
   std::unordered_map<Uuid, std::vector<Uuid>, UuidHash> orders_;
+  // Each SKU's locations (its own rows; a leaf lock, taken under a stock shard's): rows are
+  // never removed, so neither are these, and they are bounded as the rows are.
+  mutable std::mutex locations_mutex_;
+  std::unordered_map<std::string, std::set<std::string>> locations_;
   std::mutex idempotency_mutex_;
   std::condition_variable idempotency_done_;
   std::unordered_map<std::string, IdempotencyEntry> idempotency_;

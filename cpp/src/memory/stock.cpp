@@ -141,8 +141,27 @@ std::pair<StockRow*, bool> MemoryStore::insert_row(const SkuKey& key, const RowV
   if (inserted) {
     it->second = std::make_unique<StockRow>(key, initial, journal_.get());
     journal_->record(key, nullptr, initial);  // under the shard's lock: before any change
+    if (key.slot == 0) {
+      std::lock_guard<std::mutex> index(locations_mutex_);
+      locations_[key.sku].insert(key.location);
+    }
   }
   return {it->second.get(), inserted};
+}
+
+std::vector<std::string> MemoryStore::sku_locations(const std::string& sku,
+                                                    const std::optional<std::string>& after,
+                                                    std::size_t limit) {
+  std::vector<std::string> out;
+  std::lock_guard<std::mutex> index(locations_mutex_);
+  auto found = locations_.find(sku);
+  if (found == locations_.end()) return out;
+  const std::set<std::string>& locations = found->second;
+  for (auto it = after ? locations.upper_bound(*after) : locations.begin();
+       it != locations.end() && out.size() < limit; ++it) {
+    out.push_back(*it);
+  }
+  return out;
 }
 
 StockLevel MemoryStore::level_of(const StockRow& row, const RowValues& values) const {

@@ -241,4 +241,18 @@ std::vector<Reservation> PostgresStore::allocate(const AllocateRequest& request)
   }
 }
 
+std::vector<std::string> PostgresStore::sku_locations(const std::string& sku,
+                                                      const std::optional<std::string>& after,
+                                                      std::size_t limit) {
+  return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    std::vector<std::string> out;
+    // '' sorts before every location (a location is never empty).
+    for (const auto& row : tx.exec(Stmt::sku_locations, sku, after.value_or(std::string()),
+                                   static_cast<std::int64_t>(limit))) {
+      out.push_back(row[0].as<std::string>());
+    }
+    return out;
+  });
+}
+
 }  // namespace stockade::detail::pg

@@ -189,6 +189,9 @@ class PostgresStore final : public Store, public TestHooks {
   Reservation reserve(const ReserveRequest& request) override;
   std::vector<Reservation> reserve_order(const OrderRequest& request) override;
   std::vector<Reservation> allocate(const AllocateRequest& request) override;
+  std::vector<std::string> sku_locations(const std::string& sku,
+                                         const std::optional<std::string>& after,
+                                         std::size_t limit) override;
   Reservation transition(const TransitionRequest& request) override;
   Reservation return_units(const ReturnRequest& request) override;
   Reservation resize(const ResizeRequest& request) override;

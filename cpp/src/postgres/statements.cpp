@@ -473,6 +473,10 @@ void Statements::add_order_statements(const std::string& schema, Set& set) {
                                 " $2::text[])) AND slot = 0 ORDER BY sku COLLATE \"C\", location"
                                 " COLLATE \"C\" FOR UPDATE";
   set(Stmt::pool_lock, pool_lock);
+  // stock_by_location's page: a SKU's own rows past $2 (bytewise), at most $3.
+  set(Stmt::sku_locations, "SELECT location FROM " + schema +
+                               ".stock WHERE sku = $1 AND slot = 0 AND location COLLATE \"C\" >"
+                               " $2 COLLATE \"C\" ORDER BY location COLLATE \"C\" LIMIT $3");
   set(Stmt::pool_lock_nowait, pool_lock + " NOWAIT");
   // reservations(): by ref, by order or by buyer (each through its index of migration
   // 012), narrowed by the other fields given ('' for one not given), in id order after a

@@ -45,6 +45,7 @@ namespace stockade::detail::pg {
   X(order_lock, plain)                \
   X(pool_lock, plain)                 \
   X(pool_lock_nowait, plain)          \
+  X(sku_locations, plain)             \
   X(order_key_get, plain)             \
   X(find_by_ref, plain)               \
   X(find_by_order, plain)             \
