@@ -16,6 +16,11 @@ Each runs --clients blocking C++ clients (64) for --seconds (3) on:
   hot/auto      one SKU that every client hits (auto goes batched)
   wide/auto     --skus SKUs (10,000) picked uniformly (auto stays atomic)
   wide/keyed    the same with an idempotency key on every request
+  hot/allocate  one SKU at three locations, each request an allocation of 1 unit from
+                the three (priority, auto: it walks the pool through the batcher)
+  wide/allocate --skus SKUs (at most 1,000) at three locations each, allocations picked
+                uniformly (auto stays per request: the pool locked, on Citus its rows on
+                three shards, a two-phase commit)
 
 and then purge: --purge-skus SKUs (64) reserved and confirmed with a key each, batched,
 for --seconds, then engine.purge() of all of it (keys and reservations, rows/s).
@@ -44,7 +49,7 @@ from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus, citus_available
 from stockade.tools.pgserver import TemporaryPostgres
 
-CASES = ("hot/auto", "wide/auto", "wide/keyed")
+CASES = ("hot/auto", "wide/auto", "wide/keyed", "hot/allocate", "wide/allocate")
 
 
 def purge_rate(options: Dict[str, Any], schema: str, args: Any) -> Dict[str, float]:

@@ -14,6 +14,9 @@ from stockade.tools import drive_load
 from stockade.tools.bench import slow_flush_settings
 from stockade.tools.pgserver import TemporaryPostgres, run_sql
 
+# The pool of the allocating cases.
+POOL = ["north", "south", "east"]
+
 
 def measure(eng: stockade.Engine, skus: Sequence[str], **kw: Any) -> Dict[str, Any]:
     """One drive_load run (keyword arguments as drive_load's), as a dict with its "rate":
@@ -26,20 +29,28 @@ def measure(eng: stockade.Engine, skus: Sequence[str], **kw: Any) -> Dict[str, A
 def run_cases(
     eng: stockade.Engine, prefix: str, cases: Iterable[str], args: argparse.Namespace
 ) -> Dict[str, Any]:
-    """Measures each case, "<hot|wide>/<auto|atomic|keyed>": one SKU or --skus of them
-    (10**9 units each, restocked first), --clients blocking clients for --seconds, under
-    auto, atomic, or auto with an idempotency key on every request."""
+    """Measures each case, "<hot|wide>/<auto|atomic|keyed|allocate>": one SKU or --skus of
+    them (10**9 units each, restocked first), --clients blocking clients for --seconds,
+    under auto, atomic, or auto with an idempotency key on every request; or (allocate)
+    each request an allocation of 1 unit from POOL's three locations (priority, auto), each
+    SKU stocked at all three (at most 1,000 SKUs: three rows each)."""
     out: Dict[str, Any] = {}
     for case in cases:
         layout, how = case.split("/")
-        skus = [f"{prefix}-{case}-{i}" for i in range(1 if layout == "hot" else args.skus)]
+        count = 1 if layout == "hot" else args.skus
+        if how == "allocate":
+            count = min(count, 1000)
+        skus = [f"{prefix}-{case}-{i}" for i in range(count)]
         for sku in skus:
-            eng.restock(sku, 10**9)
+            for location in POOL if how == "allocate" else ["default"]:
+                eng.restock(sku, 10**9, location=location)
         kw: Dict[str, Any] = {"clients": args.clients, "seconds": args.seconds}
         if how == "atomic":
             kw["strategy"] = "atomic"
         if how == "keyed":
             kw["keyed"] = True
+        if how == "allocate":
+            kw["pool"] = POOL
         out[case] = measure(eng, skus, **kw)
     return out
 

@@ -552,6 +552,9 @@ def _line_of(lines: Sequence[Reservation], sku: str, location: Optional[str]) ->
     found = [r for r in lines if r.sku == sku and location in (None, r.location)]
     if len(found) != 1:
         where = "" if location is None else f" at {shown(location)}"
-        what = "no line" if not found else "several lines (name it as (sku, location))"
-        raise InvalidArgument(f"the order has {what} of sku {shown(sku)}{where}")
+        if not found:
+            raise InvalidArgument(f"the order has no line of sku {shown(sku)}{where}")
+        raise InvalidArgument(
+            f"the order has several lines of sku {shown(sku)}: name one as (sku, location)"
+        )
     return found[0]

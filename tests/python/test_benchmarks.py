@@ -220,7 +220,7 @@ def test_citus_benchmark_prints_every_route(stockade_citus: object) -> None:
     )
     for route in ("single", "single/stateless", "citus"):
         assert route in out.stdout
-    for case in ("hot/auto", "wide/auto", "wide/keyed"):
+    for case in ("hot/auto", "wide/auto", "wide/keyed", "hot/allocate", "wide/allocate"):
         assert case in out.stdout
     assert " f0 " in out.stdout and " f1" not in out.stdout
     assert "purge() of keyed" in out.stdout and out.stdout.count(" rows/s ") == 3

@@ -136,7 +136,7 @@ def test_a_key_replays_the_allocation_and_another_pool_conflicts(
     assert engine.stock("a", location="south").reserved == 3
     with pytest.raises(stockade.IdempotencyConflict) as e:
         engine.allocate("a", 5, locations=["south", "north"], idempotency_key="alloc-1")
-    assert "locations, policy, split or references" in str(e.value)
+    assert "its locations, policy, split, ref or metadata differ" in str(e.value)
     if backend != "citus":  # there a reserve's key lives on its row's shard (scaling-out.md)
         with pytest.raises(stockade.IdempotencyConflict):
             engine.reserve("a", 5, location="north", idempotency_key="alloc-1")

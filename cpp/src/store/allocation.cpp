@@ -125,10 +125,12 @@ std::vector<OrderLine> plan_allocation(const AllocateRequest& request, const Poo
       free[w][l] = free_units(*levels[w][l]);
     }
     if (!any) {
+      ErrorContext context;  // a SKU, and no one location: none of them has it
+      context.sku = request.wants[w].sku;
       throw Error(
           ErrorCode::not_found,
           "no stock row for sku " + shown(request.wants[w].sku) + " at any location of the pool",
-          context_of(SkuKey{request.wants[w].sku, request.locations.front()}));
+          std::move(context));
     }
   }
   std::vector<OrderLine> lines;

@@ -125,8 +125,8 @@ Error idempotency_conflict(const std::string& key, const Asked& first, const Ask
   if (found.empty() && a.allocation) {
     // Where the units came from does not tell the pool it was asked of.
     message +=
-        ": nothing its reservations show differs, so its locations, policy, split or"
-        " references do (or its ttl" +
+        ": its reservations hold this request's skus and quantities, so its locations,"
+        " policy, split, ref or metadata differ (or its ttl" +
         ttl_hint + ")";
   } else if (found.empty()) {
     // The TTL is the one field left, and the first hold has changed since: unknown.
