@@ -204,7 +204,7 @@ std::vector<Reservation> PostgresStore::allocate(const AllocateRequest& request)
   options.expected_version.reset();
   const std::vector<PoolRow> pool = pool_rows(request);
   // An id for each row of the pool, made before the first attempt: after a lost COMMIT,
-  // those in the database are the allocation's. The key lives on the first row's shard.
+  // those in the database are the allocation's.
   std::vector<Uuid> ids;
   const std::int64_t now_ms = SystemClock().now_us() / 1000;
   for (const PoolRow& p : pool) {
