@@ -49,6 +49,10 @@ std::vector<OrderLine> order_lines(const std::vector<OrderLineIn>& lines);
 // Per-call options as the Python layer passes them (strategy by name).
 CallOptions call_options(const OptStr& strategy, bool nowait, OptInt lock_timeout_ms,
                          OptInt expected_version);
+// The same for a call that makes holds (reserve, reserve_order, allocate): with the buyer
+// whose purchase limits apply, and the reference and metadata kept with each hold.
+CallOptions hold_options(const OptStr& strategy, bool nowait, OptInt lock_timeout_ms,
+                         OptInt expected_version, OptStr buyer, OptStr ref, OptStr metadata);
 
 // The stockade.errors exception object for `e` (not raised).
 py::object error_object(const Error& e);

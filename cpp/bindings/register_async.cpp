@@ -22,10 +22,9 @@ void register_async_calls(py::class_<Engine>& c) {
           const std::string& location, Quantity qty, OptInt ttl_us, OptStr idempotency_key,
           const OptStr& strategy, bool nowait, OptInt lock_timeout_ms, OptInt expected_version,
           OptStr buyer, OptStr ref, OptStr metadata) {
-         CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
-         call.buyer = std::move(buyer);
-         call.ref = std::move(ref);
-         call.metadata = std::move(metadata);
+         const CallOptions call =
+             hold_options(strategy, nowait, lock_timeout_ms, expected_version, std::move(buyer),
+                          std::move(ref), std::move(metadata));
          e.submit_reserve({sku, location}, qty, ttl_us, std::move(idempotency_key), call,
                           std::move(channel), token);
        },
@@ -55,10 +54,9 @@ void register_async_calls(py::class_<Engine>& c) {
              OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
              OptInt lock_timeout_ms, OptStr buyer, OptStr ref, OptStr metadata) {
             const std::vector<OrderLine> order = order_lines(lines);
-            CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
-            call.buyer = std::move(buyer);
-            call.ref = std::move(ref);
-            call.metadata = std::move(metadata);
+            const CallOptions call =
+                hold_options(strategy, nowait, lock_timeout_ms, {}, std::move(buyer),
+                             std::move(ref), std::move(metadata));
             e.submit_reserve_order(order, ttl_us, std::move(idempotency_key), call,
                                    std::move(channel), token);
           },
@@ -78,10 +76,9 @@ void register_async_allocate(py::class_<Engine>& c) {
          const std::vector<std::string>& locations, const std::string& policy, bool split,
          OptInt ttl_us, OptStr idempotency_key, const OptStr& strategy, bool nowait,
          OptInt lock_timeout_ms, OptStr buyer, OptStr ref, OptStr metadata) {
-        CallOptions call = call_options(strategy, nowait, lock_timeout_ms, {});
-        call.buyer = std::move(buyer);
-        call.ref = std::move(ref);
-        call.metadata = std::move(metadata);
+        const CallOptions call =
+            hold_options(strategy, nowait, lock_timeout_ms, {}, std::move(buyer), std::move(ref),
+                         std::move(metadata));
         e.submit_allocate(allocation_wants(wants), locations, allocation_policy(policy), split,
                           ttl_us, std::move(idempotency_key), call, std::move(channel), token);
       },

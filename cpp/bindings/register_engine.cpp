@@ -20,6 +20,15 @@ CallOptions call_options(const OptStr& strategy, bool nowait, OptInt lock_timeou
   return call;
 }
 
+CallOptions hold_options(const OptStr& strategy, bool nowait, OptInt lock_timeout_ms,
+                         OptInt expected_version, OptStr buyer, OptStr ref, OptStr metadata) {
+  CallOptions call = call_options(strategy, nowait, lock_timeout_ms, expected_version);
+  call.buyer = std::move(buyer);
+  call.ref = std::move(ref);
+  call.metadata = std::move(metadata);
+  return call;
+}
+
 py::class_<Engine> register_engine(py::module_& m) {
   py::class_<Engine> c(m, "Engine", "The engine facade over one store.");
   c.def_static(

@@ -10,6 +10,7 @@
 
 #include "stockade/engine.hpp"
 #include "store/allocation.hpp"
+#include "store/fingerprint.hpp"
 #include "test_support.hpp"
 
 namespace stockade {

@@ -55,6 +55,9 @@ inline constexpr std::size_t slot_probe_entries = 256;
 namespace detail {
 class SlotRouter;
 class AutoSlots;
+namespace engine {
+class InFlight;
+}  // namespace engine
 }  // namespace detail
 
 inline constexpr std::size_t async_workers_max = 1024;
@@ -326,9 +329,9 @@ class Engine {
   // allocate's paths (engine/orders.cpp): the batched walk over the pool (nothing: the
   // locked path decides) and the locked path; `entry` the tracker's count of the call on
   // its first location's row.
-  class Entered;
   std::optional<Reservation> allocate_batched(const AllocateRequest& request, const Route& first,
-                                              Entered& entry, std::int64_t started);
+                                              detail::engine::InFlight& entry,
+                                              std::int64_t started);
   std::vector<Reservation> allocate_locked(AllocateRequest request, Strategy asked,
                                            std::int64_t started);
   // An allocation was refused: moves free units into the SKU's own row at each location of

@@ -70,7 +70,9 @@ inline BatchItem transition_item(const TransitionRequest& request) {
   return item;
 }
 
-// Leaves the contention tracker when a per-request call ends, however it ends.
+// Leaves the contention tracker when a per-request call ends, however it ends. A call
+// that hands its request to the batcher (which leaves the tracker for it) says so with
+// hand_over(); if it then runs on, again() counts it in the tracker anew.
 class InFlight {
  public:
   InFlight(ContentionTracker& tracker, std::uint16_t shard_key)
@@ -78,12 +80,19 @@ class InFlight {
   InFlight(const InFlight&) = delete;
   InFlight& operator=(const InFlight&) = delete;
   ~InFlight() {
-    if (tracker_ != nullptr) tracker_->leave(shard_key_);
+    if (on_) tracker_->leave(shard_key_);
+  }
+  void hand_over() { on_ = false; }
+  void again() {
+    if (on_) return;
+    tracker_->enter(shard_key_);
+    on_ = true;
   }
 
  private:
   ContentionTracker* tracker_;
   std::uint16_t shard_key_;
+  bool on_ = true;
 };
 
 // InvalidArgument unless 1 ms <= ms <= lock_timeout_ms_max (engine/options.cpp).
@@ -98,30 +107,6 @@ std::uint64_t purge_limit(std::int64_t older_than_us, std::optional<std::int64_t
 namespace stockade {
 
 // Counts the outcome of one strategy-routed call.
-// A call's count in the contention tracker on one row (route() entered it), left when the
-// call ends however it ends, unless handed over to the batcher (which leaves it); again()
-// counts it anew after a hand-over.
-class Engine::Entered {
- public:
-  Entered(ContentionTracker& tracker, SkuKey key) : tracker_(tracker), key_(std::move(key)) {}
-  Entered(const Entered&) = delete;
-  Entered& operator=(const Entered&) = delete;
-  ~Entered() {
-    if (on_) tracker_.leave(key_);
-  }
-  void hand_over() { on_ = false; }
-  void again() {
-    if (on_) return;
-    tracker_.enter(key_);
-    on_ = true;
-  }
-
- private:
-  ContentionTracker& tracker_;
-  SkuKey key_;
-  bool on_ = true;
-};
-
 template <class Result, class Fn>
 Result Engine::counted(Op op, Strategy strategy, bool refusal_final, std::int64_t started_us,
                        Fn&& fn) {

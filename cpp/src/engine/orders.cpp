@@ -121,7 +121,8 @@ AllocateRequest Engine::allocate_request(const std::vector<AllocationWant>& want
                           ttl_us.value_or(options_.default_ttl_us),
                           std::move(idempotency_key),
                           resolve(call)};
-  // Per request whatever was asked (the store locks the pool's rows under every strategy).
+  // The store runs it per request whatever was asked, locking the pool's rows under every
+  // strategy (a batched walk over the pool is the engine's: allocate_batched).
   if (request.options.strategy == Strategy::batched ||
       request.options.strategy == Strategy::automatic) {
     request.options.strategy = Strategy::atomic;
@@ -138,12 +139,11 @@ std::vector<Reservation> Engine::allocate(const std::vector<AllocationWant>& wan
   check_process();
   AllocateRequest request =
       allocate_request(wants, locations, policy, split, ttl_us, std::move(idempotency_key), call);
-  const Strategy asked = call.strategy.value_or(options_.default_strategy);
   const std::int64_t started = steady_now_us();
   // An allocation is a request on its first location's row: the heat `auto` reads there.
   const SkuKey first{request.wants.front().sku, request.locations.front()};
   const Route r = route(first, call, BatchOp::reserve);  // entered the tracker
-  Entered entry(tracker_, first);
+  detail::engine::InFlight entry(tracker_, row_shard_key(first.sku, first.location));
   if (r.batched && request.wants.size() == 1 && request.policy == AllocationPolicy::priority &&
       !request.idempotency_key) {
     if (std::optional<Reservation> made = allocate_batched(request, r, entry, started)) {
@@ -152,7 +152,7 @@ std::vector<Reservation> Engine::allocate(const std::vector<AllocationWant>& wan
     entry.again();
     request.options.count_request = false;  // the walk counted the request per SKU
   }
-  return allocate_locked(request, asked, started);
+  return allocate_locked(request, r.asked, started);
 }
 
 namespace {
@@ -178,7 +178,8 @@ bool row_gives_nothing(ErrorCode code) {
 // when every location was passed over, so that a refusal is always the whole pool's at
 // one moment.
 std::optional<Reservation> Engine::allocate_batched(const AllocateRequest& request,
-                                                    const Route& first, Entered& entry,
+                                                    const Route& first,
+                                                    detail::engine::InFlight& entry,
                                                     std::int64_t started) {
   const AllocationWant& want = request.wants.front();
   const Uuid order_id = make_uuid_v7(SystemClock().now_us() / 1000,

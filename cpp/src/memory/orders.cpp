@@ -209,21 +209,17 @@ std::vector<Reservation> MemoryStore::allocate_now(const AllocateRequest& reques
     }
     throw;
   }
-  // Each line's row, and the units it takes there, decided before anything is written.
+  // Each line's row (lines name distinct rows), and the row as the line leaves it, decided
+  // before anything is written.
   std::vector<std::size_t> at(lines.size());
   std::vector<RowValues> next;
-  std::vector<std::size_t> written;
   for (std::size_t k = 0; k < lines.size(); ++k) {
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      if (rows[i]->key != lines[k].key) continue;
-      at[k] = i;
-      next.push_back(hold_units(nullptr, *rows[i], latches[i].values(), lines[k].qty, now));
-      written.push_back(i);
-    }
+    while (rows[at[k]]->key != lines[k].key) ++at[k];
+    next.push_back(hold_units(nullptr, *rows[at[k]], latches[at[k]].values(), lines[k].qty, now));
   }
-  for (std::size_t j = 0; j < written.size(); ++j) {
-    if (request.options.count_request) telemetry().count(rows[written[j]]->key, SkuEvent::request);
-    latches[written[j]].publish(next[j], rows[written[j]]->key);
+  for (std::size_t k = 0; k < lines.size(); ++k) {
+    if (request.options.count_request) telemetry().count(rows[at[k]]->key, SkuEvent::request);
+    latches[at[k]].publish(next[k], rows[at[k]]->key);
   }
   const Uuid order_id = make_uuid_v7(now / 1000, rows[at.front()]->shard_key);
   std::vector<Reservation> made;

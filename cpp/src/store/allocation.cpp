@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <numeric>
 
-#include "stockade/hash.hpp"
 #include "store/error_helpers.hpp"
 
 namespace stockade {
@@ -196,35 +195,6 @@ void allocation_order(const AllocateRequest& request, std::vector<Reservation>& 
   std::stable_sort(made.begin(), made.end(), [&](const Reservation& a, const Reservation& b) {
     return rank_of(request, a.key) < rank_of(request, b.key);
   });
-}
-
-std::string fingerprint(const AllocateRequest& request) {
-  std::vector<const AllocationWant*> wants;
-  for (const AllocationWant& want : request.wants) wants.push_back(&want);
-  std::sort(wants.begin(), wants.end(), [](auto* a, auto* b) { return a->sku < b->sku; });
-  std::uint64_t h =
-      stable_hash64({"allocate", std::to_string(request.ttl_us),
-                     allocation_policy_name(request.policy), request.split ? "split" : "whole"});
-  for (const AllocationWant* want : wants) {
-    h = stable_hash64({std::to_string(h), want->sku, std::to_string(want->qty)});
-  }
-  for (const std::string& location : request.locations) {
-    h = stable_hash64({std::to_string(h), "at", location});
-  }
-  const WriteOptions& o = request.options;
-  if (o.buyer) h = stable_hash64({std::to_string(h), "buyer", *o.buyer});
-  if (o.ref) h = stable_hash64({std::to_string(h), "ref", *o.ref});
-  if (o.metadata) h = stable_hash64({std::to_string(h), "metadata", *o.metadata});
-  return "a1:" + std::to_string(h);
-}
-
-Asked asked_by(const AllocateRequest& request) {
-  Asked out{true, {}, request.ttl_us, request.options.buyer, /*allocation=*/true};
-  for (const AllocationWant& want : request.wants) {
-    out.lines.emplace_back(SkuKey{want.sku, ""}, want.qty);
-  }
-  std::sort(out.lines.begin(), out.lines.end());
-  return out;
 }
 
 }  // namespace stockade::detail

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "stockade/store.hpp"
-#include "store/fingerprint.hpp"
 
 namespace stockade::detail {
 
@@ -50,10 +49,5 @@ std::vector<OrderLine> plan_allocation(const AllocateRequest& request, const Poo
 // order, then the pool's: the order every answer gives them in, a replay's too.
 void allocation_order(const AllocateRequest& request, std::vector<OrderLine>& lines);
 void allocation_order(const AllocateRequest& request, std::vector<Reservation>& made);
-
-// The request an idempotency key remembers (store/fingerprint.hpp): the SKUs and
-// quantities, the pool in its order, the policy, split, the TTL, the buyer and references.
-std::string fingerprint(const AllocateRequest& request);
-Asked asked_by(const AllocateRequest& request);
 
 }  // namespace stockade::detail

@@ -54,6 +54,23 @@ std::string fingerprint(const OrderRequest& request) {
   return "o1:" + hex64(with_references(h, request.options));
 }
 
+std::string fingerprint(const AllocateRequest& request) {
+  std::vector<const AllocationWant*> wants;
+  for (const AllocationWant& want : request.wants) wants.push_back(&want);
+  std::sort(wants.begin(), wants.end(), [](auto* a, auto* b) { return a->sku < b->sku; });
+  std::uint64_t h =
+      stable_hash64({"allocate", std::to_string(request.ttl_us),
+                     allocation_policy_name(request.policy), request.split ? "split" : "whole"});
+  for (const AllocationWant* want : wants) {
+    h = stable_hash64({hex64(h), want->sku, std::to_string(want->qty)});
+  }
+  for (const std::string& location : request.locations) {
+    h = stable_hash64({hex64(h), "at", location});
+  }
+  if (request.options.buyer) h = stable_hash64({hex64(h), "buyer", *request.options.buyer});
+  return "a1:" + hex64(with_references(h, request.options));
+}
+
 namespace {
 
 Asked sorted(Asked asked) {
@@ -74,6 +91,14 @@ Asked asked_by(const ReserveRequest& request) {
 Asked asked_by(const OrderRequest& request) {
   Asked out{true, {}, request.ttl_us, request.options.buyer};
   for (const OrderLine& line : request.lines) out.lines.emplace_back(base_key(line.key), line.qty);
+  return sorted(std::move(out));
+}
+
+Asked asked_by(const AllocateRequest& request) {
+  Asked out{true, {}, request.ttl_us, request.options.buyer, /*allocation=*/true};
+  for (const AllocationWant& want : request.wants) {
+    out.lines.emplace_back(SkuKey{want.sku, ""}, want.qty);
+  }
   return sorted(std::move(out));
 }
 

@@ -14,6 +14,9 @@ namespace stockade::detail {
 
 std::string fingerprint(const ReserveRequest& request);
 std::string fingerprint(const OrderRequest& request);
+// An allocation's: its SKUs and quantities, the pool in its order, the policy, split, the
+// TTL, the buyer and references.
+std::string fingerprint(const AllocateRequest& request);
 
 // What a request asked, as far as an IdempotencyConflict names it: whether it was an
 // order, its lines (SKUs at their locations, slots folded, in key order), its TTL, its
@@ -30,6 +33,7 @@ struct Asked {
 };
 Asked asked_by(const ReserveRequest& request);
 Asked asked_by(const OrderRequest& request);
+Asked asked_by(const AllocateRequest& request);
 Asked asked_by(const std::vector<Reservation>& made, const std::string& fingerprint);
 
 // The conflict of a key made for `first` and used again for `now` (each as asked_by gives
