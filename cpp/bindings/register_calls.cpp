@@ -48,7 +48,7 @@ void register_lease_calls(py::class_<Engine>& c) {
           py::arg("sku"), py::arg("location"), py::arg("token"), Release());
 }
 
-// Backorder limits and soft delete.
+// Backorder limits, quantity states and soft delete.
 void register_stock_admin_calls(py::class_<Engine>& c) {
   c.def(
        "set_backorder_limit",
@@ -58,6 +58,33 @@ void register_stock_admin_calls(py::class_<Engine>& c) {
        },
        py::arg("sku"), py::arg("location"), py::arg("limit"), py::arg("expected_version"),
        py::arg("fencing_token"), Release())
+      .def(
+          "set_safety_stock",
+          [](Engine& e, const std::string& sku, const std::string& location, Quantity units,
+             OptInt expected_version, OptInt fencing_token) {
+            return e.set_safety_stock({sku, location}, units, expected_version, fencing_token);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("units"), py::arg("expected_version"),
+          py::arg("fencing_token"), Release())
+      .def(
+          "move_units",
+          [](Engine& e, const std::string& sku, const std::string& location, Quantity qty,
+             const std::string& from_state, const std::string& to_state, const std::string& reason,
+             const std::string& actor, OptStr idempotency_key, OptInt expected_version,
+             OptInt fencing_token) {
+            MoveRequest request;
+            request.key = {sku, location};
+            request.qty = qty;
+            request.from = parse_unit_state(from_state);
+            request.to = parse_unit_state(to_state);
+            request.idempotency_key = idempotency_key;
+            request.expected_version = expected_version;
+            request.fencing_token = fencing_token;
+            return e.move_units(std::move(request), reason, actor);
+          },
+          py::arg("sku"), py::arg("location"), py::arg("qty"), py::arg("from_state"),
+          py::arg("to_state"), py::arg("reason"), py::arg("actor"), py::arg("idempotency_key"),
+          py::arg("expected_version"), py::arg("fencing_token"), Release())
       .def(
           "set_discontinued",
           [](Engine& e, const std::string& sku, const std::string& location, bool discontinued,
@@ -300,6 +327,54 @@ void register_order_calls(py::class_<Engine>& c) {
           py::arg("idempotency_key"), Release());
 }
 
+// Transfers between locations.
+void register_transfer_calls(py::class_<Engine>& c) {
+  c.def(
+       "transfer",
+       [](Engine& e, const std::string& sku, Quantity qty, const std::string& source,
+          const std::string& destination, OptStr reason, OptStr actor, OptStr idempotency_key) {
+         TransferRequest request;
+         request.sku = sku;
+         request.qty = qty;
+         request.source = source;
+         request.destination = destination;
+         request.reason = std::move(reason);
+         request.actor = std::move(actor);
+         request.idempotency_key = std::move(idempotency_key);
+         return e.transfer(std::move(request));
+       },
+       py::arg("sku"), py::arg("qty"), py::arg("source"), py::arg("destination"), py::arg("reason"),
+       py::arg("actor"), py::arg("idempotency_key"), Release())
+      .def(
+          "transfer_step",
+          [](Engine& e, const Uuid& id, bool cancel, Quantity accepted, Quantity rejected,
+             OptStr idempotency_key) {
+            TransferStepRequest request;
+            request.id = id;
+            request.cancel = cancel;
+            request.accepted = accepted;
+            request.rejected = rejected;
+            request.idempotency_key = std::move(idempotency_key);
+            return e.transfer_step(request);
+          },
+          py::arg("id"), py::arg("cancel"), py::arg("accepted"), py::arg("rejected"),
+          py::arg("idempotency_key"), Release())
+      .def(
+          "get_transfer", [](Engine& e, const Uuid& id) { return e.get_transfer(id); },
+          py::arg("id"), Release())
+      .def(
+          "transfers",
+          [](Engine& e, OptStr sku, OptStr state, std::optional<Uuid> after, std::size_t limit) {
+            TransferQuery query;
+            query.sku = std::move(sku);
+            if (state) query.state = parse_transfer_state(*state);
+            query.after = after;
+            query.limit = limit;
+            return e.transfers(query);
+          },
+          py::arg("sku"), py::arg("state"), py::arg("after"), py::arg("limit"), Release());
+}
+
 // The async twins: each queues its call and returns at once; the outcome reaches the
 // channel under `token`. The GIL is released while queueing, which may wait (bounded)
 // for room.
@@ -312,6 +387,7 @@ void register_calls(py::class_<Engine>& c) {
   register_reservation_calls(c);
   register_hold_calls(c);
   register_order_calls(c);
+  register_transfer_calls(c);
 }
 
 }  // namespace stockade::bindings

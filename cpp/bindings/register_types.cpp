@@ -42,7 +42,11 @@ void register_values(py::module_& m) {
       .def_readonly("discontinued", &StockLevel::discontinued)
       .def_readonly("leased", &StockLevel::leased)
       .def_readonly("lease_expires_at_us", &StockLevel::lease_expires_at_us)
-      .def_readonly("low_stock", &StockLevel::low_stock);
+      .def_readonly("low_stock", &StockLevel::low_stock)
+      .def_readonly("safety_stock", &StockLevel::safety_stock)
+      .def_readonly("damaged", &StockLevel::damaged)
+      .def_readonly("quality_control", &StockLevel::quality_control)
+      .def_readonly("incoming", &StockLevel::incoming);
 
   py::class_<Lease>(m, "Lease", "A lease on a stock row, with its fencing token; times in us.")
       .def_property_readonly("sku", [](const Lease& l) { return l.key.sku; })
@@ -80,6 +84,24 @@ void register_values(py::module_& m) {
 }
 
 void register_clocks(py::module_& m) {
+  py::class_<Transfer>(m, "Transfer", "A transfer as committed: raw fields, times in us.")
+      .def_property_readonly("id", [](const Transfer& t) { return to_bytes(t.id); })
+      .def_readonly("sku", &Transfer::sku)
+      .def_readonly("source", &Transfer::source)
+      .def_readonly("destination", &Transfer::destination)
+      .def_readonly("qty", &Transfer::qty)
+      .def_readonly("received", &Transfer::received)
+      .def_readonly("rejected", &Transfer::rejected)
+      .def_readonly("cancelled", &Transfer::cancelled)
+      .def_property_readonly("in_transit", &Transfer::in_transit)
+      .def_property_readonly("state",
+                             [](const Transfer& t) { return transfer_state_name(t.state); })
+      .def_readonly("version", &Transfer::version)
+      .def_readonly("created_at_us", &Transfer::created_at_us)
+      .def_readonly("updated_at_us", &Transfer::updated_at_us)
+      .def_readonly("reason", &Transfer::reason)
+      .def_readonly("actor", &Transfer::actor);
+
   py::class_<Clock, std::shared_ptr<Clock>>(m, "Clock", "Where a memory store reads the time.");
   py::class_<ManualClock, Clock, std::shared_ptr<ManualClock>>(
       m, "ManualClock", "A clock that moves only when told to (microseconds since the epoch).")
@@ -123,6 +145,7 @@ void register_ids_and_limits(py::module_& m) {
   m.attr("ORDER_LINES_MAX") = order_lines_max;
   m.attr("ALLOCATE_LOCATIONS_MAX") = allocate_locations_max;
   m.attr("LOCATIONS_LIMIT_MAX") = locations_limit_max;
+  m.attr("TRANSFERS_LIMIT_MAX") = transfers_limit_max;
   m.attr("TTL_US_MAX") = ttl_us_max;
   m.attr("SLOTS_MAX") = slots_max;
   // The largest value of each count option, so that Python refuses a value out of range

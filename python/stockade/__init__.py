@@ -45,6 +45,8 @@ from .values import (
     Strategy,
     StrategyLike,
     StrategyName,
+    Transfer,
+    TransferState,
     version_from_etag,
 )
 
@@ -84,6 +86,8 @@ __all__ = [  # and stockade.errors' classes and stockade.limits' constants, adde
     "Strategy",
     "StrategyLike",
     "StrategyName",
+    "Transfer",
+    "TransferState",
     "__version__",
     "claim_test",
     "version_from_etag",

@@ -43,6 +43,9 @@ from .values import (
     StockLevel,
     Strategy,
     StrategyLike,
+    Transfer,
+    TransferRef,
+    TransferState,
     TtlLike,
     check_bool,
     check_count,
@@ -60,6 +63,8 @@ from .values import (
     reservation_id_bytes,
     state_value,
     strategy_name,
+    transfer_id_bytes,
+    transfer_state_value,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -208,6 +213,169 @@ class EngineCalls:
                 fencing_token=check_optional_int("fencing_token", fencing_token),
             )
         )
+
+    def set_safety_stock(
+        self,
+        sku: str,
+        units: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """Keeps ``units`` on hand back from sale at the row (0, the default, keeps none).
+
+        ``available`` becomes ``on_hand + backorder_limit - reserved - safety_stock -
+        damaged - quality_control``, never below zero, and every strategy's holds and sells
+        respect it, batched ones too. It is a floor, not a bucket: it may exceed what is
+        free (``available`` is then 0), holds that exist keep their units, and restocks and
+        counts are not refused by it. Not built for a SKU with hot-row slots
+        (``InvalidState``), which also refuses slots while the row withholds units."""
+        return StockLevel._from_core(
+            self._core.set_safety_stock(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                units=check_int("units", units),
+                expected_version=check_optional_int("expected_version", expected_version),
+                fencing_token=check_optional_int("fencing_token", fencing_token),
+            )
+        )
+
+    def move_units(
+        self,
+        sku: str,
+        qty: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        from_state: str = "available",
+        to_state: str = "damaged",
+        reason: Optional[str] = None,
+        actor: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """Moves ``qty`` units on hand from one state to another, in one write under the
+        row's lock.
+
+        States: ``"available"`` (free units: on hand, neither held nor in another state),
+        ``"damaged"`` and ``"quality_control"`` (on hand, never held or sold), and
+        ``"written_off"``, a destination only: the units leave on_hand. Too few units in
+        the source state raises ``OutOfStock`` (from available) or ``InvalidState``, and
+        changes nothing. The safety stock is a floor on sales, not a state: units it keeps
+        back are free units and can be moved. ``reason`` and ``actor`` go on the journal
+        entry (cause ``move`` or ``write_off``); ``idempotency_key`` as with
+        :meth:`restock`. Not built for a SKU with hot-row slots (``InvalidState``)."""
+        return StockLevel._from_core(
+            self._core.move_units(
+                sku=check_str("sku", sku),
+                location=check_str("location", location),
+                qty=check_int("qty", qty),
+                from_state=check_str("from_state", from_state),
+                to_state=check_str("to_state", to_state),
+                reason=check_optional_str("reason", reason) or "",
+                actor=check_optional_str("actor", actor) or "",
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+                expected_version=check_optional_int("expected_version", expected_version),
+                fencing_token=check_optional_int("fencing_token", fencing_token),
+            )
+        )
+
+    def transfer(
+        self,
+        sku: str,
+        qty: int,
+        *,
+        source: str,
+        destination: str,
+        reason: Optional[str] = None,
+        actor: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> Transfer:
+        """Sends ``qty`` units of ``sku`` from ``source`` to ``destination``, in transit.
+
+        In one transaction both rows are locked (in key order) and the units leave the
+        source's on_hand at once: only its free units (on hand, neither held nor withheld
+        from sale; never backorders), else ``OutOfStock`` and nothing moves. They show as
+        ``incoming`` at the destination (its row is made if it has none) until
+        :meth:`receive` or :meth:`cancel_transfer`. A discontinued source, or a live lease
+        on either row, refuses it. ``reason`` and ``actor`` go on the journal entries
+        (causes ``transfer_out`` and ``transfer_in``, the transfer's id as ``ref``).
+        ``idempotency_key`` as with :meth:`restock`: without one, a COMMIT lost on the way
+        answers ``InDoubt``; with one, a retry settles it."""
+        return Transfer._from_core(
+            self._core.transfer(
+                sku=check_str("sku", sku),
+                qty=check_int("qty", qty),
+                source=check_str("source", source),
+                destination=check_str("destination", destination),
+                reason=check_optional_str("reason", reason),
+                actor=check_optional_str("actor", actor),
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+            )
+        )
+
+    def receive(
+        self,
+        transfer: TransferRef,
+        *,
+        accepted: int,
+        rejected: int = 0,
+        idempotency_key: Optional[str] = None,
+    ) -> Transfer:
+        """Receives units of a transfer at its destination, in one transaction: ``accepted``
+        go on hand there, ``rejected`` are written off (journal causes ``receive`` and
+        ``reject``). Both leave ``incoming``. In parts if need be: more than is still in
+        transit raises ``InvalidState`` and changes nothing. A live lease on the
+        destination refuses it (``LeaseHeld``)."""
+        return Transfer._from_core(
+            self._core.transfer_step(
+                id=transfer_id_bytes(transfer),
+                cancel=False,
+                accepted=check_int("accepted", accepted),
+                rejected=check_int("rejected", rejected),
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+            )
+        )
+
+    def cancel_transfer(
+        self, transfer: TransferRef, *, idempotency_key: Optional[str] = None
+    ) -> Transfer:
+        """Sends every unit of a transfer that is still in transit back on hand at its
+        source, in one transaction (journal cause ``transfer_cancel`` on both rows).
+        Nothing in transit raises ``InvalidState``."""
+        return Transfer._from_core(
+            self._core.transfer_step(
+                id=transfer_id_bytes(transfer),
+                cancel=True,
+                accepted=0,
+                rejected=0,
+                idempotency_key=check_optional_str("idempotency_key", idempotency_key),
+            )
+        )
+
+    def get_transfer(self, transfer: TransferRef) -> Transfer:
+        """The transfer as committed; ``NotFound`` if there is none."""
+        return Transfer._from_core(self._core.get_transfer(id=transfer_id_bytes(transfer)))
+
+    def transfers(
+        self,
+        *,
+        sku: Optional[str] = None,
+        state: Optional[Union[TransferState, str]] = None,
+        after: Optional[TransferRef] = None,
+        limit: int = 100,
+    ) -> List[Transfer]:
+        """Transfers in id order (the order they were made in), optionally one SKU's or in
+        one state; at most ``limit`` (1 to ``TRANSFERS_LIMIT_MAX``, 1000) past ``after``
+        (pass the last one for the next page)."""
+        made = self._core.transfers(
+            sku=check_optional_str("sku", sku),
+            state=None if state is None else transfer_state_value(state),
+            after=None if after is None else transfer_id_bytes(after),
+            limit=in_range("limit", limit, 1, _core.TRANSFERS_LIMIT_MAX),
+        )
+        return [Transfer._from_core(t) for t in made]
 
     def discontinue(
         self,
@@ -905,12 +1073,14 @@ class EngineCalls:
 
     def purge(self, older_than: TtlLike, *, limit: Optional[int] = None) -> int:
         """Deletes what is older than ``older_than`` and no longer needed; returns how many
-        rows went (keys and reservations).
+        rows went (keys, reservations and finished transfers).
 
         Oldest first: each idempotency key made before the horizon goes together with its
         reservations, once every one of them is terminal (confirmed, released, expired)
         and last changed before the horizon; then terminal reservations without a key that
-        last changed before it. So a key replays its reservations for at least
+        last changed before it; then, within what ``limit`` leaves, finished transfers
+        (received or cancelled) last changed before it (one batch per call: a transfer in
+        transit is never purged). So a key replays its reservations for at least
         ``older_than``, and a replay never finds them missing. Holds are never purged,
         whatever their age. ``limit`` (default: none) bounds the keys and keyless
         reservations one call takes (a key's reservations go with it). The work runs in

@@ -18,6 +18,7 @@ LIMIT_GROUP_BYTES_MAX: int
 ORDER_LINES_MAX: int
 ALLOCATE_LOCATIONS_MAX: int
 LOCATIONS_LIMIT_MAX: int
+TRANSFERS_LIMIT_MAX: int
 TTL_US_MAX: int
 SLOTS_MAX: int
 OPTION_LIMITS: dict[str, int]
@@ -55,6 +56,47 @@ class StockLevel:
     def lease_expires_at_us(self) -> int: ...
     @property
     def low_stock(self) -> Optional[int]: ...
+    @property
+    def safety_stock(self) -> int: ...
+    @property
+    def damaged(self) -> int: ...
+    @property
+    def quality_control(self) -> int: ...
+    @property
+    def incoming(self) -> int: ...
+
+class Transfer:
+    """A transfer as committed: raw fields, times in us."""
+    @property
+    def id(self) -> bytes: ...
+    @property
+    def sku(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def destination(self) -> str: ...
+    @property
+    def qty(self) -> int: ...
+    @property
+    def received(self) -> int: ...
+    @property
+    def rejected(self) -> int: ...
+    @property
+    def cancelled(self) -> int: ...
+    @property
+    def in_transit(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def created_at_us(self) -> int: ...
+    @property
+    def updated_at_us(self) -> int: ...
+    @property
+    def reason(self) -> Optional[str]: ...
+    @property
+    def actor(self) -> Optional[str]: ...
 
 class Movement:
     """One journal entry: one change of one stock row."""
@@ -367,6 +409,53 @@ class Engine:
         expected_version: Optional[int],
         fencing_token: Optional[int],
     ) -> StockLevel: ...
+    def set_safety_stock(
+        self,
+        sku: str,
+        location: str,
+        units: int,
+        expected_version: Optional[int],
+        fencing_token: Optional[int],
+    ) -> StockLevel: ...
+    def move_units(
+        self,
+        sku: str,
+        location: str,
+        qty: int,
+        from_state: str,
+        to_state: str,
+        reason: str,
+        actor: str,
+        idempotency_key: Optional[str],
+        expected_version: Optional[int],
+        fencing_token: Optional[int],
+    ) -> StockLevel: ...
+    def transfer(
+        self,
+        sku: str,
+        qty: int,
+        source: str,
+        destination: str,
+        reason: Optional[str],
+        actor: Optional[str],
+        idempotency_key: Optional[str],
+    ) -> Transfer: ...
+    def transfer_step(
+        self,
+        id: bytes,
+        cancel: bool,
+        accepted: int,
+        rejected: int,
+        idempotency_key: Optional[str],
+    ) -> Transfer: ...
+    def get_transfer(self, id: bytes) -> Transfer: ...
+    def transfers(
+        self,
+        sku: Optional[str],
+        state: Optional[str],
+        after: Optional[bytes],
+        limit: int,
+    ) -> List[Transfer]: ...
     def set_discontinued(
         self,
         sku: str,

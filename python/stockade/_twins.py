@@ -38,6 +38,9 @@ from .values import (
     ReservationState,
     StockLevel,
     StrategyLike,
+    Transfer,
+    TransferRef,
+    TransferState,
     TtlLike,
     check_bool,
     check_int,
@@ -143,6 +146,127 @@ class EngineTwins(EngineCalls):
                 expected_version=expected_version,
                 fencing_token=fencing_token,
             )
+        )
+
+    async def set_safety_stock_async(
+        self,
+        sku: str,
+        units: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """:meth:`set_safety_stock` as an awaitable."""
+        return await off_loop(
+            functools.partial(
+                self.set_safety_stock,
+                sku,
+                units,
+                location=location,
+                expected_version=expected_version,
+                fencing_token=fencing_token,
+            )
+        )
+
+    async def move_units_async(
+        self,
+        sku: str,
+        qty: int,
+        *,
+        location: str = DEFAULT_LOCATION,
+        from_state: str = "available",
+        to_state: str = "damaged",
+        reason: Optional[str] = None,
+        actor: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+        expected_version: Optional[int] = None,
+        fencing_token: Optional[int] = None,
+    ) -> StockLevel:
+        """:meth:`move_units` as an awaitable."""
+        return await off_loop(
+            functools.partial(
+                self.move_units,
+                sku,
+                qty,
+                location=location,
+                from_state=from_state,
+                to_state=to_state,
+                reason=reason,
+                actor=actor,
+                idempotency_key=idempotency_key,
+                expected_version=expected_version,
+                fencing_token=fencing_token,
+            )
+        )
+
+    async def transfer_async(
+        self,
+        sku: str,
+        qty: int,
+        *,
+        source: str,
+        destination: str,
+        reason: Optional[str] = None,
+        actor: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> Transfer:
+        """:meth:`transfer` as an awaitable."""
+        return await off_loop(
+            functools.partial(
+                self.transfer,
+                sku,
+                qty,
+                source=source,
+                destination=destination,
+                reason=reason,
+                actor=actor,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    async def receive_async(
+        self,
+        transfer: TransferRef,
+        *,
+        accepted: int,
+        rejected: int = 0,
+        idempotency_key: Optional[str] = None,
+    ) -> Transfer:
+        """:meth:`receive` as an awaitable."""
+        return await off_loop(
+            functools.partial(
+                self.receive,
+                transfer,
+                accepted=accepted,
+                rejected=rejected,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    async def cancel_transfer_async(
+        self, transfer: TransferRef, *, idempotency_key: Optional[str] = None
+    ) -> Transfer:
+        """:meth:`cancel_transfer` as an awaitable."""
+        return await off_loop(
+            functools.partial(self.cancel_transfer, transfer, idempotency_key=idempotency_key)
+        )
+
+    async def get_transfer_async(self, transfer: TransferRef) -> Transfer:
+        """:meth:`get_transfer` as an awaitable."""
+        return await off_loop(functools.partial(self.get_transfer, transfer))
+
+    async def transfers_async(
+        self,
+        *,
+        sku: Optional[str] = None,
+        state: Optional[Union[TransferState, str]] = None,
+        after: Optional[TransferRef] = None,
+        limit: int = 100,
+    ) -> List[Transfer]:
+        """:meth:`transfers` as an awaitable."""
+        return await off_loop(
+            functools.partial(self.transfers, sku=sku, state=state, after=after, limit=limit)
         )
 
     async def discontinue_async(

@@ -282,8 +282,9 @@ class NotSupported(StockadeError, NotImplementedError):
 
 
 class InvariantViolation(StockadeError):
-    """A write would have broken ``0 <= reserved <= on_hand + backorder_limit`` and was
-    refused (the schema's CHECK constraint, SQLSTATE 23514). This is a bug, never a normal
+    """A write would have broken the row's invariant (``0 <= reserved`` and ``reserved +
+    damaged + quality_control <= on_hand + backorder_limit``) and was refused (the schema's
+    CHECK constraint, SQLSTATE 23514). This is a bug, never a normal
     outcome: report it."""
 
     code = "invariant_violation"

@@ -57,7 +57,8 @@ class Movement:
     ``available`` are the row's values after the change. ``cause`` names the operation
     (``restock``, ``set_on_hand``, ``sell``, ``hold``, ``confirm``, ``release``,
     ``expire``, ``resize``, ``return``, ``batch``, ``backorder_limit``, ``discontinue``,
-    ``reinstate``, ``lease``, ``low_stock``, ``slot_move``, ``create``, ``touch``); ``reason`` and
+    ``reinstate``, ``lease``, ``low_stock``, ``slot_move``, ``create``, ``touch``,
+    ``safety_stock``, ``move`` between quantity states, ``write_off``); ``reason`` and
     ``actor`` are what the caller passed, ``ref`` the reservation id where there is one.
     ``alerts`` names the lines the change crossed (:data:`ALERTS`). ``slot`` is the
     hot-row slot of the row (0: the SKU's own row). ``position`` orders the journal.

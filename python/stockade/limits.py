@@ -30,6 +30,7 @@ __all__ = [
     "RESERVATIONS_LIMIT_MAX",
     "SKU_BYTES_MAX",
     "SLOTS_MAX",
+    "TRANSFERS_LIMIT_MAX",
     "TTL_MAX",
 ]
 
@@ -46,6 +47,7 @@ LIMIT_GROUP_SKUS_MAX: int = _core.LIMIT_GROUP_SKUS_MAX  # SKUs one purchase limi
 ORDER_LINES_MAX: int = _core.ORDER_LINES_MAX  # lines of one reserve_order
 ALLOCATE_LOCATIONS_MAX: int = _core.ALLOCATE_LOCATIONS_MAX  # locations of one allocation's pool
 LOCATIONS_LIMIT_MAX: int = _core.LOCATIONS_LIMIT_MAX  # locations of one stock_by_location page
+TRANSFERS_LIMIT_MAX: int = _core.TRANSFERS_LIMIT_MAX  # transfers of one transfers() page
 # The largest quantity one request may ask for (10**12): it keeps every sum the engine
 # forms, a batch's included, far from overflowing a 64-bit stock level.
 QUANTITY_MAX: int = _core.QUANTITY_MAX

@@ -24,6 +24,8 @@ __all__ = [
     "Strategy",
     "StrategyLike",
     "StrategyName",
+    "Transfer",
+    "TransferState",
     "version_from_etag",
 ]
 
@@ -34,6 +36,8 @@ TtlLike = Union[timedelta, int, float]
 ReservationId = Union[uuid.UUID, str]
 # An order: its Order, or its id.
 OrderRef = Union["Order", uuid.UUID, str]
+# A transfer: its Transfer, or its id.
+TransferRef = Union["Transfer", uuid.UUID, str]
 # A line of an order in confirm_order's and release_order's qty=: its Reservation, its id,
 # its sku, or (sku, location).
 LineRef = Union["Reservation", uuid.UUID, str, Tuple[str, str]]
@@ -76,8 +80,21 @@ class ReservationState(str, enum.Enum):
         return self.value
 
 
+class TransferState(str, enum.Enum):
+    """A transfer's lifecycle: in transit, then received (some units arrived or were
+    rejected) or cancelled (all of them went back)."""
+
+    IN_TRANSIT = "in_transit"
+    RECEIVED = "received"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # Lookups on the conversion path of every result (an enum call costs more than a dict hit).
 _STATES = {state.value: state for state in ReservationState}
+_TRANSFER_STATES = {state.value: state for state in TransferState}
 
 
 def _etag(version: int) -> str:
@@ -126,7 +143,12 @@ def _datetime(us: int) -> datetime:
 class StockLevel:
     """A stock row as committed.
 
-    ``available`` is ``on_hand + backorder_limit - reserved``. With a ``backorder_limit``
+    ``available`` is ``on_hand + backorder_limit - reserved - safety_stock - damaged -
+    quality_control``, never below zero: what new holds and sells may take. ``on_hand``
+    counts every unit at the location, including those ``damaged`` or in
+    ``quality_control`` (:meth:`Engine.move_units`); ``safety_stock`` is a floor kept back
+    from sale (:meth:`Engine.set_safety_stock`); ``incoming`` is in transit to the location
+    (:meth:`Engine.transfer`), not on hand. With a ``backorder_limit``
     (default 0), holds may pass on_hand and sells may take on_hand below zero (units
     owed); ``backordered`` is how many units are promised beyond on_hand. A
     ``discontinued`` row is a tombstone (soft-deleted): new holds, sells and restocks raise
@@ -148,6 +170,10 @@ class StockLevel:
     leased: bool = False
     lease_expires_at: Optional[datetime] = None
     low_stock: Optional[int] = None
+    safety_stock: int = 0
+    damaged: int = 0
+    quality_control: int = 0
+    incoming: int = 0
 
     @property
     def etag(self) -> str:
@@ -170,7 +196,80 @@ class StockLevel:
             s.leased,
             _datetime(s.lease_expires_at_us) if s.leased else None,
             s.low_stock,
+            s.safety_stock,
+            s.damaged,
+            s.quality_control,
+            s.incoming,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """A transfer of a SKU's units between two locations (:meth:`Engine.transfer`).
+
+    ``qty`` left ``source``'s on_hand when it was made; of those, ``received`` went on hand
+    at ``destination``, ``rejected`` were written off there, ``cancelled`` went back to the
+    source, and ``in_transit`` are still on the way (the destination's ``incoming``).
+    ``state`` is ``in_transit`` while any unit is, then ``received`` if any unit was
+    received or rejected, else ``cancelled``.
+    """
+
+    id: uuid.UUID
+    sku: str
+    source: str
+    destination: str
+    qty: int
+    received: int
+    rejected: int
+    cancelled: int
+    in_transit: int
+    state: TransferState
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    reason: Optional[str] = None
+    actor: Optional[str] = None
+
+    @classmethod
+    def _from_core(cls, t: _core.Transfer) -> Transfer:
+        return cls(
+            uuid.UUID(bytes=t.id),
+            t.sku,
+            t.source,
+            t.destination,
+            t.qty,
+            t.received,
+            t.rejected,
+            t.cancelled,
+            t.in_transit,
+            _TRANSFER_STATES[t.state],
+            t.version,
+            _datetime(t.created_at_us),
+            _datetime(t.updated_at_us),
+            t.reason,
+            t.actor,
+        )
+
+
+def transfer_id_bytes(value: object) -> bytes:
+    """A transfer as the core takes it: its id's 16 bytes."""
+    if isinstance(value, Transfer):
+        return value.id.bytes
+    got = _uuid_bytes(value, "a transfer id")
+    if got is None:
+        raise InvalidType(f"transfer id must be a uuid.UUID or str, not {type(value).__name__}")
+    return got
+
+
+def transfer_state_value(value: object) -> str:
+    """A transfer state, as a TransferState or its name."""
+    if isinstance(value, TransferState):
+        return value.value
+    if not isinstance(value, str):
+        raise InvalidType(f"state must be a TransferState or str, not {type(value).__name__}")
+    if value in _TRANSFER_STATES:
+        return value
+    raise InvalidArgument(f"state must be in_transit, received or cancelled, not {shown(value)}")
 
 
 @dataclass(frozen=True, slots=True)

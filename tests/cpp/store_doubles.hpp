@@ -60,6 +60,19 @@ class DelegatingStore : public Store {
                                  std::optional<FencingToken> t) override {
     return inner_->set_backorder_limit(k, l, v, t);
   }
+  StockLevel set_safety_stock(const SkuKey& k, Quantity u, std::optional<Version> v,
+                              std::optional<FencingToken> t) override {
+    return inner_->set_safety_stock(k, u, v, t);
+  }
+  StockLevel move_units(const MoveRequest& request) override { return inner_->move_units(request); }
+  Transfer transfer(const TransferRequest& request) override { return inner_->transfer(request); }
+  Transfer transfer_step(const TransferStepRequest& request) override {
+    return inner_->transfer_step(request);
+  }
+  std::optional<Transfer> get_transfer(const Uuid& id) override { return inner_->get_transfer(id); }
+  std::vector<Transfer> find_transfers(const TransferQuery& query) override {
+    return inner_->find_transfers(query);
+  }
   std::vector<StockLevel> set_discontinued(const SkuKey& k, bool d, std::int64_t ms,
                                            const RowsCheck& check) override {
     return inner_->set_discontinued(k, d, ms, check);

@@ -116,8 +116,9 @@ TEST(KeyedOutcome, a_batched_sells_level_reads_back_from_its_prefix_and_the_row)
   const SkuKey key{"sku:with:colons", "loc 7", 2};
   // the row left at on_hand 40, reserved 13, version 108; after this sale the batch sold 5
   // more units, held 3 and made 4 more changes
-  const std::string text = detail::batched_level_prefix("attempt-1", key, 5, 3, 4) +
-                           detail::batched_level_tail(40, 13, 108, 1733000000000000, 20);
+  const std::string text =
+      detail::batched_level_prefix("attempt-1", key, 5, 3, 4) +
+      detail::batched_level_tail({40, 13, 108, 1733000000000000, 20, 6, 2, 1, 9});
   const StockLevel back = decode_outcome<StockLevel>(text);
   EXPECT_EQ(back.key, key);
   EXPECT_EQ(back.on_hand, 45);
@@ -125,8 +126,18 @@ TEST(KeyedOutcome, a_batched_sells_level_reads_back_from_its_prefix_and_the_row)
   EXPECT_EQ(back.version, 104);
   EXPECT_EQ(back.updated_at_us, 1733000000000000);
   EXPECT_EQ(back.backorder_limit, 20);
+  EXPECT_EQ(back.safety_stock, 6);
+  EXPECT_EQ(back.damaged, 2);
+  EXPECT_EQ(back.quality_control, 1);
+  EXPECT_EQ(back.incoming, 9);
   EXPECT_FALSE(back.discontinued || back.leased);
-  EXPECT_EQ(detail::batched_level_tail(-4, 0, 1, 2, 3), "2:-41:01:11:21:3");
+  EXPECT_EQ(detail::batched_level_tail({-4, 0, 1, 2, 3}), "2:-41:01:11:21:3");
+  // A tail stored before the quantity states ends at the backorder limit: none withheld.
+  const StockLevel older =
+      decode_outcome<StockLevel>(detail::batched_level_prefix("attempt-1", key, 5, 3, 4) +
+                                 detail::batched_level_tail({40, 13, 108, 1733000000000000, 20}));
+  EXPECT_EQ(older.backorder_limit, 20);
+  EXPECT_EQ(older.withheld(), 0);
   // (The SQL form is checked on a server: test_keyed_writes.py replays a batched sell.)
   for (const std::string& bad : {detail::batched_level_prefix("attempt-1", key, 5, 3, 4),
                                  text + "1:0", text.substr(0, text.size() - 1)}) {

@@ -9,8 +9,9 @@ Each call's request and outcome become one record (a dict, JSON-able): what was 
 reservation, ``order`` and ``ids`` for a step of an order) and what the caller was told
 (``out``: "ok" or the error class's name; ``id`` and ``state`` of a reservation it got;
 ``ids`` of an order's or an allocation's, and an allocation's ``parts``, each id's units;
-``units`` per reservation a step answered with). The history is checked afterwards by
-test_nemesis.py's checker, which knows nothing of how the engine decides.
+``units`` per reservation a step answered with; a transfer's ``id`` and ``counts``,
+received, rejected and cancelled, as each of its steps answered). The history is checked
+afterwards by test_nemesis.py's checker, which knows nothing of how the engine decides.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ LONG_TTL = 86400  # seconds: the others outlive any run
 Record = Dict[str, Any]
 # The steps of a reservation or an order that _step makes.
 STEP_OPS = ("confirm", "release", "extend", "resize", "return", "confirm_order", "release_order")
+# Transfers go from the default location to the annex (POOL[0]); their steps (receive one
+# unit, sometimes rejecting one, or cancel the rest) come from the thread that made them.
+TRANSFER_OPS = ("transfer", "receive", "cancel_transfer")
 
 
 @dataclass
@@ -58,6 +62,7 @@ class Mine:
 
     sold: List[str] = field(default_factory=list)
     orders: List[Tuple[str, List[str]]] = field(default_factory=list)
+    transfers: List[str] = field(default_factory=list)  # ids with units in transit
 
     def forget(self, ids: List[str], held: List[str]) -> None:
         """Steps no more of `ids`, nor of an order with one of them: an in-doubt step's
@@ -174,8 +179,10 @@ class Workload:
                 "strategy": rng.choice(STRATEGIES),
                 "qty": STOCK_MOVES[("sell", keyed)],
             }
-        elif roll < 0.97:
+        elif roll < 0.95:
             return self._leased(name)
+        elif roll < 0.98:
+            record = self._transfer_op(rng, name, mine)
         else:
             record = {"op": "expire_due"}
         record["t0"] = time.monotonic()
@@ -196,6 +203,11 @@ class Workload:
                 mine.orders.append((str(result.id), record["ids"]))
             elif isinstance(result, stockade.Order):
                 self._stepped(record, list(result), held, mine)
+            if isinstance(result, stockade.Transfer):
+                record["id"] = str(result.id)
+                record["counts"] = [result.received, result.rejected, result.cancelled]
+                if result.in_transit > 0:
+                    mine.transfers.append(record["id"])
         except stockade.StockadeError as e:
             record["out"] = type(e).__name__
             if isinstance(e, stockade.InDoubt) and record["op"] in STEP_OPS:
@@ -232,6 +244,19 @@ class Workload:
         if op == "resize":
             record["qty"] = rng.randint(1, 4)
         return record
+
+    @staticmethod
+    def _transfer_op(rng: random.Random, name: str, mine: Mine) -> Record:
+        """A transfer of 1 to 3 units to the annex, or a step of one this thread made (it
+        leaves the list until an answer says units are still in transit)."""
+        key = name if rng.random() < 0.5 else None
+        if not mine.transfers or rng.random() < 0.5:
+            sku = rng.choice([x for x in SKUS if x not in LIMITED])
+            return {"op": "transfer", "sku": sku, "qty": rng.randint(1, 3), "key": key}
+        target = mine.transfers.pop(rng.randrange(len(mine.transfers)))
+        if rng.random() < 0.3:
+            return {"op": "cancel_transfer", "target": target, "key": key}
+        return {"op": "receive", "target": target, "rejected": int(rng.random() < 0.3), "key": key}
 
     @staticmethod
     def _stepped(
@@ -296,6 +321,14 @@ def send(eng: stockade.Engine, r: Record) -> object:
             strategy=r["strategy"],
         )
     key = r.get("key")
+    if r["op"] == "transfer":
+        return eng.transfer(
+            r["sku"], r["qty"], source="default", destination=POOL[0], idempotency_key=key
+        )
+    if r["op"] == "receive":
+        return eng.receive(r["target"], accepted=1, rejected=r["rejected"], idempotency_key=key)
+    if r["op"] == "cancel_transfer":
+        return eng.cancel_transfer(r["target"], idempotency_key=key)
     if r["op"] == "confirm":
         return eng.confirm(r["target"], qty=r.get("part"), idempotency_key=key)
     if r["op"] == "release":
@@ -365,7 +398,7 @@ def resolve(eng: stockade.Engine, record: Record) -> Union[List[str], str, None]
     made = settle(eng, record)
     if made is None or isinstance(made, str):
         return made
-    if isinstance(made, stockade.StockLevel):
+    if isinstance(made, (stockade.StockLevel, stockade.Transfer)):
         return []
     return [str(r.id) for r in (made if isinstance(made, stockade.Order) else [made])]  # type: ignore[union-attr]
 

@@ -42,6 +42,7 @@ class World:
     feed: stockade.Feed
     sold: stockade.Reservation  # confirmed: its units can come back (return_units)
     order: stockade.Order  # with units enough on each line for a step in parts, many times
+    transfer: stockade.Transfer  # with units enough in transit to receive in parts, many times
 
     @classmethod
     def made(cls, engine: stockade.Engine) -> World:
@@ -52,7 +53,8 @@ class World:
         lease = engine.acquire_lease("leased", 60)
         engine.set_purchase_limit("drop", 5, ["limited"])
         order = engine.reserve_order({"sku-1": 20, "sku-2": 20}, idempotency_key="world")
-        return cls(engine, held, lease, engine.feed("consumer"), sold, order)
+        moving = engine.transfer("sku-1", 50, source="default", destination="annex")
+        return cls(engine, held, lease, engine.feed("consumer"), sold, order, moving)
 
 
 def _none(w: World) -> Arguments:
@@ -66,6 +68,16 @@ ENGINE_CALLS: Dict[str, Callable[[World], Arguments]] = {
     "restock": lambda w: (("sku-1", 1), {}),
     "set_on_hand": lambda w: (("sku-1", 500), {}),
     "set_backorder_limit": lambda w: (("sku-1", 0), {}),
+    "set_safety_stock": lambda w: (("sku-1", 0), {}),
+    "move_units": lambda w: (("sku-1", 1), {"to_state": "quality_control"}),
+    "transfer": lambda w: (("sku-1", 1), {"source": "default", "destination": "annex"}),
+    "receive": lambda w: ((w.transfer,), {"accepted": 1}),
+    "cancel_transfer": lambda w: (
+        (w.engine.transfer("sku-1", 1, source="default", destination="annex"),),
+        {},
+    ),
+    "get_transfer": lambda w: ((w.transfer,), {}),
+    "transfers": lambda w: ((), {"sku": "sku-1"}),
     "discontinue": lambda w: (("old",), {}),
     "reinstate": lambda w: (("old",), {}),
     "stock": lambda w: (("sku-1",), {}),

@@ -57,7 +57,7 @@ def test_migrate_distributes_the_tables_co_located(
 ) -> None:
     assert engine.migration_plan() == []  # everything applied, the citus/ files too
     schema = engine._schema
-    # Citus's metadata: six tables hash-distributed on shard_key, in one co-location
+    # Citus's metadata: seven tables hash-distributed on shard_key, in one co-location
     # group; the purchase-limit groups and their SKUs are reference tables.
     tables = run_sql(
         stockade_citus.dsn(),
@@ -67,7 +67,8 @@ def test_migrate_distributes_the_tables_co_located(
     ).splitlines()
     by_table = {t.split()[0].split(".")[1]: t.split()[1:] for t in tables}
     distributed = [
-        "buyer_allowance", "feed_clock", "idempotency", "movement", "reservation", "stock"
+        "buyer_allowance", "feed_clock", "idempotency", "movement", "reservation", "stock",
+        "transfer",
     ]  # fmt: skip
     assert sorted(by_table) == sorted([*distributed, "purchase_limit", "purchase_limit_sku"])
     assert {by_table[t][0] for t in distributed} == {"h"}

@@ -66,6 +66,7 @@ from nemesis_load import (
     SHORT_TTL,
     SKUS,
     STEP_OPS,
+    TRANSFER_OPS,
     Record,
     Workload,
     engine,
@@ -293,16 +294,29 @@ def made_with(r: Record, rid: str, row: Row) -> int:
     return lines_of(r)[row.sku]
 
 
+class Transit(NamedTuple):
+    """Stock on the way, as the database holds it: each SKU's incoming (summed over its
+    rows), and each transfer's sku and units (qty, received, rejected, cancelled)."""
+
+    incoming: Dict[str, int]
+    transfers: Dict[str, Tuple[str, int, int, int, int]]
+
+    def rejected(self, sku: str) -> int:
+        return sum(t[3] for t in self.transfers.values() if t[0] == sku)
+
+
 class Checker:
     def __init__(
         self,
         history: List[Record],
         rows: Dict[str, Tuple[int, int]],
         steps_settled: Optional[SettledSteps] = None,
+        transit: Optional[Transit] = None,
     ) -> None:
         self.history = sorted(history, key=lambda r: r["t0"])
         self.rows = rows  # sku -> (on_hand, reserved)
         self.steps_settled = steps_settled or {}
+        self.transit = transit or Transit({}, {})
         self.violations: List[Tuple[Optional[Record], str]] = []
 
     def fail(self, record: Optional[Record], what: str) -> None:
@@ -504,7 +518,9 @@ class Checker:
             # Confirmed units left on_hand; returned ones came back on hand (restocked).
             sold = sum(row.units[2] - row.units[5] for row in db.values() if row.sku == sku)
             sure, maybe = self.moves(sku, settled)
-            fits = on_hand + sold - START - ANNEX - sure in self.reachable(maybe)
+            # Units on the way count as stock; rejected ones were written off.
+            moved = self.transit.incoming.get(sku, 0) + self.transit.rejected(sku)
+            fits = on_hand + moved + sold - START - ANNEX - sure in self.reachable(maybe)
             if not 0 <= reserved <= on_hand:
                 self.fail(None, f"{sku}: reserved {reserved}, on_hand {on_hand}")
             if reserved != held:
@@ -520,6 +536,35 @@ class Checker:
                     f"{sku}: on_hand {on_hand} is not the start plus {sure} moved by restocks "
                     f"and sells (and some of {dict(maybe)} in doubt) minus {sold} confirmed "
                     f"(the calls not told ok: {dict(sorted(told.items()))})",
+                )
+
+    def transfers(self, settled: Settled) -> None:
+        """Every acknowledged transfer is in the database as asked; no acknowledged step
+        is undone (each count the database holds is at least what a step answered); each
+        SKU's incoming is what its transfers have in transit; and every keyed transfer or
+        step in doubt settled on its retry."""
+        db = self.transit.transfers
+        for r in self.history:
+            if r["op"] not in TRANSFER_OPS:
+                continue
+            if r["out"] == "InDoubt" and r.get("key") and settled.get(r["key"]) is None:
+                self.fail(r, "InDoubt, and its retry never settled")
+            if r["out"] != "ok":
+                continue
+            there = db.get(r["id"])
+            if there is None:
+                self.fail(r, f"acknowledged transfer {r['id']} is not in the database")
+            elif r["op"] == "transfer" and (there[0], there[1]) != (r["sku"], r["qty"]):
+                self.fail(r, f"transfer {r['id']} holds {there[:2]}, not what was asked")
+            elif any(got < told for got, told in zip(there[2:], r["counts"], strict=True)):
+                self.fail(r, f"transfer {r['id']} holds {there[2:]}, less than told")
+        for sku in SKUS:
+            on_way = sum(t[1] - t[2] - t[3] - t[4] for t in db.values() if t[0] == sku)
+            if self.transit.incoming.get(sku, 0) != on_way:
+                self.fail(
+                    None,
+                    f"{sku}: incoming {self.transit.incoming.get(sku, 0)}, "
+                    f"but its transfers have {on_way} in transit",
                 )
 
     def keyed_writes(self, outcomes: Set[str], settled: Settled) -> None:
@@ -620,6 +665,23 @@ def read_database(
     return db, dict(keys), stock
 
 
+def read_transit(dsn: str) -> Transit:
+    def rows(sql: str) -> List[List[str]]:
+        out = run_sql(dsn, f"COPY ({sql}) TO STDOUT WITH (FORMAT csv)")
+        return [line.split(",") for line in out.splitlines() if line]
+
+    incoming = {
+        sku: int(n) for sku, n in rows("SELECT sku, sum(incoming) FROM stockade.stock GROUP BY sku")
+    }
+    transfers = {
+        tid: (sku, *(int(u) for u in units))
+        for tid, sku, *units in rows(
+            "SELECT id, sku, qty, received, rejected, cancelled FROM stockade.transfer"
+        )
+    }
+    return Transit(incoming, transfers)  # type: ignore[arg-type]
+
+
 def read_limits(dsn: str) -> Tuple[Dict[str, int], Dict[str, int]]:
     """Per buyer: the units its reservations in the group count (held or sold, not
     returned), and its allowance row."""
@@ -669,7 +731,7 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
         for r in history:
             if r["out"] != "InDoubt" or not r.get("key"):
                 continue
-            if r["op"] in ("reserve", "order", "allocate", "restock", "sell"):
+            if r["op"] in ("reserve", "order", "allocate", "restock", "sell", *TRANSFER_OPS):
                 settled[r["key"]] = resolve(eng, r)
             elif r["op"] in STEPS:
                 steps_settled[r["key"]] = resolve_step(eng, r)
@@ -680,7 +742,7 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
             "COPY (SELECT key FROM stockade.idempotency WHERE outcome IS NOT NULL) TO STDOUT",
         ).split()
     )
-    checker = Checker(history, rows, steps_settled)
+    checker = Checker(history, rows, steps_settled, read_transit(dsn))
     checker.engine_bugs()
     checker.keys(stored, settled)
     made = {rid for r in history if r["out"] == "ok" for rid in ids_of(r)}
@@ -688,6 +750,7 @@ def check(dsn: str, history: List[Record]) -> Tuple[Checker, int]:
     checker.reservations(db, made)
     checker.stock(db, settled)
     checker.keyed_writes(outcomes, settled)
+    checker.transfers(settled)
     checker.leases()
     checker.limits(*read_limits(dsn))
     with engine(dsn) as eng:  # and the engine's own audit of the same data agrees
@@ -872,7 +935,16 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
             "t1": 4.1,
         },
         {"op": "allocate", "sku": "n-3", "qty": 1, "key": None, "out": "InDoubt", "t0": 4.2},
+        # A transfer acknowledged but missing; one whose acknowledged receive is undone;
+        # one keyed in doubt whose retry never settled. (n-1's incoming is off by one.)
+        {"op": "transfer", "sku": "n-1", "qty": 2, "key": None, "out": "ok", "id": "t-lost"},
+        {"op": "transfer", "sku": "n-1", "qty": 3, "key": None, "out": "ok", "id": "t-undone"},
+        {"op": "receive", "target": "t-undone", "key": None, "out": "ok", "id": "t-undone"},
+        {"op": "transfer", "sku": "n-1", "qty": 1, "key": "k-t", "out": "InDoubt", "t0": 5.0},
     ]
+    for r in history[-4:]:
+        r.setdefault("t0", 5.0)
+        r.setdefault("counts", [1, 0, 0] if r["op"] == "receive" else [0, 0, 0])
 
     def row(sku: str, qty: int, state: str, key: Optional[str]) -> Row:
         at = ["held", "confirmed", "released", "expired"].index(state)
@@ -911,7 +983,8 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
     history.append(reserve("k-doubt", "-", out="InDoubt"))  # its retry is told a conflict
     history.append(reserve(None, "-", out="InvariantViolation"))  # nothing left, still a bug
     steps = {"s-1": {"r-kstep": [2, 0, 2, 0, 0, 0]}, "s-2": "OverReturn", "s-3": None}
-    checker = Checker(history, rows, steps)  # type: ignore[arg-type]
+    transit = Transit({"n-1": 4}, {"t-undone": ("n-1", 3, 0, 0, 0)})
+    checker = Checker(history, rows, steps, transit)  # type: ignore[arg-type]
     checker.engine_bugs()
     checker.keys(stored, {"k-doubt": "IdempotencyConflict"})
     made = {"r-lost", "r-held", "r-conf", "o-1", "o-2", "r-part", "r-refused", "r-kstep", "r-kret"}
@@ -919,6 +992,7 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
     checker.reservations(db, made)
     checker.stock(db, {})
     checker.keyed_writes({"k-s"}, {})
+    checker.transfers({"k-t": None})
     checker.leases()
     checker.limits({"b-1": 2, "b-2": 7}, {"b-1": 3, "b-2": 7})
     found = "\n".join(what for _, what in checker.violations)
@@ -944,6 +1018,10 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path: Path) -> None:
         "n-0: reserved 7, but its holds sum to 4",
         "n-0: on_hand",
         "acknowledged, but its key holds no outcome",
+        "acknowledged transfer t-lost is not in the database",
+        "transfer t-undone holds (0, 0, 0), less than told",
+        "n-1: incoming 4, but its transfers have 3 in transit",
+        "InDoubt, and its retry never settled",
         "told Unavailable (nothing changed), but its key holds an outcome",
         "InDoubt, and its retry was told None",
         "token 5 came after token 9",

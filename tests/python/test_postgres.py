@@ -115,7 +115,7 @@ def test_check_constraint_refuses_an_oversold_row(stockade_database: str) -> Non
     # The last line of defense holds even for SQL that bypasses the engine.
     with stockade.Engine.postgres(stockade_database, pool_size=1) as eng:
         eng.restock("s", 5)
-    with pytest.raises(stockade.StockadeError, match="stock_reserved_within_limit"):
+    with pytest.raises(stockade.StockadeError, match="stock_claimed_within_limit"):
         sql(stockade_database, "UPDATE stockade.stock SET reserved = 6 WHERE sku = 's'")
 
 

@@ -270,6 +270,12 @@ def version_one_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
 # What migrations 002 onwards add, taken out again: what is left is the version-1 schema,
 # with data that the engine wrote.
 BACK_TO_VERSION_ONE = """
+DROP TABLE stockade.transfer;
+ALTER TABLE stockade.stock DROP CONSTRAINT stock_claimed_within_limit,
+    DROP CONSTRAINT stock_states_nonnegative, DROP COLUMN safety_stock, DROP COLUMN damaged,
+    DROP COLUMN quality_control, DROP COLUMN incoming,
+    ADD CONSTRAINT stock_reserved_within_limit
+        CHECK (reserved >= 0 AND reserved <= on_hand + backorder_limit);
 ALTER TABLE stockade.idempotency DROP COLUMN outcome;
 ALTER TABLE stockade.reservation DROP COLUMN order_id, DROP COLUMN ref, DROP COLUMN metadata;
 ALTER TABLE stockade.reservation DROP CONSTRAINT reservation_units, DROP COLUMN confirmed,

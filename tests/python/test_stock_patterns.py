@@ -138,7 +138,7 @@ def test_race_sells_out_exactly_on_hand_plus_backorder_limit(
     assert (level.on_hand, level.reserved, level.available, level.backordered) == (60, 100, 0, 40)
 
 
-def test_the_check_constraint_keeps_reserved_within_on_hand_plus_backorder_limit(
+def test_the_check_constraint_keeps_what_is_claimed_within_on_hand_plus_backorder_limit(
     stockade_engine: stockade.Engine, stockade_database: str
 ) -> None:
     from stockade.tools.pgserver import run_sql
@@ -146,8 +146,14 @@ def test_the_check_constraint_keeps_reserved_within_on_hand_plus_backorder_limit
     stockade_engine.restock("s", 2)
     stockade_engine.set_backorder_limit("s", 1)
     run_sql(stockade_database, "UPDATE stockade.stock SET reserved = 3")  # within: passes
-    with pytest.raises(Exception, match="stock_reserved_within_limit"):
+    with pytest.raises(Exception, match="stock_claimed_within_limit"):
         run_sql(stockade_database, "UPDATE stockade.stock SET reserved = 4")
+    # Damaged and quality-control units count with the holds (migration 013).
+    run_sql(stockade_database, "UPDATE stockade.stock SET reserved = 1")
+    with pytest.raises(Exception, match="stock_claimed_within_limit"):
+        run_sql(stockade_database, "UPDATE stockade.stock SET damaged = 2, quality_control = 1")
+    with pytest.raises(Exception, match="stock_states_nonnegative"):
+        run_sql(stockade_database, "UPDATE stockade.stock SET safety_stock = -1")
     with pytest.raises(Exception, match="stock_backorder_limit_nonnegative"):
         run_sql(stockade_database, "UPDATE stockade.stock SET backorder_limit = -1")
 

@@ -141,6 +141,22 @@ class Engine {
   StockLevel set_backorder_limit(const SkuKey& key, Quantity limit,
                                  std::optional<Version> expected_version = {},
                                  std::optional<FencingToken> fencing_token = {});
+  // Quantity states (Store::set_safety_stock, Store::move_units). Neither is built for a
+  // SKU with hot-row slots (InvalidState); `reason` and `actor` go on the move's journal
+  // entry.
+  StockLevel set_safety_stock(const SkuKey& key, Quantity units,
+                              std::optional<Version> expected_version = {},
+                              std::optional<FencingToken> fencing_token = {});
+  StockLevel move_units(MoveRequest request, const std::string& reason = {},
+                        const std::string& actor = {});
+  // Transfers between locations (Store::transfer, Store::transfer_step): the engine makes
+  // the transfer's id (with the source row's shard key); `reason` and `actor` go on the
+  // journal entries of the transfer's rows, with its id as their ref. get_transfer raises
+  // NotFound for an id it does not know; transfers() lists at most transfers_limit_max.
+  Transfer transfer(TransferRequest request);
+  Transfer transfer_step(const TransferStepRequest& request);
+  Transfer get_transfer(const Uuid& id);
+  std::vector<Transfer> transfers(const TransferQuery& query);
   // Soft delete and its undo (Store::set_discontinued), for every row of a SKU with
   // hot-row slots at once.
   StockLevel discontinue(const SkuKey& key, std::optional<Version> expected_version = {},

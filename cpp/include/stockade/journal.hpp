@@ -116,6 +116,7 @@ const JournalNote* current_note() noexcept;
 struct RowChange {
   bool created = false;
   Quantity on_hand = 0, reserved = 0, backorder_limit = 0;
+  Quantity safety_stock = 0, damaged = 0, quality_control = 0, incoming = 0;
   bool discontinued = false;
   std::optional<Quantity> low_stock;
   FencingToken lease_token = 0;
@@ -126,6 +127,8 @@ struct RowChange {
 // the note's cause where the deltas allow it.
 std::string cause_of(const RowChange& before, const RowChange& after, const std::string& said);
 std::uint32_t alerts_of(const RowChange& before, const RowChange& after);
+// The row's available units after the change (StockLevel::available).
+Quantity available_of(const RowChange& row);
 
 // The audit (Engine::audit): checks the invariants from the data itself.
 struct AuditOptions {

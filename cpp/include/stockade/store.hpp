@@ -195,6 +195,58 @@ struct SellRequest {
   std::optional<std::string> idempotency_key;  // the first call's level on a replay
 };
 
+// move_units: `qty` units of the row at `key` go from one state to another, in one write
+// under the row's lock. From `available` it takes units that are neither held nor in
+// another state (the safety stock is a floor on sales, not a bucket: it does not move);
+// to `written_off` they leave on_hand.
+struct MoveRequest {
+  SkuKey key;
+  Quantity qty = 0;
+  UnitState from = UnitState::available;
+  UnitState to = UnitState::damaged;
+  std::optional<Version> expected_version;
+  std::optional<FencingToken> fencing_token;
+  std::optional<std::string> idempotency_key;  // the first call's level on a replay
+};
+
+// transfer: `qty` units of `sku` leave `source`'s on_hand and show as `incoming` at
+// `destination` (whose row is made at zero units if it has none), in one transaction:
+// both rows locked in key order, decided (store/transfers.hpp), written, and the transfer
+// inserted. It takes only the source's free units (on hand, neither held nor withheld from
+// sale; never backorders): fewer raises OutOfStock. A discontinued source, or a live lease
+// on either row, refuses it. `id` is made by the engine and carries the source row's shard
+// key.
+struct TransferRequest {
+  Uuid id;
+  std::string sku;
+  Quantity qty = 0;
+  std::string source;
+  std::string destination;
+  std::optional<std::string> reason;
+  std::optional<std::string> actor;
+  std::optional<std::string> idempotency_key;  // the first call's transfer on a replay
+};
+
+// A step of a transfer, in one transaction (the transfer locked, then its rows in key
+// order): receive puts `accepted` units on hand at the destination and writes `rejected`
+// off there (each leaves `incoming`); cancel sends every unit still in transit back to
+// the source. More units than are in transit, or none left, raises InvalidState.
+struct TransferStepRequest {
+  Uuid id;
+  bool cancel = false;
+  Quantity accepted = 0;
+  Quantity rejected = 0;
+  std::optional<std::string> idempotency_key;
+};
+
+// transfers(): by id (oldest first), optionally one SKU's or in one state, after `after`.
+struct TransferQuery {
+  std::optional<std::string> sku;
+  std::optional<TransferState> state;
+  std::optional<Uuid> after;
+  std::size_t limit = 100;
+};
+
 // What a store tells the layer above about its own writes to stock rows: the version a
 // write of this process left the row at, and how many of this process's changes that
 // version holds (a batch's writes to one row count as many). The store states facts about
@@ -236,6 +288,21 @@ class Store {
   virtual StockLevel set_backorder_limit(const SkuKey& key, Quantity limit,
                                          std::optional<Version> expected_version,
                                          std::optional<FencingToken> fencing_token) = 0;
+  // Units kept back from sale on the row (>= 0): available is on_hand + backorder_limit -
+  // reserved - safety_stock - damaged - quality_control, never below zero. Holds that
+  // exist keep their units; a higher floor only refuses new holds and sells.
+  virtual StockLevel set_safety_stock(const SkuKey& key, Quantity units,
+                                      std::optional<Version> expected_version,
+                                      std::optional<FencingToken> fencing_token) = 0;
+  // Moves units between the row's states (MoveRequest); too few units in the source state
+  // raises OutOfStock (from available) or InvalidState, and changes nothing.
+  virtual StockLevel move_units(const MoveRequest& request) = 0;
+  // Transfers between locations (TransferRequest, TransferStepRequest); get_transfer
+  // answers nothing for an id it does not know.
+  virtual Transfer transfer(const TransferRequest& request) = 0;
+  virtual Transfer transfer_step(const TransferStepRequest& request) = 0;
+  virtual std::optional<Transfer> get_transfer(const Uuid& id) = 0;
+  virtual std::vector<Transfer> find_transfers(const TransferQuery& query) = 0;
   // Soft delete (discontinued = true) and its undo, for the SKU at `key` with every
   // hot-row slot row it has, at once. In one transaction: locks the SKU's own row (slot
   // rows are made only under that lock, so none appears meanwhile), finds its slot rows
@@ -368,8 +435,9 @@ class Store {
   // key that last changed before then. A key therefore replays for at least
   // `older_than_us`, and a replay never finds its reservations missing. Holds are never
   // purged. At most `limit` keys and keyless reservations go (a key's reservations go
-  // with it), in bounded batches that never lock a stock row. `older_than_us` >= 0,
-  // `limit` >= 1.
+  // with it), in bounded batches that never lock a stock row. Then, within what `limit`
+  // leaves, finished transfers (received or cancelled) last changed before then; one in
+  // transit is never purged. `older_than_us` >= 0, `limit` >= 1.
   virtual PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) = 0;
 
   // The store's own figures: its row counts (and nothing the telemetry has). counts() is

@@ -168,7 +168,8 @@ struct PoolStats {
 struct PurgeCounts {
   std::uint64_t reservations = 0;
   std::uint64_t keys = 0;
-  std::uint64_t total() const { return reservations + keys; }
+  std::uint64_t transfers = 0;  // finished ones (received or cancelled)
+  std::uint64_t total() const { return reservations + keys + transfers; }
 };
 
 struct StoreStats {
@@ -202,6 +203,12 @@ struct StoreStats {
   X(expire_due)            \
   X(purge)                 \
   X(set_backorder_limit)   \
+  X(set_safety_stock)      \
+  X(move_units)            \
+  X(transfer)              \
+  X(receive)               \
+  X(cancel_transfer)       \
+  X(transfers)             \
   X(discontinue)           \
   X(reinstate)             \
   X(acquire_lease)         \

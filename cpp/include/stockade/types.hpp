@@ -43,6 +43,8 @@ inline constexpr std::size_t order_lines_max = 1000;
 inline constexpr std::size_t allocate_locations_max = 32;
 // The most locations one page of Engine::stock_by_location holds (LOCATIONS_LIMIT_MAX).
 inline constexpr std::size_t locations_limit_max = 1000;
+// The most transfers one page of Engine::transfers holds (TRANSFERS_LIMIT_MAX).
+inline constexpr std::size_t transfers_limit_max = 1000;
 inline constexpr std::size_t expire_batch_max = 100000;
 inline constexpr std::int64_t ttl_us_max = 366LL * 24 * 3600 * 1000 * 1000;
 // 9999-12-31T23:59:59.999999Z in microseconds since the epoch: the last instant Python's
@@ -107,11 +109,31 @@ struct SkuKeyHash {
   std::size_t operator()(const SkuKey& key) const noexcept;
 };
 
+// The units a row can still promise: on hand plus the backorder limit, less the units
+// held and the units withheld from sale (safety stock, damaged, in quality control),
+// never below zero. The one formula both stores decide by (StockLevel::available, and the
+// memory store's rows); sql::room is its SQL form, which the guarded writes check.
+inline Quantity available_units(Quantity on_hand, Quantity backorder_limit, Quantity reserved,
+                                Quantity withheld) {
+  const Quantity room = on_hand + backorder_limit - reserved - withheld;
+  return room > 0 ? room : 0;
+}
+
+// Where a unit on hand is (move_units): free to sell, or in a state that is on hand and
+// never sold. `written_off` is a destination only: the units leave on_hand.
+enum class UnitState { available, damaged, quality_control, written_off };
+const char* unit_state_name(UnitState state) noexcept;
+// "available", "damaged", "quality_control" or "written_off"; anything else raises
+// InvalidArgument naming the states.
+UnitState parse_unit_state(std::string_view name);
+
 // A stock row. The invariant every committed row keeps (the schema's CHECK constraint):
-// 0 <= reserved <= on_hand + backorder_limit, with backorder_limit >= 0. With the default
-// backorder_limit of 0 that is 0 <= reserved <= on_hand. With backorders, holds may pass
-// on_hand, and sells and confirmations may take on_hand below zero (units owed), down to
-// -backorder_limit.
+// 0 <= reserved and reserved + damaged + quality_control <= on_hand + backorder_limit,
+// with backorder_limit, safety_stock, damaged and quality_control >= 0. With the default
+// backorder_limit of 0 that is reserved + damaged + quality_control <= on_hand. With
+// backorders, holds may pass on_hand, and sells and confirmations may take on_hand below
+// zero (units owed), down to -backorder_limit. safety_stock is a floor, not a bucket: it
+// may exceed what is free (available is then 0), and only new holds and sells respect it.
 struct StockLevel {
   SkuKey key;
   Quantity on_hand = 0;
@@ -128,8 +150,15 @@ struct StockLevel {
   // the first ones in slot order (0: every row it has). Rows past them are *retired*
   // hot-row slots: they keep their holds until those end, and their free units go home.
   int active_slots = 0;
+  Quantity safety_stock = 0;     // on hand, kept back from sale (a floor under available)
+  Quantity damaged = 0;          // on hand, never sold (move_units)
+  Quantity quality_control = 0;  // on hand, never sold until moved back (move_units)
+  Quantity incoming = 0;         // in transit to this location (transfers): not on hand
 
-  Quantity available() const { return on_hand + backorder_limit - reserved; }
+  Quantity withheld() const { return safety_stock + damaged + quality_control; }
+  Quantity available() const {
+    return available_units(on_hand, backorder_limit, reserved, withheld());
+  }
   // Units promised beyond the physical stock: held past on_hand, or sold below zero.
   Quantity backordered() const { return reserved > on_hand ? reserved - on_hand : 0; }
 };
@@ -195,6 +224,38 @@ void settle_units(Reservation& r, Settle how, Quantity units);
 bool units_consistent(const Reservation& r);
 // Its units as an audit report shows them: "qty 5: held 2, confirmed 3, ...; state held".
 std::string units_of(const Reservation& r);
+
+// A transfer of a SKU's units from one location to another (Engine::transfer): they leave
+// the source's on_hand at once and show as `incoming` at the destination until received
+// (accepted onto on_hand, or rejected: written off) or cancelled (back to the source).
+// The identity every committed transfer keeps (the schema's transfer_units CHECK, and the
+// memory store before each write): received + rejected + cancelled <= qty, each >= 0; the
+// state is in_transit while units are in transit, then received if any unit was received
+// or rejected, else cancelled.
+enum class TransferState { in_transit, received, cancelled };
+const char* transfer_state_name(TransferState state) noexcept;
+TransferState parse_transfer_state(std::string_view name);
+
+struct Transfer {
+  Uuid id;  // carries the source row's shard key, as a reservation id does
+  std::string sku;
+  std::string source;
+  std::string destination;
+  Quantity qty = 0;
+  Quantity received = 0;   // put on hand at the destination
+  Quantity rejected = 0;   // written off at the destination
+  Quantity cancelled = 0;  // back on hand at the source
+  TransferState state = TransferState::in_transit;
+  Version version = 1;
+  TimestampUs created_at_us = 0;
+  TimestampUs updated_at_us = 0;
+  std::optional<std::string> reason;
+  std::optional<std::string> actor;
+
+  Quantity in_transit() const { return qty - received - rejected - cancelled; }
+  SkuKey source_key() const { return SkuKey{sku, source, 0}; }
+  SkuKey destination_key() const { return SkuKey{sku, destination, 0}; }
+};
 
 // "At most per_buyer units per buyer across these SKUs" (at every location). A SKU
 // belongs to at most one group.

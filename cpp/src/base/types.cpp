@@ -172,6 +172,54 @@ const char* reservation_state_name(ReservationState state) noexcept {
   return "unknown";
 }
 
+namespace {
+constexpr UnitState unit_states[] = {UnitState::available, UnitState::damaged,
+                                     UnitState::quality_control, UnitState::written_off};
+}  // namespace
+
+const char* unit_state_name(UnitState state) noexcept {
+  switch (state) {
+    case UnitState::available:
+      return "available";
+    case UnitState::damaged:
+      return "damaged";
+    case UnitState::quality_control:
+      return "quality_control";
+    case UnitState::written_off:
+      return "written_off";
+  }
+  return "unknown";
+}
+
+UnitState parse_unit_state(std::string_view name) {
+  for (UnitState state : unit_states) {
+    if (name == unit_state_name(state)) return state;
+  }
+  throw_invalid_argument(
+      "a unit state is one of 'available', 'damaged', 'quality_control' or 'written_off' "
+      "(a destination only)");
+}
+
+const char* transfer_state_name(TransferState state) noexcept {
+  switch (state) {
+    case TransferState::in_transit:
+      return "in_transit";
+    case TransferState::received:
+      return "received";
+    case TransferState::cancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+TransferState parse_transfer_state(std::string_view name) {
+  for (TransferState state :
+       {TransferState::in_transit, TransferState::received, TransferState::cancelled}) {
+    if (name == transfer_state_name(state)) return state;
+  }
+  throw_invalid_argument("a transfer's state is 'in_transit', 'received' or 'cancelled'");
+}
+
 std::size_t SkuKeyHash::operator()(const SkuKey& key) const noexcept {
   const std::uint64_t h = stable_hash64({key.sku, key.location});
   return static_cast<std::size_t>(h ^

@@ -12,7 +12,7 @@
 // slots measured 0.95-1.03x of one row there: docs/benchmarks.md); a writer that comes
 // and goes (the row must stay shared, each trace within contention_memory_ms of the last);
 // batches of one request. A SKU set_slots refuses (discontinued, leased, with a backorder
-// limit) stays on one row, and is not asked again for `refused_ms`.
+// limit or withheld units) stays on one row, and is not asked again for `refused_ms`.
 //
 // Learning: a replica that has not seen a split still writes the SKU's own row, which the
 // replicas that split share with it; so the same signal makes it read the SKU's rows

@@ -230,8 +230,9 @@ std::vector<StockLevel> SlotRouter::fill_slot(const SkuKey& key,
 
 namespace {
 
-// set_slots refuses to give slots to a SKU that is discontinued, leased or has a backorder
-// limit. (Taking them all away is allowed on a discontinued SKU: it only moves free units.)
+// set_slots refuses to give slots to a SKU that is discontinued, leased, has a backorder
+// limit or withholds units from sale. (Taking them all away is allowed on a discontinued SKU: it
+// only moves free units.)
 void check_slottable(const SkuKey& key, const StockLevel& own) {
   if (own.discontinued) {
     throw Error(ErrorCode::discontinued, describe(key) + " is discontinued", context_of(key));
@@ -246,6 +247,13 @@ void check_slottable(const SkuKey& key, const StockLevel& own) {
         ErrorCode::invalid_state,
         describe(key) + " has a backorder limit; hot-row slots are not built for backorders",
         context_of(key));
+  }
+  if (own.withheld() > 0) {
+    throw Error(ErrorCode::invalid_state,
+                describe(key) +
+                    " withholds units from sale (safety stock, damaged or quality control); "
+                    "hot-row slots are not built for them",
+                context_of(key));
   }
 }
 

@@ -14,6 +14,10 @@ RowChange change_of(const RowValues* v) {
   c.on_hand = v->on_hand;
   c.reserved = v->reserved;
   c.backorder_limit = v->backorder_limit;
+  c.safety_stock = v->safety_stock;
+  c.damaged = v->damaged;
+  c.quality_control = v->quality_control;
+  c.incoming = v->incoming;
   c.discontinued = v->discontinued != 0;
   if (v->low_stock != RowValues::no_low_stock) c.low_stock = v->low_stock;
   c.lease_token = v->lease_token;
@@ -55,7 +59,7 @@ void MemoryJournal::record(const SkuKey& key, const RowValues* before, const Row
   m.reserved_delta = after.reserved - was.reserved;
   m.on_hand = after.on_hand;
   m.reserved = after.reserved;
-  m.available = after.on_hand + after.backorder_limit - after.reserved;
+  m.available = available_of(now);
   m.cause = cause_of(was, now, note != nullptr ? note->cause : std::string());
   if (note != nullptr) {
     m.reason = note->reason;

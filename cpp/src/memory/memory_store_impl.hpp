@@ -117,6 +117,13 @@ class MemoryStore final : public Store, public TestHooks {
                          const std::optional<std::string>& idempotency_key = {}) override;
   StockLevel set_backorder_limit(const SkuKey& key, Quantity limit, std::optional<Version> expected,
                                  std::optional<FencingToken> token) override;
+  StockLevel set_safety_stock(const SkuKey& key, Quantity units, std::optional<Version> expected,
+                              std::optional<FencingToken> token) override;
+  StockLevel move_units(const MoveRequest& request) override;
+  Transfer transfer(const TransferRequest& request) override;
+  Transfer transfer_step(const TransferStepRequest& request) override;
+  std::optional<Transfer> get_transfer(const Uuid& id) override;
+  std::vector<Transfer> find_transfers(const TransferQuery& query) override;
   std::vector<StockLevel> set_discontinued(const SkuKey& key, bool discontinued,
                                            std::int64_t lock_timeout_ms,
                                            const RowsCheck& check) override;
@@ -299,6 +306,7 @@ class MemoryStore final : public Store, public TestHooks {
   bool erase_reservation(const Uuid& id);
   PurgeCounts purge_keys(TimestampUs horizon, std::uint64_t limit);
   std::uint64_t purge_reservations(TimestampUs horizon, std::uint64_t limit);
+  std::uint64_t purge_transfers(TimestampUs horizon, std::uint64_t limit);
   void purge_as_you_go();  // retention: every 64th reservation purges a little
   // Holds lapse as the store goes (MemoryOptions::expire_lapsed): expires the holds past
   // their expiry, unless the earliest expiry the store knows of is still ahead (then it
@@ -330,6 +338,11 @@ class MemoryStore final : public Store, public TestHooks {
   std::unordered_map<Uuid, std::vector<Uuid>, UuidHash> orders_;
   // Each SKU's locations (its own rows; a leaf lock, taken under a stock shard's): rows are
   // never removed, so neither are these, and they are bounded as the rows are.
+  // Transfers by id (memory/transfers.cpp; a step holds the lock while it latches its
+  // rows). Finished ones go with retention (purge), as terminal reservations do.
+  mutable std::mutex transfers_mutex_;
+  std::map<Uuid, Transfer> transfers_;
+  std::set<std::pair<TimestampUs, Uuid>> finished_transfers_;  // by updated_at, for purge
   mutable std::mutex locations_mutex_;
   std::unordered_map<std::string, std::set<std::string>> locations_;
   std::mutex idempotency_mutex_;

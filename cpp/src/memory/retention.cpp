@@ -127,6 +127,18 @@ std::uint64_t MemoryStore::purge_reservations(TimestampUs horizon, std::uint64_t
   return erased;
 }
 
+std::uint64_t MemoryStore::purge_transfers(TimestampUs horizon, std::uint64_t limit) {
+  std::uint64_t erased = 0;
+  std::lock_guard<std::mutex> guard(transfers_mutex_);
+  while (!finished_transfers_.empty() && finished_transfers_.begin()->first < horizon &&
+         erased < limit) {
+    transfers_.erase(finished_transfers_.begin()->second);
+    finished_transfers_.erase(finished_transfers_.begin());
+    ++erased;
+  }
+  return erased;
+}
+
 PurgeCounts MemoryStore::purge(std::int64_t older_than_us, std::uint64_t limit) {
   const TimestampUs now = clock_->now_us();  // a ManualClock may be far before 1970
   const TimestampUs horizon = now < std::numeric_limits<TimestampUs>::min() + older_than_us
@@ -134,6 +146,9 @@ PurgeCounts MemoryStore::purge(std::int64_t older_than_us, std::uint64_t limit) 
                                   : now - older_than_us;
   PurgeCounts out = purge_keys(horizon, limit);
   if (out.keys < limit) out.reservations += purge_reservations(horizon, limit - out.keys);
+  if (out.keys + out.reservations < limit) {
+    out.transfers = purge_transfers(horizon, limit - out.keys - out.reservations);
+  }
   telemetry().purged(out);
   return out;
 }

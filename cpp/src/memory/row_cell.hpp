@@ -46,9 +46,20 @@ struct RowValues {
   TimestampUs lease_expires_us = 0;   // 0: no lease (released, or never taken)
   Quantity low_stock = no_low_stock;  // the low-stock threshold of the feed's alerts
   std::int64_t active_slots = 0;      // on a SKU's own row: StockLevel::active_slots
+  Quantity safety_stock = 0;          // StockLevel's quantity states
+  Quantity damaged = 0;
+  Quantity quality_control = 0;
+  Quantity incoming = 0;  // in transit to this row (transfers)
 
   static constexpr Quantity no_low_stock = INT64_MIN;
   bool lease_live(TimestampUs now) const { return lease_expires_us > now; }
+  Quantity withheld() const { return safety_stock + damaged + quality_control; }
+  // The schema's CHECK constraints on a stock row (types.hpp, StockLevel).
+  bool keeps_invariant() const {
+    return backorder_limit >= 0 && reserved >= 0 && safety_stock >= 0 && damaged >= 0 &&
+           quality_control >= 0 && incoming >= 0 &&
+           reserved + damaged + quality_control <= on_hand + backorder_limit;
+  }
 };
 
 struct RowSnapshot {
@@ -131,7 +142,11 @@ class alignas(cache_line_size) RowCell {
                      lease_token_.load(std::memory_order_relaxed),
                      lease_expires_us_.load(std::memory_order_relaxed),
                      low_stock_.load(std::memory_order_relaxed),
-                     active_slots_.load(std::memory_order_relaxed)};
+                     active_slots_.load(std::memory_order_relaxed),
+                     safety_stock_.load(std::memory_order_relaxed),
+                     damaged_.load(std::memory_order_relaxed),
+                     quality_control_.load(std::memory_order_relaxed),
+                     incoming_.load(std::memory_order_relaxed)};
   }
   void store_fields(const RowValues& v) {
     on_hand_.store(v.on_hand, std::memory_order_relaxed);
@@ -144,6 +159,10 @@ class alignas(cache_line_size) RowCell {
     lease_expires_us_.store(v.lease_expires_us, std::memory_order_relaxed);
     low_stock_.store(v.low_stock, std::memory_order_relaxed);
     active_slots_.store(v.active_slots, std::memory_order_relaxed);
+    safety_stock_.store(v.safety_stock, std::memory_order_relaxed);
+    damaged_.store(v.damaged, std::memory_order_relaxed);
+    quality_control_.store(v.quality_control, std::memory_order_relaxed);
+    incoming_.store(v.incoming, std::memory_order_relaxed);
   }
 
   std::atomic<std::uint64_t> seq_{0};
@@ -157,6 +176,10 @@ class alignas(cache_line_size) RowCell {
   std::atomic<TimestampUs> lease_expires_us_{0};
   std::atomic<Quantity> low_stock_{RowValues::no_low_stock};
   std::atomic<std::int64_t> active_slots_{0};
+  std::atomic<Quantity> safety_stock_{0};
+  std::atomic<Quantity> damaged_{0};
+  std::atomic<Quantity> quality_control_{0};
+  std::atomic<Quantity> incoming_{0};
 };
 
 [[noreturn]] void throw_invariant_violation(const RowValues& next, const SkuKey& key);
@@ -190,10 +213,7 @@ class RowLatch {
   // and releases the latch. A broken invariant is a bug in a caller: it raises
   // invariant_violation and leaves the row as it was.
   void publish(const RowValues& next, const SkuKey& key) {
-    if (next.backorder_limit < 0 || next.reserved < 0 ||
-        next.reserved > next.on_hand + next.backorder_limit) {
-      throw_invariant_violation(next, key);
-    }
+    if (!next.keeps_invariant()) throw_invariant_violation(next, key);
     STOCKADE_ASSERT(next.version >= values_.version);  // versions never go back
     // The journal's entry, appended under the latch: per row, entries follow versions.
     if (cell_->journal != nullptr) cell_->journal->record(key, &values_, next);

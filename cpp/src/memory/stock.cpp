@@ -5,6 +5,7 @@
 #include "memory/memory_store_impl.hpp"
 #include "stockade/hash.hpp"
 #include "store/error_helpers.hpp"
+#include "store/unit_states.hpp"
 
 namespace stockade::detail {
 namespace {
@@ -55,10 +56,14 @@ class HeldLock final : public LockHold {
 
 void throw_invariant_violation(const RowValues& next, const SkuKey& key) {
   throw Error(ErrorCode::invariant_violation,
-              "refused a write that breaks 0 <= reserved <= on_hand + backorder_limit on " +
+              "refused a write that breaks 0 <= reserved and reserved + damaged + "
+              "quality_control <= on_hand + backorder_limit on " +
                   describe(key) + ": on_hand " + std::to_string(next.on_hand) + ", reserved " +
                   std::to_string(next.reserved) + ", backorder_limit " +
-                  std::to_string(next.backorder_limit),
+                  std::to_string(next.backorder_limit) + ", damaged " +
+                  std::to_string(next.damaged) + ", quality_control " +
+                  std::to_string(next.quality_control) + ", safety_stock " +
+                  std::to_string(next.safety_stock),
               context_of(key));
 }
 
@@ -71,6 +76,10 @@ StockLevel level_at(const SkuKey& key, const RowValues& v, TimestampUs now) {
   level.lease_expires_at_us = level.leased ? v.lease_expires_us : 0;
   if (v.low_stock != RowValues::no_low_stock) level.low_stock = v.low_stock;
   level.active_slots = static_cast<int>(v.active_slots);
+  level.safety_stock = v.safety_stock;
+  level.damaged = v.damaged;
+  level.quality_control = v.quality_control;
+  level.incoming = v.incoming;
   return level;
 }
 
@@ -91,7 +100,7 @@ void check_row(const SkuKey& key, const RowValues& v, TimestampUs now,
 }
 
 Quantity available_of(const RowValues& v) {
-  return v.on_hand + v.backorder_limit - v.reserved;
+  return available_units(v.on_hand, v.backorder_limit, v.reserved, v.withheld());
 }
 
 RowValues hold_units(Telemetry* telemetry, StockRow& row, const RowValues& current, Quantity qty,
@@ -288,7 +297,7 @@ StockLevel MemoryStore::set_on_hand(const SkuKey& key, Quantity on_hand,
     const TimestampUs now = clock_->now_us();
     const auto decide = [&](const RowValues& v) {
       check_row(key, v, now, expected, token);
-      check_covers(key, on_hand, v.reserved, v.backorder_limit);
+      check_covers(key, on_hand, v.reserved, v.backorder_limit, v.damaged + v.quality_control);
       RowValues next = changed(v, now);
       next.on_hand = on_hand;
       return next;
@@ -305,12 +314,48 @@ StockLevel MemoryStore::set_backorder_limit(const SkuKey& key, Quantity limit,
   const auto decide = [&](const RowValues& v) {
     refuse_if_slotted(key, "a backorder limit");
     check_row(key, v, now, expected, token);
-    check_covers(key, v.on_hand, v.reserved, limit);
+    check_covers(key, v.on_hand, v.reserved, limit, v.damaged + v.quality_control);
     RowValues next = changed(v, now);
     next.backorder_limit = limit;
     return next;
   };
   return level_of(row, compare_and_set(row, decide, nullptr));
+}
+
+StockLevel MemoryStore::set_safety_stock(const SkuKey& key, Quantity units,
+                                         std::optional<Version> expected,
+                                         std::optional<FencingToken> token) {
+  StockRow& row = require_row(key);
+  const TimestampUs now = clock_->now_us();
+  const auto decide = [&](const RowValues& v) {
+    refuse_if_slotted(key, "safety stock");
+    check_row(key, v, now, expected, token);
+    RowValues next = changed(v, now);
+    next.safety_stock = units;
+    return next;
+  };
+  return level_of(row, compare_and_set(row, decide, nullptr));
+}
+
+StockLevel MemoryStore::move_units(const MoveRequest& request) {
+  const SkuKey& key = request.key;
+  const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
+  return keyed<StockLevel>(request.idempotency_key, print, [&] {
+    StockRow& row = require_row(key);
+    const TimestampUs now = clock_->now_us();
+    const auto decide = [&](const RowValues& v) {
+      check_row(key, v, now, request.expected_version, request.fencing_token);
+      // Units in a bucket stay on their row: a slotted SKU would spread them as free units.
+      refuse_if_slotted(key, "moving units between states");
+      const UnitCounts counts = plan_move(level_at(key, v, now), request);
+      RowValues next = changed(v, now);
+      next.on_hand = counts.on_hand;
+      next.damaged = counts.damaged;
+      next.quality_control = counts.quality_control;
+      return next;
+    };
+    return level_of(row, compare_and_set(row, decide, nullptr));
+  });
 }
 
 // The engine refuses leases and backorder limits on a slotted SKU after reading its rows;

@@ -165,11 +165,12 @@ void BatchTx::lock_rows(Tx& tx) {
     state.reserved = row[3].as<std::int64_t>();
     state.version = row[4].as<std::int64_t>();
     now_us_ = row[5].as<std::int64_t>();
-    state.backorder_limit = row[6].as<std::int64_t>();
-    state.discontinued = row[7].as<bool>();
-    state.leased = row[8].as<bool>();
-    found.emplace(SkuKey{row[0].as<std::string>(), row[1].as<std::string>(), row[9].as<int>()},
-                  state);
+    read_limits(row, 6, state);
+    state.discontinued = row[after_limits].as<bool>();
+    state.leased = row[after_limits + 1].as<bool>();
+    found.emplace(
+        SkuKey{row[0].as<std::string>(), row[1].as<std::string>(), row[after_limits + 2].as<int>()},
+        state);
   }
   rows_ = std::move(found);
 }
@@ -201,7 +202,7 @@ void BatchTx::decide() {
         continue;
       }
     }
-    const Quantity available = row.on_hand + row.backorder_limit - row.reserved;
+    const Quantity available = row.available();
     if (available < item.qty) {
       fail(item, out_of_stock(item.key, available, item.qty, row.version));
       continue;
@@ -517,10 +518,10 @@ pqxx::result BatchTx::write_one_citus(Tx& tx, const OneRowHolds& h, const NewKey
                                             none, none, h.refs, h.metadata, h.orders}));
   }
   if (!k.names.empty()) {
-    const pqxx::row m = moved[0];  // the row as it moved: each sell's level's tail
-    const std::string tail = batched_level_tail(m[2].as<std::int64_t>(), m[3].as<std::int64_t>(),
-                                                m[4].as<std::int64_t>(), m[5].as<std::int64_t>(),
-                                                m[6].as<std::int64_t>());
+    const pqxx::row m = moved[0];      // the row as it moved: each sell's level's tail
+    std::vector<std::int64_t> values;  // on_hand, reserved, version, now, limit, states
+    for (int i = 2; i < after_limits; ++i) values.push_back(m[i].as<std::int64_t>());
+    const std::string tail = batched_level_tail(values);
     std::vector<std::string> outcomes = k.outcomes;
     for (std::string& outcome : outcomes) {
       if (!outcome.empty()) outcome += tail;

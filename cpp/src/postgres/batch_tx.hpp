@@ -55,21 +55,43 @@ struct RowState {
   Quantity reserved = 0;
   Version version = 0;
   Quantity backorder_limit = 0;
+  Quantity safety_stock = 0, damaged = 0, quality_control = 0, incoming = 0;  // sql::states
   bool discontinued = false;
   bool leased = false;
   Quantity sold = 0;
   Quantity held = 0;
   std::int64_t changes = 0;
+
+  Quantity available() const {
+    return available_units(on_hand, backorder_limit, reserved,
+                           safety_stock + damaged + quality_control);
+  }
 };
 
 // The row as the batch has decided it so far (its lease, if live, is not this batch's).
 inline StockLevel level_of(const SkuKey& key, const RowState& row) {
   StockLevel level{key, row.on_hand, row.reserved, row.version + row.changes, 0};
   level.backorder_limit = row.backorder_limit;
+  level.safety_stock = row.safety_stock;
+  level.damaged = row.damaged;
+  level.quality_control = row.quality_control;
+  level.incoming = row.incoming;
   level.discontinued = row.discontinued;
   level.leased = row.leased;
   return level;
 }
+
+// The batch's statements read a row's backorder limit and then its quantity states
+// (sql::states) from column `at` on: this reads them into `state`.
+inline void read_limits(const pqxx::row& row, int at, RowState& state) {
+  state.backorder_limit = row[at].as<std::int64_t>();
+  state.safety_stock = row[at + 1].as<std::int64_t>();
+  state.damaged = row[at + 2].as<std::int64_t>();
+  state.quality_control = row[at + 3].as<std::int64_t>();
+  state.incoming = row[at + 4].as<std::int64_t>();
+}
+// The column after them, in a statement that reads more (a slot, a group).
+inline constexpr int after_limits = 11;
 
 // A key's first request in the batch, and what the database said about the key.
 struct KeyClaim {
@@ -317,23 +339,25 @@ class BatchTx {
     // each gets the row's values right after it.
     for (const auto& row : moved) {
       // One row: its key; several (batch_fast): the row's slot is its last column.
-      RowState& state = one_row ? rows_.begin()->second
-                                : rows_.at(SkuKey{row[0].as<std::string>(),
-                                                  row[1].as<std::string>(), row[7].as<int>()});
+      RowState& state = one_row
+                            ? rows_.begin()->second
+                            : rows_.at(SkuKey{row[0].as<std::string>(), row[1].as<std::string>(),
+                                              row[after_limits].as<int>()});
       state.on_hand = row[2].as<std::int64_t>() + state.sold;
       state.reserved = row[3].as<std::int64_t>() - state.held;
       state.version = row[4].as<std::int64_t>() - state.changes;
-      state.backorder_limit = row[6].as<std::int64_t>();
+      read_limits(row, 6, state);
       state.sold = state.held = state.changes = 0;
       now_us_ = row[5].as<std::int64_t>();
     }
     std::fill(decided_.begin(), decided_.end(), false);
     decide();
     // The limited one-row statement names the SKU's purchase-limit group last.
-    if (one_row && moved[0].size() > 7 && !moved[0][7].as<std::string>().empty()) {
+    if (one_row && moved[0].size() > after_limits &&
+        !moved[0][after_limits].as<std::string>().empty()) {
       for (BatchItem* item : items_) {
         if (item->ok && item->op == BatchOp::reserve && item->buyer) {
-          item->reservation.limit_group = moved[0][7].as<std::string>();
+          item->reservation.limit_group = moved[0][after_limits].as<std::string>();
         }
       }
     }

@@ -159,7 +159,8 @@ std::vector<Reservation> PostgresStore::allocate_in(Tx& tx, const AllocateReques
     }
     for (const auto& row : tx.exec(options.nowait ? Stmt::pool_lock_nowait : Stmt::pool_lock,
                                    text_array(skus), text_array(locations))) {
-      const SkuKey key{row[11].as<std::string>(), row[12].as<std::string>()};
+      const SkuKey key{row[stock_column_count].as<std::string>(),
+                       row[stock_column_count + 1].as<std::string>()};
       for (std::size_t i = 0; i < pool.size(); ++i) {
         if (pool[i].key == key) read[i] = level_from(key, row);
       }

@@ -176,6 +176,13 @@ class PostgresStore final : public Store, public TestHooks {
   StockLevel sell(const SellRequest& request) override;
   StockLevel set_backorder_limit(const SkuKey& key, Quantity limit, std::optional<Version> expected,
                                  std::optional<FencingToken> token) override;
+  StockLevel set_safety_stock(const SkuKey& key, Quantity units, std::optional<Version> expected,
+                              std::optional<FencingToken> token) override;
+  StockLevel move_units(const MoveRequest& request) override;
+  Transfer transfer(const TransferRequest& request) override;
+  Transfer transfer_step(const TransferStepRequest& request) override;
+  std::optional<Transfer> get_transfer(const Uuid& id) override;
+  std::vector<Transfer> find_transfers(const TransferQuery& query) override;
   std::vector<StockLevel> set_discontinued(const SkuKey& key, bool discontinued,
                                            std::int64_t lock_timeout_ms,
                                            const RowsCheck& check) override;
@@ -207,6 +214,8 @@ class PostgresStore final : public Store, public TestHooks {
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
 
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override;
+  // purge()'s last step: finished transfers, one batch (postgres/retention.cpp).
+  std::uint64_t purge_transfers(std::int64_t older_than_us, std::uint64_t limit);
   StoreCounts counts() const override;
   StoreCounts exact_counts() const override;
 
@@ -314,6 +323,8 @@ class PostgresStore final : public Store, public TestHooks {
 
   // Stock rows inside a transaction.
   Level read_row(Tx& tx, Stmt s, const SkuKey& key);
+  // A transfer's write of a row it locked: its on_hand and incoming (postgres/transfers.cpp).
+  StockLevel write_transit(Tx& tx, const StockLevel& row, Quantity on_hand, Quantity incoming);
   // The audit's checks of holds, limits, slot rows and keys (record.cpp).
   void audit_holds(const AuditOptions& options, const std::string& sku, std::int64_t limit,
                    AuditReport& report);

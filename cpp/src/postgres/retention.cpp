@@ -197,7 +197,24 @@ PurgeCounts PostgresStore::purge(std::int64_t older_than_us, std::uint64_t limit
     if (statements_->citus()) return run(nullptr, ErrorContext{}, step);
     return run<RunMode::one_statement>(nullptr, ErrorContext{}, step);
   };
-  return purge_with(limit, delete_some, nullptr);
+  PurgeCounts out = purge_with(limit, delete_some, nullptr);
+  if (out.keys + out.reservations < limit) {
+    out.transfers = purge_transfers(older_than_us, limit - out.keys - out.reservations);
+  }
+  return out;
+}
+
+std::uint64_t PostgresStore::purge_transfers(std::int64_t older_than_us, std::uint64_t limit) {
+  const auto n = static_cast<std::int64_t>(std::min<std::uint64_t>(limit, options_.purge_batch));
+  return run(nullptr, ErrorContext{}, [&](Tx& tx) -> std::uint64_t {
+    std::vector<std::string> ids;
+    for (const auto& row : tx.exec(Stmt::transfers_finished, older_than_us, n)) {
+      ids.push_back(row[0].as<std::string>());
+    }
+    if (ids.empty()) return 0;
+    return static_cast<std::uint64_t>(
+        tx.exec(Stmt::transfers_purge, text_array(ids)).affected_rows());
+  });
 }
 
 }  // namespace stockade::detail::pg

@@ -22,7 +22,8 @@ std::string stock_columns() {
          ", backorder_limit, discontinued_at IS NOT NULL, lease_token,"
          " coalesce(lease_expires_at > now(), false),"
          " CASE WHEN lease_expires_at > now() THEN " +
-         epoch_us("lease_expires_at") + " ELSE 0 END, low_stock, coalesce(slots, 0)";
+         epoch_us("lease_expires_at") + " ELSE 0 END, low_stock, coalesce(slots, 0), " +
+         sql::states;
 }
 
 // The same with an optional fencing token in parameter $n (-1: none): a token must be the
@@ -174,6 +175,7 @@ Statements::Statements(const std::string& schema, bool citus, std::string schema
   add_expiry_statements(schema, set);
   add_citus_statements(schema, set);
   add_record_statements(schema, citus, set);
+  add_transfer_statements(schema, set);
   for (std::size_t i = 0; i < stmt_count; ++i) parameters_[i] = last_parameter(sql_[i]);
   if (!citus) name_routines();  // see routines()
 }
@@ -338,6 +340,15 @@ void Statements::add_stock_statements(const std::string& schema, Set& set) {
   set(Stmt::stock_set_backorder_limit,
       returning_stock("UPDATE " + stock +
                       " SET backorder_limit = $3, version = version + 1, updated_at = now()" +
+                      key));
+  set(Stmt::stock_set_safety_stock,
+      returning_stock("UPDATE " + stock +
+                      " SET safety_stock = $3, version = version + 1, updated_at = now()" + key));
+  // move_units' write, decided on the row as locked (plan_move): absolute values.
+  set(Stmt::stock_set_units,
+      returning_stock("UPDATE " + stock +
+                      " SET on_hand = $3, damaged = $4, quality_control = $5,"
+                      " version = version + 1, updated_at = now()" +
                       key));
   set(Stmt::stock_set_discontinued,
       returning_stock("UPDATE " + stock +

@@ -26,6 +26,17 @@ namespace stockade::detail::pg {
   X(stock_delta, routine)             \
   X(stock_settle, routine)            \
   X(stock_set_backorder_limit, plain) \
+  X(stock_set_safety_stock, plain)    \
+  X(stock_set_units, plain)           \
+  X(stock_set_transit, plain)         \
+  X(stock_insert_incoming, plain)     \
+  X(transfer_insert, plain)           \
+  X(transfer_get, plain)              \
+  X(transfer_lock, plain)             \
+  X(transfer_set, plain)              \
+  X(transfers_list, plain)            \
+  X(transfers_finished, plain)        \
+  X(transfers_purge, plain)           \
   X(stock_set_discontinued, plain)    \
   X(lease_next_token, plain)          \
   X(lease_acquire, plain)             \
@@ -220,6 +231,11 @@ using StatementSink = std::function<void(Stmt, const std::string&)>;
 // The hot-row batcher's statements (statements_batch.cpp): the full path's, the fast path
 // on several rows, on one row (with keys, and on Citus), and on one row with buyers.
 void add_batch_statements(const std::string& schema, const StatementSink& set);
+// Transfers between locations: the transfer's rows and its stock rows' writes
+// (statements_transfers.cpp).
+void add_transfer_statements(const std::string& schema, const StatementSink& set);
+// A transfer's columns as transfer_from (postgres/transfers.cpp) reads them.
+std::string transfer_columns();
 void add_batch_fast_statements(const std::string& schema, const StatementSink& set);
 void add_batch_fast_one_statements(const std::string& schema, const StatementSink& set);
 void add_batch_fast_limited_statement(const std::string& schema, const StatementSink& set);
@@ -228,8 +244,14 @@ void add_batch_fast_limited_statement(const std::string& schema, const Statement
 namespace sql {
 // The predicate on one stock row: $1 and $2 its SKU, and its hot-row slot.
 inline constexpr const char* row_key = " WHERE sku = $1 AND location = $2 AND slot = @SLOT@PIN";
-// The units a row can still promise (migration 003: backorders).
-inline constexpr const char* room = "on_hand + backorder_limit - reserved";
+// The units a row can still promise (migration 003: backorders; 013: the units withheld
+// from sale): the SQL form of available_units() (types.hpp), unclamped, for guards that
+// compare it with a positive quantity. Every guarded write and the batch's checks use it.
+inline constexpr const char* room =
+    "on_hand + backorder_limit - reserved - safety_stock - damaged - quality_control";
+// A stock row's quantity states, in this order, wherever a row is read (level_from, and
+// the batch's statements, which read them right after backorder_limit).
+inline constexpr const char* states = "safety_stock, damaged, quality_control, incoming";
 // Whether a write without a fencing token may change the row: not discontinued, and no
 // lease live (the rule of check_writable, which classifies a refusal afterwards).
 inline constexpr const char* open_row =
@@ -240,8 +262,10 @@ inline constexpr const char* open_row =
 std::string reservation_columns();
 // The journal's, the feed's and the audit's statements (statements_record.cpp).
 void add_record_statements(const std::string& schema, bool citus, const StatementSink& set);
-// A stock row's columns as the store reads them (level_from in stock.cpp).
+// A stock row's columns as the store reads them (level_from in stock.cpp), and how many
+// there are: a statement that reads more puts them after these.
 std::string stock_columns_sql();
+inline constexpr int stock_column_count = 15;
 
 // `sql` with its slot marker rendered: `@SLOT` is the stock row's hot-row slot, a parameter
 // one past the statement's last (so the callers pass the row's slot after the statement's

@@ -27,6 +27,12 @@ std::string batch_holds(const std::string& schema) {
          " AS r(i, k, l, q, t, ik, rb, rg, rs, rf, md, od)";
 }
 
+// The quantity states (sql::states) as columns of `alias` ("" for none).
+std::string states_of(const std::string& alias) {
+  const std::string a = alias.empty() ? "" : alias + ".";
+  return a + "safety_stock, " + a + "damaged, " + a + "quality_control, " + a + "incoming";
+}
+
 // A batch's key row's reservation ids, from the text of one id ('' for a sell's key: none).
 std::string key_ids(const std::string& id) {
   return "CASE WHEN " + id + " = '' THEN '{}'::uuid[] ELSE ARRAY[" + id + "::uuid] END";
@@ -45,7 +51,8 @@ OneRowPieces one_row_pieces(const std::string& schema) {
             ".stock SET on_hand = on_hand - $3::bigint, reserved = reserved + $4::bigint,"
             " version = version + $5::bigint, updated_at = now()" +
             row_key + " AND " + std::string(room) + " >= $3::bigint + $4::bigint AND " + open_row;
-  p.moved_end = " RETURNING sku, location, on_hand, reserved, version, backorder_limit),";
+  p.moved_end = " RETURNING sku, location, on_hand, reserved, version, backorder_limit, " +
+                states_of("") + "),";
   p.made = " made AS (INSERT INTO " + new_reservation(schema + ".reservation", false) +
            " SELECT i::uuid, $1, $2, @SLOT, q,"
            " 'held', 1,"
@@ -53,7 +60,7 @@ OneRowPieces one_row_pieces(const std::string& schema) {
            " FROM unnest($6::text[], $7::bigint[], $8::bigint[], $9::text[]) AS r(i, q, t, ik)"
            " WHERE EXISTS (SELECT 1 FROM moved))";
   p.answer = " SELECT sku, location, on_hand, reserved, version, " + epoch_us("now()") +
-             ", backorder_limit FROM moved";
+             ", backorder_limit, " + states_of("") + " FROM moved";
   return p;
 }
 
@@ -84,7 +91,8 @@ void add_batch_statements(const std::string& schema, const StatementSink& set) {
   // row's backorder limit, and whether it is discontinued or leased.
   set(Stmt::batch_lock,
       "SELECT s.sku, s.location, s.on_hand, s.reserved, s.version, " + epoch_us("now()") +
-          ", s.backorder_limit, s.discontinued_at IS NOT NULL,"
+          ", s.backorder_limit, " + states_of("s") +
+          ", s.discontinued_at IS NOT NULL,"
           " coalesce(s.lease_expires_at > now(), false), s.slot FROM " +
           schema +
           ".stock s JOIN unnest($1::text[], $2::text[], $3::int[]) AS k(sku, location, slot)"
@@ -141,9 +149,11 @@ void add_batch_fast_statements(const std::string& schema, const StatementSink& s
   set(Stmt::batch_fast,
       "WITH d AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],"
       " $5::bigint[], $15::int[]) AS d(sku, location, sold, held, changes, slot)),"
-      " locked AS (SELECT s.sku, s.on_hand + s.backorder_limit - s.reserved >= d.sold + d.held"
-      " AND s.discontinued_at IS NULL"
-      " AND (s.lease_expires_at IS NULL OR s.lease_expires_at <= now()) AS fits FROM " +
+      " locked AS (SELECT s.sku, " +
+          std::string(room) +
+          " >= d.sold + d.held"
+          " AND s.discontinued_at IS NULL"
+          " AND (s.lease_expires_at IS NULL OR s.lease_expires_at <= now()) AS fits FROM " +
           schema +
           ".stock s JOIN d ON s.sku = d.sku AND s.location = d.location AND s.slot = d.slot@PIN(s)"
           " ORDER BY s.sku COLLATE \"C\", s.location COLLATE \"C\", s.slot FOR UPDATE OF s),"
@@ -156,14 +166,15 @@ void add_batch_fast_statements(const std::string& schema, const StatementSink& s
           " WHERE verdict.all_fit AND s.sku = d.sku AND s.location = d.location"
           " AND s.slot = d.slot@PIN(s) AND " +
           room + " >= d.sold + d.held AND " + open_row +
-          " RETURNING s.sku, s.location, s.on_hand, s.reserved, s.version, s.backorder_limit,"
-          " s.slot),"
+          " RETURNING s.sku, s.location, s.on_hand, s.reserved, s.version, s.backorder_limit, " +
+          states_of("s") +
+          ", s.slot),"
           " made AS (" +
           batch_holds(schema) +
           " WHERE (SELECT count(*) FROM moved) = $12)"
           " SELECT sku, location, on_hand, reserved, version, " +
-          epoch_us("now()") +
-          ", backorder_limit, slot FROM moved WHERE CASE WHEN (SELECT count(*) FROM moved) = $12"
+          epoch_us("now()") + ", backorder_limit, " + states_of("") +
+          ", slot FROM moved WHERE CASE WHEN (SELECT count(*) FROM moved) = $12"
           " THEN true ELSE " +
           schema + ".abort_statement() END");
 }
@@ -203,7 +214,8 @@ void add_batch_fast_one_statements(const std::string& schema, const StatementSin
   // Citus routes to the one shard: one worker, a plain COMMIT.
   set(Stmt::citus_move_one, "WITH" + moved + moved_end.substr(0, moved_end.size() - 1) +
                                 " SELECT sku, location, on_hand, reserved, version, " +
-                                epoch_us("now()") + ", backorder_limit FROM moved");
+                                epoch_us("now()") + ", backorder_limit, " + states_of("") +
+                                " FROM moved");
   set(Stmt::citus_keys_taken,
       "SELECT count(*) FROM " + schema + ".idempotency WHERE key = ANY($1::text[])@PIN");
   const std::string fresh_keys =
@@ -215,8 +227,9 @@ void add_batch_fast_one_statements(const std::string& schema, const StatementSin
           key_ids("i") +
           ", CASE WHEN o = '' THEN NULL ELSE o || m.tail END, now()@SKV FROM unnest($10::text[],"
           " $11::text[], $12::text[], $13::text[]) AS t(k, f, i, o), (SELECT " +
-          batched_level_tail_sql("on_hand", "reserved", "version", epoch_us("now()"),
-                                 "backorder_limit") +
+          batched_level_tail_sql({"on_hand", "reserved", "version", epoch_us("now()"),
+                                  "backorder_limit", "safety_stock", "damaged", "quality_control",
+                                  "incoming"}) +
           " AS tail FROM moved) m)" + answer);
 }
 
@@ -253,8 +266,8 @@ void add_batch_fast_limited_statement(const std::string& schema, const Statement
           " CASE WHEN b <> '' THEN (SELECT g FROM lim) END@SKV FROM req"
           " WHERE EXISTS (SELECT 1 FROM moved))"
           " SELECT m.sku, m.location, m.on_hand, m.reserved, m.version, " +
-          epoch_us("now()") +
-          ", m.backorder_limit, coalesce((SELECT g FROM lim), '')"
+          epoch_us("now()") + ", m.backorder_limit, " + states_of("m") +
+          ", coalesce((SELECT g FROM lim), '')"
           " FROM (SELECT 1) AS one LEFT JOIN moved m ON true WHERE CASE WHEN m.sku IS NOT NULL"
           " THEN true WHEN EXISTS (SELECT 1 FROM taken) THEN " +
           schema + ".abort_statement() ELSE false END");

@@ -6,6 +6,7 @@
 #include "postgres/postgres_store_impl.hpp"
 #include "stockade/hash.hpp"
 #include "store/fingerprint.hpp"
+#include "store/unit_states.hpp"
 
 namespace stockade::detail::pg {
 
@@ -21,6 +22,10 @@ StockLevel level_from(const SkuKey& key, const pqxx::row& row) {
   level.lease_expires_at_us = row[8].as<std::int64_t>();
   if (!row[9].is_null()) level.low_stock = row[9].as<std::int64_t>();
   level.active_slots = row[10].as<int>();
+  level.safety_stock = row[11].as<std::int64_t>();
+  level.damaged = row[12].as<std::int64_t>();
+  level.quality_control = row[13].as<std::int64_t>();
+  level.incoming = row[14].as<std::int64_t>();
   STOCKADE_ASSERT_ROW(level.on_hand, level.reserved, level.backorder_limit);
   return level;
 }
@@ -170,7 +175,8 @@ StockLevel PostgresStore::upsert_in(Tx& tx, const SkuKey& key, Quantity value, b
     if (add) {
       on_hand = checked_add(row->on_hand, value, "restock");
     } else {
-      check_covers(key, value, row->reserved, row->backorder_limit);
+      check_covers(key, value, row->reserved, row->backorder_limit,
+                   row->damaged + row->quality_control);
     }
     return observed_write(level_from(key, tx.exec_on(shard_of(key), Stmt::stock_set_on_hand,
                                                      key.sku, key.location, on_hand, key.slot)[0]));
@@ -202,7 +208,7 @@ std::vector<StockLevel> PostgresStore::read_sku_rows(Tx& tx, const SkuKey& base)
   const pqxx::result rows = tx.exec_on(shard_of(base), Stmt::sku_rows, base.sku, base.location);
   std::vector<StockLevel> out;
   for (const auto& row : rows) {
-    out.push_back(level_from(slot_key(base, row[11].as<int>()), row));
+    out.push_back(level_from(slot_key(base, row[stock_column_count].as<int>()), row));
   }
   std::sort(out.begin(), out.end(),
             [](const StockLevel& a, const StockLevel& b) { return a.key < b.key; });
@@ -288,7 +294,7 @@ StockLevel PostgresStore::set_backorder_limit(const SkuKey& key, Quantity limit,
       key,
       [&](const StockLevel& row) {
         check_writable(row, expected, token);
-        check_covers(key, row.on_hand, row.reserved, limit);
+        check_covers(key, row.on_hand, row.reserved, limit, row.damaged + row.quality_control);
         return true;
       },
       [&](Tx& tx) {
@@ -296,6 +302,41 @@ StockLevel PostgresStore::set_backorder_limit(const SkuKey& key, Quantity limit,
         return tx.exec_on(shard_of(key), Stmt::stock_set_backorder_limit, key.sku, key.location,
                           limit, key.slot);
       });
+}
+
+StockLevel PostgresStore::set_safety_stock(const SkuKey& key, Quantity units,
+                                           std::optional<Version> expected,
+                                           std::optional<FencingToken> token) {
+  return admin_write(
+      key,
+      [&](const StockLevel& row) {
+        check_writable(row, expected, token);
+        return true;
+      },
+      [&](Tx& tx) {
+        refuse_if_slotted(tx, key, "safety stock");
+        return tx.exec_on(shard_of(key), Stmt::stock_set_safety_stock, key.sku, key.location, units,
+                          key.slot);
+      });
+}
+
+StockLevel PostgresStore::move_units(const MoveRequest& request) {
+  const SkuKey& key = request.key;
+  std::optional<KeyedWrite> k;
+  if (request.idempotency_key) {
+    k = KeyedWrite{*request.idempotency_key, fingerprint(request), shard_of(key)};
+  }
+  return keyed<StockLevel>(k, nullptr, context_of(key), [&](Tx& tx) {
+    const Level row = read_row(tx, Stmt::stock_lock, key);
+    if (!row) throw_stock_not_found(key);
+    check_writable(*row, request.expected_version, request.fencing_token);
+    // Units in a bucket stay on their row: a slotted SKU would spread them as free units.
+    refuse_if_slotted(tx, key, "moving units between states");
+    const UnitCounts counts = plan_move(*row, request);
+    return observed_write(level_from(
+        key, tx.exec_on(shard_of(key), Stmt::stock_set_units, key.sku, key.location, counts.on_hand,
+                        counts.damaged, counts.quality_control, key.slot)[0]));
+  });
 }
 
 // The engine refuses leases and backorder limits on a slotted SKU after reading its rows;

@@ -138,15 +138,18 @@ inline void refuse_if_slots(const SkuKey& key, const char* feature,
   if (has_slots(rows)) throw_not_built_for_slots(key, feature, rows.size());
 }
 
-// set_on_hand and set_backorder_limit: what is promised must stay covered.
+// set_on_hand and set_backorder_limit: what is promised, and what sits damaged or in
+// quality control (`unsellable`), must stay covered.
 inline void check_covers(const SkuKey& key, Quantity on_hand, Quantity reserved,
-                         Quantity backorder_limit) {
-  if (reserved <= on_hand + backorder_limit) return;
+                         Quantity backorder_limit, Quantity unsellable = 0) {
+  if (reserved + unsellable <= on_hand + backorder_limit) return;
+  std::string claimed = std::to_string(reserved) + " units reserved";
+  if (unsellable > 0)
+    claimed += " and the " + std::to_string(unsellable) + " damaged or in quality control";
   throw Error(ErrorCode::invalid_state,
               "on_hand " + std::to_string(on_hand) + " with backorder_limit " +
-                  std::to_string(backorder_limit) + " would not cover the " +
-                  std::to_string(reserved) + " units reserved on " + describe(key) +
-                  "; confirm or release holds first",
+                  std::to_string(backorder_limit) + " would not cover the " + claimed + " on " +
+                  describe(key) + "; confirm or release holds, or write off units, first",
               context_of(key));
 }
 

@@ -75,10 +75,22 @@ const JournalNote* current_note() noexcept {
 std::string cause_of(const RowChange& before, const RowChange& after, const std::string& said) {
   if (after.created) {
     if (said == "set_on_hand" || said == "slot_move" || said == "return") return said;
+    if (said == "transfer") return "transfer_in";  // a destination made with its units
     return after.on_hand > 0 ? "restock" : "create";
   }
   if (after.discontinued != before.discontinued) {
     return after.discontinued ? "discontinue" : "reinstate";
+  }
+  const Quantity d_on = after.on_hand - before.on_hand;
+  if ((said == "transfer" || said == "receive" || said == "cancel_transfer") &&
+      (d_on != 0 || after.incoming != before.incoming)) {
+    if (said == "transfer") return d_on < 0 ? "transfer_out" : "transfer_in";
+    if (said == "receive") return d_on > 0 ? "receive" : "reject";
+    return "transfer_cancel";
+  }
+  if (after.safety_stock != before.safety_stock) return "safety_stock";
+  if (after.damaged != before.damaged || after.quality_control != before.quality_control) {
+    return after.on_hand < before.on_hand ? "write_off" : "move";
   }
   if (after.backorder_limit != before.backorder_limit) return "backorder_limit";
   if (after.low_stock != before.low_stock) return "low_stock";
@@ -86,7 +98,6 @@ std::string cause_of(const RowChange& before, const RowChange& after, const std:
       after.lease_expires_us != before.lease_expires_us) {
     return "lease";
   }
-  const Quantity d_on = after.on_hand - before.on_hand;
   const Quantity d_res = after.reserved - before.reserved;
   if (d_on == 0 && d_res == 0) return said == "set_on_hand" ? said : "touch";  // a count
   if (d_on == 0 && d_res != 0 && said == "resize") return said;
@@ -97,7 +108,8 @@ std::string cause_of(const RowChange& before, const RowChange& after, const std:
   }
   if (d_res == d_on) return "confirm";
   if (d_res == 0) {
-    if (said == "set_on_hand" || said == "slot_move" || said == "restock" || said == "return") {
+    if (said == "set_on_hand" || said == "slot_move" || said == "restock" || said == "return" ||
+        said == "write_off") {
       return said;
     }
     return d_on > 0 ? "restock" : "sell";
@@ -139,10 +151,14 @@ void add_unchecked_rows(AuditReport& report, std::uint64_t rows) {
            "against the journal"});
 }
 
+Quantity available_of(const RowChange& row) {
+  return available_units(row.on_hand, row.backorder_limit, row.reserved,
+                         row.safety_stock + row.damaged + row.quality_control);
+}
+
 std::uint32_t alerts_of(const RowChange& before, const RowChange& after) {
-  const Quantity was =
-      after.created ? 0 : before.on_hand + before.backorder_limit - before.reserved;
-  const Quantity now = after.on_hand + after.backorder_limit - after.reserved;
+  const Quantity was = after.created ? 0 : available_of(before);
+  const Quantity now = available_of(after);
   std::uint32_t flags = 0;
   if (after.low_stock && !after.created && before.low_stock == after.low_stock) {
     if (between(was, now, *after.low_stock)) flags |= alert_low_stock;

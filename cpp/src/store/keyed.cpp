@@ -124,6 +124,14 @@ const char* keyed_kind_name(const std::string& fingerprint) {
       return "resize";
     case 't':
       return "return_units";
+    case 'm':
+      return "move_units";
+    case 'n':
+      return "transfer";
+    case 'e':
+      return "receive";
+    case 'q':
+      return "cancel_transfer";
     case 'C':
       return "confirm_order";
     case 'L':
@@ -154,6 +162,26 @@ std::string stock_fingerprint(const SkuKey& row, Quantity value, bool add,
   const SkuKey key = base_key(row);
   return print(add ? KeyedKind::restock : KeyedKind::set_on_hand,
                {key.sku, key.location, std::to_string(value), opt(expected), opt(token)});
+}
+
+std::string fingerprint(const MoveRequest& request) {
+  const SkuKey key = base_key(request.key);
+  return print(KeyedKind::move_units, {key.sku, key.location, std::to_string(request.qty),
+                                       unit_state_name(request.from), unit_state_name(request.to),
+                                       opt(request.expected_version), opt(request.fencing_token)});
+}
+
+std::string fingerprint(const TransferRequest& request) {
+  // Not the id: a retry's engine makes a new one, and the key names the first.
+  return print(KeyedKind::transfer,
+               {request.sku, std::to_string(request.qty), request.source, request.destination,
+                request.reason.value_or(""), request.actor.value_or("")});
+}
+
+std::string fingerprint(const TransferStepRequest& request) {
+  return print(
+      request.cancel ? KeyedKind::cancel_transfer : KeyedKind::receive,
+      {request.id.to_string(), std::to_string(request.accepted), std::to_string(request.rejected)});
 }
 
 std::string fingerprint(const TransitionRequest& request) {
@@ -209,6 +237,9 @@ std::string encode_outcome(const StockLevel& level) {
   out.number(level.lease_token).number(level.leased).number(level.lease_expires_at_us);
   out.number(level.low_stock ? 1 : 0).number(level.low_stock.value_or(0));
   out.number(level.active_slots);
+  // Last: an outcome stored before the quantity states reads as it was (none withheld).
+  out.number(level.safety_stock).number(level.damaged).number(level.quality_control);
+  out.number(level.incoming);
   return out.done();
 }
 
@@ -226,6 +257,16 @@ std::string encode_outcome(const Reservation& r) {
     out.text(r.order_id ? r.order_id->to_string() : std::string());
     out.maybe(r.ref).maybe(r.metadata);
   }
+  return out.done();
+}
+
+std::string encode_outcome(const Transfer& t) {
+  Writer out('T');
+  out.text(t.id.to_string()).text(t.sku).text(t.source).text(t.destination);
+  out.number(t.qty).number(t.received).number(t.rejected).number(t.cancelled);
+  out.number(static_cast<std::int64_t>(t.state)).number(t.version);
+  out.number(t.created_at_us).number(t.updated_at_us);
+  out.maybe(t.reason).maybe(t.actor);
   return out.done();
 }
 
@@ -247,25 +288,31 @@ std::string batched_level_prefix(const std::string& attempt, const SkuKey& key, 
   return out.done();
 }
 
-std::string batched_level_tail(Quantity on_hand, Quantity reserved, Version version,
-                               TimestampUs now_us, Quantity backorder_limit) {
+std::string batched_level_tail(const std::vector<std::int64_t>& values) {
   Writer out('\0');
-  out.number(on_hand).number(reserved).number(version).number(now_us).number(backorder_limit);
+  for (std::int64_t value : values) out.number(value);
   return out.done().substr(1);
 }
 
-std::string batched_level_tail_sql(const std::string& on_hand, const std::string& reserved,
-                                   const std::string& version, const std::string& now_us,
-                                   const std::string& backorder_limit) {
+std::string batched_level_tail_sql(const std::vector<std::string>& values) {
   std::string sql;
-  for (const std::string* value : {&on_hand, &reserved, &version, &now_us, &backorder_limit}) {
-    const std::string digits = "(" + *value + ")::bigint::text";
+  for (const std::string& value : values) {
+    const std::string digits = "(" + value + ")::bigint::text";
     sql += std::string(sql.empty() ? "" : " || ") + "length(" + digits + ") || ':' || " + digits;
   }
   return "(" + sql + ")";
 }
 
 namespace {
+
+// A level's quantity states, when the outcome has them (one stored before them has not).
+void read_states(Reader& in, StockLevel& level) {
+  if (in.at_end()) return;
+  level.safety_stock = in.number();
+  level.damaged = in.number();
+  level.quality_control = in.number();
+  level.incoming = in.number();
+}
 
 StockLevel decode_batched_level(const std::string& text) {
   Reader in(text, 'B');
@@ -280,6 +327,7 @@ StockLevel decode_batched_level(const std::string& text) {
   level.version = in.number() - changes_after;
   level.updated_at_us = in.number();
   level.backorder_limit = in.number();
+  read_states(in, level);
   in.end();
   return level;  // a fast batch moves an open row only: not discontinued, not leased
 }
@@ -305,6 +353,7 @@ StockLevel decode_outcome<StockLevel>(const std::string& text) {
   const Quantity threshold = in.number();
   if (low) level.low_stock = threshold;
   level.active_slots = static_cast<int>(in.number());
+  read_states(in, level);
   in.end();
   return level;
 }
@@ -341,6 +390,33 @@ Reservation decode_outcome<Reservation>(const std::string& text) {
   }
   in.end();
   return r;
+}
+
+template <>
+Transfer decode_outcome<Transfer>(const std::string& text) {
+  Reader in(text, 'T');
+  Transfer t;
+  t.id = Uuid::parse(in.text());
+  t.sku = in.text();
+  t.source = in.text();
+  t.destination = in.text();
+  t.qty = in.number();
+  t.received = in.number();
+  t.rejected = in.number();
+  t.cancelled = in.number();
+  const std::int64_t state = in.number();
+  if (state < 0 || state > static_cast<std::int64_t>(TransferState::cancelled)) {
+    throw Error(ErrorCode::invariant_violation,
+                "the outcome stored with an idempotency key could not be read");
+  }
+  t.state = static_cast<TransferState>(state);
+  t.version = in.number();
+  t.created_at_us = in.number();
+  t.updated_at_us = in.number();
+  t.reason = in.maybe();
+  t.actor = in.maybe();
+  in.end();
+  return t;
 }
 
 template <>

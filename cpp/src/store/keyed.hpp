@@ -31,6 +31,10 @@ enum class KeyedKind : char {
   extend = 'x',
   resize = 'z',
   return_units = 't',
+  move_units = 'm',
+  transfer = 'n',
+  receive = 'e',
+  cancel_transfer = 'q',
   confirm_order = 'C',
   release_order = 'L',
   extend_order = 'X',
@@ -48,6 +52,9 @@ std::string fingerprint(const TransitionRequest& request);
 std::string fingerprint(const ResizeRequest& request);
 std::string fingerprint(const OrderStepRequest& request);
 std::string fingerprint(const ReturnRequest& request);
+std::string fingerprint(const MoveRequest& request);
+std::string fingerprint(const TransferRequest& request);
+std::string fingerprint(const TransferStepRequest& request);
 
 // The conflict of a key made by the request printed `stored` and used again for `now`:
 // names the kinds when they differ, never the first request's arguments (they may be
@@ -63,6 +70,7 @@ bool reserves(const std::string& fingerprint);
 std::string encode_outcome(const StockLevel& level);
 std::string encode_outcome(const Reservation& reservation);
 std::string encode_outcome(const std::vector<Reservation>& lines);  // an order step's
+std::string encode_outcome(const Transfer& transfer);
 // A keyed sell that a one-row fast batch decided (postgres/batch_tx.hpp) stores its level
 // in two parts: this prefix, made before the statement runs (the attempt's own id, so that
 // a lost commit's probe can tell this statement's key from an older one; its row; and what
@@ -73,12 +81,12 @@ std::string encode_outcome(const std::vector<Reservation>& lines);  // an order 
 // reads both forms; the level is the row right after this sale, as the first call got it.
 std::string batched_level_prefix(const std::string& attempt, const SkuKey& key, Quantity sold_after,
                                  Quantity held_after, std::int64_t changes_after);
-std::string batched_level_tail(Quantity on_hand, Quantity reserved, Version version,
-                               TimestampUs now_us, Quantity backorder_limit);
-// The tail as SQL text over the given expressions (each a bigint).
-std::string batched_level_tail_sql(const std::string& on_hand, const std::string& reserved,
-                                   const std::string& version, const std::string& now_us,
-                                   const std::string& backorder_limit);
+// Its values, in this order: on_hand, reserved, version, now_us, backorder_limit,
+// safety_stock, damaged, quality_control, incoming (a tail stored before the quantity states ends
+// after backorder_limit: none withheld).
+std::string batched_level_tail(const std::vector<std::int64_t>& values);
+// The tail as SQL text over the given expressions (each a bigint), in that order.
+std::string batched_level_tail_sql(const std::vector<std::string>& values);
 
 template <class T>
 T decode_outcome(const std::string& text);
@@ -88,5 +96,7 @@ template <>
 Reservation decode_outcome<Reservation>(const std::string& text);
 template <>
 std::vector<Reservation> decode_outcome<std::vector<Reservation>>(const std::string& text);
+template <>
+Transfer decode_outcome<Transfer>(const std::string& text);
 
 }  // namespace stockade::detail
