@@ -21,6 +21,10 @@ Each runs --clients blocking C++ clients (64) for --seconds (3) on:
   wide/allocate --skus SKUs (at most 1,000) at three locations each, allocations picked
                 uniformly (auto stays per request: the pool locked, on Citus its rows on
                 three shards, a two-phase commit)
+  hot/allocate-shared, wide/allocate-shared  the same on SKUs picked so that their three
+                rows lie on one Citus shard: what the layout would cost if a SKU's
+                locations shared a shard (a shard key of the SKU alone), measured on
+                today's layout by choosing the names (the run checks the placement)
 
 and then purge: --purge-skus SKUs (64) reserved and confirmed with a key each, batched,
 for --seconds, then engine.purge() of all of it (keys and reservations, rows/s).
@@ -41,15 +45,53 @@ from __future__ import annotations
 import sys
 import time
 from datetime import timedelta
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import stockade
-from common import parser, route_table, run_routes, write_json
+from common import POOL, parser, route_table, run_routes, write_json
+from stockade import _core
 from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus, citus_available
-from stockade.tools.pgserver import TemporaryPostgres
+from stockade.tools.pgserver import TemporaryPostgres, run_sql
 
-CASES = ("hot/auto", "wide/auto", "wide/keyed", "hot/allocate", "wide/allocate")
+CASES = (
+    "hot/auto",
+    "wide/auto",
+    "wide/keyed",
+    "hot/allocate",
+    "wide/allocate",
+    "hot/allocate-shared",
+    "wide/allocate-shared",
+)
+
+
+def colocation(pg: TemporaryPostgres, shards: int) -> Callable[[str], bool]:
+    """Whether a SKU's rows at POOL's locations lie on one Citus shard. A row's shard key
+    is _core.shard_key_of(sku, location) (16 bits); Citus hashes an integer distribution
+    column with hashint4 and splits the 32-bit hash range into `shards` equal ranges."""
+    hashes = pg.sql(
+        "SELECT string_agg(hashint4(k)::text, ',' ORDER BY k) FROM generate_series(0, 65535) k"
+    )
+    width = 2**32 // shards
+    shard = [(int(h) + 2**31) // width for h in hashes.strip().split(",")]
+
+    def together(sku: str) -> bool:
+        return len({shard[_core.shard_key_of(sku, location)] for location in POOL}) == 1
+
+    return together
+
+
+def check_colocated(cluster: TemporaryCitus, schema: str) -> int:
+    """How many SKUs of the shared cases have rows on more than one shard (Citus's own
+    answer; 0 when colocation() chose well)."""
+    return int(
+        run_sql(
+            cluster.dsn(),
+            "SELECT count(*) FROM (SELECT sku FROM "
+            f"{schema}.stock WHERE sku LIKE '%-shared-%' GROUP BY sku HAVING count(DISTINCT"
+            f" get_shard_id_for_distribution_column('{schema}.stock', shard_key)) > 1) s",
+        ).strip()
+    )
 
 
 def purge_rate(options: Dict[str, Any], schema: str, args: Any) -> Dict[str, float]:
@@ -86,7 +128,7 @@ def main(argv: List[str]) -> int:
         print(f"Citus is not available here: {why}", file=sys.stderr)
         return 3
 
-    report: Dict[str, Any] = {"args": vars(args)}
+    report: Dict[str, Any] = {"args": dict(vars(args))}
     with TemporaryPostgres() as pg, TemporaryCitus() as cluster:
         server = pg.sql("SHOW server_version").strip()
         citus_dsn = cluster.dsn() + f"?options=-c%20citus.shard_count%3D{args.shards}"
@@ -99,12 +141,18 @@ def main(argv: List[str]) -> int:
             f"PostgreSQL {server}; Citus: a coordinator and 2 workers on this machine, "
             f"{args.shards} shards per table; {args.clients} C++ clients, {args.seconds} s a run"
         )
+        args.together = colocation(pg, args.shards)
         report.update(run_routes(routes, CASES, args))
+        report["spread_shared_skus"] = check_colocated(cluster, "b_citus")
         report["purge"] = {
             route: purge_rate(options, "p_" + route.replace("/", "_"), args)
             for route, options in routes.items()
         }
     route_table(report, routes, CASES, "single")
+    print(
+        f"\n  shared cases: {report['spread_shared_skus']} SKUs with rows on more than one"
+        " shard (Citus's placement; 0 expected)"
+    )
     base = report["purge"]["single"]["rate"]
     print("\n  purge() of keyed, confirmed reservations (keys and reservations):")
     for route, p in report["purge"].items():

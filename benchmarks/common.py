@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
 from dataclasses import asdict
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import stockade
 from stockade.tools import drive_load
@@ -33,14 +34,20 @@ def run_cases(
     them (10**9 units each, restocked first), --clients blocking clients for --seconds,
     under auto, atomic, or auto with an idempotency key on every request; or (allocate)
     each request an allocation of 1 unit from POOL's three locations (priority, auto), each
-    SKU stocked at all three (at most 1,000 SKUs: three rows each)."""
+    SKU stocked at all three (at most 1,000 SKUs: three rows each). "allocate-shared" is
+    allocate on SKUs whose three rows `args.together` says lie on one shard."""
     out: Dict[str, Any] = {}
     for case in cases:
         layout, how = case.split("/")
+        shared = how.endswith("-shared")
+        how = how.removesuffix("-shared")
         count = 1 if layout == "hot" else args.skus
         if how == "allocate":
             count = min(count, 1000)
-        skus = [f"{prefix}-{case}-{i}" for i in range(count)]
+        names: Iterator[str] = (f"{prefix}-{case}-{i}" for i in itertools.count())
+        if shared:
+            names = (n for n in names if args.together(n))
+        skus = list(itertools.islice(names, count))
         for sku in skus:
             for location in POOL if how == "allocate" else ["default"]:
                 eng.restock(sku, 10**9, location=location)

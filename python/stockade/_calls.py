@@ -230,7 +230,8 @@ class EngineCalls:
         respect it, batched ones too. It is a floor, not a bucket: it may exceed what is
         free (``available`` is then 0), holds that exist keep their units, and restocks and
         counts are not refused by it. Not built for a SKU with hot-row slots
-        (``InvalidState``), which also refuses slots while the row withholds units."""
+        (``NotSupported``); ``set_slots`` refuses a row that withholds units
+        (``InvalidState``)."""
         return StockLevel._from_core(
             self._core.set_safety_stock(
                 sku=check_str("sku", sku),
@@ -265,7 +266,7 @@ class EngineCalls:
         changes nothing. The safety stock is a floor on sales, not a state: units it keeps
         back are free units and can be moved. ``reason`` and ``actor`` go on the journal
         entry (cause ``move`` or ``write_off``); ``idempotency_key`` as with
-        :meth:`restock`. Not built for a SKU with hot-row slots (``InvalidState``)."""
+        :meth:`restock`. Not built for a SKU with hot-row slots (``NotSupported``)."""
         return StockLevel._from_core(
             self._core.move_units(
                 sku=check_str("sku", sku),

@@ -222,6 +222,9 @@ def test_citus_benchmark_prints_every_route(stockade_citus: object) -> None:
         assert route in out.stdout
     for case in ("hot/auto", "wide/auto", "wide/keyed", "hot/allocate", "wide/allocate"):
         assert case in out.stdout
+    assert "wide/allocate-shared" in out.stdout
+    # The shared cases' SKUs were chosen by the hash Citus uses: its placement agrees.
+    assert "shared cases: 0 SKUs with rows on more than one shard" in out.stdout
     assert " f0 " in out.stdout and " f1" not in out.stdout
     assert "purge() of keyed" in out.stdout and out.stdout.count(" rows/s ") == 3
 

@@ -218,3 +218,22 @@ def test_no_withheld_unit_is_ever_held_or_sold_under_a_race(
     assert states(level)[2:] == (0, 6, 5, 4)
     assert level.on_hand - level.reserved == 60 - 45 == 6 + 5 + 4
     assert_audit_clean(engine)
+
+
+def test_a_sku_that_had_slots_withholds_on_its_own_row(engine: stockade.Engine) -> None:
+    # Its slot rows are retired, not gone: a refusal must still be OutOfStock (the units a
+    # slot could move never include withheld ones), and a count must cover every claim.
+    engine.restock("once", 20)
+    engine.set_slots("once", 4)
+    engine.set_slots("once", 1)
+    engine.set_safety_stock("once", 5)
+    engine.move_units("once", 3, to_state="damaged")
+    assert engine.stock("once").available == 12
+    assert engine.sell("once", 12).available == 0
+    with pytest.raises(stockade.OutOfStock):
+        engine.reserve("once", 1)
+    with pytest.raises(stockade.InvalidState, match="damaged or in quality control"):
+        engine.set_on_hand("once", 2)
+    level = engine.set_on_hand("once", 10)
+    assert (level.on_hand, level.damaged, level.available) == (10, 3, 2)
+    assert_audit_clean(engine)

@@ -142,7 +142,7 @@ class Engine {
                                  std::optional<Version> expected_version = {},
                                  std::optional<FencingToken> fencing_token = {});
   // Quantity states (Store::set_safety_stock, Store::move_units). Neither is built for a
-  // SKU with hot-row slots (InvalidState); `reason` and `actor` go on the move's journal
+  // SKU with hot-row slots (NotSupported); `reason` and `actor` go on the move's journal
   // entry.
   StockLevel set_safety_stock(const SkuKey& key, Quantity units,
                               std::optional<Version> expected_version = {},

@@ -52,9 +52,10 @@ std::vector<SkuKey> keys_of(const std::vector<StockLevel>& rows) {
   return keys;
 }
 
-// The units of a row that may move: those neither held nor owed.
+// The units of a row that may move: those neither held nor owed, nor withheld from sale
+// (a SKU that once had slots may withhold units on its own row: they stay there).
 Quantity movable(const StockLevel& row) {
-  return std::max<Quantity>(0, row.on_hand - row.reserved);
+  return std::max<Quantity>(0, row.on_hand - row.reserved - row.withheld());
 }
 
 // New on_hand for each row so that the movable units (and `add`) are spread as spread()
@@ -325,11 +326,13 @@ StockLevel SlotRouter::set_on_hand(const SkuKey& key, Quantity on_hand,
   const auto plan = [&](const std::vector<StockLevel>& levels) {
     const StockLevel sum = summed(key, levels);
     check_expected(key, expected, sum.version);
-    check_covers(key, on_hand, sum.reserved, 0);
-    // Every row keeps what it holds; the free units are spread anew.
+    const Quantity unsellable = sum.damaged + sum.quality_control;  // the own row's
+    check_covers(key, on_hand, sum.reserved, 0, unsellable);
+    // Every row keeps what it holds (and the own row its damaged and quality-control
+    // units); the free units are spread anew.
     std::vector<StockLevel> held = levels;
-    for (StockLevel& row : held) row.on_hand = row.reserved;
-    return respread(held, active_rows(levels), 0, 0, on_hand - sum.reserved);
+    for (StockLevel& row : held) row.on_hand = row.reserved + row.damaged + row.quality_control;
+    return respread(held, active_rows(levels), 0, 0, on_hand - sum.reserved - unsellable);
   };
   return summed(key, store_.reshape(keys_of(rows), false, false, options_.lock_timeout_ms, plan));
 }

@@ -52,7 +52,7 @@ Transfer MemoryStore::transfer(const TransferRequest& request) {
                        request.qty);
         RowValues out = changed(src.values(), now), in = changed(dst.values(), now);
         out.on_hand -= request.qty;
-        in.incoming += request.qty;
+        in.incoming = checked_add(in.incoming, request.qty, "a transfer's incoming");
         src.publish(out, from);
         dst.publish(in, to);
       }
@@ -80,8 +80,8 @@ Transfer MemoryStore::transfer_step(const TransferStepRequest& request) {
     // is checked before any is written.
     const auto moved = [&](const RowValues& v, Quantity on_hand, Quantity incoming) {
       RowValues next = changed(v, now);
-      next.on_hand += on_hand;
-      next.incoming += incoming;
+      next.on_hand = checked_add(next.on_hand, on_hand, "a transfer's units");
+      next.incoming += incoming;  // never up here: a step only takes units out of transit
       return next;
     };
     if (step.cancelled > 0) {

@@ -51,28 +51,29 @@ Transfer PostgresStore::transfer(const TransferRequest& request) {
     k = KeyedWrite{*request.idempotency_key, fingerprint(request), shard_of(from)};
   }
   return keyed<Transfer>(k, nullptr, context_of(from), [&](Tx& tx) {
+    // A destination without a row gets it first, made with the units in transit: a row
+    // being made holds no lock that a transaction waits on while it holds others, and the
+    // rows that exist are then locked in key order. A refusal rolls the new row back too.
+    const bool made = !tx.exec_on(shard_of(to), Stmt::stock_insert_incoming, to.sku, to.location,
+                                  request.qty, to.slot)
+                           .empty();
     Level source, destination;
     for (const SkuKey& key : {std::min(from, to), std::max(from, to)}) {  // in key order
-      (key == from ? source : destination) = read_row(tx, Stmt::stock_lock, key);
+      if (key == from) {
+        source = read_row(tx, Stmt::stock_lock, key);
+      } else if (!made) {
+        destination = read_row(tx, Stmt::stock_lock, key);
+      }
     }
     if (!source) throw_stock_not_found(from);
-    StockLevel none;
+    StockLevel none;  // the row just made: no lease, no tombstone
     none.key = to;
     check_transfer(*source, destination ? *destination : none, request.qty);
     write_transit(tx, *source, source->on_hand - request.qty, source->incoming);
-    bool arrived = false;
-    while (!arrived) {
-      if (destination) {
-        write_transit(tx, *destination, destination->on_hand, destination->incoming + request.qty);
-        arrived = true;
-      } else if (!tx.exec_on(shard_of(to), Stmt::stock_insert_incoming, to.sku, to.location,
-                             request.qty, to.slot)
-                      .empty()) {
-        arrived = true;
-      } else {  // made by another since our read: lock it, and check it as the others
-        destination = read_row(tx, Stmt::stock_lock, to);
-        if (destination) check_transfer(*source, *destination, 0);
-      }
+    if (destination) {
+      write_transit(tx, *destination, destination->on_hand, destination->incoming + request.qty);
+    } else if (!made) {
+      throw_stock_not_found(to);  // rows are never deleted: not reached
     }
     return transfer_from(tx.exec_on(request.id.shard_key(), Stmt::transfer_insert,
                                     request.id.to_string(), request.sku, request.source,
