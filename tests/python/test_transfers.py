@@ -316,3 +316,22 @@ def test_retention_purges_finished_transfers_only(
         engine.get_transfer(done)
     assert engine.get_transfer(moving).in_transit == 3
     assert [t.id for t in engine.transfers(sku="mug")] == [moving.id]
+
+
+def test_the_audit_finds_incoming_that_no_transfer_explains(
+    stockade_engine: stockade.Engine, stockade_database: str
+) -> None:
+    from stockade.tools.pgserver import run_sql
+
+    eng = stockade_engine
+    eng.restock("mug", 10, location="north")
+    eng.transfer("mug", 4, source="north", destination="south")
+    assert "incoming_matches_transfers" in eng.audit().checks and eng.audit().ok
+    run_sql(stockade_database, "UPDATE stockade.stock SET incoming = 5 WHERE location = 'south'")
+    [bad] = eng.audit().violations
+    assert (bad.check, bad.location, bad.expected, bad.found) == (
+        "incoming_matches_transfers",
+        "south",
+        "incoming = 4 (its transfers in transit)",
+        "incoming = 5",
+    )

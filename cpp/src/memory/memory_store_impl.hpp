@@ -326,6 +326,7 @@ class MemoryStore final : public Store, public TestHooks {
   void audit_limits(const AuditOptions& options, const AuditSums& sums, AuditReport& report);
   void audit_keys(const AuditOptions& options, AuditReport& report);
   void audit_journal(const AuditOptions& options, AuditReport& report) const;
+  void audit_transit(const AuditOptions& options, AuditReport& report);
 
   std::shared_ptr<Clock> clock_;
   std::unique_ptr<MemoryJournal> journal_;

@@ -258,12 +258,49 @@ void MemoryStore::audit_journal(const AuditOptions& options, AuditReport& report
   }
 }
 
+// Each own row's incoming against the transfers in transit to it (and transfers in transit
+// to rows that do not exist). Transfers are read under their lock, rows as they are then.
+void MemoryStore::audit_transit(const AuditOptions& options, AuditReport& report) {
+  std::map<SkuKey, Quantity> transit;
+  {
+    std::lock_guard<std::mutex> guard(transfers_mutex_);
+    for (const auto& [id, t] : transfers_) {
+      if (t.in_transit() > 0 && (!options.sku || t.sku == *options.sku)) {
+        transit[t.destination_key()] += t.in_transit();
+      }
+    }
+  }
+  const TimestampUs now = clock_->now_us();
+  for (const StockShard& shard : *stock_) {
+    std::shared_lock<std::shared_mutex> lock(shard.mutex);
+    for (const auto& [key, row] : shard.rows) {
+      if (key.slot != 0 || (options.sku && key.sku != *options.sku)) continue;
+      const Quantity incoming = level_at(key, row->cell.read().values, now).incoming;
+      auto it = transit.find(key);
+      const Quantity expected = it == transit.end() ? 0 : it->second;
+      if (it != transit.end()) transit.erase(it);
+      if (incoming == expected) continue;
+      add_violation(report, options,
+                    {"incoming_matches_transfers", key, "",
+                     "incoming = " + std::to_string(expected) + " (its transfers in transit)",
+                     "incoming = " + std::to_string(incoming)});
+    }
+  }
+  for (const auto& [key, units] : transit) {
+    add_violation(
+        report, options,
+        {"incoming_matches_transfers", key, "",
+         "incoming = " + std::to_string(units) + " (its transfers in transit)", "no such row"});
+  }
+}
+
 AuditReport MemoryStore::audit(const AuditOptions& options) {
   AuditReport report;
   // No hold_not_expired: the memory store has no thread; its holds lapse into expiry as
   // calls arrive (MemoryOptions::expire_lapsed), so one past its expiry with no call
   // since is no fault.
-  report.checks = {"reservation_units", "reserved_matches_holds", "slot_row_has_sku"};
+  report.checks = {"reservation_units", "reserved_matches_holds", "slot_row_has_sku",
+                   "incoming_matches_transfers"};
   const AuditSums sums = audit_sums(options);
   for (const Reservation& r : sums.inconsistent) {
     add_violation(report, options,
@@ -274,6 +311,7 @@ AuditReport MemoryStore::audit(const AuditOptions& options) {
   }
   report.reservations = sums.reservations;
   audit_rows(options, sums, report);
+  audit_transit(options, report);
   if (!options.sku) {
     report.checks.insert(report.checks.end(), {"limit_matches_holds", "key_has_reservations"});
     audit_limits(options, sums, report);

@@ -328,6 +328,7 @@ class PostgresStore final : public Store, public TestHooks {
   // The audit's checks of holds, limits, slot rows and keys (record.cpp).
   void audit_holds(const AuditOptions& options, const std::string& sku, std::int64_t limit,
                    AuditReport& report);
+  void audit_transit(const AuditOptions& options, const std::string& sku, AuditReport& report);
   // Reads the row under the lock the strategy takes (none for atomic and optimistic).
   StockLevel lock_row(Tx& tx, const SkuKey& key, const WriteOptions& options);
   void lock_advisory(Tx& tx, const SkuKey& key, const WriteOptions& options);

@@ -16,6 +16,7 @@
 // as on one server, for a row's entries all lie on its node.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <thread>
 
 #include "postgres/postgres_store_impl.hpp"
@@ -219,7 +220,7 @@ AuditReport PostgresStore::audit(const AuditOptions& options) {
   const auto limit = static_cast<std::int64_t>(options.limit) + 1;
   AuditReport report;
   report.checks = {"reservation_units", "reserved_matches_holds", "hold_not_expired",
-                   "slot_row_has_sku"};
+                   "slot_row_has_sku", "incoming_matches_transfers"};
   if (!options.sku) {
     report.checks.insert(report.checks.end(), {"limit_matches_holds", "key_has_reservations"});
   }
@@ -237,6 +238,7 @@ AuditReport PostgresStore::audit(const AuditOptions& options) {
     return 0;
   });
   audit_holds(options, sku, limit, report);
+  audit_transit(options, sku, report);
   if (!report.journal_checked) {
     add_unchecked_journal(report, "the journal is off (the trigger stock_journal of " +
                                       options_.schema +
@@ -258,6 +260,43 @@ AuditReport PostgresStore::audit(const AuditOptions& options) {
     return 0;
   });
   return report;
+}
+
+// Each own row's incoming against its transfers in transit (audit_incoming, audit_transit:
+// each read on its own, in one snapshot). More than `most` of either, and the check says
+// it compared none.
+void PostgresStore::audit_transit(const AuditOptions& options, const std::string& sku,
+                                  AuditReport& report) {
+  constexpr std::int64_t most = 100000;
+  std::map<SkuKey, std::pair<Quantity, Quantity>> seen;  // incoming, in transit
+  bool whole = true;
+  run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    const pqxx::result incoming = tx.exec(Stmt::audit_incoming, sku, most + 1);
+    const pqxx::result transit = tx.exec(Stmt::audit_transit, sku, most + 1);
+    whole = incoming.size() <= most && transit.size() <= most;
+    for (const auto& r : incoming) {
+      seen[SkuKey{r[0].as<std::string>(), r[1].as<std::string>(), 0}].first =
+          r[2].as<std::int64_t>();
+    }
+    for (const auto& r : transit) {
+      seen[SkuKey{r[0].as<std::string>(), r[1].as<std::string>(), 0}].second =
+          r[2].as<std::int64_t>();
+    }
+    return 0;
+  });
+  if (!whole) {
+    report.unchecked.push_back(
+        {"incoming_matches_transfers",
+         "more than " + std::to_string(most) + " rows with units incoming: not compared"});
+    return;
+  }
+  for (const auto& [key, units] : seen) {
+    if (units.first == units.second) continue;
+    add_violation(report, options,
+                  {"incoming_matches_transfers", key, "",
+                   "incoming = " + std::to_string(units.second) + " (its transfers in transit)",
+                   "incoming = " + std::to_string(units.first)});
+  }
 }
 
 void PostgresStore::audit_holds(const AuditOptions& options, const std::string& sku,

@@ -130,6 +130,8 @@ namespace stockade::detail::pg {
   X(audit_units, plain)               \
   X(audit_limits, plain)              \
   X(audit_slots, plain)               \
+  X(audit_incoming, plain)            \
+  X(audit_transit, plain)             \
   X(audit_keys, plain)                \
   X(audit_journal, plain)             \
   X(audit_journal_rows, plain)        \
