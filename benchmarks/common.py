@@ -157,15 +157,16 @@ def route_table(
 ) -> None:
     """Prints each case's rate per route (report[route][case]["rate"]), with its ratio to
     route `base` in the same run and its failed requests."""
-    routes = list(routes)
-    print(f"\n  {'case':12}" + "".join(f"{route:>26}" for route in routes))
+    routes, cases = list(routes), list(cases)
+    width = max(12, *(len(case) for case in cases))
+    print(f"\n  {'case':{width}}" + "".join(f"{route:>26}" for route in routes))
     for case in cases:
         cells = []
         for route in routes:
             r = report[route][case]
             ratio = r["rate"] / report[base][case]["rate"]
             cells.append(f"{r['rate']:>12,.0f}/s {ratio:5.2f}x f{r['failed']:<2}")
-        print(f"  {case:12}" + "".join(f"{c:>26}" for c in cells))
+        print(f"  {case:{width}}" + "".join(f"{c:>26}" for c in cells))
     print(f"\n  (ratio: against {base} in this run; f: failed requests)")
 
 

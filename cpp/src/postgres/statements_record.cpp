@@ -134,17 +134,6 @@ void add_audit_statements(const std::string& schema, bool citus, const Statement
           "h.sku = s.sku AND h.location = s.location"
           " AND h.slot = s.slot WHERE s.reserved IS DISTINCT FROM coalesce(h.held, 0)"
           " LIMIT $2::bigint");
-  // The own rows with units incoming, and the transfers in transit by destination, each
-  // read apart (on Citus a transfer lives on its source's shard, its destination's row on
-  // another) and compared by PostgresStore::audit; at most $2 of each.
-  set(Stmt::audit_incoming, "SELECT sku, location, incoming FROM " + schema +
-                                ".stock WHERE slot = 0 AND incoming <> 0 AND " + sku_is +
-                                " LIMIT $2::bigint");
-  set(Stmt::audit_transit,
-      "SELECT sku, destination, sum(qty - received - rejected -"
-      " cancelled)::bigint FROM " +
-          schema + ".transfer WHERE state = 'in_transit' AND " + sku_is +
-          " GROUP BY sku, destination LIMIT $2::bigint");
   set(Stmt::audit_lapsed, "SELECT id::text, sku, location, slot FROM " + schema +
                               ".reservation WHERE state = 'held' AND expires_at < now() -"
                               " $2::bigint * interval '1 microsecond' AND " +

@@ -62,6 +62,19 @@ void add_transfer_statements(const std::string& schema, const StatementSink& set
                                     " ORDER BY updated_at LIMIT $2");
   set(Stmt::transfers_purge,
       "DELETE FROM " + transfer + " WHERE id = ANY($1::uuid[]) AND state <> 'in_transit'");
+  // The audit's incoming_matches_transfers: the own rows with units incoming, and the
+  // transfers in transit by destination, each read apart (on Citus a transfer lives on its
+  // source's shard, its destination's row on another) and compared by
+  // PostgresStore::audit_transit; at most $2 of each.
+  const std::string sku_is = "($1 = '' OR sku = $1)";
+  set(Stmt::audit_incoming, "SELECT sku, location, incoming FROM " + stock +
+                                " WHERE slot = 0 AND incoming <> 0 AND " + sku_is +
+                                " LIMIT $2::bigint");
+  set(Stmt::audit_transit,
+      "SELECT sku, destination, sum(qty - received - rejected -"
+      " cancelled)::bigint FROM " +
+          transfer + " WHERE state = 'in_transit' AND " + sku_is +
+          " GROUP BY sku, destination LIMIT $2::bigint");
 }
 
 }  // namespace stockade::detail::pg

@@ -50,7 +50,7 @@ Transfer PostgresStore::transfer(const TransferRequest& request) {
   if (request.idempotency_key) {
     k = KeyedWrite{*request.idempotency_key, fingerprint(request), shard_of(from)};
   }
-  return keyed<Transfer>(k, nullptr, context_of(from), [&](Tx& tx) {
+  const auto body = [&](Tx& tx) {
     // A destination without a row gets it first, made with the units in transit: a row
     // being made holds no lock that a transaction waits on while it holds others, and the
     // rows that exist are then locked in key order. A refusal rolls the new row back too.
@@ -79,7 +79,28 @@ Transfer PostgresStore::transfer(const TransferRequest& request) {
                                     request.id.to_string(), request.sku, request.source,
                                     request.destination, request.qty, request.reason.value_or(""),
                                     request.actor.value_or(""))[0]);
-  });
+  };
+  if (k) return keyed<Transfer>(k, nullptr, context_of(from), body);
+  // Without a key, a lost COMMIT settles by the transfer's id, which the engine made: one
+  // transaction writes the transfer with its rows, so finding it means all of it landed.
+  // On Citus a step over two shards commits on each in turn (two-phase), and may be seen
+  // part-way: there it stays InDoubt.
+  const CallDeadline deadline(options_.call_timeout_ms);
+  for (int lost = 0;; ++lost) {
+    try {
+      return run(nullptr, context_of(from), body);
+    } catch (const LostCommit& e) {
+      if (lost > 0 || statements_->citus()) throw;
+      std::optional<Transfer> found;
+      try {
+        found = get_transfer(request.id);
+      } catch (const Error& unread) {
+        landing_unreadable(e, unread);
+      }
+      settle_landing(e, found.has_value(), ", and its transfer is returned to the caller");
+      if (found) return *found;
+    }
+  }
 }
 
 Transfer PostgresStore::transfer_step(const TransferStepRequest& request) {
