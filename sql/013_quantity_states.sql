@@ -29,7 +29,8 @@
 -- moved), 'move' (units between states, on_hand unchanged), 'write_off' (units that left
 -- on_hand from a state, or from available with the engine's note), and a transfer's, from
 -- the engine's note: 'transfer_out' (the source's on_hand down), 'transfer_in' (the
--- destination's incoming up, or its row made with it), 'receive' (on hand at the
+-- destination's incoming up; a destination without a row gets one first, at zero units:
+-- 'create'), 'receive' (on hand at the
 -- destination), 'reject' (written off there) and 'transfer_cancel' (either row, when the
 -- units go back). Its `available` and alerts count the withheld units. The function is
 -- edited in place from its own text, as 010 does (cause_of() in cpp/src/store/journal.cpp
@@ -84,9 +85,6 @@ DECLARE
         ['WHEN said IN (''set_on_hand'', ''slot_move'', ''restock'', ''return'') THEN said',
          'WHEN said IN (''set_on_hand'', ''slot_move'', ''restock'', ''return'', ''write_off'')
                       THEN said'],
-        ['WHEN said IN (''set_on_hand'', ''slot_move'', ''return'') THEN said',
-         'WHEN said IN (''set_on_hand'', ''slot_move'', ''return'') THEN said
-                      WHEN said = ''transfer'' THEN ''transfer_in'''],
         ['ELSIF NEW.safety_stock <> OLD.safety_stock THEN',
          'ELSIF said IN (''transfer'', ''receive'', ''cancel_transfer'')
           AND (d_on <> 0 OR NEW.incoming <> OLD.incoming) THEN

@@ -175,6 +175,7 @@ def test_the_journal_names_each_step(engine: stockade.Engine) -> None:
     # Each row's entries in order (the journal orders one row's changes, not two rows').
     assert seen("north") == [("transfer_out", -5, tid), ("transfer_cancel", 2, tid)]
     assert seen("south") == [
+        ("create", 0, tid),  # south had no row: the transfer made it, at zero units
         ("transfer_in", 0, tid),
         ("receive", 2, tid),
         ("reject", 0, tid),

@@ -24,38 +24,37 @@ Transfer MemoryStore::transfer(const TransferRequest& request) {
     expire_lapsed();  // a lapsed hold keeps no units a transfer may take
     const SkuKey from{request.sku, request.source, 0}, to{request.sku, request.destination, 0};
     StockRow& source = require_row(from);
-    for (;;) {
-      StockRow* destination = find_row(to);
-      const TimestampUs now = clock_->now_us();
-      if (destination == nullptr) {
-        // The destination's row is made with the units in transit, while the source is
-        // latched and decided: a refusal makes no row.
-        RowLatch latched(source.cell, source.cell.latch());
-        StockLevel none;
-        none.key = to;
-        check_transfer(level_at(from, latched.values(), now), none, request.qty);
-        RowValues made{0, 0, 1, now};
-        made.incoming = request.qty;
-        if (!insert_row(to, made).second) continue;  // made by another meanwhile
-        RowValues next = changed(latched.values(), now);
-        next.on_hand -= request.qty;
-        latched.publish(next, from);
-      } else {
-        std::vector<StockRow*> rows{&source, destination};
-        std::sort(rows.begin(), rows.end(),
-                  [](const StockRow* a, const StockRow* b) { return a->key < b->key; });
-        std::vector<RowLatch> latches;
-        for (StockRow* row : rows) latches.emplace_back(row->cell, row->cell.latch());
-        RowLatch& src = rows[0] == &source ? latches[0] : latches[1];
-        RowLatch& dst = rows[0] == &source ? latches[1] : latches[0];
-        check_transfer(level_at(from, src.values(), now), level_at(to, dst.values(), now),
-                       request.qty);
-        RowValues out = changed(src.values(), now), in = changed(dst.values(), now);
-        out.on_hand -= request.qty;
-        in.incoming = checked_add(in.incoming, request.qty, "a transfer's incoming");
-        src.publish(out, from);
-        dst.publish(in, to);
-      }
+    StockRow* destination = find_row(to);
+    if (destination == nullptr) {
+      // A destination without a row gets one at zero units first (as a restock makes one),
+      // with no latch held: a reader may hold the row's stock shard while it waits for a
+      // latch. Not if the source, as read now, refuses the transfer: a refusal makes no
+      // row. (If the source changes before its latch below and refuses then, the row
+      // stays, empty: the memory store has no transaction to roll it back.)
+      StockLevel none;
+      none.key = to;
+      check_transfer(level_at(from, source.cell.read().values, clock_->now_us()), none,
+                     request.qty);
+      destination = insert_row(to, RowValues{0, 0, 1, clock_->now_us()}).first;
+    }
+    const TimestampUs now = clock_->now_us();
+    {
+      std::vector<StockRow*> rows{&source, destination};
+      std::sort(rows.begin(), rows.end(),
+                [](const StockRow* a, const StockRow* b) { return a->key < b->key; });
+      std::vector<RowLatch> latches;
+      for (StockRow* row : rows) latches.emplace_back(row->cell, row->cell.latch());
+      RowLatch& src = rows[0] == &source ? latches[0] : latches[1];
+      RowLatch& dst = rows[0] == &source ? latches[1] : latches[0];
+      check_transfer(level_at(from, src.values(), now), level_at(to, dst.values(), now),
+                     request.qty);
+      RowValues out = changed(src.values(), now), in = changed(dst.values(), now);
+      out.on_hand -= request.qty;
+      in.incoming = checked_add(in.incoming, request.qty, "a transfer's incoming");
+      src.publish(out, from);
+      dst.publish(in, to);
+    }
+    {
       const Transfer made = new_transfer(request, now);
       std::lock_guard<std::mutex> guard(transfers_mutex_);
       transfers_.emplace(made.id, made);

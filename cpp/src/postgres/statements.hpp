@@ -29,7 +29,6 @@ namespace stockade::detail::pg {
   X(stock_set_safety_stock, plain)    \
   X(stock_set_units, plain)           \
   X(stock_set_transit, plain)         \
-  X(stock_insert_incoming, plain)     \
   X(transfer_insert, plain)           \
   X(transfer_get, plain)              \
   X(transfer_lock, plain)             \

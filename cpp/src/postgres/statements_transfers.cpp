@@ -28,12 +28,6 @@ void add_transfer_statements(const std::string& schema, const StatementSink& set
                       " SET on_hand = $3, incoming = $4, version = version + 1,"
                       " updated_at = now()" +
                       key));
-  // A destination without a row gets one, made with the units in transit.
-  set(Stmt::stock_insert_incoming,
-      returning_stock("INSERT INTO " + stock +
-                      " (sku, location, slot, on_hand, reserved, version, updated_at, incoming@SKC)"
-                      " VALUES ($1, $2, @SLOT, 0, 0, 1, now(), $3@SKV)"
-                      " ON CONFLICT (@SKFsku, location, slot) DO NOTHING"));
   set(Stmt::transfer_insert,
       returning("INSERT INTO " + transfer +
                 " (id, sku, source, destination, qty, state, version, reason, actor, created_at,"

@@ -51,30 +51,19 @@ Transfer PostgresStore::transfer(const TransferRequest& request) {
     k = KeyedWrite{*request.idempotency_key, fingerprint(request), shard_of(from)};
   }
   const auto body = [&](Tx& tx) {
-    // A destination without a row gets it first, made with the units in transit: a row
-    // being made holds no lock that a transaction waits on while it holds others, and the
-    // rows that exist are then locked in key order. A refusal rolls the new row back too.
-    const bool made = !tx.exec_on(shard_of(to), Stmt::stock_insert_incoming, to.sku, to.location,
-                                  request.qty, to.slot)
-                           .empty();
+    // A destination without a row gets one first, at zero units (as a restock makes one): a
+    // row being made holds no lock that a transaction waits on while it holds others, so
+    // the two rows are then locked in key order. A refusal rolls the new row back too.
+    tx.exec_on(shard_of(to), Stmt::stock_insert, to.sku, to.location, Quantity{0}, to.slot);
     Level source, destination;
     for (const SkuKey& key : {std::min(from, to), std::max(from, to)}) {  // in key order
-      if (key == from) {
-        source = read_row(tx, Stmt::stock_lock, key);
-      } else if (!made) {
-        destination = read_row(tx, Stmt::stock_lock, key);
-      }
+      (key == from ? source : destination) = read_row(tx, Stmt::stock_lock, key);
     }
     if (!source) throw_stock_not_found(from);
-    StockLevel none;  // the row just made: no lease, no tombstone
-    none.key = to;
-    check_transfer(*source, destination ? *destination : none, request.qty);
+    if (!destination) throw_stock_not_found(to);  // rows are never deleted: not reached
+    check_transfer(*source, *destination, request.qty);
     write_transit(tx, *source, source->on_hand - request.qty, source->incoming);
-    if (destination) {
-      write_transit(tx, *destination, destination->on_hand, destination->incoming + request.qty);
-    } else if (!made) {
-      throw_stock_not_found(to);  // rows are never deleted: not reached
-    }
+    write_transit(tx, *destination, destination->on_hand, destination->incoming + request.qty);
     return transfer_from(tx.exec_on(request.id.shard_key(), Stmt::transfer_insert,
                                     request.id.to_string(), request.sku, request.source,
                                     request.destination, request.qty, request.reason.value_or(""),

@@ -75,7 +75,6 @@ const JournalNote* current_note() noexcept {
 std::string cause_of(const RowChange& before, const RowChange& after, const std::string& said) {
   if (after.created) {
     if (said == "set_on_hand" || said == "slot_move" || said == "return") return said;
-    if (said == "transfer") return "transfer_in";  // a destination made with its units
     return after.on_hand > 0 ? "restock" : "create";
   }
   if (after.discontinued != before.discontinued) {
