@@ -56,6 +56,14 @@ class World:
         moving = engine.transfer("sku-1", 50, source="default", destination="annex")
         return cls(engine, held, lease, engine.feed("consumer"), sold, order, moving)
 
+    def spare_transfer(self) -> stockade.Transfer:
+        """A new transfer for a call that ends one (cancel_transfer); on a closed engine,
+        whose every call refuses, the world's own."""
+        try:
+            return self.engine.transfer("sku-1", 1, source="default", destination="annex")
+        except stockade.Unavailable:
+            return self.transfer
+
 
 def _none(w: World) -> Arguments:
     return (), {}
@@ -72,10 +80,7 @@ ENGINE_CALLS: Dict[str, Callable[[World], Arguments]] = {
     "move_units": lambda w: (("sku-1", 1), {"to_state": "quality_control"}),
     "transfer": lambda w: (("sku-1", 1), {"source": "default", "destination": "annex"}),
     "receive": lambda w: ((w.transfer,), {"accepted": 1}),
-    "cancel_transfer": lambda w: (
-        (w.engine.transfer("sku-1", 1, source="default", destination="annex"),),
-        {},
-    ),
+    "cancel_transfer": lambda w: ((w.spare_transfer(),), {}),
     "get_transfer": lambda w: ((w.transfer,), {}),
     "transfers": lambda w: ((), {"sku": "sku-1"}),
     "discontinue": lambda w: (("old",), {}),
