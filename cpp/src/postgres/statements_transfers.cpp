@@ -42,10 +42,11 @@ void add_transfer_statements(const std::string& schema, const StatementSink& set
                 " SET received = $2, rejected = $3, cancelled = $4, state = $5,"
                 " version = version + 1, updated_at = now() WHERE id = $1::uuid@PIN"));
   // transfers(): by id, after $3 (the nil id for none), one SKU's ('' for any) in one state
-  // ('' for any).
+  // ('' for any). `t.id`: the column, which the primary key orders, not the text of it
+  // that the SELECT list names `id`.
   set(Stmt::transfers_list, "SELECT " + transfer_columns() + " FROM " + transfer +
-                                " WHERE ($1 = '' OR sku = $1) AND ($2 = '' OR state = $2)"
-                                " AND id > $3::uuid ORDER BY id LIMIT $4");
+                                " AS t WHERE ($1 = '' OR sku = $1) AND ($2 = '' OR state = $2)"
+                                " AND t.id > $3::uuid ORDER BY t.id LIMIT $4");
   // Retention: up to $2 finished transfers last changed more than $1 us ago, then their
   // DELETE (two statements: on Citus a DELETE by id runs on every shard, a LIMIT in it
   // would not plan). The DELETE checks the state again: a transfer never comes back to
