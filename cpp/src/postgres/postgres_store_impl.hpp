@@ -275,6 +275,13 @@ class PostgresStore final : public Store, public TestHooks {
   // (a restart or failover broke them too), logs at INFO and returns, for run() to run
   // the call again; the second time, throws Unavailable.
   void run_again_or_give_up(bool& reconnected, const ErrorContext& context, const char* cause);
+  // After the server answered with a connection error (class 08) over a connection that
+  // is still up: a node behind it, a Citus worker, is out of reach. The transaction rolled
+  // back, and this connection and the idle ones are sound, so none is closed: a dead
+  // worker costs only the calls that need it. The first time, returns for run() to run
+  // the call once more (a worker that restarted leaves each coordinator session a stale
+  // connection to it, which fails once); the second time, throws Unavailable.
+  void remote_node_failed(bool& retried, const ErrorContext& context, const char* cause);
   // The deadline of a run() that starts now: the enclosing CallDeadline's, else
   // call_timeout from now (steady clock, microseconds).
   std::int64_t call_deadline_us() const;
@@ -284,6 +291,10 @@ class PostgresStore final : public Store, public TestHooks {
   // The InDoubt error for a commit whose connection was lost, after ending its session.
   LostCommit lost_commit(const Backend& backend, const ErrorContext& context,
                          const char* cause) const;
+  // The InDoubt error for a COMMIT that the Citus coordinator answered with an error
+  // (XX000 "could not commit transaction for shard ..."): a worker failed on the way, and
+  // may have committed; the coordinator cannot tell.
+  LostCommit remote_commit_failed(const ErrorContext& context, const char* cause) const;
   // Runs attempt(), which makes the reservations `ids`. After a lost commit whose session
   // was ended, reads them back: all there, the call succeeded; none, nothing changed and
   // attempt() runs once more. A second loss, or one that is not settled, stays InDoubt.
@@ -541,6 +552,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
   const Failure failure{options, context, options_.schema};
   const std::int64_t deadline_us = call_deadline_us();
   bool reconnected = false;
+  bool remote_retried = false;
   for (int attempt = 0;; ++attempt) {
     if (steady_now_us() >= deadline_us) throw past_deadline(context, false);  // none sent yet
     Pool::Lease lease = pool_.acquire(deadline_us);
@@ -560,6 +572,10 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       if (guard.fired()) throw past_deadline(context, true);
       throw lost_commit(lease->backend(), context, e.what());
     } catch (const pqxx::broken_connection& e) {
+      if (!committing && !guard.fired() && lease->is_open()) {  // see remote_node_failed
+        remote_node_failed(remote_retried, context, e.what());
+        continue;
+      }
       lease.discard();
       if (guard.fired()) throw past_deadline(context, committing);
       if (committing) throw lost_commit(lease->backend(), context, e.what());
@@ -567,8 +583,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       run_again_or_give_up(reconnected, context, e.what());
       continue;
     } catch (const pqxx::transaction_rollback& e) {
-      // 40001 / 40P01: the server rolled the transaction back; running it again is safe.
-      // (libpqxx 6.4 does not derive these from sql_error; 7.x does.)
+      // 40001 / 40P01: rolled back, so safe to run again (not sql_error in libpqxx 6.4).
       const bool unknown = dynamic_cast<const pqxx::statement_completion_unknown*>(&e) != nullptr;
       if (unknown || guard.fired()) lease.discard();
       if (guard.fired()) throw past_deadline(context, unknown);
@@ -577,7 +592,8 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       continue;
     } catch (const pqxx::sql_error& e) {
       const std::string state = e.sqlstate();
-      // An error reply is definite, even to COMMIT: the transaction rolled back.
+      // An error reply is definite, even to COMMIT: the transaction rolled back (on the
+      // plain layout; on Citus a worker may have committed: remote_commit_failed).
       if (guard.fired()) {
         lease.discard();
         if (state == query_canceled) throw past_deadline(context, false);  // our cancel request
@@ -587,14 +603,15 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
         back_off_or_give_up(options, context, state, attempt, e.what());
         continue;
       }
-      if (committing && in_transaction) lease.discard();
+      if (committing && in_transaction) {
+        if (statements_->citus()) throw remote_commit_failed(context, e.what());
+        lease.discard();
+      }
       throw translate(e, failure);
     } catch (const pqxx::failure& e) {  // any other libpqxx failure: never a bare exception
       lease.discard();
       if (guard.fired()) throw past_deadline(context, committing);
-      ErrorContext c = context;
-      throw Error(ErrorCode::database_error, std::string("database error: ") + e.what(),
-                  std::move(c));
+      throw Error(ErrorCode::database_error, std::string("database error: ") + e.what(), context);
     } catch (...) {  // stockade's errors, and the callers' signals (OptimisticRace, FastMiss)
       if (guard.fired()) lease.discard();  // a late cancel must not reach another call
       throw;

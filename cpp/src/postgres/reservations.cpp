@@ -80,6 +80,23 @@ LostCommit PostgresStore::lost_commit(const Backend& backend, const ErrorContext
   return lost;
 }
 
+LostCommit PostgresStore::remote_commit_failed(const ErrorContext& context,
+                                               const char* cause) const {
+  const std::string what = first_line(scrub_secrets(cause, options_.dsn), 300);
+  std::string prelude = "the Citus coordinator answered COMMIT with an error (" + what +
+                        "); a worker failed on the way and may have committed the write";
+  ErrorContext c = context;
+  Error error(ErrorCode::in_doubt,
+              prelude + ", so the outcome is unknown: look a little later." + in_doubt_hint_lead +
+                  in_doubt_hint(c) + ".",
+              std::move(c));
+  log(LogLevel::warning, "stockade.postgres",
+      prelude +
+          ": unless the engine finds it, the caller is told InDoubt with what that call "
+          "can do to learn the outcome");
+  return LostCommit(std::move(error), false, std::move(prelude));
+}
+
 // The reservations of `ids` that exist, in no order: one statement per shard key among
 // them (one in all on the plain layout, whose statement takes none).
 std::vector<Reservation> PostgresStore::read_many(Tx& tx, const std::vector<Uuid>& ids) {

@@ -1,5 +1,6 @@
 #include "postgres/sqlstate.hpp"
 
+#include <algorithm>
 #include <array>
 
 namespace stockade::detail::pg {
@@ -91,6 +92,14 @@ std::string plain_cause(std::string_view message) {
   }
   std::string_view first = message.substr(0, message.find('\n'));
   return std::string(first.substr(0, 160));
+}
+
+std::string first_line(std::string_view message, std::size_t n) {
+  std::size_t end = std::min(message.find('\n'), n);
+  if (end < message.size()) {
+    while (end > 0 && (static_cast<unsigned char>(message[end]) & 0xC0) == 0x80) --end;
+  }
+  return std::string(message.substr(0, end));
 }
 
 bool is_refusal(std::string_view message) {

@@ -45,6 +45,10 @@ bool is_refusal(std::string_view message);
 // ("the server closed the connection"), or the message's first line if none fits.
 std::string plain_cause(std::string_view message);
 
+// The first line of a server's message, at most `n` bytes, never cut inside a UTF-8
+// character: the remote node's error as the server words it (with the node it names).
+std::string first_line(std::string_view message, std::size_t n);
+
 // The rule for `sqlstate`: an exact code first, then its class, then DatabaseError.
 const SqlStateRule& rule_for(std::string_view sqlstate);
 

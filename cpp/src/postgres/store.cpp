@@ -147,6 +147,21 @@ void PostgresStore::run_again_or_give_up(bool& reconnected, const ErrorContext& 
               std::move(c));
 }
 
+void PostgresStore::remote_node_failed(bool& retried, const ErrorContext& context,
+                                       const char* cause) {
+  if (!retried) {
+    retried = true;
+    return;
+  }
+  ErrorContext c = context;
+  throw Error(ErrorCode::unavailable,
+              "a database node that holds this call's rows is out of reach (a Citus worker "
+              "that is down or restarting); nothing was changed, and calls on other nodes' "
+              "rows go on: " +
+                  first_line(scrub_secrets(cause, options_.dsn), 240),
+              std::move(c));
+}
+
 std::int64_t PostgresStore::call_deadline_us() const {
   const std::int64_t scoped = CallDeadline::current();
   return scoped != 0 ? scoped : steady_now_us() + options_.call_timeout_ms * 1000;

@@ -30,6 +30,9 @@ from .pgserver import _free_port, run_sql
 
 __all__ = ["TemporaryCitus", "citus_available", "drop_citus_schema", "find_citus_dir"]
 
+# The nodes cluster.sh starts, on the ports PORT, PORT+1 and PORT+2.
+NODES = ("coordinator", "worker1", "worker2")
+
 # install.sh's exit code for "this Citus build does not fit this machine".
 NOT_AVAILABLE = 3
 
@@ -139,6 +142,25 @@ class TemporaryCitus:
         """The postmasters' PIDs of the coordinator and the workers that are running."""
         return [] if self._base is None else self._pids(self._base)
 
+    def node_port(self, node: str) -> int:
+        """The port of ``node`` (coordinator, worker1 or worker2)."""
+        return self.port + NODES.index(node)
+
+    def stop_node(self, node: str, mode: str = "immediate") -> None:
+        """Stops one node with ``pg_ctl stop -m mode`` (``immediate``: as a crash, with
+        crash recovery at the next start), for fault tests; :meth:`start_node` brings it
+        back."""
+        if mode not in ("smart", "fast", "immediate"):
+            raise ValueError(f"mode must be smart, fast or immediate, got {mode!r}")
+        self._pg_ctl(node, "stop", "-m", mode, "-w", "-t", "60")
+
+    def start_node(self, node: str) -> None:
+        """Starts a node that :meth:`stop_node` stopped, and waits until it accepts
+        connections (after any crash recovery), at most 120 s."""
+        self._pg_ctl(
+            node, "start", "-w", "-t", "120", "-l", str(self._node_dir(node) / "server.log")
+        )
+
     def log_text(self, node: str = "coordinator") -> str:
         """The server log of ``node`` (coordinator, worker1 or worker2) so far."""
         if self._base is None:
@@ -157,16 +179,38 @@ class TemporaryCitus:
             timeout=300,
         )
 
+    def _node_dir(self, node: str) -> Path:
+        if node not in NODES:
+            raise ValueError(f"node must be one of {', '.join(NODES)}, got {node!r}")
+        if self._base is None:
+            raise Unavailable("the cluster is not running")
+        return self._base / node
+
+    def _pg_ctl(self, node: str, *args: str) -> None:
+        directory = self._node_dir(node)
+        command = [str(_pg_bindir() / "pg_ctl"), "-D", str(directory), *args]
+        if os.geteuid() == 0:  # the servers run as the postgres user (cluster.sh)
+            command = ["runuser", "-u", "postgres", "--", *command]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd="/")
+        if out.returncode != 0:
+            raise Unavailable(f"pg_ctl {args[0]} of {node} failed: {out.stderr.strip()[-300:]}")
+
     @staticmethod
     def _pids(base: Path) -> List[int]:
         pids = []
-        for node in ("coordinator", "worker1", "worker2"):
+        for node in NODES:
             try:
                 first = (base / node / "postmaster.pid").read_text().split("\n", 1)[0]
                 pids.append(int(first))
             except (OSError, ValueError):
                 pass
         return [p for p in pids if _alive(p)]
+
+
+def _pg_bindir() -> Path:
+    """The PostgreSQL 15 binaries the cluster runs on (as cluster.sh finds them)."""
+    env = os.environ.get("PG_BINDIR")
+    return Path(env) if env else Path("/usr/lib/postgresql/15/bin")
 
 
 def _alive(pid: int) -> bool:
