@@ -31,6 +31,9 @@ for --seconds, then engine.purge() of all of it (keys and reservations, rows/s).
 
 All three nodes of the cluster share this machine's cores with the clients, so the
 figures show what the distribution costs per request, not what more machines would add.
+For that, each case also prints the CPU seconds per 1,000 granted requests of the single
+server and of each node of the cluster (from /proc): the inputs of the capacity model in
+docs/scaling-out.md.
 
     python benchmarks/citus.py [--seconds 3] [--clients 64] [--skus 10000] [--shards 32]
                                [--purge-skus 64] [--json FILE]
@@ -118,6 +121,31 @@ def purge_rate(options: Dict[str, Any], schema: str, args: Any) -> Dict[str, flo
         return {"rows": purged, "reservations": rows, "seconds": took, "rate": purged / took}
 
 
+def cpu_table(report: Dict[str, Any]) -> None:
+    """CPU seconds per 1,000 granted requests of each server in each case: the single
+    server's, and the coordinator's and each worker's (from /proc, all three on this
+    machine), with the coordinator's share against a worker's."""
+    print("\n  CPU seconds per 1,000 granted requests, by server:")
+    print(
+        f"  {'case':22}{'single':>10}{'coordinator':>13}{'worker1':>10}{'worker2':>10}"
+        f"{'cluster':>10}{'coord/worker':>14}"
+    )
+    for case in CASES:
+        single, citus = report["single"][case], report["citus"][case]
+
+        def per_k(run: Dict[str, Any], node: str) -> float:
+            return 1000 * run["cpu_s"][node] / max(run["granted"], 1)
+
+        nodes = [per_k(citus, n) for n in ("coordinator", "worker1", "worker2")]
+        worker = (nodes[1] + nodes[2]) / 2
+        share = nodes[0] / worker if worker > 0 else float("nan")
+        print(
+            f"  {case:22}{per_k(single, 'server'):10.3f}{nodes[0]:13.3f}{nodes[1]:10.3f}"
+            f"{nodes[2]:10.3f}{sum(nodes):10.3f}{share:13.2f}x"
+        )
+    print("  (coord/worker: the coordinator's CPU per request against a worker's, on average)")
+
+
 def main(argv: List[str]) -> int:
     ap = parser(__doc__)
     ap.add_argument("--shards", type=int, default=32, help="citus.shard_count of each table")
@@ -132,10 +160,11 @@ def main(argv: List[str]) -> int:
     with TemporaryPostgres() as pg, TemporaryCitus() as cluster:
         server = pg.sql("SHOW server_version").strip()
         citus_dsn = cluster.dsn() + f"?options=-c%20citus.shard_count%3D{args.shards}"
+        nodes = dict(zip(("coordinator", "worker1", "worker2"), cluster.pids(), strict=True))
         routes = {
-            "single": {"dsn": pg.dsn()},
+            "single": {"dsn": pg.dsn(), "servers": {"server": pg.pid}},
             "single/stateless": {"dsn": pg.dsn(), "pooler": "pgbouncer-transaction"},
-            "citus": {"dsn": citus_dsn, "layout": "citus"},
+            "citus": {"dsn": citus_dsn, "layout": "citus", "servers": nodes},
         }
         print(
             f"PostgreSQL {server}; Citus: a coordinator and 2 workers on this machine, "
@@ -145,10 +174,15 @@ def main(argv: List[str]) -> int:
         report.update(run_routes(routes, CASES, args))
         report["spread_shared_skus"] = check_colocated(cluster, "b_citus")
         report["purge"] = {
-            route: purge_rate(options, "p_" + route.replace("/", "_"), args)
+            route: purge_rate(
+                {k: v for k, v in options.items() if k != "servers"},
+                "p_" + route.replace("/", "_"),
+                args,
+            )
             for route, options in routes.items()
         }
     route_table(report, routes, CASES, "single")
+    cpu_table(report)
     print(
         f"\n  shared cases: {report['spread_shared_skus']} SKUs with rows on more than one"
         " shard (Citus's placement; 0 expected)"

@@ -28,14 +28,20 @@ def measure(eng: stockade.Engine, skus: Sequence[str], **kw: Any) -> Dict[str, A
 
 
 def run_cases(
-    eng: stockade.Engine, prefix: str, cases: Iterable[str], args: argparse.Namespace
+    eng: stockade.Engine,
+    prefix: str,
+    cases: Iterable[str],
+    args: argparse.Namespace,
+    servers: Optional[Dict[str, int]] = None,
 ) -> Dict[str, Any]:
     """Measures each case, "<hot|wide>/<auto|atomic|keyed|allocate>": one SKU or --skus of
     them (10**9 units each, restocked first), --clients blocking clients for --seconds,
     under auto, atomic, or auto with an idempotency key on every request; or (allocate)
     each request an allocation of 1 unit from POOL's three locations (priority, auto), each
     SKU stocked at all three (at most 1,000 SKUs: three rows each). "allocate-shared" is
-    allocate on SKUs whose three rows `args.together` says lie on one shard."""
+    allocate on SKUs whose three rows `args.together` says lie on one shard. With
+    `servers` (a name for each server's postmaster PID), each case also gets the CPU
+    seconds each server spent in it ("cpu_s")."""
     out: Dict[str, Any] = {}
     for case in cases:
         layout, how = case.split("/")
@@ -58,7 +64,10 @@ def run_cases(
             kw["keyed"] = True
         if how == "allocate":
             kw["pool"] = POOL
+        before = {name: server_cpu_s(pid) for name, pid in (servers or {}).items()}
         out[case] = measure(eng, skus, **kw)
+        if servers:
+            out[case]["cpu_s"] = {n: server_cpu_s(p) - before[n] for n, p in servers.items()}
     return out
 
 
@@ -69,11 +78,13 @@ def run_routes(
     options), an engine of --clients connections on a schema of its own, migrated, and
     run_cases on it; the figures by route. A route whose options name a "drop_routines"
     DSN runs without the statement routines migrate() made (dropped through that DSN
-    right after it), as on a schema an earlier release migrated."""
+    right after it), as on a schema an earlier release migrated. A route's "servers" (a
+    name for each server's postmaster PID) has run_cases measure their CPU seconds."""
     report: Dict[str, Any] = {}
     for route, options in routes.items():
         options = dict(options)
         drop_through = options.pop("drop_routines", None)
+        servers = options.pop("servers", None)
         schema = "b_" + route.replace("/", "_")
         with stockade.Engine.postgres(pool_size=args.clients, schema=schema, **options) as eng:
             eng.migrate()
@@ -85,7 +96,7 @@ def run_routes(
                     " AND proname LIKE 'stockade\\_%' LOOP EXECUTE 'DROP FUNCTION ' || f;"
                     " END LOOP; END$$",
                 )
-            report[route] = run_cases(eng, schema, cases, args)
+            report[route] = run_cases(eng, schema, cases, args, servers)
             pool = eng.stats()["pool"]
             report[route]["pool"] = {"pooled": pool["pooled"], "routines": pool["routines"]}
     return report

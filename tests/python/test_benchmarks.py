@@ -227,6 +227,9 @@ def test_citus_benchmark_prints_every_route(stockade_citus: object) -> None:
     assert "shared cases: 0 SKUs with rows on more than one shard" in out.stdout
     assert " f0 " in out.stdout and " f1" not in out.stdout
     assert "purge() of keyed" in out.stdout and out.stdout.count(" rows/s ") == 3
+    # Each case's CPU per request on the single server and on each node of the cluster.
+    table = out.stdout.split("CPU seconds per 1,000 granted requests")[1]
+    assert all(case in table for case in ("hot/auto", "wide/keyed", "wide/allocate"))
 
 
 @pytest.mark.postgres

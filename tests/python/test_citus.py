@@ -11,11 +11,12 @@ layout."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
 from datetime import timedelta
-from typing import Iterator, List
+from typing import Callable, Iterator, List
 
 import pytest
 
@@ -316,6 +317,35 @@ def test_the_layout_option_is_checked_before_connecting() -> None:
         stockade.Engine.postgres("postgresql://127.0.0.1:1/x", layout="sharded")
 
 
+@contextlib.contextmanager
+def logging_engine(dsn: str, schema: str) -> Iterator[stockade.Engine]:
+    """An engine of one connection whose coordinator logs each command it sends to a
+    worker, with the worker's address (citus.log_remote_commands); migrated, with 100
+    units of "solo"."""
+    logged = dsn + "%20-c%20citus.log_remote_commands%3Don%20-c%20log_min_messages%3Dnotice"
+    with stockade.Engine.postgres(logged, layout="citus", schema=schema, pool_size=1) as eng:
+        eng.migrate()
+        eng.restock("solo", 100)
+        yield eng
+
+
+def remote_commands(
+    cluster: TemporaryCitus, eng: stockade.Engine, name: str, call: Callable[[], object]
+) -> List[str]:
+    """The coordinator's log lines (citus.log_remote_commands) of `call`: between two marks,
+    reads of SKUs that do not exist, from after the start mark's own read (its DETAIL line
+    names its worker)."""
+    start, end = f"mark-{name}-start", f"mark-{name}-end"
+    with pytest.raises(stockade.NotFound):
+        eng.stock(start)
+    call()
+    with pytest.raises(stockade.NotFound):
+        eng.stock(end)
+    text = cluster.log_text()
+    lines = text[text.index(start) : text.index(end)].splitlines()
+    return lines[next(i for i, line in enumerate(lines) if "on server " in line) + 1 :]
+
+
 def test_a_write_for_one_sku_runs_on_one_worker_with_a_plain_commit(
     stockade_citus: TemporaryCitus, dsn: str, schema: str
 ) -> None:
@@ -323,26 +353,14 @@ def test_a_write_for_one_sku_runs_on_one_worker_with_a_plain_commit(
     # worker, with the worker's address: between two marks (reads of SKUs that do not
     # exist), every command of a reserve and its confirm goes to one worker, and none
     # is a PREPARE TRANSACTION (no two-phase commit).
-    logged = dsn + "%20-c%20citus.log_remote_commands%3Don%20-c%20log_min_messages%3Dnotice"
-    with stockade.Engine.postgres(logged, layout="citus", schema=schema, pool_size=1) as eng:
-        eng.migrate()
-        eng.restock("solo", 100)
-
-        def mark(name: str) -> None:
-            with pytest.raises(stockade.NotFound):
-                eng.stock(name)
-
+    with logging_engine(dsn, schema) as eng:
         for strategy in STRATEGIES:
-            mark(f"mark-{strategy}-start")
-            r = eng.reserve("solo", 1, strategy=strategy)
-            eng.confirm(r.id)
-            mark(f"mark-{strategy}-end")
-            text = stockade_citus.log_text()
-            lines = text[
-                text.index(f"mark-{strategy}-start") : text.index(f"mark-{strategy}-end")
-            ].splitlines()
-            # from after the start mark's own read (its DETAIL line names its worker)
-            lines = lines[next(i for i, line in enumerate(lines) if "on server " in line) + 1 :]
+            lines = remote_commands(
+                stockade_citus,
+                eng,
+                strategy,
+                lambda s=strategy: eng.confirm(eng.reserve("solo", 1, strategy=s).id),
+            )
             issued = [line for line in lines if "issuing" in line]
             details = [line for line in lines if "on server " in line]
             servers = {line.split("on server ")[1].split()[0] for line in details}
@@ -364,8 +382,6 @@ def test_a_buyers_count_and_reservation_commit_together(
     # or not at all; on the same worker it is a plain commit there.
     from stockade import _core
 
-    logged = dsn + "%20-c%20citus.log_remote_commands%3Don%20-c%20log_min_messages%3Dnotice"
-
     def node(table: str, shard_key: int) -> str:
         return run_sql(
             stockade_citus.dsn(),
@@ -373,9 +389,7 @@ def test_a_buyers_count_and_reservation_commit_together(
             f" get_shard_id_for_distribution_column('{schema}.{table}', {shard_key})",
         )
 
-    with stockade.Engine.postgres(logged, layout="citus", schema=schema, pool_size=1) as eng:
-        eng.migrate()
-        eng.restock("solo", 100)
+    with logging_engine(dsn, schema) as eng:
         eng.set_purchase_limit("g", per_buyer=5, skus=["solo"])
         row_node = node("stock", _core.shard_key_of("solo", "default"))
         buyers = [f"buyer-{i}" for i in range(64)]
@@ -400,3 +414,78 @@ def test_a_buyers_count_and_reservation_commit_together(
                 assert prepared is two_phase, (buyer, strategy)
         assert eng.buyer_held("g", apart) == 3 and eng.buyer_held("g", together) == 3
         assert eng.stock("solo").reserved == 6
+
+
+def test_an_atomic_reserve_is_one_call_delegated_to_the_rows_worker(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str
+) -> None:
+    # A keyless and a keyed atomic reserve (migration citus/105): the coordinator sends
+    # one command to one worker, the function call itself, with no BEGIN, no COMMIT and
+    # no PREPARE TRANSACTION there: the worker runs it and commits it on its own.
+    with logging_engine(dsn, schema) as eng:
+        for name, key in (("keyless", None), ("keyed", "k-1"), ("replay", "k-1")):
+            made: List[stockade.Reservation] = []
+            lines = remote_commands(
+                stockade_citus,
+                eng,
+                name,
+                lambda m=made, k=key: m.append(
+                    eng.reserve("solo", 1, strategy="atomic", idempotency_key=k)
+                ),
+            )
+            issued = [line for line in lines if "issuing" in line]
+            assert len([line for line in issued if ".reserve_one(" in line]) == 1, (name, issued)
+            r = made[0]
+            assert not any(
+                word in line for line in issued for word in ("BEGIN", "COMMIT", "PREPARE")
+            ), (name, issued)
+            assert r.qty == 1 and r.idempotency_key == key
+        assert eng.stock("solo").reserved == 2  # the replay made nothing
+
+
+def test_delegated_calls_keep_the_workers_sessions_flat(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str
+) -> None:
+    # Citus 13.2 adds a plan to a worker session's local plan cache on every execution of
+    # a generic plan of a statement on a distributed table inside a function (citus
+    # issues 8371 and 8783): about 90 kB a call. The delegated functions plan custom
+    # plans (SET plan_cache_mode), on every node, and a worker's session stays flat.
+    with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1) as eng:
+        eng.migrate()
+        eng.restock("solo", 1_000_000)
+        for node in ("coordinator", "worker1", "worker2"):
+            config = run_sql(
+                f"postgresql://postgres@127.0.0.1:{stockade_citus.node_port(node)}/postgres",
+                "SELECT string_agg(p.proname || ':' || array_to_string(p.proconfig, ','), ' '"
+                " ORDER BY p.proname) FROM pg_proc p JOIN pg_namespace n ON n.oid ="
+                f" p.pronamespace WHERE n.nspname = '{schema}' AND p.proname LIKE 'reserve_one%'",
+            )
+            assert config == ("reserve_one:plan_cache_mode=force_custom_plan"), (node, config)
+
+        def worker_sessions_kb() -> int:
+            total, sessions = 0, 0
+            for node in ("worker1", "worker2"):
+                pids = run_sql(
+                    f"postgresql://postgres@127.0.0.1:{stockade_citus.node_port(node)}/postgres",
+                    "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity"
+                    " WHERE application_name LIKE 'citus_internal%'",
+                )
+                for pid in pids.split():
+                    sessions += 1
+                    with open(f"/proc/{pid}/smaps_rollup") as f:
+                        total += sum(
+                            int(line.split()[1]) for line in f if line.startswith("Private_")
+                        )
+            assert sessions > 0, "no worker session of the coordinator's found"
+            return total
+
+        for i in range(200):  # the sessions' caches and the shard's pages settle first
+            eng.reserve(
+                "solo", 1, strategy="atomic", idempotency_key=f"warm-{i}" if i % 2 else None
+            )
+        before = worker_sessions_kb()
+        for i in range(2000):
+            eng.reserve("solo", 1, strategy="atomic", idempotency_key=f"k-{i}" if i % 2 else None)
+        grown = worker_sessions_kb() - before
+        # With generic plans this grew by about 180 MB (2,000 calls at 90 kB).
+        assert grown < 20_000, f"the workers' sessions grew by {grown} kB over 2,000 calls"

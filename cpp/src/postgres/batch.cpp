@@ -7,6 +7,33 @@
 
 namespace stockade::detail::pg {
 
+// Citus runs a statement on one shard only when it names one shard key: a batch whose
+// requests span several runs as one batch per shard key, each in arrival order (and
+// returns true; false for a batch of one shard key, which runs whole). A group's failure
+// is its own requests' answer: the other groups are transactions of their own (on another
+// shard, perhaps another worker, that may be up), and one that committed before it must
+// not be reported as failed.
+bool PostgresStore::apply_by_shard(const std::vector<BatchItem*>& items,
+                                   const BatchOptions& options) {
+  std::map<std::uint16_t, std::vector<BatchItem*>> by_shard;
+  for (BatchItem* item : items) {
+    item->clear_outcome();
+    by_shard[item->shard_key()].push_back(item);
+  }
+  if (by_shard.size() == 1) return false;
+  for (const auto& [shard, group] : by_shard) {
+    try {
+      apply_batch(group, options);
+    } catch (const Error& e) {
+      for (BatchItem* item : group) {
+        item->ok = false;
+        item->error = e;
+      }
+    }
+  }
+  return true;
+}
+
 void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) {
   if (items.empty()) return;
   // One bound over the fast statement, the full path and the resolution of a lost commit:
@@ -19,20 +46,7 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
     }
   }
   const CallDeadline deadline(options_.call_timeout_ms, oldest_us);
-  if (statements_->citus()) {
-    // Citus runs a statement on one shard only when it names one shard key: a batch whose
-    // requests span several runs as one batch per shard key, each in arrival order.
-    std::map<std::uint16_t, std::vector<BatchItem*>> by_shard;
-    for (BatchItem* item : items) {
-      item->clear_outcome();
-      by_shard[item->shard_key()].push_back(item);
-    }
-    const bool whole = by_shard.size() == 1 && by_shard.begin()->second.size() == items.size();
-    if (!whole) {  // each group runs alone (and passes here whole)
-      for (const auto& [shard, group] : by_shard) apply_batch(group, options);
-      return;
-    }
-  }
+  if (statements_->citus() && apply_by_shard(items, options)) return;
   WriteOptions write;
   write.strategy = Strategy::batched;
   write.lock_timeout_ms = options.lock_timeout_ms;

@@ -53,7 +53,7 @@ namespace stockade::detail::pg {
 class BatchTx;  // batch.cpp
 
 // How run() runs its function; see run().
-enum class RunMode { transaction, read, one_statement };
+enum class RunMode { transaction, read, one_statement, delegated };
 
 // One transaction on one connection (or, for single reads, one autocommit statement).
 struct Tx {
@@ -98,6 +98,10 @@ bool note_in_scope() noexcept;
 inline bool runs_in_transaction(RunMode mode, bool pooled) {
   return mode == RunMode::transaction ||
          (mode == RunMode::one_statement && (pooled || note_in_scope()));
+}
+// Whether the call's one statement commits by itself (a cut may leave it in doubt).
+inline bool commits_itself(RunMode mode, bool in_transaction) {
+  return !in_transaction && (mode == RunMode::one_statement || mode == RunMode::delegated);
 }
 
 // Whether the call on this thread carries a journal note (stockade/journal.hpp), and its
@@ -212,6 +216,8 @@ class PostgresStore final : public Store, public TestHooks {
   // How long free_lapsed() waits for each stock-row lock.
   static constexpr std::int64_t free_lapsed_lock_timeout_ms = 100;
   void apply_batch(const std::vector<BatchItem*>& items, const BatchOptions& options) override;
+  // On Citus: a batch over several shard keys, one batch each (batch.cpp).
+  bool apply_by_shard(const std::vector<BatchItem*>& items, const BatchOptions& options);
 
   PurgeCounts purge(std::int64_t older_than_us, std::uint64_t limit) override;
   // purge()'s last step: finished transfers, one batch (postgres/retention.cpp).
@@ -259,6 +265,10 @@ class PostgresStore final : public Store, public TestHooks {
   // one statement in autocommit instead: one round trip instead of three. RunMode::
   // one_statement runs a write of exactly one statement in autocommit, which commits as
   // it completes: a connection lost while it runs leaves it in doubt (never retried).
+  // RunMode::delegated runs one call of a function that Citus delegates to a worker, in
+  // autocommit even on the Citus layout's stateless connections (in a transaction block
+  // the coordinator would run it itself); it sets its lock_timeout inside. A worker it
+  // could not connect to (never_reached) is Unavailable; any other cut is in doubt.
   template <RunMode Mode = RunMode::transaction, class Fn>
   auto run(const WriteOptions* options, const ErrorContext& context, Fn&& fn)
       -> std::invoke_result_t<Fn&, Tx&>;
@@ -275,13 +285,15 @@ class PostgresStore final : public Store, public TestHooks {
   // (a restart or failover broke them too), logs at INFO and returns, for run() to run
   // the call again; the second time, throws Unavailable.
   void run_again_or_give_up(bool& reconnected, const ErrorContext& context, const char* cause);
-  // After the server answered with a connection error (class 08) over a connection that
-  // is still up: a node behind it, a Citus worker, is out of reach. The transaction rolled
-  // back, and this connection and the idle ones are sound, so none is closed: a dead
-  // worker costs only the calls that need it. The first time, returns for run() to run
-  // the call once more (a worker that restarted leaves each coordinator session a stale
-  // connection to it, which fails once); the second time, throws Unavailable.
-  void remote_node_failed(bool& retried, const ErrorContext& context, const char* cause);
+  // After the Citus coordinator answered with a connection error (class 08) over a
+  // connection that is still up: a worker is out of reach. This connection and the idle
+  // ones are sound, so none is closed: a dead worker costs only the calls that need it.
+  // A COMMIT that was sent, or a `delegated` call that may have reached the worker (not
+  // never_reached), is InDoubt (remote_commit_failed). Otherwise nothing was changed: the first
+  // time it returns for run() to run the call once more (a worker that restarted leaves each
+  // coordinator session a stale connection to it, which fails once); then Unavailable.
+  void remote_node_failed(bool& retried, bool committing, bool delegated,
+                          const ErrorContext& context, const char* cause);
   // The deadline of a run() that starts now: the enclosing CallDeadline's, else
   // call_timeout from now (steady clock, microseconds).
   std::int64_t call_deadline_us() const;
@@ -291,9 +303,10 @@ class PostgresStore final : public Store, public TestHooks {
   // The InDoubt error for a commit whose connection was lost, after ending its session.
   LostCommit lost_commit(const Backend& backend, const ErrorContext& context,
                          const char* cause) const;
-  // The InDoubt error for a COMMIT that the Citus coordinator answered with an error
-  // (XX000 "could not commit transaction for shard ..."): a worker failed on the way, and
-  // may have committed; the coordinator cannot tell.
+  // The InDoubt error for a COMMIT, or a delegated call, that the Citus coordinator
+  // answered with an error (XX000 "could not commit transaction for shard ...", or a
+  // worker's connection lost mid-call): the worker may have committed; the coordinator
+  // cannot tell.
   LostCommit remote_commit_failed(const ErrorContext& context, const char* cause) const;
   // Runs attempt(), which makes the reservations `ids`. After a lost commit whose session
   // was ended, reads them back: all there, the call succeeded; none, nothing changed and
@@ -369,8 +382,14 @@ class PostgresStore final : public Store, public TestHooks {
   // Locks the row (NotFound if there is none), passes `check` on it, and runs `write`.
   template <class Check, class Write>
   StockLevel admin_write(const SkuKey& key, Check&& check, Write&& write);
+  // The forms of an atomic reserve in one statement or one call (stock.cpp), if one
+  // applies; `print`: the request's fingerprint, if it has a key.
+  std::optional<Reservation> reserve_in_one_call(const ReserveRequest& request, const Uuid& id,
+                                                 const std::string& print);
   std::optional<Reservation> reserve_in_one_statement(const ReserveRequest& request,
                                                       const Uuid& id);
+  std::optional<Reservation> reserve_delegated(const ReserveRequest& request, const Uuid& id,
+                                               const std::string& print);
   // The same for a keyless atomic reserve with a buyer: allowance, row and reservation in
   // one statement (batch_fast_one_limited); nothing if it could not apply in full (the
   // transaction path then decides and says why).
@@ -551,8 +570,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
     -> std::invoke_result_t<Fn&, Tx&> {
   const Failure failure{options, context, options_.schema};
   const std::int64_t deadline_us = call_deadline_us();
-  bool reconnected = false;
-  bool remote_retried = false;
+  bool reconnected = false, remote_retried = false;  // the two retries of a broken call
   for (int attempt = 0;; ++attempt) {
     if (steady_now_us() >= deadline_us) throw past_deadline(context, false);  // none sent yet
     Pool::Lease lease = pool_.acquire(deadline_us);
@@ -572,8 +590,9 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       if (guard.fired()) throw past_deadline(context, true);
       throw lost_commit(lease->backend(), context, e.what());
     } catch (const pqxx::broken_connection& e) {
-      if (!committing && !guard.fired() && lease->is_open()) {  // see remote_node_failed
-        remote_node_failed(remote_retried, context, e.what());
+      if (statements_->citus() && !guard.fired() && lease->is_open()) {
+        remote_node_failed(remote_retried, committing, Mode == RunMode::delegated, context,
+                           e.what());
         continue;
       }
       lease.discard();
@@ -640,7 +659,7 @@ auto PostgresStore::run_attempt(Pool::Lease& lease, const WriteOptions* options,
   if (in_transaction && Mode != RunMode::read) set_note(tx);
   std::optional<Result> result;
   std::optional<Error> deferred;
-  committing = !in_transaction && Mode == RunMode::one_statement;  // its statement commits
+  committing = commits_itself(Mode, in_transaction);
   try {
     result.emplace(fn(tx));
   } catch (CommitThenRaise& raise) {

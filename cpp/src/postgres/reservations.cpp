@@ -83,8 +83,8 @@ LostCommit PostgresStore::lost_commit(const Backend& backend, const ErrorContext
 LostCommit PostgresStore::remote_commit_failed(const ErrorContext& context,
                                                const char* cause) const {
   const std::string what = first_line(scrub_secrets(cause, options_.dsn), 300);
-  std::string prelude = "the Citus coordinator answered COMMIT with an error (" + what +
-                        "); a worker failed on the way and may have committed the write";
+  std::string prelude = "the Citus coordinator answered a write that commits with an error (" +
+                        what + "); a worker failed on the way and may have committed it";
   ErrorContext c = context;
   Error error(ErrorCode::in_doubt,
               prelude + ", so the outcome is unknown: look a little later." + in_doubt_hint_lead +

@@ -94,6 +94,27 @@ std::string plain_cause(std::string_view message) {
   return std::string(first.substr(0, 160));
 }
 
+bool never_reached(std::string_view message) {
+  // libpq's and the server's words for a connection that was never made.
+  // (Not "connection not open": Citus says it of a connection that broke, which may
+  // have been after the call was sent, and the worker's commit with it.)
+  static constexpr std::array<std::string_view, 6> unmade{{
+      "Connection refused",
+      "the database system is starting up",
+      "the database system is shutting down",
+      "the database system is not yet accepting connections",
+      "the database system is in recovery mode",
+      "timeout expired",
+  }};
+  // Citus's own words when no connection to the node came up in time.
+  if (message.find("could not establish") != std::string_view::npos) return true;
+  if (message.find("connection to the remote node") == std::string_view::npos) return false;
+  for (std::string_view m : unmade) {
+    if (message.find(m) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
 std::string first_line(std::string_view message, std::size_t n) {
   std::size_t end = std::min(message.find('\n'), n);
   if (end < message.size()) {

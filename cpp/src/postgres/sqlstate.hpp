@@ -45,6 +45,11 @@ bool is_refusal(std::string_view message);
 // ("the server closed the connection"), or the message's first line if none fits.
 std::string plain_cause(std::string_view message);
 
+// Whether a Citus coordinator's connection error (class 08) says that it could not
+// connect to the worker at all (refused, starting up, shutting down, in recovery, a
+// connect timeout): the call never reached the worker, so it changed nothing there.
+bool never_reached(std::string_view message);
+
 // The first line of a server's message, at most `n` bytes, never cut inside a UTF-8
 // character: the remote node's error as the server words it (with the node it names).
 std::string first_line(std::string_view message, std::size_t n);

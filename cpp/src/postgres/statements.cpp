@@ -174,6 +174,7 @@ Statements::Statements(const std::string& schema, bool citus, std::string schema
   add_batch_fast_limited_statement(schema, set);
   add_expiry_statements(schema, set);
   add_citus_statements(schema, set);
+  add_delegated_statements(schema, set);
   add_record_statements(schema, citus, set);
   add_transfer_statements(schema, set);
   for (std::size_t i = 0; i < stmt_count; ++i) parameters_[i] = last_parameter(sql_[i]);

@@ -97,6 +97,7 @@ namespace stockade::detail::pg {
   X(batch_transition, plain)          \
   X(due_shards, citus)                \
   X(citus_move_one, citus)            \
+  X(citus_reserve_one, citus)         \
   X(citus_keys_taken, citus)          \
   X(citus_move, citus)                \
   X(expire_lock, citus)               \
@@ -235,6 +236,10 @@ void add_batch_statements(const std::string& schema, const StatementSink& set);
 // Transfers between locations: the transfer's rows and its stock rows' writes
 // (statements_transfers.cpp).
 void add_transfer_statements(const std::string& schema, const StatementSink& set);
+// The Citus layout's delegated call (migration citus/105): an atomic reserve, keyless or
+// keyed, as one call that Citus runs on the worker that holds the row
+// (statements_citus_batch.cpp).
+void add_delegated_statements(const std::string& schema, const StatementSink& set);
 // A transfer's columns as transfer_from (postgres/transfers.cpp) reads them.
 std::string transfer_columns();
 void add_batch_fast_statements(const std::string& schema, const StatementSink& set);

@@ -1,4 +1,5 @@
-// The SQL a batch sends on the Citus layout that cannot be a prepared statement: multi-row
+// The Citus layout's delegated call (add_delegated_statements), and the SQL a batch sends
+// there that cannot be a prepared statement: multi-row
 // INSERT ... VALUES of new reservations and of their idempotency keys, with every value
 // quoted into the text (see citus_move_one in statements.cpp). Citus routes such an INSERT
 // to the one shard its shard key names; an INSERT ... SELECT of many rows would go through
@@ -10,6 +11,18 @@
 #include "postgres/statements.hpp"
 
 namespace stockade::detail::pg {
+
+void add_delegated_statements(const std::string& schema, const StatementSink& set) {
+  // An atomic reserve as one call that Citus delegates to the worker holding the row
+  // (migration citus/105): the row ($1, $2, its slot $3), the units ($4), the expected
+  // version ($5, -1: none), the new id ($6) and TTL ($7), the transaction's lock_timeout
+  // ($8, as set_config takes it), and the idempotency key ($9, '': none) with its
+  // request's fingerprint ($10). Its row: hold_atomic's columns, then what became of the
+  // call ('made', 'replay' with what the key holds, or 'refused').
+  set(Stmt::citus_reserve_one, "SELECT * FROM " + schema +
+                                   ".reserve_one($1, $2, $3::smallint, $4, $5, $6::uuid, $7,"
+                                   " $8, NULLIF($9, ''), $10@SKV)");
+}
 
 // Empty strings stand for NULL, as in the prepared statements' NULLIF. The times are the
 // batch's `now_us` (from the statement that locked or moved its row): a now() in the INSERT

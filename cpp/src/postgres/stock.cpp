@@ -542,35 +542,42 @@ Reservation PostgresStore::reserve(const ReserveRequest& request) {
     });
   };
   // A commit whose connection was lost is resolved by looking for the reservation (see
-  // run_resolving); the keyless atomic form is one statement, resolved the same way.
+  // run_resolving); the one-statement and delegated forms are resolved the same way.
   return run_resolving(ids, context_of(request.key),
                        [&] {
                          if (options.strategy == Strategy::optimistic) {
                            return optimistic_retry(&request.key, options, attempt);
                          }
-                         // (Not on Citus, which cannot run that statement on one shard: the
-                         // buyer's count may lie on another.)
-                         // (Nor with a ref or metadata: their statements do not carry them.)
-                         const bool plain = !options.ref && !options.metadata;
-                         if (options.strategy == Strategy::atomic && !request.idempotency_key &&
-                             options.buyer && !options.expected_version && !statements_->citus() &&
-                             plain) {
-                           if (std::optional<Reservation> made =
-                                   reserve_limited_in_one_statement(request, ids.front())) {
-                             return std::vector<Reservation>{*made};
-                           }
-                         }
-                         // (Not on Citus: see hold(), which runs it as two statements there.)
-                         if (options.strategy == Strategy::atomic && !request.idempotency_key &&
-                             !options.buyer && !statements_->citus() && plain) {
-                           if (std::optional<Reservation> made =
-                                   reserve_in_one_statement(request, ids.front())) {
-                             return std::vector<Reservation>{*made};
-                           }
+                         if (std::optional<Reservation> made =
+                                 reserve_in_one_call(request, ids.front(), print)) {
+                           return std::vector<Reservation>{*made};
                          }
                          return attempt();
                        })
       .front();
+}
+
+// The forms of an atomic reserve that are one statement, or one call, where they apply;
+// nothing where none does, or (the limited form) where it could not apply in full.
+std::optional<Reservation> PostgresStore::reserve_in_one_call(const ReserveRequest& request,
+                                                              const Uuid& id,
+                                                              const std::string& print) {
+  const WriteOptions& options = request.options;
+  // Not with a ref or metadata: their statements do not carry them.
+  if (options.strategy != Strategy::atomic || options.ref || options.metadata) return {};
+  const bool citus = statements_->citus();
+  if (options.buyer) {
+    // Not on Citus, which cannot run that statement on one shard: the buyer's count may
+    // lie on another.
+    if (request.idempotency_key || options.expected_version || citus) return {};
+    return reserve_limited_in_one_statement(request, id);
+  }
+  // On Citus, a call delegated to the row's worker, without a journal note (which would
+  // need a setting of the transaction).
+  if (citus && note_in_scope()) return {};
+  if (citus) return reserve_delegated(request, id, print);
+  if (!request.idempotency_key) return reserve_in_one_statement(request, id);
+  return {};
 }
 
 // atomic without a key: the conditional UPDATE and the reservation row are one statement,
@@ -597,6 +604,53 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
   return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
     refuse(tx, key, request.qty, request.options.expected_version, std::nullopt,  // throws
            request.options.count_refusal);
+  });
+}
+
+// An atomic reserve on Citus as one delegated call (migration citus/105): the key (if
+// any) claimed, the row moved and the hold made on the row's worker, which commits them.
+// A replay reads what the key holds and answers as with_idempotency does; a refusal reads
+// why, as reserve_in_one_statement's.
+std::optional<Reservation> PostgresStore::reserve_delegated(const ReserveRequest& request,
+                                                            const Uuid& id,
+                                                            const std::string& print) {
+  const SkuKey& key = request.key;
+  const ErrorContext context = context_of(key);
+  const std::string name = request.idempotency_key.value_or(std::string());
+  struct Answer {
+    std::optional<Reservation> made;
+    bool replay = false;
+    std::string stored, ids;
+  };
+  const Answer answer = run<RunMode::delegated>(&request.options, context, [&](Tx& tx) {
+    const pqxx::result rows =
+        tx.exec_on(shard_of(key), Stmt::citus_reserve_one, key.sku, key.location, key.slot,
+                   request.qty, request.options.expected_version.value_or(-1), id.to_string(),
+                   request.ttl_us, std::to_string(request.options.lock_timeout_ms), name, print);
+    Answer out;
+    const std::string outcome = rows.at(0)[3].as<std::string>();
+    if (outcome == "made") {
+      report_write(key, rows[0][2].as<Version>());
+      out.made = new_hold(id, key, request.qty, request.idempotency_key, rows[0]);
+    } else if (outcome == "replay") {
+      out.replay = true;
+      out.stored = rows[0][4].as<std::string>();
+      out.ids = rows[0][5].as<std::string>();
+    }
+    return out;
+  });
+  if (answer.made) return answer.made;
+  return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
+    if (!answer.replay) {
+      refuse(tx, key, request.qty, request.options.expected_version, std::nullopt,  // throws
+             request.options.count_refusal);
+    }
+    if (!reserves(answer.stored)) throw keyed_conflict(name, answer.stored, print);
+    std::vector<Reservation> made = fetch(tx, parse_ids(answer.ids));
+    if (answer.stored != print) {
+      throw idempotency_conflict(name, asked_by(made, answer.stored), asked_by(request));
+    }
+    return made.at(0);
   });
 }
 

@@ -147,8 +147,10 @@ void PostgresStore::run_again_or_give_up(bool& reconnected, const ErrorContext& 
               std::move(c));
 }
 
-void PostgresStore::remote_node_failed(bool& retried, const ErrorContext& context,
-                                       const char* cause) {
+void PostgresStore::remote_node_failed(bool& retried, bool committing, bool delegated,
+                                       const ErrorContext& context, const char* cause) {
+  if (committing && !(delegated && never_reached(cause)))
+    throw remote_commit_failed(context, cause);
   if (!retried) {
     retried = true;
     return;
