@@ -14,17 +14,16 @@
 --
 -- With a key (p_key not NULL), the key is claimed first, in the shard of the request's
 -- row, as the statement path does (idempotency_claim): a concurrent call with the same key
--- waits for this one's commit, within lock_timeout. A key that is there already is
--- answered with what it holds ('replay': its fingerprint and reservation ids, which the
--- engine reads and compares as on the statement path). A refusal deletes the claim again,
+-- waits for this one's commit, within lock_timeout. A key that is there already changes
+-- nothing ('replay'): the engine answers it on the statement path, which reads the key's
+-- reservations in the transaction that holds the key. A refusal deletes the claim again,
 -- in the same transaction, so that nothing of the call stays ('refused': the engine then
 -- reads why). 'made': the hold, with its times and the row's new version.
 CREATE FUNCTION {{schema}}.reserve_one(p_sku text, p_location text, p_slot smallint,
                                        p_qty bigint, p_expected bigint, p_id uuid,
                                        p_ttl_us bigint, p_lock_timeout text, p_key text,
                                        p_fingerprint text, p_shard integer)
-RETURNS TABLE (expires_us bigint, created_us bigint, row_version bigint, outcome text,
-               stored_fingerprint text, stored_ids text)
+RETURNS TABLE (expires_us bigint, created_us bigint, row_version bigint, outcome text)
 LANGUAGE plpgsql VOLATILE
 -- Custom plans only. Run on the worker, a statement on a distributed table inside a
 -- function is planned by Citus; its generic plan (deferred pruning) misses Citus 13.2's
@@ -39,23 +38,17 @@ DECLARE
   expires timestamptz := now() + p_ttl_us * interval '1 microsecond';
 BEGIN
   PERFORM set_config('lock_timeout', p_lock_timeout, true);
-  WHILE p_key IS NOT NULL LOOP
+  IF p_key IS NOT NULL THEN
     INSERT INTO {{schema}}.idempotency (key, request_fingerprint, reservation_ids, created_at,
                                         shard_key)
     VALUES (p_key, p_fingerprint, ARRAY[p_id], now(), p_shard)
     ON CONFLICT (shard_key, key) DO NOTHING;
-    EXIT WHEN FOUND;
-    SELECT i.request_fingerprint, array_to_string(i.reservation_ids, ',')
-      INTO stored_fingerprint, stored_ids
-      FROM {{schema}}.idempotency i
-     WHERE i.shard_key = p_shard AND i.key = p_key FOR KEY SHARE;
-    IF FOUND THEN
+    IF NOT FOUND THEN
       outcome := 'replay';
       RETURN NEXT;
       RETURN;
     END IF;
-    -- The holder of the key rolled back between the two statements: claim it again.
-  END LOOP;
+  END IF;
   UPDATE {{schema}}.stock
      SET reserved = reserved + p_qty, version = version + 1, updated_at = now()
    WHERE shard_key = p_shard AND sku = p_sku AND location = p_location AND slot = p_slot

@@ -511,6 +511,10 @@ void HotRowBatcher::attempt(std::vector<BatchItem*>& items, const std::vector<Re
     } else if (!item->ok && !item->error) {
       item->error = Error(ErrorCode::invariant_violation,
                           "the store returned a batch with a request left undecided");
+    } else if (item->error && item->error->code() == ErrorCode::in_doubt) {
+      // A part of the batch in doubt (on Citus, one shard key's group): each call's hint.
+      item->error =
+          rehint_in_doubt(*item->error, context_of_request(*item, item->error->context()));
     }
   }
   telemetry_->batch_applied(items.size(), failure.has_value());

@@ -303,6 +303,13 @@ class PostgresStore final : public Store, public TestHooks {
   // The InDoubt error for a commit whose connection was lost, after ending its session.
   LostCommit lost_commit(const Backend& backend, const ErrorContext& context,
                          const char* cause) const;
+  // The error of a statement the server answered with an error (not 40001/40P01 that
+  // run() retries): `fired`, the call's deadline cancelled it; `at_commit`, the answer
+  // came to COMMIT. An error reply is definite, even to COMMIT: the transaction rolled
+  // back. Not on Citus: there a COMMIT's error, or a `delegated` call cancelled (the
+  // worker may have committed before the coordinator read its answer), is InDoubt.
+  [[noreturn]] void sql_failed(const pqxx::sql_error& e, Pool::Lease& lease, bool fired,
+                               bool at_commit, bool delegated, const Failure& failure);
   // The InDoubt error for a COMMIT, or a delegated call, that the Citus coordinator
   // answered with an error (XX000 "could not commit transaction for shard ...", or a
   // worker's connection lost mid-call): the worker may have committed; the coordinator
@@ -590,7 +597,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       if (guard.fired()) throw past_deadline(context, true);
       throw lost_commit(lease->backend(), context, e.what());
     } catch (const pqxx::broken_connection& e) {
-      if (statements_->citus() && !guard.fired() && lease->is_open()) {
+      if (statements_->citus() && !guard.fired() && lease->is_open() && from_a_node(e.what())) {
         remote_node_failed(remote_retried, committing, Mode == RunMode::delegated, context,
                            e.what());
         continue;
@@ -610,23 +617,12 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       back_off_or_give_up(options, context, rollback_sqlstate(e), attempt, e.what());
       continue;
     } catch (const pqxx::sql_error& e) {
-      const std::string state = e.sqlstate();
-      // An error reply is definite, even to COMMIT: the transaction rolled back (on the
-      // plain layout; on Citus a worker may have committed: remote_commit_failed).
-      if (guard.fired()) {
-        lease.discard();
-        if (state == query_canceled) throw past_deadline(context, false);  // our cancel request
-        throw translate(e, failure);
-      }
-      if (is_retryable(state)) {  // 40001 / 40P01 as a plain sql_error (libpqxx 7)
-        back_off_or_give_up(options, context, state, attempt, e.what());
+      if (!guard.fired() && is_retryable(e.sqlstate())) {  // 40001 / 40P01 (libpqxx 7)
+        back_off_or_give_up(options, context, e.sqlstate(), attempt, e.what());
         continue;
       }
-      if (committing && in_transaction) {
-        if (statements_->citus()) throw remote_commit_failed(context, e.what());
-        lease.discard();
-      }
-      throw translate(e, failure);
+      const bool delegated = Mode == RunMode::delegated;
+      sql_failed(e, lease, guard.fired(), committing && in_transaction, delegated, failure);
     } catch (const pqxx::failure& e) {  // any other libpqxx failure: never a bare exception
       lease.discard();
       if (guard.fired()) throw past_deadline(context, committing);

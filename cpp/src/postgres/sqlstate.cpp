@@ -94,6 +94,11 @@ std::string plain_cause(std::string_view message) {
   return std::string(first.substr(0, 160));
 }
 
+bool from_a_node(std::string_view message) {
+  return message.find("remote node") != std::string_view::npos ||
+         message.find("connections to the node") != std::string_view::npos;
+}
+
 bool never_reached(std::string_view message) {
   // libpq's and the server's words for a connection that was never made.
   // (Not "connection not open": Citus says it of a connection that broke, which may

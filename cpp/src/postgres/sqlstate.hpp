@@ -45,6 +45,10 @@ bool is_refusal(std::string_view message);
 // ("the server closed the connection"), or the message's first line if none fits.
 std::string plain_cause(std::string_view message);
 
+// Whether a connection error (class 08) is the Citus coordinator's about a node behind
+// it (its words name the node), not about the client's own connection.
+bool from_a_node(std::string_view message);
+
 // Whether a Citus coordinator's connection error (class 08) says that it could not
 // connect to the worker at all (refused, starting up, shutting down, in recovery, a
 // connect timeout): the call never reached the worker, so it changed nothing there.

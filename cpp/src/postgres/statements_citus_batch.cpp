@@ -18,7 +18,7 @@ void add_delegated_statements(const std::string& schema, const StatementSink& se
   // version ($5, -1: none), the new id ($6) and TTL ($7), the transaction's lock_timeout
   // ($8, as set_config takes it), and the idempotency key ($9, '': none) with its
   // request's fingerprint ($10). Its row: hold_atomic's columns, then what became of the
-  // call ('made', 'replay' with what the key holds, or 'refused').
+  // call ('made', 'replay': the key is there already, or 'refused').
   set(Stmt::citus_reserve_one, "SELECT * FROM " + schema +
                                    ".reserve_one($1, $2, $3::smallint, $4, $5, $6::uuid, $7,"
                                    " $8, NULLIF($9, ''), $10@SKV)");

@@ -609,48 +609,31 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
 
 // An atomic reserve on Citus as one delegated call (migration citus/105): the key (if
 // any) claimed, the row moved and the hold made on the row's worker, which commits them.
-// A replay reads what the key holds and answers as with_idempotency does; a refusal reads
-// why, as reserve_in_one_statement's.
+// A refusal reads why, as reserve_in_one_statement's. A key that is there already gives
+// nothing: the statement path then answers the replay (with_idempotency), reading the
+// key's reservations in the transaction that holds the key, which a purge cannot take.
 std::optional<Reservation> PostgresStore::reserve_delegated(const ReserveRequest& request,
                                                             const Uuid& id,
                                                             const std::string& print) {
   const SkuKey& key = request.key;
   const ErrorContext context = context_of(key);
-  const std::string name = request.idempotency_key.value_or(std::string());
-  struct Answer {
-    std::optional<Reservation> made;
-    bool replay = false;
-    std::string stored, ids;
-  };
-  const Answer answer = run<RunMode::delegated>(&request.options, context, [&](Tx& tx) {
-    const pqxx::result rows =
-        tx.exec_on(shard_of(key), Stmt::citus_reserve_one, key.sku, key.location, key.slot,
-                   request.qty, request.options.expected_version.value_or(-1), id.to_string(),
-                   request.ttl_us, std::to_string(request.options.lock_timeout_ms), name, print);
-    Answer out;
-    const std::string outcome = rows.at(0)[3].as<std::string>();
-    if (outcome == "made") {
-      report_write(key, rows[0][2].as<Version>());
-      out.made = new_hold(id, key, request.qty, request.idempotency_key, rows[0]);
-    } else if (outcome == "replay") {
-      out.replay = true;
-      out.stored = rows[0][4].as<std::string>();
-      out.ids = rows[0][5].as<std::string>();
-    }
-    return out;
-  });
-  if (answer.made) return answer.made;
+  std::string outcome;
+  const std::optional<Reservation> made =
+      run<RunMode::delegated>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
+        const pqxx::result rows =
+            tx.exec_on(shard_of(key), Stmt::citus_reserve_one, key.sku, key.location, key.slot,
+                       request.qty, request.options.expected_version.value_or(-1), id.to_string(),
+                       request.ttl_us, std::to_string(request.options.lock_timeout_ms),
+                       request.idempotency_key.value_or(std::string()), print);
+        outcome = rows.at(0)[3].as<std::string>();
+        if (outcome != "made") return std::nullopt;
+        report_write(key, rows[0][2].as<Version>());
+        return new_hold(id, key, request.qty, request.idempotency_key, rows[0]);
+      });
+  if (made || outcome == "replay") return made;
   return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
-    if (!answer.replay) {
-      refuse(tx, key, request.qty, request.options.expected_version, std::nullopt,  // throws
-             request.options.count_refusal);
-    }
-    if (!reserves(answer.stored)) throw keyed_conflict(name, answer.stored, print);
-    std::vector<Reservation> made = fetch(tx, parse_ids(answer.ids));
-    if (answer.stored != print) {
-      throw idempotency_conflict(name, asked_by(made, answer.stored), asked_by(request));
-    }
-    return made.at(0);
+    refuse(tx, key, request.qty, request.options.expected_version, std::nullopt,  // throws
+           request.options.count_refusal);
   });
 }
 

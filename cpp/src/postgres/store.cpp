@@ -164,6 +164,23 @@ void PostgresStore::remote_node_failed(bool& retried, bool committing, bool dele
               std::move(c));
 }
 
+void PostgresStore::sql_failed(const pqxx::sql_error& e, Pool::Lease& lease, bool fired,
+                               bool at_commit, bool delegated, const Failure& failure) {
+  const std::string state = e.sqlstate();
+  const bool maybe_done = delegated && state == query_canceled;
+  if (fired) {
+    lease.discard();
+    if (state == query_canceled) throw past_deadline(failure.context, maybe_done);  // ours
+    throw translate(e, failure);
+  }
+  if (maybe_done) throw remote_commit_failed(failure.context, e.what());
+  if (at_commit) {
+    if (statements_->citus()) throw remote_commit_failed(failure.context, e.what());
+    lease.discard();
+  }
+  throw translate(e, failure);
+}
+
 std::int64_t PostgresStore::call_deadline_us() const {
   const std::int64_t scoped = CallDeadline::current();
   return scoped != 0 ? scoped : steady_now_us() + options_.call_timeout_ms * 1000;
