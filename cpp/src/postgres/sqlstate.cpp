@@ -90,8 +90,7 @@ std::string plain_cause(std::string_view message) {
   for (const Plain& p : plain) {
     if (message.find(p.marker) != std::string_view::npos) return std::string(p.said);
   }
-  std::string_view first = message.substr(0, message.find('\n'));
-  return std::string(first.substr(0, 160));
+  return first_line(message, 160);
 }
 
 bool from_a_node(std::string_view message) {

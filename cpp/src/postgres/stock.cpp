@@ -574,8 +574,7 @@ std::optional<Reservation> PostgresStore::reserve_in_one_call(const ReserveReque
   }
   // On Citus, a call delegated to the row's worker, without a journal note (which would
   // need a setting of the transaction).
-  if (citus && note_in_scope()) return {};
-  if (citus) return reserve_delegated(request, id, print);
+  if (citus) return note_in_scope() ? std::nullopt : reserve_delegated(request, id, print);
   if (!request.idempotency_key) return reserve_in_one_statement(request, id);
   return {};
 }
