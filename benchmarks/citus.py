@@ -1,7 +1,7 @@
 """Benchmark: the Citus layout on a three-node cluster against a single PostgreSQL node,
 side by side in one run (fsync and synchronous_commit on everywhere).
 
-Three routes, each an engine of --clients connections:
+Four routes, each an engine of --clients connections:
 
   single          one throwaway PostgreSQL 15, the plain layout (prepared statements,
                   session settings)
@@ -10,6 +10,8 @@ Three routes, each an engine of --clients connections:
                   the Citus layout runs (Citus carries no session SET to its workers)
   citus           a coordinator and two workers on loopback (stockade.tools.citus,
                   --shards shards per table), layout="citus"
+  citus/direct    the same cluster with citus_routing="direct": the atomic reserve goes
+                  straight to the worker that holds the row (a pool per worker)
 
 Each runs --clients blocking C++ clients (64) for --seconds (3) on:
 
@@ -121,17 +123,17 @@ def purge_rate(options: Dict[str, Any], schema: str, args: Any) -> Dict[str, flo
         return {"rows": purged, "reservations": rows, "seconds": took, "rate": purged / took}
 
 
-def cpu_table(report: Dict[str, Any]) -> None:
+def cpu_table(report: Dict[str, Any], route: str) -> None:
     """CPU seconds per 1,000 granted requests of each server in each case: the single
-    server's, and the coordinator's and each worker's (from /proc, all three on this
-    machine), with the coordinator's share against a worker's."""
-    print("\n  CPU seconds per 1,000 granted requests, by server:")
+    server's, and the coordinator's and each worker's on `route` (from /proc, all three on
+    this machine), with the coordinator's share against a worker's."""
+    print(f"\n  CPU seconds per 1,000 granted requests, by server ({route}):")
     print(
         f"  {'case':22}{'single':>10}{'coordinator':>13}{'worker1':>10}{'worker2':>10}"
         f"{'cluster':>10}{'coord/worker':>14}"
     )
     for case in CASES:
-        single, citus = report["single"][case], report["citus"][case]
+        single, citus = report["single"][case], report[route][case]
 
         def per_k(run: Dict[str, Any], node: str) -> float:
             return 1000 * run["cpu_s"][node] / max(run["granted"], 1)
@@ -165,6 +167,12 @@ def main(argv: List[str]) -> int:
             "single": {"dsn": pg.dsn(), "servers": {"server": pg.pid}},
             "single/stateless": {"dsn": pg.dsn(), "pooler": "pgbouncer-transaction"},
             "citus": {"dsn": citus_dsn, "layout": "citus", "servers": nodes},
+            "citus/direct": {
+                "dsn": citus_dsn,
+                "layout": "citus",
+                "citus_routing": "direct",
+                "servers": nodes,
+            },
         }
         print(
             f"PostgreSQL {server}; Citus: a coordinator and 2 workers on this machine, "
@@ -180,9 +188,11 @@ def main(argv: List[str]) -> int:
                 args,
             )
             for route, options in routes.items()
+            if route != "citus/direct"  # purge runs through the coordinator on both
         }
     route_table(report, routes, CASES, "single")
-    cpu_table(report)
+    cpu_table(report, "citus")
+    cpu_table(report, "citus/direct")
     print(
         f"\n  shared cases: {report['spread_shared_skus']} SKUs with rows on more than one"
         " shard (Citus's placement; 0 expected)"

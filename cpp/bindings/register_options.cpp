@@ -74,6 +74,12 @@ void register_store_options(py::module_& m) {
       .def_property(
           "layout", [](const PostgresOptions& o) { return std::string(layout_name(o.layout)); },
           [](PostgresOptions& o, const std::string& name) { o.layout = layout_from_name(name); })
+      .def_property(
+          "citus_routing",
+          [](const PostgresOptions& o) { return std::string(citus_routing_name(o.citus_routing)); },
+          [](PostgresOptions& o, const std::string& name) {
+            o.citus_routing = citus_routing_from_name(name);
+          })
       .def_readwrite("sweeper", &PostgresOptions::sweeper)
       .def_readwrite("sweep_interval_ms", &PostgresOptions::sweep_interval_ms)
       .def_readwrite("sweep_batch", &PostgresOptions::sweep_batch)

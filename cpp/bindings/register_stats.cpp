@@ -48,6 +48,27 @@ py::dict slots_dict(const SlotStats& s) {
   return out;
 }
 
+py::dict pool_dict(const PoolStats& p) {
+  py::dict pool;
+  pool["size"] = p.size;
+  pool["in_use"] = p.in_use;
+  pool["idle"] = p.idle;
+  pool["waiting"] = p.waiting;
+  pool["pooled"] = p.pooled;
+  pool["routines"] = p.routines;
+  pool["server"] = p.server;
+  pool["server_changes"] = p.server_changes;
+  py::dict routing;
+  routing["mode"] = p.routing.mode;
+  routing["nodes"] = p.routing.nodes;
+  routing["routed"] = p.routing.routed;
+  routing["misses"] = p.routing.misses;
+  routing["fallbacks"] = p.routing.fallbacks;
+  routing["reloads"] = p.routing.reloads;
+  pool["routing"] = routing;
+  return pool;
+}
+
 py::dict stats_dict(const StoreStats& s) {
   py::dict strategies;
   for (std::size_t i = 0; i < strategy_count; ++i) {
@@ -90,16 +111,7 @@ py::dict stats_dict(const StoreStats& s) {
   sweeper["last_round_seconds"] = s.sweeper.last_round_seconds;
   out["counts_exact"] = s.counts_exact;
   out["sweeper"] = sweeper;
-  py::dict pool;
-  pool["size"] = s.pool.size;
-  pool["in_use"] = s.pool.in_use;
-  pool["idle"] = s.pool.idle;
-  pool["waiting"] = s.pool.waiting;
-  pool["pooled"] = s.pool.pooled;
-  pool["routines"] = s.pool.routines;
-  pool["server"] = s.pool.server;
-  pool["server_changes"] = s.pool.server_changes;
-  out["pool"] = pool;
+  out["pool"] = pool_dict(s.pool);
   py::dict batcher;
   batcher["started"] = s.batcher.started;
   batcher["shards"] = s.batcher.shards;

@@ -333,6 +333,7 @@ class PostgresOptions:
     application_name: str
     pooler: str
     layout: str
+    citus_routing: str
     sweeper: bool
     sweep_interval_ms: int
     sweep_batch: int

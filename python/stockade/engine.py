@@ -147,6 +147,7 @@ class Engine(EngineTwins):
         application_name: str = "stockade",
         pooler: str = "auto",
         layout: str = "plain",
+        citus_routing: str = "coordinator",
         sweeper: bool = True,
         sweep_interval: TtlLike = timedelta(seconds=1),
         sweep_batch: int = 1000,
@@ -171,18 +172,17 @@ class Engine(EngineTwins):
         (``Unavailable`` if it cannot) and keeps at most ``pool_size`` connections (the
         sweeper one more); a call that waits longer than ``pool_timeout`` for one raises
         ``Overloaded``. When a connection is lost during a commit, the engine ends that
-        server session (so the write cannot commit later) and looks for what it wrote,
-        spending at most ``resolve_timeout`` on it before it raises ``InDoubt`` (see
-        docs/strategies.md, "Guarantees"). ``call_timeout`` bounds each call's whole time,
+        server session (so the write cannot commit later) and looks for what it wrote, at
+        most ``resolve_timeout``, before it raises ``InDoubt`` (docs/strategies.md). ``call_timeout`` bounds each call's whole time,
         COMMIT included: past it the engine cancels the server's work (and cuts the
         connection ``cancel_grace`` later) and raises ``DeadlineExceeded``, or ``InDoubt``
         if COMMIT was sent (docs/failover.md). Connections carry ``application_name`` (or
-        the DSN's, or ``PGAPPNAME``). ``pooler`` says whether a transaction-mode pooler
-        (PgBouncer's ``pool_mode = transaction``) may stand in between:
-        ``"pgbouncer-transaction"`` keeps no session state, and a commit whose connection is
-        lost stays ``InDoubt`` (no session can be ended to settle it); ``"none"`` keeps it
-        (direct, or a session-mode pooler); ``"auto"`` decides per connection.
-        ``layout="citus"`` is for a Citus coordinator (both: docs/scaling-out.md). Call
+        the DSN's, or ``PGAPPNAME``). ``pooler``: ``"pgbouncer-transaction"`` (PgBouncer's
+        ``pool_mode = transaction`` may stand in between) keeps no session state, and a
+        commit whose connection is lost stays ``InDoubt``; ``"none"`` keeps it (direct, or
+        a session-mode pooler); ``"auto"`` decides per connection. ``layout="citus"`` is
+        for a Citus coordinator; ``citus_routing="direct"`` then sends one-shard reserves
+        straight to the workers (docs/scaling-out.md). Call
         :meth:`migrate` once to create the schema. A hold lapses at its expiry by itself:
         the sweeper (``sweeper=True``) expires lapsed holds every ``sweep_interval``, and a
         refused request frees them first (``False``: docs/postgres.md). With ``retention``

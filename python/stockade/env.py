@@ -22,6 +22,7 @@ STOCKADE_APPLICATION_NAME       application_name                    text
 STOCKADE_POOLER                 pooler                              auto, none or
                                                                     pgbouncer-transaction
 STOCKADE_LAYOUT                 layout                              plain or citus
+STOCKADE_CITUS_ROUTING          citus_routing                       coordinator or direct
 ==============================  ==================================  =========================
 """
 
@@ -97,6 +98,7 @@ _OPTIONS: Dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "STOCKADE_APPLICATION_NAME": ("application_name", _text),
     "STOCKADE_POOLER": ("pooler", _text),
     "STOCKADE_LAYOUT": ("layout", _text),
+    "STOCKADE_CITUS_ROUTING": ("citus_routing", _text),
 }
 
 

@@ -81,6 +81,7 @@ def postgres_options(
     out.application_name = check_str("application_name", given["application_name"])
     out.pooler = check_str("pooler", given["pooler"])  # the core parses the name
     out.layout = check_str("layout", given["layout"])
+    out.citus_routing = check_str("citus_routing", given["citus_routing"])
     out.sweeper = check_bool("sweeper", given["sweeper"])
     out.sweep_interval_ms = duration_ms("sweep_interval", given["sweep_interval"])
     out.sweep_batch = positive("sweep_batch", given["sweep_batch"])

@@ -103,6 +103,17 @@ class SlotStats(TypedDict):
     recent: List[SlotDecision]  # the last 16, most recent last
 
 
+class RoutingStats(TypedDict):
+    """Direct routing on Citus (``citus_routing``, docs/scaling-out.md)."""
+
+    mode: str  # "coordinator" or "direct"
+    nodes: int  # workers the shard map routes to
+    routed: int  # calls sent straight to a worker
+    misses: int  # of those, calls that ran on another node (a stale map, then read again)
+    fallbacks: int  # calls whose worker was out of reach, run through the coordinator
+    reloads: int  # times the shard map was read from the coordinator
+
+
 class PoolStats(TypedDict):
     size: int
     in_use: int
@@ -112,6 +123,7 @@ class PoolStats(TypedDict):
     routines: bool  # pooled: the newest connection calls the statement routines (migrate())
     server: str  # direct: "<system identifier>/<timeline>" of the newest connection's server
     server_changes: int  # new connections that reached another server (a failover)
+    routing: RoutingStats
 
 
 class EngineStats(TypedDict):

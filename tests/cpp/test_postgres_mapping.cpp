@@ -10,6 +10,7 @@
 
 #include "postgres/dsn.hpp"
 #include "postgres/postgres_store_impl.hpp"
+#include "postgres/routes.hpp"
 #include "postgres/sqlstate.hpp"
 #include "postgres/statements.hpp"
 #include "stockade/hash.hpp"
@@ -316,6 +317,7 @@ TEST(Migrations, ReleasedFilesNeverChange) {
       {"citus/103_journal.sql", 0x18eccc09bd6175e0ULL},
       {"citus/104_transfers.sql", 0x8fc6c46e5266ddabULL},
       {"citus/105_delegated_reserve.sql", 0x94c615b69bd319f6ULL},
+      {"citus/106_routed_reserve.sql", 0x478474a7ca685db9ULL},
   };
   for (const Migration& m : migrations()) {
     const std::uint64_t sum = stable_hash64({"migration", m.sql});
@@ -391,6 +393,29 @@ TEST(ConnectionDefaults, AreAddedUnlessTheDsnSetsThem) {
   EXPECT_EQ(uri["connect_timeout"], "2");
   EXPECT_EQ(uri["sslmode"], "disable");
   EXPECT_EQ(uri["tcp_user_timeout"], std::to_string(tcp_user_timeout_ms));
+}
+
+// Direct routing on Citus hashes each shard key as Citus does (PostgreSQL's hashint4; the
+// values are the server's), and reaches a worker with the coordinator DSN's credentials.
+TEST(CitusRoutes, HashAsPostgresAndKeepTheDsnButItsAddress) {
+  EXPECT_EQ(pg_hash_int4(0), -272711505);
+  EXPECT_EQ(pg_hash_int4(1), -1905060026);
+  EXPECT_EQ(pg_hash_int4(12345), -78097827);
+  EXPECT_EQ(pg_hash_int4(65535), 800703781);
+  EXPECT_EQ(pg_hash_int4(-1), 385747274);
+  std::map<std::string, std::string> at;
+  const std::string uri =
+      "postgresql://shop:s3cr'et@coord:5432/db?hostaddr=10.0.0.1&sslmode=require";
+  for (const auto& [keyword, value] : parse_conninfo(dsn_at(uri, "10.1.2.3", 6001))) {
+    at[keyword] = value;
+  }
+  EXPECT_EQ(at["host"], "10.1.2.3");
+  EXPECT_EQ(at["port"], "6001");
+  EXPECT_EQ(at.count("hostaddr"), 0U);
+  EXPECT_EQ(at["password"], "s3cr'et");
+  EXPECT_EQ(at["user"], "shop");
+  EXPECT_EQ(at["dbname"], "db");
+  EXPECT_EQ(at["sslmode"], "require");
 }
 
 TEST(PostgresOptions, BoundTheCallAndTheGraceBeforeTheCut) {

@@ -218,7 +218,7 @@ def test_citus_benchmark_prints_every_route(stockade_citus: object) -> None:
         "--purge-skus",
         "8",
     )
-    for route in ("single", "single/stateless", "citus"):
+    for route in ("single", "single/stateless", "citus", "citus/direct"):
         assert route in out.stdout
     for case in ("hot/auto", "wide/auto", "wide/keyed", "hot/allocate", "wide/allocate"):
         assert case in out.stdout
@@ -228,8 +228,9 @@ def test_citus_benchmark_prints_every_route(stockade_citus: object) -> None:
     assert " f0 " in out.stdout and " f1" not in out.stdout
     assert "purge() of keyed" in out.stdout and out.stdout.count(" rows/s ") == 3
     # Each case's CPU per request on the single server and on each node of the cluster.
-    table = out.stdout.split("CPU seconds per 1,000 granted requests")[1]
-    assert all(case in table for case in ("hot/auto", "wide/keyed", "wide/allocate"))
+    tables = out.stdout.split("CPU seconds per 1,000 granted requests")[1:]
+    assert len(tables) == 2 and "(citus/direct)" in tables[1]
+    assert all(case in tables[1] for case in ("hot/auto", "wide/keyed", "wide/allocate"))
 
 
 @pytest.mark.postgres

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import random
 import threading
 import time
 from datetime import timedelta
-from typing import Callable, Iterator, List
+from typing import Callable, Dict, Iterator, List
 
 import pytest
 
@@ -27,7 +28,7 @@ from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus, drop_citus_schema
 from stockade.tools.pgserver import run_sql
 from support import ALL_STRATEGIES as STRATEGIES
-from support import wait_for
+from support import assert_audit_clean, wait_for
 
 pytestmark = pytest.mark.citus
 
@@ -315,6 +316,10 @@ def test_the_layout_option_is_checked_before_connecting() -> None:
     # Nothing listens on port 1: each refusal comes before any connection is tried.
     with pytest.raises(stockade.InvalidArgument, match="layout must be 'plain' or 'citus'"):
         stockade.Engine.postgres("postgresql://127.0.0.1:1/x", layout="sharded")
+    with pytest.raises(stockade.InvalidArgument, match="'coordinator' or 'direct'"):
+        stockade.Engine.postgres("postgresql://127.0.0.1:1/x", layout="citus", citus_routing="x")
+    with pytest.raises(stockade.InvalidArgument, match="citus_routing='direct' needs layout"):
+        stockade.Engine.postgres("postgresql://127.0.0.1:1/x", citus_routing="direct")
 
 
 @contextlib.contextmanager
@@ -496,3 +501,116 @@ def test_delegated_calls_keep_the_workers_sessions_flat(
         grown = worker_sessions_kb() - before
         # With generic plans this grew by about 180 MB (2,000 calls at 90 kB).
         assert grown < 20_000, f"the workers' sessions grew by {grown} kB over 2,000 calls"
+
+
+def test_direct_routing_sends_each_reserve_straight_to_the_rows_worker(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str
+) -> None:
+    # citus_routing="direct": the engine reads the shard map once and sends each atomic
+    # reserve, keyless or keyed, to the worker that holds its row (migration citus/106).
+    # The coordinator sends no command for them (citus.log_remote_commands), and each ran
+    # on the node its route named: the map places keys where Citus does (no miss).
+    logged = dsn + "%20-c%20citus.log_remote_commands%3Don%20-c%20log_min_messages%3Dnotice"
+    with stockade.Engine.postgres(
+        logged, layout="citus", schema=schema, pool_size=2, citus_routing="direct"
+    ) as eng:
+        eng.migrate()
+        skus = [f"d-{i}" for i in range(40)]
+        for sku in skus:
+            eng.restock(sku, 10)
+
+        keyed: Dict[str, stockade.Reservation] = {}
+
+        def reserve_each() -> None:
+            for sku in skus:
+                eng.reserve(sku, 1, strategy="atomic")
+                keyed[sku] = eng.reserve(sku, 2, strategy="atomic", idempotency_key=f"k-{sku}")
+
+        lines = remote_commands(stockade_citus, eng, "direct", reserve_each)
+        assert not any(".reserve_" in line for line in lines), lines[:5]
+        routing = eng.stats()["pool"]["routing"]
+        assert routing["mode"] == "direct" and routing["nodes"] == 2, routing
+        assert (routing["routed"], routing["misses"], routing["fallbacks"]) == (80, 0, 0), routing
+        # A replay, a conflict and a refusal answer as through the coordinator.
+        replay = eng.reserve("d-0", 2, strategy="atomic", idempotency_key="k-d-0")
+        assert replay.id == keyed["d-0"].id
+        with pytest.raises(stockade.IdempotencyConflict):
+            eng.reserve("d-0", 1, strategy="atomic", idempotency_key="k-d-0")
+        with pytest.raises(OutOfStock):
+            eng.reserve("d-1", 100, strategy="atomic")
+        assert [eng.stock(sku).reserved for sku in skus] == [3] * len(skus)
+    with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1) as eng:
+        assert eng.stats()["pool"]["routing"]["mode"] == "coordinator"
+
+
+def test_a_shard_move_under_load_refreshes_the_direct_routes(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str
+) -> None:
+    # citus_move_shard_placement moves the shard of half the SKUs to the other worker
+    # while 8 threads reserve them straight on the workers. A call routed by the old map
+    # reaches the old node, which forwards it to the new one (a miss, counted); the engine
+    # then reads the map again, and calls hit again. No call fails, and every row holds
+    # exactly what was acknowledged.
+    with stockade.Engine.postgres(
+        dsn, layout="citus", schema=schema, pool_size=8, citus_routing="direct"
+    ) as eng:
+        eng.migrate()
+        skus = [f"m-{i}" for i in range(32)]
+        for sku in skus:
+            eng.restock(sku, 1_000_000)
+        shard_of = f"get_shard_id_for_distribution_column('{schema}.stock', shard_key)"
+        shard = run_sql(dsn, f"SELECT {shard_of} FROM {schema}.stock WHERE sku = 'm-0'")
+        moving = run_sql(
+            dsn, f"SELECT string_agg(sku, ' ') FROM {schema}.stock WHERE {shard_of} = {shard}"
+        ).split()
+        source = int(
+            run_sql(
+                dsn,
+                "SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n"
+                f" USING (groupid) WHERE p.shardid = {shard}",
+            )
+        )
+        ports = {stockade_citus.node_port(w) for w in ("worker1", "worker2")}
+        (target,) = ports - {source}
+        acked: Dict[str, int] = {sku: 0 for sku in skus}
+        errors: List[BaseException] = []
+        stop = threading.Event()
+        lock = threading.Lock()
+
+        def client(seed: int) -> None:
+            rng = random.Random(seed)
+            while not stop.is_set():
+                sku = rng.choice(moving if rng.random() < 0.5 else skus)
+                try:
+                    eng.reserve(sku, 1, strategy="atomic")
+                except stockade.StockadeError as e:
+                    errors.append(e)
+                    continue
+                with lock:
+                    acked[sku] += 1
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(1.0)
+            run_sql(
+                dsn,
+                f"SELECT citus_move_shard_placement({shard}, '127.0.0.1', {source},"
+                f" '127.0.0.1', {target}, shard_transfer_mode => 'block_writes')",
+            )
+            time.sleep(1.5)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+        assert not errors, errors[:3]
+        routing = eng.stats()["pool"]["routing"]
+        assert routing["misses"] >= 1 and routing["reloads"] >= 2, routing
+        for sku in moving:  # the map is fresh: these run where the shard is now
+            eng.reserve(sku, 1, strategy="atomic")
+            acked[sku] += 1
+        after = eng.stats()["pool"]["routing"]
+        assert after["misses"] == routing["misses"], (routing, after)
+        assert {sku: eng.stock(sku).reserved for sku in skus} == acked
+        assert_audit_clean(eng)

@@ -48,6 +48,18 @@ enum class Layout {
 Layout layout_from_name(const std::string& name);
 const char* layout_name(Layout layout) noexcept;
 
+// Where the Citus layout sends a call on one shard's rows (docs/scaling-out.md, "Routing
+// straight to the worker"). Multi-shard work, migrate() and DDL always go through the
+// coordinator.
+enum class CitusRouting {
+  coordinator,  // through the coordinator, which forwards it to the worker
+  direct,       // straight to the worker that holds the shard (a map and a pool per worker)
+};
+
+// "coordinator" or "direct"; InvalidArgument otherwise.
+CitusRouting citus_routing_from_name(const std::string& name);
+const char* citus_routing_name(CitusRouting routing) noexcept;
+
 struct PostgresOptions {
   std::string dsn;                      // a libpq connection string or URI
   std::string schema = "stockade";      // [a-z_][a-z0-9_]*, at most 63 bytes
@@ -91,6 +103,9 @@ struct PostgresOptions {
   std::string application_name = "stockade";
   Pooler pooler = Pooler::detect;
   Layout layout = Layout::plain;
+  // Layout::citus only. `direct` keeps a pool of pool_size connections to each worker as
+  // well as the coordinator's.
+  CitusRouting citus_routing = CitusRouting::coordinator;
 };
 
 inline constexpr std::size_t pool_size_max = 1024;

@@ -144,6 +144,16 @@ struct StoreCounts {
   bool exact = true;
 };
 
+// Direct routing on Citus (PostgresOptions::citus_routing, postgres/routes.hpp).
+struct RoutingStats {
+  std::string mode = "coordinator";  // "coordinator" or "direct"
+  std::uint64_t nodes = 0;           // workers the map routes to
+  std::uint64_t routed = 0;          // calls sent straight to a worker
+  std::uint64_t misses = 0;          // of those, calls that ran on another node (stale map)
+  std::uint64_t fallbacks = 0;       // calls whose worker was out of reach, run via the coordinator
+  std::uint64_t reloads = 0;         // times the map was read from the coordinator
+};
+
 // The store's connection pool right now (all zero for a store without one).
 struct PoolStats {
   std::uint64_t size = 0;    // connections it may open
@@ -162,6 +172,7 @@ struct PoolStats {
   // leads to another cluster. Each change is also logged (WARNING).
   std::string server;
   std::uint64_t server_changes = 0;
+  RoutingStats routing;
 };
 
 // What one purge deleted.

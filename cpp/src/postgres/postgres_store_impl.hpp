@@ -34,6 +34,7 @@
 #include "postgres/arrays.hpp"
 #include "postgres/dsn.hpp"
 #include "postgres/pool.hpp"
+#include "postgres/routes.hpp"
 #include "postgres/sqlstate.hpp"
 #include "postgres/statements.hpp"
 #include "postgres/watchdog.hpp"
@@ -238,8 +239,9 @@ class PostgresStore final : public Store, public TestHooks {
   FeedWake feed_wait(std::int64_t timeout_us) override;
   PoolStats pool_stats() const override {
     const PoolGauges g = pool_.gauges();
-    return PoolStats{g.size,   g.in_use,   g.idle,   g.waiting,
-                     g.pooled, g.routines, g.server, g.server_changes};
+    return PoolStats{g.size,    g.in_use,         g.idle,
+                     g.waiting, g.pooled,         g.routines,
+                     g.server,  g.server_changes, routes_ ? routes_->stats() : RoutingStats{}};
   }
   std::vector<std::string> migrate(int up_to) override;
   std::vector<std::pair<std::string, std::string>> migration_plan(int up_to) override;
@@ -269,8 +271,9 @@ class PostgresStore final : public Store, public TestHooks {
   // autocommit even on the Citus layout's stateless connections (in a transaction block
   // the coordinator would run it itself); it sets its lock_timeout inside. A worker it
   // could not connect to (never_reached) is Unavailable; any other cut is in doubt.
+  // `via`: a Citus worker's pool (direct routing, routes.hpp); none, the coordinator's.
   template <RunMode Mode = RunMode::transaction, class Fn>
-  auto run(const WriteOptions* options, const ErrorContext& context, Fn&& fn)
+  auto run(const WriteOptions* options, const ErrorContext& context, Fn&& fn, Pool* via = nullptr)
       -> std::invoke_result_t<Fn&, Tx&>;
   // One attempt of run() on `lease`: fn(tx), then the commit. `committing` turns true
   // once a lost connection could mean a commit (run() then resolves, never retries).
@@ -281,10 +284,11 @@ class PostgresStore final : public Store, public TestHooks {
   // attempt, or throws Overloaded once serialization_retries_max attempts failed.
   void back_off_or_give_up(const WriteOptions* options, const ErrorContext& context,
                            const std::string& sqlstate, int attempt, const char* cause);
-  // After a connection broke before COMMIT: the first time, closes the idle connections
-  // (a restart or failover broke them too), logs at INFO and returns, for run() to run
-  // the call again; the second time, throws Unavailable.
-  void run_again_or_give_up(bool& reconnected, const ErrorContext& context, const char* cause);
+  // After a connection broke before COMMIT: the first time, closes the idle connections of
+  // `pool` (a restart or failover broke them too), logs at INFO and returns, for run() to
+  // run the call again; the second time, throws Unavailable.
+  void run_again_or_give_up(Pool& pool, bool& reconnected, const ErrorContext& context,
+                            const char* cause);
   // After the Citus coordinator answered with a connection error (class 08) over a
   // connection that is still up: a worker is out of reach. This connection and the idle
   // ones are sound, so none is closed: a dead worker costs only the calls that need it.
@@ -397,6 +401,10 @@ class PostgresStore final : public Store, public TestHooks {
                                                       const Uuid& id);
   std::optional<Reservation> reserve_delegated(const ReserveRequest& request, const Uuid& id,
                                                const std::string& print);
+  // Direct routing (routes.hpp): the worker that holds `shard`'s rows, reading the map
+  // first when it is due; nothing: through the coordinator.
+  std::optional<Routes::Route> route_of(std::uint16_t shard);
+  void load_routes();
   // The same for a keyless atomic reserve with a buyer: allowance, row and reservation in
   // one statement (batch_fast_one_limited); nothing if it could not apply in full (the
   // transaction path then decides and says why).
@@ -503,6 +511,7 @@ class PostgresStore final : public Store, public TestHooks {
   const std::shared_ptr<const Statements> statements_;
   mutable Watchdog watchdog_;  // before pool_: the pool's connections are armed with it
   mutable Pool pool_;
+  std::unique_ptr<Routes> routes_;  // citus_routing = direct only
 
   // Batches left to run without trying the fast path, after one found no room.
   static constexpr int fast_skips_after_miss = 16;
@@ -573,14 +582,15 @@ inline constexpr std::int64_t retry_backoff_base_us = 500;
 inline constexpr std::int64_t retry_backoff_cap_us = 50'000;
 
 template <RunMode Mode, class Fn>
-auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context, Fn&& fn)
-    -> std::invoke_result_t<Fn&, Tx&> {
+auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context, Fn&& fn,
+                        Pool* via) -> std::invoke_result_t<Fn&, Tx&> {
+  Pool& pool = via != nullptr ? *via : pool_;
   const Failure failure{options, context, options_.schema};
   const std::int64_t deadline_us = call_deadline_us();
   bool reconnected = false, remote_retried = false;  // the two retries of a broken call
   for (int attempt = 0;; ++attempt) {
     if (steady_now_us() >= deadline_us) throw past_deadline(context, false);  // none sent yet
-    Pool::Lease lease = pool_.acquire(deadline_us);
+    Pool::Lease lease = pool.acquire(deadline_us);
     bool committing = false;
     const bool in_transaction = runs_in_transaction(Mode, lease->pooled());
     // Disarmed before the lease goes back: a connection whose deadline fired is discarded.
@@ -606,7 +616,7 @@ auto PostgresStore::run(const WriteOptions* options, const ErrorContext& context
       if (guard.fired()) throw past_deadline(context, committing);
       if (committing) throw lost_commit(lease->backend(), context, e.what());
       // Nothing was committed: the server rolls back a transaction whose client is gone.
-      run_again_or_give_up(reconnected, context, e.what());
+      run_again_or_give_up(pool, reconnected, context, e.what());
       continue;
     } catch (const pqxx::transaction_rollback& e) {
       // 40001 / 40P01: rolled back, so safe to run again (not sql_error in libpqxx 6.4).

@@ -19,9 +19,12 @@ void add_delegated_statements(const std::string& schema, const StatementSink& se
   // ($8, as set_config takes it), and the idempotency key ($9, '': none) with its
   // request's fingerprint ($10). Its row: hold_atomic's columns, then what became of the
   // call ('made', 'replay': the key is there already, or 'refused').
-  set(Stmt::citus_reserve_one, "SELECT * FROM " + schema +
-                                   ".reserve_one($1, $2, $3::smallint, $4, $5, $6::uuid, $7,"
-                                   " $8, NULLIF($9, ''), $10@SKV)");
+  const std::string args =
+      "($1, $2, $3::smallint, $4, $5, $6::uuid, $7, $8, NULLIF($9, ''), $10@SKV)";
+  set(Stmt::citus_reserve_one, "SELECT * FROM " + schema + ".reserve_one" + args);
+  // The same sent straight to a worker (citus_routing='direct', migration citus/106); its
+  // row adds the group of the node it ran on, which tells a stale route (routes.hpp).
+  set(Stmt::citus_reserve_routed, "SELECT * FROM " + schema + ".reserve_routed" + args);
 }
 
 // Empty strings stand for NULL, as in the prepared statements' NULLIF. The times are the

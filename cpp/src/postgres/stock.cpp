@@ -611,24 +611,43 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
 // A refusal reads why, as reserve_in_one_statement's. A key that is there already gives
 // nothing: the statement path then answers the replay (with_idempotency), reading the
 // key's reservations in the transaction that holds the key, which a purge cannot take.
+// With direct routing the call goes straight to the worker the map names (citus/106,
+// routes.hpp); if that worker is out of reach (Unavailable: nothing changed), through the
+// coordinator.
 std::optional<Reservation> PostgresStore::reserve_delegated(const ReserveRequest& request,
                                                             const Uuid& id,
                                                             const std::string& print) {
   const SkuKey& key = request.key;
   const ErrorContext context = context_of(key);
+  std::optional<Routes::Route> route = route_of(shard_of(key));
   std::string outcome;
-  const std::optional<Reservation> made =
-      run<RunMode::delegated>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
-        const pqxx::result rows =
-            tx.exec_on(shard_of(key), Stmt::citus_reserve_one, key.sku, key.location, key.slot,
-                       request.qty, request.options.expected_version.value_or(-1), id.to_string(),
-                       request.ttl_us, std::to_string(request.options.lock_timeout_ms),
-                       request.idempotency_key.value_or(std::string()), print);
-        outcome = rows.at(0)[3].as<std::string>();
-        if (outcome != "made") return std::nullopt;
-        report_write(key, rows[0][2].as<Version>());
-        return new_hold(id, key, request.qty, request.idempotency_key, rows[0]);
-      });
+  std::int32_t ran_on = 0;
+  const auto call = [&](Tx& tx) -> std::optional<Reservation> {
+    const pqxx::result rows = tx.exec_on(
+        shard_of(key), route ? Stmt::citus_reserve_routed : Stmt::citus_reserve_one, key.sku,
+        key.location, key.slot, request.qty, request.options.expected_version.value_or(-1),
+        id.to_string(), request.ttl_us, std::to_string(request.options.lock_timeout_ms),
+        request.idempotency_key.value_or(std::string()), print);
+    outcome = rows.at(0)[3].as<std::string>();
+    if (route) ran_on = rows[0][4].as<std::int32_t>();
+    if (outcome != "made") return std::nullopt;
+    report_write(key, rows[0][2].as<Version>());
+    return new_hold(id, key, request.qty, request.idempotency_key, rows[0]);
+  };
+  std::optional<Reservation> made;
+  if (route) {
+    try {
+      made = run<RunMode::delegated>(&request.options, context, call, route->pool.get());
+      routes_->ran(*route, ran_on);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::unavailable) throw;
+      routes_->fell_back();
+      route.reset();
+      made = run<RunMode::delegated>(&request.options, context, call);
+    }
+  } else {
+    made = run<RunMode::delegated>(&request.options, context, call);
+  }
   if (made || outcome == "replay") return made;
   return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
     refuse(tx, key, request.qty, request.options.expected_version, std::nullopt,  // throws

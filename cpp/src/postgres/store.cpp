@@ -98,6 +98,10 @@ PostgresStore::PostgresStore(PostgresOptions options, std::shared_ptr<Telemetry>
               "statement unnamed, planned on every execution; migrate() makes them");
     }
   }
+  if (options_.citus_routing == CitusRouting::direct) {
+    routes_ = std::make_unique<Routes>(options_.dsn, statements_, options_.pool_size,
+                                       options_.pool_timeout_ms, watchdog_);
+  }
   telemetry().sweeper_enabled(options_.sweeper);
   if (options_.sweeper) sweeper_ = std::thread([this] { sweep_loop(); });
   channel_ = feed_channel(options_.schema);
@@ -123,15 +127,16 @@ void PostgresStore::close() {
     listen_cv_.wait(lock, [this] { return !listening_; });
     listener_.reset();
   }
+  if (routes_) routes_->close();
   pool_.close();
   watchdog_.stop();
 }
 
-void PostgresStore::run_again_or_give_up(bool& reconnected, const ErrorContext& context,
+void PostgresStore::run_again_or_give_up(Pool& pool, bool& reconnected, const ErrorContext& context,
                                          const char* cause) {
   if (!reconnected) {
     reconnected = true;
-    const std::size_t closed = pool_.drop_idle();
+    const std::size_t closed = pool.drop_idle();
     // INFO: nothing was committed and the engine recovers by itself.
     reconnect_log().log(LogLevel::info, "stockade.postgres",
                         "a database connection broke before its commit (" +
@@ -179,6 +184,30 @@ void PostgresStore::sql_failed(const pqxx::sql_error& e, Pool::Lease& lease, boo
     lease.discard();
   }
   throw translate(e, failure);
+}
+
+std::optional<Routes::Route> PostgresStore::route_of(std::uint16_t shard) {
+  if (!routes_) return std::nullopt;
+  if (routes_->claim_reload()) load_routes();
+  return routes_->route(shard);
+}
+
+// Reads the shard map on the coordinator. Until it can (no schema yet, the coordinator out
+// of reach), calls go through the coordinator, and the read is tried again a second later.
+void PostgresStore::load_routes() {
+  static LogLimiter failures;
+  try {
+    const pqxx::result rows = run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+      return tx.conn.exec_sql(tx.work, Routes::map_sql(options_.schema));
+    });
+    routes_->install(rows);
+  } catch (const std::exception& e) {
+    routes_->reload_failed();
+    failures.log(LogLevel::info, "stockade.postgres",
+                 "citus_routing='direct': the shard map could not be read (" +
+                     first_line(scrub_secrets(e.what(), options_.dsn), 240) +
+                     "); calls go through the coordinator until it can");
+  }
 }
 
 std::int64_t PostgresStore::call_deadline_us() const {
@@ -285,6 +314,16 @@ const char* layout_name(Layout layout) noexcept {
   return layout == Layout::citus ? "citus" : "plain";
 }
 
+CitusRouting citus_routing_from_name(const std::string& name) {
+  if (name == "coordinator") return CitusRouting::coordinator;
+  if (name == "direct") return CitusRouting::direct;
+  throw_invalid_argument("citus_routing must be 'coordinator' or 'direct', got " + shown(name));
+}
+
+const char* citus_routing_name(CitusRouting routing) noexcept {
+  return routing == CitusRouting::direct ? "direct" : "coordinator";
+}
+
 Pooler pooler_from_name(const std::string& name) {
   if (name == "auto") return Pooler::detect;
   if (name == "none") return Pooler::none;
@@ -326,6 +365,9 @@ void validate_postgres_options(const PostgresOptions& options) {
   if (detail::pg::reserved_schema_name(options.schema)) {
     throw_invalid_argument("schema " + shown(options.schema) +
                            " is a PostgreSQL reserved word or a pg_ name; pick another name");
+  }
+  if (options.citus_routing == CitusRouting::direct && options.layout != Layout::citus) {
+    throw_invalid_argument("citus_routing='direct' needs layout='citus'");
   }
   if (options.pool_size == 0 || options.pool_size > pool_size_max) {
     throw_invalid_argument("pool_size must be between 1 and " + std::to_string(pool_size_max));
