@@ -173,24 +173,24 @@ class Engine(EngineTwins):
         sweeper one more); a call that waits longer than ``pool_timeout`` for one raises
         ``Overloaded``. When a connection is lost during a commit, the engine ends that
         server session (so the write cannot commit later) and looks for what it wrote, at
-        most ``resolve_timeout``, before it raises ``InDoubt`` (docs/strategies.md). ``call_timeout`` bounds each call's whole time,
-        COMMIT included: past it the engine cancels the server's work (and cuts the
-        connection ``cancel_grace`` later) and raises ``DeadlineExceeded``, or ``InDoubt``
-        if COMMIT was sent (docs/failover.md). Connections carry ``application_name`` (or
-        the DSN's, or ``PGAPPNAME``). ``pooler``: ``"pgbouncer-transaction"`` (PgBouncer's
-        ``pool_mode = transaction`` may stand in between) keeps no session state, and a
-        commit whose connection is lost stays ``InDoubt``; ``"none"`` keeps it (direct, or
-        a session-mode pooler); ``"auto"`` decides per connection. ``layout="citus"`` is
-        for a Citus coordinator; ``citus_routing="direct"`` then sends one-shard reserves
-        straight to the workers (docs/scaling-out.md). Call
-        :meth:`migrate` once to create the schema. A hold lapses at its expiry by itself:
-        the sweeper (``sweeper=True``) expires lapsed holds every ``sweep_interval``, and a
-        refused request frees them first (``False``: docs/postgres.md). With ``retention``
-        the sweeper also purges what is older than it each round, ``purge_batch`` rows per
-        transaction (see :meth:`purge`); without it nothing is purged unless you call
-        :meth:`purge`. The batching and slot options, ``journal_retention`` and
-        ``feed_lag_max`` are as for :meth:`memory` (each flusher holds one connection at a
-        time); ``feed_notify`` wakes feed waiters with NOTIFY."""
+        most ``resolve_timeout``, before it raises ``InDoubt`` (docs/strategies.md).
+        ``call_timeout`` bounds each call's whole time, COMMIT included: past it the engine
+        cancels the server's work (and cuts the connection ``cancel_grace`` later) and
+        raises ``DeadlineExceeded``, or ``InDoubt`` if COMMIT was sent (docs/failover.md).
+        Connections carry ``application_name`` (or the DSN's, or ``PGAPPNAME``).
+        ``pooler``: ``"pgbouncer-transaction"`` (PgBouncer's ``pool_mode = transaction``
+        may stand in between) keeps no session state, and a commit whose connection is lost
+        stays ``InDoubt``; ``"none"`` keeps it (direct, or a session-mode pooler);
+        ``"auto"`` decides per connection. ``layout="citus"`` is for a Citus coordinator;
+        ``citus_routing="direct"`` then sends one-shard calls straight to the workers
+        (docs/scaling-out.md). Call :meth:`migrate` once to create the schema. A hold
+        lapses at its expiry by itself: the sweeper (``sweeper=True``) expires lapsed holds
+        every ``sweep_interval``, and a refused request frees them first (``False``:
+        docs/postgres.md). With ``retention`` the sweeper also purges what is older than it
+        each round, ``purge_batch`` rows per transaction (see :meth:`purge`); without it
+        nothing is purged unless you call :meth:`purge`. The batching and slot options,
+        ``journal_retention`` and ``feed_lag_max`` are as for :meth:`memory` (each flusher
+        holds one connection at a time); ``feed_notify`` wakes feed waiters with NOTIFY."""
         logs.start()  # first, so that what the core logs while connecting is delivered
         postgres, options = postgres_options(dsn, _keywords(locals()))
         core = _core.Engine.postgres(postgres=postgres, options=options)

@@ -318,6 +318,7 @@ TEST(Migrations, ReleasedFilesNeverChange) {
       {"citus/104_transfers.sql", 0x8fc6c46e5266ddabULL},
       {"citus/105_delegated_reserve.sql", 0x94c615b69bd319f6ULL},
       {"citus/106_routed_reserve.sql", 0x478474a7ca685db9ULL},
+      {"citus/107_delegated_batch.sql", 0x49ab6c4797b64ea5ULL},
   };
   for (const Migration& m : migrations()) {
     const std::uint64_t sum = stable_hash64({"migration", m.sql});

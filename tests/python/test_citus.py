@@ -455,6 +455,38 @@ def test_an_atomic_reserve_is_one_call_delegated_to_the_rows_worker(
         assert eng.reserve("solo", 1, strategy="atomic", idempotency_key="k-2").qty == 1
 
 
+def test_a_one_row_batch_is_one_call_delegated_to_the_rows_worker(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str
+) -> None:
+    # The batcher's one-row fast path (migration citus/107): a batch of reserves, keyless
+    # or keyed, is one call on the row's worker, with no BEGIN, COMMIT or PREPARE there.
+    # A replay of a key changes nothing in the call (no row back), and the full path
+    # answers it with the first reservation.
+    with logging_engine(dsn, schema) as eng:
+        made: List[stockade.Reservation] = []
+        for name, key in (("keyless", None), ("keyed", "b-1"), ("replay", "b-1")):
+            lines = remote_commands(
+                stockade_citus,
+                eng,
+                f"batch-{name}",
+                lambda k=key: made.append(
+                    eng.reserve("solo", 2, strategy="batched", idempotency_key=k)
+                ),
+            )
+            issued = [line for line in lines if "issuing" in line]
+            assert len([line for line in issued if ".batch_one(" in line]) == 1, (name, issued)
+            if name != "replay":
+                assert len(issued) == 1, (name, issued)
+            assert not any("PREPARE" in line for line in issued), (name, issued)
+        assert made[2].id == made[1].id and made[0].id != made[1].id
+        assert eng.stock("solo").reserved == 4
+        with pytest.raises(stockade.IdempotencyConflict):
+            eng.reserve("solo", 1, strategy="batched", idempotency_key="b-1")
+        with pytest.raises(OutOfStock):  # no room: the call moves nothing, the full path refuses
+            eng.reserve("solo", 1000, strategy="batched")
+        assert eng.stock("solo").reserved == 4
+
+
 def test_delegated_calls_keep_the_workers_sessions_flat(
     stockade_citus: TemporaryCitus, dsn: str, schema: str
 ) -> None:
@@ -507,9 +539,10 @@ def test_direct_routing_sends_each_reserve_straight_to_the_rows_worker(
     stockade_citus: TemporaryCitus, dsn: str, schema: str
 ) -> None:
     # citus_routing="direct": the engine reads the shard map once and sends each atomic
-    # reserve, keyless or keyed, to the worker that holds its row (migration citus/106).
-    # The coordinator sends no command for them (citus.log_remote_commands), and each ran
-    # on the node its route named: the map places keys where Citus does (no miss).
+    # reserve, keyless or keyed (migration citus/106), and each one-row batch (citus/107)
+    # to the worker that holds its row. The coordinator sends no command for them
+    # (citus.log_remote_commands), and each ran on the node its route named: the map
+    # places keys where Citus does (no miss).
     logged = dsn + "%20-c%20citus.log_remote_commands%3Don%20-c%20log_min_messages%3Dnotice"
     with stockade.Engine.postgres(
         logged, layout="citus", schema=schema, pool_size=2, citus_routing="direct"
@@ -525,12 +558,13 @@ def test_direct_routing_sends_each_reserve_straight_to_the_rows_worker(
             for sku in skus:
                 eng.reserve(sku, 1, strategy="atomic")
                 keyed[sku] = eng.reserve(sku, 2, strategy="atomic", idempotency_key=f"k-{sku}")
+                eng.reserve(sku, 1, strategy="batched")
 
         lines = remote_commands(stockade_citus, eng, "direct", reserve_each)
-        assert not any(".reserve_" in line for line in lines), lines[:5]
+        assert not any(".reserve_" in line or ".batch_one(" in line for line in lines), lines[:5]
         routing = eng.stats()["pool"]["routing"]
         assert routing["mode"] == "direct" and routing["nodes"] == 2, routing
-        assert (routing["routed"], routing["misses"], routing["fallbacks"]) == (80, 0, 0), routing
+        assert (routing["routed"], routing["misses"], routing["fallbacks"]) == (120, 0, 0), routing
         # A replay, a conflict and a refusal answer as through the coordinator.
         replay = eng.reserve("d-0", 2, strategy="atomic", idempotency_key="k-d-0")
         assert replay.id == keyed["d-0"].id
@@ -538,7 +572,7 @@ def test_direct_routing_sends_each_reserve_straight_to_the_rows_worker(
             eng.reserve("d-0", 1, strategy="atomic", idempotency_key="k-d-0")
         with pytest.raises(OutOfStock):
             eng.reserve("d-1", 100, strategy="atomic")
-        assert [eng.stock(sku).reserved for sku in skus] == [3] * len(skus)
+        assert [eng.stock(sku).reserved for sku in skus] == [4] * len(skus)
     with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1) as eng:
         assert eng.stats()["pool"]["routing"]["mode"] == "coordinator"
 
@@ -546,11 +580,12 @@ def test_direct_routing_sends_each_reserve_straight_to_the_rows_worker(
 def test_a_shard_move_under_load_refreshes_the_direct_routes(
     stockade_citus: TemporaryCitus, dsn: str, schema: str
 ) -> None:
-    # citus_move_shard_placement moves the shard of half the SKUs to the other worker
-    # while 8 threads reserve them straight on the workers. A call routed by the old map
-    # reaches the old node, which forwards it to the new one (a miss, counted); the engine
-    # then reads the map again, and calls hit again. No call fails, and every row holds
-    # exactly what was acknowledged.
+    # citus_move_shard_placement moves the shard of m-0 (and of the SKUs that hash there)
+    # to the other worker while 8 threads reserve straight on the workers, atomic and
+    # batched, half of the calls on that shard. A call routed by the old map reaches the
+    # old node, which forwards it to the new one (a miss, counted); the engine then reads
+    # the map again, and calls hit again. No call fails, and every row holds exactly what
+    # was acknowledged.
     with stockade.Engine.postgres(
         dsn, layout="citus", schema=schema, pool_size=8, citus_routing="direct"
     ) as eng:
@@ -582,7 +617,7 @@ def test_a_shard_move_under_load_refreshes_the_direct_routes(
             while not stop.is_set():
                 sku = rng.choice(moving if rng.random() < 0.5 else skus)
                 try:
-                    eng.reserve(sku, 1, strategy="atomic")
+                    eng.reserve(sku, 1, strategy=rng.choice(("atomic", "batched")))
                 except stockade.StockadeError as e:
                     errors.append(e)
                     continue

@@ -61,8 +61,7 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
   if (fast) {
     std::optional<bool> done;
     try {
-      done = run<RunMode::one_statement>(
-          &write, context, [&](Tx& tx) { return batch.run_fast(tx, statements_->citus()); });
+      done = run_fast_path(batch, write, context);
     } catch (const FastMiss&) {
       done = false;
     } catch (const LostCommit& e) {
@@ -80,6 +79,20 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
   batch.report_row_versions(
       [this](const SkuKey& k, Version v, std::uint32_t n) { report_write(k, v, n); });
   count_batch(items);
+}
+
+bool PostgresStore::run_fast_path(BatchTx& batch, const WriteOptions& write,
+                                  const ErrorContext& context) {
+  if (!statements_->citus() || !batch.delegable()) {
+    return run<RunMode::one_statement>(
+        &write, context, [&](Tx& tx) { return batch.run_fast(tx, statements_->citus()); });
+  }
+  batch.delegate(write.lock_timeout_ms);
+  return run_delegated(batch.shard(), &write, context, [&](Tx& tx, std::int32_t* ran_on) {
+    const bool done = batch.run_fast(tx, true);
+    if (ran_on != nullptr && done) *ran_on = batch.ran_on();
+    return done;
+  });
 }
 
 // The full path, one transaction. If its commit is lost and the session was ended, a

@@ -459,7 +459,9 @@ pqxx::result BatchTx::write_one(Tx& tx) {
   for (std::size_t n = 0; n < k.names.size(); ++n) {
     if (!k.outcomes[n].empty()) fast_prefixes_.emplace(k.names[n], k.outcomes[n]);
   }
-  if (tx.conn.statements().citus()) return write_one_citus(tx, h, k);
+  if (tx.conn.statements().citus()) {
+    return delegated_lock_timeout_ms_ ? write_one_delegated(tx, h, k) : write_one_citus(tx, h, k);
+  }
   try {
     return tx.exec_on(shard_, Stmt::batch_fast_one_keyed, key.sku, key.location, row.sold, row.held,
                       row.changes, text_array(h.ids), int_array(h.qtys), int_array(h.ttls),
@@ -534,6 +536,23 @@ pqxx::result BatchTx::write_one_citus(Tx& tx, const OneRowHolds& h, const NewKey
     }
   }
   return moved;
+}
+
+// write_one on Citus as one delegated call (migration citus/107): the same writes, run and
+// committed by the row's worker. No row back: a key stored already, or no room.
+pqxx::result BatchTx::write_one_delegated(Tx& tx, const OneRowHolds& h, const NewKeys& k) {
+  const auto& [key, row] = *rows_.begin();
+  try {
+    pqxx::result moved = tx.exec_on(
+        shard_, Stmt::citus_batch_one, key.sku, key.location, key.slot, row.sold, row.held,
+        row.changes, text_array(h.ids), int_array(h.qtys), int_array(h.ttls), text_array(h.keys),
+        text_array(h.refs), text_array(h.metadata), text_array(h.orders), text_array(k.names),
+        text_array(k.prints), text_array(k.ids), std::to_string(*delegated_lock_timeout_ms_));
+    if (!moved.empty()) ran_on_ = moved[0][after_limits].as<std::int32_t>();
+    return moved;
+  } catch (const pqxx::unique_violation&) {
+    throw FastMiss{};  // a key claimed in flight elsewhere: the call rolled back
+  }
 }
 
 // The outcomes of the sells, confirms and releases whose keys this batch claimed and which

@@ -309,6 +309,21 @@ class BatchTx {
     }
   }
 
+  // Whether the fast path can run as one delegated call on Citus (migration citus/107):
+  // one row without buyers (fast_fits), no keyed sell (its key stores the level the batch
+  // leaves, which the statement form writes), no journal note (set in a transaction).
+  bool delegable() const {
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      if (keyed(i) && items_[i]->op == BatchOp::sell) return false;
+    }
+    return one_row() && !has_buyer() && !note_in_scope();
+  }
+  // run_fast() then makes that call, its lock_timeout set inside.
+  void delegate(std::int64_t lock_timeout_ms) { delegated_lock_timeout_ms_ = lock_timeout_ms; }
+  // The group of the node the delegated call ran on (direct routing), once it moved the row.
+  std::int32_t ran_on() const { return ran_on_; }
+  std::uint16_t shard() const { return shard_; }
+
   bool any_keyed() const {
     for (std::size_t i = 0; i < items_.size(); ++i) {
       if (keyed(i)) return true;
@@ -353,7 +368,7 @@ class BatchTx {
     std::fill(decided_.begin(), decided_.end(), false);
     decide();
     // The limited one-row statement names the SKU's purchase-limit group last.
-    if (one_row && moved[0].size() > after_limits &&
+    if (one_row && !citus && moved[0].size() > after_limits &&
         !moved[0][after_limits].as<std::string>().empty()) {
       for (BatchItem* item : items_) {
         if (item->ok && item->op == BatchOp::reserve && item->buyer) {
@@ -423,6 +438,7 @@ class BatchTx {
   pqxx::result write_fast(Tx& tx);
   pqxx::result write_one(Tx& tx);
   pqxx::result write_one_citus(Tx& tx, const OneRowHolds& h, const NewKeys& k);
+  pqxx::result write_one_delegated(Tx& tx, const OneRowHolds& h, const NewKeys& k);
   NewKeys new_keys(const RowState& row) const;
   void write_key_outcomes(Tx& tx);
   void unclaim_refused(Tx& tx);
@@ -455,6 +471,8 @@ class BatchTx {
   // The shard key of the batch's rows: on the Citus layout, apply_batch gives a BatchTx the
   // requests of one shard key only, so that each statement runs on one shard.
   std::uint16_t shard_ = 0;
+  std::optional<std::int64_t> delegated_lock_timeout_ms_;  // delegate()
+  std::int32_t ran_on_ = -1;
 };
 
 }  // namespace stockade::detail::pg

@@ -99,6 +99,7 @@ namespace stockade::detail::pg {
   X(citus_move_one, citus)            \
   X(citus_reserve_one, citus)         \
   X(citus_reserve_routed, citus)      \
+  X(citus_batch_one, citus)           \
   X(citus_keys_taken, citus)          \
   X(citus_move, citus)                \
   X(expire_lock, citus)               \

@@ -25,6 +25,15 @@ void add_delegated_statements(const std::string& schema, const StatementSink& se
   // The same sent straight to a worker (citus_routing='direct', migration citus/106); its
   // row adds the group of the node it ran on, which tells a stale route (routes.hpp).
   set(Stmt::citus_reserve_routed, "SELECT * FROM " + schema + ".reserve_routed" + args);
+  // The one-row fast batch as one call (migration citus/107, BatchTx::write_one_delegated):
+  // the row ($1..$3), the batch's sums ($4 sold, $5 held, $6 changes), its reservations
+  // ($7..$13, '' for NULL), its keys ($14..$16) and lock_timeout ($17). Its row:
+  // citus_move_one's columns, then the group of the node it ran on.
+  set(Stmt::citus_batch_one,
+      "SELECT * FROM " + schema +
+          ".batch_one($1, $2, $3::smallint, $4, $5, $6, $7::uuid[], $8::bigint[], $9::bigint[],"
+          " $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[],"
+          " $16::text[], $17@SKV)");
 }
 
 // Empty strings stand for NULL, as in the prepared statements' NULLIF. The times are the

@@ -619,35 +619,21 @@ std::optional<Reservation> PostgresStore::reserve_delegated(const ReserveRequest
                                                             const std::string& print) {
   const SkuKey& key = request.key;
   const ErrorContext context = context_of(key);
-  std::optional<Routes::Route> route = route_of(shard_of(key));
   std::string outcome;
-  std::int32_t ran_on = 0;
-  const auto call = [&](Tx& tx) -> std::optional<Reservation> {
-    const pqxx::result rows = tx.exec_on(
-        shard_of(key), route ? Stmt::citus_reserve_routed : Stmt::citus_reserve_one, key.sku,
-        key.location, key.slot, request.qty, request.options.expected_version.value_or(-1),
-        id.to_string(), request.ttl_us, std::to_string(request.options.lock_timeout_ms),
-        request.idempotency_key.value_or(std::string()), print);
-    outcome = rows.at(0)[3].as<std::string>();
-    if (route) ran_on = rows[0][4].as<std::int32_t>();
-    if (outcome != "made") return std::nullopt;
-    report_write(key, rows[0][2].as<Version>());
-    return new_hold(id, key, request.qty, request.idempotency_key, rows[0]);
-  };
-  std::optional<Reservation> made;
-  if (route) {
-    try {
-      made = run<RunMode::delegated>(&request.options, context, call, route->pool.get());
-      routes_->ran(*route, ran_on);
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::unavailable) throw;
-      routes_->fell_back();
-      route.reset();
-      made = run<RunMode::delegated>(&request.options, context, call);
-    }
-  } else {
-    made = run<RunMode::delegated>(&request.options, context, call);
-  }
+  const std::optional<Reservation> made = run_delegated(
+      shard_of(key), &request.options, context,
+      [&](Tx& tx, std::int32_t* ran_on) -> std::optional<Reservation> {
+        const pqxx::result rows = tx.exec_on(
+            shard_of(key), ran_on ? Stmt::citus_reserve_routed : Stmt::citus_reserve_one, key.sku,
+            key.location, key.slot, request.qty, request.options.expected_version.value_or(-1),
+            id.to_string(), request.ttl_us, std::to_string(request.options.lock_timeout_ms),
+            request.idempotency_key.value_or(std::string()), print);
+        outcome = rows.at(0)[3].as<std::string>();
+        if (ran_on) *ran_on = rows[0][4].as<std::int32_t>();
+        if (outcome != "made") return std::nullopt;
+        report_write(key, rows[0][2].as<Version>());
+        return new_hold(id, key, request.qty, request.idempotency_key, rows[0]);
+      });
   if (made || outcome == "replay") return made;
   return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
     refuse(tx, key, request.qty, request.options.expected_version, std::nullopt,  // throws
