@@ -502,9 +502,13 @@ def test_delegated_calls_keep_the_workers_sessions_flat(
                 f"postgresql://postgres@127.0.0.1:{stockade_citus.node_port(node)}/postgres",
                 "SELECT string_agg(p.proname || ':' || array_to_string(p.proconfig, ','), ' '"
                 " ORDER BY p.proname) FROM pg_proc p JOIN pg_namespace n ON n.oid ="
-                f" p.pronamespace WHERE n.nspname = '{schema}' AND p.proname LIKE 'reserve_one%'",
+                f" p.pronamespace WHERE n.nspname = '{schema}'"
+                " AND p.proname IN ('reserve_one', 'reserve_routed', 'batch_one')",
             )
-            assert config == ("reserve_one:plan_cache_mode=force_custom_plan"), (node, config)
+            assert config == " ".join(
+                f"{name}:plan_cache_mode=force_custom_plan"
+                for name in ("batch_one", "reserve_one", "reserve_routed")
+            ), (node, config)
 
         def worker_sessions_kb() -> int:
             total, sessions = 0, 0
@@ -524,12 +528,14 @@ def test_delegated_calls_keep_the_workers_sessions_flat(
             return total
 
         for i in range(200):  # the sessions' caches and the shard's pages settle first
+            strategy = "batched" if i % 3 == 0 else "atomic"
             eng.reserve(
-                "solo", 1, strategy="atomic", idempotency_key=f"warm-{i}" if i % 2 else None
+                "solo", 1, strategy=strategy, idempotency_key=f"warm-{i}" if i % 2 else None
             )
         before = worker_sessions_kb()
-        for i in range(2000):
-            eng.reserve("solo", 1, strategy="atomic", idempotency_key=f"k-{i}" if i % 2 else None)
+        for i in range(2000):  # one-row batches (citus/107) too
+            strategy = "batched" if i % 3 == 0 else "atomic"
+            eng.reserve("solo", 1, strategy=strategy, idempotency_key=f"k-{i}" if i % 2 else None)
         grown = worker_sessions_kb() - before
         # With generic plans this grew by about 180 MB (2,000 calls at 90 kB).
         assert grown < 20_000, f"the workers' sessions grew by {grown} kB over 2,000 calls"
