@@ -655,3 +655,39 @@ def test_a_shard_move_under_load_refreshes_the_direct_routes(
         assert after["misses"] == routing["misses"], (routing, after)
         assert {sku: eng.stock(sku).reserved for sku in skus} == acked
         assert_audit_clean(eng)
+
+
+def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
+    dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An engine of this release on a schema an older release migrated (without citus/105
+    # to 107): a reserve and a batch find no function (42883), say so once, and take the
+    # statement path, which needs none; nothing ran. migrate() then makes them, and the
+    # engine delegates again.
+    with stockade.Engine.postgres(
+        dsn, layout="citus", schema=schema, pool_size=2, citus_routing="direct"
+    ) as eng:
+        eng.migrate()
+        eng.restock("solo", 100)
+        run_sql(
+            dsn,
+            f"DROP FUNCTION {schema}.reserve_routed; DROP FUNCTION {schema}.reserve_one;"
+            f" DROP FUNCTION {schema}.batch_one;"
+            f" DELETE FROM {schema}.schema_migrations WHERE version >= 105",
+        )
+        for strategy in ("atomic", "batched", "atomic"):
+            eng.reserve("solo", 1, strategy=strategy, idempotency_key=f"k-{strategy}")
+            eng.reserve("solo", 1, strategy=strategy)
+        assert eng.stock("solo").reserved == 5  # the keyed replay made nothing
+        missing = [r for r in caplog.records if "lacks this release's delegated" in r.getMessage()]
+        assert len(missing) == 1, missing
+        routed = eng.stats()["pool"]["routing"]["routed"]
+        assert eng.migrate() == [
+            "citus/105_delegated_reserve.sql",
+            "citus/106_routed_reserve.sql",
+            "citus/107_delegated_batch.sql",
+        ]
+        eng.reserve("solo", 1, strategy="atomic")
+        eng.reserve("solo", 1, strategy="batched")
+        assert eng.stats()["pool"]["routing"]["routed"] == routed + 2
+        assert eng.stock("solo").reserved == 7

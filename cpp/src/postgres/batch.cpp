@@ -83,16 +83,21 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
 
 bool PostgresStore::run_fast_path(BatchTx& batch, const WriteOptions& write,
                                   const ErrorContext& context) {
-  if (!statements_->citus() || !batch.delegable()) {
-    return run<RunMode::one_statement>(
-        &write, context, [&](Tx& tx) { return batch.run_fast(tx, statements_->citus()); });
+  if (statements_->citus() && batch.delegable() && delegation_.load(std::memory_order_relaxed)) {
+    batch.delegate(write.lock_timeout_ms);
+    try {
+      return run_delegated(batch.shard(), &write, context, [&](Tx& tx, std::int32_t* ran_on) {
+        const bool done = batch.run_fast(tx, true);
+        if (ran_on != nullptr && done) *ran_on = batch.ran_on();
+        return done;
+      });
+    } catch (const Error& e) {
+      if (!lacks_delegation(e)) throw;
+      batch.delegate(std::nullopt);
+    }
   }
-  batch.delegate(write.lock_timeout_ms);
-  return run_delegated(batch.shard(), &write, context, [&](Tx& tx, std::int32_t* ran_on) {
-    const bool done = batch.run_fast(tx, true);
-    if (ran_on != nullptr && done) *ran_on = batch.ran_on();
-    return done;
-  });
+  return run<RunMode::one_statement>(
+      &write, context, [&](Tx& tx) { return batch.run_fast(tx, statements_->citus()); });
 }
 
 // The full path, one transaction. If its commit is lost and the session was ended, a

@@ -319,7 +319,9 @@ class BatchTx {
     return one_row() && !has_buyer() && !note_in_scope();
   }
   // run_fast() then makes that call, its lock_timeout set inside.
-  void delegate(std::int64_t lock_timeout_ms) { delegated_lock_timeout_ms_ = lock_timeout_ms; }
+  void delegate(std::optional<std::int64_t> lock_timeout_ms) {
+    delegated_lock_timeout_ms_ = lock_timeout_ms;
+  }
   // The group of the node the delegated call ran on (direct routing), once it moved the row.
   std::int32_t ran_on() const { return ran_on_; }
   std::uint16_t shard() const { return shard_; }

@@ -416,6 +416,11 @@ class PostgresStore final : public Store, public TestHooks {
   // apply_batch's fast statement: one statement, or on Citus one delegated call
   // (BatchTx::delegable); false if some row lacked room.
   bool run_fast_path(BatchTx& batch, const WriteOptions& write, const ErrorContext& context);
+  // Whether `e` says a delegated call's function is missing (a schema an older release
+  // migrated): then the store stops delegating (logged once) until migrate() runs, and
+  // the caller takes the statement path; nothing ran.
+  bool lacks_delegation(const Error& e);
+  std::atomic<bool> delegation_{true};
   // The same for a keyless atomic reserve with a buyer: allowance, row and reservation in
   // one statement (batch_fast_one_limited); nothing if it could not apply in full (the
   // transaction path then decides and says why).
@@ -736,7 +741,7 @@ auto PostgresStore::run_delegated(std::uint16_t shard, const WriteOptions* optio
       return out;
     } catch (const Error& e) {
       if (e.code() != ErrorCode::unavailable) throw;
-      routes_->fell_back();
+      routes_->fell_back(*route);
     }
   }
   return run<RunMode::delegated>(options, context, [&](Tx& tx) { return fn(tx, nullptr); });

@@ -66,8 +66,9 @@ LostCommit PostgresStore::lost_commit(const Backend& backend, const ErrorContext
   const bool settled =
       !pooled && end_session(options_.dsn, backend, options_.resolve_timeout_ms, watchdog_);
   std::string prelude = "connection lost during COMMIT (" + plain_cause(cause) + "); ";
-  prelude += settled  ? "the server session was ended, so the outcome is final"
-             : pooled ? "a pooler hides the server session, which cannot be ended"
+  prelude += settled                ? "the server session was ended, so the outcome is final"
+             : statements_->citus() ? "the Citus layout keeps no server session to end"
+             : pooled               ? "a pooler hides the server session, which cannot be ended"
                       : "the server session could not be shown to have ended (in time, "
                         "or on the server it ran on)";
   LostCommit lost(in_doubt(context, cause, settled, pooled), settled, std::move(prelude));
@@ -83,8 +84,8 @@ LostCommit PostgresStore::lost_commit(const Backend& backend, const ErrorContext
 LostCommit PostgresStore::remote_commit_failed(const ErrorContext& context,
                                                const char* cause) const {
   const std::string what = first_line(scrub_secrets(cause, options_.dsn), 300);
-  std::string prelude = "the Citus coordinator answered a write that commits with an error (" +
-                        what + "); a worker failed on the way and may have committed it";
+  std::string prelude = "a Citus node answered a write that commits with an error (" + what +
+                        "); a worker failed on the way and may have committed it";
   ErrorContext c = context;
   Error error(ErrorCode::in_doubt,
               prelude + ", so the outcome is unknown: look a little later." + in_doubt_hint_lead +

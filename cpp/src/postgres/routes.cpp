@@ -74,15 +74,14 @@ Routes::Routes(std::string dsn, std::shared_ptr<const Statements> statements, st
 }
 
 std::optional<Routes::Route> Routes::route(std::uint16_t shard_key) const {
-  std::shared_ptr<const Map> map;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    map = map_;
-  }
-  if (!map) return std::nullopt;
-  const std::uint16_t at = map->shard_of_key[shard_key];
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!map_) return std::nullopt;
+  const std::uint16_t at = map_->shard_of_key[shard_key];
   if (at == no_route) return std::nullopt;
-  return map->routes[at];
+  const Route& route = map_->routes[at];
+  const auto node = nodes_.find(route.group);
+  if (node != nodes_.end() && node->second.avoid_until_us > steady_now_us()) return std::nullopt;
+  return route;
 }
 
 bool Routes::claim_reload() {
@@ -140,27 +139,35 @@ bool Routes::install(const pqxx::result& rows) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   reloading_ = false;
+  if (closed_) return false;
   ++stats_.reloads;
+  next_reload_us_ = steady_now_us() + reload_interval_ms * 1000;
   if (!agrees) {
-    next_reload_us_ = steady_now_us() + reload_interval_ms * 1000;
+    map_.reset();
     log(LogLevel::warning, "stockade.postgres",
         "citus_routing='direct': the shard map read from the coordinator does not place keys "
         "where Citus does (or has no shards); calls go through the coordinator");
     return false;
   }
-  for (const Shard& s : shards)
-    map->routes.push_back(Route{pool_for(s.group, s.host, s.port), s.group});
+  std::map<std::int32_t, Node> kept;  // the workers of this map, with their pools
+  for (const Shard& s : shards) {
+    map->routes.push_back(Route{pool_for(kept, s.group, s.host, s.port), s.group});
+  }
+  nodes_ = std::move(kept);  // a worker that left the map: its pool closes with its calls
   map_ = std::move(map);
   stale_ = false;
+  installed_us_ = steady_now_us();
   stats_.nodes = nodes_.size();
-  next_reload_us_ = steady_now_us() + reload_interval_ms * 1000;
   return true;
 }
 
 void Routes::reload_failed() {
   std::lock_guard<std::mutex> lock(mutex_);
   reloading_ = false;
-  next_reload_us_ = steady_now_us() + retry_interval_ms * 1000;
+  const std::int64_t now = steady_now_us();
+  next_reload_us_ = now + retry_interval_ms * 1000;
+  // A map that could not be read again for this long may name a node that was replaced.
+  if (map_ && now - installed_us_ > reload_interval_ms * 1000) map_.reset();
 }
 
 void Routes::ran(const Route& route, std::int32_t ran_on) {
@@ -171,9 +178,11 @@ void Routes::ran(const Route& route, std::int32_t ran_on) {
   go_stale();
 }
 
-void Routes::fell_back() {
+void Routes::fell_back(const Route& route) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.fallbacks;
+  const auto node = nodes_.find(route.group);
+  if (node != nodes_.end()) node->second.avoid_until_us = steady_now_us() + node_backoff_ms * 1000;
   go_stale();
 }
 
@@ -188,14 +197,21 @@ RoutingStats Routes::stats() const {
   return stats_;
 }
 
-// Under mutex_. A node whose address changed gets a new pool; the old one lives on while
-// calls hold a Route to it, and closes its connections when the last one ends.
-std::shared_ptr<Pool> Routes::pool_for(std::int32_t group, const std::string& host, int port) {
-  Node& node = nodes_[group];
-  if (!node.pool || node.host != host || node.port != port) {
+// Under mutex_: the node of `group` in `kept`, from nodes_ if it is there at the same
+// address. A node whose address changed gets a new pool; the old one lives on while calls
+// hold a Route to it, and closes its connections when the last one ends.
+std::shared_ptr<Pool> Routes::pool_for(std::map<std::int32_t, Node>& kept, std::int32_t group,
+                                       const std::string& host, int port) {
+  Node& node = kept[group];
+  if (node.pool) return node.pool;  // a shard before this one is on it
+  const auto known = nodes_.find(group);
+  if (known != nodes_.end() && known->second.host == host && known->second.port == port) {
+    node = known->second;
+  } else {
     node = Node{host, port,
                 std::make_shared<Pool>(dsn_at(dsn_, host, port), statements_, pool_size_,
-                                       pool_timeout_ms_, Pooler::transaction, watchdog_)};
+                                       pool_timeout_ms_, Pooler::transaction, watchdog_),
+                0};
   }
   return node.pool;
 }

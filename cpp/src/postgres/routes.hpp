@@ -13,10 +13,15 @@
 // delegated reserve); migrate(), DDL, reads across shards and the statement path stay on
 // the coordinator. It does not balance over replicas: one placement per shard.
 //
-// Bounds: a pool per worker of the store's pool_size connections (so at most pool_size
-// times the number of workers, besides the coordinator's pool), a map of 65,536 entries,
-// and at most one reload at a time, not more often than reload_interval_ms unless a miss
-// asks for it.
+// Bounds: a pool per worker of the map of the store's pool_size connections (so at most
+// pool_size times the number of workers, besides the coordinator's pool; a worker that
+// leaves the map loses its pool), a map of 65,536 entries, and at most one reload at a
+// time, not more often than reload_interval_ms unless a miss asks for it.
+//
+// A node's new address (citus_update_node, after a failover) keeps its group, so calls
+// follow it only when the map is read again, within reload_interval_ms: the old node must
+// be fenced first, as Citus's own failover procedure does. A map that could not be read
+// for longer than that is dropped, and calls go through the coordinator.
 #pragma once
 
 #include <cstdint>
@@ -45,10 +50,13 @@ class Routes {
  public:
   // How often a map that is not stale is read again at most (a node's address may change
   // without a miss showing it, say after citus_update_node).
-  static constexpr std::int64_t reload_interval_ms = 30000;
+  static constexpr std::int64_t reload_interval_ms = 5000;
   // After a failed read (no schema yet, the coordinator out of reach): the wait before the
   // next try, during which calls go through the coordinator.
   static constexpr std::int64_t retry_interval_ms = 1000;
+  // A worker whose pool answered Unavailable is passed over (its calls go through the
+  // coordinator) for this long, so that calls do not each wait to connect to it.
+  static constexpr std::int64_t node_backoff_ms = 5000;
 
   struct Route {
     std::shared_ptr<Pool> pool;
@@ -75,8 +83,9 @@ class Routes {
   // and the map goes stale).
   void ran(const Route& route, std::int32_t ran_on);
   // A routed call could not reach its worker (Unavailable, nothing changed) and went
-  // through the coordinator; the map goes stale.
-  void fell_back();
+  // through the coordinator; the map goes stale, and the worker is passed over for
+  // node_backoff_ms.
+  void fell_back(const Route& route);
   RoutingStats stats() const;
   void close();
 
@@ -85,7 +94,9 @@ class Routes {
     std::vector<std::uint16_t> shard_of_key;  // per shard key: an index into `routes`
     std::vector<Route> routes;                // per Citus shard
   };
-  std::shared_ptr<Pool> pool_for(std::int32_t group, const std::string& host, int port);
+  struct Node;
+  std::shared_ptr<Pool> pool_for(std::map<std::int32_t, Node>& kept, std::int32_t group,
+                                 const std::string& host, int port);
   // Under mutex_: the map is to be read again soon (after a gap, see routes.cpp).
   void go_stale();
 
@@ -101,12 +112,14 @@ class Routes {
     std::string host;
     int port = 0;
     std::shared_ptr<Pool> pool;
+    std::int64_t avoid_until_us = 0;  // steady clock: fell_back()
   };
   std::map<std::int32_t, Node> nodes_;  // per group
   bool stale_ = false;
   bool reloading_ = false;
   bool closed_ = false;
   std::int64_t next_reload_us_ = 0;  // steady clock
+  std::int64_t installed_us_ = 0;    // steady clock: the map's read
   RoutingStats stats_;
 };
 

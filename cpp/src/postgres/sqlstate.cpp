@@ -11,7 +11,7 @@ using C = ErrorCode;
 
 // Every SQLSTATE the store treats specially. Anything else is a DatabaseError that
 // carries its SQLSTATE.
-constexpr std::array<SqlStateRule, 18> rules{{
+constexpr std::array<SqlStateRule, 19> rules{{
     {"40001", A::retry, C::overloaded, "serialization failures"},
     {"40P01", A::retry, C::overloaded, "deadlocks"},
     {"55P03", A::lock, C::lock_timeout, "lock not available"},
@@ -27,6 +27,8 @@ constexpr std::array<SqlStateRule, 18> rules{{
     {"3F000", A::raise, C::schema_not_migrated, "the schema is missing or not migrated"},
     {"42703", A::raise, C::schema_not_migrated,
      "the schema is older than this version of stockade (a column is missing)"},
+    {undefined_function, A::raise, C::schema_not_migrated,
+     "the schema is older than this version of stockade (a function is missing)"},
     {"28", A::raise, C::misconfigured,
      "the server refused the role or its password (fix the DSN or the server's pg_hba.conf)"},
     {"3D000", A::raise, C::misconfigured, "the DSN names a database that does not exist"},
@@ -144,6 +146,8 @@ std::string sqlstate_of(const pqxx::sql_error& e) {
   if (dynamic_cast<const pqxx::undefined_table*>(&e) != nullptr)
     return std::string(undefined_table);
   if (dynamic_cast<const pqxx::undefined_column*>(&e) != nullptr) return "42703";
+  if (dynamic_cast<const pqxx::undefined_function*>(&e) != nullptr)
+    return std::string(undefined_function);
   if (dynamic_cast<const pqxx::too_many_connections*>(&e) != nullptr) return "53300";
   return state;
 }

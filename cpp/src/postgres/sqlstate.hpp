@@ -18,6 +18,9 @@ namespace stockade::detail::pg {
 inline constexpr std::string_view query_canceled = "57014";   // a cancel request: ours, if
                                                               // the call's watchdog fired
 inline constexpr std::string_view undefined_table = "42P01";  // the schema is not migrated
+// A function the call names is missing: the schema predates this release's (a Citus
+// layout's delegated functions before migrate()).
+inline constexpr std::string_view undefined_function = "42883";
 // abort_statement() (migration 004): a one-statement write undid itself, as its caller
 // asked, and the caller decides the long way.
 inline constexpr std::string_view statement_aborted = "SK001";

@@ -574,7 +574,15 @@ std::optional<Reservation> PostgresStore::reserve_in_one_call(const ReserveReque
   }
   // On Citus, a call delegated to the row's worker, without a journal note (which would
   // need a setting of the transaction).
-  if (citus) return note_in_scope() ? std::nullopt : reserve_delegated(request, id, print);
+  if (citus) {
+    if (note_in_scope() || !delegation_.load(std::memory_order_relaxed)) return std::nullopt;
+    try {
+      return reserve_delegated(request, id, print);
+    } catch (const Error& e) {
+      if (!lacks_delegation(e)) throw;
+      return std::nullopt;
+    }
+  }
   if (!request.idempotency_key) return reserve_in_one_statement(request, id);
   return {};
 }

@@ -171,8 +171,11 @@ void PostgresStore::remote_node_failed(bool& retried, bool committing, bool dele
 
 void PostgresStore::sql_failed(const pqxx::sql_error& e, Pool::Lease& lease, bool fired,
                                bool at_commit, bool delegated, const Failure& failure) {
-  const std::string state = e.sqlstate();
-  const bool maybe_done = delegated && state == query_canceled;
+  const std::string state = sqlstate_of(e);
+  // A delegated call commits by itself on the worker: cancelled, or its session ended
+  // (57P01, 57P02) while it ran, it may have committed first.
+  const bool maybe_done =
+      delegated && (state == query_canceled || state == "57P01" || state == "57P02");
   if (fired) {
     lease.discard();
     if (state == query_canceled) throw past_deadline(failure.context, maybe_done);  // ours
@@ -184,6 +187,19 @@ void PostgresStore::sql_failed(const pqxx::sql_error& e, Pool::Lease& lease, boo
     lease.discard();
   }
   throw translate(e, failure);
+}
+
+bool PostgresStore::lacks_delegation(const Error& e) {
+  if (e.code() != ErrorCode::schema_not_migrated || e.context().sqlstate != undefined_function) {
+    return false;
+  }
+  if (delegation_.exchange(false)) {
+    log(LogLevel::warning, "stockade.postgres",
+        "schema '" + options_.schema +
+            "' lacks this release's delegated functions (Citus layout), so reserves and "
+            "batches take the statement path, which is slower; migrate() makes them");
+  }
+  return true;
 }
 
 std::optional<Routes::Route> PostgresStore::route_of(std::uint16_t shard) {
