@@ -422,69 +422,42 @@ def test_a_buyers_count_and_reservation_commit_together(
         assert eng.stock("solo").reserved == 6
 
 
-def test_an_atomic_reserve_is_one_call_delegated_to_the_rows_worker(
-    stockade_citus: TemporaryCitus, dsn: str, schema: str
+@pytest.mark.parametrize(
+    "strategy, function", [("atomic", ".reserve_one("), ("batched", ".batch_one(")]
+)
+def test_a_reserve_is_one_call_delegated_to_the_rows_worker(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str, strategy: str, function: str
 ) -> None:
-    # A keyless and a keyed atomic reserve (migration citus/105): the coordinator sends
-    # one command to one worker, the function call itself, with no BEGIN, no COMMIT and
-    # no PREPARE TRANSACTION there: the worker runs it and commits it on its own. A
-    # replay changes nothing in the call, and the statement path answers it.
+    # A keyless and a keyed atomic reserve (migration citus/105), and the batcher's
+    # one-row fast path (citus/107): the coordinator sends one command to one worker, the
+    # function call itself, with no BEGIN, no COMMIT and no PREPARE TRANSACTION there: the
+    # worker runs it and commits it on its own. A replay changes nothing in the call, and
+    # the statement path (the batch's full path) answers it with the first reservation.
     with logging_engine(dsn, schema) as eng:
         made: List[stockade.Reservation] = []
         for name, key in (("keyless", None), ("keyed", "k-1"), ("replay", "k-1")):
             lines = remote_commands(
                 stockade_citus,
                 eng,
-                name,
+                f"{strategy}-{name}",
                 lambda k=key: made.append(
-                    eng.reserve("solo", 1, strategy="atomic", idempotency_key=k)
+                    eng.reserve("solo", 1, strategy=strategy, idempotency_key=k)
                 ),
             )
             issued = [line for line in lines if "issuing" in line]
-            assert len([line for line in issued if ".reserve_one(" in line]) == 1, (name, issued)
+            assert len([line for line in issued if function in line]) == 1, (name, issued)
             if name != "replay":
                 assert len(issued) == 1, (name, issued)
             assert not any("PREPARE" in line for line in issued), (name, issued)
         assert [r.idempotency_key for r in made] == [None, "k-1", "k-1"]
-        assert made[2].id == made[1].id
+        assert made[2].id == made[1].id and made[0].id != made[1].id
         assert eng.stock("solo").reserved == 2  # the replay made nothing
         with pytest.raises(stockade.IdempotencyConflict):
-            eng.reserve("solo", 2, strategy="atomic", idempotency_key="k-1")
-        with pytest.raises(stockade.OutOfStock):  # a refusal keeps no key
-            eng.reserve("solo", 1000, strategy="atomic", idempotency_key="k-2")
-        assert eng.reserve("solo", 1, strategy="atomic", idempotency_key="k-2").qty == 1
-
-
-def test_a_one_row_batch_is_one_call_delegated_to_the_rows_worker(
-    stockade_citus: TemporaryCitus, dsn: str, schema: str
-) -> None:
-    # The batcher's one-row fast path (migration citus/107): a batch of reserves, keyless
-    # or keyed, is one call on the row's worker, with no BEGIN, COMMIT or PREPARE there.
-    # A replay of a key changes nothing in the call (no row back), and the full path
-    # answers it with the first reservation.
-    with logging_engine(dsn, schema) as eng:
-        made: List[stockade.Reservation] = []
-        for name, key in (("keyless", None), ("keyed", "b-1"), ("replay", "b-1")):
-            lines = remote_commands(
-                stockade_citus,
-                eng,
-                f"batch-{name}",
-                lambda k=key: made.append(
-                    eng.reserve("solo", 2, strategy="batched", idempotency_key=k)
-                ),
-            )
-            issued = [line for line in lines if "issuing" in line]
-            assert len([line for line in issued if ".batch_one(" in line]) == 1, (name, issued)
-            if name != "replay":
-                assert len(issued) == 1, (name, issued)
-            assert not any("PREPARE" in line for line in issued), (name, issued)
-        assert made[2].id == made[1].id and made[0].id != made[1].id
-        assert eng.stock("solo").reserved == 4
-        with pytest.raises(stockade.IdempotencyConflict):
-            eng.reserve("solo", 1, strategy="batched", idempotency_key="b-1")
-        with pytest.raises(OutOfStock):  # no room: the call moves nothing, the full path refuses
-            eng.reserve("solo", 1000, strategy="batched")
-        assert eng.stock("solo").reserved == 4
+            eng.reserve("solo", 2, strategy=strategy, idempotency_key="k-1")
+        with pytest.raises(OutOfStock):  # no room: nothing moves, and a refusal keeps no key
+            eng.reserve("solo", 1000, strategy=strategy, idempotency_key="k-2")
+        assert eng.stock("solo").reserved == 2
+        assert eng.reserve("solo", 1, strategy=strategy, idempotency_key="k-2").qty == 1
 
 
 def test_delegated_calls_keep_the_workers_sessions_flat(

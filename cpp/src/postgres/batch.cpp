@@ -83,18 +83,16 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
 
 bool PostgresStore::run_fast_path(BatchTx& batch, const WriteOptions& write,
                                   const ErrorContext& context) {
-  if (statements_->citus() && batch.delegable() && delegation_.load(std::memory_order_relaxed)) {
+  if (statements_->citus() && batch.delegable()) {
     batch.delegate(write.lock_timeout_ms);
-    try {
-      return run_delegated(batch.shard(), &write, context, [&](Tx& tx, std::int32_t* ran_on) {
-        const bool done = batch.run_fast(tx, true);
-        if (ran_on != nullptr && done) *ran_on = batch.ran_on();
-        return done;
-      });
-    } catch (const Error& e) {
-      if (!lacks_delegation(e)) throw;
-      batch.delegate(std::nullopt);
-    }
+    const std::optional<bool> done =
+        run_delegated(batch.shard(), &write, context, [&](Tx& tx, std::int32_t* ran_on) {
+          const bool moved = batch.run_fast(tx, true);
+          if (ran_on != nullptr && moved) *ran_on = batch.ran_on();
+          return moved;
+        });
+    if (done) return *done;
+    batch.delegate(std::nullopt);  // no delegated functions: the transaction
   }
   return run<RunMode::one_statement>(
       &write, context, [&](Tx& tx) { return batch.run_fast(tx, statements_->citus()); });

@@ -408,17 +408,17 @@ class PostgresStore final : public Store, public TestHooks {
   // A delegated call on `shard`'s rows (RunMode::delegated): fn(tx, ran_on) runs on the
   // worker the map names, with `ran_on` where it writes the group of the node the call ran
   // on (a group other than the route's is a miss); or through the coordinator, with
-  // `ran_on` null: without direct routing, or when the worker's pool answered Unavailable
-  // (nothing changed; a fallback).
+  // `ran_on` null: without direct routing, or after the worker's pool answered Unavailable
+  // (a fallback). Nothing, when the schema lacks the functions (lacks_delegation).
   template <class Fn>
   auto run_delegated(std::uint16_t shard, const WriteOptions* options, const ErrorContext& context,
-                     Fn&& fn) -> std::invoke_result_t<Fn&, Tx&, std::int32_t*>;
+                     Fn&& fn) -> std::optional<std::invoke_result_t<Fn&, Tx&, std::int32_t*>>;
   // apply_batch's fast statement: one statement, or on Citus one delegated call
   // (BatchTx::delegable); false if some row lacked room.
   bool run_fast_path(BatchTx& batch, const WriteOptions& write, const ErrorContext& context);
   // Whether `e` says a delegated call's function is missing (a schema an older release
   // migrated): then the store stops delegating (logged once) until migrate() runs, and
-  // the caller takes the statement path; nothing ran.
+  // run_delegated gives nothing; nothing ran.
   bool lacks_delegation(const Error& e);
   std::atomic<bool> delegation_{true};
   // The same for a keyless atomic reserve with a buyer: allowance, row and reservation in
@@ -731,20 +731,26 @@ Result PostgresStore::keyed(const std::optional<KeyedWrite>& k, const WriteOptio
 template <class Fn>
 auto PostgresStore::run_delegated(std::uint16_t shard, const WriteOptions* options,
                                   const ErrorContext& context, Fn&& fn)
-    -> std::invoke_result_t<Fn&, Tx&, std::int32_t*> {
-  if (const std::optional<Routes::Route> route = route_of(shard)) {
-    std::int32_t ran_on = -1;
-    try {
-      auto out = run<RunMode::delegated>(
-          options, context, [&](Tx& tx) { return fn(tx, &ran_on); }, route->pool.get());
-      if (ran_on >= 0) routes_->ran(*route, ran_on);
-      return out;
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::unavailable) throw;
-      routes_->fell_back(*route);
+    -> std::optional<std::invoke_result_t<Fn&, Tx&, std::int32_t*>> {
+  if (!delegation_.load(std::memory_order_relaxed)) return std::nullopt;
+  try {
+    if (const std::optional<Routes::Route> route = route_of(shard)) {
+      std::int32_t ran_on = -1;
+      try {
+        auto out = run<RunMode::delegated>(
+            options, context, [&](Tx& tx) { return fn(tx, &ran_on); }, route->pool.get());
+        if (ran_on >= 0) routes_->ran(*route, ran_on);
+        return out;
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::unavailable) throw;
+        routes_->fell_back(*route);
+      }
     }
+    return run<RunMode::delegated>(options, context, [&](Tx& tx) { return fn(tx, nullptr); });
+  } catch (const Error& e) {
+    if (!lacks_delegation(e)) throw;
+    return std::nullopt;
   }
-  return run<RunMode::delegated>(options, context, [&](Tx& tx) { return fn(tx, nullptr); });
 }
 
 template <class Fn>

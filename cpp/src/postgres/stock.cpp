@@ -574,15 +574,7 @@ std::optional<Reservation> PostgresStore::reserve_in_one_call(const ReserveReque
   }
   // On Citus, a call delegated to the row's worker, without a journal note (which would
   // need a setting of the transaction).
-  if (citus) {
-    if (note_in_scope() || !delegation_.load(std::memory_order_relaxed)) return std::nullopt;
-    try {
-      return reserve_delegated(request, id, print);
-    } catch (const Error& e) {
-      if (!lacks_delegation(e)) throw;
-      return std::nullopt;
-    }
-  }
+  if (citus) return note_in_scope() ? std::nullopt : reserve_delegated(request, id, print);
   if (!request.idempotency_key) return reserve_in_one_statement(request, id);
   return {};
 }
@@ -628,7 +620,7 @@ std::optional<Reservation> PostgresStore::reserve_delegated(const ReserveRequest
   const SkuKey& key = request.key;
   const ErrorContext context = context_of(key);
   std::string outcome;
-  const std::optional<Reservation> made = run_delegated(
+  const std::optional<std::optional<Reservation>> made = run_delegated(
       shard_of(key), &request.options, context,
       [&](Tx& tx, std::int32_t* ran_on) -> std::optional<Reservation> {
         const pqxx::result rows = tx.exec_on(
@@ -642,7 +634,8 @@ std::optional<Reservation> PostgresStore::reserve_delegated(const ReserveRequest
         report_write(key, rows[0][2].as<Version>());
         return new_hold(id, key, request.qty, request.idempotency_key, rows[0]);
       });
-  if (made || outcome == "replay") return made;
+  if (!made) return std::nullopt;  // no delegated functions: the statement path
+  if (*made || outcome == "replay") return *made;
   return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
     refuse(tx, key, request.qty, request.options.expected_version, std::nullopt,  // throws
            request.options.count_refusal);
