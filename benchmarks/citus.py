@@ -28,8 +28,10 @@ Each runs --clients blocking C++ clients (64) for --seconds (3) on:
                 locations shared a shard (a shard key of the SKU alone), measured on
                 today's layout by choosing the names (the run checks the placement)
 
-and then purge: --purge-skus SKUs (64) reserved and confirmed with a key each, batched,
-for --seconds, then engine.purge() of all of it (keys and reservations, rows/s).
+and then purge, on every route: --purge-skus SKUs (64) reserved and confirmed with a key
+each, batched, until about --purge-rows rows (20,000: keys and reservations) are there,
+then engine.purge() of all of it (rows/s; the same work on every route). --cases runs
+some cases only (--cases '' the purge alone).
 
 All three nodes of the cluster share this machine's cores with the clients, so the
 figures show what the distribution costs per request, not what more machines would add.
@@ -38,7 +40,8 @@ server and of each node of the cluster (from /proc): the inputs of the capacity 
 docs/scaling-out.md.
 
     python benchmarks/citus.py [--seconds 3] [--clients 64] [--skus 10000] [--shards 32]
-                               [--purge-skus 64] [--json FILE]
+                               [--purge-skus 64] [--purge-rows 20000] [--cases hot/auto,...]
+                               [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios (each against single, in the
 same run) and checks no target. It needs the Citus build beside the project
@@ -58,6 +61,8 @@ from stockade import _core
 from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus, citus_available
 from stockade.tools.pgserver import TemporaryPostgres, run_sql
+
+PURGE_LOAD_S = 180.0  # the most time the purge case's load takes on one route
 
 CASES = (
     "hot/auto",
@@ -100,22 +105,27 @@ def check_colocated(cluster: TemporaryCitus, schema: str) -> int:
 
 
 def purge_rate(options: Dict[str, Any], schema: str, args: Any) -> Dict[str, float]:
-    """Keyed reserve+confirm over --purge-skus SKUs for --seconds, then one purge() of it."""
+    """Keyed reserve+confirm over --purge-skus SKUs until about --purge-rows rows (keys and
+    reservations) are there, the same on every route (at most PURGE_LOAD_S seconds), then
+    one purge() of it."""
     with stockade.Engine.postgres(pool_size=args.clients, schema=schema, **options) as eng:
         eng.migrate()
         skus = [f"p-{i}" for i in range(args.purge_skus)]
         for s in skus:
             eng.restock(s, 10**12)
-        drive_load(
-            eng,
-            skus,
-            clients=args.clients,
-            seconds=args.seconds,
-            strategy="batched",
-            keyed=True,
-            confirm=True,
-        )
-        rows = eng.row_counts()["reservation_count"]
+        rows = 0
+        until = time.monotonic() + PURGE_LOAD_S
+        while 2 * rows < args.purge_rows and time.monotonic() < until:
+            drive_load(
+                eng,
+                skus,
+                clients=args.clients,
+                seconds=min(1.0, args.seconds),
+                strategy="batched",
+                keyed=True,
+                confirm=True,
+            )
+            rows = eng.row_counts()["reservation_count"]
         time.sleep(0.01)
         started = time.perf_counter()
         purged = eng.purge(timedelta(0))
@@ -123,7 +133,7 @@ def purge_rate(options: Dict[str, Any], schema: str, args: Any) -> Dict[str, flo
         return {"rows": purged, "reservations": rows, "seconds": took, "rate": purged / took}
 
 
-def cpu_table(report: Dict[str, Any], route: str) -> None:
+def cpu_table(report: Dict[str, Any], route: str, cases: List[str]) -> None:
     """CPU seconds per 1,000 granted requests of each server in each case: the single
     server's, and the coordinator's and each worker's on `route` (from /proc, all three on
     this machine), with the coordinator's share against a worker's."""
@@ -132,7 +142,7 @@ def cpu_table(report: Dict[str, Any], route: str) -> None:
         f"  {'case':22}{'single':>10}{'coordinator':>13}{'worker1':>10}{'worker2':>10}"
         f"{'cluster':>10}{'coord/worker':>14}"
     )
-    for case in CASES:
+    for case in cases:
         single, citus = report["single"][case], report[route][case]
 
         def per_k(run: Dict[str, Any], node: str) -> float:
@@ -152,7 +162,17 @@ def main(argv: List[str]) -> int:
     ap = parser(__doc__)
     ap.add_argument("--shards", type=int, default=32, help="citus.shard_count of each table")
     ap.add_argument("--purge-skus", type=int, default=64, help="SKUs of the purge case")
+    ap.add_argument(
+        "--purge-rows", type=int, default=20_000, help="rows the purge case deletes on each route"
+    )
+    ap.add_argument(
+        "--cases", default=",".join(CASES), help="the cases to run, by name ('': purge alone)"
+    )
     args = ap.parse_args(argv)
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        ap.error(f"unknown cases {unknown}: the cases are {', '.join(CASES)}")
     ok, why = citus_available()
     if not ok:
         print(f"Citus is not available here: {why}", file=sys.stderr)
@@ -179,8 +199,10 @@ def main(argv: List[str]) -> int:
             f"{args.shards} shards per table; {args.clients} C++ clients, {args.seconds} s a run"
         )
         args.together = colocation(pg, args.shards)
-        report.update(run_routes(routes, CASES, args))
-        report["spread_shared_skus"] = check_colocated(cluster, "b_citus")
+        if cases:
+            report.update(run_routes(routes, cases, args))
+        if any(c.endswith("-shared") for c in cases):
+            report["spread_shared_skus"] = check_colocated(cluster, "b_citus")
         report["purge"] = {
             route: purge_rate(
                 {k: v for k, v in options.items() if k != "servers"},
@@ -188,15 +210,16 @@ def main(argv: List[str]) -> int:
                 args,
             )
             for route, options in routes.items()
-            if route != "citus/direct"  # purge runs through the coordinator on both
         }
-    route_table(report, routes, CASES, "single")
-    cpu_table(report, "citus")
-    cpu_table(report, "citus/direct")
-    print(
-        f"\n  shared cases: {report['spread_shared_skus']} SKUs with rows on more than one"
-        " shard (Citus's placement; 0 expected)"
-    )
+    if cases:
+        route_table(report, routes, cases, "single")
+        cpu_table(report, "citus", cases)
+        cpu_table(report, "citus/direct", cases)
+    if "spread_shared_skus" in report:
+        print(
+            f"\n  shared cases: {report['spread_shared_skus']} SKUs with rows on more than one"
+            " shard (Citus's placement; 0 expected)"
+        )
     base = report["purge"]["single"]["rate"]
     print("\n  purge() of keyed, confirmed reservations (keys and reservations):")
     for route, p in report["purge"].items():

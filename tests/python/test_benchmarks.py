@@ -217,6 +217,8 @@ def test_citus_benchmark_prints_every_route(stockade_citus: object) -> None:
         "4",
         "--purge-skus",
         "8",
+        "--purge-rows",
+        "100",
     )
     for route in ("single", "single/stateless", "citus", "citus/direct"):
         assert route in out.stdout
@@ -226,7 +228,7 @@ def test_citus_benchmark_prints_every_route(stockade_citus: object) -> None:
     # The shared cases' SKUs were chosen by the hash Citus uses: its placement agrees.
     assert "shared cases: 0 SKUs with rows on more than one shard" in out.stdout
     assert " f0 " in out.stdout and " f1" not in out.stdout
-    assert "purge() of keyed" in out.stdout and out.stdout.count(" rows/s ") == 3
+    assert "purge() of keyed" in out.stdout and out.stdout.count(" rows/s ") == 4
     # Each case's CPU per request on the single server and on each node of the cluster.
     tables = out.stdout.split("CPU seconds per 1,000 granted requests")[1:]
     assert len(tables) == 2 and "(citus/direct)" in tables[1]

@@ -16,6 +16,7 @@ import itertools
 import random
 import threading
 import time
+import uuid
 from datetime import timedelta
 from typing import Callable, Dict, Iterator, List
 
@@ -226,6 +227,70 @@ def test_purge_walks_every_old_entry_past_one_read(engine: stockade.Engine) -> N
     assert engine.purge(timedelta(0)) == 51
     assert engine.row_counts()["reservation_count"] == 0
     assert [engine.stock(s).on_hand for s in skus] == [99] * 20 + [100] * 10
+
+
+def shard_key_of(reservation_id: str) -> int:
+    """The shard key a reservation id carries (Uuid::shard_key)."""
+    b = uuid.UUID(str(reservation_id)).bytes
+    return (((b[8] & 0x3F) << 16) | (b[9] << 8) | b[10]) >> 6
+
+
+def test_purge_runs_in_each_shard_on_its_worker(dsn: str, schema: str) -> None:
+    # Migration citus/108: purge() first calls purge_shard once per Citus shard, on the
+    # worker that holds it. One call deletes what lies in its shard alone (a keyed
+    # reservation with its key, a keyless one) and leaves a key whose order has lines on
+    # other shards, and a hold, to what runs after it.
+    long = timedelta(hours=1)
+    with stockade.Engine.postgres(
+        dsn, layout="citus", schema=schema, pool_size=2, citus_routing="direct"
+    ) as eng:
+        eng.migrate()
+        for s in ("solo", "a", "b", "c"):  # a, b, c: three shard keys (test_an_order...)
+            eng.restock(s, 10)
+        keyed = eng.reserve("solo", 1, ttl=long, idempotency_key="one")
+        eng.confirm(keyed.id)
+        eng.release(eng.reserve("solo", 1, ttl=long).id)
+        held = eng.reserve("solo", 1, ttl=long)
+        order = eng.reserve_order({"a": 1, "b": 1, "c": 1}, ttl=long, idempotency_key="cart")
+        for r in order:
+            eng.confirm(r.id)
+        time.sleep(0.01)
+
+        def purge_shard_of(reservation_id: str, keys: bool) -> List[str]:
+            call = f"purge_shard({keys}, 0, 100, 0, {shard_key_of(reservation_id)})"
+            columns = "keys, reservations, here, leftover"
+            return run_sql(dsn, f"SELECT {columns} FROM {schema}.{call}").split("|")
+
+        # As the coordinator delegates it: the keyed reservation goes with its key, then
+        # the keyless one; the hold stays, and nothing is left to the statement form.
+        assert purge_shard_of(keyed.id, keys=True) == ["1", "1", "t", "f"]
+        assert purge_shard_of(keyed.id, keys=False) == ["0", "1", "t", "f"]
+        assert purge_shard_of(keyed.id, keys=False) == ["0", "0", "t", "f"]
+        # The order's key: its lines lie on other Citus shards than its own, so no
+        # shard's call takes it, nor the lines it keeps.
+        keys = ", ".join(str(shard_key_of(r.id)) for r in order)
+        shards = run_sql(
+            dsn,
+            f"SELECT count(DISTINCT get_shard_id_for_distribution_column('{schema}.stock', k))"
+            f" FROM unnest(ARRAY[{keys}]) AS k",
+        )
+        assert int(shards) > 1
+        calls = [purge_shard_of(r.id, keys=k) for r in order for k in (True, False)]
+        assert all(call[:3] == ["0", "0", "t"] for call in calls)
+        assert any(call[3] == "t" for call in calls)  # the key's shard leaves it
+        assert eng.row_counts()["reservation_count"] == 4
+        routed = eng.stats()["pool"]["routing"]["routed"]
+        assert eng.purge(timedelta(0)) == 1 + 3  # the order's key and lines, after the calls
+        routing = eng.stats()["pool"]["routing"]
+        shards = run_sql(
+            dsn,
+            f"SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = '{schema}.stock'::regclass",
+        )
+        # Each phase called each shard's worker (at least once), where the map said.
+        assert routing["routed"] >= routed + 2 * int(shards) and routing["misses"] == 0
+        assert [eng.reservation(held.id)] == [held]
+        assert eng.row_counts()["reservation_count"] == 1
+        assert eng.reserve("solo", 1, idempotency_key="one").id != keyed.id  # purged
 
 
 def test_stats_estimates_sum_the_workers_shards(engine: stockade.Engine) -> None:
@@ -645,7 +710,7 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
         run_sql(
             dsn,
             f"DROP FUNCTION {schema}.reserve_routed; DROP FUNCTION {schema}.reserve_one;"
-            f" DROP FUNCTION {schema}.batch_one;"
+            f" DROP FUNCTION {schema}.batch_one; DROP FUNCTION {schema}.purge_shard;"
             f" DELETE FROM {schema}.schema_migrations WHERE version >= 105",
         )
         for strategy in ("atomic", "batched", "atomic"):
@@ -659,6 +724,7 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
             "citus/105_delegated_reserve.sql",
             "citus/106_routed_reserve.sql",
             "citus/107_delegated_batch.sql",
+            "citus/108_delegated_purge.sql",
         ]
         eng.reserve("solo", 1, strategy="atomic")
         eng.reserve("solo", 1, strategy="batched")

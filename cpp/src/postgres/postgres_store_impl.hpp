@@ -484,18 +484,18 @@ class PostgresStore final : public Store, public TestHooks {
   // Pooled: takes the sweeper's election lock for this transaction, if free.
   static bool elected_for(pqxx::transaction_base& work, const Connection& leader,
                           std::int64_t election_key);
-  // Purges batch by batch (keys with their reservations, then reservations without a
-  // key; purge_batch per statement) until `limit` keys and keyless reservations are gone,
-  // nothing old is left, or stop() says so. `delete_some(statement, n, cursor)` runs one
-  // statement (purge_step) and commits it.
+  // Purges batch by batch (keys with their reservations, then reservations without a key;
+  // purge_batch per statement) until `limit` keys and keyless reservations are gone, nothing
+  // old is left, or stop() says so. delete_some(statement, n, cursor) runs one and commits.
   using PurgeStatement = std::function<PurgeStep(Stmt, std::uint64_t, std::int64_t)>;
   PurgeCounts purge_with(std::uint64_t limit, const PurgeStatement& delete_some,
                          const std::function<bool()>& stop);
   PurgeStep purge_step(Tx& tx, Stmt statement, std::int64_t older_than_us, std::uint64_t n,
                        std::int64_t cursor);
-  // purge_step on the Citus layout: at most n keys or reservations, one Citus shard at a
-  // time, from `cursor` on; [from, upto] is the window of times (epoch us) purged now,
-  // `group` the shard keys of one Citus shard (`shard`) that have entries in it.
+  // purge() on Citus: each Citus shard's by its delegated call, then the rest (retention.cpp).
+  PurgeCounts purge_citus(std::int64_t older_than_us, std::uint64_t limit);
+  // purge_step on Citus, one Citus shard at a time (`group`: its shard keys with entries
+  // in the window [from, upto] of times, epoch us).
   PurgeStep purge_step_citus(Tx& tx, Stmt statement, std::int64_t older_than_us, std::uint64_t n,
                              std::int64_t cursor);
   void purge_keys_on(Tx& tx, std::int64_t shard, const std::vector<std::int64_t>& group,

@@ -7,39 +7,169 @@
 // that are dropped whole were measured against this; see benchmarks/retention.py and
 // docs/design.md for why the deletes were kept.)
 //
-// On the Citus layout each step reads the next old entries in time order from every
-// shard, then purges their shards' entries up to the last one's time, in statements that
-// each run on one shard (purge_step_citus): Citus plans neither CTE of the plain
-// statements, and an order's reservations may lie on other shards than its key, which
-// those statements would not see.
+// On the Citus layout a purge() first calls the delegated purge_shard on each Citus shard
+// (migration citus/108), which runs the same deletes on the worker's shard tables and
+// leaves what crosses shards (purge_citus). Then, and in the sweeper, each step reads the
+// next old entries in time order from every shard, then purges their shards' entries up
+// to the last one's time, in statements that each run on one shard (purge_step_citus):
+// Citus plans neither CTE of the plain statements, and an order's reservations may lie on
+// other shards than its key, which those statements would not see.
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <limits>
 #include <map>
+#include <mutex>
 #include <set>
+#include <system_error>
+#include <thread>
+#include <utility>
 
 #include "postgres/postgres_store_impl.hpp"
+#include "postgres/routes.hpp"
 
 namespace stockade::detail::pg {
 
-PurgeCounts PostgresStore::purge_with(std::uint64_t limit, const PurgeStatement& delete_some,
-                                      const std::function<bool()>& stop) {
+namespace {
+
+// A purge's progress: what it deleted, and how much of its limit it took (keys, and
+// reservations without a key).
+struct PurgeRun {
+  std::uint64_t limit;
+  std::uint64_t batch;  // purge_batch: at most this many per statement
+  const std::function<bool()>& stop;
+  Telemetry& telemetry;
+  std::uint64_t taken = 0;
   PurgeCounts out;
-  std::uint64_t taken = 0;  // keys, and reservations without a key: what `limit` bounds
-  for (Stmt statement : {Stmt::purge_keys, Stmt::purge_reservations}) {
+
+  // One phase (`statement`: purge_keys or purge_reservations) by delete_some, from its
+  // first cursor, until the limit is taken, nothing more is old enough or stop() says so.
+  void phase(Stmt statement,
+             const std::function<PurgeStep(Stmt, std::uint64_t, std::int64_t)>& delete_some) {
     std::int64_t cursor = purge_cursor_start;
     for (;;) {
       const std::uint64_t room = limit - taken;
-      if (room == 0 || (stop && stop())) return out;
-      const std::uint64_t want = std::min<std::uint64_t>(room, options_.purge_batch);
+      if (room == 0 || (stop && stop())) return;
+      const std::uint64_t want = std::min<std::uint64_t>(room, batch);
       const PurgeStep step = delete_some(statement, want, cursor);
       const PurgeCounts got{step.reservations, step.keys};
       out.keys += got.keys;
       out.reservations += got.reservations;
-      telemetry().purged(got);
+      telemetry.purged(got);
       const std::uint64_t examined = statement == Stmt::purge_keys ? got.keys : got.reservations;
       taken += examined;
       cursor = step.cursor;
-      if (examined < want) break;  // nothing more is old enough (or all of it is locked)
+      if (examined < want) return;  // nothing more is old enough (or all of it is locked)
     }
+  }
+};
+
+}  // namespace
+
+PurgeCounts PostgresStore::purge_with(std::uint64_t limit, const PurgeStatement& delete_some,
+                                      const std::function<bool()>& stop) {
+  PurgeRun run{limit, options_.purge_batch, stop, telemetry(), 0, {}};
+  for (Stmt statement : {Stmt::purge_keys, Stmt::purge_reservations}) {
+    run.phase(statement, delete_some);
+  }
+  return run.out;
+}
+
+// At most this many of a purge's delegated calls run side by side on Citus (each on a
+// connection of the pool, so never more than pool_size).
+constexpr std::size_t purge_lanes = 4;
+
+namespace {
+
+// Runs lane(0) here and lane(1) .. lane(n - 1) on threads of their own (or here, if a
+// thread cannot start), and once all have ended rethrows the first failure; `failed` tells
+// the others to stop early.
+void in_lanes(std::size_t n, std::atomic<bool>& failed,
+              const std::function<void(std::size_t)>& lane) {
+  std::exception_ptr first;
+  std::mutex mutex;
+  const auto guarded = [&](std::size_t i) {
+    try {
+      lane(i);
+    } catch (...) {
+      failed = true;
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!first) first = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::size_t i = 1; i < n; ++i) {
+    try {
+      threads.emplace_back(guarded, i);
+    } catch (const std::system_error&) {
+      guarded(i);
+    }
+  }
+  guarded(0);
+  for (std::thread& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace
+
+// On Citus, each phase first runs in every Citus shard by the delegated purge_shard
+// (migration citus/108): one call per purge_batch entries, which the shard's worker runs
+// on its shard tables as one server runs purge_keys and purge_reservations. Without a
+// limit, the shards' calls run in up to purge_lanes lanes side by side (the order does
+// not matter then); with one, in order. Then the statement form (purge_step_citus) takes
+// what that leaves, if a shard says it left something: keys with reservations in other
+// shards, keyed reservations without their key beside them. A schema without the
+// function (lacks_delegation) or a shard that moved takes the statement form alone.
+PurgeCounts PostgresStore::purge_citus(std::int64_t older_than_us, std::uint64_t limit) {
+  const std::vector<std::uint16_t> shards =
+      run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+        std::vector<std::pair<std::int32_t, std::int32_t>> ranges;
+        for (const auto& row : tx.exec(Stmt::citus_shard_ranges)) {
+          ranges.emplace_back(row[0].as<std::int32_t>(), row[1].as<std::int32_t>());
+        }
+        return one_key_per_shard(ranges);
+      });
+  const std::size_t lanes =
+      limit != std::numeric_limits<std::uint64_t>::max()
+          ? 1
+          : std::max<std::size_t>(1, std::min({purge_lanes, options_.pool_size, shards.size()}));
+  std::atomic<bool> failed{false};
+  const std::function<bool()> stop = [&] { return failed.load(); };
+  std::vector<PurgeRun> runs(lanes,
+                             PurgeRun{limit, options_.purge_batch, stop, telemetry(), 0, {}});
+  const auto statements = [&](Stmt statement, std::uint64_t n, std::int64_t cursor) {
+    return run(nullptr, ErrorContext{},
+               [&](Tx& tx) { return purge_step_citus(tx, statement, older_than_us, n, cursor); });
+  };
+  for (Stmt statement : {Stmt::purge_keys, Stmt::purge_reservations}) {
+    std::atomic<bool> rest{false};  // whether a shard left something to the statement form
+    const auto one_call = [&](std::uint16_t shard, std::uint64_t n, std::int64_t cursor) {
+      const std::optional<PurgeStep> step =
+          run_delegated(shard, nullptr, ErrorContext{}, [&](Tx& tx, std::int32_t* ran_on) {
+            const pqxx::result r =
+                tx.exec_on(shard, Stmt::citus_purge_shard, statement == Stmt::purge_keys,
+                           older_than_us, static_cast<std::int64_t>(n), cursor);
+            if (ran_on) *ran_on = r.at(0)[4].as<std::int32_t>();
+            if (r[0][5].as<bool>()) rest = true;  // true too where the shard was not
+            return PurgeStep{r[0][0].as<std::uint64_t>(), r[0][1].as<std::uint64_t>(),
+                             r[0][2].as<std::int64_t>()};
+          });
+      if (!step) rest = true;  // no function: the statement form does it all
+      return step.value_or(PurgeStep{0, 0, cursor});
+    };
+    in_lanes(lanes, failed, [&](std::size_t lane) {
+      for (std::size_t i = lane; i < shards.size(); i += lanes) {
+        runs[lane].phase(statement, [&](Stmt, std::uint64_t n, std::int64_t cursor) {
+          return one_call(shards[i], n, cursor);
+        });
+      }
+    });
+    if (rest) runs[0].phase(statement, statements);
+  }
+  PurgeCounts out;
+  for (const PurgeRun& lane : runs) {
+    out.keys += lane.out.keys;
+    out.reservations += lane.out.reservations;
   }
   return out;
 }
@@ -192,12 +322,12 @@ void PostgresStore::purge_reservations_on(Tx& tx, const std::vector<std::int64_t
 
 PurgeCounts PostgresStore::purge(std::int64_t older_than_us, std::uint64_t limit) {
   const auto delete_some = [&](Stmt statement, std::uint64_t n, std::int64_t cursor) {
-    const auto step = [&](Tx& tx) { return purge_step(tx, statement, older_than_us, n, cursor); };
-    // On Citus a step is a transaction of several statements.
-    if (statements_->citus()) return run(nullptr, ErrorContext{}, step);
-    return run<RunMode::one_statement>(nullptr, ErrorContext{}, step);
+    return run<RunMode::one_statement>(nullptr, ErrorContext{}, [&](Tx& tx) {
+      return purge_step(tx, statement, older_than_us, n, cursor);
+    });
   };
-  PurgeCounts out = purge_with(limit, delete_some, nullptr);
+  PurgeCounts out = statements_->citus() ? purge_citus(older_than_us, limit)
+                                         : purge_with(limit, delete_some, nullptr);
   if (out.keys + out.reservations < limit) {
     out.transfers = purge_transfers(older_than_us, limit - out.keys - out.reservations);
   }

@@ -54,6 +54,31 @@ std::int32_t pg_hash_int4(std::int32_t value) noexcept {
   return static_cast<std::int32_t>(c);
 }
 
+std::vector<std::uint16_t> one_key_per_shard(
+    const std::vector<std::pair<std::int32_t, std::int32_t>>& ranges) {
+  std::vector<std::size_t> order;  // the ranges that are not empty, by their start
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    if (ranges[i].first <= ranges[i].second) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return ranges[a].first < ranges[b].first; });
+  std::vector<std::int32_t> first(ranges.size(), -1);
+  for (std::int32_t k = 0; k <= 65535; ++k) {
+    const std::int32_t h = pg_hash_int4(k);
+    const auto after =
+        std::upper_bound(order.begin(), order.end(), h,
+                         [&](std::int32_t v, std::size_t i) { return v < ranges[i].first; });
+    if (after == order.begin() || ranges[*std::prev(after)].second < h) continue;
+    std::int32_t& at = first[*std::prev(after)];
+    if (at < 0) at = k;
+  }
+  std::vector<std::uint16_t> out;
+  for (std::int32_t k : first) {
+    if (k >= 0) out.push_back(static_cast<std::uint16_t>(k));
+  }
+  return out;
+}
+
 std::string dsn_at(const std::string& dsn, const std::string& host, int port) {
   std::string out;
   for (const auto& [keyword, value] : parse_conninfo(dsn)) {

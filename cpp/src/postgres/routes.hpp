@@ -31,6 +31,7 @@
 #include <optional>
 #include <pqxx/pqxx>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "postgres/pool.hpp"
@@ -41,6 +42,11 @@ namespace stockade::detail::pg {
 // PostgreSQL's hashint4 (hash_bytes_uint32 in src/common/hashfn.c): the hash Citus takes of
 // an integer distribution column to find its shard.
 std::int32_t pg_hash_int4(std::int32_t value) noexcept;
+
+// One shard key (the least, of 0..65535) in each hash range [first, second] of `ranges`
+// that holds one, in their order: a call with it runs on that range's shard.
+std::vector<std::uint16_t> one_key_per_shard(
+    const std::vector<std::pair<std::int32_t, std::int32_t>>& ranges);
 
 // `dsn` with its host and port replaced by `host` and `port` (everything else kept: the
 // database, the role and its password, TLS settings), as a key=value string.

@@ -100,12 +100,14 @@ namespace stockade::detail::pg {
   X(citus_reserve_one, citus)         \
   X(citus_reserve_routed, citus)      \
   X(citus_batch_one, citus)           \
+  X(citus_purge_shard, citus)         \
   X(citus_keys_taken, citus)          \
   X(citus_move, citus)                \
   X(expire_lock, citus)               \
   X(expire_set, citus)                \
   X(purge_key_shards, citus)          \
   X(citus_shard_groups, citus)        \
+  X(citus_shard_ranges, citus)        \
   X(purge_reservation_shards, citus)  \
   X(purge_keys_lock, citus)           \
   X(purge_blockers, citus)            \

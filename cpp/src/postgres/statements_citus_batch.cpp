@@ -1,4 +1,4 @@
-// The Citus layout's delegated call (add_delegated_statements), and the SQL a batch sends
+// The Citus layout's delegated calls (add_delegated_statements), and the SQL a batch sends
 // there that cannot be a prepared statement: multi-row
 // INSERT ... VALUES of new reservations and of their idempotency keys, with every value
 // quoted into the text (see citus_move_one in statements.cpp). Citus routes such an INSERT
@@ -34,6 +34,19 @@ void add_delegated_statements(const std::string& schema, const StatementSink& se
           ".batch_one($1, $2, $3::smallint, $4, $5, $6, $7::uuid[], $8::bigint[], $9::bigint[],"
           " $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[],"
           " $16::text[], $17@SKV)");
+  // Retention's delegated step on one Citus shard (migration citus/108): the keys phase
+  // ($1, else the reservations phase), the horizon's age ($2), at most $3 entries from the
+  // cursor $4, and a shard key of the shard. Its row: keys and reservations deleted, the
+  // next cursor, whether the shard was where the call ran, that node's group, and
+  // whether the shard holds old entries the call leaves to the statement form.
+  set(Stmt::citus_purge_shard,
+      "SELECT * FROM " + schema + ".purge_shard($1::boolean, $2, $3, $4@SKV)");
+  // The hash range of each Citus shard of the co-located tables (purge_citus calls the
+  // delegated purge once per shard).
+  set(Stmt::citus_shard_ranges,
+      "SELECT shardminvalue::int, shardmaxvalue::int FROM"
+      " pg_dist_shard WHERE logicalrelid = '" +
+          schema + ".stock'::regclass ORDER BY 1");
 }
 
 // Empty strings stand for NULL, as in the prepared statements' NULLIF. The times are the
