@@ -34,6 +34,7 @@
 #include "postgres/arrays.hpp"
 #include "postgres/dsn.hpp"
 #include "postgres/pool.hpp"
+#include "postgres/purge.hpp"
 #include "postgres/routes.hpp"
 #include "postgres/sqlstate.hpp"
 #include "postgres/statements.hpp"
@@ -150,15 +151,6 @@ struct LostCommit : Error {
 };
 
 struct Migration;
-
-// One purge statement's outcome, and where the next one of its phase starts.
-struct PurgeStep {
-  std::uint64_t keys = 0;
-  std::uint64_t reservations = 0;
-  std::int64_t cursor = 0;  // epoch microseconds
-};
-// The first cursor of a purge: 0001-01-01, before any row.
-inline constexpr std::int64_t purge_cursor_start = -62135596800LL * 1000000;
 
 class PostgresStore final : public Store, public TestHooks {
  public:
@@ -477,6 +469,7 @@ class PostgresStore final : public Store, public TestHooks {
   // (having done nothing) when another engine holds it.
   std::optional<std::size_t> sweep_batch(Connection& leader, std::int64_t election_key);
   void purge_on_leader(Connection& leader, std::int64_t election_key);
+  void log_purged(const PurgeCounts& purged);
   bool stand_for_sweeper(std::unique_ptr<Connection>& leader, bool elected,
                          std::int64_t election_key);
   std::uint64_t expire_as_leader(Connection& leader, std::int64_t election_key, bool& elected);
@@ -492,8 +485,10 @@ class PostgresStore final : public Store, public TestHooks {
                          const std::function<bool()>& stop);
   PurgeStep purge_step(Tx& tx, Stmt statement, std::int64_t older_than_us, std::uint64_t n,
                        std::int64_t cursor);
-  // purge() on Citus: each Citus shard's by its delegated call, then the rest (retention.cpp).
-  PurgeCounts purge_citus(std::int64_t older_than_us, std::uint64_t limit);
+  // purge() on Citus: each shard's by its delegated call, then the rest; `rest`: the sweeper's.
+  PurgeCounts purge_citus(std::int64_t older_than_us, std::uint64_t limit, const Rest& rest = {});
+  // The Citus shards (a shard key in each) that hold old entries of a purge's phase.
+  std::vector<std::uint16_t> citus_old_shards(Stmt statement, std::int64_t older_than_us);
   // purge_step on Citus, one Citus shard at a time (`group`: its shard keys with entries
   // in the window [from, upto] of times, epoch us).
   PurgeStep purge_step_citus(Tx& tx, Stmt statement, std::int64_t older_than_us, std::uint64_t n,

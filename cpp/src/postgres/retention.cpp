@@ -16,6 +16,7 @@
 // other shards than its key, which those statements would not see.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <limits>
 #include <map>
@@ -116,33 +117,35 @@ void in_lanes(std::size_t n, std::atomic<bool>& failed,
 // (migration citus/108): one call per purge_batch entries, which the shard's worker runs
 // on its shard tables as one server runs purge_keys and purge_reservations. Without a
 // limit, the shards' calls run in up to purge_lanes lanes side by side (the order does
-// not matter then); with one, in order. Then the statement form (purge_step_citus) takes
-// what that leaves, if a shard says it left something: keys with reservations in other
-// shards, keyed reservations without their key beside them. A schema without the
-// function (lacks_delegation) or a shard that moved takes the statement form alone.
-PurgeCounts PostgresStore::purge_citus(std::int64_t older_than_us, std::uint64_t limit) {
-  const std::vector<std::uint16_t> shards =
-      run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
-        std::vector<std::pair<std::int32_t, std::int32_t>> ranges;
-        for (const auto& row : tx.exec(Stmt::citus_shard_ranges)) {
-          ranges.emplace_back(row[0].as<std::int32_t>(), row[1].as<std::int32_t>());
-        }
-        return one_key_per_shard(ranges);
-      });
+// not matter then); with one, or for the sweeper (`rest`), in order. Then the statement
+// form (purge_step_citus) takes what that leaves, if a shard says it left something: keys
+// with reservations in other shards, keyed reservations without their key beside them. A
+// schema without the function (lacks_delegation) or a shard that moved takes the
+// statement form alone.
+PurgeCounts PostgresStore::purge_citus(std::int64_t older_than_us, std::uint64_t limit,
+                                       const Rest& rest) {
   const std::size_t lanes =
-      limit != std::numeric_limits<std::uint64_t>::max()
+      rest || limit != std::numeric_limits<std::uint64_t>::max()
           ? 1
-          : std::max<std::size_t>(1, std::min({purge_lanes, options_.pool_size, shards.size()}));
-  std::atomic<bool> failed{false};
-  const std::function<bool()> stop = [&] { return failed.load(); };
+          : std::max<std::size_t>(1, std::min(purge_lanes, options_.pool_size));
+  std::atomic<bool> halt{false};  // a lane failed, or the sweeper is to stop
+  const std::function<bool()> stop = [&] { return halt.load(); };
   std::vector<PurgeRun> runs(lanes,
                              PurgeRun{limit, options_.purge_batch, stop, telemetry(), 0, {}});
-  const auto statements = [&](Stmt statement, std::uint64_t n, std::int64_t cursor) {
-    return run(nullptr, ErrorContext{},
-               [&](Tx& tx) { return purge_step_citus(tx, statement, older_than_us, n, cursor); });
+  // A step, then the sweeper's rest.
+  const auto paced = [&](const std::function<PurgeStep()>& step) {
+    const auto began = std::chrono::steady_clock::now();
+    const PurgeStep out = step();
+    if (rest && out.keys + out.reservations > 0 &&
+        !rest(std::chrono::steady_clock::now() - began)) {
+      halt = true;
+    }
+    return out;
   };
   for (Stmt statement : {Stmt::purge_keys, Stmt::purge_reservations}) {
-    std::atomic<bool> rest{false};  // whether a shard left something to the statement form
+    if (halt || runs[0].taken >= limit) break;
+    const std::vector<std::uint16_t> shards = citus_old_shards(statement, older_than_us);
+    std::atomic<bool> left{false};  // whether a shard left something to the statement form
     const auto one_call = [&](std::uint16_t shard, std::uint64_t n, std::int64_t cursor) {
       const std::optional<PurgeStep> step =
           run_delegated(shard, nullptr, ErrorContext{}, [&](Tx& tx, std::int32_t* ran_on) {
@@ -150,21 +153,28 @@ PurgeCounts PostgresStore::purge_citus(std::int64_t older_than_us, std::uint64_t
                 tx.exec_on(shard, Stmt::citus_purge_shard, statement == Stmt::purge_keys,
                            older_than_us, static_cast<std::int64_t>(n), cursor);
             if (ran_on) *ran_on = r.at(0)[4].as<std::int32_t>();
-            if (r[0][5].as<bool>()) rest = true;  // true too where the shard was not
+            if (r[0][5].as<bool>()) left = true;  // true too where the shard was not
             return PurgeStep{r[0][0].as<std::uint64_t>(), r[0][1].as<std::uint64_t>(),
                              r[0][2].as<std::int64_t>()};
           });
-      if (!step) rest = true;  // no function: the statement form does it all
+      if (!step) left = true;  // no function: the statement form does it all
       return step.value_or(PurgeStep{0, 0, cursor});
     };
-    in_lanes(lanes, failed, [&](std::size_t lane) {
+    in_lanes(std::min(lanes, shards.size()), halt, [&](std::size_t lane) {
       for (std::size_t i = lane; i < shards.size(); i += lanes) {
         runs[lane].phase(statement, [&](Stmt, std::uint64_t n, std::int64_t cursor) {
-          return one_call(shards[i], n, cursor);
+          return paced([&] { return one_call(shards[i], n, cursor); });
         });
       }
     });
-    if (rest) runs[0].phase(statement, statements);
+    if (!left) continue;
+    runs[0].phase(statement, [&](Stmt, std::uint64_t n, std::int64_t cursor) {
+      return paced([&] {
+        return run(nullptr, ErrorContext{}, [&](Tx& tx) {
+          return purge_step_citus(tx, statement, older_than_us, n, cursor);
+        });
+      });
+    });
   }
   PurgeCounts out;
   for (const PurgeRun& lane : runs) {
@@ -172,6 +182,38 @@ PurgeCounts PostgresStore::purge_citus(std::int64_t older_than_us, std::uint64_t
     out.reservations += lane.out.reservations;
   }
   return out;
+}
+
+// The Citus shards that hold old entries of this phase (`statement`), a shard key in each,
+// as the next purge_read_citus entries in time order from every shard tell; every shard if
+// there are that many.
+std::vector<std::uint16_t> PostgresStore::citus_old_shards(Stmt statement,
+                                                           std::int64_t older_than_us) {
+  return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+    std::vector<std::pair<std::int32_t, std::int32_t>> ranges;
+    for (const auto& row : tx.exec(Stmt::citus_shard_ranges)) {
+      ranges.emplace_back(row[0].as<std::int32_t>(), row[1].as<std::int32_t>());
+    }
+    const pqxx::result next = tx.exec(
+        statement == Stmt::purge_keys ? Stmt::purge_key_shards : Stmt::purge_reservation_shards,
+        older_than_us, purge_cursor_start);
+    if (next.size() >= static_cast<std::size_t>(purge_read_citus)) {
+      return one_key_per_shard(ranges);
+    }
+    std::map<std::size_t, std::uint16_t> found;  // by range: the first of its shard keys
+    for (const auto& row : next) {
+      const auto key = row[0].as<std::uint16_t>();
+      const std::int32_t h = pg_hash_int4(key);
+      const auto in = std::find_if(ranges.begin(), ranges.end(), [&](const auto& range) {
+        return range.first <= h && h <= range.second;
+      });
+      if (in == ranges.end()) return one_key_per_shard(ranges);  // the map changed: all
+      found.emplace(static_cast<std::size_t>(in - ranges.begin()), key);
+    }
+    std::vector<std::uint16_t> out;
+    for (const auto& entry : found) out.push_back(entry.second);
+    return out;
+  });
 }
 
 PurgeStep PostgresStore::purge_step(Tx& tx, Stmt statement, std::int64_t older_than_us,

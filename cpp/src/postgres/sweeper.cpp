@@ -150,8 +150,20 @@ std::uint64_t PostgresStore::expire_as_leader(Connection& leader, std::int64_t e
 // statement took (a two-thirds duty cycle), so a backlog drains at about two thirds of the
 // speed of an explicit purge() and slows by itself when the database is busy, leaving the
 // hot path more of the machine.
+//
+// On Citus, with the leader's own session (not pooled), it purges as purge() does there
+// (purge_citus: each shard's delegated call, on the pool's connections), one call at a
+// time, resting after each one the same way. Pooled, each step must take the election
+// lock in its transaction, so it keeps the statement form on the leader's connection.
 void PostgresStore::purge_on_leader(Connection& leader, std::int64_t election_key) {
   const std::int64_t older_than_us = options_.retention_ms * 1000;
+  if (statements_->citus() && !leader.pooled()) {
+    const auto rest = [&](std::chrono::steady_clock::duration took) {
+      std::unique_lock<std::mutex> lock(sweeper_mutex_);
+      return !sweeper_wake_.wait_for(lock, took / 2, [this] { return stopping_; });
+    };
+    return log_purged(purge_citus(older_than_us, std::numeric_limits<std::uint64_t>::max(), rest));
+  }
   bool outvoted = false;  // pooled: another engine holds the election lock now
   const auto delete_some = [&](Stmt statement, std::uint64_t n, std::int64_t cursor) {
     const auto started = std::chrono::steady_clock::now();
@@ -177,13 +189,14 @@ void PostgresStore::purge_on_leader(Connection& leader, std::int64_t election_ke
     std::lock_guard<std::mutex> check(sweeper_mutex_);
     return stopping_ || outvoted;
   };
-  const PurgeCounts purged =
-      purge_with(std::numeric_limits<std::uint64_t>::max(), delete_some, stop);
-  if (purged.total() > 0) {
-    log(LogLevel::info, "stockade.sweeper",
-        "retention purged " + std::to_string(purged.keys) + " idempotency keys and " +
-            std::to_string(purged.reservations) + " reservations");
-  }
+  log_purged(purge_with(std::numeric_limits<std::uint64_t>::max(), delete_some, stop));
+}
+
+void PostgresStore::log_purged(const PurgeCounts& purged) {
+  if (purged.total() == 0) return;
+  log(LogLevel::info, "stockade.sweeper",
+      "retention purged " + std::to_string(purged.keys) + " idempotency keys and " +
+          std::to_string(purged.reservations) + " reservations");
 }
 
 bool PostgresStore::elected_for(pqxx::transaction_base& work, const Connection& leader,
