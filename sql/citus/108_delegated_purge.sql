@@ -23,11 +23,14 @@
 -- would keep.
 --
 -- Its shard is named by Citus (shard_name) and placed on this node (pg_dist_placement)
--- once it holds the shard's metadata lock in share mode: a shard move takes that lock
--- exclusively before it switches the placement, so the move waits for this call, and a
--- call after the move finds the shard elsewhere and does nothing (here = false). Called
--- where the shard is not (inside a transaction, which Citus does not delegate, or on the
--- coordinator), it does nothing too.
+-- once it holds the metadata lock of the reservation shard in share mode: a shard move
+-- takes that lock (with its co-located shards', in shard-id order) exclusively before it
+-- switches the placement, so the move waits for this call, and a call after the move
+-- finds the shard elsewhere and does nothing (here = false). One lock, not one per table:
+-- two taken out of the move's order could deadlock with it. Called where the shard is
+-- not (inside a transaction, which Citus does not delegate, or on the coordinator), it
+-- does nothing too; so does a role that does not own the tables, which Citus does not let
+-- take that lock (a least-privilege runtime role): the statement form then does it all.
 CREATE FUNCTION {{schema}}.purge_shard(p_keys boolean, p_older_us bigint, p_n bigint,
                                        p_cursor bigint, p_shard integer)
 RETURNS TABLE (keys bigint, reservations bigint, cursor_us bigint, here boolean,
@@ -52,7 +55,12 @@ DECLARE
   v_key_of text := $k$((('x' || translate(substr(%s::text, 20, 7), '-', ''))::bit(24)::integer
                        & 4194303) >> 6)$k$;
 BEGIN
-  PERFORM lock_shard_metadata(5, ARRAY[v_keys, v_holds]);  -- 5: ShareLock
+  IF NOT pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c
+                       WHERE c.oid = '{{schema}}.reservation'::regclass), 'USAGE') THEN
+    RETURN QUERY SELECT 0::bigint, 0::bigint, p_cursor, false, v_group, true;
+    RETURN;
+  END IF;
+  PERFORM lock_shard_metadata(5, ARRAY[v_holds]);  -- 5: ShareLock
   v_idem := shard_name('{{schema}}.idempotency'::regclass, v_keys);
   v_res := shard_name('{{schema}}.reservation'::regclass, v_holds);
   IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_placement p

@@ -24,6 +24,7 @@ import pytest
 
 import stockade
 from stockade import OutOfStock
+from stockade.grants import runtime_grants
 from stockade.testing import race
 from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus, drop_citus_schema
@@ -235,6 +236,19 @@ def shard_key_of(reservation_id: str) -> int:
     return (((b[8] & 0x3F) << 16) | (b[9] << 8) | b[10]) >> 6
 
 
+def purge_shard_call(
+    dsn: str, schema: str, shard_key: int, keys: bool, in_transaction: bool = False
+) -> List[str]:
+    """One purge_shard call (migration citus/108) on the node of `dsn`, of everything old
+    in the shard of `shard_key`: its keys, reservations, here and leftover columns. In a
+    transaction, Citus does not delegate it: it runs on that node."""
+    columns = "keys, reservations, here, leftover"
+    call = f"SELECT {columns} FROM {schema}.purge_shard({keys}, 0, 100, 0, {shard_key})"
+    if in_transaction:
+        call = f"BEGIN; {call}; COMMIT"
+    return run_sql(dsn, call).split("|")
+
+
 def test_purge_runs_in_each_shard_on_its_worker(dsn: str, schema: str) -> None:
     # Migration citus/108: purge() first calls purge_shard in each Citus shard with old
     # entries, on the worker that holds it. One call deletes what lies in its shard alone (a keyed
@@ -254,12 +268,14 @@ def test_purge_runs_in_each_shard_on_its_worker(dsn: str, schema: str) -> None:
         order = eng.reserve_order({"a": 1, "b": 1, "c": 1}, ttl=long, idempotency_key="cart")
         for r in order:
             eng.confirm(r.id)
+        by_sku = {r.sku: r for r in order}
         time.sleep(0.01)
 
-        def purge_shard_of(reservation_id: str, keys: bool) -> List[str]:
-            call = f"purge_shard({keys}, 0, 100, 0, {shard_key_of(reservation_id)})"
-            columns = "keys, reservations, here, leftover"
-            return run_sql(dsn, f"SELECT {columns} FROM {schema}.{call}").split("|")
+        def purge_shard_of(
+            reservation_id: str, keys: bool, in_transaction: bool = False
+        ) -> List[str]:
+            key = shard_key_of(reservation_id)
+            return purge_shard_call(dsn, schema, key, keys, in_transaction=in_transaction)
 
         # As the coordinator delegates it: the keyed reservation goes with its key, then
         # the keyless one; the hold stays, and nothing is left to the statement form.
@@ -277,7 +293,16 @@ def test_purge_runs_in_each_shard_on_its_worker(dsn: str, schema: str) -> None:
         assert int(shards) > 1
         calls = [purge_shard_of(r.id, keys=k) for r in order for k in (True, False)]
         assert all(call[:3] == ["0", "0", "t"] for call in calls)
-        assert any(call[3] == "t" for call in calls)  # the key's shard leaves it
+        # The key lies with its first line in key order, a: that shard leaves the key.
+        assert purge_shard_of(by_sku["a"].id, keys=True) == ["0", "0", "t", "t"]
+        # In a transaction Citus does not delegate the call: on the coordinator, which
+        # holds no shard, it deletes nothing and leaves everything to the statement form.
+        assert purge_shard_of(keyed.id, keys=False, in_transaction=True) == [
+            "0",
+            "0",
+            "f",
+            "t",
+        ]
         assert eng.row_counts()["reservation_count"] == 4
         routed = eng.stats()["pool"]["routing"]["routed"]
         assert eng.purge(timedelta(0)) == 1 + 3  # the order's key and lines, after the calls
@@ -290,6 +315,35 @@ def test_purge_runs_in_each_shard_on_its_worker(dsn: str, schema: str) -> None:
         assert eng.purge(timedelta(0)) == 0  # nothing old: no shard is called
         assert eng.stats()["pool"]["routing"]["routed"] == routing["routed"]
         assert eng.reserve("solo", 1, idempotency_key="one").id != keyed.id  # purged
+
+
+def test_a_runtime_role_purges_by_the_statement_form(dsn: str, schema: str) -> None:
+    # A least-privilege runtime role (stockade.grants) does not own the tables, and Citus
+    # lets only an owner take a shard's metadata lock: purge_shard then does nothing and
+    # says so, and purge() takes the statement form, which needs no more than the grants.
+    role = f"stockade_rt_{uuid.uuid4().hex[:8]}"
+    with stockade.Engine.postgres(dsn, layout="citus", schema=schema) as owner:
+        owner.migrate()
+    run_sql(dsn, f"CREATE ROLE {role} LOGIN")
+    try:
+        for statement in runtime_grants(role, schema=schema):
+            # Citus grants on the reference tables over one connection per node.
+            run_sql(dsn, "SET citus.multi_shard_modify_mode TO 'sequential'; " + statement)
+        as_role = dsn.replace("postgresql://postgres@", f"postgresql://{role}@")
+        with stockade.Engine.postgres(
+            as_role, layout="citus", schema=schema, pool_size=2, citus_routing="direct"
+        ) as eng:
+            eng.restock("solo", 10)
+            keyed = eng.reserve("solo", 1, idempotency_key="one")
+            eng.confirm(keyed.id)
+            eng.release(eng.reserve("solo", 1).id)
+            time.sleep(0.01)
+            call = purge_shard_call(as_role, schema, shard_key_of(keyed.id), keys=True)
+            assert call == ["0", "0", "f", "t"]  # delegated, on the worker, as the role
+            assert eng.purge(timedelta(0)) == 3  # the key, its reservation, the keyless one
+            assert eng.row_counts()["reservation_count"] == 0
+    finally:
+        run_sql(dsn, f"DROP OWNED BY {role}; DROP ROLE {role}")
 
 
 def test_stats_estimates_sum_the_workers_shards(engine: stockade.Engine) -> None:
@@ -622,9 +676,9 @@ def test_direct_routing_sends_each_reserve_straight_to_the_rows_worker(
 
 def shard_move(
     cluster: TemporaryCitus, dsn: str, schema: str, sku: str
-) -> Tuple[Callable[[], None], List[str]]:
-    """A move of `sku`'s shard to the other worker (block_writes), to call, and the SKUs of
-    `schema` on that shard."""
+) -> Tuple[Callable[[], None], List[str], int]:
+    """A move of `sku`'s shard to the other worker (block_writes), to call; the SKUs of
+    `schema` on that shard; and the port of the worker it leaves."""
     shard_of = f"get_shard_id_for_distribution_column('{schema}.stock', shard_key)"
     shard = run_sql(dsn, f"SELECT {shard_of} FROM {schema}.stock WHERE sku = '{sku}'")
     moving = run_sql(
@@ -646,7 +700,7 @@ def shard_move(
             f" '127.0.0.1', {target}, shard_transfer_mode => 'block_writes')",
         )
 
-    return move, moving
+    return move, moving, source
 
 
 def move_under(
@@ -682,7 +736,7 @@ def test_a_shard_move_under_load_refreshes_the_direct_routes(
         skus = [f"m-{i}" for i in range(32)]
         for sku in skus:
             eng.restock(sku, 1_000_000)
-        move, moving = shard_move(stockade_citus, dsn, schema, "m-0")
+        move, moving, _ = shard_move(stockade_citus, dsn, schema, "m-0")
         acked: Dict[str, int] = {sku: 0 for sku in skus}
         errors: List[BaseException] = []
         stop = threading.Event()
@@ -735,7 +789,7 @@ def test_purges_racing_a_shard_move_count_exactly_what_went(
         skus = [f"m-{i}" for i in range(32)]
         for sku in skus:
             eng.restock(sku, 1_000_000)
-        move, moving = shard_move(stockade_citus, dsn, schema, "m-0")
+        move, moving, source = shard_move(stockade_citus, dsn, schema, "m-0")
         made = [0]  # rows: a keyed reservation and its key, or a keyless reservation
         purged = [0]
         errors: List[BaseException] = []
@@ -772,6 +826,13 @@ def test_purges_racing_a_shard_move_count_exactly_what_went(
         threads.append(threading.Thread(target=purger))
         move_under(move, threads, stop)
         assert not errors, errors[:3]
+        # On the worker it left, in a transaction (not delegated on), a call finds the
+        # shard's placement gone, deletes nothing and leaves it to the statement form.
+        on_source = dsn.replace(f":{stockade_citus.port}/", f":{source}/")
+        key = run_sql(dsn, f"SELECT shard_key FROM {schema}.stock WHERE sku = 'm-0'")
+        for keys in (True, False):
+            call = purge_shard_call(on_source, schema, int(key), keys, in_transaction=True)
+            assert call == ["0", "0", "f", "t"]
         time.sleep(0.01)
         purged[0] += eng.purge(timedelta(0))
         assert eng.row_counts()["reservation_count"] == 0

@@ -488,7 +488,8 @@ class PostgresStore final : public Store, public TestHooks {
   // purge() on Citus: each shard's by its delegated call, then the rest; `rest`: the sweeper's.
   PurgeCounts purge_citus(std::int64_t older_than_us, std::uint64_t limit, const Rest& rest = {});
   // The Citus shards (a shard key in each) that hold old entries of a purge's phase.
-  std::vector<std::uint16_t> citus_old_shards(Stmt statement, std::int64_t older_than_us);
+  std::optional<std::vector<std::uint16_t>> citus_old_shards(Stmt statement,
+                                                             std::int64_t older_than_us);
   // purge_step on Citus, one Citus shard at a time (`group`: its shard keys with entries
   // in the window [from, upto] of times, epoch us).
   PurgeStep purge_step_citus(Tx& tx, Stmt statement, std::int64_t older_than_us, std::uint64_t n,

@@ -7,13 +7,15 @@
 // that are dropped whole were measured against this; see benchmarks/retention.py and
 // docs/design.md for why the deletes were kept.)
 //
-// On the Citus layout a purge() first calls the delegated purge_shard on each Citus shard
-// (migration citus/108), which runs the same deletes on the worker's shard tables and
-// leaves what crosses shards (purge_citus). Then, and in the sweeper, each step reads the
-// next old entries in time order from every shard, then purges their shards' entries up
-// to the last one's time, in statements that each run on one shard (purge_step_citus):
-// Citus plans neither CTE of the plain statements, and an order's reservations may lie on
-// other shards than its key, which those statements would not see.
+// On the Citus layout a purge() (and the sweeper with a session of its own) first calls
+// the delegated purge_shard in each Citus shard with old entries (migration citus/108),
+// which runs the same deletes on the worker's shard tables and leaves what crosses shards
+// (purge_citus). Then, if a shard left something (and in a pooled sweeper, each of whose
+// steps takes the election lock), each step reads the next old entries in time order from
+// every shard, then purges their shards' entries up to the last one's time, in statements
+// that each run on one shard (purge_step_citus): Citus plans neither CTE of the plain
+// statements, and an order's reservations may lie on other shards than its key, which
+// those statements would not see.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -99,6 +101,7 @@ void in_lanes(std::size_t n, std::atomic<bool>& failed,
     }
   };
   std::vector<std::thread> threads;
+  threads.reserve(n);  // no reallocation while threads run
   for (std::size_t i = 1; i < n; ++i) {
     try {
       threads.emplace_back(guarded, i);
@@ -116,36 +119,42 @@ void in_lanes(std::size_t n, std::atomic<bool>& failed,
 // On Citus, each phase first runs in every Citus shard by the delegated purge_shard
 // (migration citus/108): one call per purge_batch entries, which the shard's worker runs
 // on its shard tables as one server runs purge_keys and purge_reservations. Without a
-// limit, the shards' calls run in up to purge_lanes lanes side by side (the order does
-// not matter then); with one, or for the sweeper (`rest`), in order. Then the statement
-// form (purge_step_citus) takes what that leaves, if a shard says it left something: keys
-// with reservations in other shards, keyed reservations without their key beside them. A
-// schema without the function (lacks_delegation) or a shard that moved takes the
-// statement form alone.
+// limit, the shards' calls run in up to purge_lanes lanes side by side (at most half the
+// pool; the order does not matter then); with one, or for the sweeper (`rest`), one shard
+// after another, the shard with the oldest entry first. Then the statement form
+// (purge_step_citus) takes what that leaves, if a shard says it left something: keys with
+// reservations in other shards, keyed reservations without their key beside them. A
+// schema without the function, a shard that moved, or a role that does not own the
+// tables takes the statement form alone.
 PurgeCounts PostgresStore::purge_citus(std::int64_t older_than_us, std::uint64_t limit,
                                        const Rest& rest) {
   const std::size_t lanes =
       rest || limit != std::numeric_limits<std::uint64_t>::max()
           ? 1
-          : std::max<std::size_t>(1, std::min(purge_lanes, options_.pool_size));
+          : std::max<std::size_t>(1, std::min(purge_lanes, options_.pool_size / 2));
   std::atomic<bool> halt{false};  // a lane failed, or the sweeper is to stop
   const std::function<bool()> stop = [&] { return halt.load(); };
   std::vector<PurgeRun> runs(lanes,
                              PurgeRun{limit, options_.purge_batch, stop, telemetry(), 0, {}});
-  // A step, then the sweeper's rest.
+  // A step, then the sweeper's rest (none after a step that deleted nothing, but its
+  // word on whether to go on).
   const auto paced = [&](const std::function<PurgeStep()>& step) {
     const auto began = std::chrono::steady_clock::now();
     const PurgeStep out = step();
-    if (rest && out.keys + out.reservations > 0 &&
-        !rest(std::chrono::steady_clock::now() - began)) {
+    const bool some = out.keys + out.reservations > 0;
+    if (rest && !rest(some ? std::chrono::steady_clock::now() - began
+                           : std::chrono::steady_clock::duration::zero())) {
       halt = true;
     }
     return out;
   };
   for (Stmt statement : {Stmt::purge_keys, Stmt::purge_reservations}) {
     if (halt || runs[0].taken >= limit) break;
-    const std::vector<std::uint16_t> shards = citus_old_shards(statement, older_than_us);
-    std::atomic<bool> left{false};  // whether a shard left something to the statement form
+    const std::optional<std::vector<std::uint16_t>> old =
+        citus_old_shards(statement, older_than_us);
+    const std::vector<std::uint16_t> shards = old.value_or(std::vector<std::uint16_t>{});
+    // Whether a shard left something to the statement form (all of it: no function).
+    std::atomic<bool> left{!old};
     const auto one_call = [&](std::uint16_t shard, std::uint64_t n, std::int64_t cursor) {
       const std::optional<PurgeStep> step =
           run_delegated(shard, nullptr, ErrorContext{}, [&](Tx& tx, std::int32_t* ran_on) {
@@ -157,7 +166,7 @@ PurgeCounts PostgresStore::purge_citus(std::int64_t older_than_us, std::uint64_t
             return PurgeStep{r[0][0].as<std::uint64_t>(), r[0][1].as<std::uint64_t>(),
                              r[0][2].as<std::int64_t>()};
           });
-      if (!step) left = true;  // no function: the statement form does it all
+      if (!step) left = true;  // no function (dropped since): the statement form does it all
       return step.value_or(PurgeStep{0, 0, cursor});
     };
     in_lanes(std::min(lanes, shards.size()), halt, [&](std::size_t lane) {
@@ -185,35 +194,39 @@ PurgeCounts PostgresStore::purge_citus(std::int64_t older_than_us, std::uint64_t
 }
 
 // The Citus shards that hold old entries of this phase (`statement`), a shard key in each,
-// as the next purge_read_citus entries in time order from every shard tell; every shard if
-// there are that many.
-std::vector<std::uint16_t> PostgresStore::citus_old_shards(Stmt statement,
-                                                           std::int64_t older_than_us) {
-  return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
-    std::vector<std::pair<std::int32_t, std::int32_t>> ranges;
-    for (const auto& row : tx.exec(Stmt::citus_shard_ranges)) {
-      ranges.emplace_back(row[0].as<std::int32_t>(), row[1].as<std::int32_t>());
-    }
-    const pqxx::result next = tx.exec(
-        statement == Stmt::purge_keys ? Stmt::purge_key_shards : Stmt::purge_reservation_shards,
-        older_than_us, purge_cursor_start);
-    if (next.size() >= static_cast<std::size_t>(purge_read_citus)) {
-      return one_key_per_shard(ranges);
-    }
-    std::map<std::size_t, std::uint16_t> found;  // by range: the first of its shard keys
-    for (const auto& row : next) {
-      const auto key = row[0].as<std::uint16_t>();
-      const std::int32_t h = pg_hash_int4(key);
-      const auto in = std::find_if(ranges.begin(), ranges.end(), [&](const auto& range) {
-        return range.first <= h && h <= range.second;
+// as the next purge_read_citus entries in time order from every shard tell, each shard by
+// its oldest entry; then, if there are that many, every other shard. Nothing if the schema
+// lacks purge_shard (migrated by an older release): then the statement form does it all,
+// and the reserves' delegation stays on.
+std::optional<std::vector<std::uint16_t>> PostgresStore::citus_old_shards(
+    Stmt statement, std::int64_t older_than_us) {
+  return run<RunMode::read>(
+      nullptr, ErrorContext{}, [&](Tx& tx) -> std::optional<std::vector<std::uint16_t>> {
+        if (!tx.exec(Stmt::citus_purge_delegable)[0][0].as<bool>()) return std::nullopt;
+        std::vector<std::pair<std::int32_t, std::int32_t>> ranges;
+        for (const auto& row : tx.exec(Stmt::citus_shard_ranges)) {
+          ranges.emplace_back(row[0].as<std::int32_t>(), row[1].as<std::int32_t>());
+        }
+        std::vector<std::uint16_t> out;
+        std::set<std::size_t> seen;  // the ranges of `out`
+        bool all = false;
+        const auto add = [&](std::uint16_t key) {
+          const std::int32_t h = pg_hash_int4(key);
+          const auto in = std::find_if(ranges.begin(), ranges.end(), [&](const auto& range) {
+            return range.first <= h && h <= range.second;
+          });
+          if (in == ranges.end()) all = true;  // the map changed since: every shard
+          if (in != ranges.end() && seen.insert(in - ranges.begin()).second) out.push_back(key);
+        };
+        const pqxx::result next = tx.exec(
+            statement == Stmt::purge_keys ? Stmt::purge_key_shards : Stmt::purge_reservation_shards,
+            older_than_us, purge_cursor_start);
+        for (const auto& row : next) add(row[0].as<std::uint16_t>());
+        if (all || next.size() >= static_cast<std::size_t>(purge_read_citus)) {
+          for (const std::uint16_t key : one_key_per_shard(ranges)) add(key);
+        }
+        return out;
       });
-      if (in == ranges.end()) return one_key_per_shard(ranges);  // the map changed: all
-      found.emplace(static_cast<std::size_t>(in - ranges.begin()), key);
-    }
-    std::vector<std::uint16_t> out;
-    for (const auto& entry : found) out.push_back(entry.second);
-    return out;
-  });
 }
 
 PurgeStep PostgresStore::purge_step(Tx& tx, Stmt statement, std::int64_t older_than_us,

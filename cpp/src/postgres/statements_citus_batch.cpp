@@ -41,6 +41,10 @@ void add_delegated_statements(const std::string& schema, const StatementSink& se
   // whether the shard holds old entries the call leaves to the statement form.
   set(Stmt::citus_purge_shard,
       "SELECT * FROM " + schema + ".purge_shard($1::boolean, $2, $3, $4@SKV)");
+  // Whether the schema has purge_shard (migration citus/108).
+  set(Stmt::citus_purge_delegable, "SELECT to_regprocedure('" + schema +
+                                       ".purge_shard(boolean, bigint, bigint, bigint, integer)')"
+                                       " IS NOT NULL");
   // The hash range of each Citus shard of the co-located tables (purge_citus calls the
   // delegated purge once per shard).
   set(Stmt::citus_shard_ranges,
