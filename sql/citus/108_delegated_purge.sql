@@ -23,14 +23,15 @@
 -- would keep.
 --
 -- Its shard is named by Citus (shard_name) and placed on this node (pg_dist_placement)
--- once it holds the metadata lock of the reservation shard in share mode: a shard move
--- takes that lock (with its co-located shards', in shard-id order) exclusively before it
--- switches the placement, so the move waits for this call, and a call after the move
--- finds the shard elsewhere and does nothing (here = false). One lock, not one per table:
--- two taken out of the move's order could deadlock with it. Called where the shard is
--- not (inside a transaction, which Citus does not delegate, or on the coordinator), it
--- does nothing too; so does a role that does not own the tables, which Citus does not let
--- take that lock (a least-privilege runtime role): the statement form then does it all.
+-- once it holds the shard's metadata lock in share mode (one lock for the co-located
+-- shards of all three tables: Citus keys it by co-location and shard index): a shard
+-- move takes that lock exclusively before it switches the placement, so the move waits
+-- for this call, and a call after the move finds the shard elsewhere and does nothing
+-- (here = false). Called where the shard is not (inside a transaction, which Citus does
+-- not delegate, or on the coordinator), it does nothing too; so does a role that does
+-- not own the tables, which Citus does not let take that lock (a least-privilege runtime
+-- role; the engine checks that first and does not call): the statement form then does
+-- it all.
 CREATE FUNCTION {{schema}}.purge_shard(p_keys boolean, p_older_us bigint, p_n bigint,
                                        p_cursor bigint, p_shard integer)
 RETURNS TABLE (keys bigint, reservations bigint, cursor_us bigint, here boolean,

@@ -17,8 +17,8 @@ struct PurgeStep {
 // The first cursor of a purge: 0001-01-01, before any row.
 inline constexpr std::int64_t purge_cursor_start = -62135596800LL * 1000000;
 
-// The sweeper's pause after a purge step of `took` that deleted something (it paces
-// itself); false: stop now.
+// The sweeper's pause after each purge step: half of `took` if the step deleted
+// something (it paces itself), else none (`took` is zero); false: stop now.
 using Rest = std::function<bool(std::chrono::steady_clock::duration took)>;
 
 }  // namespace stockade::detail::pg

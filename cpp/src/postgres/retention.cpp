@@ -79,7 +79,7 @@ PurgeCounts PostgresStore::purge_with(std::uint64_t limit, const PurgeStatement&
 }
 
 // At most this many of a purge's delegated calls run side by side on Citus (each on a
-// connection of the pool, so never more than pool_size).
+// connection of the pool, and never more than half the pool).
 constexpr std::size_t purge_lanes = 4;
 
 namespace {
@@ -196,8 +196,9 @@ PurgeCounts PostgresStore::purge_citus(std::int64_t older_than_us, std::uint64_t
 // The Citus shards that hold old entries of this phase (`statement`), a shard key in each,
 // as the next purge_read_citus entries in time order from every shard tell, each shard by
 // its oldest entry; then, if there are that many, every other shard. Nothing if the schema
-// lacks purge_shard (migrated by an older release): then the statement form does it all,
-// and the reserves' delegation stays on.
+// lacks purge_shard (migrated by an older release), or the role may not take the shard
+// lock the function takes (it does not own the tables): then the statement form does it
+// all, and the reserves' delegation stays on.
 std::optional<std::vector<std::uint16_t>> PostgresStore::citus_old_shards(
     Stmt statement, std::int64_t older_than_us) {
   return run<RunMode::read>(

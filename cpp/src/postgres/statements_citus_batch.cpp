@@ -41,10 +41,13 @@ void add_delegated_statements(const std::string& schema, const StatementSink& se
   // whether the shard holds old entries the call leaves to the statement form.
   set(Stmt::citus_purge_shard,
       "SELECT * FROM " + schema + ".purge_shard($1::boolean, $2, $3, $4@SKV)");
-  // Whether the schema has purge_shard (migration citus/108).
-  set(Stmt::citus_purge_delegable, "SELECT to_regprocedure('" + schema +
-                                       ".purge_shard(boolean, bigint, bigint, bigint, integer)')"
-                                       " IS NOT NULL");
+  // Whether the schema has purge_shard (migration citus/108), and this role may take the
+  // shard lock it takes: Citus lets the tables' owners only (EnsureShardOwner).
+  set(Stmt::citus_purge_delegable,
+      "SELECT to_regprocedure('" + schema +
+          ".purge_shard(boolean, bigint, bigint, bigint, integer)') IS NOT NULL AND"
+          " pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = '" +
+          schema + ".reservation'::regclass), 'USAGE')");
   // The hash range of each Citus shard of the co-located tables (purge_citus calls the
   // delegated purge once per shard).
   set(Stmt::citus_shard_ranges,
