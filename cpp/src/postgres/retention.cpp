@@ -204,27 +204,29 @@ std::optional<std::vector<std::uint16_t>> PostgresStore::citus_old_shards(
   return run<RunMode::read>(
       nullptr, ErrorContext{}, [&](Tx& tx) -> std::optional<std::vector<std::uint16_t>> {
         if (!tx.exec(Stmt::citus_purge_delegable)[0][0].as<bool>()) return std::nullopt;
-        std::vector<std::pair<std::int32_t, std::int32_t>> ranges;
+        HashRanges ranges;
         for (const auto& row : tx.exec(Stmt::citus_shard_ranges)) {
           ranges.emplace_back(row[0].as<std::int32_t>(), row[1].as<std::int32_t>());
         }
+        const std::vector<std::uint16_t> index = shard_of_each_key(ranges);
         std::vector<std::uint16_t> out;
-        std::set<std::size_t> seen;  // the ranges of `out`
+        std::vector<bool> seen(ranges.size());  // the shards of `out`
         bool all = false;
         const auto add = [&](std::uint16_t key) {
-          const std::int32_t h = pg_hash_int4(key);
-          const auto in = std::find_if(ranges.begin(), ranges.end(), [&](const auto& range) {
-            return range.first <= h && h <= range.second;
-          });
-          if (in == ranges.end()) all = true;  // the map changed since: every shard
-          if (in != ranges.end() && seen.insert(in - ranges.begin()).second) out.push_back(key);
+          const std::uint16_t shard = index[key];
+          if (shard == no_shard) {
+            all = true;  // the map changed since: every shard
+          } else if (!seen[shard]) {
+            seen[shard] = true;
+            out.push_back(key);
+          }
         };
         const pqxx::result next = tx.exec(
             statement == Stmt::purge_keys ? Stmt::purge_key_shards : Stmt::purge_reservation_shards,
             older_than_us, purge_cursor_start);
         for (const auto& row : next) add(row[0].as<std::uint16_t>());
         if (all || next.size() >= static_cast<std::size_t>(purge_read_citus)) {
-          for (const std::uint16_t key : one_key_per_shard(ranges)) add(key);
+          for (const std::uint16_t key : one_key_per_shard(index, ranges.size())) add(key);
         }
         return out;
       });

@@ -1,7 +1,6 @@
 #include "postgres/routes.hpp"
 
 #include <algorithm>
-#include <limits>
 
 #include "postgres/dsn.hpp"
 #include "stockade/log.hpp"
@@ -9,7 +8,6 @@
 namespace stockade::detail::pg {
 namespace {
 
-constexpr std::uint16_t no_route = std::numeric_limits<std::uint16_t>::max();
 constexpr std::size_t shard_keys = 65536;  // row_shard_key() is 16 bits
 // Keys whose shard the map must place where Citus does (map_sql() asks Citus for theirs).
 constexpr std::int32_t probes[] = {0, 12345, 65535};
@@ -54,23 +52,30 @@ std::int32_t pg_hash_int4(std::int32_t value) noexcept {
   return static_cast<std::int32_t>(c);
 }
 
-std::vector<std::uint16_t> one_key_per_shard(
-    const std::vector<std::pair<std::int32_t, std::int32_t>>& ranges) {
+std::vector<std::uint16_t> shard_of_each_key(const HashRanges& ranges) {
   std::vector<std::size_t> order;  // the ranges that are not empty, by their start
   for (std::size_t i = 0; i < ranges.size(); ++i) {
     if (ranges[i].first <= ranges[i].second) order.push_back(i);
   }
   std::sort(order.begin(), order.end(),
             [&](std::size_t a, std::size_t b) { return ranges[a].first < ranges[b].first; });
-  std::vector<std::int32_t> first(ranges.size(), -1);
-  for (std::int32_t k = 0; k <= 65535; ++k) {
-    const std::int32_t h = pg_hash_int4(k);
+  std::vector<std::uint16_t> index(shard_keys, no_shard);
+  for (std::size_t k = 0; k < shard_keys; ++k) {
+    const std::int32_t h = pg_hash_int4(static_cast<std::int32_t>(k));
     const auto after =
         std::upper_bound(order.begin(), order.end(), h,
                          [&](std::int32_t v, std::size_t i) { return v < ranges[i].first; });
     if (after == order.begin() || ranges[*std::prev(after)].second < h) continue;
-    std::int32_t& at = first[*std::prev(after)];
-    if (at < 0) at = k;
+    index[k] = static_cast<std::uint16_t>(*std::prev(after));
+  }
+  return index;
+}
+
+std::vector<std::uint16_t> one_key_per_shard(const std::vector<std::uint16_t>& index,
+                                             std::size_t shards) {
+  std::vector<std::int32_t> first(shards, -1);
+  for (std::size_t k = index.size(); k-- > 0;) {
+    if (index[k] < shards) first[index[k]] = static_cast<std::int32_t>(k);
   }
   std::vector<std::uint16_t> out;
   for (std::int32_t k : first) {
@@ -102,7 +107,7 @@ std::optional<Routes::Route> Routes::route(std::uint16_t shard_key) const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!map_) return std::nullopt;
   const std::uint16_t at = map_->shard_of_key[shard_key];
-  if (at == no_route) return std::nullopt;
+  if (at == no_shard) return std::nullopt;
   const Route& route = map_->routes[at];
   const auto node = nodes_.find(route.group);
   if (node != nodes_.end() && node->second.avoid_until_us > steady_now_us()) return std::nullopt;
@@ -149,18 +154,13 @@ bool Routes::install(const pqxx::result& rows) {
                            row[3].as<std::int32_t>(), row[4].as<std::string>(), row[5].as<int>()});
   }
   auto map = std::make_shared<Map>();
-  map->shard_of_key.assign(shard_keys, no_route);
-  for (std::size_t k = 0; k < shard_keys; ++k) {
-    const std::int32_t h = pg_hash_int4(static_cast<std::int32_t>(k));
-    const auto after = std::upper_bound(shards.begin(), shards.end(), h,
-                                        [](std::int32_t v, const Shard& s) { return v < s.lo; });
-    if (after == shards.begin() || std::prev(after)->hi < h) continue;
-    map->shard_of_key[k] = static_cast<std::uint16_t>(std::prev(after) - shards.begin());
-  }
-  bool agrees = !rows.empty() && shards.size() < no_route;
+  HashRanges ranges;
+  for (const Shard& shard : shards) ranges.emplace_back(shard.lo, shard.hi);
+  map->shard_of_key = shard_of_each_key(ranges);
+  bool agrees = !rows.empty() && shards.size() < no_shard;
   for (std::size_t i = 0; agrees && i < std::size(probes); ++i) {
     const std::uint16_t at = map->shard_of_key[static_cast<std::size_t>(probes[i])];
-    agrees = at != no_route && shards[at].id == rows[0][6 + static_cast<int>(i)].as<std::int64_t>();
+    agrees = at != no_shard && shards[at].id == rows[0][6 + static_cast<int>(i)].as<std::int64_t>();
   }
   std::lock_guard<std::mutex> lock(mutex_);
   reloading_ = false;

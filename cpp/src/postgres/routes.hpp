@@ -43,10 +43,19 @@ namespace stockade::detail::pg {
 // an integer distribution column to find its shard.
 std::int32_t pg_hash_int4(std::int32_t value) noexcept;
 
-// One shard key (the least, of 0..65535) in each hash range [first, second] of `ranges`
-// that holds one, in their order: a call with it runs on that range's shard.
-std::vector<std::uint16_t> one_key_per_shard(
-    const std::vector<std::pair<std::int32_t, std::int32_t>>& ranges);
+// The hash ranges [first, second] of Citus shards (pg_dist_shard's min and max values).
+using HashRanges = std::vector<std::pair<std::int32_t, std::int32_t>>;
+// No shard: a shard key whose hash no range holds.
+inline constexpr std::uint16_t no_shard = 0xFFFF;
+
+// For each shard key 0..65535, the index in `ranges` (in any order; an empty range holds
+// nothing) of the range its hash falls in, or no_shard.
+std::vector<std::uint16_t> shard_of_each_key(const HashRanges& ranges);
+
+// One shard key (the least) of each of `shards` shards that `index` (shard_of_each_key)
+// places one in, in the shards' order: a call with it runs on that shard.
+std::vector<std::uint16_t> one_key_per_shard(const std::vector<std::uint16_t>& index,
+                                             std::size_t shards);
 
 // `dsn` with its host and port replaced by `host` and `port` (everything else kept: the
 // database, the role and its password, TLS settings), as a key=value string.
