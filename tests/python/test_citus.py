@@ -768,6 +768,48 @@ def test_a_shard_move_under_load_refreshes_the_direct_routes(
         assert_audit_clean(eng)
 
 
+def test_a_row_moved_to_a_lower_range_node_keeps_its_journal_in_order(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str
+) -> None:
+    # Each node hands out journal positions from its own range of the sequence (a higher
+    # group, a higher range). A row whose shard moves to the node of the lower range gets
+    # lower positions than it had: the audit then orders the row's entries by version,
+    # and finds the chain whole and the last entry equal to the row.
+    with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=2) as eng:
+        eng.migrate()
+        skus = [f"j-{i}" for i in range(16)]
+        for sku in skus:
+            eng.restock(sku, 10)
+        shards = dict(
+            line.split("|")
+            for line in run_sql(
+                dsn,
+                f"SELECT sku, get_shard_id_for_distribution_column('{schema}.stock', shard_key)"
+                f" FROM {schema}.stock",
+            ).split()
+        )
+        groups = dict(
+            line.split("|")
+            for line in run_sql(
+                dsn,
+                "SELECT shardid, groupid FROM pg_dist_placement WHERE shardid IN"
+                f" ({', '.join(set(shards.values()))})",
+            ).split()
+        )
+        high = max(groups.values(), key=int)
+        sku = min(s for s, shard in shards.items() if groups[shard] == high)
+        eng.reserve(sku, 2)
+        move, moving, _ = shard_move(stockade_citus, dsn, schema, sku)
+        move()
+        for moved in moving:
+            eng.release(eng.reserve(moved, 3).id)
+            eng.sell(moved, 1)
+        by_version = {m.version_before: m for m in eng.movements(sku)}
+        assert by_version[2].position < by_version[1].position  # the lower range
+        assert eng.stock(sku).on_hand == 9
+        assert_audit_clean(eng)
+
+
 def test_purges_racing_a_shard_move_count_exactly_what_went(
     stockade_citus: TemporaryCitus, dsn: str, schema: str
 ) -> None:

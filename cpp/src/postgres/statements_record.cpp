@@ -188,14 +188,22 @@ void add_audit_statements(const std::string& schema, bool citus, const Statement
 
 void add_audit_journal_statements(const std::string& schema, bool citus, const StatementSink& set) {
   const std::string sku_is = "($1 = '' OR sku = $1)";
-  // The journal, row by row in position order: each entry starts where the one before
+  // A row's entries in the order they were written. On one server that is the position.
+  // On Citus a position comes from the range of the node that wrote it, so a row whose
+  // shard moved to a node with a lower range gets lower positions than before: there
+  // the versions give the order (a write that keeps the version sorts after the one
+  // that reached it).
+  const std::string order = citus ? "version_before, version_after, id" : "id";
+  const std::string last =
+      citus ? "m.version_after DESC, m.version_before DESC, m.id DESC" : "m.id DESC";
+  // The journal, row by row in that order: each entry starts where the one before
   // ended, its delta adds up, and the last one is the row as it stands.
   set(Stmt::audit_journal,
       "WITH m AS (SELECT sku, location, slot, id, version_before, on_hand_delta, on_hand,"
       " lag(version_after) OVER w AS prev_v, lag(on_hand) OVER w AS prev_on FROM " +
           schema + ".movement WHERE " + sku_is + " WINDOW w AS (PARTITION BY " +
-          (citus ? "shard_key, " : "") +
-          "sku, location, slot ORDER BY id))"
+          (citus ? "shard_key, " : "") + "sku, location, slot ORDER BY " + order +
+          "))"
           " SELECT sku, location, slot, id, 'journal_chain', 'version_before = ' || prev_v,"
           " 'version_before = ' || version_before FROM m WHERE prev_v <> version_before"
           " UNION ALL SELECT sku, location, slot, id, 'journal_adds_up', 'on_hand = ' ||"
@@ -210,7 +218,8 @@ void add_audit_journal_statements(const std::string& schema, bool citus, const S
           ".stock s CROSS JOIN LATERAL (SELECT id, version_after, on_hand, reserved FROM " +
           schema + ".movement m WHERE " + same_shard(citus, "m", "s") +
           "m.sku = s.sku AND m.location = s.location AND m.slot = s.slot"
-          " ORDER BY m.id DESC LIMIT 1) l WHERE " +
+          " ORDER BY " +
+          last + " LIMIT 1) l WHERE " +
           "(s.sku = $1 OR $1 = '') AND (l.version_after, l.on_hand, l.reserved) <>"
           " (s.version, s.on_hand, s.reserved) LIMIT $2::bigint");
   // The counts, whether the journal's trigger is on, and the rows without a journal entry

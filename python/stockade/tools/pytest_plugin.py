@@ -28,8 +28,11 @@ Installing stockade makes these fixtures available to every test suite:
     ``create_distributed_table`` quick while the placements still span both workers.
 ``stockade_citus_engine_factory`` (function)
     A callable that makes engines with ``layout="citus"`` and your options, each over a
-    fresh, migrated schema of the cluster (or the one ``schema=`` names); all are closed
-    and their schemas dropped after the test.
+    migrated schema of the cluster whose tables are empty (or the one ``schema=`` names);
+    all are closed after the test. Migrating a schema on a cluster takes about a second,
+    so a schema the factory made goes to a later test, emptied, unless the test changed
+    its shape (:class:`stockade.tools.citus.CitusSchemas`); ids from sequences go on
+    where they were.
 ``stockade_citus_engine`` (function)
     One such engine.
 
@@ -56,7 +59,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 import pytest
 
 from ..engine import Engine
-from .citus import TemporaryCitus, citus_available, drop_citus_schema
+from .citus import CitusSchemas, TemporaryCitus, citus_available, drop_citus_schema
 from .pgbouncer import TemporaryPgBouncer
 from .pgserver import TemporaryPostgres, conninfo_with, quote_ident, run_sql
 
@@ -284,25 +287,44 @@ def stockade_citus_dsn(stockade_citus: TemporaryCitus) -> str:
     return stockade_citus.dsn() + CITUS_SHARDS
 
 
+@pytest.fixture(scope="session")
+def _stockade_citus_schemas(stockade_citus: TemporaryCitus) -> Iterator[CitusSchemas]:
+    """The session's migrated Citus schemas that tests hand on to each other."""
+    schemas = CitusSchemas(stockade_citus.dsn() + CITUS_SHARDS)
+    yield schemas
+    schemas.close()
+
+
 @pytest.fixture
-def stockade_citus_engine_factory(stockade_citus_dsn: str) -> Iterator[Callable[..., Engine]]:
-    """Makes engines with layout='citus' (with the given options), each over a fresh,
-    migrated schema of the cluster (or the one ``schema=`` names); closes them after the
-    test and drops their schemas."""
+def stockade_citus_engine_factory(
+    stockade_citus_dsn: str, _stockade_citus_schemas: CitusSchemas
+) -> Iterator[Callable[..., Engine]]:
+    """Makes engines with layout='citus' (with the given options), each over a migrated
+    schema of the cluster with empty tables (or the one ``schema=`` names); closes them
+    after the test. A schema made here goes to the next test emptied if the test left its
+    shape alone (see :class:`stockade.tools.citus.CitusSchemas`), else it is dropped; a
+    schema named by the test is dropped."""
     made: List[Tuple[Engine, str]] = []
+    schemas = _stockade_citus_schemas
 
     def make(schema: Optional[str] = None, **options: Any) -> Engine:
-        name = schema or f"citus_t{os.getpid()}_{next(_citus_schemas)}"
+        reused = schema is None and schemas.take()
+        name = schema or reused or f"citus_t{os.getpid()}_{next(_citus_schemas)}"
         engine = Engine.postgres(stockade_citus_dsn, layout="citus", schema=name, **options)
         made.append((engine, name))
         engine.migrate()
+        if schema is None and not reused:
+            schemas.made(name)
         return engine
 
     yield make
     for engine, _ in made:
         engine.close()
     for name in dict.fromkeys(name for _, name in made):
-        drop_citus_schema(stockade_citus_dsn, name)
+        if schemas.owns(name):
+            schemas.give_back(name)
+        else:
+            drop_citus_schema(stockade_citus_dsn, name)
 
 
 @pytest.fixture
