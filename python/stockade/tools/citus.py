@@ -23,10 +23,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
-from ..errors import StockadeError, Unavailable
-from .pgserver import _free_port, quote_ident, run_sql
+from ..errors import Unavailable
+from .pgserver import _free_port, run_sql
+from .reuse import Handed, Shape, rows_sql, schema_is, shape_sql
 
 __all__ = [
     "CitusSchemas",
@@ -251,145 +252,37 @@ def drop_citus_schema(dsn: str, schema: str) -> None:
                 time.sleep(1.0)
 
 
-# Everything about a schema of the Citus layout that a test may change besides the rows
-# of its tables: its objects with their owners and grants, their columns, constraints and
-# triggers, its functions, the Citus metadata of its tables and functions, and where each
-# of its shards is placed. `{n}` is the schema's name as a quoted literal.
-_SHAPE = """
-SELECT md5(concat_ws(E'\\n',
-  (SELECT format('%s %s', nspowner::regrole, nspacl) FROM pg_namespace WHERE nspname = {n}),
-  (SELECT string_agg(format('%s %s %s %s %s', c.relname, c.relkind, c.relowner::regrole,
-                            c.relacl, c.reloptions), ',' ORDER BY c.relname)
-     FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace WHERE s.nspname = {n}),
-  (SELECT string_agg(format('%s.%s %s %s %s', c.relname, a.attname, a.atttypid::regtype,
-                            a.attnotnull, pg_get_expr(d.adbin, d.adrelid)), ','
-                     ORDER BY c.relname, a.attnum)
-     FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-     JOIN pg_namespace s ON s.oid = c.relnamespace
-     LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-    WHERE s.nspname = {n} AND a.attnum > 0 AND NOT a.attisdropped),
-  (SELECT string_agg(format('%s %s', k.conname, pg_get_constraintdef(k.oid)), ','
-                     ORDER BY k.conname, k.oid::regclass::text)
-     FROM pg_constraint k JOIN pg_namespace s ON s.oid = k.connamespace
-    WHERE s.nspname = {n}),
-  (SELECT string_agg(format('%s %s %s', c.relname, t.tgname, t.tgenabled), ','
-                     ORDER BY c.relname, t.tgname)
-     FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-     JOIN pg_namespace s ON s.oid = c.relnamespace WHERE s.nspname = {n}),
-  (SELECT string_agg(format('%s %s %s %s %s', p.oid::regprocedure, md5(p.prosrc),
-                            p.proowner::regrole, p.proacl, p.proconfig), ','
-                     ORDER BY p.oid::regprocedure::text)
-     FROM pg_proc p JOIN pg_namespace s ON s.oid = p.pronamespace WHERE s.nspname = {n}),
-  (SELECT string_agg(format('%s %s %s %s', c.relname, d.partmethod, d.partkey,
-                            d.colocationid), ',' ORDER BY c.relname)
-     FROM pg_dist_partition d JOIN pg_class c ON c.oid = d.logicalrelid
-     JOIN pg_namespace s ON s.oid = c.relnamespace WHERE s.nspname = {n}),
-  (SELECT string_agg(format('%s %s', h.shardid, l.groupid), ',' ORDER BY h.shardid, l.groupid)
-     FROM pg_dist_shard h JOIN pg_dist_placement l ON l.shardid = h.shardid
-     JOIN pg_class c ON c.oid = h.logicalrelid
-     JOIN pg_namespace s ON s.oid = c.relnamespace WHERE s.nspname = {n}),
-  (SELECT string_agg(format('%s %s %s', p.oid::regprocedure, o.distribution_argument_index,
-                            o.colocationid), ',' ORDER BY p.oid::regprocedure::text)
-     FROM pg_dist_object o JOIN pg_proc p ON o.classid = 'pg_proc'::regclass
-                                         AND o.objid = p.oid
-     JOIN pg_namespace s ON s.oid = p.pronamespace WHERE s.nspname = {n})
-))"""
+class CitusSchemas(Handed):
+    """Migrated schemas of the Citus layout that tests hand on to each other
+    (:mod:`stockade.tools.reuse`): a schema comes back with its tables emptied by
+    ``DELETE`` (on tables of few rows a fifth of the time ``TRUNCATE`` takes on the
+    cluster). Sequences go on where they were: a reused schema hands out later ids.
 
-# Each table of the schema with the number of its rows, as `name|count` lines.
-_ROWS = """
-SELECT c.relname, (xpath('/row/n/text()', query_to_xml(
-         format('SELECT count(*) AS n FROM %I.%I', s.nspname, c.relname), false, true, '')
-       ))[1]::text
-  FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
- WHERE s.nspname = {n} AND c.relkind IN ('r', 'p') ORDER BY c.relname"""
-
-
-class CitusSchemas:
-    """Migrated schemas of the Citus layout, handed out again after a test is done with
-    them: migrating a schema on the cluster distributes its tables and functions to every
-    node, and dropping it reaches every node again, about a second or more together on a
-    loaded machine, while emptying its tables is one statement.
-
-    A schema comes back (:meth:`give_back`) for the next test only if its shape is the one
-    it had when it was made (objects, owners and grants, columns, constraints, triggers,
-    functions, the Citus metadata, its shards' placements) and the tables the migrations
-    wrote rows into (the migrations' record, one clock row per shard) hold as many as
-    then. Every other table is emptied (``DELETE``). A schema that changed in any of
-    these ways is dropped instead. At most ``keep`` schemas wait for reuse; :meth:`close`
-    drops them. Sequences go on where they were: a reused schema hands out later ids.
+    The tables of every schema share a co-location group, so a shard that one test moves
+    moves those of the schemas that wait too: :meth:`take` drops those, and a new schema
+    starts from Citus's own placement.
     """
 
+    recheck = True
+
     def __init__(self, dsn: str, keep: int = 4) -> None:
+        super().__init__(keep)
         self._dsn = dsn
-        self._keep = keep
-        self._idle: List[str] = []
-        # Per schema made here: its shape's digest, the tables to empty, and the row
-        # counts of the others.
-        self._made: Dict[str, Tuple[str, List[str], Dict[str, str]]] = {}
 
-    def take(self) -> Optional[str]:
-        """A clean, migrated schema to reuse, or None (then make one and :meth:`made` it).
-        A waiting schema whose shape changed meanwhile is dropped: the tables of every
-        schema share a co-location group, so a shard that another test moved moves theirs
-        too, and a new schema would start from Citus's own placement."""
-        while self._idle:
-            schema = self._idle.pop()
-            if run_sql(self._dsn, _SHAPE.format(n=_literal(schema))) == self._made[schema][0]:
-                return schema
-            del self._made[schema]
-            drop_citus_schema(self._dsn, schema)
-        return None
+    def _digest(self, name: str) -> str:
+        return run_sql(self._dsn, shape_sql(schema_is(name), citus=True))
 
-    def made(self, schema: str) -> None:
-        """Records the shape and the rows of a schema just migrated, so that it can come
-        back after the test."""
-        n = _literal(schema)
-        shape = run_sql(self._dsn, _SHAPE.format(n=n))
-        counts = dict(line.split("|", 1) for line in run_sql(self._dsn, _ROWS.format(n=n)).split())
-        empty = [t for t, count in counts.items() if count == "0"]
-        kept = {t: count for t, count in counts.items() if count != "0"}
-        self._made[schema] = (shape, empty, kept)
+    def _read(self, name: str) -> Shape:
+        return Shape.read(self._digest(name), run_sql(self._dsn, rows_sql(schema_is(name))))
 
-    def owns(self, schema: str) -> bool:
-        """Whether the schema was made here (:meth:`made`)."""
-        return schema in self._made
-
-    def give_back(self, schema: str) -> None:
-        """Empties the schema for the next test, or drops it if the test changed it (or
-        enough wait already). Its engines must be closed."""
-        shape, empty, kept = self._made[schema]
-        if len(self._idle) < self._keep and self._reset(schema, shape, empty, kept):
-            self._idle.append(schema)
-            return
-        del self._made[schema]
-        drop_citus_schema(self._dsn, schema)
-
-    def close(self) -> None:
-        """Drops every schema that waits for reuse."""
-        while self._idle:
-            schema = self._idle.pop()
-            del self._made[schema]
-            drop_citus_schema(self._dsn, schema)
-
-    def _reset(self, schema: str, shape: str, empty: List[str], kept: Dict[str, str]) -> bool:
-        n = _literal(schema)
-        q = quote_ident(schema)
-        counts = ", ".join(f"(SELECT count(*) FROM {q}.{quote_ident(t)})" for t in kept)
-        check = f"SELECT concat_ws(' ', ({_SHAPE.format(n=n)}), {counts or 'NULL'})"
-        # DELETE, not TRUNCATE: on tables with few rows it is a fifth of the time on the
-        # cluster. psql runs the statements as one transaction; a foreign key to a
-        # reference table makes Citus change the tables over one connection per node. A
-        # delete that a foreign key refuses fails the reset, and the schema is dropped.
-        deletes = "".join(f"; DELETE FROM {q}.{quote_ident(t)}" for t in empty)
+    def _reset(self, name: str, shape: Shape) -> bool:
+        # psql runs the statements as one transaction; a foreign key to a reference table
+        # makes Citus change the tables over one connection per node. A delete that a
+        # foreign key refuses fails the reset, and the schema is dropped.
+        check = shape.check_sql(shape_sql(schema_is(name), citus=True))
+        deletes = "".join(f"; DELETE FROM {t}" for t in shape.empty)
         sequential = "SET LOCAL citus.multi_shard_modify_mode TO 'sequential'; "
-        want = " ".join([shape, *kept.values()])
-        try:
-            got = run_sql(self._dsn, sequential + check + deletes)
-        except StockadeError:
-            return False
-        return got == want
+        return run_sql(self._dsn, sequential + check + deletes) == shape.expected()
 
-
-def _literal(schema: str) -> str:
-    """The schema's name (a plain identifier, checked) as an SQL string literal."""
-    return f"'{quote_ident(schema)}'"
+    def _drop(self, name: str) -> None:
+        drop_citus_schema(self._dsn, name)

@@ -9,14 +9,17 @@ Installing stockade makes these fixtures available to every test suite:
     suite then creates and drops its databases there. The template's name is unique to
     the process, so that several runs (or pytest-xdist workers) can share one server.
 ``stockade_database`` (function)
-    The DSN of a fresh database cloned from the template, dropped after the test.
-    (Cloning a template is much faster than migrating a new database.)
+    The DSN of a migrated database with empty tables, for this test alone. It is a clone
+    of the template (much faster than migrating a new database), or one that an earlier
+    test used and left in the same shape, emptied (:mod:`stockade.tools.reuse`: a clone
+    costs about 0.3 s with fsync on, emptying one a statement); one whose shape the test
+    changed is dropped after it.
 ``stockade_engine`` (function)
     ``Engine.postgres`` over such a database, closed after the test.
 ``stockade_engine_factory`` (function)
     A callable that makes engines with your options (``strategy``, ``pool_size``,
-    ``schema``, ...) over a fresh database each, migrated in that schema; all are closed
-    and their databases dropped after the test.
+    ``schema``, ...) over a database each: such a database, or with ``schema=`` a new
+    one migrated in that schema; all are closed after the test.
 ``stockade_memory_engine`` (function)
     ``Engine.memory()`` for tests that need no server.
 ``stockade_citus`` (session)
@@ -62,6 +65,7 @@ from ..engine import Engine
 from .citus import CitusSchemas, TemporaryCitus, citus_available, drop_citus_schema
 from .pgbouncer import TemporaryPgBouncer
 from .pgserver import TemporaryPostgres, conninfo_with, quote_ident, run_sql
+from .reuse import USER_SCHEMAS, Handed, Shape, rows_sql, shape_sql
 
 __all__ = [
     "PostgresForTests",
@@ -142,26 +146,81 @@ class PostgresForTests:
         # No sweeper session: CREATE DATABASE ... TEMPLATE needs the template unused.
         with Engine.postgres(self.admin_dsn(self.template), pool_size=1, sweeper=False) as eng:
             eng.migrate()
+        # Clones are handed on from test to test (pg_terminate_backend waits from 14 on).
+        keep = 4 if int(self.sql("SHOW server_version_num")) >= 140000 else 0
+        self._clones = _Clones(self, keep)
+        self._clone_shape = self._clones.shape_of(self.template)
 
     def sql(self, statement: str, dbname: str = "postgres") -> str:
         """Runs one SQL statement on ``dbname`` with psql (straight to the server)."""
         return run_sql(self.admin_dsn(dbname), statement)
 
     def new_database(self, *, migrated: bool = True) -> str:
-        """Creates a database, cloned from the migrated template unless ``migrated`` is
-        False (then it is empty); returns its name."""
+        """A database cloned from the migrated template, or one that an earlier test
+        handed back emptied (:meth:`drop_database`); an empty new one if ``migrated`` is
+        False. Returns its name."""
         with self._lock:
+            reused = self._clones.take() if migrated else None
+            if reused is not None:
+                return reused
             name = f"{self._prefix}{next(self._names)}"
         template = f" TEMPLATE {self.template}" if migrated else ""
         self.sql(f"CREATE DATABASE {quote_ident(name)}{template}")
+        if migrated:
+            with self._lock:
+                self._clones.made(name, like=self._clone_shape)
         return name
 
     def drop_database(self, name: str) -> None:
-        """Drops a database, disconnecting whoever is still on it."""
-        self.sql(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+        """Drops a database, disconnecting whoever is still on it; a clone of the template
+        whose shape the test left alone goes to a later test instead, emptied (see
+        :mod:`stockade.tools.reuse`)."""
+        with self._lock:
+            if self._clones.owns(name):
+                self._clones.give_back(name)
+                return
+        self._drop(name)
 
     def close(self) -> None:
-        self.sql(f"DROP DATABASE IF EXISTS {self.template} WITH (FORCE)")
+        with self._lock:
+            self._clones.close()
+        self._drop(self.template)
+
+    def _drop(self, name: str) -> None:
+        self.sql(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+
+
+class _Clones(Handed):
+    """The template's clones that tests hand on to each other. One comes back with every
+    other connection to it ended (as ``DROP DATABASE ... WITH (FORCE)`` would end them),
+    its tables emptied by ``TRUNCATE`` (new files and statistics, as in a new clone) and
+    its sequences at their start again."""
+
+    def __init__(self, server: PostgresForTests, keep: int) -> None:
+        super().__init__(keep)
+        self._server = server
+
+    def _digest(self, name: str) -> str:
+        return self._server.sql(shape_sql(USER_SCHEMAS, citus=False), name)
+
+    def _read(self, name: str) -> Shape:
+        return Shape.read(self._digest(name), self._server.sql(rows_sql(USER_SCHEMAS), name))
+
+    def _reset(self, name: str, shape: Shape) -> bool:
+        statements = [
+            "SET LOCAL lock_timeout = '10s'",
+            "DO $$BEGIN PERFORM pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid(); END$$",
+            shape.check_sql(shape_sql(USER_SCHEMAS, citus=False)),
+            *([f"TRUNCATE {', '.join(shape.empty)}"] if shape.empty else []),
+            "DO $$BEGIN PERFORM setval(format('%I.%I', schemaname, sequencename)::regclass,"
+            " start_value, false) FROM pg_sequences"
+            " WHERE schemaname NOT IN ('pg_catalog', 'information_schema'); END$$",
+        ]
+        return self._server.sql("; ".join(statements), name) == shape.expected()
+
+    def _drop(self, name: str) -> None:
+        self._server._drop(name)
 
 
 def _with_dbname(base: str, dbname: str) -> str:
@@ -243,7 +302,8 @@ def stockade_engine_factory(
     made: List[Tuple[Engine, str]] = []
 
     def make(**options: Any) -> Engine:
-        name = stockade_postgres.new_database(migrated=False)
+        # A schema of its own is migrated by the engine; the default one is the template's.
+        name = stockade_postgres.new_database(migrated="schema" not in options)
         try:
             engine = Engine.postgres(stockade_postgres.dsn(name), **options)
         except BaseException:
