@@ -27,7 +27,7 @@ from stockade import OutOfStock
 from stockade.grants import runtime_grants
 from stockade.testing import race
 from stockade.tools import drive_load
-from stockade.tools.citus import TemporaryCitus, drop_citus_schema
+from stockade.tools.citus import CitusSchemas, TemporaryCitus, drop_citus_schema
 from stockade.tools.pgserver import run_sql
 from support import ALL_STRATEGIES as STRATEGIES
 from support import assert_audit_clean, wait_for
@@ -766,6 +766,43 @@ def test_a_shard_move_under_load_refreshes_the_direct_routes(
         assert after["misses"] == routing["misses"], (routing, after)
         assert {sku: eng.stock(sku).reserved for sku in skus} == acked
         assert_audit_clean(eng)
+
+
+def test_a_schema_is_handed_on_emptied_unless_the_test_changed_its_shape(
+    dsn: str, schema: str
+) -> None:
+    schemas = CitusSchemas(dsn)
+    try:
+        with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1) as eng:
+            eng.migrate()
+            schemas.made(schema)
+            eng.restock("s", 5)
+            eng.reserve("s", 2, idempotency_key="k")
+        schemas.give_back(schema)
+        assert schemas.take() == schema
+        with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1) as eng:
+            counts = eng.row_counts()
+            assert (counts["sku_count"], counts["reservation_count"]) == (0, 0), counts
+            eng.restock("s", 1)
+            assert eng.reserve("s", 1, idempotency_key="k").qty == 1  # the key is gone
+        # A changed grant, or a migration's record, and it is dropped.
+        for change in (
+            f"GRANT SELECT ON {schema}.stock TO PUBLIC",
+            f"UPDATE {schema}.schema_migrations SET checksum = 'edited' WHERE version = 1",
+        ):
+            if not schemas.owns(schema):
+                with stockade.Engine.postgres(
+                    dsn, layout="citus", schema=schema, pool_size=1, sweeper=False
+                ) as eng:
+                    eng.migrate()
+                schemas.made(schema)
+            run_sql(dsn, change)
+            schemas.give_back(schema)
+            assert not schemas.owns(schema) and schemas.take() is None
+            gone = f"SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}'"
+            assert run_sql(dsn, gone) == "0"
+    finally:
+        schemas.close()
 
 
 def test_a_row_moved_to_a_lower_range_node_keeps_its_journal_in_order(

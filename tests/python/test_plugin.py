@@ -114,3 +114,49 @@ def test_fsync_off_runs_the_throwaway_server_without_fsync(tmp_path: Path) -> No
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_a_database_left_in_its_shape_goes_to_a_later_test_emptied(
+    stockade_postgres: PostgresForTests,
+) -> None:
+    pg = stockade_postgres
+    name = pg.new_database()
+    with stockade.Engine.postgres(pg.dsn(name)) as eng:
+        eng.restock("s", 5)
+        eng.reserve("s", 2, idempotency_key="k")
+        assert eng.movements()[-1].position == 2
+    pg.drop_database(name)
+    again = pg.new_database()
+    try:
+        assert again == name
+        with stockade.Engine.postgres(pg.dsn(again)) as eng:
+            counts = eng.row_counts()
+            assert (counts["sku_count"], counts["reservation_count"]) == (0, 0), counts
+            eng.restock("t", 1)
+            assert [m.position for m in eng.movements()] == [1]  # the sequence starts over
+            assert eng.reserve("t", 1, idempotency_key="k").qty == 1  # the key is gone
+    finally:
+        pg.drop_database(again)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "CREATE TABLE stockade.extra (x int)",
+        "ALTER TABLE stockade.stock ADD COLUMN extra int",
+        "GRANT SELECT ON stockade.stock TO PUBLIC",
+        "UPDATE stockade.schema_migrations SET checksum = 'edited' WHERE version = 1",
+        "ALTER DATABASE {db} SET work_mem = '8MB'",
+        "CREATE FUNCTION public.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+        "ALTER SEQUENCE stockade.movement_id_seq INCREMENT BY 2",
+        "ALTER TABLE stockade.stock DISABLE TRIGGER stock_journal",
+    ],
+)
+def test_a_database_whose_shape_the_test_changed_is_dropped(
+    stockade_postgres: PostgresForTests, change: str
+) -> None:
+    pg = stockade_postgres
+    name = pg.new_database()
+    pg.sql(change.format(db=name), name)
+    pg.drop_database(name)
+    assert pg.sql(f"SELECT count(*) FROM pg_database WHERE datname = '{name}'") == "0"

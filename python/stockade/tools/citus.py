@@ -27,7 +27,7 @@ from typing import List, Optional, Tuple
 
 from ..errors import Unavailable
 from .pgserver import _free_port, run_sql
-from .reuse import Handed, Shape, rows_sql, schema_is, shape_sql
+from .reuse import Handed, Shape, schema_is, shape_sql
 
 __all__ = [
     "CitusSchemas",
@@ -269,20 +269,24 @@ class CitusSchemas(Handed):
         super().__init__(keep)
         self._dsn = dsn
 
-    def _digest(self, name: str) -> str:
-        return run_sql(self._dsn, shape_sql(schema_is(name), citus=True))
+    def _check(self, name: str) -> str:
+        return run_sql(self._dsn, self._made[name].check_sql(self._shape(name)))
 
     def _read(self, name: str) -> Shape:
-        return Shape.read(self._digest(name), run_sql(self._dsn, rows_sql(schema_is(name))))
+        return Shape.read(lambda sql: run_sql(self._dsn, sql), schema_is(name), citus=True)
 
     def _reset(self, name: str, shape: Shape) -> bool:
         # psql runs the statements as one transaction; a foreign key to a reference table
         # makes Citus change the tables over one connection per node. A delete that a
         # foreign key refuses fails the reset, and the schema is dropped.
-        check = shape.check_sql(shape_sql(schema_is(name), citus=True))
         deletes = "".join(f"; DELETE FROM {t}" for t in shape.empty)
         sequential = "SET LOCAL citus.multi_shard_modify_mode TO 'sequential'; "
-        return run_sql(self._dsn, sequential + check + deletes) == shape.expected()
+        check = shape.check_sql(self._shape(name))
+        return run_sql(self._dsn, sequential + check + deletes) == shape.expected
+
+    @staticmethod
+    def _shape(name: str) -> str:
+        return shape_sql(schema_is(name), citus=True)
 
     def _drop(self, name: str) -> None:
         drop_citus_schema(self._dsn, name)

@@ -65,7 +65,7 @@ from ..engine import Engine
 from .citus import CitusSchemas, TemporaryCitus, citus_available, drop_citus_schema
 from .pgbouncer import TemporaryPgBouncer
 from .pgserver import TemporaryPostgres, conninfo_with, quote_ident, run_sql
-from .reuse import USER_SCHEMAS, Handed, Shape, rows_sql, shape_sql
+from .reuse import USER_SCHEMAS, Handed, Shape, shape_sql
 
 __all__ = [
     "PostgresForTests",
@@ -146,9 +146,7 @@ class PostgresForTests:
         # No sweeper session: CREATE DATABASE ... TEMPLATE needs the template unused.
         with Engine.postgres(self.admin_dsn(self.template), pool_size=1, sweeper=False) as eng:
             eng.migrate()
-        # Clones are handed on from test to test (pg_terminate_backend waits from 14 on).
-        keep = 4 if int(self.sql("SHOW server_version_num")) >= 140000 else 0
-        self._clones = _Clones(self, keep)
+        self._clones = _Clones(self, keep=4)  # handed on from test to test
         self._clone_shape = self._clones.shape_of(self.template)
 
     def sql(self, statement: str, dbname: str = "postgres") -> str:
@@ -199,25 +197,28 @@ class _Clones(Handed):
     def __init__(self, server: PostgresForTests, keep: int) -> None:
         super().__init__(keep)
         self._server = server
+        self._shape = shape_sql(USER_SCHEMAS, citus=False)
 
-    def _digest(self, name: str) -> str:
-        return self._server.sql(shape_sql(USER_SCHEMAS, citus=False), name)
+    def _check(self, name: str) -> str:
+        return self._server.sql(self._made[name].check_sql(self._shape), name)
 
     def _read(self, name: str) -> Shape:
-        return Shape.read(self._digest(name), self._server.sql(rows_sql(USER_SCHEMAS), name))
+        return Shape.read(lambda sql: self._server.sql(sql, name), USER_SCHEMAS, citus=False)
 
     def _reset(self, name: str, shape: Shape) -> bool:
         statements = [
             "SET LOCAL lock_timeout = '10s'",
-            "DO $$BEGIN PERFORM pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+            # Not waiting for them to end (waits come in steps of 100 ms): one that still
+            # holds a lock holds up the TRUNCATE until it has ended.
+            "DO $$BEGIN PERFORM pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid(); END$$",
-            shape.check_sql(shape_sql(USER_SCHEMAS, citus=False)),
+            shape.check_sql(self._shape),
             *([f"TRUNCATE {', '.join(shape.empty)}"] if shape.empty else []),
             "DO $$BEGIN PERFORM setval(format('%I.%I', schemaname, sequencename)::regclass,"
             " start_value, false) FROM pg_sequences"
             " WHERE schemaname NOT IN ('pg_catalog', 'information_schema'); END$$",
         ]
-        return self._server.sql("; ".join(statements), name) == shape.expected()
+        return self._server.sql("; ".join(statements), name) == shape.expected
 
     def _drop(self, name: str) -> None:
         self._server._drop(name)

@@ -8,15 +8,15 @@ one is a statement. A database or schema comes back (:meth:`Handed.give_back`) o
 its shape is the one it had when it was made: its objects with their owners and grants,
 columns, constraints, triggers and functions, its sequences, the Citus metadata and
 shard placements of a schema, the settings, extensions, publications, prepared
-transactions and replication slots of a database, and the row counts of the tables that
-the migrations wrote rows into (their record, a clock row per Citus shard). Every other
+transactions and replication slots of a database, and the rows of the tables that the
+migrations wrote rows into (their record, a clock row per Citus shard). Every other
 table is emptied. One that changed in any of these ways is dropped instead, and the next
 test gets a new one.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 from ..errors import StockadeError
 from .pgserver import quote_ident
@@ -116,29 +116,31 @@ SELECT format('%I.%I', s.nspname, c.relname), (xpath('/row/n/text()', query_to_x
 
 
 class Shape(NamedTuple):
-    """A database or schema as it was made: the digest of its shape, the tables to empty,
-    and the row counts of the others."""
+    """A database or schema as it was made: the tables to empty, the others (the ones the
+    migrations wrote rows into), and what :meth:`check_sql` returned then."""
 
-    digest: str
     empty: List[str]
-    kept: Dict[str, str]
+    kept: List[str]
+    expected: str
 
     @staticmethod
-    def read(digest: str, rows: str) -> Shape:
-        counts = dict(line.split("|", 1) for line in rows.split())
-        return Shape(
-            digest,
-            [t for t, n in counts.items() if n == "0"],
-            {t: n for t, n in counts.items() if n != "0"},
-        )
+    def read(run: Callable[[str], str], where: str, *, citus: bool) -> Shape:
+        """Reads it with ``run`` (runs one statement, returns its output) on the schemas
+        ``where`` names."""
+        counts = dict(line.split("|", 1) for line in run(rows_sql(where)).split())
+        empty = [t for t, n in counts.items() if n == "0"]
+        kept = [t for t, n in counts.items() if n != "0"]
+        made = Shape(empty, kept, "")
+        return made._replace(expected=run(made.check_sql(shape_sql(where, citus=citus))))
 
     def check_sql(self, shape: str) -> str:
-        """One statement that returns what :meth:`expected` says when nothing changed."""
-        counts = ", ".join(f"(SELECT count(*) FROM {t})" for t in self.kept)
-        return f"SELECT concat_ws(' ', ({shape}), {counts or 'NULL'})"
-
-    def expected(self) -> str:
-        return " ".join([self.digest, *self.kept.values()])
+        """One statement that returns the digest of the shape and of the kept tables' rows:
+        ``expected`` while nothing changed."""
+        rows = ", ".join(
+            f"(SELECT md5(coalesce(string_agg(r::text, ',' ORDER BY r::text), '')) FROM {t} r)"
+            for t in self.kept
+        )
+        return f"SELECT concat_ws(' ', ({shape}), {rows or 'NULL'})"
 
 
 class Handed:
@@ -159,7 +161,7 @@ class Handed:
         changed while it waited (``recheck``) is dropped."""
         while self._idle:
             name = self._idle.pop()
-            if not self.recheck or self._digest(name) == self._made[name].digest:
+            if not self.recheck or self._check(name) == self._made[name].expected:
                 return name
             self._forget(name)
         return None
@@ -198,7 +200,7 @@ class Handed:
         del self._made[name]
         self._drop(name)
 
-    def _digest(self, name: str) -> str:
+    def _check(self, name: str) -> str:
         raise NotImplementedError
 
     def _read(self, name: str) -> Shape:
