@@ -119,16 +119,26 @@ def test_fsync_off_runs_the_throwaway_server_without_fsync(tmp_path: Path) -> No
 def test_a_database_left_in_its_shape_goes_to_a_later_test_emptied(
     stockade_postgres: PostgresForTests,
 ) -> None:
+    # It comes back under a new name (the same database: its oid), empty, with its
+    # sequences at their start; an engine the test left open cannot reach it any more.
     pg = stockade_postgres
     name = pg.new_database()
-    with stockade.Engine.postgres(pg.dsn(name)) as eng:
-        eng.restock("s", 5)
-        eng.reserve("s", 2, idempotency_key="k")
-        assert eng.movements()[-1].position == 2
-    pg.drop_database(name)
+    oid = f"SELECT oid FROM pg_database WHERE datname = '{name}'"
+    was = pg.sql(oid)
+    left_open = stockade.Engine.postgres(pg.dsn(name), pool_size=1, sweeper=False)
+    try:
+        left_open.restock("s", 5)
+        left_open.reserve("s", 2, idempotency_key="k")
+        assert left_open.movements()[-1].position == 2
+        pg.drop_database(name)
+        with pytest.raises(stockade.StockadeError):
+            left_open.restock("s", 1)
+    finally:
+        left_open.close()
     again = pg.new_database()
     try:
-        assert again == name
+        assert again != name and pg.sql(oid) == ""
+        assert pg.sql(f"SELECT oid FROM pg_database WHERE datname = '{again}'") == was
         with stockade.Engine.postgres(pg.dsn(again)) as eng:
             counts = eng.row_counts()
             assert (counts["sku_count"], counts["reservation_count"]) == (0, 0), counts

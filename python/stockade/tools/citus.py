@@ -259,8 +259,8 @@ class CitusSchemas(Handed):
     cluster). Sequences go on where they were: a reused schema hands out later ids.
 
     The tables of every schema share a co-location group, so a shard that one test moves
-    moves those of the schemas that wait too: :meth:`take` drops those, and a new schema
-    starts from Citus's own placement.
+    moves those of the schemas that wait too: :meth:`take` drops those. Once no schema of
+    the group is left, a new schema starts from Citus's own placement again.
     """
 
     recheck = True
@@ -275,14 +275,15 @@ class CitusSchemas(Handed):
     def _read(self, name: str) -> Shape:
         return Shape.read(lambda sql: run_sql(self._dsn, sql), schema_is(name), citus=True)
 
-    def _reset(self, name: str, shape: Shape) -> bool:
+    def _reset(self, name: str, shape: Shape) -> Optional[str]:
         # psql runs the statements as one transaction; a foreign key to a reference table
         # makes Citus change the tables over one connection per node. A delete that a
-        # foreign key refuses fails the reset, and the schema is dropped.
-        deletes = "".join(f"; DELETE FROM {t}" for t in shape.empty)
+        # foreign key refuses fails the reset, and the schema is dropped. The check goes
+        # last: psql before 15 prints only the last statement's result.
         sequential = "SET LOCAL citus.multi_shard_modify_mode TO 'sequential'; "
+        deletes = "".join(f"DELETE FROM {t}; " for t in shape.empty)
         check = shape.check_sql(self._shape(name))
-        return run_sql(self._dsn, sequential + check + deletes) == shape.expected
+        return name if run_sql(self._dsn, sequential + deletes + check) == shape.expected else None
 
     @staticmethod
     def _shape(name: str) -> str:

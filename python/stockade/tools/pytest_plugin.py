@@ -161,7 +161,7 @@ class PostgresForTests:
             reused = self._clones.take() if migrated else None
             if reused is not None:
                 return reused
-            name = f"{self._prefix}{next(self._names)}"
+            name = self.next_name()
         template = f" TEMPLATE {self.template}" if migrated else ""
         self.sql(f"CREATE DATABASE {quote_ident(name)}{template}")
         if migrated:
@@ -179,6 +179,10 @@ class PostgresForTests:
                 return
         self._drop(name)
 
+    def next_name(self) -> str:
+        """A new database name of this run."""
+        return f"{self._prefix}{next(self._names)}"
+
     def close(self) -> None:
         with self._lock:
             self._clones.close()
@@ -190,9 +194,9 @@ class PostgresForTests:
 
 class _Clones(Handed):
     """The template's clones that tests hand on to each other. One comes back with every
-    other connection to it ended (as ``DROP DATABASE ... WITH (FORCE)`` would end them),
-    its tables emptied by ``TRUNCATE`` (new files and statistics, as in a new clone) and
-    its sequences at their start again."""
+    other session on it ended (as ``DROP DATABASE ... WITH (FORCE)`` would end them), its
+    tables emptied by ``TRUNCATE``, their planner statistics and the database's activity
+    counters reset, its sequences at their start again, and under a new name."""
 
     def __init__(self, server: PostgresForTests, keep: int) -> None:
         super().__init__(keep)
@@ -205,20 +209,35 @@ class _Clones(Handed):
     def _read(self, name: str) -> Shape:
         return Shape.read(lambda sql: self._server.sql(sql, name), USER_SCHEMAS, citus=False)
 
-    def _reset(self, name: str, shape: Shape) -> bool:
+    def _reset(self, name: str, shape: Shape) -> Optional[str]:
+        tables = ", ".join(f"'{t}'::regclass" for t in shape.empty + shape.kept)
         statements = [
             "SET LOCAL lock_timeout = '10s'",
-            # Not waiting for them to end (waits come in steps of 100 ms): one that still
-            # holds a lock holds up the TRUNCATE until it has ended.
+            # Ends the other sessions (not waiting in pg_terminate_backend, whose waits come
+            # in steps of 100 ms), then waits for them to be gone, at most 5 s.
             "DO $$BEGIN PERFORM pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid(); END$$",
-            shape.check_sql(self._shape),
+            " WHERE datname = current_database() AND pid <> pg_backend_pid();"
+            " FOR i IN 1..500 LOOP PERFORM pg_stat_clear_snapshot();"
+            " EXIT WHEN NOT EXISTS (SELECT 1 FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid());"
+            " PERFORM pg_sleep(0.01); END LOOP; END$$",
             *([f"TRUNCATE {', '.join(shape.empty)}"] if shape.empty else []),
             "DO $$BEGIN PERFORM setval(format('%I.%I', schemaname, sequencename)::regclass,"
             " start_value, false) FROM pg_sequences"
             " WHERE schemaname NOT IN ('pg_catalog', 'information_schema'); END$$",
+            # The planner's statistics and the activity counters, as in a new clone.
+            f"DELETE FROM pg_statistic WHERE starelid IN ({tables})",
+            "SELECT pg_stat_reset()",
+            # Last: psql before 15 prints only the last statement's result.
+            shape.check_sql(self._shape),
         ]
-        return self._server.sql("; ".join(statements), name) == shape.expected
+        if self._server.sql("; ".join(statements), name).split("\n")[-1] != shape.expected:
+            return None
+        # A new name: an engine that a test left open, or a DSN it kept, cannot reach the
+        # database that the next test gets. Renaming fails if a session is back.
+        now = self._server.next_name()
+        self._server.sql(f"ALTER DATABASE {quote_ident(name)} RENAME TO {quote_ident(now)}")
+        return now
 
     def _drop(self, name: str) -> None:
         self._server._drop(name)
@@ -279,7 +298,8 @@ def stockade_postgres(pytestconfig: pytest.Config) -> Iterator[PostgresForTests]
 
 @pytest.fixture
 def stockade_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
-    """The DSN of a fresh, migrated database, dropped after the test."""
+    """The DSN of a migrated database with empty tables, handed back after the test
+    (emptied for a later one, or dropped if the test changed its shape)."""
     name = stockade_postgres.new_database()
     try:
         yield stockade_postgres.dsn(name)
@@ -289,7 +309,7 @@ def stockade_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
 
 @pytest.fixture
 def stockade_engine(stockade_database: str) -> Iterator[Engine]:
-    """An engine over a fresh, migrated database, closed after the test."""
+    """An engine over such a database (``stockade_database``), closed after the test."""
     with Engine.postgres(stockade_database) as eng:
         yield eng
 
@@ -298,8 +318,9 @@ def stockade_engine(stockade_database: str) -> Iterator[Engine]:
 def stockade_engine_factory(
     stockade_postgres: PostgresForTests,
 ) -> Iterator[Callable[..., Engine]]:
-    """Makes ``Engine.postgres`` engines with the options given, each over a fresh
-    database (migrated in its ``schema``); closes them and drops the databases after."""
+    """Makes ``Engine.postgres`` engines with the options given, each over a database of
+    its own: as ``stockade_database``, or with ``schema=`` a new one that the engine
+    migrates in that schema. Closes them and hands the databases back after the test."""
     made: List[Tuple[Engine, str]] = []
 
     def make(**options: Any) -> Engine:
@@ -371,7 +392,12 @@ def stockade_citus_engine_factory(
     def make(schema: Optional[str] = None, **options: Any) -> Engine:
         reused = schema is None and schemas.take()
         name = schema or reused or f"citus_t{os.getpid()}_{next(_citus_schemas)}"
-        engine = Engine.postgres(stockade_citus_dsn, layout="citus", schema=name, **options)
+        try:
+            engine = Engine.postgres(stockade_citus_dsn, layout="citus", schema=name, **options)
+        except BaseException:
+            if reused:
+                schemas.give_back(name)
+            raise
         made.append((engine, name))
         engine.migrate()
         if schema is None and not reused:
@@ -390,5 +416,6 @@ def stockade_citus_engine_factory(
 
 @pytest.fixture
 def stockade_citus_engine(stockade_citus_engine_factory: Callable[..., Engine]) -> Engine:
-    """An engine with layout='citus' over a fresh schema on the cluster, dropped after."""
+    """An engine with layout='citus' over a migrated schema of the cluster with empty
+    tables, closed after the test (``stockade_citus_engine_factory``)."""
     return stockade_citus_engine_factory()
