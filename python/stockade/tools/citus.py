@@ -27,7 +27,7 @@ from typing import List, Optional, Tuple
 
 from ..errors import Unavailable
 from .pgserver import _free_port, run_sql
-from .reuse import Handed, Shape, schema_is, shape_sql
+from .reuse import Handed, Shape, schema_is
 
 __all__ = [
     "CitusSchemas",
@@ -263,17 +263,18 @@ class CitusSchemas(Handed):
     the group is left, a new schema starts from Citus's own placement again.
     """
 
+    citus = True
     recheck = True
 
     def __init__(self, dsn: str, keep: int = 4) -> None:
         super().__init__(keep)
         self._dsn = dsn
 
-    def _check(self, name: str) -> str:
-        return run_sql(self._dsn, self._made[name].check_sql(self._shape(name)))
+    def _run(self, name: str, sql: str) -> str:
+        return run_sql(self._dsn, sql)
 
-    def _read(self, name: str) -> Shape:
-        return Shape.read(lambda sql: run_sql(self._dsn, sql), schema_is(name), citus=True)
+    def _where(self, name: str) -> str:
+        return schema_is(name)
 
     def _reset(self, name: str, shape: Shape) -> Optional[str]:
         # psql runs the statements as one transaction; a foreign key to a reference table
@@ -282,12 +283,8 @@ class CitusSchemas(Handed):
         # last: psql before 15 prints only the last statement's result.
         sequential = "SET LOCAL citus.multi_shard_modify_mode TO 'sequential'; "
         deletes = "".join(f"DELETE FROM {t}; " for t in shape.empty)
-        check = shape.check_sql(self._shape(name))
+        check = shape.check_sql(self._shape_sql(name))
         return name if run_sql(self._dsn, sequential + deletes + check) == shape.expected else None
-
-    @staticmethod
-    def _shape(name: str) -> str:
-        return shape_sql(schema_is(name), citus=True)
 
     def _drop(self, name: str) -> None:
         drop_citus_schema(self._dsn, name)

@@ -65,7 +65,7 @@ from ..engine import Engine
 from .citus import CitusSchemas, TemporaryCitus, citus_available, drop_citus_schema
 from .pgbouncer import TemporaryPgBouncer
 from .pgserver import TemporaryPostgres, conninfo_with, quote_ident, run_sql
-from .reuse import USER_SCHEMAS, Handed, Shape, shape_sql
+from .reuse import USER_SCHEMAS, Handed, Shape
 
 __all__ = [
     "PostgresForTests",
@@ -201,13 +201,12 @@ class _Clones(Handed):
     def __init__(self, server: PostgresForTests, keep: int) -> None:
         super().__init__(keep)
         self._server = server
-        self._shape = shape_sql(USER_SCHEMAS, citus=False)
 
-    def _check(self, name: str) -> str:
-        return self._server.sql(self._made[name].check_sql(self._shape), name)
+    def _run(self, name: str, sql: str) -> str:
+        return self._server.sql(sql, name)
 
-    def _read(self, name: str) -> Shape:
-        return Shape.read(lambda sql: self._server.sql(sql, name), USER_SCHEMAS, citus=False)
+    def _where(self, name: str) -> str:
+        return USER_SCHEMAS
 
     def _reset(self, name: str, shape: Shape) -> Optional[str]:
         tables = ", ".join(f"'{t}'::regclass" for t in shape.empty + shape.kept)
@@ -229,9 +228,9 @@ class _Clones(Handed):
             f"DELETE FROM pg_statistic WHERE starelid IN ({tables})",
             "SELECT pg_stat_reset()",
             # Last: psql before 15 prints only the last statement's result.
-            shape.check_sql(self._shape),
+            shape.check_sql(self._shape_sql(name)),
         ]
-        if self._server.sql("; ".join(statements), name).split("\n")[-1] != shape.expected:
+        if self._run(name, "; ".join(statements)).split("\n")[-1] != shape.expected:
             return None
         # A new name: an engine that a test left open, or a DSN it kept, cannot reach the
         # database that the next test gets. Renaming fails if a session is back.

@@ -19,6 +19,7 @@ read: the Citus workers' own catalogs, and anything outside the database.
 
 from __future__ import annotations
 
+import abc
 import logging
 from typing import Callable, Dict, List, NamedTuple, Optional
 
@@ -183,12 +184,13 @@ class Shape(NamedTuple):
         return f"SELECT concat_ws(' ', ({shape}), {rows or 'NULL'})"
 
 
-class Handed:
-    """The bookkeeping of handed-on databases or schemas, by name; subclasses say how to
-    read one's shape, empty it and drop it. At most ``keep`` wait for reuse. With
-    ``recheck``, :meth:`take` reads the shape again first: for what other tests can change
-    while it waits."""
+class Handed(abc.ABC):
+    """The bookkeeping of handed-on databases or schemas, by name; subclasses say where to
+    read one's shape (``citus``: a schema of the cluster), how to empty it and how to drop
+    it. At most ``keep`` wait for reuse. With ``recheck``, :meth:`take` reads the shape
+    again first: for what other tests can change while it waits."""
 
+    citus = False
     recheck = False
 
     def __init__(self, keep: int = 4) -> None:
@@ -253,14 +255,26 @@ class Handed:
         self._drop(name)
 
     def _check(self, name: str) -> str:
-        raise NotImplementedError
+        return self._run(name, self._made[name].check_sql(self._shape_sql(name)))
 
     def _read(self, name: str) -> Shape:
-        raise NotImplementedError
+        return Shape.read(lambda sql: self._run(name, sql), self._where(name), citus=self.citus)
 
+    def _shape_sql(self, name: str) -> str:
+        return shape_sql(self._where(name), citus=self.citus)
+
+    @abc.abstractmethod
+    def _run(self, name: str, sql: str) -> str:
+        """Runs one statement where it reads ``name``'s shape; returns its output."""
+
+    @abc.abstractmethod
+    def _where(self, name: str) -> str:
+        """The condition on ``s`` (pg_namespace) that names its schemas."""
+
+    @abc.abstractmethod
     def _reset(self, name: str, shape: Shape) -> Optional[str]:
         """Empties it and returns the name it now has, or None if its shape changed."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _drop(self, name: str) -> None:
-        raise NotImplementedError
+        """Drops it."""
