@@ -23,7 +23,7 @@ from typing import Callable, Dict, Iterator, List, Tuple
 import pytest
 
 import stockade
-from stockade import OutOfStock
+from stockade import OutOfStock, _core
 from stockade.grants import runtime_grants
 from stockade.testing import race
 from stockade.tools import drive_load
@@ -578,44 +578,43 @@ def test_a_reserve_is_one_call_delegated_to_the_rows_worker(
         assert eng.reserve("solo", 1, strategy=strategy, idempotency_key="k-2").qty == 1
 
 
+@pytest.mark.parametrize("routing", ["coordinator", "direct"])
 def test_delegated_calls_keep_the_workers_sessions_flat(
-    stockade_citus: TemporaryCitus, dsn: str, schema: str
+    stockade_citus: TemporaryCitus, dsn: str, schema: str, routing: str
 ) -> None:
     # Citus 13.2 adds a plan to a worker session's local plan cache on every execution of
     # a generic plan of a statement on a distributed table inside a function (citus
-    # issues 8371 and 8783): about 90 kB a call. The delegated functions plan custom
-    # plans (SET plan_cache_mode), on every node, and a worker's session stays flat.
-    with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1) as eng:
+    # issues 8371 and 8783): about 90 kB a call. The delegated functions (citus/109) run
+    # their statements as dynamic SQL on the shard tables, planned for the call and cached
+    # nowhere, so they no longer force custom plans; what a worker session caches is the
+    # journal trigger's plan, once. On either route (the coordinator's sessions on the
+    # workers, or the engine's own with direct routing) a worker's sessions stay flat.
+    sessions_of = "citus_internal%" if routing == "coordinator" else "stockade-flat"
+    with stockade.Engine.postgres(
+        dsn,
+        layout="citus",
+        schema=schema,
+        pool_size=1,
+        citus_routing=routing,
+        application_name="stockade-flat",
+    ) as eng:
         eng.migrate()
         eng.restock("solo", 1_000_000)
         for node in ("coordinator", "worker1", "worker2"):
-            config = run_sql(
+            made = run_sql(
                 f"postgresql://postgres@127.0.0.1:{stockade_citus.node_port(node)}/postgres",
-                "SELECT string_agg(p.proname || ':' || array_to_string(p.proconfig, ','), ' '"
+                "SELECT string_agg(p.proname || ':' || (p.prosrc LIKE '%shard_tables(p_shard)%')"
+                " || ':' || coalesce(array_to_string(p.proconfig, ','), ''), ' '"
                 " ORDER BY p.proname) FROM pg_proc p JOIN pg_namespace n ON n.oid ="
                 f" p.pronamespace WHERE n.nspname = '{schema}'"
-                " AND p.proname IN ('reserve_one', 'reserve_routed', 'batch_one')",
+                " AND p.proname IN ('reserve_one', 'batch_one', 'reserve_routed')",
             )
-            assert config == " ".join(
-                f"{name}:plan_cache_mode=force_custom_plan"
-                for name in ("batch_one", "reserve_one", "reserve_routed")
-            ), (node, config)
+            # Each on every node, none with a SET (reserve_routed calls reserve_one).
+            assert made == "batch_one:true: reserve_one:true: reserve_routed:false:", (node, made)
 
         def worker_sessions_kb() -> int:
-            total, sessions = 0, 0
-            for node in ("worker1", "worker2"):
-                pids = run_sql(
-                    f"postgresql://postgres@127.0.0.1:{stockade_citus.node_port(node)}/postgres",
-                    "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity"
-                    " WHERE application_name LIKE 'citus_internal%'",
-                )
-                for pid in pids.split():
-                    sessions += 1
-                    with open(f"/proc/{pid}/smaps_rollup") as f:
-                        total += sum(
-                            int(line.split()[1]) for line in f if line.startswith("Private_")
-                        )
-            assert sessions > 0, "no worker session of the coordinator's found"
+            total, sessions = stockade_citus.workers_sessions_kib(sessions_of)
+            assert sessions > 0, f"no worker session ({sessions_of}) found"
             return total
 
         for i in range(200):  # the sessions' caches and the shard's pages settle first
@@ -628,8 +627,65 @@ def test_delegated_calls_keep_the_workers_sessions_flat(
             strategy = "batched" if i % 3 == 0 else "atomic"
             eng.reserve("solo", 1, strategy=strategy, idempotency_key=f"k-{i}" if i % 2 else None)
         grown = worker_sessions_kb() - before
-        # With generic plans this grew by about 180 MB (2,000 calls at 90 kB).
+        # With generic plans of statements on the distributed tables this grew by about
+        # 180 MB (2,000 calls at 90 kB).
         assert grown < 20_000, f"the workers' sessions grew by {grown} kB over 2,000 calls"
+        assert eng.audit().ok
+
+
+def test_a_delegated_call_writes_the_shard_tables_only_where_the_shard_is(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str
+) -> None:
+    # shard_tables (citus/109) names a row's shard tables only on the node whose placement
+    # holds them, under the shard's metadata lock; anywhere else (the coordinator, the
+    # other worker) the distributed tables, which Citus routes. reserve_one called there
+    # (inside a transaction, which Citus does not delegate) still reserves, through them.
+    with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1) as eng:
+        eng.migrate()
+        eng.restock("here", 10)
+        shard_key = run_sql(dsn, f"SELECT shard_key FROM {schema}.stock WHERE sku = 'here'")
+        shard = run_sql(
+            dsn, f"SELECT get_shard_id_for_distribution_column('{schema}.stock', {shard_key})"
+        )
+        holder = int(
+            run_sql(
+                dsn,
+                "SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n"
+                f" USING (groupid) WHERE p.shardid = {shard}",
+            )
+        )
+        for node in ("coordinator", "worker1", "worker2"):
+            port = stockade_citus.node_port(node)
+            tables = run_sql(
+                f"postgresql://postgres@127.0.0.1:{port}/postgres",
+                f"SELECT stock || ' ' || reservation || ' ' || idempotency || ' ' || here"
+                f" FROM {schema}.shard_tables({shard_key})",
+            ).split()
+            if port == holder:
+                assert tables[0] == f"{schema}.stock_{shard}" and tables[3] == "true", tables
+                assert [t.rsplit("_", 1)[0] for t in tables[1:3]] == [
+                    f"{schema}.reservation",
+                    f"{schema}.idempotency",
+                ], tables
+            else:
+                assert tables == [
+                    f"{schema}.stock",
+                    f"{schema}.reservation",
+                    f"{schema}.idempotency",
+                    "false",
+                ], (node, tables)
+            # A call here: on the holder it writes the shards, elsewhere it goes through
+            # Citus; either way the row and its hold are the cluster's.
+            hold = uuid.UUID(bytes=_core.make_uuid_v7(int(time.time() * 1000), int(shard_key)))
+            made = run_sql(
+                f"postgresql://postgres@127.0.0.1:{port}/postgres",
+                f"BEGIN; SELECT outcome FROM {schema}.reserve_one('here', 'default', 0::smallint,"
+                f" 1, -1, '{hold}', 60000000, '5s', NULL, NULL, {shard_key}); COMMIT",
+            )
+            assert eng.reservation(str(hold)).state == "held"
+            assert made.split() == ["made"], (node, made)
+        assert eng.stock("here").reserved == 3
+        assert_audit_clean(eng)
 
 
 def test_direct_routing_sends_each_reserve_straight_to_the_rows_worker(
@@ -923,7 +979,7 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
     dsn: str, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # An engine of this release on a schema an older release migrated (without citus/105
-    # to 107): a reserve and a batch find no function (42883), say so once, and take the
+    # to 109): a reserve and a batch find no function (42883), say so once, and take the
     # statement path, which needs none; nothing ran. migrate() then makes them, and the
     # engine delegates again.
     with stockade.Engine.postgres(
@@ -935,6 +991,7 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
             dsn,
             f"DROP FUNCTION {schema}.reserve_routed; DROP FUNCTION {schema}.reserve_one;"
             f" DROP FUNCTION {schema}.batch_one; DROP FUNCTION {schema}.purge_shard;"
+            f" DROP FUNCTION {schema}.shard_tables;"
             f" DELETE FROM {schema}.schema_migrations WHERE version >= 105",
         )
         for strategy in ("atomic", "batched", "atomic"):
@@ -949,6 +1006,7 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
             "citus/106_routed_reserve.sql",
             "citus/107_delegated_batch.sql",
             "citus/108_delegated_purge.sql",
+            "citus/109_local_shards.sql",
         ]
         eng.reserve("solo", 1, strategy="atomic")
         eng.reserve("solo", 1, strategy="batched")

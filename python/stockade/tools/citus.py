@@ -177,6 +177,31 @@ class TemporaryCitus:
         except OSError:
             return ""
 
+    def workers_sessions_kib(self, application_name: str) -> Tuple[int, int]:
+        """The private memory (the ``Private_*`` lines of ``/proc/PID/smaps_rollup``, in
+        KiB) of the sessions on both workers whose ``application_name`` is LIKE
+        ``application_name`` (a pattern of letters, digits, ``_``, ``-`` and ``%``), and
+        how many there were. A session that ends between the two reads is left out."""
+        if not all(c.isalnum() or c in "_-% " for c in application_name):
+            raise ValueError("application_name must be letters, digits, _, -, % or spaces")
+        total, sessions = 0, 0
+        for node in ("worker1", "worker2"):
+            pids = run_sql(
+                f"postgresql://postgres@127.0.0.1:{self.node_port(node)}/postgres",
+                "SELECT coalesce(string_agg(pid::text, ' '), '') FROM pg_stat_activity"
+                f" WHERE application_name LIKE '{application_name}'",
+            )
+            for pid in pids.split():
+                try:
+                    with open(f"/proc/{pid}/smaps_rollup") as f:
+                        total += sum(
+                            int(line.split()[1]) for line in f if line.startswith("Private_")
+                        )
+                    sessions += 1
+                except FileNotFoundError:
+                    pass
+        return total, sessions
+
     def _cluster(self, action: str) -> subprocess.CompletedProcess[str]:
         assert self.directory is not None and self._base is not None
         return subprocess.run(
