@@ -235,6 +235,21 @@ def test_citus_benchmark_prints_every_route(stockade_citus: object) -> None:
     assert all(case in tables[1] for case in ("hot/auto", "wide/keyed", "wide/allocate"))
 
 
+@pytest.mark.citus
+def test_citus_sessions_benchmark_reports_the_workers_sessions(
+    stockade_citus: object, tmp_path: Path
+) -> None:
+    out = run_benchmark(
+        "citus_sessions.py",
+        *("--calls", "200", "--clients", "2", "--skus", "10", "--seconds", "0.4"),
+        *("--json", str(tmp_path / "s.json")),
+    )
+    rounds = json.loads((tmp_path / "s.json").read_text())["rounds"]
+    assert rounds and rounds[-1]["calls"] >= 200
+    assert all(r["kib"] > 0 for r in rounds)  # the engine's sessions on the workers, found
+    assert "bytes a call" in out.stdout and "misses 0" in out.stdout
+
+
 @pytest.mark.postgres
 def test_journal_benchmark_prints_every_section(tmp_path: Path) -> None:
     out = run_benchmark(
