@@ -13,10 +13,12 @@
 -- switches the placement, so it waits for the call's commit; a call after the switch finds
 -- the shard elsewhere. So a write never lands in a shard this node no longer serves (the
 -- copy a move leaves behind until Citus drops it). Called where the shard is not (on the
--- coordinator inside a transaction, which Citus does not delegate, or on a worker a stale
--- direct route reached), or by a role that does not own the tables (Citus lets only the
--- owner take that lock), the call writes the distributed tables as before: Citus routes
--- them, and nothing is lost but time. purge_shard (citus/108) takes the same lock.
+-- coordinator inside a transaction, which Citus does not delegate, or on a node a move
+-- took the shard from while the call waited for the lock), or by a role that does not own
+-- the tables (Citus lets only the owner take that lock), the call writes the distributed
+-- tables as before: Citus routes them, and nothing is lost but time. (A stale direct route
+-- is delegated on by the node it reaches, so the call runs where the shard is.)
+-- purge_shard (citus/108) takes the same lock.
 --
 -- Each function keeps one text per statement: it formats the table names in, for either
 -- case. A shard table has no sequence defaults (Citus evaluates those where it plans);
@@ -29,24 +31,32 @@
 -- (citus/103), which the forced custom plans had planned through Citus on every call; its
 -- generic plan leaves the sessions flat (benchmarks/citus_sessions.py over a million
 -- calls; tests/python/test_citus.py over 2,000 on each route).
+--
+-- Only under READ COMMITTED: there each statement reads the placement after the lock wait.
+-- Under REPEATABLE READ or SERIALIZABLE (a session's default, or a caller's transaction)
+-- the snapshot may predate a move that committed during the wait, and would show the old
+-- placement; the call then writes the distributed tables, whose shard Citus picks from its
+-- metadata cache. shard_name() leaves out the schema `public`: it is put back.
 CREATE FUNCTION {{schema}}.shard_tables(p_shard integer)
 RETURNS TABLE (stock text, reservation text, idempotency text, here boolean)
 LANGUAGE plpgsql VOLATILE
 AS $fn$
 DECLARE
   v_stock bigint := get_shard_id_for_distribution_column('{{schema}}.stock', p_shard);
+  v_public text := CASE WHEN '{{schema}}' = 'public' THEN 'public.' ELSE '' END;
 BEGIN
-  IF pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c
-                   WHERE c.oid = '{{schema}}.stock'::regclass), 'USAGE') THEN
+  IF current_setting('transaction_isolation') = 'read committed'
+     AND pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c
+                       WHERE c.oid = '{{schema}}.stock'::regclass), 'USAGE') THEN
     PERFORM lock_shard_metadata(5, ARRAY[v_stock]);  -- 5: ShareLock
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_placement p
-                WHERE p.shardid = v_stock
+                WHERE p.shardid = v_stock AND p.shardstate = 1
                   AND p.groupid = (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g)) THEN
       RETURN QUERY SELECT
-        shard_name('{{schema}}.stock'::regclass, v_stock),
-        shard_name('{{schema}}.reservation'::regclass,
+        v_public || shard_name('{{schema}}.stock'::regclass, v_stock),
+        v_public || shard_name('{{schema}}.reservation'::regclass,
                    get_shard_id_for_distribution_column('{{schema}}.reservation', p_shard)),
-        shard_name('{{schema}}.idempotency'::regclass,
+        v_public || shard_name('{{schema}}.idempotency'::regclass,
                    get_shard_id_for_distribution_column('{{schema}}.idempotency', p_shard)),
         true;
       RETURN;
