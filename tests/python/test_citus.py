@@ -699,6 +699,77 @@ def test_a_delegated_call_writes_the_shard_tables_only_where_the_shard_is(
         assert_audit_clean(eng)
 
 
+def test_a_delegated_call_journals_into_its_own_shard_where_it_is(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str
+) -> None:
+    # citus/110: shard_tables notes the stock shard it found here and its co-located
+    # journal shard, and the journal trigger writes that shard directly when it fires on
+    # that very stock shard. A change to another shard's row in the same transaction
+    # journals through Citus as before: each entry lands in its own row's shard.
+    with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1) as eng:
+        eng.migrate()
+
+        def placed(sku: str) -> Tuple[int, int, int]:  # shard key, stock shard, its port
+            key = _core.shard_key_of(sku, "default")
+            shard = int(
+                run_sql(
+                    dsn, f"SELECT get_shard_id_for_distribution_column('{schema}.stock', {key})"
+                )
+            )
+            port = run_sql(
+                dsn,
+                "SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n"
+                f" USING (groupid) WHERE p.shardid = {shard}",
+            )
+            return key, shard, int(port)
+
+        a, first = "j-0", placed("j-0")
+        b, other = next(
+            (sku, p)
+            for sku, p in ((f"j-{i}", placed(f"j-{i}")) for i in range(1, 200))
+            if p[2] == first[2] and p[1] != first[1]
+        )
+        eng.restock(a, 10)
+        eng.restock(b, 10)
+        worker = f"postgresql://postgres@127.0.0.1:{first[2]}/postgres"
+        journal_shard = int(
+            run_sql(
+                dsn,
+                f"SELECT get_shard_id_for_distribution_column('{schema}.movement', {first[0]})",
+            )
+        )
+        hold = uuid.UUID(bytes=_core.make_uuid_v7(int(time.time() * 1000), first[0]))
+        out = run_sql(
+            worker,
+            f"BEGIN; SELECT outcome FROM {schema}.reserve_one('{a}', 'default', 0::smallint,"
+            f" 1, -1, '{hold}', 60000000, '5s', NULL, NULL, {first[0]});"
+            " SELECT current_setting('stockade.local_journal') ="
+            f" ('{schema}.stock_{first[1]}'::regclass::oid::text"
+            f" || ' {schema}.movement_{journal_shard}');"
+            f" UPDATE {schema}.stock SET low_stock = 3 WHERE shard_key = {other[0]};"
+            f" UPDATE {schema}.stock SET low_stock = 4 WHERE shard_key = {first[0]}; COMMIT",
+        ).split()
+        assert out[:2] == ["made", "t"], out
+        for sku, key in ((a, first[0]), (b, other[0])):
+            causes = run_sql(
+                dsn,
+                f"SELECT string_agg(cause, ',' ORDER BY version_after) FROM {schema}.movement"
+                f" WHERE shard_key = {key} AND sku = '{sku}'",
+            )
+            assert causes == ("restock,hold,low_stock" if sku == a else "restock,low_stock")
+        # The journal shard of the reserved row holds its entries only.
+        assert (
+            run_sql(
+                worker,
+                f"SELECT count(*) FILTER (WHERE sku = '{a}') || ' ' || count(*) FILTER"
+                f" (WHERE sku = '{b}') FROM {schema}.movement_{journal_shard}",
+            )
+            == "3 0"
+        )
+        assert eng.reservation(str(hold)).state == "held"
+        assert_audit_clean(eng)
+
+
 def test_direct_routing_sends_each_reserve_straight_to_the_rows_worker(
     stockade_citus: TemporaryCitus, dsn: str, schema: str
 ) -> None:
@@ -1018,6 +1089,7 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
             "citus/107_delegated_batch.sql",
             "citus/108_delegated_purge.sql",
             "citus/109_local_shards.sql",
+            "citus/110_local_journal.sql",
         ]
         eng.reserve("solo", 1, strategy="atomic")
         eng.reserve("solo", 1, strategy="batched")
