@@ -23,7 +23,7 @@ same Python overhead), atomic: the parent row (stockade) and check-then-insert a
 SERIALIZABLE with retries (given an index on reservation (buyer, sku), so that its sum is
 a lookup). "hot" is one SKU and 8 buyers, "wide" --skus SKUs and --buyers buyers.
 
-    python benchmarks/patterns.py [--seconds 3] [--clients 64] [--skus 10000]
+    python benchmarks/patterns.py [--seconds 3] [--warmup 1] [--clients 64] [--skus 10000]
                                   [--buyers 10000] [--py-threads 32] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.
@@ -71,17 +71,19 @@ def layout(
         eng.reinstate(sku)
         eng.release_lease(eng.acquire_lease(sku, timedelta(minutes=5)))
     eng.set_purchase_limit(f"{name}-drop", LIMIT, rows["buyer"])
-    seconds, clients = args.seconds, args.clients
+    seconds, clients, warmup = args.seconds, args.clients, args.warmup
     out = {
-        "reserve": run(eng, rows["reserve"], seconds, clients),
-        "reserve/patterns": run(eng, rows["patterns"], seconds, clients),
-        "reserve/buyer": run(eng, rows["buyer"], seconds, clients, buyers=args.buyers),
-        "sell": run(eng, rows["sell"], seconds, clients, sell=True),
+        "reserve": run(eng, rows["reserve"], seconds, clients, warmup=warmup),
+        "reserve/patterns": run(eng, rows["patterns"], seconds, clients, warmup=warmup),
+        "reserve/buyer": run(
+            eng, rows["buyer"], seconds, clients, warmup=warmup, buyers=args.buyers
+        ),
+        "sell": run(eng, rows["sell"], seconds, clients, warmup=warmup, sell=True),
     }
     if fenced:
         token = eng.acquire_lease(rows["fenced"][0], timedelta(hours=1)).token
         out["sell/fenced"] = run(
-            eng, rows["fenced"], seconds, clients, sell=True, fencing_token=token
+            eng, rows["fenced"], seconds, clients, warmup=warmup, sell=True, fencing_token=token
         )
     return out
 
