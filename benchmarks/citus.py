@@ -13,8 +13,9 @@ Four routes, each an engine of --clients connections:
   citus/direct    the same cluster with citus_routing="direct": the atomic reserve goes
                   straight to the worker that holds the row (a pool per worker)
 
-Each runs --clients blocking C++ clients (64) for --seconds (3), after --warmup (1) untimed
-seconds of the same load (the pools open, a Citus worker's backends past their start), on:
+Each runs --clients blocking C++ clients (64) for --seconds (3), after untimed seconds of the
+same load until its rate stops rising (at most --warmup, 10: the pools open, a Citus
+worker's backends past their start and their caches built), on:
 
   hot/auto      one SKU that every client hits (auto goes batched)
   wide/auto     --skus SKUs (10,000) picked uniformly (auto stays atomic)
@@ -40,7 +41,7 @@ For that, each case also prints the CPU seconds per 1,000 granted requests of th
 server and of each node of the cluster (from /proc): the inputs of the capacity model in
 docs/scaling-out.md.
 
-    python benchmarks/citus.py [--seconds 3] [--warmup 1] [--clients 64] [--skus 10000]
+    python benchmarks/citus.py [--seconds 3] [--warmup 10] [--clients 64] [--skus 10000]
                                [--shards 32] [--purge-skus 64] [--purge-rows 20000]
                                [--cases hot/auto,...] [--json FILE]
 

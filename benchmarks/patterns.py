@@ -23,7 +23,7 @@ same Python overhead), atomic: the parent row (stockade) and check-then-insert a
 SERIALIZABLE with retries (given an index on reservation (buyer, sku), so that its sum is
 a lookup). "hot" is one SKU and 8 buyers, "wide" --skus SKUs and --buyers buyers.
 
-    python benchmarks/patterns.py [--seconds 3] [--warmup 1] [--clients 64] [--skus 10000]
+    python benchmarks/patterns.py [--seconds 3] [--warmup 10] [--clients 64] [--skus 10000]
                                   [--buyers 10000] [--py-threads 32] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.

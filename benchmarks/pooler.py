@@ -17,15 +17,15 @@ Three ways to reach the server, each with an engine of --clients connections:
   pgbouncer/N     the same with --server-pool N server connections (16) for all the
                   clients: what a fleet of replicas sharing few server connections sees
 
-Each runs --clients blocking C++ clients (64) for --seconds (3), after --warmup (1) untimed
-seconds of the same load, on:
+Each runs --clients blocking C++ clients (64) for --seconds (3), after untimed seconds of the
+same load until its rate stops rising (at most --warmup, 10), on:
 
   hot/auto      one SKU that every client hits (auto goes batched)
   hot/atomic    the same, each request its own conditional UPDATE
   wide/auto     --skus SKUs (10,000) picked uniformly (auto stays atomic)
   wide/keyed    the same with an idempotency key on every request
 
-    python benchmarks/pooler.py [--seconds 3] [--warmup 1] [--clients 64] [--skus 10000]
+    python benchmarks/pooler.py [--seconds 3] [--warmup 10] [--clients 64] [--skus 10000]
                                 [--server-pool 16] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios (each against direct, in the

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import random
+import subprocess
 import threading
 import time
 import uuid
@@ -28,7 +29,7 @@ from stockade.grants import runtime_grants
 from stockade.testing import race
 from stockade.tools import drive_load
 from stockade.tools.citus import CitusSchemas, TemporaryCitus, drop_citus_schema
-from stockade.tools.pgserver import run_sql
+from stockade.tools.pgserver import child_connection, run_sql
 from support import ALL_STRATEGIES as STRATEGIES
 from support import assert_audit_clean, wait_for
 
@@ -739,17 +740,26 @@ def test_a_delegated_call_journals_into_its_own_shard_where_it_is(
             )
         )
         hold = uuid.UUID(bytes=_core.make_uuid_v7(int(time.time() * 1000), first[0]))
-        out = run_sql(
-            worker,
-            f"BEGIN; SELECT outcome FROM {schema}.reserve_one('{a}', 'default', 0::smallint,"
-            f" 1, -1, '{hold}', 60000000, '5s', NULL, NULL, {first[0]});"
-            " SELECT current_setting('stockade.local_journal') ="
-            f" ('{schema}.stock_{first[1]}'::regclass::oid::text"
-            f" || ' {schema}.movement_{journal_shard}');"
-            f" UPDATE {schema}.stock SET low_stock = 3 WHERE shard_key = {other[0]};"
-            f" UPDATE {schema}.stock SET low_stock = 4 WHERE shard_key = {first[0]}; COMMIT",
-        ).split()
-        assert out[:2] == ["made", "t"], out
+        # Citus logs each statement it runs on a shard through local execution: the
+        # trigger's INSERT through Citus shows there, the direct one does not.
+        conninfo, env = child_connection(worker)
+        done = subprocess.run(
+            ["psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", conninfo, "-c",
+             "BEGIN; SET LOCAL citus.log_local_commands = on;"
+             " SET LOCAL client_min_messages = log;"
+             f" SELECT outcome FROM {schema}.reserve_one('{a}', 'default', 0::smallint,"
+             f" 1, -1, '{hold}', 60000000, '5s', NULL, NULL, {first[0]});"
+             " SELECT current_setting('stockade.local_journal') ="
+             f" '{schema}.stock_{first[1]}'::regclass::oid::text;"
+             f" UPDATE {schema}.stock SET low_stock = 3 WHERE shard_key = {other[0]};"
+             f" UPDATE {schema}.stock SET low_stock = 4 WHERE shard_key = {first[0]}; COMMIT"],
+            capture_output=True, text=True, check=True, env=env, timeout=60,
+        )  # fmt: skip
+        assert done.stdout.split()[:2] == ["made", "t"], done.stdout
+        inserts = [line for line in done.stderr.splitlines() if "INSERT INTO" in line]
+        assert not [line for line in inserts if f"movement_{journal_shard}" in line], inserts
+        assert len([line for line in inserts if f"'{b}'" in line and ".movement_" in line]) == 1
+        assert len([line for line in done.stderr.splitlines() if "UPDATE" in line]) == 2
         for sku, key in ((a, first[0]), (b, other[0])):
             causes = run_sql(
                 dsn,
