@@ -42,14 +42,10 @@ def warm_up(eng: stockade.Engine, skus: Sequence[str], warmup: float, **kw: Any)
         last = rate
 
 
-def measure(
-    eng: stockade.Engine, skus: Sequence[str], warmup: float = 0.0, **kw: Any
-) -> Dict[str, Any]:
+def measure(eng: stockade.Engine, skus: Sequence[str], **kw: Any) -> Dict[str, Any]:
     """One drive_load run (keyword arguments as drive_load's), as a dict with its "rate":
-    granted reservations per second. With `warmup` (seconds), warm_up runs the same load
-    first, so that the measured run starts with the engine's pools open and the servers'
-    caches warm."""
-    warm_up(eng, skus, warmup, **kw)
+    granted requests per second. warm_up first, with the same load, so that the measured
+    run starts with the engine's pools open and the servers' caches warm."""
     out: Dict[str, Any] = asdict(drive_load(eng, skus, **kw))
     out["rate"] = out["granted"] / out["seconds"]
     return out
@@ -62,9 +58,11 @@ def run_cases(
     args: argparse.Namespace,
     servers: Optional[Dict[str, int]] = None,
 ) -> Dict[str, Any]:
-    """Measures each case, "<hot|wide>/<auto|atomic|keyed|allocate>": one SKU or --skus of
-    them (10**9 units each, restocked first), --clients blocking clients for --seconds,
-    under auto, atomic, or auto with an idempotency key on every request; or (allocate)
+    """Measures each case, "<hot|wide>/<auto|atomic|keyed|sell|confirm|allocate>": one SKU or
+    --skus of them (10**9 units each, restocked first), --clients blocking clients for
+    --seconds, under auto, atomic, or auto with an idempotency key on every request, or
+    auto selling instead of reserving, or auto confirming each hold at once (the confirm
+    counted as a request of its own); or (allocate)
     each request an allocation of 1 unit from POOL's three locations (priority, auto), each
     SKU stocked at all three (at most 1,000 SKUs: three rows each). "allocate-shared" is
     allocate on SKUs whose three rows `args.together` says lie on one shard. With
@@ -90,6 +88,10 @@ def run_cases(
             kw["strategy"] = "atomic"
         if how == "keyed":
             kw["keyed"] = True
+        if how == "sell":
+            kw["sell"] = True
+        if how == "confirm":
+            kw["confirm"] = True
         if how == "allocate":
             kw["pool"] = POOL
         warm_up(eng, skus, args.warmup, **kw)  # before the CPU counts start

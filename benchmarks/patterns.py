@@ -40,7 +40,7 @@ from datetime import timedelta
 from typing import Any, Callable, Dict, List
 
 import stockade
-from common import measure, parser, write_json
+from common import measure, parser, warm_up, write_json
 from stockade.testing import limited_reserve_by_check
 from stockade.tools.pgserver import TemporaryPostgres
 
@@ -49,8 +49,9 @@ LIMIT = 10**9  # never reached: the runs measure the mechanism, not refusals
 
 
 def run(
-    eng: stockade.Engine, skus: List[str], seconds: float, clients: int, **kw: Any
+    eng: stockade.Engine, skus: List[str], seconds: float, clients: int, warmup: float, **kw: Any
 ) -> Dict[str, Any]:
+    warm_up(eng, skus, warmup, clients=clients, seconds=seconds, **kw)
     return measure(eng, skus, clients=clients, seconds=seconds, **kw)
 
 

@@ -153,6 +153,11 @@ class TemporaryCitus:
         """The port of ``node`` (coordinator, worker1 or worker2)."""
         return self.port + NODES.index(node)
 
+    def node_dsn(self, node: str) -> str:
+        """The libpq URI of ``node``'s database postgres (user postgres, trust
+        authentication)."""
+        return f"postgresql://postgres@127.0.0.1:{self.node_port(node)}/postgres"
+
     def stop_node(self, node: str, mode: str = "immediate") -> None:
         """Stops one node with ``pg_ctl stop -m mode`` (``immediate``: as a crash, with
         crash recovery at the next start), for fault tests; :meth:`start_node` brings it
@@ -185,9 +190,9 @@ class TemporaryCitus:
         if not all(c.isalnum() or c in "_-% " for c in application_name):
             raise ValueError("application_name must be letters, digits, _, -, % or spaces")
         total, sessions = 0, 0
-        for node in ("worker1", "worker2"):
+        for node in NODES[1:]:
             pids = run_sql(
-                f"postgresql://postgres@127.0.0.1:{self.node_port(node)}/postgres",
+                self.node_dsn(node),
                 "SELECT coalesce(string_agg(pid::text, ' '), '') FROM pg_stat_activity"
                 f" WHERE application_name LIKE '{application_name}'",
             )

@@ -121,6 +121,12 @@ def _conninfo_value(value: str) -> str:
 def run_sql(dsn: str, statement: str) -> str:
     """Runs one SQL statement with ``psql`` (autocommit); returns its unaligned output.
     The password travels in psql's environment, never on its command line."""
+    return run_sql_with_messages(dsn, statement)[0]
+
+
+def run_sql_with_messages(dsn: str, statement: str) -> Tuple[str, str]:
+    """:func:`run_sql`, and the server's messages (NOTICE, LOG... as psql prints them on
+    its standard error) besides the output."""
     psql = shutil.which("psql")
     if psql is None:
         try:
@@ -137,7 +143,7 @@ def run_sql(dsn: str, statement: str) -> str:
     )
     if done.returncode != 0:
         raise StockadeError(f"psql failed on {statement!r}: {done.stderr.strip()}")
-    return done.stdout.strip()
+    return done.stdout.strip(), done.stderr
 
 
 def _free_port() -> int:
