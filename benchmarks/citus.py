@@ -20,6 +20,9 @@ worker's backends past their start and their caches built), on:
   hot/auto      one SKU that every client hits (auto goes batched)
   wide/auto     --skus SKUs (10,000) picked uniformly (auto stays atomic)
   wide/keyed    the same with an idempotency key on every request
+  wide/sell     the same SKUs, each request a sell of 1 unit (auto: atomic, per request)
+  wide/confirm  the same SKUs, each client reserving 1 unit and confirming the hold at
+                once (each confirm counts as a request)
   hot/allocate  one SKU at three locations, each request an allocation of 1 unit from
                 the three (priority, auto: it walks the pool through the batcher)
   wide/allocate --skus SKUs (at most 1,000) at three locations each, allocations picked
@@ -70,6 +73,8 @@ CASES = (
     "hot/auto",
     "wide/auto",
     "wide/keyed",
+    "wide/sell",
+    "wide/confirm",
     "hot/allocate",
     "wide/allocate",
     "hot/allocate-shared",

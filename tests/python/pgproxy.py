@@ -4,7 +4,9 @@ It relays bytes both ways and parses the client's side of the protocol (a startu
 without a type byte, then typed messages: one type byte and a 4-byte length). When armed,
 the first simple-query message that is exactly COMMIT triggers the cut (or, armed with a
 ``statement``, the first Bind of that prepared statement: a statement run in autocommit
-commits at its Sync, so that is its COMMIT):
+commits at its Sync, so that is its COMMIT; or, armed with a ``query``, the first Parse
+whose SQL text holds it, as for the unnamed statements of the Citus layout and of pooled
+connections):
 
 - ``"after"``: COMMIT is forwarded, the proxy waits until the server has answered it
   (so the transaction did commit), and then drops both sides without relaying the answer.
@@ -45,6 +47,7 @@ class CommitCuttingProxy:
         self._lock = threading.Lock()
         self._armed: Optional[str] = None
         self._statement: Optional[bytes] = None
+        self._query: Optional[bytes] = None
         self._stall = 0.0
         self._links: List[_Link] = []
         self.cuts = 0
@@ -56,14 +59,22 @@ class CommitCuttingProxy:
         self._sockets: List[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self, mode: str, statement: Optional[str] = None, stall: float = 0.3) -> None:
-        """Cuts the next connection that sends COMMIT (or binds the prepared ``statement``),
-        ``"before"`` or ``"after"`` it; or, ``"stalled"``, the first one whose server has
-        kept an answer waiting for ``stall`` seconds."""
+    def arm(
+        self,
+        mode: str,
+        statement: Optional[str] = None,
+        stall: float = 0.3,
+        query: Optional[str] = None,
+    ) -> None:
+        """Cuts the next connection that sends COMMIT (or binds the prepared ``statement``,
+        or parses a statement whose text holds ``query``), ``"before"`` or ``"after"`` it;
+        or, ``"stalled"``, the first one whose server has kept an answer waiting for
+        ``stall`` seconds."""
         assert mode in ("before", "after", "stalled")
         with self._lock:
             self._armed = mode
             self._statement = statement.encode() if statement is not None else None
+            self._query = query.encode() if query is not None else None
             self._stall = stall
         if mode == "stalled":
             threading.Thread(target=self._watch_stalls, daemon=True).start()
@@ -152,7 +163,11 @@ class CommitCuttingProxy:
         with self._lock:
             if self._armed is None or self._armed == "stalled":
                 return None
-            if self._statement is None:
+            if self._query is not None:  # Parse: statement name, then its text
+                fields = message[5:].split(b"\0", 2)
+                if message[:1] != b"P" or len(fields) < 2 or self._query not in fields[1]:
+                    return None
+            elif self._statement is None:
                 text = message[5:].rstrip(b"\0").strip().upper()
                 if message[:1] != b"Q" or text != b"COMMIT":
                     return None

@@ -94,8 +94,9 @@ bool PostgresStore::run_fast_path(BatchTx& batch, const WriteOptions& write,
     if (done) return *done;
     batch.delegate(std::nullopt);  // no delegated functions: the transaction
   }
-  return run<RunMode::one_statement>(
-      &write, context, [&](Tx& tx) { return batch.run_fast(tx, statements_->citus()); });
+  return run_on<RunMode::one_statement>(batch.shard(), &write, context, [&](Tx& tx) {
+    return batch.run_fast(tx, statements_->citus());
+  });
 }
 
 // The full path, one transaction. If its commit is lost and the session was ended, a
@@ -108,7 +109,7 @@ void PostgresStore::run_full_resolving(BatchTx& batch, const WriteOptions& write
                                        const ErrorContext& context) {
   for (int lost = 0;; ++lost) {
     try {
-      run(&write, context, [&](Tx& tx) {
+      run_on(batch.shard(), &write, context, [&](Tx& tx) {
         batch.run_full(*this, tx);
         return true;
       });

@@ -3,6 +3,7 @@
 //   stock.cpp         stock rows and the per-request strategies
 //   reservations.cpp  holds, transitions, expiry, idempotency
 //   batch.cpp         apply_batch: the hot-row batcher's transactions
+//   delegated.cpp     on Citus, a reserve, a sell and a hold's step as one delegated call
 //   sweeper.cpp       the elected background sweeper
 //   migrate.cpp       the schema migrations
 //   test_hooks.cpp    the oversell canary and hold_lock (TestHooks)
@@ -107,8 +108,10 @@ inline bool commits_itself(RunMode mode, bool in_transaction) {
 }
 
 // Whether the call on this thread carries a journal note (stockade/journal.hpp), and its
-// setting for the transaction (migration 007's trigger reads `stockade.note`).
+// setting for the transaction (migration 007's trigger reads `stockade.note`): the text of
+// that setting ('' for none), which a delegated step sets itself (citus/111).
 void set_note(Tx& tx);
+std::string note_text();
 
 inline std::uint16_t shard_of(const SkuKey& key) {
   return row_shard_key(key.sku, key.location);
@@ -324,9 +327,10 @@ class PostgresStore final : public Store, public TestHooks {
   // lost commit the key says whether the write landed: stored, its outcome is the answer;
   // absent after an ended session, the write runs once more; else InDoubt, whose hint is to
   // retry with the key (keys.cpp).
+  // `shard`: the shard key of every row the write touches, if one (run_on).
   template <class Result, class Fn>
   Result keyed(const std::optional<KeyedWrite>& k, const WriteOptions* options,
-               ErrorContext context, Fn&& body);
+               ErrorContext context, Fn&& body, std::optional<std::uint16_t> shard = std::nullopt);
   // keyed()'s steps (keys.cpp): claim or replay (nothing: claimed), and after a lost
   // commit, the outcome the key holds (nothing: not landed, so run again).
   std::optional<std::string> claim_or_replay(Tx& tx, const KeyedWrite& k);
@@ -393,6 +397,8 @@ class PostgresStore final : public Store, public TestHooks {
                                                       const Uuid& id);
   std::optional<Reservation> reserve_delegated(const ReserveRequest& request, const Uuid& id,
                                                const std::string& print);
+  std::optional<StockLevel> sell_delegated(const SellRequest& request);
+  std::optional<Reservation> transition_delegated(const TransitionRequest& request);
   // Direct routing (routes.hpp): the worker that holds `shard`'s rows, reading the map
   // first when it is due; nothing: through the coordinator.
   std::optional<Routes::Route> route_of(std::uint16_t shard);
@@ -405,6 +411,22 @@ class PostgresStore final : public Store, public TestHooks {
   template <class Fn>
   auto run_delegated(std::uint16_t shard, const WriteOptions* options, const ErrorContext& context,
                      Fn&& fn) -> std::optional<std::invoke_result_t<Fn&, Tx&, std::int32_t*>>;
+  // run() of work on the rows of one shard key (`shard`; nothing: through the coordinator):
+  // with direct routing, on the worker the map names, where Citus executes it locally
+  // instead of the coordinator forwarding each statement; through the coordinator without
+  // a route, or after the worker's pool answered Unavailable (nothing was committed there:
+  // a fallback). Such a call cannot tell the node it ran on, so it counts as routed but
+  // never as a miss: a stale route (the node forwards it) is corrected by the map's
+  // periodic reload, or at once by a delegated call's miss.
+  template <RunMode Mode = RunMode::transaction, class Fn>
+  auto run_on(std::optional<std::uint16_t> shard, const WriteOptions* options,
+              const ErrorContext& context, Fn&& fn) -> std::invoke_result_t<Fn&, Tx&>;
+  // The one way a call takes its route (run_delegated, run_on): call(route) on the worker
+  // the map names for `shard`, then, if its pool answered Unavailable, call(nullptr)
+  // through the coordinator (the fallback is counted, the worker passed over for a while).
+  template <class Call>
+  auto via_route(std::uint16_t shard, Call&& call)
+      -> std::invoke_result_t<Call&, const Routes::Route*>;
   // apply_batch's fast statement: one statement, or on Citus one delegated call
   // (BatchTx::delegable); false if some row lacked room.
   bool run_fast_path(BatchTx& batch, const WriteOptions& write, const ErrorContext& context);
@@ -696,12 +718,12 @@ auto PostgresStore::run_attempt(Pool::Lease& lease, const WriteOptions* options,
 
 template <class Result, class Fn>
 Result PostgresStore::keyed(const std::optional<KeyedWrite>& k, const WriteOptions* options,
-                            ErrorContext context, Fn&& body) {
-  if (!k) return run(options, context, body);
+                            ErrorContext context, Fn&& body, std::optional<std::uint16_t> shard) {
+  if (!k) return run_on(shard, options, context, body);
   context.keyed = true;
   for (int lost = 0;; ++lost) {
     try {
-      return run(options, context, [&](Tx& tx) -> Result {
+      return run_on(shard, options, context, [&](Tx& tx) -> Result {
         if (const std::optional<std::string> stored = claim_or_replay(tx, *k)) {
           return decode_outcome<Result>(*stored);
         }
@@ -724,73 +746,50 @@ Result PostgresStore::keyed(const std::optional<KeyedWrite>& k, const WriteOptio
   }
 }
 
+template <class Call>
+auto PostgresStore::via_route(std::uint16_t shard, Call&& call)
+    -> std::invoke_result_t<Call&, const Routes::Route*> {
+  if (const std::optional<Routes::Route> route = route_of(shard)) {
+    try {
+      return call(&*route);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::unavailable) throw;
+      routes_->fell_back(*route);
+    }
+  }
+  return call(nullptr);
+}
+
 template <class Fn>
 auto PostgresStore::run_delegated(std::uint16_t shard, const WriteOptions* options,
                                   const ErrorContext& context, Fn&& fn)
     -> std::optional<std::invoke_result_t<Fn&, Tx&, std::int32_t*>> {
   if (!delegation_.load(std::memory_order_relaxed)) return std::nullopt;
   try {
-    if (const std::optional<Routes::Route> route = route_of(shard)) {
+    return via_route(shard, [&](const Routes::Route* route) {
       std::int32_t ran_on = -1;
-      try {
-        auto out = run<RunMode::delegated>(
-            options, context, [&](Tx& tx) { return fn(tx, &ran_on); }, route->pool.get());
-        if (ran_on >= 0) routes_->ran(*route, ran_on);
-        return out;
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::unavailable) throw;
-        routes_->fell_back(*route);
-      }
-    }
-    return run<RunMode::delegated>(options, context, [&](Tx& tx) { return fn(tx, nullptr); });
+      auto out = run<RunMode::delegated>(
+          options, context, [&](Tx& tx) { return fn(tx, route != nullptr ? &ran_on : nullptr); },
+          route != nullptr ? route->pool.get() : nullptr);
+      if (route != nullptr && ran_on >= 0) routes_->ran(*route, ran_on);
+      return out;
+    });
   } catch (const Error& e) {
     if (!lacks_delegation(e)) throw;
     return std::nullopt;
   }
 }
 
-template <class Fn>
-std::vector<Reservation> PostgresStore::run_resolving(const std::vector<Uuid>& ids,
-                                                      const ErrorContext& context, Fn&& attempt) {
-  const CallDeadline deadline(options_.call_timeout_ms);
-  for (int lost = 0;; ++lost) {
-    try {
-      return attempt();
-    } catch (const LostCommit& e) {
-      if (lost > 0) throw;
-      // Unsettled (the session could not be ended, or a pooler hides it), only a write
-      // that is there already is a certain answer: find_landed raises InDoubt otherwise.
-      std::vector<Reservation> landed = find_landed(ids, e, context);
-      if (!landed.empty()) return landed;
-    }
-  }
-}
-
-template <class Fn>
-auto PostgresStore::optimistic_retry(const SkuKey* key, const WriteOptions& options, Fn&& attempt)
-    -> std::invoke_result_t<Fn&> {
-  StrategyCounters& counters = telemetry().of(Strategy::optimistic);
-  const CallDeadline deadline(options_.call_timeout_ms);
-  for (int n = 0;; ++n) {
-    try {
-      return attempt();
-    } catch (const OptimisticRace&) {
-      bump(counters.conflicts);
-      if (key != nullptr) telemetry().count(*key, SkuEvent::conflict);
-      if (n >= options.retries_max) {
-        ErrorContext context;
-        if (key != nullptr) context = context_of(*key);
-        throw Error(ErrorCode::retries_exhausted,
-                    "optimistic write" +
-                        (key != nullptr ? " to " + describe(*key) : std::string()) +
-                        " lost the race " + std::to_string(n + 1) + " times (retries_max " +
-                        std::to_string(options.retries_max) + ")",
-                    std::move(context));
-      }
-      bump(counters.retries);
-      sleep_full_jitter(n, retry_backoff_base_us, retry_backoff_cap_us);
-    }
-  }
+template <RunMode Mode, class Fn>
+auto PostgresStore::run_on(std::optional<std::uint16_t> shard, const WriteOptions* options,
+                           const ErrorContext& context, Fn&& fn) -> std::invoke_result_t<Fn&, Tx&> {
+  if (!shard) return run<Mode>(options, context, fn);
+  return via_route(*shard, [&](const Routes::Route* route) {
+    if (route == nullptr) return run<Mode>(options, context, fn);
+    auto out = run<Mode>(options, context, fn, route->pool.get());
+    routes_->sent();
+    return out;
+  });
 }
 
 }  // namespace stockade::detail::pg

@@ -77,11 +77,16 @@ bool note_in_scope() noexcept {
   return note != nullptr && !note->empty();
 }
 
-void set_note(Tx& tx) {
+std::string note_text() {
   const JournalNote* note = current_note();
-  if (note == nullptr || note->empty()) return;
+  if (note == nullptr || note->empty()) return std::string();
   const std::string sep = "\x1f";
-  const std::string text = note->cause + sep + note->reason + sep + note->actor + sep + note->ref;
+  return note->cause + sep + note->reason + sep + note->actor + sep + note->ref;
+}
+
+void set_note(Tx& tx) {
+  const std::string text = note_text();
+  if (text.empty()) return;
   if (!tx.conn.statements().citus()) {
     tx.exec(Stmt::note_set, text);
     return;

@@ -369,18 +369,22 @@ Reservation PostgresStore::lock_live_hold(Tx& tx, const Uuid& id,
 }
 
 Reservation PostgresStore::transition(const TransitionRequest& request) {
+  if (std::optional<Reservation> done = transition_delegated(request)) return *done;
   const Uuid& id = request.id;
   const Transition kind = request.kind;
   ErrorContext context;
   context.reservation_id = id;
-  return keyed<Reservation>(keyed_write(request), nullptr, context, [&](Tx& tx) {
-    Reservation r = lock_live_hold(tx, id, request.expected_version);
-    if (kind == Transition::extend) return write_units(tx, r, request.ttl_us);
-    settle_in(tx, r,
-              settle_transition(r, kind == Transition::confirm, request.qty.value_or(0),
-                                request.release_rest));
-    return write_units(tx, r, 0);
-  });
+  return keyed<Reservation>(
+      keyed_write(request), nullptr, context,
+      [&](Tx& tx) {
+        Reservation r = lock_live_hold(tx, id, request.expected_version);
+        if (kind == Transition::extend) return write_units(tx, r, request.ttl_us);
+        settle_in(tx, r,
+                  settle_transition(r, kind == Transition::confirm, request.qty.value_or(0),
+                                    request.release_rest));
+        return write_units(tx, r, 0);
+      },
+      id.shard_key());
 }
 
 // One transaction: the reservation locked first, then the buyer's count, then the stock
@@ -389,19 +393,23 @@ Reservation PostgresStore::return_units(const ReturnRequest& request) {
   const Uuid& id = request.id;
   ErrorContext context;
   context.reservation_id = id;
-  return keyed<Reservation>(keyed_write(request), nullptr, context, [&](Tx& tx) {
-    const pqxx::result rows = tx.exec_on(id.shard_key(), Stmt::reservation_lock, id.to_string());
-    if (rows.empty()) throw_reservation_not_found(id);
-    Reservation r = read_reservation(rows[0]);
-    check_expected(r, request.expected_version);
-    take_return(r, request.qty);
-    give_back(tx, r, request.qty);
-    if (request.restock) {
-      upsert_in(tx, return_row(r, request.location), request.qty, /*add=*/true, {}, {});
-    }
-    return read_reservation(
-        tx.exec_on(id.shard_key(), Stmt::reservation_return, id.to_string(), r.returned)[0]);
-  });
+  return keyed<Reservation>(
+      keyed_write(request), nullptr, context,
+      [&](Tx& tx) {
+        const pqxx::result rows =
+            tx.exec_on(id.shard_key(), Stmt::reservation_lock, id.to_string());
+        if (rows.empty()) throw_reservation_not_found(id);
+        Reservation r = read_reservation(rows[0]);
+        check_expected(r, request.expected_version);
+        take_return(r, request.qty);
+        give_back(tx, r, request.qty);
+        if (request.restock) {
+          upsert_in(tx, return_row(r, request.location), request.qty, /*add=*/true, {}, {});
+        }
+        return read_reservation(
+            tx.exec_on(id.shard_key(), Stmt::reservation_return, id.to_string(), r.returned)[0]);
+      },
+      id.shard_key());
 }
 
 // One transaction, in the order of every transition: the reservation locked, then the
@@ -411,27 +419,30 @@ Reservation PostgresStore::resize(const ResizeRequest& request) {
   const Uuid& id = request.id;
   ErrorContext context;
   context.reservation_id = id;
-  return keyed<Reservation>(keyed_write(request), nullptr, context, [&](Tx& tx) {
-    Reservation r = lock_live_hold(tx, id, request.expected_version);
-    const Quantity delta = resize_delta(r, request.qty);
-    if (delta == 0) return r;
-    if (delta < 0) {  // a release of the units it no longer holds
-      settle_in(tx, r, settle_transition(r, /*confirm=*/false, -delta, /*release_rest=*/false));
-    } else {
-      if (r.buyer) {
-        const LineGroups groups = take_allowances(tx, {OrderLine{r.key, delta}}, *r.buyer);
-        if (groups.at(0) != r.limit_group) throw group_changed(r);
-      }
-      const pqxx::result moved =
-          tx.exec_on(shard_of(r.key), Stmt::stock_delta, r.key.sku, r.key.location, Quantity{0},
-                     delta, delta, std::int64_t{-1}, std::int64_t{-1}, r.key.slot);
-      if (moved.empty()) refuse(tx, r.key, delta, std::nullopt, std::nullopt, true);
-      observed_write(level_from(r.key, moved[0]));
-      grow_hold(r, delta);
-    }
-    return read_reservation(
-        tx.exec_on(id.shard_key(), Stmt::reservation_resize, id.to_string(), r.qty, r.released)[0]);
-  });
+  return keyed<Reservation>(
+      keyed_write(request), nullptr, context,
+      [&](Tx& tx) {
+        Reservation r = lock_live_hold(tx, id, request.expected_version);
+        const Quantity delta = resize_delta(r, request.qty);
+        if (delta == 0) return r;
+        if (delta < 0) {  // a release of the units it no longer holds
+          settle_in(tx, r, settle_transition(r, /*confirm=*/false, -delta, /*release_rest=*/false));
+        } else {
+          if (r.buyer) {
+            const LineGroups groups = take_allowances(tx, {OrderLine{r.key, delta}}, *r.buyer);
+            if (groups.at(0) != r.limit_group) throw group_changed(r);
+          }
+          const pqxx::result moved =
+              tx.exec_on(shard_of(r.key), Stmt::stock_delta, r.key.sku, r.key.location, Quantity{0},
+                         delta, delta, std::int64_t{-1}, std::int64_t{-1}, r.key.slot);
+          if (moved.empty()) refuse(tx, r.key, delta, std::nullopt, std::nullopt, true);
+          observed_write(level_from(r.key, moved[0]));
+          grow_hold(r, delta);
+        }
+        return read_reservation(tx.exec_on(id.shard_key(), Stmt::reservation_resize, id.to_string(),
+                                           r.qty, r.released)[0]);
+      },
+      id.shard_key());
 }
 
 Reservation PostgresStore::get_reservation(const Uuid& id) {

@@ -203,6 +203,11 @@ void Routes::ran(const Route& route, std::int32_t ran_on) {
   go_stale();
 }
 
+void Routes::sent() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.routed;
+}
+
 void Routes::fell_back(const Route& route) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.fallbacks;

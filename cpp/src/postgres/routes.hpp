@@ -5,13 +5,16 @@
 // Why it is correct whatever the map says: every node of a Citus 11+ cluster has the
 // metadata, and a call sent to a node that does not hold the shard is forwarded by that
 // node (a delegated function is delegated again, a statement runs remotely). A stale
-// route is only slower. The call reports the group of the node it ran on, and a call that
-// ran elsewhere than its route said is a miss: it is counted, and the next call reloads
+// route is only slower. A delegated call reports the group of the node it ran on, and one
+// that ran elsewhere than its route said is a miss: it is counted, and the next call reloads
 // the map (from the coordinator's pg_dist_* tables).
 //
-// What it does not do: it sends a worker only the calls that the store routes (the
-// delegated reserve); migrate(), DDL, reads across shards and the statement path stay on
-// the coordinator. It does not balance over replicas: one placement per shard.
+// What it sends a worker: every call on the rows of one shard key, the delegated calls
+// (reserves, the batch's one-row statements) and the transactions of statements (sells,
+// restocks, transitions, returns, resizes, the batch's full path, a reserve with a note
+// or a buyer, a read of one row), which Citus then executes locally there. migrate(), DDL,
+// orders and transfers over many rows, and reads across shards stay on the coordinator.
+// It does not balance over replicas: one placement per shard.
 //
 // Bounds: a pool per worker of the map of the store's pool_size connections (so at most
 // pool_size times the number of workers, besides the coordinator's pool; a worker that
@@ -97,6 +100,9 @@ class Routes {
   // A call routed by `route` ran on the node of group `ran_on`: a hit, or a miss (counted,
   // and the map goes stale).
   void ran(const Route& route, std::int32_t ran_on);
+  // A routed call that cannot tell the node it ran on (a transaction of statements, not a
+  // delegated call) went: counted as routed, never as a miss.
+  void sent();
   // A routed call could not reach its worker (Unavailable, nothing changed) and went
   // through the coordinator; the map goes stale, and the worker is passed over for
   // node_backoff_ms.

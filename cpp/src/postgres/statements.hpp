@@ -100,6 +100,8 @@ namespace stockade::detail::pg {
   X(citus_reserve_one, citus)         \
   X(citus_reserve_routed, citus)      \
   X(citus_batch_one, citus)           \
+  X(citus_sell_one, citus)            \
+  X(citus_step_one, citus)            \
   X(citus_purge_shard, citus)         \
   X(citus_keys_taken, citus)          \
   X(citus_move, citus)                \

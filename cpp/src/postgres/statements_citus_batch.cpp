@@ -34,6 +34,22 @@ void add_delegated_statements(const std::string& schema, const StatementSink& se
           ".batch_one($1, $2, $3::smallint, $4, $5, $6, $7::uuid[], $8::bigint[], $9::bigint[],"
           " $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[],"
           " $16::text[], $17@SKV)");
+  // An atomic sell as one call that Citus delegates to the worker holding the row
+  // (migration citus/111): the row ($1..$3), the units ($4), the expected version ($5, -1:
+  // none), the fencing token ($6, -1: none) and lock_timeout ($7). Its row: level_from's
+  // columns, then the group of the node it ran on; no row: refused, nothing changed.
+  set(Stmt::citus_sell_one,
+      "SELECT * FROM " + schema + ".sell_one($1, $2, $3::smallint, $4, $5, $6, $7@SKV)");
+  // A step of a held reservation as one delegated call (migration citus/111), decided by
+  // the engine: the reservation ($1) as read at version $2, its new state ($3) and units
+  // ($4 confirmed, $5 released, $6 expired), a new TTL ($7, 0: none), its stock row
+  // ($8..$10) and what that row moves by ($11 sold, $12 settled), the journal's note ($13,
+  // '': none) and lock_timeout ($14). Its row: the reservation's new version, update time
+  // and expiry, the row's new version (NULL: none moved), the group of the node it ran on;
+  // no row: the reservation moved on, or the node does not hold the shard.
+  set(Stmt::citus_step_one, "SELECT * FROM " + schema +
+                                ".step_one($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9,"
+                                " $10::smallint, $11, $12, $13, $14@SKV)");
   // Retention's delegated step on one Citus shard (migration citus/108): the keys phase
   // ($1, else the reservations phase), the horizon's age ($2), at most $3 entries from the
   // cursor $4, and a shard key of the shard. Its row: keys and reservations deleted, the

@@ -10,6 +10,51 @@
 
 namespace stockade::detail::pg {
 
+// Used by this file alone: reserve, sell and the orders' reserve.
+template <class Fn>
+std::vector<Reservation> PostgresStore::run_resolving(const std::vector<Uuid>& ids,
+                                                      const ErrorContext& context, Fn&& attempt) {
+  const CallDeadline deadline(options_.call_timeout_ms);
+  for (int lost = 0;; ++lost) {
+    try {
+      return attempt();
+    } catch (const LostCommit& e) {
+      if (lost > 0) throw;
+      // Unsettled (the session could not be ended, or a pooler hides it), only a write
+      // that is there already is a certain answer: find_landed raises InDoubt otherwise.
+      std::vector<Reservation> landed = find_landed(ids, e, context);
+      if (!landed.empty()) return landed;
+    }
+  }
+}
+
+template <class Fn>
+auto PostgresStore::optimistic_retry(const SkuKey* key, const WriteOptions& options, Fn&& attempt)
+    -> std::invoke_result_t<Fn&> {
+  StrategyCounters& counters = telemetry().of(Strategy::optimistic);
+  const CallDeadline deadline(options_.call_timeout_ms);
+  for (int n = 0;; ++n) {
+    try {
+      return attempt();
+    } catch (const OptimisticRace&) {
+      bump(counters.conflicts);
+      if (key != nullptr) telemetry().count(*key, SkuEvent::conflict);
+      if (n >= options.retries_max) {
+        ErrorContext context;
+        if (key != nullptr) context = context_of(*key);
+        throw Error(ErrorCode::retries_exhausted,
+                    "optimistic write" +
+                        (key != nullptr ? " to " + describe(*key) : std::string()) +
+                        " lost the race " + std::to_string(n + 1) + " times (retries_max " +
+                        std::to_string(options.retries_max) + ")",
+                    std::move(context));
+      }
+      bump(counters.retries);
+      sleep_full_jitter(n, retry_backoff_base_us, retry_backoff_cap_us);
+    }
+  }
+}
+
 // Every row the database returns passed its CHECK constraint; the assertion states what the
 // decisions made on it rely on.
 StockLevel level_from(const SkuKey& key, const pqxx::row& row) {
@@ -153,8 +198,9 @@ StockLevel PostgresStore::upsert(const SkuKey& key, Quantity value, bool add,
     k = KeyedWrite{*idempotency_key, stock_fingerprint(key, value, add, expected, token),
                    shard_of(key)};
   }
-  return keyed<StockLevel>(k, nullptr, context_of(key),
-                           [&](Tx& tx) { return upsert_in(tx, key, value, add, expected, token); });
+  return keyed<StockLevel>(
+      k, nullptr, context_of(key),
+      [&](Tx& tx) { return upsert_in(tx, key, value, add, expected, token); }, shard_of(key));
 }
 
 StockLevel PostgresStore::upsert_in(Tx& tx, const SkuKey& key, Quantity value, bool add,
@@ -197,8 +243,8 @@ StockLevel PostgresStore::set_on_hand(const SkuKey& key, Quantity on_hand,
 }
 
 std::vector<StockLevel> PostgresStore::sku_rows(const SkuKey& base) {
-  return run<RunMode::read>(nullptr, context_of(base),
-                            [&](Tx& tx) { return read_sku_rows(tx, base); });
+  return run_on<RunMode::read>(shard_of(base), nullptr, context_of(base),
+                               [&](Tx& tx) { return read_sku_rows(tx, base); });
 }
 
 // `base` and its slot rows that exist, in key order (the own row first), read in `tx`.
@@ -326,17 +372,20 @@ StockLevel PostgresStore::move_units(const MoveRequest& request) {
   if (request.idempotency_key) {
     k = KeyedWrite{*request.idempotency_key, fingerprint(request), shard_of(key)};
   }
-  return keyed<StockLevel>(k, nullptr, context_of(key), [&](Tx& tx) {
-    const Level row = read_row(tx, Stmt::stock_lock, key);
-    if (!row) throw_stock_not_found(key);
-    check_writable(*row, request.expected_version, request.fencing_token);
-    // Units in a bucket stay on their row: a slotted SKU would spread them as free units.
-    refuse_if_slotted(tx, key, "moving units between states");
-    const UnitCounts counts = plan_move(*row, request);
-    return observed_write(level_from(
-        key, tx.exec_on(shard_of(key), Stmt::stock_set_units, key.sku, key.location, counts.on_hand,
-                        counts.damaged, counts.quality_control, key.slot)[0]));
-  });
+  return keyed<StockLevel>(
+      k, nullptr, context_of(key),
+      [&](Tx& tx) {
+        const Level row = read_row(tx, Stmt::stock_lock, key);
+        if (!row) throw_stock_not_found(key);
+        check_writable(*row, request.expected_version, request.fencing_token);
+        // Units in a bucket stay on their row: a slotted SKU would spread them as free units.
+        refuse_if_slotted(tx, key, "moving units between states");
+        const UnitCounts counts = plan_move(*row, request);
+        return observed_write(level_from(
+            key, tx.exec_on(shard_of(key), Stmt::stock_set_units, key.sku, key.location,
+                            counts.on_hand, counts.damaged, counts.quality_control, key.slot)[0]));
+      },
+      shard_of(key));
 }
 
 // The engine refuses leases and backorder limits on a slotted SKU after reading its rows;
@@ -417,7 +466,7 @@ bool PostgresStore::release_lease(const SkuKey& key, FencingToken token) {
 }
 
 StockLevel PostgresStore::stock(const SkuKey& key) {
-  return run<RunMode::read>(nullptr, context_of(key), [&](Tx& tx) {
+  return run_on<RunMode::read>(shard_of(key), nullptr, context_of(key), [&](Tx& tx) {
     const Level row = read_row(tx, Stmt::stock_get, key);
     if (!row) throw_stock_not_found(key);
     return *row;
@@ -434,28 +483,32 @@ StockLevel PostgresStore::sell(const SellRequest& request) {
     k = KeyedWrite{*request.idempotency_key, fingerprint(request), shard_of(key)};
   }
   auto attempt = [&] {
-    return keyed<StockLevel>(k, &options, context_of(key), [&](Tx& tx) {
-      if (options.strategy == Strategy::atomic) {
-        const pqxx::result rows =
-            tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location, request.qty,
-                       Quantity{0}, request.qty, options.expected_version.value_or(-1),
-                       options.fencing_token.value_or(-1), key.slot);
-        if (rows.empty()) {
-          refuse(tx, key, request.qty, options.expected_version, options.fencing_token,
-                 options.count_refusal);
-        }
-        return observed_write(level_from(key, rows[0]));
-      }
-      const StockLevel read = lock_row(tx, key, options);
-      check_writable(read, options.expected_version, options.fencing_token);
-      if (read.available() < request.qty) {
-        if (options.count_refusal) telemetry().count(key, SkuEvent::refused);
-        throw_out_of_stock(key, read.available(), request.qty, read.version);
-      }
-      return write_row(tx, read, request.qty, 0, options);
-    });
+    return keyed<StockLevel>(
+        k, &options, context_of(key),
+        [&](Tx& tx) {
+          if (options.strategy == Strategy::atomic) {
+            const pqxx::result rows =
+                tx.exec_on(shard_of(key), Stmt::stock_delta, key.sku, key.location, request.qty,
+                           Quantity{0}, request.qty, options.expected_version.value_or(-1),
+                           options.fencing_token.value_or(-1), key.slot);
+            if (rows.empty()) {
+              refuse(tx, key, request.qty, options.expected_version, options.fencing_token,
+                     options.count_refusal);
+            }
+            return observed_write(level_from(key, rows[0]));
+          }
+          const StockLevel read = lock_row(tx, key, options);
+          check_writable(read, options.expected_version, options.fencing_token);
+          if (read.available() < request.qty) {
+            if (options.count_refusal) telemetry().count(key, SkuEvent::refused);
+            throw_out_of_stock(key, read.available(), request.qty, read.version);
+          }
+          return write_row(tx, read, request.qty, 0, options);
+        },
+        shard_of(key));
   };
   if (options.strategy == Strategy::optimistic) return optimistic_retry(&key, options, attempt);
+  if (std::optional<StockLevel> sold = sell_delegated(request)) return *sold;
   return attempt();
 }
 
@@ -532,7 +585,7 @@ Reservation PostgresStore::reserve(const ReserveRequest& request) {
                                            row_shard_key(request.key.sku, request.key.location))};
   const std::string print = request.idempotency_key ? fingerprint(request) : std::string();
   auto attempt = [&] {
-    return run(&options, context_of(request.key), [&](Tx& tx) {
+    return run_on(shard_of(request.key), &options, context_of(request.key), [&](Tx& tx) {
       if (!request.idempotency_key) {
         return hold(tx, lines, ids, request.ttl_us, std::nullopt, options);
       }
@@ -600,42 +653,6 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
         return new_hold(id, key, request.qty, std::nullopt, rows[0]);
       });
   if (made) return made;
-  return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
-    refuse(tx, key, request.qty, request.options.expected_version, std::nullopt,  // throws
-           request.options.count_refusal);
-  });
-}
-
-// An atomic reserve on Citus as one delegated call (migration citus/105): the key (if
-// any) claimed, the row moved and the hold made on the row's worker, which commits them.
-// A refusal reads why, as reserve_in_one_statement's. A key that is there already gives
-// nothing: the statement path then answers the replay (with_idempotency), reading the
-// key's reservations in the transaction that holds the key, which a purge cannot take.
-// With direct routing the call goes straight to the worker the map names (citus/106,
-// routes.hpp); if that worker is out of reach (Unavailable: nothing changed), through the
-// coordinator.
-std::optional<Reservation> PostgresStore::reserve_delegated(const ReserveRequest& request,
-                                                            const Uuid& id,
-                                                            const std::string& print) {
-  const SkuKey& key = request.key;
-  const ErrorContext context = context_of(key);
-  std::string outcome;
-  const std::optional<std::optional<Reservation>> made = run_delegated(
-      shard_of(key), &request.options, context,
-      [&](Tx& tx, std::int32_t* ran_on) -> std::optional<Reservation> {
-        const pqxx::result rows = tx.exec_on(
-            shard_of(key), ran_on ? Stmt::citus_reserve_routed : Stmt::citus_reserve_one, key.sku,
-            key.location, key.slot, request.qty, request.options.expected_version.value_or(-1),
-            id.to_string(), request.ttl_us, std::to_string(request.options.lock_timeout_ms),
-            request.idempotency_key.value_or(std::string()), print);
-        outcome = rows.at(0)[3].as<std::string>();
-        if (ran_on) *ran_on = rows[0][4].as<std::int32_t>();
-        if (outcome != "made") return std::nullopt;
-        report_write(key, rows[0][2].as<Version>());
-        return new_hold(id, key, request.qty, request.idempotency_key, rows[0]);
-      });
-  if (!made) return std::nullopt;  // no delegated functions: the statement path
-  if (*made || outcome == "replay") return *made;
   return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
     refuse(tx, key, request.qty, request.options.expected_version, std::nullopt,  // throws
            request.options.count_refusal);
