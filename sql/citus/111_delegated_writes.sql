@@ -1,8 +1,8 @@
 -- A sell, and a step of a held reservation, as one delegated call each on the Citus layout.
 --
 -- A sell, as reserve_one (citus/105, 109) is for a reserve. Through statements, an atomic
--- sell is a transaction of three round trips (BEGIN with SET LOCAL lock_timeout, the
--- guarded UPDATE, COMMIT), and Citus plans the UPDATE and the journal trigger's INSERT
+-- sell is a transaction of four round trips (BEGIN with its Citus setting, SET LOCAL
+-- lock_timeout, the guarded UPDATE, COMMIT), and Citus plans the UPDATE and the journal trigger's INSERT
 -- wherever they run: 2.2 ms of the cluster's CPU a sell on the direct route, against
 -- 0.9 ms a delegated reserve (benchmarks/citus.py, wide/sell and wide/auto). Distributed
 -- by its shard-key argument and co-located with stock, `SELECT * FROM sell_one(...)` in
@@ -127,7 +127,8 @@ BEGIN
     RETURNING s.version$q$, t.stock)
       INTO moved USING p_sold, p_settled, p_shard, p_sku, p_location, p_slot;
     IF moved IS NULL THEN
-      RAISE EXCEPTION 'stockade: the stock row of reservation % is missing', p_id;
+      RAISE EXCEPTION 'the stock row of reservation % is missing', p_id
+        USING ERRCODE = 'SK002';  -- InvariantViolation, as the transaction's check
     END IF;
   END IF;
   RETURN QUERY SELECT v, (extract(epoch FROM updated) * 1000000)::bigint,

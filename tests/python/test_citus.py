@@ -318,10 +318,15 @@ def test_purge_runs_in_each_shard_on_its_worker(dsn: str, schema: str) -> None:
         assert eng.reserve("solo", 1, idempotency_key="one").id != keyed.id  # purged
 
 
-def test_a_runtime_role_purges_by_the_statement_form(dsn: str, schema: str) -> None:
+def test_a_runtime_role_purges_by_the_statement_form(
+    dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
     # A least-privilege runtime role (stockade.grants) does not own the tables, and Citus
     # lets only an owner take a shard's metadata lock: purge_shard then does nothing and
     # says so, and purge() takes the statement form, which needs no more than the grants.
+    # The steps of a hold (whose delegated form needs that lock) run as transactions, as
+    # the engine says once.
+    caplog.set_level("INFO", logger="stockade")
     role = f"stockade_rt_{uuid.uuid4().hex[:8]}"
     with stockade.Engine.postgres(dsn, layout="citus", schema=schema) as owner:
         owner.migrate()
@@ -338,6 +343,9 @@ def test_a_runtime_role_purges_by_the_statement_form(dsn: str, schema: str) -> N
             keyed = eng.reserve("solo", 1, idempotency_key="one")
             eng.confirm(keyed.id)
             eng.release(eng.reserve("solo", 1).id)
+            said = [r for r in caplog.records if "not as delegated calls" in r.getMessage()]
+            assert len(said) == 1, said
+            assert eng.stock("solo").on_hand == 9 and eng.stock("solo").reserved == 0
             time.sleep(0.01)
             call = purge_shard_call(as_role, schema, shard_key_of(keyed.id), keys=True)
             assert call == ["0", "0", "f", "t"]  # delegated, on the worker, as the role
@@ -717,8 +725,9 @@ def test_a_delegated_call_cut_is_answered_by_what_the_fence_proves(
     # "before" without sending it (nothing ran). The engine cannot tell the two apart, and
     # the Citus layout keeps no server session it could end to settle the outcome. So a
     # reserve is looked up by its id: found (after), it is the answer; not found (before),
-    # the write might still land, and the answer is InDoubt. A keyless sell leaves no row
-    # to look for: InDoubt either way. The rows show which really happened.
+    # the write might still land, and the answer is InDoubt. A keyless sell, or a step of a
+    # hold, leaves nothing to look for: InDoubt either way. The rows show which really
+    # happened.
     proxy = CommitCuttingProxy("127.0.0.1", stockade_citus.node_port("coordinator"))
     try:
         with stockade.Engine.postgres(
@@ -736,10 +745,16 @@ def test_a_delegated_call_cut_is_answered_by_what_the_fence_proves(
             proxy.arm(cut, query=".sell_one(")
             with pytest.raises(stockade.InDoubt):
                 eng.sell("solo", 3, strategy="atomic")
-            assert proxy.cuts == 2
+            other = eng.reserve("solo", 4, strategy="atomic")
+            proxy.arm(cut, query=".step_one(")
+            with pytest.raises(stockade.InDoubt):
+                eng.confirm(other.id, qty=1)
+            assert proxy.cuts == 3
             level = eng.stock("solo")
             landed = cut == "after"
-            assert (level.reserved, level.on_hand) == ((2, 97) if landed else (0, 100)), level
+            # after: 2 held, 3 sold, then 1 of the 4 confirmed; before: only the 4 held
+            assert (level.reserved, level.on_hand) == ((5, 96) if landed else (4, 100)), level
+            assert eng.reservation(other.id).confirmed == (1 if landed else 0)
             assert_audit_clean(eng)
     finally:
         proxy.close()
@@ -951,9 +966,11 @@ def test_direct_routing_sends_each_one_row_call_straight_to_the_rows_worker(
 ) -> None:
     # citus_routing="direct": the engine reads the shard map once and sends each call on
     # one row to the worker that holds it: an atomic reserve, keyless or keyed (migration
-    # citus/106), and a one-row batch (citus/107) as delegated calls; a sell, a restock, a
-    # confirm, a release, an extend and a read of the row as transactions of statements,
-    # which Citus executes locally there. The coordinator sends no command for any of them
+    # citus/106), a one-row batch (citus/107), a sell, a confirm, a release and an extend
+    # (citus/111) as delegated calls; a keyed restock and a read of the row as
+    # transactions of statements, which Citus executes locally there. And one with a
+    # buyer's count on another shard: that transaction is distributed from the worker.
+    # The coordinator sends no command for any of them
     # (citus.log_remote_commands; the marks are read through the coordinator by another
     # engine), and each delegated call ran on the node its route named: the map places
     # keys where Citus does (no miss).
@@ -989,15 +1006,19 @@ def test_direct_routing_sends_each_one_row_call_straight_to_the_rows_worker(
                 eng.extend(hold.id, ttl=timedelta(minutes=5))
                 eng.confirm(hold.id, qty=1)
                 eng.release(hold.id)
+                limited = eng.reserve(sku, 2, strategy="atomic", buyer="b-1")
+                eng.release(limited.id, qty=1)  # one unit back to the buyer's count
+                eng.release(limited.id)
                 assert eng.stock(sku).on_hand == 9
 
+        eng.set_purchase_limit("g", 1_000, skus)
         lines = remote_commands(stockade_citus, marks, "direct", one_row_calls)
         assert not [line for line in lines if "issuing" in line], lines[:5]
         routing = eng.stats()["pool"]["routing"]
         assert routing["mode"] == "direct" and routing["nodes"] == 2, routing
-        # 40 restocks before, then 10 calls for each SKU (and the engine's own reads of a
+        # 40 restocks before, then 13 calls for each SKU (and the engine's own reads of a
         # SKU's rows, which go the same way)
-        assert routing["routed"] >= 440, routing
+        assert routing["routed"] >= 40 + 13 * 40, routing
         assert (routing["misses"], routing["fallbacks"]) == (0, 0), routing
         # A replay, a conflict and a refusal answer as through the coordinator.
         replay = eng.reserve("d-0", 2, strategy="atomic", idempotency_key="k-d-0")
@@ -1010,6 +1031,7 @@ def test_direct_routing_sends_each_one_row_call_straight_to_the_rows_worker(
             eng.sell("d-1", 100, strategy="atomic")
         assert eng.restock("d-0", 1, idempotency_key="r-d-0").on_hand == 10  # replayed
         assert [eng.stock(sku).reserved for sku in skus] == [4] * len(skus)
+        assert eng.buyer_held("g", "b-1") == 0
         assert_audit_clean(eng)
     with stockade.Engine.postgres(dsn, layout="citus", schema=schema, pool_size=1) as eng:
         assert eng.stats()["pool"]["routing"]["mode"] == "coordinator"
@@ -1066,11 +1088,12 @@ def test_a_shard_move_under_load_refreshes_the_direct_routes(
 ) -> None:
     # citus_move_shard_placement moves the shard of m-0 (and of the SKUs that hash there)
     # to the other worker while 8 threads work straight on the workers, half of the calls
-    # on that shard: reserves (atomic and batched, delegated calls), sells, and confirms
-    # and releases of their own holds (transactions of statements). A call routed by the
-    # old map reaches the old node, which forwards it to the new one (a delegated call's
-    # miss is counted); the engine then reads the map again, and calls hit again. No call
-    # fails, and every row holds exactly what was acknowledged.
+    # on that shard: reserves (atomic and batched), sells, and confirms and releases of
+    # their own holds, as delegated calls, and keyed sells and releases, as transactions
+    # of statements on the worker. A call routed by the old map reaches the old node,
+    # which forwards it to the new one (a delegated call's miss is counted); the engine
+    # then reads the map again, and calls hit again. No call fails, and every row holds
+    # exactly what was acknowledged.
     with stockade.Engine.postgres(
         dsn, layout="citus", schema=schema, pool_size=8, citus_routing="direct"
     ) as eng:
@@ -1092,8 +1115,9 @@ def test_a_shard_move_under_load_refreshes_the_direct_routes(
                 sku = rng.choice(moving if rng.random() < 0.5 else skus)
                 step = rng.random()
                 try:
+                    key = f"{seed}-{rng.random()}" if rng.random() < 0.3 else None
                     if step < 0.2:
-                        eng.sell(sku, 1, strategy="atomic")
+                        eng.sell(sku, 1, strategy="atomic", idempotency_key=key)
                         changes = [(sku, 0, 1)]
                     elif step < 0.4 and holds:
                         hold = holds.pop()
@@ -1101,7 +1125,7 @@ def test_a_shard_move_under_load_refreshes_the_direct_routes(
                             eng.confirm(hold.id, qty=1)  # the other unit stays held
                             changes = [(hold.sku, -1, 1)]
                         else:
-                            eng.release(hold.id)
+                            eng.release(hold.id, idempotency_key=key)
                             changes = [(hold.sku, -2, 0)]
                     else:
                         holds.append(

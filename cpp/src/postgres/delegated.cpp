@@ -90,7 +90,7 @@ std::optional<StockLevel> PostgresStore::sell_delegated(const SellRequest& reque
 // hold the shard; or when the schema lacks the function. A cut call is InDoubt (no key).
 std::optional<Reservation> PostgresStore::transition_delegated(const TransitionRequest& request) {
   if (!statements_->citus() || request.idempotency_key ||
-      !delegation_.load(std::memory_order_relaxed)) {
+      !delegation_.load(std::memory_order_relaxed) || !shard_path_usable()) {
     return std::nullopt;
   }
   const Uuid& id = request.id;
@@ -133,6 +133,30 @@ std::optional<Reservation> PostgresStore::transition_delegated(const TransitionR
       });
   if (!done) return std::nullopt;  // no delegated functions: the transaction
   return *done;
+}
+
+// step_one changes nothing where it cannot take the shard path (it would have to write
+// through Citus, which a note set inside does not reach): for a role that does not own the
+// tables, or sessions that are not READ COMMITTED, every step would pay for a call that
+// does nothing. Read once; until it can be read, steps take the transaction.
+bool PostgresStore::shard_path_usable() {
+  const int known = shard_path_.load(std::memory_order_relaxed);
+  if (known != 0) return known > 0;
+  try {
+    const bool usable = run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+      return tx.exec(Stmt::citus_shard_path_usable)[0][0].as<bool>();
+    });
+    shard_path_.store(usable ? 1 : -1, std::memory_order_relaxed);
+    if (!usable) {
+      log(LogLevel::info, "stockade.postgres",
+          "this role does not own the tables of schema '" + options_.schema +
+              "', or its sessions are not READ COMMITTED: confirms, releases and extends "
+              "on the Citus layout run as transactions, not as delegated calls");
+    }
+    return usable;
+  } catch (const Error&) {
+    return false;  // asked again at the next step
+  }
 }
 
 }  // namespace stockade::detail::pg

@@ -327,7 +327,7 @@ class PostgresStore final : public Store, public TestHooks {
   // lost commit the key says whether the write landed: stored, its outcome is the answer;
   // absent after an ended session, the write runs once more; else InDoubt, whose hint is to
   // retry with the key (keys.cpp).
-  // `shard`: the shard key of every row the write touches, if one (run_on).
+  // `shard`: the shard key of the write's main row, to route it by (run_on).
   template <class Result, class Fn>
   Result keyed(const std::optional<KeyedWrite>& k, const WriteOptions* options,
                ErrorContext context, Fn&& body, std::optional<std::uint16_t> shard = std::nullopt);
@@ -411,13 +411,13 @@ class PostgresStore final : public Store, public TestHooks {
   template <class Fn>
   auto run_delegated(std::uint16_t shard, const WriteOptions* options, const ErrorContext& context,
                      Fn&& fn) -> std::optional<std::invoke_result_t<Fn&, Tx&, std::int32_t*>>;
-  // run() of work on the rows of one shard key (`shard`; nothing: through the coordinator):
-  // with direct routing, on the worker the map names, where Citus executes it locally
-  // instead of the coordinator forwarding each statement; through the coordinator without
-  // a route, or after the worker's pool answered Unavailable (nothing was committed there:
-  // a fallback). Such a call cannot tell the node it ran on, so it counts as routed but
-  // never as a miss: a stale route (the node forwards it) is corrected by the map's
-  // periodic reload, or at once by a delegated call's miss.
+  // run() routed by the shard key of the work's main row (`shard`; nothing: through the
+  // coordinator): with direct routing, on the worker the map names, where Citus executes
+  // that row's statements locally; through the coordinator without a route, or after the
+  // worker's pool answered Unavailable (nothing committed there: a fallback). A statement
+  // on another shard (a buyer's count) makes it a transaction distributed from that node
+  // (design.md). It counts as routed, never as a miss: the map's reload corrects a stale
+  // route (the node forwards the statements meanwhile).
   template <RunMode Mode = RunMode::transaction, class Fn>
   auto run_on(std::optional<std::uint16_t> shard, const WriteOptions* options,
               const ErrorContext& context, Fn&& fn) -> std::invoke_result_t<Fn&, Tx&>;
@@ -435,6 +435,10 @@ class PostgresStore final : public Store, public TestHooks {
   // run_delegated gives nothing; nothing ran.
   bool lacks_delegation(const Error& e);
   std::atomic<bool> delegation_{true};
+  // Whether this role's sessions can take shard_tables' path (citus/109), which step_one
+  // needs: 0 not known yet, 1 yes, -1 no (delegated.cpp). Read once.
+  std::atomic<int> shard_path_{0};
+  bool shard_path_usable();
   // The same for a keyless atomic reserve with a buyer: allowance, row and reservation in
   // one statement (batch_fast_one_limited); nothing if it could not apply in full (the
   // transaction path then decides and says why).
@@ -749,6 +753,7 @@ Result PostgresStore::keyed(const std::optional<KeyedWrite>& k, const WriteOptio
 template <class Call>
 auto PostgresStore::via_route(std::uint16_t shard, Call&& call)
     -> std::invoke_result_t<Call&, const Routes::Route*> {
+  const CallDeadline deadline(options_.call_timeout_ms);  // the worker's try and the fallback
   if (const std::optional<Routes::Route> route = route_of(shard)) {
     try {
       return call(&*route);

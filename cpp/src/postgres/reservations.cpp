@@ -369,6 +369,7 @@ Reservation PostgresStore::lock_live_hold(Tx& tx, const Uuid& id,
 }
 
 Reservation PostgresStore::transition(const TransitionRequest& request) {
+  const CallDeadline deadline(options_.call_timeout_ms);  // one bound over both ways
   if (std::optional<Reservation> done = transition_delegated(request)) return *done;
   const Uuid& id = request.id;
   const Transition kind = request.kind;

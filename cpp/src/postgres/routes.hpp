@@ -9,12 +9,14 @@
 // that ran elsewhere than its route said is a miss: it is counted, and the next call reloads
 // the map (from the coordinator's pg_dist_* tables).
 //
-// What it sends a worker: every call on the rows of one shard key, the delegated calls
-// (reserves, the batch's one-row statements) and the transactions of statements (sells,
-// restocks, transitions, returns, resizes, the batch's full path, a reserve with a note
-// or a buyer, a read of one row), which Citus then executes locally there. migrate(), DDL,
-// orders and transfers over many rows, and reads across shards stay on the coordinator.
-// It does not balance over replicas: one placement per shard.
+// What it sends a worker: the delegated calls (reserves, sells, the steps of a hold, the
+// batch's one-row statements, the purge's steps), and the transactions of statements
+// routed by their main row (keyed sells and steps, restocks, returns, resizes, the
+// batch's full path, a reserve with a note or a buyer, a read of one SKU's rows), which
+// Citus then executes locally there (a statement on another shard, such as a buyer's
+// count, runs where that shard is). migrate(), DDL, orders and transfers over many rows,
+// leases and the SKU-wide admin writes, reads of a reservation and reads across shards
+// stay on the coordinator. It does not balance over replicas: one placement per shard.
 //
 // Bounds: a pool per worker of the map of the store's pool_size connections (so at most
 // pool_size times the number of workers, besides the coordinator's pool; a worker that

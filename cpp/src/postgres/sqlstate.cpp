@@ -11,7 +11,7 @@ using C = ErrorCode;
 
 // Every SQLSTATE the store treats specially. Anything else is a DatabaseError that
 // carries its SQLSTATE.
-constexpr std::array<SqlStateRule, 19> rules{{
+constexpr std::array<SqlStateRule, 20> rules{{
     {"40001", A::retry, C::overloaded, "serialization failures"},
     {"40P01", A::retry, C::overloaded, "deadlocks"},
     {"55P03", A::lock, C::lock_timeout, "lock not available"},
@@ -22,6 +22,7 @@ constexpr std::array<SqlStateRule, 19> rules{{
     {"23514", A::raise, C::invariant_violation,
      "the database refused a write that breaks a CHECK constraint (a bug in the engine; "
      "please report it)"},
+    {"SK002", A::raise, C::invariant_violation, "the stock row of a reservation is missing"},
     {"22003", A::raise, C::invalid_argument, "a quantity would overflow a 64-bit value"},
     {undefined_table, A::raise, C::schema_not_migrated, "the schema is missing or not migrated"},
     {"3F000", A::raise, C::schema_not_migrated, "the schema is missing or not migrated"},

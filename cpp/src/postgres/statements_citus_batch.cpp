@@ -64,6 +64,13 @@ void add_delegated_statements(const std::string& schema, const StatementSink& se
           ".purge_shard(boolean, bigint, bigint, bigint, integer)') IS NOT NULL AND"
           " pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = '" +
           schema + ".reservation'::regclass), 'USAGE')");
+  // Whether this role's sessions can take shard_tables' path (citus/109): the role owns the
+  // tables (Citus lets only the owner take the shard lock) and its transactions are READ
+  // COMMITTED. The same conditions as shard_tables', read once by a store.
+  set(Stmt::citus_shard_path_usable,
+      "SELECT pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = '" + schema +
+          ".stock'::regclass), 'USAGE') AND current_setting('transaction_isolation') ="
+          " 'read committed'");
   // The hash range of each Citus shard of the co-located tables (purge_citus calls the
   // delegated purge once per shard).
   set(Stmt::citus_shard_ranges,
