@@ -37,11 +37,7 @@ std::optional<Reservation> PostgresStore::reserve_delegated(const ReserveRequest
       });
   if (!made) return std::nullopt;  // no delegated functions: the statement path
   if (*made || outcome == "replay") return *made;
-  return run_on<RunMode::read>(
-      shard_of(key), &request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
-        refuse(tx, key, request.qty, request.options.expected_version, std::nullopt,  // throws
-               request.options.count_refusal);
-      });
+  return refused_by_read(key, request.qty, request.options, std::nullopt);
 }
 
 // An atomic sell on Citus as one delegated call (migration citus/111): the row moved by
@@ -70,11 +66,7 @@ std::optional<StockLevel> PostgresStore::sell_delegated(const SellRequest& reque
       });
   if (!sold) return std::nullopt;  // no delegated functions: the statement path
   if (*sold) return observed_write(**sold);
-  return run_on<RunMode::read>(shard_of(key), &options, context,
-                               [&](Tx& tx) -> std::optional<StockLevel> {
-                                 refuse(tx, key, request.qty, options.expected_version,  // throws
-                                        options.fencing_token, options.count_refusal);
-                               });
+  return refused_by_read(key, request.qty, options, options.fencing_token);
 }
 
 // A step on Citus as a read and one delegated call (migration citus/111): the reservation
@@ -131,8 +123,7 @@ std::optional<Reservation> PostgresStore::transition_delegated(const TransitionR
         if (!rows[0][3].is_null()) report_write(r.key, rows[0][3].as<Version>());
         return out;
       });
-  if (!done) return std::nullopt;  // no delegated functions: the transaction
-  return *done;
+  return done.value_or(std::nullopt);  // nothing: no delegated functions, the transaction
 }
 
 // step_one changes nothing where it cannot take the shard path (it would have to write

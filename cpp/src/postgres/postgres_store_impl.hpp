@@ -379,6 +379,10 @@ class PostgresStore final : public Store, public TestHooks {
   [[noreturn]] void refuse(Tx& tx, const SkuKey& key, Quantity qty,
                            const std::optional<Version>& expected,
                            const std::optional<FencingToken>& token, bool count);
+  // refuse() in a read of its own, after a write of one statement or call changed nothing.
+  // It throws; a caller returning an optional writes `return refused_by_read(...)`.
+  std::nullopt_t refused_by_read(const SkuKey& key, Quantity qty, const WriteOptions& options,
+                                 const std::optional<FencingToken>& token);
   StockLevel upsert(const SkuKey& key, Quantity value, bool add, std::optional<Version> expected,
                     std::optional<FencingToken> token,
                     const std::optional<std::string>& idempotency_key);
@@ -411,13 +415,10 @@ class PostgresStore final : public Store, public TestHooks {
   template <class Fn>
   auto run_delegated(std::uint16_t shard, const WriteOptions* options, const ErrorContext& context,
                      Fn&& fn) -> std::optional<std::invoke_result_t<Fn&, Tx&, std::int32_t*>>;
-  // run() routed by the shard key of the work's main row (`shard`; nothing: through the
-  // coordinator): with direct routing, on the worker the map names, where Citus executes
-  // that row's statements locally; through the coordinator without a route, or after the
-  // worker's pool answered Unavailable (nothing committed there: a fallback). A statement
-  // on another shard (a buyer's count) makes it a transaction distributed from that node
-  // (design.md). It counts as routed, never as a miss: the map's reload corrects a stale
-  // route (the node forwards the statements meanwhile).
+  // run() routed by the shard key of the work's main row (`shard`; nothing: the
+  // coordinator), through via_route: on that row's worker with direct routing, where
+  // Citus runs its statements locally (design.md: another shard's, a distributed
+  // transaction). Counted as routed, never as a miss: the map's reload fixes a stale route.
   template <RunMode Mode = RunMode::transaction, class Fn>
   auto run_on(std::optional<std::uint16_t> shard, const WriteOptions* options,
               const ErrorContext& context, Fn&& fn) -> std::invoke_result_t<Fn&, Tx&>;
@@ -435,8 +436,7 @@ class PostgresStore final : public Store, public TestHooks {
   // run_delegated gives nothing; nothing ran.
   bool lacks_delegation(const Error& e);
   std::atomic<bool> delegation_{true};
-  // Whether this role's sessions can take shard_tables' path (citus/109), which step_one
-  // needs: 0 not known yet, 1 yes, -1 no (delegated.cpp). Read once.
+  // Whether step_one can take shard_tables' path here: 0 unknown, 1 yes, -1 no (delegated.cpp).
   std::atomic<int> shard_path_{0};
   bool shard_path_usable();
   // The same for a keyless atomic reserve with a buyer: allowance, row and reservation in
@@ -753,14 +753,14 @@ Result PostgresStore::keyed(const std::optional<KeyedWrite>& k, const WriteOptio
 template <class Call>
 auto PostgresStore::via_route(std::uint16_t shard, Call&& call)
     -> std::invoke_result_t<Call&, const Routes::Route*> {
+  const std::optional<Routes::Route> route = route_of(shard);
+  if (!route) return call(nullptr);
   const CallDeadline deadline(options_.call_timeout_ms);  // the worker's try and the fallback
-  if (const std::optional<Routes::Route> route = route_of(shard)) {
-    try {
-      return call(&*route);
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::unavailable) throw;
-      routes_->fell_back(*route);
-    }
+  try {
+    return call(&*route);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::unavailable) throw;
+    routes_->fell_back(*route);
   }
   return call(nullptr);
 }

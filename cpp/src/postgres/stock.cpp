@@ -180,6 +180,15 @@ StockLevel PostgresStore::observed_write(StockLevel level) {
   return level;
 }
 
+std::nullopt_t PostgresStore::refused_by_read(const SkuKey& key, Quantity qty,
+                                              const WriteOptions& options,
+                                              const std::optional<FencingToken>& token) {
+  run_on<RunMode::read>(shard_of(key), &options, context_of(key), [&](Tx& tx) -> bool {
+    refuse(tx, key, qty, options.expected_version, token, options.count_refusal);
+  });
+  return std::nullopt;  // not reached: refuse() throws
+}
+
 void PostgresStore::refuse(Tx& tx, const SkuKey& key, Quantity qty,
                            const std::optional<Version>& expected,
                            const std::optional<FencingToken>& token, bool count) {
@@ -653,10 +662,7 @@ std::optional<Reservation> PostgresStore::reserve_in_one_statement(const Reserve
         return new_hold(id, key, request.qty, std::nullopt, rows[0]);
       });
   if (made) return made;
-  return run<RunMode::read>(&request.options, context, [&](Tx& tx) -> std::optional<Reservation> {
-    refuse(tx, key, request.qty, request.options.expected_version, std::nullopt,  // throws
-           request.options.count_refusal);
-  });
+  return refused_by_read(key, request.qty, request.options, std::nullopt);
 }
 
 std::optional<Reservation> PostgresStore::reserve_limited_in_one_statement(
