@@ -790,10 +790,14 @@ def test_delegated_calls_keep_the_workers_sessions_flat(
                 " || ':' || coalesce(array_to_string(p.proconfig, ','), ''), ' '"
                 " ORDER BY p.proname) FROM pg_proc p JOIN pg_namespace n ON n.oid ="
                 f" p.pronamespace WHERE n.nspname = '{schema}'"
-                " AND p.proname IN ('reserve_one', 'batch_one', 'reserve_routed')",
+                " AND p.proname IN ('reserve_one', 'batch_one', 'reserve_routed',"
+                " 'reserve_local')",
             )
-            # Each on every node, none with a SET (reserve_routed calls reserve_one).
-            assert made == "batch_one:true: reserve_one:true: reserve_routed:false:", (node, made)
+            # Each on every node, none with a SET (reserve_one and reserve_routed call
+            # reserve_local).
+            assert made == (
+                "batch_one:true: reserve_local:true: reserve_one:false: reserve_routed:false:"
+            ), (node, made)
 
         def worker_sessions_kb() -> int:
             total, sessions = stockade_citus.workers_sessions_kib(sessions_of)
@@ -1327,6 +1331,7 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
             f" DROP FUNCTION {schema}.batch_one; DROP FUNCTION {schema}.purge_shard;"
             f" DROP FUNCTION {schema}.shard_tables; DROP FUNCTION {schema}.sell_one;"
             f" DROP FUNCTION {schema}.step_one; DROP FUNCTION {schema}.shard_statement;"
+            f" DROP FUNCTION {schema}.reserve_local;"
             f" DELETE FROM {schema}.schema_migrations WHERE version >= 105",
         )
         for strategy in ("atomic", "batched", "atomic"):
