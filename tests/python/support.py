@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable, List
 
 import stockade
+from stockade.tools.pgserver import run_sql
 
 # The strategies that serve each request in its own transaction, and all of them (batched
 # folds requests into shared transactions; auto picks atomic or batched per SKU), in the
@@ -34,6 +35,19 @@ Wait = Callable[[float], None]
 def field(dsn: str, name: str) -> str:
     """One key=value field of a connection string (dbname, host, port)."""
     return dsn.split(f"{name}=")[1].split()[0]
+
+
+def wait_for_session(dsn: str, where: str) -> None:
+    """Waits until another session on the database matches `where` (pg_stat_activity):
+    tests sequence their sessions by what the server sees, not by sleeping."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        f"AND pid <> pg_backend_pid() AND {where}"
+    )
+    deadline = time.monotonic() + 30
+    while int(run_sql(dsn, query)) == 0:
+        assert time.monotonic() < deadline, f"no session with {where}"
+        time.sleep(0.02)
 
 
 def in_doubt_after_cut(pooled: bool, cut: str) -> bool:

@@ -24,7 +24,7 @@ from pgproxy import CommitCuttingProxy
 from stockade import ReservationState
 from stockade.tools.pgserver import child_connection, conninfo_with, run_sql
 from stockade.tools.pytest_plugin import PostgresForTests
-from support import MIGRATIONS, field, in_doubt_after_cut
+from support import MIGRATIONS, field, in_doubt_after_cut, wait_for_session
 
 pytestmark = pytest.mark.postgres
 
@@ -41,19 +41,6 @@ def empty_database(stockade_postgres: PostgresForTests) -> Iterator[str]:
 
 def sql(dsn: str, statement: str) -> str:
     return run_sql(dsn, statement)
-
-
-def wait_for_session(dsn: str, where: str) -> None:
-    """Waits until another session on the database matches `where` (pg_stat_activity):
-    tests sequence their sessions by what the server sees, not by sleeping."""
-    query = (
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        f"AND pid <> pg_backend_pid() AND {where}"
-    )
-    deadline = time.monotonic() + 30
-    while int(sql(dsn, query)) == 0:
-        assert time.monotonic() < deadline, f"no session with {where}"
-        time.sleep(0.02)
 
 
 # --- migrations and schema ---
