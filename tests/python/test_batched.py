@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
 import uuid
+from datetime import timedelta
 from typing import Callable, List, Union
 
 import pytest
@@ -20,7 +22,7 @@ import stockade
 from pgproxy import CommitCuttingProxy
 from stockade import Reservation
 from stockade.testing import race
-from support import field, in_doubt_after_cut
+from support import field, in_doubt_after_cut, wait_for_session
 
 HOT = ["batched", "auto"]
 
@@ -392,6 +394,80 @@ def test_a_keyed_batch_cut_at_commit_is_resolved_by_the_engine(
         assert eng.stock("hot").reserved == 3 and eng.reservation(r.id) == r
         assert eng.row_counts()["reservation_count"] == 1
         assert eng.reserve("hot", 3, idempotency_key="order-1", strategy="batched") == r
+
+
+@pytest.mark.parametrize("cut", ["after", "before"])
+def test_a_batched_step_cut_around_its_fast_statement_is_told_the_truth(
+    proxy: CommitCuttingProxy, stockade_database: str, pooled: bool, cut: str
+) -> None:
+    # A batch of steps alone runs the one-row statement with steps (autocommit) and makes no
+    # row to look for after a cut: its hold's version tells. Still as read (before): nothing
+    # landed, and the batch runs again the long way, once. Moved (after): by this statement
+    # or by another writer, the engine cannot tell, so InDoubt. (Behind a pooler the
+    # statement runs in a transaction of its own, whose COMMIT is cut.)
+    dbname = field(stockade_database, "dbname")
+    with stockade.Engine.postgres(
+        proxy.dsn(dbname), pool_size=2, sweeper=False, strategy="batched"
+    ) as eng:
+        eng.restock("hot", 10)
+        r = eng.reserve("hot", 3)
+        proxy.arm(cut, statement=None if pooled else "stockade_batch_fast_one_steps")
+        if cut == "after" or in_doubt_after_cut(pooled, cut):
+            with pytest.raises(stockade.InDoubt):
+                eng.confirm(r.id, qty=2)
+            assert proxy.cuts == 1
+            landed = eng.reservation(r.id)
+            assert (landed.confirmed, landed.held) == ((2, 1) if cut == "after" else (0, 3))
+        else:
+            c = eng.confirm(r.id, qty=2)
+            assert proxy.cuts == 1
+            assert c.state is stockade.ReservationState.HELD
+            assert (c.confirmed, c.held, c.version) == (2, 1, r.version + 1)
+            assert eng.reservation(r.id) == c
+        level = eng.stock("hot")
+        landed = eng.reservation(r.id).confirmed == 2
+        assert (level.on_hand, level.reserved) == ((8, 1) if landed else (10, 3))
+
+
+def test_a_batched_step_whose_hold_changed_after_the_read_is_decided_under_the_lock(
+    stockade_database: str, pooled: bool
+) -> None:
+    # The fast path reads the hold without a lock and writes its step only if the hold is
+    # still at the version it read. Here another session changes the hold (a later expiry,
+    # a new version) after that read, and commits while the step's statement waits for the
+    # hold's lock: the statement finds a newer version, changes nothing, and the full path
+    # confirms on the hold as it now is. Nothing of the other session's change is lost.
+    with stockade.Engine.postgres(
+        stockade_database, pool_size=2, sweeper=False, strategy="batched"
+    ) as eng:
+        eng.restock("hot", 10)
+        r = eng.reserve("hot", 3)
+        holder = subprocess.Popen(
+            ["psql", "-X", "-q", "-d", stockade_database, "-c",
+             f"BEGIN; UPDATE stockade.reservation SET version = version + 1, expires_at ="
+             f" expires_at + interval '1 hour' WHERE id = '{r.id}'; SELECT pg_sleep(1.5);"
+             " COMMIT;"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+        def meanwhile() -> None:
+            # The step's own statement (its text, or behind a pooler its routine's call)
+            # waits for the hold, which the other session has changed and not committed.
+            wait_for_session(stockade_database, "wait_event_type = 'Lock' AND query LIKE '%steps%'")
+            assert holder.wait(10) == 0
+
+        try:
+            wait_for_session(stockade_database, "query LIKE '%pg_sleep%' AND state = 'active'")
+            out = race(1, lambda i: eng.confirm(r.id, qty=2), meanwhile=meanwhile)
+        finally:
+            holder.wait(10)
+        assert out.errors == [None]
+        c = out.results[0]
+        assert (c.confirmed, c.held, c.version) == (2, 1, r.version + 2)
+        assert c.expires_at - r.expires_at >= timedelta(minutes=59)
+        assert eng.reservation(r.id) == c
+        level = eng.stock("hot")
+        assert (level.on_hand, level.reserved) == (8, 1)
 
 
 # --- confirm and release through the batcher ---

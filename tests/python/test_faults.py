@@ -116,14 +116,18 @@ def test_a_write_cut_while_it_waits_for_a_row_lock_is_answered_exactly_once(
             assert eng.buyer_held("drop", f"buyer-{b}") == held
 
 
+@pytest.mark.parametrize("path", ["fast", "full"])
 @pytest.mark.parametrize("cut", ["after", "stalled"])
 @pytest.mark.parametrize("op", ["confirm", "release"])
 def test_a_transition_batch_cut_at_commit_or_while_waiting_changes_the_hold_once(
-    proxy: CommitCuttingProxy, stockade_database: str, op: str, cut: str
+    proxy: CommitCuttingProxy, stockade_database: str, pooled: bool, op: str, cut: str, path: str
 ) -> None:
     # "after": the batch committed and its answer was lost; each caller is told InDoubt
     # and reads the hold back. "stalled": cut while the batch waits for the stock row;
     # nothing had committed, so the batch runs again and the caller gets its answer.
+    # "fast": the batch's statement with steps, in autocommit, is cut; "full": after a miss
+    # of the fast path (the next batches skip it), the full path's transaction is. (Behind a
+    # pooler the statement with steps runs in a transaction of its own: its COMMIT is cut.)
     dbname = field(stockade_database, "dbname")
     state = ReservationState.CONFIRMED if op == "confirm" else ReservationState.RELEASED
     with (
@@ -134,6 +138,9 @@ def test_a_transition_batch_cut_at_commit_or_while_waiting_changes_the_hold_once
     ):
         eng.restock("hot", 10)
         holds = [eng.reserve("hot", 2) for _ in range(4)]
+        if path == "full":
+            with pytest.raises(stockade.OutOfStock):  # a miss: the next batches skip fast
+                eng.reserve("hot", 3)
         told: Dict[int, object] = {}
 
         def call(i: int) -> None:
@@ -143,7 +150,8 @@ def test_a_transition_batch_cut_at_commit_or_while_waiting_changes_the_hold_once
                 told[i] = e
 
         if cut == "after":
-            proxy.arm("after")
+            steps = "stockade_batch_fast_one_steps" if path == "fast" and not pooled else None
+            proxy.arm("after", statement=steps)
             raced = race(len(holds), call, timeout=30)
         else:
             with hold_lock(holder, "hot") as locked:
@@ -932,7 +940,7 @@ def test_an_in_doubt_answer_names_what_that_call_can_do(
     # reservation back, a write to a stock row to read the row back; neither is told of a
     # reservation or a key it does not have, also when a batch shares the outcome. Method:
     # the proxy cuts the call's COMMIT after it was sent (a restock and a confirm each run in
-    # a transaction; a batched confirm in its batch's).
+    # a transaction), or a batched confirm's statement with steps (autocommit) after it ran.
     if pooled:
         pytest.skip("the proxy stands in front of the server, not of the pooler")
     strategy = "batched" if call.startswith("batched") else "atomic"
@@ -941,7 +949,8 @@ def test_an_in_doubt_answer_names_what_that_call_can_do(
     ) as eng:
         eng.restock("hint", 5)
         r = eng.reserve("hint", 1)
-        proxy.arm("after")
+        batched = call == "batched confirm"
+        proxy.arm("after", statement="stockade_batch_fast_one_steps" if batched else None)
         with pytest.raises(stockade.InDoubt) as told:
             eng.restock("hint", 1) if call == "restock" else eng.confirm(r.id)
     message = str(told.value)

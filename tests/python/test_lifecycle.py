@@ -246,6 +246,34 @@ def test_racing_partial_releases_and_confirms_of_one_hold_add_up(
     assert_clean(eng)
 
 
+def test_orders_shipped_in_parts_on_one_hot_row_add_up(any_engine: stockade.Engine) -> None:
+    """32 threads run 4 orders each on one row: reserve 3, confirm 2, release the last. On
+    the batched path the reserves, confirms and releases of many orders share batches (on
+    PostgreSQL the one-row statement with steps, decided on holds read without a lock).
+    Every order ends confirmed with 2 sold and 1 released, and the row moved by exactly
+    that."""
+    eng = any_engine
+    eng.restock("hot", 400)
+
+    def orders(i: int) -> List[Reservation]:
+        done = []
+        for _ in range(4):
+            hold = eng.reserve("hot", 3)
+            assert eng.confirm(hold.id, qty=2).held == 1
+            done.append(eng.release(hold.id))
+        return done
+
+    out = race(32, orders)
+    assert out.errors == [None] * 32
+    ended = [r for rs in out.results if rs is not None for r in rs]
+    assert len(ended) == 128
+    assert all(units(r) == (0, 2, 1, 0, 0) for r in ended)
+    assert all(r.state is ReservationState.CONFIRMED for r in ended)
+    lvl = eng.stock("hot")
+    assert (lvl.on_hand, lvl.reserved) == (400 - 2 * 128, 0)
+    assert_clean(eng)
+
+
 # --- migration 009 on reservations made before it ---
 
 # Migration 009 taken out again from a migrated schema, one statement at a time (so that

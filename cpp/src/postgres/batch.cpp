@@ -57,7 +57,7 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
   int skips = fast_skips_.load(std::memory_order_relaxed);
   while (skips > 0 && !fast_skips_.compare_exchange_weak(skips, skips - 1)) {
   }
-  const bool fast = skips == 0 && !batch.needs_full_path() && batch.fast_fits(statements_->citus());
+  const bool fast = skips == 0 && takes_fast_path(batch, context);
   if (fast) {
     std::optional<bool> done;
     try {
@@ -79,6 +79,15 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
   batch.report_row_versions(
       [this](const SkuKey& k, Version v, std::uint32_t n) { report_write(k, v, n); });
   count_batch(items);
+}
+
+// Whether the fast path may take the batch. One with confirms or releases on the plain
+// layout first reads their holds (one statement, no locks), on which it decides them.
+bool PostgresStore::takes_fast_path(BatchTx& batch, const ErrorContext& context) {
+  const bool citus = statements_->citus();
+  if (!batch.has_steps()) return !batch.needs_full_path() && batch.fast_fits(citus);
+  if (citus || !batch.steps_may_run_fast()) return false;
+  return run<RunMode::read>(nullptr, context, [&](Tx& tx) { return batch.read_steps(tx); });
 }
 
 bool PostgresStore::run_fast_path(BatchTx& batch, const WriteOptions& write,
@@ -135,14 +144,21 @@ void PostgresStore::run_full_resolving(BatchTx& batch, const WriteOptions& write
 // for a row lock could otherwise commit after we looked). It inserts every reservation of
 // the batch or none, so one of them tells which: if not, nothing changed and the batch
 // runs the full path; if so, the reservations are read back, and only sells (which leave
-// no row to look for) stay in doubt. A batch of sells alone, or a session that could not
-// be ended, fails with InDoubt. A keyed sell's key tells as a reservation does, and
-// gives its level back.
+// no row to look for) stay in doubt. A keyed sell's key tells as a reservation does, and
+// gives its level back. A batch of steps alone (the statement with steps) is told by its
+// first hold: still at the version read, the statement did not land; moved, it may have,
+// or another write moved it, so InDoubt. A batch of sells alone, or a session that could
+// not be ended, fails with InDoubt.
 std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const LostCommit& lost,
                                                 const ErrorContext& context) {
   // Unsettled, each look answers only if the batch is there already; InDoubt otherwise.
   if (const std::optional<Uuid> probe = batch.first_reservation_id()) {
     if (find_landed({*probe}, lost, context).empty()) return std::nullopt;
+  } else if (const auto step = batch.step_probe()) {
+    // Still at the version read: not landed. Moved: by this statement or another, unknown.
+    if (step_moved(step->first, step->second, lost, context)) throw lost;
+    settle_landing(lost, false, "");
+    return std::nullopt;
   } else if (const auto key = batch.keyed_write(false)) {
     const OutcomeMatch ours{key->expected, false};
     if (!landed_outcome(key->write, lost, context, &ours)) return std::nullopt;
@@ -154,6 +170,17 @@ std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const LostCommit
     return true;
   });
   return true;
+}
+
+bool PostgresStore::step_moved(const Uuid& id, Version version, const LostCommit& lost,
+                               const ErrorContext& context) {
+  std::vector<Reservation> rows;
+  try {
+    rows = run<RunMode::read>(nullptr, context, [&](Tx& tx) { return read_many(tx, {id}); });
+  } catch (const Error& e) {
+    landing_unreadable(lost, e);
+  }
+  return rows.empty() || rows.front().version != version;
 }
 
 // Per-SKU counters, as the per-request paths keep them: one count per run of requests

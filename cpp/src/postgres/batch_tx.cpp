@@ -422,9 +422,8 @@ struct NewKeys {
   std::vector<std::string> names, prints, ids, outcomes;
 };
 
-// write() for a batch on one row, through batch_fast_one: the key travels once.
-pqxx::result BatchTx::write_one(Tx& tx) {
-  const auto& [key, row] = *rows_.begin();
+// The reservations a one-row fast statement inserts: the batch's granted reserves.
+OneRowHolds BatchTx::one_row_holds() {
   OneRowHolds h;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     const BatchItem& item = *items_[i];
@@ -440,6 +439,13 @@ pqxx::result BatchTx::write_one(Tx& tx) {
     h.ttls.push_back(item.ttl_us);
   }
   reservations_written_ = h.ids.size();
+  return h;
+}
+
+// write() for a batch on one row, through batch_fast_one: the key travels once.
+pqxx::result BatchTx::write_one(Tx& tx) {
+  const auto& [key, row] = *rows_.begin();
+  const OneRowHolds h = one_row_holds();
   if (h.any_buyer) {  // needs_full_path() sent keyed batches with buyers the long way
     try {
       return tx.exec_on(shard_, Stmt::batch_fast_one_limited, key.sku, key.location, row.sold,
@@ -469,6 +475,84 @@ pqxx::result BatchTx::write_one(Tx& tx) {
                       text_array(k.ids), text_array(k.outcomes), key.slot);
   } catch (const pqxx::unique_violation&) {
     throw FastMiss{};  // a key claimed in flight elsewhere: the statement rolled back
+  }
+}
+
+bool BatchTx::read_steps(Tx& tx) {
+  read_.clear();
+  std::set<Uuid> ids;
+  for (const BatchItem* item : items_) {
+    if (is_transition(item->op)) ids.insert(item->id);
+  }
+  const std::vector<Uuid> wanted(ids.begin(), ids.end());
+  for (const auto& row : tx.exec_on(shard_, Stmt::reservation_get_many, uuid_array(wanted))) {
+    Hold hold;
+    hold.reservation = read_reservation(row, &hold.lapsed);
+    read_.emplace(hold.reservation.id, std::move(hold));
+  }
+  const SkuKey* one = nullptr;  // the batch's one row: its reserves' and sells'
+  for (const BatchItem* item : items_) {
+    if (!is_transition(item->op)) one = &item->key;
+  }
+  bool fits = read_.size() == ids.size();
+  for (const auto& [id, hold] : read_) {
+    const Reservation& r = hold.reservation;
+    if (one == nullptr) one = &r.key;
+    fits = fits && !hold.lapsed && r.state == ReservationState::held && !r.limit_group &&
+           r.key == *one;
+  }
+  // A step the rules refuse (a stale expected version, more than is held, a hold its
+  // earlier steps in the batch ended) is the full path's to answer: tried here on copies,
+  // so that a refusal is not taken for a fast path that found no room.
+  std::map<Uuid, Reservation> after;
+  for (const BatchItem* item : items_) {
+    if (!fits || !is_transition(item->op)) continue;
+    Reservation& r = after.try_emplace(item->id, read_.at(item->id).reservation).first->second;
+    try {
+      check_expected(r, item->expected_version);
+      if (r.state != ReservationState::held) throw not_holdable(r);
+      settle_transition(r, item->op == BatchOp::confirm, item->qty, item->release_rest);
+      ++r.version;
+    } catch (const Error&) {
+      fits = false;
+    }
+  }
+  if (!fits) read_.clear();
+  return fits;
+}
+
+// write() for a batch on one row with steps, through batch_fast_one_steps: the holds the
+// steps changed (in id order), each as decided, with its version as read.
+pqxx::result BatchTx::write_steps(Tx& tx) {
+  const auto& [key, row] = *rows_.begin();
+  const OneRowHolds h = one_row_holds();
+  Quantity demand = 0;  // the units of the new sales and holds
+  for (const BatchItem* item : items_) {
+    if (!is_transition(item->op)) demand += item->qty;
+  }
+  std::vector<Uuid> ids(transitions_.begin(), transitions_.end());
+  std::sort(ids.begin(), ids.end());
+  std::vector<std::string> states;
+  std::vector<std::int64_t> confirmed, released, expired, versions, was;
+  for (const Uuid& id : ids) {
+    const Reservation& r = holds_.at(id).reservation;
+    states.emplace_back(reservation_state_name(r.state));
+    confirmed.push_back(r.confirmed);
+    released.push_back(r.released);
+    expired.push_back(r.expired);
+    versions.push_back(r.version);
+    was.push_back(read_.at(id).reservation.version);
+  }
+  try {
+    return tx.exec_on(shard_, Stmt::batch_fast_one_steps, key.sku, key.location, row.sold, row.held,
+                      row.changes, text_array(h.ids), int_array(h.qtys), int_array(h.ttls),
+                      text_array(h.keys), demand, uuid_array(ids), text_array(states),
+                      int_array(confirmed), int_array(released), int_array(expired),
+                      int_array(versions), int_array(was), static_cast<std::int64_t>(ids.size()),
+                      key.slot);
+  } catch (const pqxx::sql_error& e) {
+    if (e.sqlstate() == statement_aborted) throw FastMiss{};  // rolled back in full
+    throw;
   }
 }
 

@@ -9,7 +9,12 @@
 // until the last units go. A batch on one row with distinct idempotency keys takes it
 // too: its statement moves the row and claims the keys; a key that exists already fails
 // the claim, which rolls the statement back (a replay, a conflict, or no room: the full
-// path decides those). It saves most of the round trips of the full path.
+// path decides those). It saves most of the round trips of the full path. A batch on one
+// row with confirms and releases takes it too, on the plain layout, if nothing in it has a
+// key, a buyer or a reference: the engine first reads the steps' holds without locks
+// (read_steps), decides each step on them in C++ as the full path would, and one statement
+// writes those decisions if every hold is still at the version read, with the row's deltas
+// and the new reservations (batch_fast_one_steps in statements_batch.cpp).
 //
 // The full path, one transaction whose statements run once per batch, whatever its size,
 // with arrays for arguments:
@@ -197,13 +202,14 @@ class BatchTx {
   }
 
   // The fast statement landed though its answer was lost: every request was granted.
-  // Reservations are read back, and so are keyed sells' levels (from their keys); a keyless
-  // sell's resulting level is unknown, so it is in doubt.
+  // Reservations are read back (a reserve's, and a step's hold), and so are keyed sells'
+  // levels (from their keys); a keyless sell's resulting level is unknown, so it is in doubt.
   void adopt_landed(PostgresStore& store, Tx& tx, const Error& in_doubt_error) {
     std::vector<Uuid> ids;
     std::vector<std::string> names;
     for (std::size_t i = 0; i < items_.size(); ++i) {
       if (items_[i]->op == BatchOp::reserve) ids.push_back(ids_[i]);
+      if (is_transition(items_[i]->op)) ids.push_back(items_[i]->id);
       if (items_[i]->op == BatchOp::sell && keyed(i)) names.push_back(*items_[i]->idempotency_key);
     }
     const std::vector<Reservation> made = store.fetch(tx, ids);
@@ -223,7 +229,7 @@ class BatchTx {
     for (BatchItem* item : items_) {
       item->clear_outcome();
       const auto level = item->idempotency_key ? levels.find(*item->idempotency_key) : levels.end();
-      if (item->op == BatchOp::reserve) {
+      if (item->op == BatchOp::reserve || is_transition(item->op)) {
         item->reservation = made[next++];
         item->ok = true;
       } else if (level != levels.end()) {
@@ -235,8 +241,10 @@ class BatchTx {
     }
   }
 
-  // Transitions need the full path, and so do idempotency keys, unless the batch is on one
-  // row and its keys are distinct: then the keyed fast statement claims them all or none.
+  // Transitions need the full path here (apply_batch tries the statement with steps for
+  // them first: has_steps, steps_may_run_fast, read_steps), and so do idempotency keys,
+  // unless the batch is on one row and its keys are distinct: then the keyed fast statement
+  // claims them all or none.
   bool needs_full_path() const {
     std::set<std::string_view> names;
     bool buyers = false;
@@ -326,6 +334,40 @@ class BatchTx {
   std::int32_t ran_on() const { return ran_on_; }
   std::uint16_t shard() const { return shard_; }
 
+  // Whether the batch has confirms or releases.
+  bool has_steps() const {
+    return std::any_of(items_.begin(), items_.end(),
+                       [](const BatchItem* item) { return is_transition(item->op); });
+  }
+
+  // Whether its confirms and releases may take the fast path (batch_fast_one_steps; the
+  // plain layout only): no key, buyer or reference anywhere in the batch, and its reserves
+  // and sells on one row. read_steps() then checks the holds themselves.
+  bool steps_may_run_fast() const {
+    const SkuKey* row = nullptr;
+    for (const BatchItem* item : items_) {
+      if (is_transition(item->op)) continue;
+      if (row != nullptr && !(item->key == *row)) return false;
+      row = &item->key;
+    }
+    return !any_keyed() && !has_buyer() && !has_ref();
+  }
+
+  // Reads the holds of the batch's steps, without locks, in one statement (reset by no
+  // attempt: run_fast decides the steps on them). True if every one is held, not lapsed,
+  // has no purchase-limit group (a release gives units back to a buyer's count, which the
+  // full path writes), and lies on the row of the batch's reserves and sells: the fast
+  // path may take the batch. Otherwise the full path decides it, under the locks.
+  bool read_steps(Tx& tx);
+
+  // A step's hold and its version as read_steps found it: the fast statement writes every
+  // hold it names or none, each with a new version, so a hold still at that version after a
+  // lost connection says that the statement did not land.
+  std::optional<std::pair<Uuid, Version>> step_probe() const {
+    if (read_.empty()) return std::nullopt;
+    return std::make_pair(read_.begin()->first, read_.begin()->second.reservation.version);
+  }
+
   bool any_keyed() const {
     for (std::size_t i = 0; i < items_.size(); ++i) {
       if (keyed(i)) return true;
@@ -333,13 +375,16 @@ class BatchTx {
     return false;
   }
 
-  // The fast path; false if some row lacked room (nothing was changed). `citus`: the
-  // layout's (fast_fits).
+  // The fast path; false if some row lacked room, or a step's hold changed after
+  // read_steps (nothing was changed). `citus`: the layout's (fast_fits).
   bool run_fast(Tx& tx, bool citus) {
     reset();
+    holds_ = read_;  // the steps' holds, as read_steps read them (none without steps)
     for (const BatchItem* item : items_) {
-      RowState& row = rows_[item->key];
+      RowState& row =
+          rows_[is_transition(item->op) ? holds_.at(item->id).reservation.key : item->key];
       row.on_hand = std::numeric_limits<Quantity>::max() / 2;  // decide as if all fit
+      row.reserved = row.on_hand / 2;  // and as if every step's units were reserved
     }
     decide();
     // quantity_max keeps a batch's sums far below the made-up level, so every request was
@@ -350,7 +395,9 @@ class BatchTx {
     // One row: its own statements, which carry no refs or metadata on the plain layout
     // (batch_fast does, for any number of rows).
     const bool one_row = rows_.size() == 1 && (citus || !has_ref());
-    const pqxx::result moved = one_row ? write_one(tx) : write_fast(tx);
+    const pqxx::result moved = !read_.empty() ? write_steps(tx)
+                               : one_row      ? write_one(tx)
+                                              : write_fast(tx);
     if (moved.empty()) return false;
     // Decide again from the rows as they stood before the write: every request fits, and
     // each gets the row's values right after it.
@@ -368,6 +415,8 @@ class BatchTx {
       now_us_ = row[5].as<std::int64_t>();
     }
     std::fill(decided_.begin(), decided_.end(), false);
+    holds_ = read_;  // the steps again, from the holds as read
+    transitions_.clear();
     decide();
     // The limited one-row statement names the SKU's purchase-limit group last.
     if (one_row && !citus && moved[0].size() > after_limits &&
@@ -439,6 +488,8 @@ class BatchTx {
   pqxx::result write(Tx& tx, Stmt statement);
   pqxx::result write_fast(Tx& tx);
   pqxx::result write_one(Tx& tx);
+  pqxx::result write_steps(Tx& tx);
+  OneRowHolds one_row_holds();
   pqxx::result write_one_citus(Tx& tx, const OneRowHolds& h, const NewKeys& k);
   pqxx::result write_one_delegated(Tx& tx, const OneRowHolds& h, const NewKeys& k);
   NewKeys new_keys(const RowState& row) const;
@@ -454,6 +505,7 @@ class BatchTx {
   std::map<std::string, KeyClaim> keys_;
   std::map<SkuKey, RowState> rows_;
   std::map<Uuid, Hold> holds_;  // the reservations transitions are about, as locked
+  std::map<Uuid, Hold> read_;   // ... as read_steps read them, for the fast path
   // The reservations a transition changed (in holds_, with their new units and version),
   // each once: two partial steps of one hold in a batch write it once, as it ends up.
   std::vector<Uuid> transitions_;

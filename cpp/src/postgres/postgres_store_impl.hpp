@@ -529,8 +529,14 @@ class PostgresStore final : public Store, public TestHooks {
 
   std::int64_t advisory_key(const SkuKey& key) const;
   void count_batch(const std::vector<BatchItem*>& items);
+  bool takes_fast_path(BatchTx& batch, const ErrorContext& context);
   std::optional<bool> resolve_fast(BatchTx& batch, const LostCommit& lost,
                                    const ErrorContext& context);
+  // After a lost commit: whether reservation `id` moved from `version` (the batch's fast
+  // statement with steps, or another write, may have moved it); a read that fails leaves
+  // the call in doubt (throws `lost`).
+  bool step_moved(const Uuid& id, Version version, const LostCommit& lost,
+                  const ErrorContext& context);
   void run_full_resolving(BatchTx& batch, const WriteOptions& write, const ErrorContext& context);
   // After a lost commit: the reservations `ids` if the write landed (all of them; with
   // `some`, those of them it made: an allocation's ids are its pool's, and it used some).

@@ -172,6 +172,7 @@ Statements::Statements(const std::string& schema, bool citus, std::string schema
   add_batch_fast_statements(schema, set);
   add_batch_fast_one_statements(schema, set);
   add_batch_fast_limited_statement(schema, set);
+  add_batch_fast_steps_statement(schema, set);
   add_expiry_statements(schema, set);
   add_citus_statements(schema, set);
   add_delegated_statements(schema, set);

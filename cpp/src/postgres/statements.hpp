@@ -93,6 +93,7 @@ namespace stockade::detail::pg {
   X(batch_fast_one, routine)          \
   X(batch_fast_one_keyed, routine)    \
   X(batch_fast_one_limited, routine)  \
+  X(batch_fast_one_steps, routine)    \
   X(batch_lock_reservations, routine) \
   X(batch_transition, plain)          \
   X(due_shards, citus)                \
@@ -253,6 +254,7 @@ std::string transfer_columns();
 void add_batch_fast_statements(const std::string& schema, const StatementSink& set);
 void add_batch_fast_one_statements(const std::string& schema, const StatementSink& set);
 void add_batch_fast_limited_statement(const std::string& schema, const StatementSink& set);
+void add_batch_fast_steps_statement(const std::string& schema, const StatementSink& set);
 
 // Pieces of SQL that several statement builders share.
 namespace sql {

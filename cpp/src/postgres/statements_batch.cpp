@@ -45,12 +45,14 @@ struct OneRowPieces {
   std::string moved, moved_end, made, answer;
 };
 
-OneRowPieces one_row_pieces(const std::string& schema) {
+// `demand`: the units the row must have room for (by default the batch's sold and held).
+OneRowPieces one_row_pieces(const std::string& schema,
+                            const std::string& demand = "$3::bigint + $4::bigint") {
   OneRowPieces p;
   p.moved = " moved AS (UPDATE " + schema +
             ".stock SET on_hand = on_hand - $3::bigint, reserved = reserved + $4::bigint,"
             " version = version + $5::bigint, updated_at = now()" +
-            row_key + " AND " + std::string(room) + " >= $3::bigint + $4::bigint AND " + open_row;
+            row_key + " AND " + std::string(room) + " >= " + demand + " AND " + open_row;
   p.moved_end = " RETURNING sku, location, on_hand, reserved, version, backorder_limit, " +
                 states_of("") + "),";
   p.made = " made AS (INSERT INTO " + new_reservation(schema + ".reservation", false) +
@@ -231,6 +233,45 @@ void add_batch_fast_one_statements(const std::string& schema, const StatementSin
                                   "backorder_limit", "safety_stock", "damaged", "quality_control",
                                   "incoming"}) +
           " AS tail FROM moved) m)" + answer);
+}
+
+// The one-row fast path with confirms and releases.
+void add_batch_fast_steps_statement(const std::string& schema, const StatementSink& set) {
+  // The one-row form with confirms and releases of holds on that row (BatchTx::read_steps):
+  // the engine read the holds without locks and decided each step as the full path would
+  // (store/lifecycle.hpp); the statement applies those decisions if each hold is still as
+  // read ($17, its version then: held, as read_steps saw it, since every change of a
+  // reservation moves its version) and not lapsed. The holds are found through the array
+  // of their ids (`id = ANY`, which a generic plan looks up by index at any table size; a
+  // join with the unnest alone was planned as a scan on a new database), and no condition
+  // names their state or row (a hold's row never changes, and read_steps saw each on this
+  // one): either led the planner to the index of held reservations, and on to every hold
+  // of the table (a batch's cost grew with the holds). $11..$16: each changed hold's id
+  // (sorted, so that holds are locked in id order, before the stock row, as every step
+  // locks them) and its new state, units and version; $18 how many. The row moves by the
+  // steps' units too ($3 sold, $4 the net change of reserved), but its room is checked for
+  // the new units alone ($10, the new sales and holds: a step only frees units), first on
+  // the row as read, so that a row without room changes nothing and returns no row. A hold
+  // changed meanwhile, or a row that lost its room after the read, moves the row not at
+  // all; if some steps were written, the statement aborts itself (SK001), which undoes
+  // them. No row back, or SK001: the full path decides, under the locks.
+  const OneRowPieces s = one_row_pieces(schema, "$10::bigint");
+  set(Stmt::batch_fast_one_steps,
+      "WITH steps AS (UPDATE " + schema +
+          ".reservation AS r SET state = u.state, confirmed = u.confirmed,"
+          " released = u.released, expired = u.expired, version = u.version,"
+          " updated_at = now() FROM unnest($11::uuid[], $12::text[], $13::bigint[],"
+          " $14::bigint[], $15::bigint[], $16::bigint[], $17::bigint[])"
+          " AS u(id, state, confirmed, released, expired, version, was)"
+          " WHERE r.id = ANY($11::uuid[]) AND r.id = u.id AND r.version = u.was"
+          " AND r.expires_at > now() AND (SELECT " +
+          room + " >= $10::bigint AND " + open_row + " FROM " + schema + ".stock" + row_key +
+          ") RETURNING 1)," + s.moved + " AND (SELECT count(*) FROM steps) = $18" + s.moved_end +
+          s.made + " SELECT m.sku, m.location, m.on_hand, m.reserved, m.version, " +
+          epoch_us("now()") + ", m.backorder_limit, " + states_of("m") +
+          " FROM (SELECT 1) AS one LEFT JOIN moved m ON true WHERE CASE WHEN m.sku IS NOT NULL"
+          " THEN true WHEN EXISTS (SELECT 1 FROM steps) THEN " +
+          schema + ".abort_statement() ELSE false END");
 }
 
 // The one-row fast path with buyers (purchase limits).
