@@ -54,6 +54,7 @@ class CommitCuttingProxy:
         # While set, new connections are accepted and closed at once (the server seems down).
         self.refuse_new = False
         self._closed = False
+        self._released = threading.Event()  # set by release()
         self._flowing = threading.Event()  # cleared while frozen
         self._flowing.set()
         self._sockets: List[socket.socket] = []
@@ -69,8 +70,10 @@ class CommitCuttingProxy:
         """Cuts the next connection that sends COMMIT (or binds the prepared ``statement``,
         or parses a statement whose text holds ``query``), ``"before"`` or ``"after"`` it;
         or, ``"stalled"``, the first one whose server has kept an answer waiting for
-        ``stall`` seconds."""
-        assert mode in ("before", "after", "stalled")
+        ``stall`` seconds. ``"held"`` cuts nothing: it holds that message back until
+        :meth:`release` (at most 30 s), so that a test can act between a client's
+        statements. Each arm counts in ``cuts`` once taken."""
+        assert mode in ("before", "after", "stalled", "held")
         with self._lock:
             self._armed = mode
             self._statement = statement.encode() if statement is not None else None
@@ -78,6 +81,10 @@ class CommitCuttingProxy:
             self._stall = stall
         if mode == "stalled":
             threading.Thread(target=self._watch_stalls, daemon=True).start()
+
+    def release(self) -> None:
+        """Lets a message held by a ``"held"`` arm go on to the server."""
+        self._released.set()
 
     def disarm(self) -> None:
         """Takes back an arm that has not cut yet."""
@@ -210,6 +217,10 @@ class CommitCuttingProxy:
                     mode = self._take_arm(message)
                     if mode == "before":
                         return
+                    if mode == "held":
+                        if not self._released.wait(30):
+                            return
+                        self._released.clear()
                     if mode == "after":
                         link.holding.set()  # no reply may reach the client from now on
                     if message[:1] in (b"Q", b"S") and link.waiting_since is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import subprocess
+import threading
 import uuid
 from datetime import timedelta
 from typing import Callable, List, Union
@@ -22,7 +23,8 @@ import stockade
 from pgproxy import CommitCuttingProxy
 from stockade import Reservation
 from stockade.testing import race
-from support import field, in_doubt_after_cut, wait_for_session
+from stockade.tools.pgserver import run_sql
+from support import assert_audit_clean, field, in_doubt_after_cut, wait_for, wait_for_session
 
 HOT = ["batched", "auto"]
 
@@ -468,6 +470,72 @@ def test_a_batched_step_whose_hold_changed_after_the_read_is_decided_under_the_l
         assert eng.reservation(r.id) == c
         level = eng.stock("hot")
         assert (level.on_hand, level.reserved) == (8, 1)
+
+
+@pytest.mark.parametrize("change", ["version", "lapse"])
+def test_a_batch_of_steps_whose_hold_changed_before_its_statement_writes_none_of_them(
+    proxy: CommitCuttingProxy, stockade_database: str, pooled: bool, change: str
+) -> None:
+    # Two confirms in one batch (queued while an earlier batch's statement is held at the
+    # proxy). After the engine has read their holds, and before their statement runs, the
+    # second hold changes: another write moves its version, or its time runs out. The
+    # statement writes the first hold, finds the second no longer as read, and must undo the
+    # first (it aborts itself): the full path then confirms the first once and answers the
+    # second by the hold as it now is. A statement that kept the first hold's write would
+    # leave it confirmed without its row moved, and its caller refused.
+    if pooled:
+        pytest.skip("behind the pooler the statement is a routine's call, with no name to hold")
+    dbname = field(stockade_database, "dbname")
+    with stockade.Engine.postgres(
+        proxy.dsn(dbname), pool_size=2, sweeper=False, strategy="batched"
+    ) as eng:
+        eng.restock("hot", 10)
+        first, second, earlier = (eng.reserve("hot", 2) for _ in range(3))
+        told: dict = {}
+
+        def confirm(r: Reservation) -> threading.Thread:
+            def call() -> None:
+                try:
+                    told[r.id] = eng.confirm(r.id)
+                except stockade.StockadeError as e:
+                    told[r.id] = e
+
+            t = threading.Thread(target=call, daemon=True)
+            t.start()
+            return t
+
+        steps = "stockade_batch_fast_one_steps"
+        proxy.arm("held", statement=steps)
+        threads = [confirm(earlier)]
+        assert wait_for(lambda: proxy.cuts == 1)  # the earlier batch's statement, held
+        threads += [confirm(first), confirm(second)]
+        assert wait_for(lambda: eng.stats()["batcher"]["queued"] == 2)  # behind it
+        proxy.arm("held", statement=steps)
+        proxy.release()
+        assert wait_for(lambda: proxy.cuts == 2)  # the two holds read, their statement held
+        run_sql(
+            stockade_database,
+            f"UPDATE stockade.reservation SET version = version + 1 WHERE id = '{second.id}'"
+            if change == "version"
+            else "UPDATE stockade.reservation SET expires_at = now() - interval '1 second'"
+            f" WHERE id = '{second.id}'",
+        )
+        proxy.release()
+        for t in threads:
+            t.join(30)
+        done = told[first.id]
+        assert isinstance(done, Reservation), done
+        assert (done.confirmed, done.version) == (2, first.version + 1)
+        if change == "version":
+            assert isinstance(told[second.id], Reservation)
+            assert told[second.id].version == second.version + 2
+            on_hand = 10 - 6
+        else:
+            assert isinstance(told[second.id], stockade.ReservationExpired), told[second.id]
+            on_hand = 10 - 4
+        level = eng.stock("hot")
+        assert (level.on_hand, level.reserved) == (on_hand, 0)
+        assert_audit_clean(eng)
 
 
 # --- confirm and release through the batcher ---

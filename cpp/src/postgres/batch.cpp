@@ -73,7 +73,11 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
       count_batch(items);
       return;
     }
-    if (done) fast_skips_.store(fast_skips_after_miss, std::memory_order_relaxed);
+    // A miss: no room, likely for the next batches too. A batch of steps alone misses only
+    // when a hold changed after the read, which says nothing of the next batches.
+    if (done && batch.has_new_units()) {
+      fast_skips_.store(fast_skips_after_miss, std::memory_order_relaxed);
+    }
   }
   run_full_resolving(batch, write, context);
   batch.report_row_versions(
@@ -82,12 +86,19 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
 }
 
 // Whether the fast path may take the batch. One with confirms or releases on the plain
-// layout first reads their holds (one statement, no locks), on which it decides them.
+// layout first reads their holds (one statement, no locks), on which it decides them; holds
+// that the fast path cannot take (a buyer's count to give units back to, a lapsed hold, a
+// step the rules refuse) make the next batches skip it, as a miss does, so that a limited
+// drop's confirms do not pay for that read on every batch.
 bool PostgresStore::takes_fast_path(BatchTx& batch, const ErrorContext& context) {
   const bool citus = statements_->citus();
   if (!batch.has_steps()) return !batch.needs_full_path() && batch.fast_fits(citus);
   if (citus || !batch.steps_may_run_fast()) return false;
-  return run<RunMode::read>(nullptr, context, [&](Tx& tx) { return batch.read_steps(tx); });
+  if (run<RunMode::read>(nullptr, context, [&](Tx& tx) { return batch.read_steps(tx); })) {
+    return true;
+  }
+  fast_skips_.store(fast_skips_after_miss, std::memory_order_relaxed);
+  return false;
 }
 
 bool PostgresStore::run_fast_path(BatchTx& batch, const WriteOptions& write,
@@ -145,10 +156,10 @@ void PostgresStore::run_full_resolving(BatchTx& batch, const WriteOptions& write
 // the batch or none, so one of them tells which: if not, nothing changed and the batch
 // runs the full path; if so, the reservations are read back, and only sells (which leave
 // no row to look for) stay in doubt. A keyed sell's key tells as a reservation does, and
-// gives its level back. A batch of steps alone (the statement with steps) is told by its
-// first hold: still at the version read, the statement did not land; moved, it may have,
-// or another write moved it, so InDoubt. A batch of sells alone, or a session that could
-// not be ended, fails with InDoubt.
+// gives its level back. A batch with steps and no new reservation (the statement with
+// steps) is told by its first hold: still at the version read, the statement did not land;
+// moved, it may have, or another write moved it, so InDoubt. A batch of sells alone, or a
+// session that could not be ended, fails with InDoubt.
 std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const LostCommit& lost,
                                                 const ErrorContext& context) {
   // Unsettled, each look answers only if the batch is there already; InDoubt otherwise.

@@ -498,12 +498,11 @@ bool BatchTx::read_steps(Tx& tx) {
   for (const auto& [id, hold] : read_) {
     const Reservation& r = hold.reservation;
     if (one == nullptr) one = &r.key;
-    fits = fits && !hold.lapsed && r.state == ReservationState::held && !r.limit_group &&
-           r.key == *one;
+    fits = fits && !hold.lapsed && r.state == ReservationState::held && r.key == *one;
   }
   // A step the rules refuse (a stale expected version, more than is held, a hold its
-  // earlier steps in the batch ended) is the full path's to answer: tried here on copies,
-  // so that a refusal is not taken for a fast path that found no room.
+  // earlier steps in the batch ended) is the full path's to answer, and so is one that
+  // gives units back to a buyer's count: each is tried here on a copy of its hold.
   std::map<Uuid, Reservation> after;
   for (const BatchItem* item : items_) {
     if (!fits || !is_transition(item->op)) continue;
@@ -511,7 +510,9 @@ bool BatchTx::read_steps(Tx& tx) {
     try {
       check_expected(r, item->expected_version);
       if (r.state != ReservationState::held) throw not_holdable(r);
-      settle_transition(r, item->op == BatchOp::confirm, item->qty, item->release_rest);
+      const Settlement moved =
+          settle_transition(r, item->op == BatchOp::confirm, item->qty, item->release_rest);
+      fits = fits && !(moved.freed > 0 && r.buyer && r.limit_group);
       ++r.version;
     } catch (const Error&) {
       fits = false;

@@ -202,14 +202,16 @@ class BatchTx {
   }
 
   // The fast statement landed though its answer was lost: every request was granted.
-  // Reservations are read back (a reserve's, and a step's hold), and so are keyed sells'
-  // levels (from their keys); a keyless sell's resulting level is unknown, so it is in doubt.
+  // Reservations are read back, and so are keyed sells' levels (from their keys); a keyless
+  // sell's resulting level is unknown, so it is in doubt. A step keeps the hold as the
+  // attempt decided it (exact, whatever wrote the hold since), with the statement's time,
+  // which its new reservations were made at: a batch with steps and no new reservation is
+  // never adopted (resolve_fast).
   void adopt_landed(PostgresStore& store, Tx& tx, const Error& in_doubt_error) {
     std::vector<Uuid> ids;
     std::vector<std::string> names;
     for (std::size_t i = 0; i < items_.size(); ++i) {
       if (items_[i]->op == BatchOp::reserve) ids.push_back(ids_[i]);
-      if (is_transition(items_[i]->op)) ids.push_back(items_[i]->id);
       if (items_[i]->op == BatchOp::sell && keyed(i)) names.push_back(*items_[i]->idempotency_key);
     }
     const std::vector<Reservation> made = store.fetch(tx, ids);
@@ -229,8 +231,11 @@ class BatchTx {
     for (BatchItem* item : items_) {
       item->clear_outcome();
       const auto level = item->idempotency_key ? levels.find(*item->idempotency_key) : levels.end();
-      if (item->op == BatchOp::reserve || is_transition(item->op)) {
+      if (item->op == BatchOp::reserve) {
         item->reservation = made[next++];
+        item->ok = true;
+      } else if (is_transition(item->op) && !made.empty() && item->reservation.id == item->id) {
+        item->reservation.updated_at_us = made.front().created_at_us;
         item->ok = true;
       } else if (level != levels.end()) {
         item->level = decode_outcome<StockLevel>(level->second);
@@ -334,6 +339,12 @@ class BatchTx {
   std::int32_t ran_on() const { return ran_on_; }
   std::uint16_t shard() const { return shard_; }
 
+  // Whether the batch asks for new units (a reserve or a sell).
+  bool has_new_units() const {
+    return std::any_of(items_.begin(), items_.end(),
+                       [](const BatchItem* item) { return !is_transition(item->op); });
+  }
+
   // Whether the batch has confirms or releases.
   bool has_steps() const {
     return std::any_of(items_.begin(), items_.end(),
@@ -355,9 +366,10 @@ class BatchTx {
 
   // Reads the holds of the batch's steps, without locks, in one statement (reset by no
   // attempt: run_fast decides the steps on them). True if every one is held, not lapsed,
-  // has no purchase-limit group (a release gives units back to a buyer's count, which the
-  // full path writes), and lies on the row of the batch's reserves and sells: the fast
-  // path may take the batch. Otherwise the full path decides it, under the locks.
+  // and lies on the row of the batch's reserves and sells, and if the lifecycle's rules
+  // grant every step and none gives units back to a buyer's count (a release of a limited
+  // hold: the full path writes that count): the fast path may take the batch. Otherwise the
+  // full path decides it, under the locks.
   bool read_steps(Tx& tx);
 
   // A step's hold and its version as read_steps found it: the fast statement writes every

@@ -45,14 +45,18 @@ struct OneRowPieces {
   std::string moved, moved_end, made, answer;
 };
 
-// `demand`: the units the row must have room for (by default the batch's sold and held).
-OneRowPieces one_row_pieces(const std::string& schema,
-                            const std::string& demand = "$3::bigint + $4::bigint") {
+// The guard of the row's UPDATE in every one-row statement but the one with steps: room for
+// the batch's sold and held units, and the row open.
+std::string one_row_guard() {
+  return std::string(room) + " >= $3::bigint + $4::bigint AND " + open_row;
+}
+
+OneRowPieces one_row_pieces(const std::string& schema, const std::string& guard = one_row_guard()) {
   OneRowPieces p;
   p.moved = " moved AS (UPDATE " + schema +
             ".stock SET on_hand = on_hand - $3::bigint, reserved = reserved + $4::bigint,"
             " version = version + $5::bigint, updated_at = now()" +
-            row_key + " AND " + std::string(room) + " >= " + demand + " AND " + open_row;
+            row_key + " AND " + guard;
   p.moved_end = " RETURNING sku, location, on_hand, reserved, version, backorder_limit, " +
                 states_of("") + "),";
   p.made = " made AS (INSERT INTO " + new_reservation(schema + ".reservation", false) +
@@ -242,20 +246,26 @@ void add_batch_fast_steps_statement(const std::string& schema, const StatementSi
   // (store/lifecycle.hpp); the statement applies those decisions if each hold is still as
   // read ($17, its version then: held, as read_steps saw it, since every change of a
   // reservation moves its version) and not lapsed. The holds are found through the array
-  // of their ids (`id = ANY`, which a generic plan looks up by index at any table size; a
-  // join with the unnest alone was planned as a scan on a new database), and no condition
-  // names their state or row (a hold's row never changes, and read_steps saw each on this
-  // one): either led the planner to the index of held reservations, and on to every hold
-  // of the table (a batch's cost grew with the holds). $11..$16: each changed hold's id
-  // (sorted, so that holds are locked in id order, before the stock row, as every step
-  // locks them) and its new state, units and version; $18 how many. The row moves by the
-  // steps' units too ($3 sold, $4 the net change of reserved), but its room is checked for
-  // the new units alone ($10, the new sales and holds: a step only frees units), first on
-  // the row as read, so that a row without room changes nothing and returns no row. A hold
+  // of their ids (`id = ANY`), and no condition names their state or row (a hold's row
+  // never changes, and read_steps saw each on this one): with their state among the
+  // conditions, a plan made on statistics with few holds read the index of held
+  // reservations, and on through every hold of the table (a batch's cost grew with the
+  // holds). (On a new database, before its first ANALYZE, a plan may still scan the
+  // table: design.md, "Plans".) $11..$16: each changed hold's id (sorted: the plan visits
+  // them in that order through the id's index, so holds are locked before the stock row,
+  // in id order as a rule; a deadlock with another batch is broken by PostgreSQL and the
+  // batch runs again) and its new state, units and version; $18 how many. The row moves by
+  // the steps' units too ($3 sold, $4 the net change of reserved), but its room is checked
+  // for the new units alone ($10, the new sales and holds: a step only frees units), first
+  // on the row as read, so that a row without room changes nothing and returns no row. A hold
   // changed meanwhile, or a row that lost its room after the read, moves the row not at
   // all; if some steps were written, the statement aborts itself (SK001), which undoes
   // them. No row back, or SK001: the full path decides, under the locks.
-  const OneRowPieces s = one_row_pieces(schema, "$10::bigint");
+  // Steps alone need neither room nor an open row, as on the full path (a step only frees
+  // units, and may settle a hold on a discontinued or leased row); new units need both.
+  const std::string guard =
+      "($10::bigint = 0 OR (" + std::string(room) + " >= $10::bigint AND " + open_row + "))";
+  const OneRowPieces s = one_row_pieces(schema, guard);
   set(Stmt::batch_fast_one_steps,
       "WITH steps AS (UPDATE " + schema +
           ".reservation AS r SET state = u.state, confirmed = u.confirmed,"
@@ -265,10 +275,10 @@ void add_batch_fast_steps_statement(const std::string& schema, const StatementSi
           " AS u(id, state, confirmed, released, expired, version, was)"
           " WHERE r.id = ANY($11::uuid[]) AND r.id = u.id AND r.version = u.was"
           " AND r.expires_at > now() AND (SELECT " +
-          room + " >= $10::bigint AND " + open_row + " FROM " + schema + ".stock" + row_key +
-          ") RETURNING 1)," + s.moved + " AND (SELECT count(*) FROM steps) = $18" + s.moved_end +
-          s.made + " SELECT m.sku, m.location, m.on_hand, m.reserved, m.version, " +
-          epoch_us("now()") + ", m.backorder_limit, " + states_of("m") +
+          guard + " FROM " + schema + ".stock" + row_key + ") RETURNING 1)," + s.moved +
+          " AND (SELECT count(*) FROM steps) = $18" + s.moved_end + s.made +
+          " SELECT m.sku, m.location, m.on_hand, m.reserved, m.version, " + epoch_us("now()") +
+          ", m.backorder_limit, " + states_of("m") +
           " FROM (SELECT 1) AS one LEFT JOIN moved m ON true WHERE CASE WHEN m.sku IS NOT NULL"
           " THEN true WHEN EXISTS (SELECT 1 FROM steps) THEN " +
           schema + ".abort_statement() ELSE false END");
