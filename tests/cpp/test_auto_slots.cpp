@@ -165,14 +165,19 @@ TEST_F(AutoSlotsTest, a_slotted_sku_that_cools_is_merged_back_and_a_hot_one_is_n
   never->close();
 }
 
-// One engine alone on its row never splits it: nobody else writes it.
+// One engine alone on its row never splits it: nobody else writes it. Under `auto` its
+// callers start per request and turn batched as the row heats; a per-request write of its
+// own still in flight at that turn lands between two batches, where the flusher sees it as
+// another writer's (design.md: writes outside the batcher count). Each of the 16 callers
+// has at most one such write, so at most 16 batches see the row shared (a clean-clone
+// `make test` saw 1 under TSan), and a split needs that to go on for 200 ms.
 TEST_F(AutoSlotsTest, one_engine_alone_on_a_row_never_splits_it) {
   auto a = engine(0);
   a->restock(hot, 1000000);
   race_two_engines(*a, *a, hot, 16, 1.0, [] { return false; });
   const StoreStats s = a->stats();
   EXPECT_GE(s.batcher.batches, 1u);
-  EXPECT_EQ(s.batcher.shared_row_batches, 0u);
+  EXPECT_LE(s.batcher.shared_row_batches, 16u);
   EXPECT_EQ(s.slots.auto_splits, 0u);
   EXPECT_EQ(a->slot_count(hot), 1);
   a->close();
