@@ -130,20 +130,23 @@ def asyncio_load(
     return asyncio.run(_asyncio_load(eng, sku, strategy, tasks, seconds))
 
 
-# One replica: an engine in its own process, started at a shared instant, driving the hot
-# SKU from C++ threads; prints its figures as JSON. The DSN comes in the environment.
+# One replica: an engine in its own process, driving the hot SKU from C++ threads; prints
+# its figures as JSON. Once connected it says "ready" and waits for the shared instant to
+# start at, which comes on its stdin. The DSN comes in the environment.
 REPLICA = """
 import json, os, sys, time
 import stockade
 from stockade.tools import drive_load
-sku, strategy, clients, seconds, start_at, home, linger = sys.argv[1:8]
+sku, strategy, clients, seconds, home, linger = sys.argv[1:7]
 home_slot = None if home == "-" else int(home)
 options = {} if linger == "-" else {"batch_linger": float(linger)}
 with stockade.Engine.postgres(
     os.environ["STOCKADE_DSN"], pool_size=int(clients), home_slot=home_slot, **options
 ) as eng:
     eng.stock(sku)  # connected before the start
-    time.sleep(max(0.0, float(start_at) - time.time()))
+    print("ready", flush=True)
+    start_at = float(sys.stdin.readline())
+    time.sleep(max(0.0, start_at - time.time()))
     cpu = os.times()
     r = drive_load(eng, [sku], clients=int(clients), seconds=float(seconds), strategy=strategy)
     done = os.times()
@@ -155,6 +158,22 @@ with stockade.Engine.postgres(
                       "lingered": batcher["lingered_batches"], "batches": batcher["batches"],
                       "batched_requests": batcher["requests"]}))
 """
+
+
+def start_together(children: List["subprocess.Popen[str]"]) -> float:
+    """Waits until every replica says it is connected (each exits if it cannot connect,
+    within its connect timeout), then gives them all one instant to start at, a little
+    ahead; returns that instant."""
+    for child in children:
+        assert child.stdout is not None and child.stdin is not None
+        if child.stdout.readline().strip() != "ready":
+            raise SystemExit(f"a replica failed to start (exit {child.wait(timeout=60)})")
+    start_at = time.time() + 0.05
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write(f"{start_at!r}\n")
+        child.stdin.flush()  # communicate() closes it
+    return start_at
 
 
 def replicas_load(
@@ -172,7 +191,6 @@ def replicas_load(
     (seconds) sets batch_linger, else the default. The CPU seconds of the load: the
     replicas' own (each measures its load) and the server's (`postmaster`'s processes, from
     the load's start until the replicas have ended)."""
-    start_at = time.time() + 3.0  # time to start Python and connect
     env = {**os.environ, "STOCKADE_DSN": dsn}
     per = str(clients // len(skus))
     children = [
@@ -185,16 +203,17 @@ def replicas_load(
                 strategy,
                 per,
                 str(seconds),
-                str(start_at),
                 str(i) if slots else "-",
                 "-" if linger is None else repr(linger),
             ],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             env=env,
         )
         for i, sku in enumerate(skus)
     ]
+    start_at = start_together(children)
     time.sleep(max(0.0, start_at - time.time()))
     server_cpu = server_cpu_s(postmaster)
     outs = []

@@ -5,11 +5,12 @@ PostgreSQL.
                                       [--flush-delay-us 0] [--json FILE]
 
 Sells: 64 blocking C++ clients on one hot SKU, each sell of one unit with a fresh
-idempotency key or none, under `atomic` and under `batched` (a keyed sell runs per request
-under either: its key and outcome are written in its own transaction). Restocks: 16 Python
-threads, keyed or not (restock is per request always). The cases alternate, `--rounds`
-times, so that drift on a shared machine hits them alike. With `--flush-delay-us` every WAL
-flush waits that long first (commit_delay, commit_siblings=0), as on a network disk.
+idempotency key or none, under `atomic` and under `batched` (a keyed sell batches: the
+batch claims its key and stores its outcome with it, in the batch's one statement on a
+row). Restocks: 16 Python threads, keyed or not (restock is per request always). The
+cases alternate, `--rounds` times, so that drift on a shared machine hits them alike.
+With `--flush-delay-us` every WAL flush waits that long first (commit_delay,
+commit_siblings=0), as on a network disk.
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.
 """

@@ -28,7 +28,7 @@ blocking calls. Figures from one run share the machine's noise: compare the rati
 
     python benchmarks/retention.py [--seconds 5] [--rounds 3] [--old-rows 3000000]
         [--warm-skus 2000] [--cycle 50] [--steady-seconds 120] [--retention 5]
-        [--live-holds 700000] [--lapsed 100000] [--json FILE]
+        [--live-holds 700000] [--lapsed 100000] [--idle-seconds 3] [--json FILE]
 
 It is a benchmark, not a test: it prints figures and ratios and checks no target.
 """
@@ -450,10 +450,10 @@ def add_due_work(sql: Sql, schema: str, tag: str, n: int) -> None:
     sql("CHECKPOINT")  # the pages VACUUM dirtied are written before the round, not during it
 
 
-def background_round(dsn: str, eng: stockade.Engine, schema: str) -> Dict[str, float]:
+def background_round(dsn: str, eng: stockade.Engine, schema: str, idle: float) -> Dict[str, float]:
     """Expires every due hold in sweeper-sized batches, purges what is past the window,
     times stats(), then lets an engine with the sweeper on run idle rounds (the rounds of
-    3 s, after its first second)."""
+    `idle` seconds, after a third of that for its first round)."""
     start = time.perf_counter()
     calls, expired = [], 0
     while True:
@@ -476,9 +476,9 @@ def background_round(dsn: str, eng: stockade.Engine, schema: str) -> Dict[str, f
         sweep_interval=timedelta(milliseconds=50),
         retention=RETAINED,
     ) as sweeping:
-        time.sleep(1.0)  # past the first round, which opens its session and prepares
+        time.sleep(idle / 3)  # past the first round, which opens its session and prepares
         first = sweeping.stats()["sweeper"]
-        time.sleep(3.0)
+        time.sleep(idle)
         last = sweeping.stats()["sweeper"]
     swept = {key: last[key] - first[key] for key in ("runs", "round_seconds")}
     return {
@@ -503,7 +503,9 @@ BACKGROUND = [
 ]
 
 
-def background(dsn: str, sql: Sql, rounds: int, live: int, old: int, lapsed: int) -> Dict[str, Any]:
+def background(
+    dsn: str, sql: Sql, rounds: int, live: int, old: int, lapsed: int, idle: float
+) -> Dict[str, Any]:
     """Section 7: the same background work on fresh and on grown tables, alternating."""
     t0 = time.perf_counter()
     engines = {}
@@ -521,7 +523,7 @@ def background(dsn: str, sql: Sql, rounds: int, live: int, old: int, lapsed: int
             order = ["fresh", "grown"] if n % 2 == 0 else ["grown", "fresh"]
             for schema in order:
                 add_due_work(sql, schema, str(n), lapsed)
-                runs[schema].append(background_round(dsn, engines[schema], schema))
+                runs[schema].append(background_round(dsn, engines[schema], schema, idle))
     medians = {
         schema: {key: statistics.median(r[key] for r in runs[schema]) for key, _, _ in BACKGROUND}
         for schema in runs
@@ -551,6 +553,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--retention", type=float, default=5.0, help="seconds (section 6)")
     parser.add_argument("--live-holds", type=int, default=700_000, help="section 7")
     parser.add_argument("--lapsed", type=int, default=100_000, help="section 7, per round")
+    parser.add_argument(
+        "--idle-seconds", type=float, default=3.0, help="section 7: idle sweeper rounds timed"
+    )
     parser.add_argument("--sections", default="1234567", help="which sections to run")
     parser.add_argument(
         "--rounds", type=int, default=3, help="sections 1 and 7: alternating rounds"
@@ -712,7 +717,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
             report["steady"] = s
         if "7" in args.sections:
-            b = background(dsn, sql, args.rounds, args.live_holds, args.old_rows, args.lapsed)
+            b = background(
+                dsn,
+                sql,
+                args.rounds,
+                args.live_holds,
+                args.old_rows,
+                args.lapsed,
+                args.idle_seconds,
+            )
             print(
                 f"\n### 7. background work: fresh tables against grown ones ({args.old_rows:,}"
                 f" old rows), both with {args.live_holds:,} live holds; {args.lapsed:,} lapsed"

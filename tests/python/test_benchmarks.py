@@ -127,6 +127,8 @@ def test_retention_benchmark_prints_every_section(tmp_path: Path) -> None:
         "2000",
         "--lapsed",
         "500",
+        "--idle-seconds",
+        "0.6",
         "--json",
         str(tmp_path / "retention.json"),
     )

@@ -119,7 +119,7 @@ def test_bench_peers_runs_pgbench_and_redis_next_to_stockade(
         stockade_database,
         "--peers",
         "--seconds",
-        "1",
+        "0.5",
         "--clients",
         "4",
         "--skus",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
@@ -125,7 +126,11 @@ def test_a_database_left_in_its_shape_goes_to_a_later_test_emptied(
     name = pg.new_database()
     oid = f"SELECT oid FROM pg_database WHERE datname = '{name}'"
     was = pg.sql(oid)
-    left_open = stockade.Engine.postgres(pg.dsn(name), pool_size=1, sweeper=False)
+    # call_timeout: behind PgBouncer the dropped database is a server that will not
+    # answer, which the engine retries until the call's deadline
+    left_open = stockade.Engine.postgres(
+        pg.dsn(name), pool_size=1, sweeper=False, call_timeout=timedelta(seconds=3)
+    )
     try:
         left_open.restock("s", 5)
         left_open.reserve("s", 2, idempotency_key="k")
