@@ -291,17 +291,9 @@ Reservation MemoryStore::transition_now(const TransitionRequest& request) {
   const Transition kind = request.kind;
   ReservationShard& shard = shard_of(id);
   std::lock_guard<std::mutex> lock(shard.mutex);
-  auto it = shard.records.find(id);
-  if (it == shard.records.end()) throw_reservation_not_found(id);
-  ReservationRecord& record = it->second;
+  ReservationRecord& record = live_hold(shard, id, request.expected_version);
   Reservation& r = record.value;
-  check_expected(r, request.expected_version);
-  if (r.state != ReservationState::held) throw not_holdable(r);
   const TimestampUs now = clock_->now_us();
-  if (now >= r.expires_at_us) {
-    expire_locked(shard, record, now);  // lazily, as the sweeper would have
-    throw not_holdable(r);
-  }
   const TimestampUs extended =
       kind == Transition::extend ? expiry_of(now, request.ttl_us, "the hold") : 0;
   if (kind == Transition::extend) {
@@ -364,15 +356,15 @@ Reservation MemoryStore::return_now(const ReturnRequest& request) {
   return r;
 }
 
-// A held, unlapsed reservation under its shard's lock, as a resize finds it: checks the
-// expected version and the state, and expires it lazily if it lapsed (then throws).
+// A held, unlapsed reservation under its shard's lock, as every step finds it (confirm,
+// release, extend, resize): checks the expected version and the state (check_live), and
+// expires it lazily if it lapsed, as the sweeper would have (then throws).
 ReservationRecord& MemoryStore::live_hold(ReservationShard& shard, const Uuid& id,
                                           const std::optional<Version>& expected) {
   auto it = shard.records.find(id);
   if (it == shard.records.end()) throw_reservation_not_found(id);
   ReservationRecord& record = it->second;
-  check_expected(record.value, expected);
-  if (record.value.state != ReservationState::held) throw not_holdable(record.value);
+  check_live(record.value, expected);
   const TimestampUs now = clock_->now_us();
   if (now >= record.value.expires_at_us) {
     expire_locked(shard, record, now);

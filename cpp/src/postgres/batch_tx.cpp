@@ -27,6 +27,26 @@ Asked asked_of(const BatchItem& item) {
   return asked_by(request_of(item));
 }
 
+// The lifecycle rules a confirm or release meets, in their order: the full path
+// (decide_transition) and the fast path's trial (read_steps) both ask them here. The
+// expected version, a hold still held (InvalidState or ReservationExpired), then the units
+// (settle_transition); a refusal throws and leaves `r` as it was. A `lapsed` hold that
+// passed the first two expires whole, whatever was asked. Moves `r`'s units and state (not
+// its version) and returns what the rows move by.
+Settlement step_by_rules(Reservation& r, const BatchItem& item, bool lapsed) {
+  check_live(r, item.expected_version);
+  Settlement moved;
+  if (lapsed) {
+    moved.freed = r.held();
+    settle_units(r, Settle::expire, moved.freed);
+    return moved;
+  }
+  Reservation next = r;  // decided first: a refusal changes nothing
+  moved = settle_transition(next, item.op == BatchOp::confirm, item.qty, item.release_rest);
+  r = std::move(next);
+  return moved;
+}
+
 }  // namespace
 
 // A keyed request's fingerprint, as its per-request form prints it.
@@ -326,16 +346,6 @@ void BatchTx::decide_transition(BatchItem& item) {
     return;
   }
   Reservation& r = it->second.reservation;
-  try {
-    check_expected(r, item.expected_version);
-  } catch (const Error& e) {
-    fail(item, e);
-    return;
-  }
-  if (r.state != ReservationState::held) {
-    fail(item, not_holdable(r));
-    return;
-  }
   auto found = rows_.find(r.key);  // locked with the batch's rows
   if (found == rows_.end()) {
     fail(item,
@@ -346,22 +356,15 @@ void BatchTx::decide_transition(BatchItem& item) {
   RowState& row = found->second;
   const bool lapsed = it->second.lapsed;
   Settlement moved;
-  if (lapsed) {  // a lapsed hold expires whole, whatever was asked
-    moved.freed = r.held();
-    settle_units(r, Settle::expire, moved.freed);
-  } else {
-    Reservation next = r;  // decided first: a refusal changes nothing
-    try {
-      moved = settle_transition(next, item.op == BatchOp::confirm, item.qty, item.release_rest);
-    } catch (const Error& e) {
-      fail(item, e);
-      return;
-    }
-    r = std::move(next);
+  try {
+    moved = step_by_rules(r, item, lapsed);
+  } catch (const Error& e) {
+    fail(item, e);
+    return;
   }
   const Quantity units = moved.sold + moved.freed;
   STOCKADE_ASSERT(units > 0 && units <= row.reserved);  // a held hold's units are reserved
-  if (moved.freed > 0 && r.buyer && r.limit_group) {    // released or expired: they go back
+  if (frees_allowance(r, moved)) {
     if (auto a = allowances_.find({*r.limit_group, *r.buyer}); a != allowances_.end()) {
       a->second.delta -= moved.freed;
     }
@@ -508,11 +511,8 @@ bool BatchTx::read_steps(Tx& tx) {
     if (!fits || !is_transition(item->op)) continue;
     Reservation& r = after.try_emplace(item->id, read_.at(item->id).reservation).first->second;
     try {
-      check_expected(r, item->expected_version);
-      if (r.state != ReservationState::held) throw not_holdable(r);
-      const Settlement moved =
-          settle_transition(r, item->op == BatchOp::confirm, item->qty, item->release_rest);
-      fits = fits && !(moved.freed > 0 && r.buyer && r.limit_group);
+      const Settlement moved = step_by_rules(r, *item, /*lapsed=*/false);
+      fits = fits && !frees_allowance(r, moved);
       ++r.version;
     } catch (const Error&) {
       fits = false;

@@ -103,7 +103,7 @@ std::optional<Reservation> PostgresStore::transition_delegated(const TransitionR
   if (request.kind != Transition::extend) {
     moved = settle_transition(r, request.kind == Transition::confirm, request.qty.value_or(0),
                               request.release_rest);
-    if (moved.freed > 0 && r.buyer && r.limit_group) return std::nullopt;  // give_back
+    if (frees_allowance(r, moved)) return std::nullopt;  // give_back
   }
   const std::string note = note_text();
   const std::optional<std::optional<Reservation>> done = run_delegated(

@@ -47,7 +47,7 @@ std::vector<Reservation> PostgresStore::order_step_in(Tx& tx, const OrderStepReq
   for (const PlannedLine& p : plan.lines) {
     if (!p.changed || p.extended) continue;
     const Reservation& r = p.line;
-    if (p.moved.freed > 0 && r.buyer && r.limit_group) {
+    if (frees_allowance(r, p.moved)) {
       counts[{*r.limit_group, *r.buyer}] += p.moved.freed;
     }
     rows[r.key] = &p;

@@ -362,8 +362,7 @@ Reservation PostgresStore::lock_live_hold(Tx& tx, const Uuid& id,
   if (rows.empty()) throw_reservation_not_found(id);
   bool lapsed = false;
   Reservation r = read_reservation(rows[0], &lapsed);
-  check_expected(r, expected);
-  if (r.state != ReservationState::held) throw not_holdable(r);
+  check_live(r, expected);
   if (lapsed) throw_lapsed(tx, r);
   return r;
 }

@@ -34,12 +34,27 @@ inline void check_units(const Reservation& r) {
               context_of(r));
 }
 
+// What every step of a live hold checks first, in this order, on both stores and in the
+// batch: the caller's expected version (VersionConflict), then that the hold is still held
+// (InvalidState, or ReservationExpired for one that lapsed). A hold found lapsed but not
+// yet expired is each store's to expire.
+inline void check_live(const Reservation& r, const std::optional<Version>& expected) {
+  check_expected(r, expected);
+  if (r.state != ReservationState::held) throw not_holdable(r);
+}
+
 // What a confirm or release moves: units sold (they leave on_hand and reserved) and units
 // given back (they leave reserved, and the buyer's purchase-limit count).
 struct Settlement {
   Quantity sold = 0;
   Quantity freed = 0;
 };
+
+// Whether a step of `r` that moved `moved` gives units back to a buyer's purchase-limit
+// count: units released or expired from a hold made under a limit.
+inline bool frees_allowance(const Reservation& r, const Settlement& moved) {
+  return moved.freed > 0 && r.buyer && r.limit_group;
+}
 
 // Decides a confirm (`confirm`) or release of held reservation `r`: `asked` units (0: all
 // that is held), and with `release_rest` the units still held after them are released in
