@@ -185,12 +185,7 @@ std::optional<bool> PostgresStore::resolve_fast(BatchTx& batch, const LostCommit
 
 bool PostgresStore::step_moved(const Uuid& id, Version version, const LostCommit& lost,
                                const ErrorContext& context) {
-  std::vector<Reservation> rows;
-  try {
-    rows = run<RunMode::read>(nullptr, context, [&](Tx& tx) { return read_many(tx, {id}); });
-  } catch (const Error& e) {
-    landing_unreadable(lost, e);
-  }
+  const std::vector<Reservation> rows = read_after_loss({id}, lost, context);
   return rows.empty() || rows.front().version != version;
 }
 

@@ -544,6 +544,10 @@ class PostgresStore final : public Store, public TestHooks {
   // (InDoubt) when it is not. A read that fails leaves the call in doubt (throws `lost`).
   std::vector<Reservation> find_landed(const std::vector<Uuid>& ids, const LostCommit& lost,
                                        const ErrorContext& context, bool some = false);
+  // After a lost commit: the reservations `ids` as they are now (those found), on a fresh
+  // session; a read that fails leaves the call in doubt (throws `lost`).
+  std::vector<Reservation> read_after_loss(const std::vector<Uuid>& ids, const LostCommit& lost,
+                                           const ErrorContext& context);
   void sweep_loop();
   std::vector<const Migration*> pending(
       const std::map<int, std::pair<std::string, std::string>>& applied, int up_to) const;

@@ -150,12 +150,7 @@ std::vector<Uuid> landed_ids(const std::vector<Reservation>& found, const std::v
 std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids,
                                                     const LostCommit& lost,
                                                     const ErrorContext& context, bool some) {
-  std::vector<Reservation> rows;
-  try {
-    rows = run<RunMode::read>(nullptr, context, [&](Tx& tx) { return read_many(tx, ids); });
-  } catch (const Error& e) {
-    landing_unreadable(lost, e);
-  }
+  const std::vector<Reservation> rows = read_after_loss(ids, lost, context);
   settle_landing(lost, !rows.empty(), ", and its reservations are returned to the caller");
   if (rows.empty()) return {};
   if (some && !statements_->citus()) return in_order(rows, landed_ids(rows, ids));
@@ -171,6 +166,16 @@ std::vector<Reservation> PostgresStore::find_landed(const std::vector<Uuid>& ids
                 context);
   }
   return in_order(rows, ids);
+}
+
+std::vector<Reservation> PostgresStore::read_after_loss(const std::vector<Uuid>& ids,
+                                                        const LostCommit& lost,
+                                                        const ErrorContext& context) {
+  try {
+    return run<RunMode::read>(nullptr, context, [&](Tx& tx) { return read_many(tx, ids); });
+  } catch (const Error& e) {
+    landing_unreadable(lost, e);
+  }
 }
 
 Reservation PostgresStore::insert_reservation(
