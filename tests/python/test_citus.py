@@ -1316,9 +1316,9 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
     dsn: str, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # An engine of this release on a schema an older release migrated (without citus/105
-    # to 109): a reserve and a batch find no function (42883), say so once, and take the
-    # statement path, which needs none; nothing ran. migrate() then makes them, and the
-    # engine delegates again.
+    # to 109): a reserve and a batch find no function (42883), each kind says so once, and
+    # takes the statement path, which needs none; nothing ran. migrate() then makes them,
+    # and the engine delegates again.
     with stockade.Engine.postgres(
         dsn, layout="citus", schema=schema, pool_size=2, citus_routing="direct"
     ) as eng:
@@ -1337,7 +1337,9 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
             eng.reserve("solo", 1, strategy=strategy)
         assert eng.stock("solo").reserved == 5  # the keyed replay made nothing
         missing = [r for r in caplog.records if "lacks this release's delegated" in r.getMessage()]
-        assert len(missing) == 1, missing
+        assert len(missing) == 2, missing  # reserves, and one-row batches
+        assert "so reserves take" in missing[0].getMessage()
+        assert "so one-row batches take" in missing[1].getMessage()
         assert eng.migrate() == [
             "citus/105_delegated_reserve.sql",
             "citus/106_routed_reserve.sql",
@@ -1356,5 +1358,31 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
         run_sql(dsn, f"DROP FUNCTION {schema}.reserve_routed; DROP FUNCTION {schema}.reserve_one")
         eng.reserve("solo", 1, strategy="atomic")
         missing = [r for r in caplog.records if "lacks this release's delegated" in r.getMessage()]
-        assert len(missing) == 2, missing
+        assert len(missing) == 3, missing
         assert eng.stock("solo").reserved == 8
+
+
+def test_a_schema_without_the_sells_functions_still_delegates_its_reserves(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A schema migrated before citus/111 lacks sell_one and step_one alone: a sell finds no
+    # function, says so for sells and steps only, and takes the statement path, as do the
+    # steps; reserves and one-row batches stay delegated calls.
+    with logging_engine(dsn, schema) as eng:
+        run_sql(
+            dsn,
+            f"DROP FUNCTION {schema}.sell_one; DROP FUNCTION {schema}.step_one;"
+            f" DELETE FROM {schema}.schema_migrations WHERE version = 111",
+        )
+        eng.sell("solo", 1)
+        held = eng.reserve("solo", 2)
+        assert eng.confirm(held.id, qty=1).confirmed == 1
+        missing = [r for r in caplog.records if "lacks this release's delegated" in r.getMessage()]
+        assert len(missing) == 1 and "so sells and steps take" in missing[0].getMessage()
+        for strategy, function in (("atomic", ".reserve_one("), ("batched", ".batch_one(")):
+            lines = remote_commands(
+                stockade_citus, eng, strategy, lambda s=strategy: eng.reserve("solo", 1, strategy=s)
+            )
+            assert any(function in line for line in lines), (strategy, lines)
+        assert eng.stock("solo").reserved == 3 and eng.stock("solo").on_hand == 98
+        assert eng.migrate() == ["citus/111_delegated_writes.sql"]

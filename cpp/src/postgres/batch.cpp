@@ -105,12 +105,13 @@ bool PostgresStore::run_fast_path(BatchTx& batch, const WriteOptions& write,
                                   const ErrorContext& context) {
   if (statements_->citus() && batch.delegable()) {
     batch.delegate(write.lock_timeout_ms);
-    const std::optional<bool> done =
-        run_delegated(batch.shard(), &write, context, [&](Tx& tx, std::int32_t* ran_on) {
-          const bool moved = batch.run_fast(tx, true);
-          if (ran_on != nullptr && moved) *ran_on = batch.ran_on();
-          return moved;
-        });
+    const std::optional<bool> done = run_delegated(Delegated::batch, batch.shard(), &write, context,
+                                                   [&](Tx& tx, std::int32_t* ran_on) {
+                                                     const bool moved = batch.run_fast(tx, true);
+                                                     if (ran_on != nullptr && moved)
+                                                       *ran_on = batch.ran_on();
+                                                     return moved;
+                                                   });
     if (done) return *done;
     batch.delegate(std::nullopt);  // no delegated functions: the transaction
   }

@@ -22,7 +22,7 @@ std::optional<Reservation> PostgresStore::reserve_delegated(const ReserveRequest
   const ErrorContext context = context_of(key);
   std::string outcome;
   const std::optional<std::optional<Reservation>> made = run_delegated(
-      shard_of(key), &request.options, context,
+      Delegated::reserve, shard_of(key), &request.options, context,
       [&](Tx& tx, std::int32_t* ran_on) -> std::optional<Reservation> {
         const pqxx::result rows = tx.exec_on(
             shard_of(key), ran_on ? Stmt::citus_reserve_routed : Stmt::citus_reserve_one, key.sku,
@@ -54,7 +54,7 @@ std::optional<StockLevel> PostgresStore::sell_delegated(const SellRequest& reque
   }
   const ErrorContext context = context_of(key);
   const std::optional<std::optional<StockLevel>> sold = run_delegated(
-      shard_of(key), &options, context,
+      Delegated::write, shard_of(key), &options, context,
       [&](Tx& tx, std::int32_t* ran_on) -> std::optional<StockLevel> {
         const pqxx::result rows =
             tx.exec_on(shard_of(key), Stmt::citus_sell_one, key.sku, key.location, key.slot,
@@ -81,8 +81,8 @@ std::optional<StockLevel> PostgresStore::sell_delegated(const SellRequest& reque
 // another shard); when the reservation moved on after the read; where the worker does not
 // hold the shard; or when the schema lacks the function. A cut call is InDoubt (no key).
 std::optional<Reservation> PostgresStore::transition_delegated(const TransitionRequest& request) {
-  if (!statements_->citus() || request.idempotency_key ||
-      !delegation_.load(std::memory_order_relaxed) || !shard_path_usable()) {
+  if (!statements_->citus() || request.idempotency_key || !delegates(Delegated::write) ||
+      !shard_path_usable()) {
     return std::nullopt;
   }
   const Uuid& id = request.id;
@@ -107,7 +107,8 @@ std::optional<Reservation> PostgresStore::transition_delegated(const TransitionR
   }
   const std::string note = note_text();
   const std::optional<std::optional<Reservation>> done = run_delegated(
-      shard, nullptr, context, [&](Tx& tx, std::int32_t* ran_on) -> std::optional<Reservation> {
+      Delegated::write, shard, nullptr, context,
+      [&](Tx& tx, std::int32_t* ran_on) -> std::optional<Reservation> {
         const pqxx::result rows = tx.exec_on(
             shard, Stmt::citus_step_one, id.to_string(), read->version,
             std::string(reservation_state_name(r.state)), r.confirmed, r.released, r.expired,

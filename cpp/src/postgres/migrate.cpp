@@ -369,7 +369,9 @@ std::vector<std::string> PostgresStore::migrate(int up_to) {
   } catch (const pqxx::failure& e) {
     throw Error(ErrorCode::database_error, std::string("migration failed: ") + e.what());
   }
-  delegation_.store(true);  // the delegated functions are there now (Citus layout)
+  for (std::atomic<bool>& kind : delegation_) {
+    kind.store(true);  // the delegated functions are there now (Citus layout)
+  }
   return applied;
 }
 

@@ -58,6 +58,13 @@ class BatchTx;  // batch.cpp
 // How run() runs its function; see run().
 enum class RunMode { transaction, read, one_statement, delegated };
 
+// The kinds of delegated call on the Citus layout, by the migrations that make their
+// functions: reserves (citus/105, 106), one-row batches (citus/107), the purge (citus/108)
+// and sells and steps (citus/111). Each is turned off on its own when its function is
+// missing (lacks_delegation).
+enum class Delegated : std::uint8_t { reserve, batch, purge, write };
+constexpr std::size_t delegated_kinds = 4;
+
 // One transaction on one connection (or, for single reads, one autocommit statement).
 struct Tx {
   pqxx::transaction_base& work;
@@ -413,8 +420,9 @@ class PostgresStore final : public Store, public TestHooks {
   // `ran_on` null: without direct routing, or after the worker's pool answered Unavailable
   // (a fallback). Nothing, when the schema lacks the functions (lacks_delegation).
   template <class Fn>
-  auto run_delegated(std::uint16_t shard, const WriteOptions* options, const ErrorContext& context,
-                     Fn&& fn) -> std::optional<std::invoke_result_t<Fn&, Tx&, std::int32_t*>>;
+  auto run_delegated(Delegated which, std::uint16_t shard, const WriteOptions* options,
+                     const ErrorContext& context, Fn&& fn)
+      -> std::optional<std::invoke_result_t<Fn&, Tx&, std::int32_t*>>;
   // run() routed by the shard key of the work's main row (`shard`; nothing: the
   // coordinator), through via_route: on that row's worker with direct routing, where
   // Citus runs its statements locally (design.md: another shard's, a distributed
@@ -432,10 +440,14 @@ class PostgresStore final : public Store, public TestHooks {
   // (BatchTx::delegable); false if some row lacked room.
   bool run_fast_path(BatchTx& batch, const WriteOptions& write, const ErrorContext& context);
   // Whether `e` says a delegated call's function is missing (a schema an older release
-  // migrated): then the store stops delegating (logged once) until migrate() runs, and
-  // run_delegated gives nothing; nothing ran.
-  bool lacks_delegation(const Error& e);
-  std::atomic<bool> delegation_{true};
+  // migrated): then the store stops delegating `which` (logged once) until migrate() runs,
+  // and run_delegated gives nothing; nothing ran. The other kinds go on as they were: a
+  // schema migrated up to citus/110 lacks the sells' and steps' functions only.
+  bool lacks_delegation(const Error& e, Delegated which);
+  bool delegates(Delegated which) const {
+    return delegation_[static_cast<std::size_t>(which)].load(std::memory_order_relaxed);
+  }
+  std::atomic<bool> delegation_[delegated_kinds] = {true, true, true, true};
   // Whether step_one can take shard_tables' path here: 0 unknown, 1 yes, -1 no (delegated.cpp).
   std::atomic<int> shard_path_{0};
   bool shard_path_usable();

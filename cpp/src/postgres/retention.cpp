@@ -156,8 +156,8 @@ PurgeCounts PostgresStore::purge_citus(std::int64_t older_than_us, std::uint64_t
     // Whether a shard left something to the statement form (all of it: no function).
     std::atomic<bool> left{!old};
     const auto one_call = [&](std::uint16_t shard, std::uint64_t n, std::int64_t cursor) {
-      const std::optional<PurgeStep> step =
-          run_delegated(shard, nullptr, ErrorContext{}, [&](Tx& tx, std::int32_t* ran_on) {
+      const std::optional<PurgeStep> step = run_delegated(
+          Delegated::purge, shard, nullptr, ErrorContext{}, [&](Tx& tx, std::int32_t* ran_on) {
             const pqxx::result r =
                 tx.exec_on(shard, Stmt::citus_purge_shard, statement == Stmt::purge_keys,
                            older_than_us, static_cast<std::int64_t>(n), cursor);

@@ -159,10 +159,10 @@ auto PostgresStore::via_route(std::uint16_t shard, Call&& call)
 }
 
 template <class Fn>
-auto PostgresStore::run_delegated(std::uint16_t shard, const WriteOptions* options,
+auto PostgresStore::run_delegated(Delegated which, std::uint16_t shard, const WriteOptions* options,
                                   const ErrorContext& context, Fn&& fn)
     -> std::optional<std::invoke_result_t<Fn&, Tx&, std::int32_t*>> {
-  if (!delegation_.load(std::memory_order_relaxed)) return std::nullopt;
+  if (!delegates(which)) return std::nullopt;
   try {
     return via_route(shard, [&](const Routes::Route* route) {
       std::int32_t ran_on = -1;
@@ -173,7 +173,7 @@ auto PostgresStore::run_delegated(std::uint16_t shard, const WriteOptions* optio
       return out;
     });
   } catch (const Error& e) {
-    if (!lacks_delegation(e)) throw;
+    if (!lacks_delegation(e, which)) throw;
     return std::nullopt;
   }
 }

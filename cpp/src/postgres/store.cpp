@@ -189,15 +189,18 @@ void PostgresStore::sql_failed(const pqxx::sql_error& e, Pool::Lease& lease, boo
   throw translate(e, failure);
 }
 
-bool PostgresStore::lacks_delegation(const Error& e) {
+bool PostgresStore::lacks_delegation(const Error& e, Delegated which) {
   if (e.code() != ErrorCode::schema_not_migrated || e.context().sqlstate != undefined_function) {
     return false;
   }
-  if (delegation_.exchange(false)) {
+  static constexpr const char* calls[delegated_kinds] = {"reserves", "one-row batches", "purges",
+                                                         "sells and steps"};
+  const auto kind = static_cast<std::size_t>(which);
+  if (delegation_[kind].exchange(false)) {
     log(LogLevel::warning, "stockade.postgres",
         "schema '" + options_.schema +
-            "' lacks this release's delegated functions (Citus layout), so reserves and "
-            "batches take the statement path, which is slower; migrate() makes them");
+            "' lacks this release's delegated functions (Citus layout), so " + calls[kind] +
+            " take the statement path, which is slower; migrate() makes them");
   }
   return true;
 }
