@@ -132,6 +132,7 @@ void register_ids_and_limits(py::module_& m) {
       py::arg("sku"), py::arg("location"), "The stable 64-bit hash of (sku, location).");
   // The input limits a caller can reach (stockade.limits exports them).
   m.attr("QUANTITY_MAX") = quantity_max;
+  m.attr("ON_HAND_MAX") = on_hand_max;
   m.attr("LIMIT_GROUP_SKUS_MAX") = limit_group_skus_max;
   m.attr("SKU_BYTES_MAX") = sku_bytes_max;
   m.attr("LOCATION_BYTES_MAX") = location_bytes_max;

@@ -5,6 +5,7 @@ from typing import Any, List, Optional, Tuple
 __version__: str
 ERROR_CODES: tuple[str, ...]
 QUANTITY_MAX: int
+ON_HAND_MAX: int
 LIMIT_GROUP_SKUS_MAX: int
 SKU_BYTES_MAX: int
 LOCATION_BYTES_MAX: int

@@ -39,7 +39,7 @@ NotSupported             501     no         -
 InvariantViolation       500     no         -            a bug: report it
 Unavailable              503     yes        1            no database, or a closed engine
 SchemaNotMigrated        500     no         -            the service's set-up: migrate()
-Misconfigured            500     no         -            role, password, database, GRANTs
+Misconfigured            500     no         -            DSN, role, GRANTs; used after fork
 DeadlineExceeded         503     yes        1            call_timeout passed before COMMIT
 FeedOverrun              410     no         -            retention passed a feed consumer
 DatabaseError            500     no         -

@@ -24,6 +24,7 @@ __all__ = [
     "LOCATIONS_LIMIT_MAX",
     "LOCATION_BYTES_MAX",
     "METADATA_BYTES_MAX",
+    "ON_HAND_MAX",
     "ORDER_LINES_MAX",
     "QUANTITY_MAX",
     "REF_BYTES_MAX",
@@ -51,5 +52,9 @@ TRANSFERS_LIMIT_MAX: int = _core.TRANSFERS_LIMIT_MAX  # transfers of one transfe
 # The largest quantity one request may ask for (10**12): it keeps every sum the engine
 # forms, a batch's included, far from overflowing a 64-bit stock level.
 QUANTITY_MAX: int = _core.QUANTITY_MAX
+# The most units a row may have on hand (2**63 - 1 - QUANTITY_MAX): its room, on_hand plus
+# a backorder limit, stays within 64 bits. set_on_hand, and a restock, return or transfer
+# that would pass it, raise InvalidArgument.
+ON_HAND_MAX: int = _core.ON_HAND_MAX
 TTL_MAX: timedelta = timedelta(microseconds=_core.TTL_US_MAX)  # 366 days
 SLOTS_MAX: int = _core.SLOTS_MAX  # hot-row slots of one SKU (set_slots, auto_slots_max)

@@ -52,11 +52,15 @@ TEST_F(MemoryEngine, restock_with_a_stale_version_raises_version_conflict) {
   expect_unchanged(before);
 }
 
-TEST_F(MemoryEngine, restock_past_int64_raises_invalid_argument_and_changes_nothing) {
+// on_hand_max keeps a row's room (on_hand + backorder_limit) within 64 bits.
+TEST_F(MemoryEngine, restock_past_on_hand_max_raises_invalid_argument_and_changes_nothing) {
   engine->restock(sku, 1);
-  const StockLevel before = engine->set_on_hand(sku, std::numeric_limits<Quantity>::max() - 1);
+  EXPECT_STOCKADE_ERROR(engine->set_on_hand(sku, on_hand_max + 1), ErrorCode::invalid_argument);
+  const StockLevel before = engine->set_on_hand(sku, on_hand_max - 1);
   EXPECT_STOCKADE_ERROR(engine->restock(sku, 2), ErrorCode::invalid_argument);
   expect_unchanged(before);
+  engine->set_backorder_limit(sku, quantity_max);
+  EXPECT_EQ(engine->stock(sku).available(), on_hand_max - 1 + quantity_max);
 }
 
 TEST_F(MemoryEngine, stock_of_an_unknown_sku_raises_not_found) {

@@ -295,18 +295,40 @@ def test_quantities_past_quantity_max_are_refused_so_no_batch_sum_can_overflow(
     # Sixteen requests of 2**60 units sum past 2**63. The bound refuses each one before it
     # is queued; requests at the bound are decided exactly on a row near the int64 range.
     engine.restock("hot", 1)
-    engine.set_on_hand("hot", 2**63 - 1)
+    engine.set_on_hand("hot", stockade.ON_HAND_MAX)
     huge = race(16, lambda i: engine.reserve("hot", 2**60, strategy="batched"))
     assert huge.failed_with(stockade.InvalidArgument) == 16
     assert engine.stock("hot").reserved == 0 and engine.row_counts()["reservation_count"] == 0
     made = race(64, lambda i: engine.reserve("hot", stockade.QUANTITY_MAX, strategy="batched"))
     assert made.errors == [None] * 64
     level = engine.stock("hot")
-    assert (level.on_hand, level.reserved) == (2**63 - 1, 64 * stockade.QUANTITY_MAX)
+    assert (level.on_hand, level.reserved) == (stockade.ON_HAND_MAX, 64 * stockade.QUANTITY_MAX)
     assert engine.row_counts()["reservation_count"] == 64
     for r in made.succeeded():
         assert engine.reservation(r.id) == r
     assert engine.expire_due() == 0  # expiry still works on the row
+
+
+def test_on_hand_stops_at_on_hand_max_so_a_rows_room_stays_in_64_bits(
+    engine: stockade.Engine,
+) -> None:
+    # A row's room is on_hand plus its backorder limit: set_on_hand past ON_HAND_MAX, and a
+    # restock that would pass it, are refused and change nothing; at the bound, the largest
+    # backorder limit still leaves the room in range, and a hold takes all of it.
+    engine.restock("top", 1)
+    with pytest.raises(stockade.InvalidArgument, match="ON_HAND_MAX"):
+        engine.set_on_hand("top", stockade.ON_HAND_MAX + 1)
+    engine.set_on_hand("top", stockade.ON_HAND_MAX - 1)
+    with pytest.raises(stockade.InvalidArgument, match="ON_HAND_MAX"):
+        engine.restock("top", 2)
+    assert engine.stock("top").on_hand == stockade.ON_HAND_MAX - 1
+    engine.restock("top", 1)
+    engine.set_backorder_limit("top", stockade.QUANTITY_MAX)
+    made = engine.reserve("top", stockade.QUANTITY_MAX, strategy="batched")
+    level = engine.stock("top")
+    assert (level.on_hand, level.reserved) == (stockade.ON_HAND_MAX, stockade.QUANTITY_MAX)
+    assert level.available == 2**63 - 1 - stockade.QUANTITY_MAX
+    engine.release(made.id)
 
 
 # --- PostgreSQL: batches whose connection breaks ---

@@ -276,7 +276,7 @@ if pid == 0:
         ):
             try:
                 call()
-            except stockade.InvalidState as e:
+            except stockade.Misconfigured as e:  # a 500: the service's set-up, not the caller's
                 assert "Create the engine after the fork" in str(e), e
             else:
                 sys.exit(3)
@@ -300,7 +300,7 @@ def test_a_forked_child_exits_cleanly_and_refuses_the_inherited_engine(
 ) -> None:
     # Pre-fork servers (gunicorn --preload, uWSGI, Celery's prefork pool) fork after the
     # engine exists. The child must exit cleanly whether it ignores the engine, closes it,
-    # or calls it (InvalidState: make the engine after the fork); the parent's engine
+    # or calls it (Misconfigured: make the engine after the fork); the parent's engine
     # must not notice.
     env = dict(os.environ)
     if backend == "postgres":

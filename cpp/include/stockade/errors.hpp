@@ -42,7 +42,7 @@ namespace stockade {
   X(invariant_violation, "the engine caught a broken invariant (a bug)")       \
   X(unavailable, "the database cannot be reached; nothing was changed")        \
   X(schema_not_migrated, "the schema is missing or older: run migrate()")      \
-  X(misconfigured, "the server refused the DSN's role, password or db")        \
+  X(misconfigured, "the service's set-up: DSN, role, GRANT, or a fork")        \
   X(deadline_exceeded, "call_timeout passed before COMMIT; nothing changed")   \
   X(feed_overrun, "retention passed a feed consumer's position")               \
   X(database_error, "any other database error; context().sqlstate says which") \

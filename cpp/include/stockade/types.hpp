@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -271,6 +272,12 @@ struct PurchaseLimit {
 // far below the 9.2×10^18 of a 64-bit stock level.
 inline constexpr Quantity quantity_max = 1'000'000'000'000;
 
+// The most units a stock row may have on hand: the int64 range less one quantity_max, so
+// that on_hand + backorder_limit (at most quantity_max), the row's room, never leaves 64
+// bits. set_on_hand refuses more, and so does a restock, return or transfer that would
+// take a row past it (InvalidArgument, nothing changed).
+inline constexpr Quantity on_hand_max = std::numeric_limits<Quantity>::max() - quantity_max;
+
 // `text` as an error message or a log line may show it: in single quotes, with control
 // characters and bytes that are not UTF-8 escaped (\n, \x1b; a newline cannot forge a
 // log line), cut after about `limit` bytes with the full length noted (a 1 MB input does
@@ -282,6 +289,10 @@ bool is_valid_utf8(std::string_view text) noexcept;
 void validate_sku_key(const SkuKey& key);
 void validate_qty(Quantity qty, const char* field = "qty");
 void validate_ttl_us(std::int64_t ttl_us);
+
+// A span of `us` microseconds in seconds, as callers give them ("1 s", "0.25 s", "-1 s"):
+// the messages of bad input quote a value in the unit it came in.
+std::string seconds_text(std::int64_t us);
 void validate_idempotency_key(const std::string& key);
 inline void validate_idempotency_key(const std::optional<std::string>& key) {
   if (key) validate_idempotency_key(*key);
@@ -304,5 +315,8 @@ void validate_expected_version(const std::optional<Version>& expected);
 
 // a + b, or InvalidArgument naming `what` if it would leave the int64 range.
 Quantity checked_add(Quantity a, Quantity b, const char* what);
+// A row's on_hand after `what` adds `units` to it, or InvalidArgument past on_hand_max.
+Quantity checked_on_hand(Quantity on_hand, Quantity units, const char* what);
+void validate_on_hand(Quantity on_hand);
 
 }  // namespace stockade

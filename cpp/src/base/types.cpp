@@ -257,13 +257,27 @@ void validate_qty(Quantity qty, const char* field) {
   }
 }
 
+std::string seconds_text(std::int64_t us) {
+  const bool negative = us < 0;
+  // the magnitude, without overflow for the most negative value
+  const std::uint64_t m = negative ? 0 - static_cast<std::uint64_t>(us) : us;
+  std::string out = (negative ? "-" : "") + std::to_string(m / 1'000'000);
+  if (const std::uint64_t fraction = m % 1'000'000; fraction != 0) {
+    std::string digits = std::to_string(fraction);
+    digits.insert(0, 6 - digits.size(), '0');
+    digits.erase(digits.find_last_not_of('0') + 1);
+    out += "." + digits;
+  }
+  return out + " s";
+}
+
 void validate_ttl_us(std::int64_t ttl_us) {
   if (ttl_us <= 0) {
-    throw_invalid_argument("ttl must be positive, got " + std::to_string(ttl_us) + " us");
+    throw_invalid_argument("ttl must be positive, got " + seconds_text(ttl_us));
   }
   if (ttl_us > ttl_us_max) {
-    throw_invalid_argument("ttl is " + std::to_string(ttl_us) + " us; the limit is " +
-                           std::to_string(ttl_us_max) + " us (366 days, TTL_MAX)");
+    throw_invalid_argument("ttl is " + seconds_text(ttl_us) + "; the limit is " +
+                           seconds_text(ttl_us_max) + " (366 days, TTL_MAX)");
   }
 }
 
@@ -319,6 +333,22 @@ void validate_expected_version(const std::optional<Version>& expected) {
   if (expected && *expected < 0) {
     throw_invalid_argument("expected_version must not be negative, got " +
                            std::to_string(*expected));
+  }
+}
+
+Quantity checked_on_hand(Quantity on_hand, Quantity units, const char* what) {
+  Quantity out = 0;
+  if (__builtin_add_overflow(on_hand, units, &out) || out > on_hand_max) {
+    throw_invalid_argument(std::string(what) + " would take on_hand past " +
+                           std::to_string(on_hand_max) + " (ON_HAND_MAX); nothing changed");
+  }
+  return out;
+}
+
+void validate_on_hand(Quantity on_hand) {
+  if (on_hand < 0 || on_hand > on_hand_max) {
+    throw_invalid_argument("on_hand must be between 0 and " + std::to_string(on_hand_max) +
+                           " (ON_HAND_MAX), got " + std::to_string(on_hand));
   }
 }
 

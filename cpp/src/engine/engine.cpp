@@ -100,7 +100,7 @@ bool Engine::forked_away() const {
 
 void Engine::check_process() const {
   if (!forked_away()) return;
-  throw Error(ErrorCode::invalid_state,
+  throw Error(ErrorCode::misconfigured,  // the service's set-up, not the caller's request
               "this engine was created in process " + std::to_string(creator_pid_) +
                   ", which has since forked; its threads and connections belong to that "
                   "process. Create the engine after the fork, in the process that uses it "
@@ -391,9 +391,7 @@ StockLevel Engine::set_on_hand(const SkuKey& key, Quantity on_hand, std::optiona
   check_process();
   validate_sku_key(key);
   validate_idempotency_key(idempotency_key);
-  if (on_hand < 0) {
-    throw_invalid_argument("on_hand must not be negative, got " + std::to_string(on_hand));
-  }
+  validate_on_hand(on_hand);
   validate_expected_version(expected);
   validate_fencing_token(token);
   validate_note_text(reason, "reason");

@@ -13,16 +13,17 @@ namespace detail::engine {
 
 void validate_lock_timeout_ms(std::int64_t ms) {
   if (ms <= 0 || ms > lock_timeout_ms_max) {
-    throw_invalid_argument("lock_timeout must be between 1 ms and " +
-                           std::to_string(lock_timeout_ms_max) + " ms, got " + std::to_string(ms) +
-                           " ms");
+    const bool fits = ms <= std::numeric_limits<std::int64_t>::max() / 1000 &&
+                      ms >= std::numeric_limits<std::int64_t>::min() / 1000;
+    throw_invalid_argument("lock_timeout must be between 0.001 s and " +
+                           seconds_text(lock_timeout_ms_max * 1000) + ", got " +
+                           (fits ? seconds_text(ms * 1000) : std::to_string(ms) + " ms"));
   }
 }
 
 std::uint64_t purge_limit(std::int64_t older_than_us, std::optional<std::int64_t> limit) {
   if (older_than_us < 0) {
-    throw_invalid_argument("older_than must not be negative, got " + std::to_string(older_than_us) +
-                           " us");
+    throw_invalid_argument("older_than must not be negative, got " + seconds_text(older_than_us));
   }
   if (!limit) return std::numeric_limits<std::uint64_t>::max();
   if (*limit < 1) {

@@ -108,7 +108,8 @@ void validate_batcher_options(const BatcherOptions& o) {
       o.lock_slice_ms >= 1 && o.lock_slice_ms <= lock_timeout_ms_max,
       "the batch lock slice must be between 1 and " + std::to_string(lock_timeout_ms_max) + " ms");
   check(o.contended_linger_us >= 0 && o.contended_linger_us <= batch_linger_us_max,
-        "the batch linger must be between 0 and " + std::to_string(batch_linger_us_max) + " us");
+        "batch_linger must be between 0 and " + seconds_text(batch_linger_us_max) + ", got " +
+            seconds_text(o.contended_linger_us));
   check(o.enqueue_timeout_ms >= 0 && o.enqueue_timeout_ms <= lock_timeout_ms_max,
         "the batch enqueue timeout must be between 0 and " + std::to_string(lock_timeout_ms_max) +
             " ms");

@@ -279,7 +279,7 @@ StockLevel MemoryStore::restock(const SkuKey& key, Quantity qty, std::optional<V
     const auto decide = [&](const RowValues& v) {
       check_row(key, v, now, expected, token);
       RowValues next = changed(v, now);
-      next.on_hand = checked_add(v.on_hand, qty, "restock");
+      next.on_hand = checked_on_hand(v.on_hand, qty, "restock");
       return next;
     };
     return upsert(key, expected, token, RowValues{qty, 0, 1, now}, decide);

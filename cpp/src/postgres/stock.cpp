@@ -228,7 +228,7 @@ StockLevel PostgresStore::upsert_in(Tx& tx, const SkuKey& key, Quantity value, b
     check_writable(*row, expected, token);
     Quantity on_hand = value;
     if (add) {
-      on_hand = checked_add(row->on_hand, value, "restock");
+      on_hand = checked_on_hand(row->on_hand, value, "restock");
     } else {
       check_covers(key, value, row->reserved, row->backorder_limit,
                    row->damaged + row->quality_control);
