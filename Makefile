@@ -24,8 +24,11 @@ CXX_SOURCES = $(wildcard cpp/include/stockade/*.hpp cpp/src/*/*.[ch]pp cpp/bindi
 	cpp/tools/src/*.cpp tests/cpp/*.[ch]pp tests/fuzz/*.[ch]pp benchmarks/cpp/*.cpp)
 PY_SOURCES = python tests benchmarks examples tools notebooks/make_notebooks.py
 
+# The README's main job, on its embedded default whatever the shell's environment names:
+# `stockade demo` alone would use STOCKADE_DSN or libpq's PG* variables (and a schema there).
 demo: install
-	$(VENV)/bin/stockade demo
+	env -u STOCKADE_DSN -u PGHOST -u PGHOSTADDR -u PGPORT -u PGDATABASE -u PGUSER -u PGSERVICE \
+		$(VENV)/bin/stockade demo
 
 test: lint docs install test-cpp test-tsan test-asan test-python test-pooled
 

@@ -9,8 +9,12 @@ set -euo pipefail
 # pgbouncer: the suite runs its PostgreSQL tests a second time through one in transaction
 # mode (it starts its own; the package's service is not used).
 packages=(g++ make pkg-config libboost-dev libgtest-dev libpqxx-dev postgresql redis-server pgbouncer)
-# A Python without ensurepip (Debian's own python3) needs python3-venv for `make`'s venv.
+# A Python without ensurepip (Debian's own python3) needs python3-venv for `make`'s venv,
+# and one without its C headers (Debian's own again) python3-dev for the extension.
 python3 -c "import ensurepip" 2>/dev/null || packages+=(python3-venv)
+python3 -c "import os, sysconfig
+raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" ||
+  packages+=(python3-dev)
 
 missing=()
 for pkg in "${packages[@]}"; do
