@@ -355,6 +355,34 @@ def test_a_runtime_role_purges_by_the_statement_form(
         run_sql(dsn, f"DROP OWNED BY {role}; DROP ROLE {role}")
 
 
+def test_repeatable_read_sessions_purge_by_the_statement_form(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # purge_shard (citus/108) checks its shard's placement after the shard lock; under
+    # REPEATABLE READ that check could read a snapshot from before a move switched the
+    # placement. So sessions that are not READ COMMITTED purge by the statement form, as
+    # the engine says once; what is purged is the same.
+    caplog.set_level("INFO", logger="stockade")
+    repeatable = (
+        dsn + "%20-c%20default_transaction_isolation%3Drepeatable%5C%20read"
+        "%20-c%20citus.log_remote_commands%3Don%20-c%20log_min_messages%3Dnotice"
+    )
+    with stockade.Engine.postgres(dsn, layout="citus", schema=schema) as owner:
+        owner.migrate()
+    with stockade.Engine.postgres(repeatable, layout="citus", schema=schema, pool_size=2) as eng:
+        eng.restock("solo", 10)
+        keyed = eng.reserve("solo", 1, idempotency_key="one")
+        eng.confirm(keyed.id)
+        eng.release(eng.reserve("solo", 1).id)
+        time.sleep(0.01)
+        lines = remote_commands(stockade_citus, eng, "rr-purge", lambda: eng.purge(timedelta(0)))
+        assert not any(".purge_shard(" in line for line in lines), lines
+        said = [r for r in caplog.records if "not as delegated calls" in r.getMessage()]
+        assert len(said) == 1 and "purges as statements" in said[0].getMessage(), said
+        assert eng.row_counts()["reservation_count"] == 0
+        assert eng.reserve("solo", 1, idempotency_key="one").id != keyed.id  # the key went
+
+
 def test_stats_estimates_sum_the_workers_shards(engine: stockade.Engine) -> None:
     # The coordinator's statistics see none of the workers' rows: stats() sums the shards'
     # live-tuple figures, which a worker flushes within about ten seconds of a commit.

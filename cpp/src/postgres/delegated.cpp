@@ -130,7 +130,8 @@ std::optional<Reservation> PostgresStore::transition_delegated(const TransitionR
 // step_one changes nothing where it cannot take the shard path (it would have to write
 // through Citus, which a note set inside does not reach): for a role that does not own the
 // tables, or sessions that are not READ COMMITTED, every step would pay for a call that
-// does nothing. Read once; until it can be read, steps take the transaction.
+// does nothing. purge_shard asks the same (citus_old_shards). Read once; until it can be
+// read, steps take the transaction and purges the statement form.
 bool PostgresStore::shard_path_usable() {
   const int known = shard_path_.load(std::memory_order_relaxed);
   if (known != 0) return known > 0;
@@ -143,7 +144,8 @@ bool PostgresStore::shard_path_usable() {
       log(LogLevel::info, "stockade.postgres",
           "this role does not own the tables of schema '" + options_.schema +
               "', or its sessions are not READ COMMITTED: confirms, releases and extends "
-              "on the Citus layout run as transactions, not as delegated calls");
+              "on the Citus layout run as transactions, and purges as statements, not as "
+              "delegated calls");
     }
     return usable;
   } catch (const Error&) {

@@ -196,11 +196,15 @@ PurgeCounts PostgresStore::purge_citus(std::int64_t older_than_us, std::uint64_t
 // The Citus shards that hold old entries of this phase (`statement`), a shard key in each,
 // as the next purge_read_citus entries in time order from every shard tell, each shard by
 // its oldest entry; then, if there are that many, every other shard. Nothing if the schema
-// lacks purge_shard (migrated by an older release), or the role may not take the shard
-// lock the function takes (it does not own the tables): then the statement form does it
-// all, and the reserves' delegation stays on.
+// lacks purge_shard (migrated by an older release), or its path is not usable here
+// (shard_path_usable): the role may not take the shard lock the function takes (it does
+// not own the tables), or its sessions are not READ COMMITTED, where the function's check
+// of the shard's placement, after that lock, could read a snapshot from before a move
+// switched it, and purge the old placement's rows. Then the statement form does it all,
+// and the reserves' delegation stays on.
 std::optional<std::vector<std::uint16_t>> PostgresStore::citus_old_shards(
     Stmt statement, std::int64_t older_than_us) {
+  if (!shard_path_usable()) return std::nullopt;
   return run<RunMode::read>(
       nullptr, ErrorContext{}, [&](Tx& tx) -> std::optional<std::vector<std::uint16_t>> {
         if (!tx.exec(Stmt::citus_purge_delegable)[0][0].as<bool>()) return std::nullopt;

@@ -57,16 +57,15 @@ void add_delegated_statements(const std::string& schema, const StatementSink& se
   // whether the shard holds old entries the call leaves to the statement form.
   set(Stmt::citus_purge_shard,
       "SELECT * FROM " + schema + ".purge_shard($1::boolean, $2, $3, $4@SKV)");
-  // Whether the schema has purge_shard (migration citus/108), and this role may take the
-  // shard lock it takes: Citus lets the tables' owners only (EnsureShardOwner).
-  set(Stmt::citus_purge_delegable,
-      "SELECT to_regprocedure('" + schema +
-          ".purge_shard(boolean, bigint, bigint, bigint, integer)') IS NOT NULL AND"
-          " pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = '" +
-          schema + ".reservation'::regclass), 'USAGE')");
-  // Whether this role's sessions can take shard_tables' path (citus/109): the role owns the
-  // tables (Citus lets only the owner take the shard lock) and its transactions are READ
-  // COMMITTED. The same conditions as shard_tables', read once by a store.
+  // Whether the schema has purge_shard (migration citus/108); whether this role may take
+  // the shard lock it takes is citus_shard_path_usable's to say.
+  set(Stmt::citus_purge_delegable, "SELECT to_regprocedure('" + schema +
+                                       ".purge_shard(boolean, bigint, bigint, bigint, integer)')"
+                                       " IS NOT NULL");
+  // Whether this role's sessions can take shard_tables' path (citus/109) and purge_shard's
+  // (citus/108): the role owns the tables (Citus lets only the owner take the shard lock)
+  // and its transactions are READ COMMITTED. shard_tables' own conditions, read once by a
+  // store.
   set(Stmt::citus_shard_path_usable,
       "SELECT pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = '" + schema +
           ".stock'::regclass), 'USAGE') AND current_setting('transaction_isolation') ="
