@@ -743,6 +743,67 @@ def test_a_step_of_a_hold_is_a_read_and_one_call_delegated_to_the_rows_worker(
         assert_audit_clean(eng)
 
 
+@pytest.mark.parametrize("change", ["release", "lapse"])
+def test_a_delegated_step_whose_hold_moved_on_after_the_read_is_decided_in_a_transaction(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str, change: str
+) -> None:
+    # A delegated step reads its hold, decides the step on it, and step_one writes that
+    # decision only if the hold is still as read (its version, not lapsed). Here the call is
+    # held at a proxy in front of the coordinator while another engine releases 3 of the
+    # hold's 4 units, or the hold's time runs out: step_one must write nothing, and the
+    # engine then decides in a transaction, under the hold's lock, on the hold as it now
+    # is. A step_one that wrote its decision would undo the release (3 held again) or
+    # confirm a lapsed hold.
+    proxy = CommitCuttingProxy("127.0.0.1", stockade_citus.node_port("coordinator"))
+    try:
+        with stockade.Engine.postgres(
+            proxy.dsn("postgres"), layout="citus", schema=schema, pool_size=2, sweeper=False
+        ) as eng:
+            eng.migrate()
+            eng.restock("solo", 10)
+            hold = eng.reserve("solo", 4, strategy="atomic")
+            told: list = []
+
+            def confirm() -> None:
+                try:
+                    told.append(eng.confirm(hold.id, qty=1))
+                except stockade.StockadeError as e:
+                    told.append(e)
+
+            proxy.arm("held", query=".step_one(")
+            step = threading.Thread(target=confirm, daemon=True)
+            step.start()
+            assert wait_for(lambda: proxy.cuts == 1)  # read, decided, its call held
+            if change == "release":
+                with stockade.Engine.postgres(
+                    dsn, layout="citus", schema=schema, pool_size=1, sweeper=False
+                ) as other:
+                    other.release(hold.id, qty=3)
+            else:
+                run_sql(
+                    dsn,
+                    f"UPDATE {schema}.reservation SET expires_at = now() - interval '1 second'"
+                    f" WHERE id = '{hold.id}'",
+                )
+            proxy.release()
+            step.join(30)
+            assert len(told) == 1, told
+            level = eng.stock("solo")
+            if change == "release":
+                done = told[0]
+                assert isinstance(done, stockade.Reservation), done
+                assert (done.confirmed, done.released, done.held) == (1, 3, 0)
+                assert (done.state, done.version) == ("confirmed", hold.version + 2)
+                assert (level.on_hand, level.reserved) == (9, 0)
+            else:
+                assert isinstance(told[0], stockade.ReservationExpired), told[0]
+                assert eng.reservation(hold.id).expired == 4
+                assert (level.on_hand, level.reserved) == (10, 0)
+            assert_audit_clean(eng)
+    finally:
+        proxy.close()
+
+
 @pytest.mark.parametrize("cut", ["before", "after"])
 def test_a_delegated_call_cut_is_answered_by_what_the_fence_proves(
     stockade_citus: TemporaryCitus, dsn: str, schema: str, cut: str
