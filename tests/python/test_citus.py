@@ -507,6 +507,25 @@ def remote_commands(
     return lines[next(i for i, line in enumerate(lines) if "on server " in line) + 1 :]
 
 
+@contextlib.contextmanager
+def proxied_engine(
+    cluster: TemporaryCitus, schema: str, stock: int
+) -> Iterator[Tuple[CommitCuttingProxy, stockade.Engine]]:
+    """An engine (2 connections, no sweeper) through a proxy in front of the coordinator
+    that can cut or hold its statements (pgproxy.py); migrated, with `stock` units of
+    "solo"."""
+    proxy = CommitCuttingProxy("127.0.0.1", cluster.node_port("coordinator"))
+    try:
+        with stockade.Engine.postgres(
+            proxy.dsn("postgres"), layout="citus", schema=schema, pool_size=2, sweeper=False
+        ) as eng:
+            eng.migrate()
+            eng.restock("solo", stock)
+            yield proxy, eng
+    finally:
+        proxy.close()
+
+
 def test_a_write_for_one_sku_runs_on_one_worker_with_a_plain_commit(
     stockade_citus: TemporaryCitus, dsn: str, schema: str
 ) -> None:
@@ -754,54 +773,46 @@ def test_a_delegated_step_whose_hold_moved_on_after_the_read_is_decided_in_a_tra
     # engine then decides in a transaction, under the hold's lock, on the hold as it now
     # is. A step_one that wrote its decision would undo the release (3 held again) or
     # confirm a lapsed hold.
-    proxy = CommitCuttingProxy("127.0.0.1", stockade_citus.node_port("coordinator"))
-    try:
-        with stockade.Engine.postgres(
-            proxy.dsn("postgres"), layout="citus", schema=schema, pool_size=2, sweeper=False
-        ) as eng:
-            eng.migrate()
-            eng.restock("solo", 10)
-            hold = eng.reserve("solo", 4, strategy="atomic")
-            told: list = []
+    with proxied_engine(stockade_citus, schema, 10) as (proxy, eng):
+        hold = eng.reserve("solo", 4, strategy="atomic")
+        told: list = []
 
-            def confirm() -> None:
-                try:
-                    told.append(eng.confirm(hold.id, qty=1))
-                except stockade.StockadeError as e:
-                    told.append(e)
+        def confirm() -> None:
+            try:
+                told.append(eng.confirm(hold.id, qty=1))
+            except stockade.StockadeError as e:
+                told.append(e)
 
-            proxy.arm("held", query=".step_one(")
-            step = threading.Thread(target=confirm, daemon=True)
-            step.start()
-            assert wait_for(lambda: proxy.cuts == 1)  # read, decided, its call held
-            if change == "release":
-                with stockade.Engine.postgres(
-                    dsn, layout="citus", schema=schema, pool_size=1, sweeper=False
-                ) as other:
-                    other.release(hold.id, qty=3)
-            else:
-                run_sql(
-                    dsn,
-                    f"UPDATE {schema}.reservation SET expires_at = now() - interval '1 second'"
-                    f" WHERE id = '{hold.id}'",
-                )
-            proxy.release()
-            step.join(30)
-            assert len(told) == 1, told
-            level = eng.stock("solo")
-            if change == "release":
-                done = told[0]
-                assert isinstance(done, stockade.Reservation), done
-                assert (done.confirmed, done.released, done.held) == (1, 3, 0)
-                assert (done.state, done.version) == ("confirmed", hold.version + 2)
-                assert (level.on_hand, level.reserved) == (9, 0)
-            else:
-                assert isinstance(told[0], stockade.ReservationExpired), told[0]
-                assert eng.reservation(hold.id).expired == 4
-                assert (level.on_hand, level.reserved) == (10, 0)
-            assert_audit_clean(eng)
-    finally:
-        proxy.close()
+        proxy.arm("held", query=".step_one(")
+        step = threading.Thread(target=confirm, daemon=True)
+        step.start()
+        assert wait_for(lambda: proxy.cuts == 1)  # read, decided, its call held
+        if change == "release":
+            with stockade.Engine.postgres(
+                dsn, layout="citus", schema=schema, pool_size=1, sweeper=False
+            ) as other:
+                other.release(hold.id, qty=3)
+        else:
+            run_sql(
+                dsn,
+                f"UPDATE {schema}.reservation SET expires_at = now() - interval '1 second'"
+                f" WHERE id = '{hold.id}'",
+            )
+        proxy.release()
+        step.join(30)
+        assert len(told) == 1, told
+        level = eng.stock("solo")
+        if change == "release":
+            done = told[0]
+            assert isinstance(done, stockade.Reservation), done
+            assert (done.confirmed, done.released, done.held) == (1, 3, 0)
+            assert (done.state, done.version) == ("confirmed", hold.version + 2)
+            assert (level.on_hand, level.reserved) == (9, 0)
+        else:
+            assert isinstance(told[0], stockade.ReservationExpired), told[0]
+            assert eng.reservation(hold.id).expired == 4
+            assert (level.on_hand, level.reserved) == (10, 0)
+        assert_audit_clean(eng)
 
 
 @pytest.mark.parametrize("cut", ["before", "after"])
@@ -817,36 +828,28 @@ def test_a_delegated_call_cut_is_answered_by_what_the_fence_proves(
     # the write might still land, and the answer is InDoubt. A keyless sell, or a step of a
     # hold, leaves nothing to look for: InDoubt either way. The rows show which really
     # happened.
-    proxy = CommitCuttingProxy("127.0.0.1", stockade_citus.node_port("coordinator"))
-    try:
-        with stockade.Engine.postgres(
-            proxy.dsn("postgres"), layout="citus", schema=schema, pool_size=2, sweeper=False
-        ) as eng:
-            eng.migrate()
-            eng.restock("solo", 100)
-            proxy.arm(cut, query=".reserve_one(")
-            if cut == "after":
-                hold = eng.reserve("solo", 2, strategy="atomic")
-                assert eng.reservation(hold.id).state == "held"
-            else:
-                with pytest.raises(stockade.InDoubt):
-                    eng.reserve("solo", 2, strategy="atomic")
-            proxy.arm(cut, query=".sell_one(")
+    with proxied_engine(stockade_citus, schema, 100) as (proxy, eng):
+        proxy.arm(cut, query=".reserve_one(")
+        if cut == "after":
+            hold = eng.reserve("solo", 2, strategy="atomic")
+            assert eng.reservation(hold.id).state == "held"
+        else:
             with pytest.raises(stockade.InDoubt):
-                eng.sell("solo", 3, strategy="atomic")
-            other = eng.reserve("solo", 4, strategy="atomic")
-            proxy.arm(cut, query=".step_one(")
-            with pytest.raises(stockade.InDoubt):
-                eng.confirm(other.id, qty=1)
-            assert proxy.cuts == 3
-            level = eng.stock("solo")
-            landed = cut == "after"
-            # after: 2 held, 3 sold, then 1 of the 4 confirmed; before: only the 4 held
-            assert (level.reserved, level.on_hand) == ((5, 96) if landed else (4, 100)), level
-            assert eng.reservation(other.id).confirmed == (1 if landed else 0)
-            assert_audit_clean(eng)
-    finally:
-        proxy.close()
+                eng.reserve("solo", 2, strategy="atomic")
+        proxy.arm(cut, query=".sell_one(")
+        with pytest.raises(stockade.InDoubt):
+            eng.sell("solo", 3, strategy="atomic")
+        other = eng.reserve("solo", 4, strategy="atomic")
+        proxy.arm(cut, query=".step_one(")
+        with pytest.raises(stockade.InDoubt):
+            eng.confirm(other.id, qty=1)
+        assert proxy.cuts == 3
+        level = eng.stock("solo")
+        landed = cut == "after"
+        # after: 2 held, 3 sold, then 1 of the 4 confirmed; before: only the 4 held
+        assert (level.reserved, level.on_hand) == ((5, 96) if landed else (4, 100)), level
+        assert eng.reservation(other.id).confirmed == (1 if landed else 0)
+        assert_audit_clean(eng)
 
 
 @pytest.mark.parametrize("routing", ["coordinator", "direct"])
