@@ -139,8 +139,8 @@ bool PostgresStore::shard_path_usable() {
     const bool usable = run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
       return tx.exec(Stmt::citus_shard_path_usable)[0][0].as<bool>();
     });
-    shard_path_.store(usable ? 1 : -1, std::memory_order_relaxed);
-    if (!usable) {
+    // Two calls that read at once both store; only the first to store says so.
+    if (shard_path_.exchange(usable ? 1 : -1, std::memory_order_relaxed) == 0 && !usable) {
       log(LogLevel::info, "stockade.postgres",
           "this role does not own the tables of schema '" + options_.schema +
               "', or its sessions are not READ COMMITTED: confirms, releases and extends "
