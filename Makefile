@@ -25,10 +25,10 @@ CXX_SOURCES = $(wildcard cpp/include/stockade/*.hpp cpp/src/*/*.[ch]pp cpp/bindi
 PY_SOURCES = python tests benchmarks examples tools notebooks/make_notebooks.py
 
 # The README's main job, on its embedded default whatever the shell's environment names:
-# `stockade demo` alone would use STOCKADE_DSN or libpq's PG* variables (and a schema there).
+# `stockade demo` alone would use STOCKADE_DSN or libpq's PG* variables (and a schema there),
+# and libpq would apply any PG* variable (PGSSLMODE, PGOPTIONS) to the throwaway server too.
 demo: install
-	env -u STOCKADE_DSN -u PGHOST -u PGHOSTADDR -u PGPORT -u PGDATABASE -u PGUSER -u PGSERVICE \
-		$(VENV)/bin/stockade demo
+	env -u STOCKADE_DSN $$(env | sed -n 's/^\(PG[A-Z_]*\)=.*/-u \1/p') $(VENV)/bin/stockade demo
 
 test: lint docs install test-cpp test-tsan test-asan test-python test-pooled
 

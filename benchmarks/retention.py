@@ -453,7 +453,7 @@ def add_due_work(sql: Sql, schema: str, tag: str, n: int) -> None:
 def background_round(dsn: str, eng: stockade.Engine, schema: str, idle: float) -> Dict[str, float]:
     """Expires every due hold in sweeper-sized batches, purges what is past the window,
     times stats(), then lets an engine with the sweeper on run idle rounds (the rounds of
-    `idle` seconds, after a third of that for its first round)."""
+    `idle` seconds, after half a second for its first round)."""
     start = time.perf_counter()
     calls, expired = [], 0
     while True:
@@ -476,7 +476,7 @@ def background_round(dsn: str, eng: stockade.Engine, schema: str, idle: float) -
         sweep_interval=timedelta(milliseconds=50),
         retention=RETAINED,
     ) as sweeping:
-        time.sleep(idle / 3)  # past the first round, which opens its session and prepares
+        time.sleep(0.5)  # past the first round, which opens its session and prepares
         first = sweeping.stats()["sweeper"]
         time.sleep(idle)
         last = sweeping.stats()["sweeper"]

@@ -321,7 +321,12 @@ class Misconfigured(StockadeError):
 
     A failed connection attempt carries no SQLSTATE (libpq gives none), so there the
     server's English wording decides; on a server with a non-English ``lc_messages`` such
-    a refusal stays :class:`Unavailable`."""
+    a refusal stays :class:`Unavailable`.
+
+    Also an engine called in a process forked after it was made (a pre-fork server's
+    worker: gunicorn ``--preload``, uWSGI, Celery's prefork pool), on either store: its
+    threads and connections belong to the parent, and the service must make the engine
+    after the fork."""
 
     code = "misconfigured"
     http_status = 500

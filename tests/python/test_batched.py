@@ -331,6 +331,30 @@ def test_on_hand_stops_at_on_hand_max_so_a_rows_room_stays_in_64_bits(
     engine.release(made.id)
 
 
+def test_a_slotted_sku_and_a_transfer_stop_at_on_hand_max_too(engine: stockade.Engine) -> None:
+    # A slotted SKU's rows merge into one, so ON_HAND_MAX bounds them together: a restock,
+    # keyed or not, that would pass it is refused and changes nothing. A transfer's units
+    # arriving at a row are bounded as a restock's are.
+    engine.restock("wide", 1)
+    engine.set_slots("wide", 2)
+    engine.set_on_hand("wide", stockade.ON_HAND_MAX)
+    for key in (None, "k"):
+        with pytest.raises(stockade.InvalidArgument, match="ON_HAND_MAX"):
+            engine.restock("wide", 1, idempotency_key=key)
+    assert engine.stock("wide").on_hand == stockade.ON_HAND_MAX
+    engine.set_slots("wide", 1)  # the rows merge back into one
+    engine.set_backorder_limit("wide", stockade.QUANTITY_MAX)
+    assert engine.stock("wide").available == 2**63 - 1
+    engine.restock("moved", 5, location="a")
+    engine.set_on_hand("moved", stockade.ON_HAND_MAX - 2, location="b")
+    sent = engine.transfer("moved", 5, source="a", destination="b")
+    with pytest.raises(stockade.InvalidArgument, match="ON_HAND_MAX"):
+        engine.receive(sent, accepted=5)
+    assert engine.stock("moved", location="b").on_hand == stockade.ON_HAND_MAX - 2
+    engine.receive(sent, accepted=2, rejected=3)
+    assert engine.stock("moved", location="b").on_hand == stockade.ON_HAND_MAX
+
+
 # --- PostgreSQL: batches whose connection breaks ---
 
 

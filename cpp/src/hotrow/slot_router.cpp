@@ -300,14 +300,19 @@ StockLevel SlotRouter::restock(const SkuKey& key, Quantity qty,
     if (expected || token) {
       refuse_on_slots(key, "an idempotency key with expected_version or a fencing token");
     }
+    // ON_HAND_MAX bounds the SKU's rows together: they merge into one (a check of the rows
+    // as learned: a restock racing this one is checked by its own)
+    checked_on_hand(summed(key, rows).on_hand, qty, "restock");
     return summed_or(key, store_.restock(key, qty, std::nullopt, std::nullopt, idempotency_key));
   }
   if (token) refuse_on_slots(key, "a fencing token (leases)");
   const auto plan = [&](const std::vector<StockLevel>& levels) {
-    check_expected(key, expected, summed(key, levels).version);
+    const StockLevel sum = summed(key, levels);
+    check_expected(key, expected, sum.version);
     if (levels.front().discontinued) {
       throw Error(ErrorCode::discontinued, describe(key) + " is discontinued", context_of(key));
     }
+    checked_on_hand(sum.on_hand, qty, "restock");  // the rows together: they may merge
     return respread(levels, active_rows(levels), 0, 0, qty);
   };
   return summed(key, store_.reshape(keys_of(rows), false, false, options_.lock_timeout_ms, plan));

@@ -239,8 +239,9 @@ class MemoryStore final : public Store, public TestHooks {
   void insert_reservation(const Reservation& reservation, StockRow* row);
   ReservationShard& shard_of(const Uuid& id) const;
   void expire_locked(ReservationShard& shard, ReservationRecord& record, TimestampUs now);
+  // `now` is set to the time it was found live at: the step writes at that time.
   ReservationRecord& live_hold(ReservationShard& shard, const Uuid& id,
-                               const std::optional<Version>& expected);
+                               const std::optional<Version>& expected, TimestampUs& now);
   void settle_locked(ReservationRecord& record, Reservation next, const Settlement& moved,
                      TimestampUs now);
   // Settles units a hold had: `sold` leave on_hand and reserved, `freed` leave reserved.

@@ -291,9 +291,9 @@ Reservation MemoryStore::transition_now(const TransitionRequest& request) {
   const Transition kind = request.kind;
   ReservationShard& shard = shard_of(id);
   std::lock_guard<std::mutex> lock(shard.mutex);
-  ReservationRecord& record = live_hold(shard, id, request.expected_version);
+  TimestampUs now = 0;
+  ReservationRecord& record = live_hold(shard, id, request.expected_version, now);
   Reservation& r = record.value;
-  const TimestampUs now = clock_->now_us();
   const TimestampUs extended =
       kind == Transition::extend ? expiry_of(now, request.ttl_us, "the hold") : 0;
   if (kind == Transition::extend) {
@@ -358,14 +358,17 @@ Reservation MemoryStore::return_now(const ReturnRequest& request) {
 
 // A held, unlapsed reservation under its shard's lock, as every step finds it (confirm,
 // release, extend, resize): checks the expected version and the state (check_live), and
-// expires it lazily if it lapsed, as the sweeper would have (then throws).
+// expires it lazily if it lapsed, as the sweeper would have (then throws). `now` is the
+// time it was found live at, which the step writes with: a later reading could pass the
+// hold's expiry.
 ReservationRecord& MemoryStore::live_hold(ReservationShard& shard, const Uuid& id,
-                                          const std::optional<Version>& expected) {
+                                          const std::optional<Version>& expected,
+                                          TimestampUs& now) {
   auto it = shard.records.find(id);
   if (it == shard.records.end()) throw_reservation_not_found(id);
   ReservationRecord& record = it->second;
   check_live(record.value, expected);
-  const TimestampUs now = clock_->now_us();
+  now = clock_->now_us();
   if (now >= record.value.expires_at_us) {
     expire_locked(shard, record, now);
     throw not_holdable(record.value);
@@ -389,12 +392,12 @@ Reservation MemoryStore::resize_now(const ResizeRequest& request) {
     Reservation seen;
     {
       std::lock_guard<std::mutex> lock(shard.mutex);
-      ReservationRecord& record = live_hold(shard, request.id, request.expected_version);
+      TimestampUs now = 0;
+      ReservationRecord& record = live_hold(shard, request.id, request.expected_version, now);
       Reservation& r = record.value;
       const Quantity delta = resize_delta(r, request.qty);
       if (delta == 0) return r;
       if (delta < 0) {  // a release of the units it no longer holds
-        const TimestampUs now = clock_->now_us();
         Reservation next = r;
         const Settlement moved = settle_transition(next, /*confirm=*/false, -delta, false);
         settle_locked(record, std::move(next), moved, now);
@@ -409,13 +412,13 @@ Reservation MemoryStore::resize_now(const ResizeRequest& request) {
     const auto grow = [&](const LineGroups& groups) {
       if (groups.at(0) != seen.limit_group) throw group_changed(seen);
       std::lock_guard<std::mutex> lock(shard.mutex);
-      ReservationRecord& record = live_hold(shard, request.id, request.expected_version);
+      TimestampUs now = 0;
+      ReservationRecord& record = live_hold(shard, request.id, request.expected_version, now);
       Reservation& r = record.value;
       if (r.version != seen.version) throw HoldChanged{};
       Reservation next = r;
       grow_hold(next, delta);
       check_units(next);
-      const TimestampUs now = clock_->now_us();
       compare_and_set(
           *record.row,
           [&](const RowValues& v) { return hold_units(&telemetry(), *record.row, v, delta, now); },

@@ -79,7 +79,7 @@ Transfer MemoryStore::transfer_step(const TransferStepRequest& request) {
     // is checked before any is written.
     const auto moved = [&](const RowValues& v, Quantity on_hand, Quantity incoming) {
       RowValues next = changed(v, now);
-      next.on_hand = checked_on_hand(next.on_hand, on_hand, "a transfer's units");
+      if (on_hand > 0) next.on_hand = checked_on_hand(next.on_hand, on_hand, "a transfer's units");
       next.incoming += incoming;  // never up here: a step only takes units out of transit
       return next;
     };

@@ -346,6 +346,12 @@ void BatchTx::decide_transition(BatchItem& item) {
     return;
   }
   Reservation& r = it->second.reservation;
+  try {
+    check_live(r, item.expected_version);  // the caller's refusals before the row's check
+  } catch (const Error& e) {
+    fail(item, e);
+    return;
+  }
   auto found = rows_.find(r.key);  // locked with the batch's rows
   if (found == rows_.end()) {
     fail(item,

@@ -448,7 +448,8 @@ class PostgresStore final : public Store, public TestHooks {
     return delegation_[static_cast<std::size_t>(which)].load(std::memory_order_relaxed);
   }
   std::atomic<bool> delegation_[delegated_kinds] = {true, true, true, true};
-  // Whether step_one can take shard_tables' path here: 0 unknown, 1 yes, -1 no (delegated.cpp).
+  // Whether step_one and purge_shard can take the shard tables' path here (the role owns
+  // the tables, its sessions are READ COMMITTED): 0 unknown, 1 yes, -1 no (delegated.cpp).
   std::atomic<int> shard_path_{0};
   bool shard_path_usable();
   // The same for a keyless atomic reserve with a buyer: allowance, row and reservation in

@@ -114,7 +114,9 @@ Transfer PostgresStore::transfer_step(const TransferStepRequest& request) {
       check_arrival(*source);
       check_arrival(*destination);
       write_transit(tx, *destination, destination->on_hand, destination->incoming - step.cancelled);
-      write_transit(tx, *source, source->on_hand + step.cancelled, source->incoming);
+      write_transit(tx, *source,
+                    checked_on_hand(source->on_hand, step.cancelled, "a transfer's units"),
+                    source->incoming);
     } else {
       const Level destination = read_row(tx, Stmt::stock_lock, to);
       if (!destination) throw_stock_not_found(to);
@@ -122,7 +124,9 @@ Transfer PostgresStore::transfer_step(const TransferStepRequest& request) {
       // The units accepted, then those rejected: a write (and a journal entry) each.
       StockLevel now = *destination;
       if (step.accepted > 0) {
-        now = write_transit(tx, now, now.on_hand + step.accepted, now.incoming - step.accepted);
+        now = write_transit(tx, now,
+                            checked_on_hand(now.on_hand, step.accepted, "a transfer's units"),
+                            now.incoming - step.accepted);
       }
       if (step.rejected > 0) write_transit(tx, now, now.on_hand, now.incoming - step.rejected);
     }
