@@ -34,7 +34,7 @@ with plain SQL and sharing no code with the engine's decisions:
 - each buyer's allowance equals its held and sold units not returned, within the limit;
 - fencing tokens never go backwards, and no fenced write lands after a newer lease.
 
-STOCKADE_NEMESIS_SECONDS sets the run's length (default 45); STOCKADE_NEMESIS_SEED
+STOCKADE_NEMESIS_SECONDS sets the run's length (default 30); STOCKADE_NEMESIS_SEED
 replays a seed. A failure prints the seed, each violation, and the history up to the
 first violating call.
 """
@@ -81,7 +81,7 @@ from support import children_of
 
 pytestmark = [pytest.mark.nemesis, pytest.mark.faults]
 
-SECONDS = float(os.environ.get("STOCKADE_NEMESIS_SECONDS", "45"))
+SECONDS = float(os.environ.get("STOCKADE_NEMESIS_SECONDS", "30"))
 START = 1_000_000  # each SKU's stock at the start
 KILL = (
     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
