@@ -643,6 +643,106 @@ def test_a_reserve_is_one_call_delegated_to_the_rows_worker(
         assert eng.reserve("solo", 1, strategy=strategy, idempotency_key="k-2").qty == 1
 
 
+def test_the_batchs_statement_forms_write_by_delegated_calls_in_one_transaction(
+    stockade_citus: TemporaryCitus, dsn: str, schema: str
+) -> None:
+    # The batch's full path (a reserve with a buyer, a keyed confirm) and the one-row
+    # statement form (a keyed sell) write their reservations and keys through citus/113's
+    # calls, which Citus delegates inside the transaction (force_delegation) over the
+    # connection that holds its locks: one worker, one plain COMMIT there, no two phases,
+    # and no reservation or key inserted as SQL text.
+    logged = dsn + "%20-c%20citus.log_remote_commands%3Don%20-c%20log_min_messages%3Dnotice"
+    with stockade.Engine.postgres(
+        logged, layout="citus", schema=schema, pool_size=1, strategy="batched"
+    ) as eng:
+        eng.migrate()
+        eng.restock("solo", 100)
+        eng.set_purchase_limit("g", per_buyer=50, skus=["solo"])
+        # a buyer whose count lies on the row's worker (elsewhere it commits in two phases)
+        on_node = "SELECT nodeport FROM citus_shards WHERE shardid ="
+        row_node = run_sql(
+            dsn,
+            f"{on_node} get_shard_id_for_distribution_column('{schema}.stock',"
+            f" {_core.shard_key_of('solo', 'default')})",
+        )
+        buyer = next(
+            b
+            for b in (f"b-{i}" for i in range(64))
+            if run_sql(
+                dsn,
+                f"{on_node} get_shard_id_for_distribution_column('{schema}.buyer_allowance',"
+                f" {_core.shard_key_of('g', b)})",
+            )
+            == row_node
+        )
+        held: List[stockade.Reservation] = []
+        calls: Dict[str, Tuple[Callable[[], object], List[str]]] = {
+            "buyer": (
+                lambda: held.append(eng.reserve("solo", 4, buyer=buyer, ref="line-1")),
+                [".batch_holds("],
+            ),
+            "sell": (
+                lambda: eng.sell("solo", 2, idempotency_key="s-1"),
+                [".batch_keys("],
+            ),
+            "confirm": (
+                lambda: eng.confirm(held[0].id, qty=3, idempotency_key="c-1"),
+                [".batch_keys(", ".batch_key_outcomes("],
+            ),
+        }
+        for name, (call, functions) in calls.items():
+            lines = remote_commands(stockade_citus, eng, f"full-{name}", call)
+            issued = [line for line in lines if "issuing" in line]
+            servers = {
+                line.split("on server ")[1].split()[0] for line in lines if "on server " in line
+            }
+            assert len(servers) == 1, (name, servers)
+            for function in functions:
+                assert len([line for line in issued if function in line]) == 1, (name, issued)
+            written = [
+                line.split("INSERT INTO ")[1].split()[0] for line in issued if "INSERT" in line
+            ]
+            assert not any(".reservation" in t or ".idempotency" in t for t in written), issued
+            assert not any("PREPARE" in line for line in issued), (name, issued)
+            assert len([line for line in issued if line.endswith("issuing COMMIT")]) == 1, issued
+        assert eng.sell("solo", 2, idempotency_key="s-1").on_hand == 98  # replayed
+        again = eng.confirm(held[0].id, qty=3, idempotency_key="c-1")
+        assert (again.confirmed, again.held, again.ref) == (3, 1, "line-1")
+        assert eng.buyer_held("g", buyer) == 4
+        level = eng.stock("solo")
+        assert (level.on_hand, level.reserved) == (95, 1), level
+        assert_audit_clean(eng)
+    # Where the node cannot take the shard tables' path (here: REPEATABLE READ), each
+    # function writes row by row through Citus instead, with the same outcome.
+    out = run_sql(
+        dsn,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ;"
+        f" SELECT * FROM {schema}.batch_keys(ARRAY['k-2', 'k-1'], ARRAY['p2', 'p1'],"
+        " ARRAY['', '00000000-0000-4000-8000-000000000001'], ARRAY['', 'o1'], true, 7);"
+        f" SELECT * FROM {schema}.batch_keys(ARRAY['k-1', 'k-3'], ARRAY['p1', 'p3'],"
+        " ARRAY['', ''], ARRAY[]::text[], true, 7);"
+        f" SELECT * FROM {schema}.batch_key_outcomes(ARRAY['k-2', 'k-9'], ARRAY['o2', 'x'], 7);"
+        f" SELECT * FROM {schema}.batch_holds(1000000,"
+        " ARRAY['00000000-0000-4000-8000-0000000000aa'::uuid], ARRAY['x'], ARRAY['main'],"
+        " ARRAY[0::bigint], ARRAY[1::bigint], ARRAY[60000000::bigint], ARRAY[''], ARRAY['b'],"
+        " ARRAY[]::text[], ARRAY[''], ARRAY['r'], ARRAY['{\"a\": 1}'], 7);"
+        f" SELECT string_agg(key || '=' || coalesce(outcome, '-') || '/' ||"
+        f" cardinality(reservation_ids), ',' ORDER BY key) FROM {schema}.idempotency"
+        " WHERE shard_key = 7;"
+        f" SELECT buyer || ref || metadata::text || (expires_at - created_at)::text"
+        f" FROM {schema}.reservation WHERE shard_key = 7; ROLLBACK",
+    )
+    assert out.splitlines() == [
+        "k-1",  # the first call's keys, sorted
+        "k-2",
+        "k-3",  # the second's: k-1 was taken
+        "1",  # k-2's outcome; k-9 is no key
+        "1",  # the hold
+        "k-1=o1/1,k-2=o2/0,k-3=-/0",
+        'br{"a": 1}00:01:00',  # its buyer, ref, metadata and TTL
+    ], out
+
+
 def test_a_sell_is_one_call_delegated_to_the_rows_worker(
     stockade_citus: TemporaryCitus, dsn: str, schema: str
 ) -> None:
@@ -1422,6 +1522,8 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
             f" DROP FUNCTION {schema}.batch_one; DROP FUNCTION {schema}.purge_shard;"
             f" DROP FUNCTION {schema}.shard_tables; DROP FUNCTION {schema}.sell_one;"
             f" DROP FUNCTION {schema}.step_one; DROP FUNCTION {schema}.reserve_local;"
+            f" DROP FUNCTION {schema}.batch_holds; DROP FUNCTION {schema}.batch_keys;"
+            f" DROP FUNCTION {schema}.batch_key_outcomes;"
             f" DELETE FROM {schema}.schema_migrations WHERE version >= 105",
         )
         for strategy in ("atomic", "batched", "atomic"):
@@ -1441,6 +1543,7 @@ def test_a_schema_without_the_delegated_functions_takes_the_statement_path(
             "citus/110_local_journal.sql",
             "citus/111_delegated_writes.sql",
             "citus/112_local_reserve.sql",
+            "citus/113_delegated_batch_writes.sql",
         ]
         eng.reserve("solo", 1, strategy="atomic")
         eng.reserve("solo", 1, strategy="batched")

@@ -53,6 +53,7 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
   const std::int64_t now_ms = SystemClock().now_us() / 1000;
   const ErrorContext context = context_of(items.front()->key);
   BatchTx batch(items, now_ms);
+  if (statements_->citus()) batch.delegate_writes(batch_writes_delegable());
   // Take one skip if any are left (flushers of several shards share the count).
   int skips = fast_skips_.load(std::memory_order_relaxed);
   while (skips > 0 && !fast_skips_.compare_exchange_weak(skips, skips - 1)) {

@@ -100,12 +100,10 @@ void BatchTx::claim_keys(PostgresStore& store, Tx& tx) {
   }
   if (names.empty()) return;
   const Statements& statements = tx.conn.statements();
-  const pqxx::result claimed =
-      statements.citus()
-          ? tx.conn.exec_sql(tx.work, citus_keys_sql(quoting(tx.work), statements.schema(), shard_,
-                                                     names, fingerprints, ids, true))
-          : tx.exec_on(shard_, Stmt::batch_claim, text_array(names), text_array(fingerprints),
-                       text_array(ids));
+  const pqxx::result claimed = statements.citus()
+                                   ? write_keys_citus(tx, names, fingerprints, ids, true)
+                                   : tx.exec_on(shard_, Stmt::batch_claim, text_array(names),
+                                                text_array(fingerprints), text_array(ids));
   for (const auto& row : claimed) keys_.at(row[0].as<std::string>()).claimed = true;
   std::vector<std::string> taken;
   for (const auto& [name, claim] : keys_) {
@@ -309,10 +307,9 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
                                                       " locked rows; rolled back");
     }
     if (ids.empty()) return pqxx::result();
-    return tx.conn.exec_sql(
-        tx.work, citus_holds_sql(quoting(tx.work), tx.conn.statements().schema(), shard_, now_us_,
-                                 CitusHolds{ids, r_skus, r_locations, r_slots, qtys, ttls, r_keys,
-                                            r_buyers, r_groups, r_refs, r_meta, r_orders}));
+    return write_holds_citus(tx, now_us_,
+                             CitusHolds{ids, r_skus, r_locations, r_slots, qtys, ttls, r_keys,
+                                        r_buyers, r_groups, r_refs, r_meta, r_orders});
   }
   return tx.exec_on(shard_, statement, text_array(skus), text_array(locations), int_array(sold),
                     int_array(held), int_array(changes), text_array(ids), text_array(r_skus),
@@ -320,6 +317,40 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
                     static_cast<std::int64_t>(skus.size()), text_array(r_buyers),
                     text_array(r_groups), int_array(slots), int_array(r_slots), text_array(r_refs),
                     text_array(r_meta), text_array(r_orders));
+}
+
+std::size_t BatchTx::write_full(Tx& tx) {
+  const pqxx::result written = write(tx, Stmt::batch_write);
+  if (delegated_writes_ && tx.conn.statements().citus()) {  // batch_holds' count, as a row
+    return written.empty() ? 0 : written[0][0].as<std::size_t>();
+  }
+  // affected_rows() is an int in libpqxx 7 and unsigned in 6.4.
+  return static_cast<std::size_t>(written.affected_rows());
+}
+
+pqxx::result BatchTx::write_holds_citus(Tx& tx, std::int64_t now_us, const CitusHolds& h) {
+  if (delegated_writes_) {
+    return tx.exec_on(shard_, Stmt::citus_batch_holds, now_us, text_array(h.ids),
+                      text_array(h.skus), text_array(h.locations), int_array(h.slots),
+                      int_array(h.qtys), int_array(h.ttls), text_array(h.keys),
+                      text_array(h.buyers), text_array(h.groups), text_array(h.orders),
+                      text_array(h.refs), text_array(h.metadata));
+  }
+  return tx.conn.exec_sql(
+      tx.work, citus_holds_sql(quoting(tx.work), tx.conn.statements().schema(), shard_, now_us, h));
+}
+
+pqxx::result BatchTx::write_keys_citus(Tx& tx, const std::vector<std::string>& names,
+                                       const std::vector<std::string>& prints,
+                                       const std::vector<std::string>& ids, bool skip_taken,
+                                       const std::vector<std::string>& outcomes) {
+  if (delegated_writes_) {
+    return tx.exec_on(shard_, Stmt::citus_batch_keys, text_array(names), text_array(prints),
+                      text_array(ids), text_array(outcomes), skip_taken);
+  }
+  return tx.conn.exec_sql(
+      tx.work, citus_keys_sql(quoting(tx.work), tx.conn.statements().schema(), shard_, names,
+                              prints, ids, skip_taken, outcomes));
 }
 
 // write() for a batch on several rows, through batch_fast: a row that lacked room when the
@@ -599,16 +630,14 @@ pqxx::result BatchTx::write_one_citus(Tx& tx, const OneRowHolds& h, const NewKey
   pqxx::result moved = tx.exec_on(shard_, Stmt::citus_move_one, key.sku, key.location, row.sold,
                                   row.held, row.changes, key.slot);
   if (moved.empty()) return moved;
-  const std::string& schema = tx.conn.statements().schema();
   if (!h.ids.empty()) {
     const std::vector<std::string> skus(h.ids.size(), key.sku),
         locations(h.ids.size(), key.location), none;
     const std::vector<std::int64_t> slots(h.ids.size(), key.slot);
     const std::int64_t now_us = moved[0][5].as<std::int64_t>();  // the move's now()
-    tx.conn.exec_sql(
-        tx.work, citus_holds_sql(quoting(tx.work), schema, shard_, now_us,
-                                 CitusHolds{h.ids, skus, locations, slots, h.qtys, h.ttls, h.keys,
-                                            none, none, h.refs, h.metadata, h.orders}));
+    write_holds_citus(tx, now_us,
+                      CitusHolds{h.ids, skus, locations, slots, h.qtys, h.ttls, h.keys, none, none,
+                                 h.refs, h.metadata, h.orders});
   }
   if (!k.names.empty()) {
     const pqxx::row m = moved[0];      // the row as it moved: each sell's level's tail
@@ -620,8 +649,7 @@ pqxx::result BatchTx::write_one_citus(Tx& tx, const OneRowHolds& h, const NewKey
       if (!outcome.empty()) outcome += tail;
     }
     try {
-      tx.conn.exec_sql(tx.work, citus_keys_sql(quoting(tx.work), schema, shard_, k.names, k.prints,
-                                               k.ids, false, outcomes));
+      write_keys_citus(tx, k.names, k.prints, k.ids, false, outcomes);
     } catch (const pqxx::unique_violation&) {
       throw FastMiss{};  // claimed elsewhere meanwhile: the transaction rolls back
     }
@@ -659,12 +687,20 @@ void BatchTx::write_key_outcomes(Tx& tx) {
   }
   if (names.empty()) return;
   const Statements& statements = tx.conn.statements();
-  const auto written = static_cast<std::size_t>(
-      (statements.citus()
-           ? tx.conn.exec_sql(tx.work, citus_key_outcomes_sql(quoting(tx.work), statements.schema(),
-                                                              shard_, names, outcomes))
-           : tx.exec_on(shard_, Stmt::batch_key_outcomes, text_array(names), text_array(outcomes)))
-          .affected_rows());
+  std::size_t written = 0;
+  if (statements.citus() && delegated_writes_) {  // batch_key_outcomes' count, as a row
+    written = tx.exec_on(shard_, Stmt::citus_batch_outcomes, text_array(names),
+                         text_array(outcomes))[0][0]
+                  .as<std::size_t>();
+  } else {
+    written = static_cast<std::size_t>(
+        (statements.citus() ? tx.conn.exec_sql(tx.work, citus_key_outcomes_sql(
+                                                            quoting(tx.work), statements.schema(),
+                                                            shard_, names, outcomes))
+                            : tx.exec_on(shard_, Stmt::batch_key_outcomes, text_array(names),
+                                         text_array(outcomes)))
+            .affected_rows());
+  }
   if (written != names.size()) {
     throw Error(ErrorCode::invariant_violation, "a batch stored " + std::to_string(written) +
                                                     " of its " + std::to_string(names.size()) +

@@ -335,6 +335,10 @@ class BatchTx {
   void delegate(std::optional<std::int64_t> lock_timeout_ms) {
     delegated_lock_timeout_ms_ = lock_timeout_ms;
   }
+  // Whether the writes of the Citus statement forms (the full path, and write_one's when
+  // the batch is not delegable) go as the delegated calls of citus/113 inside the
+  // transaction, else as literal SQL (PostgresStore::batch_writes_delegable).
+  void delegate_writes(bool yes) { delegated_writes_ = yes; }
   // The group of the node the delegated call ran on (direct routing), once it moved the row.
   std::int32_t ran_on() const { return ran_on_; }
   std::uint16_t shard() const { return shard_; }
@@ -450,7 +454,7 @@ class BatchTx {
     lock_rows(tx);
     decide();
     // affected_rows() is an int in libpqxx 7 and unsigned in 6.4.
-    const auto inserted = static_cast<std::size_t>(write(tx, Stmt::batch_write).affected_rows());
+    const std::size_t inserted = write_full(tx);
     if (inserted != reservations_written_) {
       // The rows are locked, so every update matches; anything else is a bug. Throwing
       // rolls the whole batch back.
@@ -499,6 +503,15 @@ class BatchTx {
   void write_transitions(Tx& tx);
   pqxx::result write(Tx& tx, Stmt statement);
   pqxx::result write_fast(Tx& tx);
+  // write() for the full path: the reservations it inserted.
+  std::size_t write_full(Tx& tx);
+  // The Citus forms' writes of new reservations and of keys (delegated_writes_: citus/113's
+  // calls, else literal SQL); the keys written, for batch_keys.
+  pqxx::result write_holds_citus(Tx& tx, std::int64_t now_us, const CitusHolds& h);
+  pqxx::result write_keys_citus(Tx& tx, const std::vector<std::string>& names,
+                                const std::vector<std::string>& prints,
+                                const std::vector<std::string>& ids, bool skip_taken,
+                                const std::vector<std::string>& outcomes = {});
   pqxx::result write_one(Tx& tx);
   pqxx::result write_steps(Tx& tx);
   OneRowHolds one_row_holds();
@@ -538,6 +551,7 @@ class BatchTx {
   // requests of one shard key only, so that each statement runs on one shard.
   std::uint16_t shard_ = 0;
   std::optional<std::int64_t> delegated_lock_timeout_ms_;  // delegate()
+  bool delegated_writes_ = false;                          // delegate_writes()
   std::int32_t ran_on_ = -1;
 };
 

@@ -127,30 +127,67 @@ std::optional<Reservation> PostgresStore::transition_delegated(const TransitionR
   return done.value_or(std::nullopt);  // nothing: no delegated functions, the transaction
 }
 
+namespace {
+
+// A yes or no the store reads once (`read`, a statement's one boolean) and keeps in `known`
+// (0: not read yet, 1, -1). `said_no` runs once, for the first reader to store a no (two
+// that read at once both store). A read that fails answers no, and the next call reads
+// again.
+template <class Read, class SaidNo>
+bool read_once(std::atomic<int>& known, Read&& read, SaidNo&& said_no) {
+  const int k = known.load(std::memory_order_relaxed);
+  if (k != 0) return k > 0;
+  try {
+    const bool yes = read();
+    if (known.exchange(yes ? 1 : -1, std::memory_order_relaxed) == 0 && !yes) said_no();
+    return yes;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
 // step_one changes nothing where it cannot take the shard path (it would have to write
 // through Citus, which a note set inside does not reach): for a role that does not own the
 // tables, or sessions that are not READ COMMITTED, every step would pay for a call that
 // does nothing. purge_shard asks the same (citus_old_shards). Read once; until it can be
 // read, steps take the transaction and purges the statement form.
 bool PostgresStore::shard_path_usable() {
-  const int known = shard_path_.load(std::memory_order_relaxed);
-  if (known != 0) return known > 0;
-  try {
-    const bool usable = run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
-      return tx.exec(Stmt::citus_shard_path_usable)[0][0].as<bool>();
-    });
-    // Two calls that read at once both store; only the first to store says so.
-    if (shard_path_.exchange(usable ? 1 : -1, std::memory_order_relaxed) == 0 && !usable) {
-      log(LogLevel::info, "stockade.postgres",
-          "this role does not own the tables of schema '" + options_.schema +
-              "', or its sessions are not READ COMMITTED: confirms, releases and extends "
-              "on the Citus layout run as transactions, and purges as statements, not as "
-              "delegated calls");
-    }
-    return usable;
-  } catch (const Error&) {
-    return false;  // asked again at the next step
-  }
+  return read_once(
+      shard_path_,
+      [&] {
+        return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+          return tx.exec(Stmt::citus_shard_path_usable)[0][0].as<bool>();
+        });
+      },
+      [&] {
+        log(LogLevel::info, "stockade.postgres",
+            "this role does not own the tables of schema '" + options_.schema +
+                "', or its sessions are not READ COMMITTED: confirms, releases and extends "
+                "on the Citus layout run as transactions, and purges as statements, not as "
+                "delegated calls");
+      });
+}
+
+// The same for citus/113's calls (where shard_path_usable): a schema an older release
+// migrated lacks them until migrate(), which forgets the answer; said once.
+bool PostgresStore::batch_writes_delegable() {
+  if (!shard_path_usable()) return false;
+  return read_once(
+      batch_writes_,
+      [&] {
+        return run<RunMode::read>(nullptr, ErrorContext{}, [&](Tx& tx) {
+          return tx.exec(Stmt::citus_batch_delegable)[0][0].as<bool>();
+        });
+      },
+      [&] {
+        log(LogLevel::warning, "stockade.postgres",
+            "schema '" + options_.schema +
+                "' lacks the batch writes of migration citus/113 (Citus layout), so the "
+                "batches' full path sends its writes as SQL text, which is slower; migrate() "
+                "makes them");
+      });
 }
 
 }  // namespace stockade::detail::pg

@@ -372,6 +372,7 @@ std::vector<std::string> PostgresStore::migrate(int up_to) {
   for (std::atomic<bool>& kind : delegation_) {
     kind.store(true);  // the delegated functions are there now (Citus layout)
   }
+  batch_writes_.store(0);  // read again at the next full path
   return applied;
 }
 

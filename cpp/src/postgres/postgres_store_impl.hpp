@@ -452,6 +452,11 @@ class PostgresStore final : public Store, public TestHooks {
   // the tables, its sessions are READ COMMITTED): 0 unknown, 1 yes, -1 no (delegated.cpp).
   std::atomic<int> shard_path_{0};
   bool shard_path_usable();
+  // Whether the batch's full path writes through the delegated calls of citus/113 (the
+  // schema has them and shard_path_usable), else literal SQL: 0 unknown, 1 yes, -1 no.
+  // migrate() forgets it.
+  std::atomic<int> batch_writes_{0};
+  bool batch_writes_delegable();
   // The same for a keyless atomic reserve with a buyer: allowance, row and reservation in
   // one statement (batch_fast_one_limited); nothing if it could not apply in full (the
   // transaction path then decides and says why).

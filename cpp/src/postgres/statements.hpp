@@ -112,6 +112,10 @@ namespace stockade::detail::pg {
   X(citus_shard_groups, citus)        \
   X(citus_shard_ranges, citus)        \
   X(citus_purge_delegable, citus)     \
+  X(citus_batch_holds, citus)         \
+  X(citus_batch_keys, citus)          \
+  X(citus_batch_outcomes, citus)      \
+  X(citus_batch_delegable, citus)     \
   X(citus_shard_path_usable, citus)   \
   X(purge_reservation_shards, citus)  \
   X(purge_keys_lock, citus)           \

@@ -1,9 +1,10 @@
 // The Citus layout's delegated calls (add_delegated_statements), and the SQL a batch sends
-// there that cannot be a prepared statement: multi-row
-// INSERT ... VALUES of new reservations and of their idempotency keys, with every value
-// quoted into the text (see citus_move_one in statements.cpp). Citus routes such an INSERT
-// to the one shard its shard key names; an INSERT ... SELECT of many rows would go through
-// COPY and make the transaction two-phase.
+// there on a schema without citus/113's calls (or where the shard tables' path is not
+// usable), since it cannot be a prepared statement: multi-row INSERT ... VALUES of new
+// reservations and of their idempotency keys, with every value quoted into the text (see
+// citus_move_one in statements.cpp). Citus routes such an INSERT to the one shard its
+// shard key names; an INSERT ... SELECT of many rows would go through COPY and make the
+// transaction two-phase.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -11,6 +12,32 @@
 #include "postgres/statements.hpp"
 
 namespace stockade::detail::pg {
+
+namespace {
+
+// The full path's writes as delegated calls inside its transaction (migration citus/113,
+// force_delegation): its new reservations ($1 the batch's now, $2..$13 their columns, ''
+// for NULL), its keys ($1..$4, $5: pass over a key stored already, else fail with 23505;
+// returns the keys written) and its keys' outcomes ($1, $2; returns how many it wrote).
+// The shard key comes last, as in every call here.
+void add_batch_write_statements(const std::string& schema, const StatementSink& set) {
+  set(Stmt::citus_batch_holds,
+      "SELECT * FROM " + schema +
+          ".batch_holds($1, $2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],"
+          " $7::bigint[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[],"
+          " $13::text[]@SKV)");
+  set(Stmt::citus_batch_keys, "SELECT * FROM " + schema +
+                                  ".batch_keys($1::text[], $2::text[], $3::text[], $4::text[],"
+                                  " $5::boolean@SKV)");
+  set(Stmt::citus_batch_outcomes,
+      "SELECT * FROM " + schema + ".batch_key_outcomes($1::text[], $2::text[]@SKV)");
+  // Whether the schema has them (citus/113); else the full path sends literal SQL.
+  set(Stmt::citus_batch_delegable, "SELECT to_regprocedure('" + schema +
+                                       ".batch_key_outcomes(text[], text[], integer)')"
+                                       " IS NOT NULL");
+}
+
+}  // namespace
 
 void add_delegated_statements(const std::string& schema, const StatementSink& set) {
   // An atomic reserve as one call that Citus delegates to the worker holding the row
@@ -62,6 +89,7 @@ void add_delegated_statements(const std::string& schema, const StatementSink& se
   set(Stmt::citus_purge_delegable, "SELECT to_regprocedure('" + schema +
                                        ".purge_shard(boolean, bigint, bigint, bigint, integer)')"
                                        " IS NOT NULL");
+  add_batch_write_statements(schema, set);
   // Whether this role's sessions can take shard_tables' path (citus/109) and purge_shard's
   // (citus/108): the role owns the tables (Citus lets only the owner take the shard lock)
   // and its transactions are READ COMMITTED. shard_tables' own conditions, read once by a
