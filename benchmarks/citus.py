@@ -12,6 +12,9 @@ Four routes, each an engine of --clients connections:
                   --shards shards per table), layout="citus"
   citus/direct    the same cluster with citus_routing="direct": the atomic reserve goes
                   straight to the worker that holds the row (a pool per worker)
+  citus/literal  the coordinator route on a schema without citus/113's functions: the
+                  batch's statement forms send their reservations and keys as SQL text,
+                  as before that migration (the STATEMENT_FORMS cases only)
 
 Each runs --clients blocking C++ clients (64) for --seconds (3), after untimed seconds of the
 same load until its rate stops rising (at most --warmup, 10: the pools open, a Citus
@@ -21,6 +24,11 @@ worker's backends past their start and their caches built), on:
   wide/auto     --skus SKUs (10,000) picked uniformly (auto stays atomic)
   wide/keyed    the same with an idempotency key on every request
   wide/sell     the same SKUs, each request a sell of 1 unit (auto: atomic, per request)
+  hot/keyed-sell  one SKU, each request a sell of 1 unit with an idempotency key (batched:
+                on Citus the one-row statement form, its key through citus/113's call)
+  hot/buyers    one SKU, each reserve for one of 1,000 buyers under a purchase limit
+                (batched: on Citus the full path, its holds through citus/113's call; a
+                buyer's count on another worker than the row commits in two phases)
   wide/confirm  the same SKUs, each client reserving 1 unit and confirming the hold at
                 once (each confirm counts as a request)
   hot/allocate  one SKU at three locations, each request an allocation of 1 unit from
@@ -67,6 +75,15 @@ from stockade.tools import drive_load
 from stockade.tools.citus import TemporaryCitus, citus_available
 from stockade.tools.pgserver import TemporaryPostgres, run_sql
 
+# The cases whose batches take the Citus statement forms (citus/113), and the functions
+# the citus/literal route drops.
+STATEMENT_FORMS = ("hot/keyed-sell", "hot/buyers")
+BATCH_WRITES = (
+    "batch_holds(bigint, uuid[], text[], text[], bigint[], bigint[], bigint[], text[], text[],"
+    " text[], text[], text[], text[], integer)",
+    "batch_keys(text[], text[], text[], text[], boolean, integer)",
+    "batch_key_outcomes(text[], text[], integer)",
+)
 PURGE_LOAD_S = 180.0  # the most time the purge case's load takes on one route
 
 CASES = (
@@ -74,6 +91,8 @@ CASES = (
     "wide/auto",
     "wide/keyed",
     "wide/sell",
+    "hot/keyed-sell",
+    "hot/buyers",
     "wide/confirm",
     "hot/allocate",
     "wide/allocate",
@@ -200,12 +219,21 @@ def main(argv: List[str]) -> int:
                 "citus_routing": "direct",
                 "servers": nodes,
             },
+            "citus/literal": {
+                "dsn": citus_dsn,
+                "layout": "citus",
+                "servers": nodes,
+                "drop_functions": BATCH_WRITES,
+                "cases": STATEMENT_FORMS,
+            },
         }
         print(
             f"PostgreSQL {server}; Citus: a coordinator and 2 workers on this machine, "
             f"{args.shards} shards per table; {args.clients} C++ clients, {args.seconds} s a run"
         )
         args.together = colocation(pg, args.shards)
+        if not set(cases) & set(STATEMENT_FORMS):
+            del routes["citus/literal"]
         if cases:
             report.update(run_routes(routes, cases, args))
         if any(c.endswith("-shared") for c in cases):
@@ -217,6 +245,7 @@ def main(argv: List[str]) -> int:
                 args,
             )
             for route, options in routes.items()
+            if "cases" not in options  # the purge does not take the statement forms
         }
     if cases:
         route_table(report, routes, cases, "single")

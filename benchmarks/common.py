@@ -17,6 +17,7 @@ from stockade.tools.pgserver import TemporaryPostgres, run_sql
 
 # The pool of the allocating cases.
 POOL = ["north", "south", "east"]
+BUYERS = 1000  # the buyers of the "buyers" cases
 
 
 WARMUP_SLICE_S = 1.0
@@ -58,11 +59,13 @@ def run_cases(
     args: argparse.Namespace,
     servers: Optional[Dict[str, int]] = None,
 ) -> Dict[str, Any]:
-    """Measures each case, "<hot|wide>/<auto|atomic|keyed|sell|confirm|allocate>": one SKU or
-    --skus of them (10**9 units each, restocked first), --clients blocking clients for
-    --seconds, under auto, atomic, or auto with an idempotency key on every request, or
-    auto selling instead of reserving, or auto confirming each hold at once (the confirm
-    counted as a request of its own); or (allocate)
+    """Measures each case, "<hot|wide>/<auto|atomic|keyed|sell|keyed-sell|buyers|confirm|
+    allocate>": one SKU or --skus of them (10**9 units each, restocked first), --clients
+    blocking clients for --seconds, under auto, atomic, or auto with an idempotency key on
+    every request, or auto selling instead of reserving (keyed-sell: with a key each), or
+    auto reserving for one of BUYERS buyers each (a purchase limit on the SKUs that none
+    reaches), or auto confirming each hold at once (the confirm counted as a request of its
+    own); or (allocate)
     each request an allocation of 1 unit from POOL's three locations (priority, auto), each
     SKU stocked at all three (at most 1,000 SKUs: three rows each). "allocate-shared" is
     allocate on SKUs whose three rows `args.together` says lie on one shard. With
@@ -86,10 +89,13 @@ def run_cases(
         kw: Dict[str, Any] = {"clients": args.clients, "seconds": args.seconds}
         if how == "atomic":
             kw["strategy"] = "atomic"
-        if how == "keyed":
+        if how in ("keyed", "keyed-sell"):
             kw["keyed"] = True
-        if how == "sell":
+        if how in ("sell", "keyed-sell"):
             kw["sell"] = True
+        if how == "buyers":
+            eng.set_purchase_limit(f"{prefix}-{case}", per_buyer=10**9, skus=skus)
+            kw["buyers"] = BUYERS
         if how == "confirm":
             kw["confirm"] = True
         if how == "allocate":
@@ -109,13 +115,17 @@ def run_routes(
     options), an engine of --clients connections on a schema of its own, migrated, and
     run_cases on it; the figures by route. A route whose options name a "drop_routines"
     DSN runs without the statement routines migrate() made (dropped through that DSN
-    right after it), as on a schema an earlier release migrated. A route's "servers" (a
-    name for each server's postmaster PID) has run_cases measure their CPU seconds."""
+    right after it), as on a schema an earlier release migrated; one whose options name
+    "drop_functions" (functions of the schema) runs without them. A route's "servers" (a
+    name for each server's postmaster PID) has run_cases measure their CPU seconds; its
+    "cases", if given, are the only ones it runs (of `cases`)."""
     report: Dict[str, Any] = {}
     for route, options in routes.items():
         options = dict(options)
         drop_through = options.pop("drop_routines", None)
+        drop_functions = options.pop("drop_functions", ())
         servers = options.pop("servers", None)
+        only = options.pop("cases", None)
         schema = "b_" + route.replace("/", "_")
         with stockade.Engine.postgres(pool_size=args.clients, schema=schema, **options) as eng:
             eng.migrate()
@@ -127,7 +137,10 @@ def run_routes(
                     " AND proname LIKE 'stockade\\_%' LOOP EXECUTE 'DROP FUNCTION ' || f;"
                     " END LOOP; END$$",
                 )
-            report[route] = run_cases(eng, schema, cases, args, servers)
+            for function in drop_functions:
+                run_sql(options["dsn"], f"DROP FUNCTION {schema}.{function}")
+            mine = [c for c in cases if only is None or c in only]
+            report[route] = run_cases(eng, schema, mine, args, servers)
             pool = eng.stats()["pool"]
             report[route]["pool"] = {"pooled": pool["pooled"], "routines": pool["routines"]}
     return report
@@ -213,6 +226,9 @@ def route_table(
     for case in cases:
         cells = []
         for route in routes:
+            if case not in report[route]:
+                cells.append("-")  # a route that runs some cases only
+                continue
             r = report[route][case]
             ratio = r["rate"] / report[base][case]["rate"]
             cells.append(f"{r['rate']:>12,.0f}/s {ratio:5.2f}x f{r['failed']:<2}")
