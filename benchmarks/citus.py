@@ -1,7 +1,7 @@
 """Benchmark: the Citus layout on a three-node cluster against a single PostgreSQL node,
 side by side in one run (fsync and synchronous_commit on everywhere).
 
-Four routes, each an engine of --clients connections:
+Five routes, each an engine of --clients connections:
 
   single          one throwaway PostgreSQL 15, the plain layout (prepared statements,
                   session settings)

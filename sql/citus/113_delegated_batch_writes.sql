@@ -1,5 +1,6 @@
--- The writes of the hot-row batcher's full path on the Citus layout, as delegated calls
--- inside its transaction, not literal SQL. A batch's multi-row INSERT cannot be a prepared
+-- The writes of the hot-row batcher's statement forms on the Citus layout (the full path,
+-- and the one-row form of a batch with a keyed sell or a journal note), as delegated calls
+-- inside their transaction, not literal SQL. A batch's multi-row INSERT cannot be a prepared
 -- statement there: Citus sends an INSERT ... SELECT of many rows through COPY, which makes
 -- the transaction two-phase. So the engine quoted every value into the text of an
 -- INSERT ... VALUES (the reservations, the keys) or an UPDATE with a CASE per key (the
@@ -12,12 +13,15 @@
 -- that worker, and runs it there as part of the same transaction (one commit, not two
 -- phases). The engine sends it as a prepared statement whose arrays carry the values. On
 -- the worker the statements name the shard tables (shard_tables, citus/109), planned by
--- PostgreSQL alone. Where the node does not hold the shard (a stale direct route before
--- Citus delegates the call on, a role that does not own the tables, a session that is not
--- READ COMMITTED), each row is written by its own statement on the distributed table, which
--- Citus routes to the shard's one node: correct, only slower. The engine calls these only
--- where shard_tables' path is usable (citus_shard_path_usable), so that case is the rare
--- one.
+-- PostgreSQL alone. Where shard_tables names the distributed tables instead (a role that
+-- does not own the tables, a session that is not READ COMMITTED: the engine then sends SQL
+-- text, see citus_shard_path_usable, so only a caller of its own meets this), each row is
+-- written by its own statement, which Citus routes to the shard's node without COPY.
+-- Inside a delegated call in a transaction block Citus runs no remote work, so where the
+-- shard has left the node (a move that switched its placement between the coordinator's
+-- routing and the call's shard lock, possible only for a transaction's first statement:
+-- a routed write holds the shard's metadata lock on the coordinator until its commit), the
+-- call fails and its transaction rolls back, changing nothing.
 --
 -- batch_holds: the batch's new reservations, each held, its times the batch's own
 -- (p_now_us, the moment its row lock or move read: a now() here would be the worker's

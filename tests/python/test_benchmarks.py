@@ -227,7 +227,7 @@ def test_citus_benchmark_prints_every_route(stockade_citus: object) -> None:
         "8",
         "--purge-rows",
         "100",
-        "--cases",  # one of each kind: hot, wide, keyed, pooled, shared, statement forms
+        "--cases",  # hot and wide, keyed, a pool, a shared pool, the statement forms
         "hot/auto,wide/keyed,hot/allocate,wide/allocate-shared,hot/keyed-sell,hot/buyers",
     )
     for route in ("single", "single/stateless", "citus", "citus/direct", "citus/literal"):

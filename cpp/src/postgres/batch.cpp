@@ -53,7 +53,6 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
   const std::int64_t now_ms = SystemClock().now_us() / 1000;
   const ErrorContext context = context_of(items.front()->key);
   BatchTx batch(items, now_ms);
-  if (statements_->citus()) batch.delegate_writes(batch_writes_delegable());
   // Take one skip if any are left (flushers of several shards share the count).
   int skips = fast_skips_.load(std::memory_order_relaxed);
   while (skips > 0 && !fast_skips_.compare_exchange_weak(skips, skips - 1)) {
@@ -80,7 +79,10 @@ void PostgresStore::apply_batch(const std::vector<BatchItem*>& items, const Batc
       fast_skips_.store(fast_skips_after_miss, std::memory_order_relaxed);
     }
   }
-  run_full_resolving(batch, write, context);
+  with_batch_writes(batch, [&] {
+    run_full_resolving(batch, write, context);
+    return true;
+  });
   batch.report_row_versions(
       [this](const SkuKey& k, Version v, std::uint32_t n) { report_write(k, v, n); });
   count_batch(items);
@@ -116,9 +118,34 @@ bool PostgresStore::run_fast_path(BatchTx& batch, const WriteOptions& write,
     if (done) return *done;
     batch.delegate(std::nullopt);  // no delegated functions: the transaction
   }
-  return run_on<RunMode::one_statement>(batch.shard(), &write, context, [&](Tx& tx) {
-    return batch.run_fast(tx, statements_->citus());
+  return with_batch_writes(batch, [&] {
+    return run_on<RunMode::one_statement>(batch.shard(), &write, context, [&](Tx& tx) {
+      return batch.run_fast(tx, statements_->citus());
+    });
   });
+}
+
+// On Citus, fn() with the batch's writes of reservations and keys through citus/113's
+// calls where batch_writes_delegable says so (read once; only a batch that takes a
+// statement form asks). A call that finds its function gone (42883: the schema was
+// migrated back, or a function dropped by hand) stops the store using them, said once, and
+// fn() runs again with the SQL text: the transaction that failed rolled back whole.
+// migrate() makes the store ask again.
+template <class Fn>
+bool PostgresStore::with_batch_writes(BatchTx& batch, Fn&& fn) {
+  const bool delegated = statements_->citus() && batch_writes_delegable();
+  batch.delegate_writes(delegated);
+  if (!delegated) return fn();
+  try {
+    return fn();
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::schema_not_migrated || e.context().sqlstate != undefined_function) {
+      throw;
+    }
+    if (batch_writes_.exchange(-1) != -1) say_no_batch_writes();
+    batch.delegate_writes(false);
+    return fn();
+  }
 }
 
 // The full path, one transaction. If its commit is lost and the session was ended, a

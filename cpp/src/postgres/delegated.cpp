@@ -181,13 +181,15 @@ bool PostgresStore::batch_writes_delegable() {
           return tx.exec(Stmt::citus_batch_delegable)[0][0].as<bool>();
         });
       },
-      [&] {
-        log(LogLevel::warning, "stockade.postgres",
-            "schema '" + options_.schema +
-                "' lacks the batch writes of migration citus/113 (Citus layout), so the "
-                "batches' full path sends its writes as SQL text, which is slower; migrate() "
-                "makes them");
-      });
+      [&] { say_no_batch_writes(); });
+}
+
+void PostgresStore::say_no_batch_writes() {
+  log(LogLevel::warning, "stockade.postgres",
+      "schema '" + options_.schema +
+          "' lacks the batch writes of migration citus/113 (Citus layout), so the batches' "
+          "statement forms send their writes as SQL text, which is slower; migrate() makes "
+          "them");
 }
 
 }  // namespace stockade::detail::pg

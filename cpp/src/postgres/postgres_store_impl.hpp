@@ -457,6 +457,10 @@ class PostgresStore final : public Store, public TestHooks {
   // migrate() forgets it.
   std::atomic<int> batch_writes_{0};
   bool batch_writes_delegable();
+  void say_no_batch_writes();  // the warning that the schema lacks them
+  // fn() with the batch's Citus writes through those calls or as SQL text (batch.cpp).
+  template <class Fn>
+  bool with_batch_writes(BatchTx& batch, Fn&& fn);
   // The same for a keyless atomic reserve with a buyer: allowance, row and reservation in
   // one statement (batch_fast_one_limited); nothing if it could not apply in full (the
   // transaction path then decides and says why).

@@ -216,8 +216,9 @@ void add_batch_fast_one_statements(const std::string& schema, const StatementSin
   // worker as an intermediate result, and an INSERT ... SELECT of many rows through COPY;
   // either makes the transaction two-phase. There the row moves first ($1..$5 as above),
   // in a statement of its own; then, only if it moved, its reservations and keys go in
-  // as multi-row INSERT ... VALUES built for the batch (BatchTx::citus_insert), which
-  // Citus routes to the one shard: one worker, a plain COMMIT.
+  // through citus/113's delegated calls, or as multi-row INSERT ... VALUES built for the
+  // batch (BatchTx::write_one_citus), which Citus routes to the one shard: one worker, a
+  // plain COMMIT.
   set(Stmt::citus_move_one, "WITH" + moved + moved_end.substr(0, moved_end.size() - 1) +
                                 " SELECT sku, location, on_hand, reserved, version, " +
                                 epoch_us("now()") + ", backorder_limit, " + states_of("") +
