@@ -453,7 +453,6 @@ class BatchTx {
     lock_allowances(tx);
     lock_rows(tx);
     decide();
-    // affected_rows() is an int in libpqxx 7 and unsigned in 6.4.
     const std::size_t inserted = write_full(tx);
     if (inserted != reservations_written_) {
       // The rows are locked, so every update matches; anything else is a bug. Throwing
