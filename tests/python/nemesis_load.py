@@ -350,9 +350,22 @@ def send(eng: stockade.Engine, r: Record) -> object:
     return eng.expire_due(limit=100)
 
 
+def opened(dsn: str, seconds: float = 20.0) -> stockade.Engine:
+    """engine(dsn), tried again while the server is down: the nemesis may be restarting it
+    when this process starts. Within `seconds`, then the last error."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return engine(dsn)
+        except stockade.Unavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def main(argv: List[str]) -> None:
     dsn, seed, seconds, prefix, path = argv[1], int(argv[2]), float(argv[3]), argv[4], argv[5]
-    with engine(dsn) as eng:
+    with opened(dsn) as eng:
         load = Workload(eng, seed, prefix, threads=4).start()
         time.sleep(seconds)
         load.stop()
