@@ -55,11 +55,13 @@ docs: $(VENV)/.tools-stamp
 system-deps:
 	@bash tools/install-system-deps.sh
 
-# The virtual environment with the build and test tools; remade when pyproject changes.
-$(VENV)/.tools-stamp: pyproject.toml Makefile | system-deps
+# The virtual environment with the build and test tools, at the versions of
+# tools/dev-constraints.txt; remade when pyproject, the Makefile or those versions change.
+DEV_CONSTRAINTS := tools/dev-constraints.txt
+$(VENV)/.tools-stamp: pyproject.toml Makefile $(DEV_CONSTRAINTS) | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja \
+	$(PY) -m pip install -q -c $(DEV_CONSTRAINTS) "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja \
 		"pytest>=7.4" "hypothesis>=6.80" "mypy>=1.8" \
 		matplotlib nbformat nbclient ipykernel "prometheus_client>=0.17" \
 		"fastapi>=0.110" "uvicorn>=0.29" "httpx>=0.27" "gunicorn>=22" "uvicorn-worker>=0.2" \
@@ -71,7 +73,7 @@ $(VENV)/.tools-stamp: pyproject.toml Makefile | system-deps
 
 # Builds the extension (incrementally, in build/<wheel tag>) and installs the package.
 install: system-deps $(VENV)/.tools-stamp
-	$(PY) -m pip install -q --no-build-isolation .
+	$(PY) -m pip install -q --no-build-isolation -c $(DEV_CONSTRAINTS) .
 
 test-cpp: system-deps $(VENV)/.tools-stamp
 	$(CMAKE) -S . -B $(BUILD)/cpp $(CMAKE_FLAGS)
