@@ -218,18 +218,23 @@ def test_close_racing_batched_callers_answers_every_one(
     engine.restock("hot", 1_000_000)
     told: List[object] = []
     lock = threading.Lock()
+    granted = threading.Event()
 
     def call() -> None:
         for _ in range(50):
             try:
                 out: object = engine.reserve("hot", 1, strategy="batched")
+                granted.set()
             except stockade.StockadeError as e:
                 out = e
             with lock:
                 told.append(out)
 
     def close_soon() -> None:
-        time.sleep(0.02)
+        # Once a first batch has answered (a fixed 20 ms once passed before any did behind
+        # PgBouncer, and the race then proved nothing), while the others queue.
+        assert granted.wait(15), "no batched reserve was answered within 15 s"
+        time.sleep(0.005)
         engine.close()
 
     out = race(32, lambda _: call(), timeout=30, meanwhile=close_soon)
