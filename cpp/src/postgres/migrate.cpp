@@ -369,8 +369,8 @@ std::vector<std::string> PostgresStore::migrate(int up_to) {
   } catch (const pqxx::failure& e) {
     throw Error(ErrorCode::database_error, std::string("migration failed: ") + e.what());
   }
-  for (std::atomic<bool>& kind : delegation_) {
-    kind.store(true);  // the delegated functions are there now (Citus layout)
+  for (DelegationOn& kind : delegation_) {
+    kind.on.store(true);  // the delegated functions are there now (Citus layout)
   }
   batch_writes_.store(0);  // read again at the next full path
   return applied;

@@ -61,9 +61,10 @@ enum class RunMode { transaction, read, one_statement, delegated };
 // The kinds of delegated call on the Citus layout, by the migrations that make their
 // functions: reserves (citus/105, 106), one-row batches (citus/107), the purge (citus/108)
 // and sells and steps (citus/111). Each is turned off on its own when its function is
-// missing (lacks_delegation).
+// missing (lacks_delegation). The count follows the last kind; what a kind's warning calls
+// it is delegated_calls(), whose switch the compiler checks for every kind.
 enum class Delegated : std::uint8_t { reserve, batch, purge, write };
-constexpr std::size_t delegated_kinds = 4;
+constexpr std::size_t delegated_kinds = static_cast<std::size_t>(Delegated::write) + 1;
 
 // One transaction on one connection (or, for single reads, one autocommit statement).
 struct Tx {
@@ -445,9 +446,12 @@ class PostgresStore final : public Store, public TestHooks {
   // schema migrated up to citus/110 lacks the sells' and steps' functions only.
   bool lacks_delegation(const Error& e, Delegated which);
   bool delegates(Delegated which) const {
-    return delegation_[static_cast<std::size_t>(which)].load(std::memory_order_relaxed);
+    return delegation_[static_cast<std::size_t>(which)].on.load(std::memory_order_relaxed);
   }
-  std::atomic<bool> delegation_[delegated_kinds] = {true, true, true, true};
+  struct DelegationOn {  // each kind on until its function is found missing
+    std::atomic<bool> on{true};
+  };
+  DelegationOn delegation_[delegated_kinds];
   // Whether step_one and purge_shard can take the shard tables' path here (the role owns
   // the tables, its sessions are READ COMMITTED): 0 unknown, 1 yes, -1 no (delegated.cpp).
   std::atomic<int> shard_path_{0};

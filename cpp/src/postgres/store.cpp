@@ -189,17 +189,34 @@ void PostgresStore::sql_failed(const pqxx::sql_error& e, Pool::Lease& lease, boo
   throw translate(e, failure);
 }
 
+namespace {
+
+// What a kind of delegated call is called in the warning that turns it off.
+const char* delegated_calls(Delegated which) {
+  switch (which) {
+    case Delegated::reserve:
+      return "reserves";
+    case Delegated::batch:
+      return "one-row batches";
+    case Delegated::purge:
+      return "purges";
+    case Delegated::write:
+      return "sells and steps";
+  }
+  return "delegated calls";
+}
+
+}  // namespace
+
 bool PostgresStore::lacks_delegation(const Error& e, Delegated which) {
   if (e.code() != ErrorCode::schema_not_migrated || e.context().sqlstate != undefined_function) {
     return false;
   }
-  static constexpr const char* calls[delegated_kinds] = {"reserves", "one-row batches", "purges",
-                                                         "sells and steps"};
-  const auto kind = static_cast<std::size_t>(which);
-  if (delegation_[kind].exchange(false)) {
+  if (delegation_[static_cast<std::size_t>(which)].on.exchange(false)) {
     log(LogLevel::warning, "stockade.postgres",
         "schema '" + options_.schema +
-            "' lacks this release's delegated functions (Citus layout), so " + calls[kind] +
+            "' lacks this release's delegated functions (Citus layout), so " +
+            delegated_calls(which) +
             " take the statement path, which is slower; migrate() makes them");
   }
   return true;
