@@ -22,9 +22,10 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DSTOC
 # speed (the races tests run many rounds). ASan+UBSan, the largest build, at -O0: it
 # builds in 2:16 against 3:45 at -O1 on two cores and its tests take 27 s against 16 s;
 # it checks as much, but for UBSan's object-size check, which needs the optimizer.
-TEST_FLAGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
-TSAN_FLAGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
-ASAN_FLAGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O0 -g1 -DNDEBUG"
+test_build = -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(1) -g1 -DNDEBUG"
+TEST_FLAGS := $(call test_build,-O2)
+TSAN_FLAGS := $(call test_build,-O1)
+ASAN_FLAGS := $(call test_build,-O0)
 
 .PHONY: demo test docs lint bench bench-hot notebooks system-deps install test-cpp test-tsan test-asan test-python test-pooled format wheel clean
 
