@@ -297,10 +297,9 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
   if (skus.empty()) return pqxx::result();
   if (tx.conn.statements().citus() && statement == Stmt::batch_write) {
     // Two statements there (see citus_move_one in statements.cpp); the rows are locked.
-    const auto moved = static_cast<std::size_t>(
+    const std::size_t moved = rows_changed(
         tx.exec_on(shard_, Stmt::citus_move, text_array(skus), text_array(locations),
-                   int_array(sold), int_array(held), int_array(changes), int_array(slots))
-            .affected_rows());
+                   int_array(sold), int_array(held), int_array(changes), int_array(slots)));
     if (moved != skus.size()) {
       throw Error(ErrorCode::invariant_violation, "a batch moved " + std::to_string(moved) +
                                                       " of its " + std::to_string(skus.size()) +
@@ -320,12 +319,8 @@ pqxx::result BatchTx::write(Tx& tx, Stmt statement) {
 }
 
 std::size_t BatchTx::write_full(Tx& tx) {
-  const pqxx::result written = write(tx, Stmt::batch_write);
-  if (delegated_writes_ && tx.conn.statements().citus()) {  // batch_holds' count, as a row
-    return written.empty() ? 0 : written[0][0].as<std::size_t>();
-  }
-  // affected_rows() is an int in libpqxx 7 and unsigned in 6.4.
-  return static_cast<std::size_t>(written.affected_rows());
+  return rows_written(write(tx, Stmt::batch_write),
+                      delegated_writes_ && tx.conn.statements().citus());
 }
 
 pqxx::result BatchTx::write_holds_citus(Tx& tx, std::int64_t now_us, const CitusHolds& h) {
@@ -440,10 +435,9 @@ void BatchTx::write_transitions(Tx& tx) {
     expired.push_back(r.expired);
     versions.push_back(r.version);
   }
-  const auto written = static_cast<std::size_t>(
-      tx.exec_on(shard_, Stmt::batch_transition, uuid_array(ids), text_array(states),
-                 int_array(confirmed), int_array(released), int_array(expired), int_array(versions))
-          .affected_rows());
+  const std::size_t written = rows_changed(tx.exec_on(
+      shard_, Stmt::batch_transition, uuid_array(ids), text_array(states), int_array(confirmed),
+      int_array(released), int_array(expired), int_array(versions)));
   if (written != ids.size()) {
     throw Error(ErrorCode::invariant_violation, "a batch changed " + std::to_string(written) +
                                                     " of " + std::to_string(ids.size()) +
@@ -687,20 +681,15 @@ void BatchTx::write_key_outcomes(Tx& tx) {
   }
   if (names.empty()) return;
   const Statements& statements = tx.conn.statements();
-  std::size_t written = 0;
-  if (statements.citus() && delegated_writes_) {  // batch_key_outcomes' count, as a row
-    written = tx.exec_on(shard_, Stmt::citus_batch_outcomes, text_array(names),
-                         text_array(outcomes))[0][0]
-                  .as<std::size_t>();
-  } else {
-    written = static_cast<std::size_t>(
-        (statements.citus() ? tx.conn.exec_sql(tx.work, citus_key_outcomes_sql(
-                                                            quoting(tx.work), statements.schema(),
-                                                            shard_, names, outcomes))
-                            : tx.exec_on(shard_, Stmt::batch_key_outcomes, text_array(names),
-                                         text_array(outcomes)))
-            .affected_rows());
-  }
+  const bool as_row = statements.citus() && delegated_writes_;
+  const pqxx::result result =
+      as_row
+          ? tx.exec_on(shard_, Stmt::citus_batch_outcomes, text_array(names), text_array(outcomes))
+      : statements.citus()
+          ? tx.conn.exec_sql(tx.work, citus_key_outcomes_sql(quoting(tx.work), statements.schema(),
+                                                             shard_, names, outcomes))
+          : tx.exec_on(shard_, Stmt::batch_key_outcomes, text_array(names), text_array(outcomes));
+  const std::size_t written = rows_written(result, as_row);
   if (written != names.size()) {
     throw Error(ErrorCode::invariant_violation, "a batch stored " + std::to_string(written) +
                                                     " of its " + std::to_string(names.size()) +

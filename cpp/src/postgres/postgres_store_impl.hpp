@@ -92,6 +92,18 @@ struct Tx {
   }
 };
 
+// The rows a write statement changed (affected_rows() is an int in libpqxx 7 and unsigned
+// in 6.4).
+inline std::size_t rows_changed(const pqxx::result& r) {
+  return static_cast<std::size_t>(r.affected_rows());
+}
+// The rows a batch's write changed, where Citus's delegated write functions (citus/113)
+// return their count as a one-column row (`as_row`) and a statement reports it itself.
+inline std::size_t rows_written(const pqxx::result& r, bool as_row) {
+  if (!as_row) return rows_changed(r);
+  return r.empty() ? 0 : r[0][0].as<std::size_t>();
+}
+
 // The NOTIFY channel of the change feed of `schema` (record.cpp).
 std::string feed_channel(const std::string& schema);
 

@@ -405,7 +405,7 @@ std::uint64_t PostgresStore::purge_transfers(std::int64_t older_than_us, std::ui
     }
     if (ids.empty()) return 0;
     return static_cast<std::uint64_t>(
-        tx.exec(Stmt::transfers_purge, text_array(ids)).affected_rows());
+        rows_changed(tx.exec(Stmt::transfers_purge, text_array(ids))));
   });
 }
 
