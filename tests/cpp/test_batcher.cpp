@@ -552,6 +552,39 @@ TEST(HotRowBatcher, a_wave_of_returning_callers_is_one_batch_not_two) {
   (void)first_wave;
 }
 
+// Two half waves that take turns become one. Each round: half wave A (two requests) is
+// applied alone, B (two more) queues while A's batch commits, and A's callers come back
+// the moment they are answered. With the last batch as the flusher's target, B met it (two
+// of two) and went alone, and A after it: three batches for six requests, and the split
+// kept itself, each caller waiting two commits. Counting the callers that queued while a
+// batch ran as well, the flusher waits for A to come back (an eighth of its last batch's
+// time, 1 ms at most here) and takes B and A together: two batches. The wait is bounded, so
+// a loaded machine may let A's return run past it: one round of five must merge; without
+// the count none ever does.
+TEST(HotRowBatcher, two_half_waves_that_take_turns_become_one) {
+  AfterAWave w(std::chrono::milliseconds(20));
+  auto& [hot, store, batcher, sink, first_wave] = w;
+  std::uint64_t token = 4;
+  bool merged = false;
+  for (int round = 0; round < 5 && !merged; ++round) {
+    const std::uint64_t before = store->telemetry().snapshot(0).batcher.batches;
+    const std::uint64_t a = token;
+    for (int i = 0; i < 2; ++i) batcher->submit(reserve_item(hot, 1), 1000, sink, token++);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // A's batch is committing
+    for (int i = 0; i < 2; ++i) batcher->submit(reserve_item(hot, 1), 1000, sink, token++);
+    while (sink->size() < a + 2) std::this_thread::yield();  // A answered: it comes back
+    for (int i = 0; i < 2; ++i) batcher->submit(reserve_item(hot, 1), 1000, sink, token++);
+    while (sink->size() < token) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    merged = store->telemetry().snapshot(0).batcher.batches - before == 2;
+  }
+  batcher->close();
+  EXPECT_TRUE(merged) << "in five rounds, two half waves never became one batch";
+  const BatcherStats s = store->telemetry().snapshot(0).batcher;
+  EXPECT_EQ(s.requests, token);
+  EXPECT_EQ(store->stock(hot).reserved, static_cast<Quantity>(token));
+  (void)first_wave;
+}
+
 // A wave that does not come back is waited for a bounded time only: a lone request after a
 // batch of four is applied alone.
 TEST(HotRowBatcher, a_wave_that_does_not_come_back_is_waited_for_a_bound_only) {

@@ -36,12 +36,14 @@
 //     the wait is never taken there.
 //   - Waves stay whole. Blocked callers whose batch completed come back together, a few
 //     microseconds apart; a flusher that took the first of them alone would split every
-//     wave in two and pay two commits for it. So when its last batch carried at least two
-//     requests, and fewer are queued now, the flusher waits until as many are queued
-//     again, for at most an eighth of its last batch's time (and 1 ms): on a slow commit
-//     flush (a network disk, a synchronous standby) that keeps batches whole, on a fast
-//     one it costs microseconds. Only on a store that reports row versions (PostgreSQL):
-//     the memory store's batches take microseconds. Counted as gathered_batches.
+//     wave in two and pay two commits for it. So when its last batch and the requests that
+//     queued while it ran came to at least two (the wave), and fewer are queued now, the
+//     flusher waits until as many are queued again, for at most an eighth of its last
+//     batch's time (and 1 ms): on a slow commit flush (a network disk, a synchronous
+//     standby) that keeps batches whole, on a fast one it costs microseconds. The queued
+//     ones count so that two half waves taking turns merge instead of each waiting for
+//     the other's size. Only on a store that reports row versions (PostgreSQL): the memory
+//     store's batches take microseconds. Counted as gathered_batches.
 //
 // How: requests are records in a per-shard pool, indexed by uint32; the free list and the
 // ready queue are bounded boost::lockfree queues of those indices (trivially copyable, no
