@@ -555,19 +555,20 @@ TEST(HotRowBatcher, a_wave_of_returning_callers_is_one_batch_not_two) {
 // Two half waves that take turns become one. Each round: half wave A (two requests) is
 // applied alone, B (two more) queues while A's batch commits, and A's callers come back
 // the moment they are answered. With the last batch as the flusher's target, B met it (two
-// of two) and went alone, and A after it: three batches for six requests, and the split
-// kept itself, each caller waiting two commits. Counting the callers that queued while a
-// batch ran as well, the flusher waits for A to come back (an eighth of its last batch's
-// time, 1 ms at most here) and takes B and A together: two batches. The wait is bounded, so
-// a loaded machine may let A's return run past it: one round of five must merge; without
-// the count none ever does.
+// of two) and went without a wait, alone, and A after it: the split kept itself, each
+// caller waiting two commits. Counting the requests that queued while a batch ran as well,
+// the flusher waits for A to come back (an eighth of its last batch's time, 1 ms at most
+// here) and takes B and A together: two batches for the round's six requests, both after a
+// wait (without the count, B's batch never waits, and a flusher slow to take B could only
+// merge it with A by chance, without a wait). The wait is bounded, so a loaded machine may
+// let A's return run past it: one round of five must merge.
 TEST(HotRowBatcher, two_half_waves_that_take_turns_become_one) {
   AfterAWave w(std::chrono::milliseconds(20));
   auto& [hot, store, batcher, sink, first_wave] = w;
   std::uint64_t token = 4;
   bool merged = false;
   for (int round = 0; round < 5 && !merged; ++round) {
-    const std::uint64_t before = store->telemetry().snapshot(0).batcher.batches;
+    const BatcherStats before = store->telemetry().snapshot(0).batcher;
     const std::uint64_t a = token;
     for (int i = 0; i < 2; ++i) batcher->submit(reserve_item(hot, 1), 1000, sink, token++);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));  // A's batch is committing
@@ -575,7 +576,9 @@ TEST(HotRowBatcher, two_half_waves_that_take_turns_become_one) {
     while (sink->size() < a + 2) std::this_thread::yield();  // A answered: it comes back
     for (int i = 0; i < 2; ++i) batcher->submit(reserve_item(hot, 1), 1000, sink, token++);
     while (sink->size() < token) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    merged = store->telemetry().snapshot(0).batcher.batches - before == 2;
+    const BatcherStats after = store->telemetry().snapshot(0).batcher;
+    merged = after.batches - before.batches == 2 &&
+             after.gathered_batches - before.gathered_batches == 2;
   }
   batcher->close();
   EXPECT_TRUE(merged) << "in five rounds, two half waves never became one batch";
