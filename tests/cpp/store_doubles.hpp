@@ -267,10 +267,24 @@ class VersionReportingStore final : public DelegatingStore {
       item->row_found = found;
       item->row_left = left;
     }
+    {
+      std::lock_guard<std::mutex> lock(sizes_mutex_);
+      sizes_.push_back(items.size());
+    }
+    applied_.fetch_add(1);
+  }
+  // Batches applied so far (counted before the batcher hears back), and their sizes.
+  std::uint64_t applied() const noexcept { return applied_.load(); }
+  std::vector<std::size_t> sizes() const {
+    std::lock_guard<std::mutex> lock(sizes_mutex_);
+    return sizes_;
   }
 
  private:
   const std::chrono::microseconds commit_;
+  std::atomic<std::uint64_t> applied_{0};
+  mutable std::mutex sizes_mutex_;
+  std::vector<std::size_t> sizes_;
 };
 
 // A store that counts the batches in flight at once, each taking `commit`, and the rows
