@@ -559,14 +559,17 @@ TEST(HotRowBatcher, a_wave_of_returning_callers_is_one_batch_not_two) {
 // at once, alone, and A after it: the split kept itself, each caller waiting two commits.
 // Counting the requests that queued while a batch ran as well, the flusher waits for A to
 // come back (an eighth of its last batch's time, 1 ms at most here) and takes B and A
-// together: the batches carry 4, 2 and 4 requests. Each attempt starts afresh; one whose
+// together, after a wait: the batches carry 4, 2 and 4 requests, and two of them waited
+// (A's, for a wave of four that came 5 ms late, and B's). Each attempt starts afresh; one whose
 // first wave split (a loaded machine, ThreadSanitizer) proves nothing, since its lone
 // rest's wait timed out short and made the flusher count the last batch alone for its next
 // waits. One attempt of twenty must merge (a plain build merges in the first; with the old
-// target none does).
+// target B never waits, and a flusher held up long enough to take B and A together could
+// only do so with one wait).
 TEST(HotRowBatcher, two_half_waves_that_take_turns_become_one) {
   bool merged = false;
   for (int attempt = 0; attempt < 20 && !merged; ++attempt) {
+    SCOPED_TRACE(attempt);
     AfterAWave w(std::chrono::milliseconds(20));
     auto& [hot, store, batcher, sink, first_wave] = w;
     if (first_wave != 1) continue;
@@ -579,9 +582,9 @@ TEST(HotRowBatcher, two_half_waves_that_take_turns_become_one) {
     for (int i = 0; i < 2; ++i) batcher->submit(reserve_item(hot, 1), 1000, sink, token++);
     while (sink->size() < token) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     batcher->close();
-    const std::vector<std::size_t> sizes = store->sizes();
-    merged = sizes == std::vector<std::size_t>{4, 2, 4};
-    EXPECT_EQ(store->telemetry().snapshot(0).batcher.requests, token);
+    const BatcherStats s = store->telemetry().snapshot(0).batcher;
+    merged = store->sizes() == std::vector<std::size_t>{4, 2, 4} && s.gathered_batches == 2;
+    EXPECT_EQ(s.requests, token);
     EXPECT_EQ(store->stock(hot).reserved, static_cast<Quantity>(token));
   }
   EXPECT_TRUE(merged) << "in twenty attempts, two half waves never became one batch";

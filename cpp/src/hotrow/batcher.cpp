@@ -53,7 +53,7 @@ constexpr auto record_poll = std::chrono::microseconds(200);
 constexpr auto gather_max = std::chrono::milliseconds(1);
 constexpr int gather_share = 8;
 // After a wait for a wave that counted queued requests and timed out short of it, the
-// waits that count the last batch alone (see gather()).
+// gathers (one a batch) that count the last batch alone (see gather()).
 constexpr int queued_skips_after_miss = 8;
 
 using SteadyClock = std::chrono::steady_clock;
@@ -682,7 +682,8 @@ bool HotRowBatcher::gather(Shard& shard, std::vector<std::uint32_t>& indices) {
   // at a 2 ms flush, 64 blocked clients on one row sold 1.25x as fast counted this way).
   // Callers that do not come back (async callers, steady arrivals, callers that think
   // between calls) would make every batch wait its bound for them: after such a wait timed
-  // out short, the next queued_skips_after_miss waits count the last batch alone.
+  // out short, the next queued_skips_after_miss gathers (one a batch) count the last batch
+  // alone.
   const bool count_queued = shard.queued_skips == 0;
   if (!count_queued) --shard.queued_skips;
   const std::size_t wave =
