@@ -267,14 +267,10 @@ class VersionReportingStore final : public DelegatingStore {
       item->row_found = found;
       item->row_left = left;
     }
-    {
-      std::lock_guard<std::mutex> lock(sizes_mutex_);
-      sizes_.push_back(items.size());
-    }
-    applied_.fetch_add(1);
+    std::lock_guard<std::mutex> lock(sizes_mutex_);
+    sizes_.push_back(items.size());
   }
-  // Batches applied so far (counted before the batcher hears back), and their sizes.
-  std::uint64_t applied() const noexcept { return applied_.load(); }
+  // The sizes of the batches applied so far (each recorded before the batcher hears back).
   std::vector<std::size_t> sizes() const {
     std::lock_guard<std::mutex> lock(sizes_mutex_);
     return sizes_;
@@ -282,7 +278,6 @@ class VersionReportingStore final : public DelegatingStore {
 
  private:
   const std::chrono::microseconds commit_;
-  std::atomic<std::uint64_t> applied_{0};
   mutable std::mutex sizes_mutex_;
   std::vector<std::size_t> sizes_;
 };

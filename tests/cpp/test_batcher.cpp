@@ -577,7 +577,7 @@ TEST(HotRowBatcher, two_half_waves_that_take_turns_become_one) {
     for (int i = 0; i < 2; ++i) batcher->submit(reserve_item(hot, 1), 1000, sink, token++);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));  // A's batch is committing
     for (int i = 0; i < 2; ++i) batcher->submit(reserve_item(hot, 1), 1000, sink, token++);
-    while (store->applied() < 2) std::this_thread::yield();  // A's batch is done
+    while (store->sizes().size() < 2) std::this_thread::yield();  // A's batch is done
     std::this_thread::sleep_for(std::chrono::microseconds(300));
     for (int i = 0; i < 2; ++i) batcher->submit(reserve_item(hot, 1), 1000, sink, token++);
     while (sink->size() < token) std::this_thread::sleep_for(std::chrono::milliseconds(1));
